@@ -1,0 +1,3 @@
+from envspec.cli import main
+
+raise SystemExit(main())

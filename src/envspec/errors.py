@@ -1,0 +1,198 @@
+"""Every error envspec raises on purpose, with its reference, hint and exit code.
+
+The core raises these with facts; only ``cli.py`` turns them into output and an exit status.
+Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py):
+
+====  ==========================================================================
+ 0    success
+ 1    a check failed: ``lock --check`` found the lock stale, ``verify`` found a failure
+ 2    bad input: the spec, a lockfile, arguments, or a spec that cannot be satisfied
+ 3    a source could not give what was asked: index, mirror, Debian archive, network
+ 4    the build failed (a tool returned non-zero, a hash did not match)
+ 5    the host lacks something envspec needs (buildah, podman, a GPU driver)
+130   interrupted (Ctrl-C); nothing was half-written
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_SOURCE = 3
+EXIT_BUILD = 4
+EXIT_HOST = 5
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class Problem:
+    """One thing wrong with an input: where it is, what is wrong, and what to do."""
+
+    message: str
+    path: str = ""  # TOML path such as "[target].gpus[0]" or "packages[3].sha256"
+    line: int | None = None
+    hint: str = ""
+    reference: str = ""
+
+    def where(self, file: str | Path | None) -> str:
+        loc = str(file) if file else ""
+        if file and self.line:
+            loc = f"{file}:{self.line}"
+        if self.path and loc:
+            return f"{self.path} ({loc})"
+        return self.path or loc
+
+
+class EnvspecError(Exception):
+    """Base class: a message, a kebab-case reference, a hint and an exit code."""
+
+    reference = "envspec-error"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, hint: str = "", reference: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if reference:
+            self.reference = reference
+
+    def problems(self) -> list[Problem]:
+        return [Problem(self.message, hint=self.hint, reference=self.reference)]
+
+    def to_json(self) -> dict:
+        return {
+            "reference": self.reference,
+            "message": self.message,
+            "hint": self.hint,
+            "causes": [p.message for p in self.problems()] if len(self.problems()) > 1 else [],
+        }
+
+
+class UsageError(EnvspecError):
+    reference = "bad-usage"
+    exit_code = EXIT_BAD_INPUT
+
+
+class SpecError(EnvspecError):
+    """A spec file is invalid; lists every problem found, each with its TOML path and line."""
+
+    reference = "invalid-spec"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, file: str | Path, problems: list[Problem]) -> None:
+        self.file = str(file)
+        self._problems = problems
+        n = len(problems)
+        head = f"{self.file}: {n} problem{'s' if n != 1 else ''}"
+        lines = [head] + [f"  {p.where(self.file)}: {p.message}" + (f"\n    hint: {p.hint}" if p.hint else "") for p in problems]
+        super().__init__("\n".join(lines), hint=problems[0].hint if n == 1 else "")
+        if n == 1 and problems[0].reference:
+            self.reference = problems[0].reference
+
+    def problems(self) -> list[Problem]:
+        return self._problems
+
+    def to_json(self) -> dict:
+        return {
+            "reference": self.reference,
+            "message": f"{self.file}: invalid spec",
+            "hint": self.hint,
+            "causes": [
+                {"path": p.path, "line": p.line, "message": p.message, "hint": p.hint, "reference": p.reference}
+                for p in self._problems
+            ],
+        }
+
+
+class CompatDBError(EnvspecError):
+    reference = "compat-db-invalid"
+    exit_code = EXIT_BAD_INPUT
+
+
+class ResolutionImpossible(EnvspecError):
+    """Nothing satisfies the spec. ``causes`` are structured facts; explain.py words them."""
+
+    reference = "no-compatible-torch"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, causes: list, candidates: list | None = None, *, hint: str = "",
+                 reference: str | None = None) -> None:
+        super().__init__(message, hint=hint, reference=reference)
+        self.causes = causes
+        self.candidates = candidates or []
+
+
+class SourceError(EnvspecError):
+    """An index, mirror or Debian archive did not answer or does not have a pinned file."""
+
+    reference = "source-unavailable"
+    exit_code = EXIT_SOURCE
+
+
+class LockError(EnvspecError):
+    """A lockfile cannot be read (syntax, unknown format version) or written."""
+
+    reference = "invalid-lock"
+    exit_code = EXIT_BAD_INPUT
+
+
+class StaleLock(EnvspecError):
+    reference = "lock-out-of-date"
+    exit_code = EXIT_CHECK_FAILED
+
+    def __init__(self, lock_path: str | Path, reasons: list[str]) -> None:
+        self.lock_path = str(lock_path)
+        self.reasons = reasons
+        super().__init__(
+            f"{lock_path} is out of date:\n" + "\n".join(f"  - {r}" for r in reasons),
+            hint=f"run `envspec lock` to update {lock_path}",
+        )
+
+
+class PlanError(EnvspecError):
+    reference = "cannot-plan"
+    exit_code = EXIT_BAD_INPUT
+
+
+class BuildError(EnvspecError):
+    """A build step failed. Carries the step, the command, its return code and stderr's tail."""
+
+    reference = "build-failed"
+    exit_code = EXIT_BUILD
+
+    def __init__(self, message: str, *, step: str = "", argv: list[str] | None = None,
+                 returncode: int | None = None, stderr_tail: str = "", hint: str = "",
+                 reference: str | None = None) -> None:
+        detail = message
+        if argv:
+            detail += f"\n  command: {' '.join(argv)}"
+        if returncode is not None:
+            detail += f"\n  exit status: {returncode}"
+        if stderr_tail:
+            detail += "\n  stderr:\n" + "\n".join("    " + ln for ln in stderr_tail.rstrip().splitlines()[-20:])
+        super().__init__(detail, hint=hint, reference=reference)
+        self.step = step
+        self.argv = argv or []
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+class HashMismatch(BuildError):
+    reference = "hash-mismatch"
+
+
+class HostError(EnvspecError):
+    """The host lacks a tool or capability envspec needs."""
+
+    reference = "host-unsupported"
+    exit_code = EXIT_HOST
+
+
+ALL_ERRORS: tuple[type[EnvspecError], ...] = (
+    UsageError, SpecError, CompatDBError, ResolutionImpossible, SourceError, LockError,
+    StaleLock, PlanError, BuildError, HashMismatch, HostError,
+)
