@@ -1,0 +1,152 @@
+"""Where package files come from: canonical indexes, and the mirrors that serve the same files.
+
+A lock names files by canonical index, filename and sha256, never by a mirror's address. The
+mirrors of one machine are found here, from (in order) the spec's ``[sources].mirrors``, the
+``ENVSPEC_MIRRORS`` variable (whitespace- or comma-separated) and pip's configuration (its
+``index-url``, ``extra-index-url`` and ``find-links`` from the usual files and ``PIP_*``
+variables), so a team shares one lock while each machine fetches from what it can reach.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import socket
+import urllib.parse
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+PYPI = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """A place serving copies of index files: a simple index ('index') or a flat folder/page ('links')."""
+
+    url: str
+    kind: str  # "index" | "links"
+    origin: str  # "spec" | "env" | "pip"
+
+    @property
+    def path(self) -> Path | None:
+        """The local folder behind a file:// or plain-path mirror."""
+        if self.url.startswith("file://"):
+            return Path(urllib.parse.unquote(urllib.parse.urlparse(self.url).path))
+        if "://" not in self.url:
+            return Path(self.url)
+        return None
+
+
+@dataclass(frozen=True)
+class Sources:
+    index: str = PYPI
+    extra_indexes: tuple[str, ...] = ()
+    torch_index: str = "https://download.pytorch.org/whl"
+    mirrors: tuple[Mirror, ...] = ()
+    debian_mirror: str = "http://deb.debian.org/debian"
+    debian_security_mirror: str = "http://deb.debian.org/debian-security"
+    debian_snapshot: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def torch_variant_index(self, variant: str) -> str:
+        return f"{self.torch_index.rstrip('/')}/{variant}"
+
+
+def _split(value: str) -> list[str]:
+    return [v for v in re.split(r"[\s,]+", value.strip()) if v]
+
+
+def _pip_config_files(env: dict[str, str]) -> list[Path]:
+    if env.get("PIP_CONFIG_FILE") == os.devnull:
+        return []
+    files = [Path("/etc/pip.conf")]
+    xdg_dirs = env.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
+    files += [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d]
+    home = Path(env.get("HOME", str(Path.home())))
+    files += [home / ".pip" / "pip.conf", Path(env.get("XDG_CONFIG_HOME", str(home / ".config"))) / "pip" / "pip.conf"]
+    if env.get("PIP_CONFIG_FILE"):
+        files.append(Path(env["PIP_CONFIG_FILE"]))
+    if env.get("VIRTUAL_ENV"):
+        files.append(Path(env["VIRTUAL_ENV"]) / "pip.conf")
+    return files
+
+
+def pip_mirrors(env: dict[str, str] | None = None) -> list[Mirror]:
+    """Indexes and find-links that pip on this machine is configured with (files, then PIP_* env)."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, list[str]] = {"index-url": [], "extra-index-url": [], "find-links": []}
+    for f in _pip_config_files(env):
+        if not f.is_file():
+            continue
+        cp = configparser.ConfigParser(interpolation=None)
+        try:
+            cp.read(f)
+        except configparser.Error:
+            continue
+        for section in ("global", "install", "download"):
+            if cp.has_section(section):
+                for key in values:
+                    if cp.has_option(section, key):
+                        values[key] = _split(cp.get(section, key))
+    for key in values:
+        envkey = "PIP_" + key.upper().replace("-", "_")
+        if env.get(envkey):
+            values[key] = _split(env[envkey])
+    out = [Mirror(u, "index", "pip") for u in values["index-url"] + values["extra-index-url"]]
+    out += [Mirror(u, "links", "pip") for u in values["find-links"]]
+    return out
+
+
+def _as_mirror(url: str, origin: str) -> Mirror:
+    m = Mirror(url, "index", origin)
+    p = m.path
+    if p is not None and p.is_dir() and not (p / "index.html").exists() and not any(p.glob("*/index.html")):
+        return Mirror(url, "links", origin)  # a flat folder of files
+    return m
+
+
+def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
+    """Combine the spec's ``[sources]`` with this machine's mirrors."""
+    env = dict(os.environ) if env is None else env
+    s = spec_sources
+    mirrors: list[Mirror] = []
+    if s is not None:
+        mirrors += [_as_mirror(u, "spec") for u in s.mirrors]
+    mirrors += [_as_mirror(u, "env") for u in _split(env.get("ENVSPEC_MIRRORS", ""))]
+    if s is None or s.use_pip_config:
+        canon = {(s.index if s else PYPI).rstrip("/")}
+        mirrors += [m for m in pip_mirrors(env) if m.url.rstrip("/") not in canon]
+    seen: set[str] = set()
+    unique = []
+    for m in mirrors:
+        if m.url not in seen:
+            seen.add(m.url)
+            unique.append(m)
+    kw = {}
+    if s is not None:
+        kw = dict(index=s.index, extra_indexes=tuple(s.extra_indexes), torch_index=s.torch_index,
+                  debian_mirror=s.debian_mirror, debian_security_mirror=s.debian_security_mirror,
+                  debian_snapshot=s.debian_snapshot)
+    if env.get("ENVSPEC_DEBIAN_SNAPSHOT"):
+        kw["debian_snapshot"] = env["ENVSPEC_DEBIAN_SNAPSHOT"]
+    if env.get("ENVSPEC_DEBIAN_MIRROR"):
+        kw["debian_mirror"] = env["ENVSPEC_DEBIAN_MIRROR"]
+    return Sources(mirrors=tuple(unique), **kw)
+
+
+@lru_cache(maxsize=64)
+def reachable(url: str, timeout: float = 3.0) -> bool:
+    """Whether the host of ``url`` accepts a TCP connection (file:// URLs: whether the path exists)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("", "file"):
+        return Path(urllib.parse.unquote(parsed.path)).exists()
+    if os.environ.get("ENVSPEC_OFFLINE"):
+        return False
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,482 @@
+"""The spec stage: TOML bytes -> ``EnvSpec``.
+
+Every problem is reported at once, each with its TOML path and line (pydantic gives the path,
+``_LineIndex`` finds the line), and unknown keys get a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from envspec.errors import Problem, SpecError
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([kmgt]i?b?|b)?$", re.IGNORECASE)
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _check_requirements(values: list[str]) -> list[str]:
+    out = []
+    for i, v in enumerate(values):
+        try:
+            Requirement(v)
+        except InvalidRequirement as e:
+            reason = str(e).splitlines()[0]
+            raise ValueError(f"item {i}: {v!r} is not a PEP 508 requirement ({reason})") from None
+        out.append(v)
+    return out
+
+
+class Target(_Model):
+    gpus: list[str] = Field(default_factory=list, description="GPU models or sm_XY the image must run on")
+    driver: str | None = Field(default=None, description="the oldest NVIDIA driver on the hosts")
+    driver_policy: Literal["compat", "strict"] = "compat"
+
+    @field_validator("driver")
+    @classmethod
+    def _driver(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.fullmatch(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", v):
+            raise ValueError(f"{v!r} is not an NVIDIA driver version like '535.230.02'")
+        return v
+
+
+class Python(_Model):
+    version: str = "3.11"
+    packages: list[str] = Field(default_factory=list)
+    constraints: list[str] = Field(default_factory=list, description="pins applied without requesting")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not _PY_RE.match(v):
+            raise ValueError(f"{v!r} is not a Python version like '3.11'")
+        return v
+
+    _pk = field_validator("packages", "constraints")(classmethod(lambda cls, v: _check_requirements(v)))
+
+
+class Torch(_Model):
+    version: str = "*"
+    cuda: str = "auto"
+    packages: list[str] = Field(default_factory=list, description="torch-family packages from the same index, e.g. torchvision")
+
+    @field_validator("version")
+    @classmethod
+    def _spec(cls, v: str) -> str:
+        text = v.strip()
+        if text in ("", "*"):
+            return "*"
+        if text[0].isdigit():
+            text = "==" + text
+        try:
+            SpecifierSet(text)
+        except InvalidSpecifier:
+            raise ValueError(f"{v!r} is not a PEP 440 version specifier like '2.14.*' or '>=2.7,<2.10'") from None
+        return text
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda(cls, v: str) -> str:
+        if v in ("auto", "cpu") or re.fullmatch(r"1[0-9]\.[0-9]", v):
+            return v
+        raise ValueError(f"{v!r} is not 'auto', 'cpu' or a CUDA version like '12.8'")
+
+    _pk = field_validator("packages")(classmethod(lambda cls, v: _check_requirements(v)))
+
+    def specifier(self) -> SpecifierSet:
+        return SpecifierSet("" if self.version == "*" else self.version)
+
+
+class System(_Model):
+    packages: list[str] = Field(default_factory=list, description="Debian packages")
+    base: str = Field(default="auto", description="'auto', 'debian:bookworm', 'debian:trixie' or 'none'")
+    compiler: bool | None = Field(default=None, description="C compiler + Python headers (torch.compile); default on for GPU images")
+
+    @field_validator("packages")
+    @classmethod
+    def _debs(cls, v: list[str]) -> list[str]:
+        for i, p in enumerate(v):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", p):
+                raise ValueError(f"item {i}: {p!r} is not a Debian package name")
+        return v
+
+    @field_validator("base")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        if v in ("auto", "none", "debian:bookworm", "debian:trixie"):
+            return v
+        raise ValueError(f"{v!r} is not one of 'auto', 'debian:bookworm', 'debian:trixie', 'none'")
+
+
+class Jupyter(_Model):
+    enabled: bool = True
+    port: int = Field(default=8888, ge=1, le=65535)
+    extensions: list[str] = Field(default_factory=list, description="extra Python packages for JupyterLab")
+
+    _pk = field_validator("extensions")(classmethod(lambda cls, v: _check_requirements(v)))
+
+
+class Ssh(_Model):
+    enabled: bool = True
+    port: int = Field(default=2222, ge=1, le=65535)
+    authorized_keys: str = Field(default="", description="file of public keys, relative to the spec")
+
+
+class Services(_Model):
+    jupyter: Jupyter | None = None
+    ssh: Ssh | None = None
+
+
+class Runtime(_Model):
+    tf32: bool = True
+    matmul_precision: Literal["highest", "high", "medium"] | None = None
+    shm_size: str = "16g"
+    env: dict[str, str] = Field(default_factory=dict)
+    ulimits: dict[str, int] = Field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    user: str = "envspec"
+    uid: int = Field(default=1000, ge=1, le=65533)
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _SIZE_RE.match(v):
+            raise ValueError(f"{v!r} is not a size like '16g' or '512m'")
+        return v.lower().replace(" ", "")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not _ENV_RE.match(k):
+                raise ValueError(f"{k!r} is not an environment variable name")
+        return dict(sorted(v.items()))
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", v) or v == "root":
+            raise ValueError(f"{v!r} is not a non-root user name")
+        return v
+
+    def precision(self) -> str:
+        return self.matmul_precision or ("high" if self.tf32 else "highest")
+
+
+class Sources(_Model):
+    index: str = "https://pypi.org/simple"
+    extra_indexes: list[str] = Field(default_factory=list)
+    torch_index: str = "https://download.pytorch.org/whl"
+    mirrors: list[str] = Field(default_factory=list, description="indexes or folders serving the same files")
+    use_pip_config: bool = True
+    debian_mirror: str = "http://deb.debian.org/debian"
+    debian_security_mirror: str = "http://deb.debian.org/debian-security"
+    debian_snapshot: str = ""
+
+
+class EnvSpec(_Model):
+    name: str
+    description: str = ""
+    target: Target = Field(default_factory=Target)
+    python: Python = Field(default_factory=Python)
+    torch: Torch | None = None
+    system: System = Field(default_factory=System)
+    services: Services = Field(default_factory=Services)
+    runtime: Runtime = Field(default_factory=Runtime)
+    sources: Sources = Field(default_factory=Sources)
+
+    _file: str = PrivateAttr(default="")
+    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a name of lowercase letters, digits, '.', '_' or '-' (it names the image)")
+        return v
+
+    # -- where things are, for later stages' errors -------------------------------------
+    @property
+    def file(self) -> str:
+        return self._file
+
+    def line_of(self, *path: str | int) -> int | None:
+        return _nearest_line(self._lines, tuple(path))
+
+    def problem(self, path: tuple, message: str, hint: str = "", reference: str = "") -> Problem:
+        return Problem(message, path=toml_path(path), line=self.line_of(*path), hint=hint, reference=reference)
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.torch is not None and self.torch.cuda != "cpu"
+
+    def spec_hash(self) -> str:
+        """sha256 of the resolution-relevant fields (docs/lockfile.md lists them)."""
+        data = self.model_dump(mode="json", exclude={"description"})
+        src = data.pop("sources")
+        data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# TOML paths and lines
+
+def toml_path(loc: tuple) -> str:
+    """("target", "gpus", 0) -> "[target].gpus[0]"; ("name",) -> "name"."""
+    parts = [p for p in loc if p not in ("function-after", "function-before")]
+    if not parts:
+        return "(top level)"
+    out = ""
+    tables = []
+    i = 0
+    while i < len(parts) and isinstance(parts[i], str) and i < len(parts) - 1 and parts[i] in _TABLES:
+        tables.append(parts[i])
+        i += 1
+        if tables == ["services"] and i < len(parts) - 1 and isinstance(parts[i], str):
+            tables.append(parts[i])
+            i += 1
+        break
+    if tables:
+        out = "[" + ".".join(tables) + "]"
+    rest = parts[i:]
+    for p in rest:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out
+
+
+_TABLES = {"target", "python", "torch", "system", "services", "runtime", "sources"}
+
+
+class _LineIndex:
+    """Maps TOML key paths to the line where they are written (tomllib gives no positions)."""
+
+    _header = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\"' -]+?)\s*\]\]?\s*(#.*)?$")
+    _key = re.compile(r"^\s*([A-Za-z0-9_\"'.-]+)\s*=")
+
+    @classmethod
+    def build(cls, text: str) -> dict[tuple, int]:
+        lines: dict[tuple, int] = {}
+        table: tuple = ()
+        depth = 0  # inside a multi-line array
+        array_key: tuple | None = None
+        array_idx = 0
+        for n, raw in enumerate(text.splitlines(), start=1):
+            line = raw.split("#", 1)[0] if '"' not in raw and "'" not in raw else raw
+            if depth > 0 and array_key is not None:
+                stripped = line.strip()
+                if stripped and not stripped.startswith("]") and not stripped.startswith("#"):
+                    lines.setdefault(array_key + (array_idx,), n)
+                    array_idx += stripped.count(",") if stripped.endswith(",") else 1
+                depth += line.count("[") - line.count("]")
+                if depth <= 0:
+                    array_key = None
+                continue
+            m = cls._header.match(line)
+            if m:
+                table = tuple(p.strip().strip('"\'') for p in m.group(1).split("."))
+                lines.setdefault(table, n)
+                continue
+            m = cls._key.match(line)
+            if m:
+                key = tuple(p.strip().strip('"\'') for p in m.group(1).split("."))
+                full = table + key
+                lines.setdefault(full, n)
+                value = line.split("=", 1)[1]
+                opened = value.count("[") - value.count("]")
+                if value.strip().startswith("[") and opened > 0:
+                    depth, array_key, array_idx = opened, full, 0
+                elif value.strip().startswith("["):
+                    for i in range(max(value.count(","), 0) + 1):
+                        lines.setdefault(full + (i,), n)
+        return lines
+
+
+def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
+    p = tuple(path)
+    while p:
+        if p in lines:
+            return lines[p]
+        p = p[:-1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+
+_TOML_ERR = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
+    """Parse and validate spec text. Raises SpecError listing every problem."""
+    file = str(file)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = _TOML_ERR.search(str(e))
+        line = int(m.group(1)) if m else None
+        msg = _TOML_ERR.sub("", str(e)).strip()
+        raise SpecError(file, [Problem(f"not valid TOML: {msg}", path="", line=line,
+                                       hint="check quotes, brackets and '=' on that line", reference="toml-syntax")]) from None
+    lines = _LineIndex.build(text)
+    problems: list[Problem] = []
+    spec: EnvSpec | None = None
+    try:
+        spec = EnvSpec.model_validate(data)
+    except ValidationError as e:
+        for err in e.errors():
+            problems.append(_problem_from_pydantic(err, lines))
+    if spec is not None:
+        spec._file = file
+        spec._lines = lines
+        problems.extend(_cross_checks(spec, Path(file)))
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.path))
+        raise SpecError(file, problems)
+    assert spec is not None
+    return spec
+
+
+def load_spec(path: str | Path) -> EnvSpec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(p), [Problem("no such file", hint="give the path of a spec, e.g. specs/h100.toml",
+                                         reference="spec-not-found")]) from None
+    except (UnicodeDecodeError, IsADirectoryError) as e:
+        raise SpecError(str(p), [Problem(f"cannot read as UTF-8 text: {e}", reference="spec-unreadable")]) from None
+    return parse_spec(text, p)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: Any = EnvSpec
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        cands = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = cands[0] if cands else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+_TYPE_WORDS = {
+    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer", "bool_type": "true or false",
+    "bool_parsing": "true or false", "list_type": "an array", "dict_type": "a table", "model_type": "a table",
+    "float_type": "a number", "literal_error": None, "missing": None,
+}
+
+
+def _problem_from_pydantic(err: dict, lines: dict[tuple, int]) -> Problem:
+    loc = tuple(err["loc"])
+    etype = err["type"]
+    path = toml_path(loc)
+    line = _nearest_line(lines, loc)
+    hint = ""
+    ref = "invalid-value"
+    if etype == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        key = str(loc[-1])
+        known = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(key, known, n=1)
+        msg = f"unknown key '{key}'"
+        hint = f"did you mean '{close[0]}'?" if close else (f"known keys here: {', '.join(known)}" if known else "")
+        ref = "unknown-key"
+    elif etype == "missing":
+        msg = f"required key '{loc[-1]}' is missing"
+        ref = "missing-key"
+        hint = "add it, e.g. name = \"my-env\"" if loc == ("name",) else ""
+    elif etype == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        msg = f"{err['input']!r} is not allowed; expected {expected}"
+    elif etype in _TYPE_WORDS and _TYPE_WORDS[etype]:
+        msg = f"expected {_TYPE_WORDS[etype]}, got {_toml_type(err.get('input'))} {err.get('input')!r}"
+        ref = "wrong-type"
+    elif etype in ("greater_than_equal", "less_than_equal"):
+        msg = f"{err['input']!r} is out of range: {err['msg'].lower()}"
+    elif etype == "value_error":
+        msg = str(err.get("ctx", {}).get("error", err["msg"]))
+        m = re.match(r"item (\d+): (.*)", msg, re.S)
+        if m:
+            loc = loc + (int(m.group(1)),)
+            path, line, msg = toml_path(loc), _nearest_line(lines, loc), m.group(2)
+        msg = msg.splitlines()[0]
+    else:
+        msg = err["msg"]
+    return Problem(msg, path=path, line=line, hint=hint, reference=ref)
+
+
+def _toml_type(v: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}.get(type(v), type(v).__name__)
+
+
+def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
+    out: list[Problem] = []
+    torch_names = {"torch"} | {canonicalize_name(Requirement(r).name) for r in (spec.torch.packages if spec.torch else [])}
+    seen: dict[str, int] = {}
+    for i, r in enumerate(spec.python.packages):
+        name = canonicalize_name(Requirement(r).name)
+        if name in torch_names and spec.torch is not None:
+            out.append(spec.problem(("python", "packages", i), f"'{name}' is set by [torch]; a second pin here would conflict",
+                                    hint="put torch's version in [torch].version and torch-family packages in [torch].packages",
+                                    reference="conflicting-pins"))
+        elif name == "torch" and spec.torch is None:
+            out.append(spec.problem(("python", "packages", i), "torch belongs in a [torch] table",
+                                    hint="add [torch] with version = \"...\" so envspec can choose its CUDA build",
+                                    reference="conflicting-pins"))
+        if name in seen:
+            out.append(spec.problem(("python", "packages", i), f"'{name}' is listed twice (also item {seen[name]})",
+                                    hint="merge the two requirements into one", reference="conflicting-pins"))
+        seen.setdefault(name, i)
+    if spec.torch is None and spec.target.gpus:
+        out.append(spec.problem(("target", "gpus"), "GPU targets are given but there is no [torch] table",
+                                hint="add [torch] or remove [target].gpus", reference="impossible-combination"))
+    if spec.torch is not None and spec.torch.cuda == "cpu" and spec.target.driver:
+        out.append(spec.problem(("target", "driver"), "a driver floor is given for a CPU build of torch",
+                                hint="set [torch].cuda = \"auto\" or drop [target].driver", reference="impossible-combination"))
+    j, s = spec.services.jupyter, spec.services.ssh
+    if j and s and j.enabled and s.enabled and j.port == s.port:
+        out.append(spec.problem(("services", "ssh", "port"), f"port {s.port} is also [services.jupyter].port",
+                                hint="give each service its own port", reference="port-clash"))
+    if s and s.enabled and s.authorized_keys:
+        keyfile = (file.parent / s.authorized_keys) if not Path(s.authorized_keys).is_absolute() else Path(s.authorized_keys)
+        if not keyfile.is_file():
+            out.append(spec.problem(("services", "ssh", "authorized_keys"), f"no such file: {keyfile}",
+                                    hint="the path is relative to the spec; or leave it empty and pass keys at run time "
+                                         "in ENVSPEC_AUTHORIZED_KEYS", reference="missing-file"))
+    if spec.system.base == "none" and spec.system.packages:
+        out.append(spec.problem(("system", "packages"), "Debian packages are given but [system].base = \"none\"",
+                                hint="use base = \"auto\"", reference="impossible-combination"))
+    if spec.torch is not None and spec.torch.version != "*":
+        try:
+            for sp in spec.torch.specifier():
+                v = sp.version.rstrip(".*")
+                Version(v)
+        except InvalidVersion:
+            out.append(spec.problem(("torch", "version"), f"{spec.torch.version!r} names no valid version",
+                                    reference="invalid-value"))
+    return out
