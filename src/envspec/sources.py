@@ -10,12 +10,15 @@ variables), so a team shares one lock while each machine fetches from what it ca
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import socket
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from functools import lru_cache
+from html.parser import HTMLParser
 from pathlib import Path
 
 PYPI = "https://pypi.org/simple"
@@ -150,3 +153,71 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
+
+
+# --- reading simple indexes (used by build/fetch.py to find a pinned file by its name) ---------
+
+PEP691_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
+                 "text/html;q=0.1")
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normalized project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.links += [v for k, v in attrs if k == "href" and v]
+
+
+def _read_url(url: str, *, timeout: float) -> tuple[bytes, str, str]:
+    """(body, content type, final URL); a file:// or plain-path directory reads its index.html."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("", "file"):
+        p = Path(urllib.parse.unquote(parsed.path))
+        if p.is_dir():
+            p = p / "index.html"
+        return p.read_bytes(), "text/html", p.absolute().as_uri()
+    req = urllib.request.Request(url, headers={"Accept": PEP691_ACCEPT, "User-Agent": "envspec"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (URLs from config/lock)
+        return resp.read(), resp.headers.get("Content-Type", ""), resp.geturl()
+
+
+def _links_to_files(body: bytes, base: str) -> dict[str, str]:
+    parser = _Links()
+    parser.feed(body.decode("utf-8", "replace"))
+    files: dict[str, str] = {}
+    for href in parser.links:
+        absolute = urllib.parse.urljoin(base, href).split("#", 1)[0]
+        name = urllib.parse.unquote(urllib.parse.urlparse(absolute).path.rsplit("/", 1)[-1])
+        if name:
+            files.setdefault(name, absolute)
+    return files
+
+
+def project_files(index_url: str, project: str, *, timeout: float = 60) -> dict[str, str]:
+    """{filename: absolute URL} of one project's files on a simple index: PEP 691 JSON when the
+    server offers it, PEP 503 HTML otherwise. Raises OSError (URLError) when unreachable."""
+    page = index_url.rstrip("/") + "/" + normalize_name(project) + "/"
+    body, ctype, final = _read_url(page, timeout=timeout)
+    if "json" in ctype:
+        data = json.loads(body)
+        return {f["filename"]: urllib.parse.urljoin(final, f["url"]) for f in data.get("files", [])}
+    return _links_to_files(body, final)
+
+
+def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
+    """{filename: URL} offered by a find-links location: a local folder, or an HTML page of links."""
+    parsed = urllib.parse.urlparse(mirror_url)
+    if parsed.scheme in ("", "file"):
+        p = Path(urllib.parse.unquote(parsed.path))
+        if p.is_dir():
+            return {c.name: c.absolute().as_uri() for c in sorted(p.iterdir()) if c.is_file()}
+    body, _ctype, final = _read_url(mirror_url, timeout=timeout)
+    return _links_to_files(body, final)
