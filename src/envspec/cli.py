@@ -1,0 +1,231 @@
+"""The command line: the only module that prints or exits.
+
+Exit codes are listed in ``envspec.errors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from envspec import __version__
+from envspec.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EnvspecError,
+                            ResolutionImpossible, UsageError)
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ENVSPEC_CACHE") or Path.home() / ".cache" / "envspec")
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------
+# lock / explain / db
+
+def cmd_explain(args) -> int:
+    from envspec import explain
+    from envspec.compat import load_db
+    from envspec.resolve import choose
+    from envspec.spec import load_spec
+
+    spec = load_spec(args.spec)
+    db = load_db()
+    try:
+        choice = choose(spec, db)
+    except ResolutionImpossible as e:
+        if args.json:
+            _print_json(explain.impossible_json(e))
+        else:
+            con = _console(stderr=True)
+            for line in explain.impossible_lines(e):
+                con.print(line, markup=False)
+            if e.candidates:
+                con.print("candidates of the newest matching release:", markup=False)
+                for c in e.candidates:
+                    con.print(f"  - {c.variant:<7} {c.reason}", markup=False)
+        return e.exit_code
+    if args.json:
+        _print_json(explain.choice_json(choice))
+    else:
+        con = _console()
+        for line in explain.choice_lines(choice):
+            con.print(line, markup=False)
+    return EXIT_OK
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def cmd_lock(args) -> int:
+    from envspec import lock as lockmod
+    from envspec.compat import load_db
+    from envspec.resolve import choose, resolve
+    from envspec.sources import discover
+    from envspec.spec import load_spec
+
+    spec = load_spec(args.spec)
+    out = Path(args.output) if args.output else lockmod.default_path(spec.name)
+    if args.check:
+        old = lockmod.read(out)
+        reasons = lockmod.stale_reasons(old, spec)
+        if args.json:
+            _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
+        elif reasons:
+            con = _console(stderr=True)
+            con.print(f"{out} is out of date with {args.spec}:", markup=False)
+            for r in reasons:
+                con.print(f"  - {r}", markup=False)
+            con.print(f"hint: run `envspec lock {args.spec}`", markup=False)
+        else:
+            _console().print(f"{out} is up to date with {args.spec}", markup=False)
+        return EXIT_CHECK_FAILED if reasons else EXIT_OK
+    db = load_db()
+    choice = choose(spec, db)
+    sources = discover(spec.sources)
+    old_wheels = None
+    if out.exists():
+        try:
+            from envspec.resolve import WheelPin
+
+            old_wheels = [WheelPin(**w.model_dump()) for w in lockmod.read(out).wheels]
+        except EnvspecError:
+            old_wheels = None
+    con = _console(stderr=True)
+    if not args.quiet and not args.json:
+        t = choice.torch
+        con.print(f"resolving {spec.name}: " + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
+                  markup=False)
+    res = resolve(choice, sources, cache_dir=cache_dir(), old_wheels=old_wheels, upgrade=args.upgrade_package or [])
+    lock = lockmod.from_resolution(res, spec_path=_rel(Path(args.spec)), db_version=db.version)
+    text = lockmod.dumps(lock)
+    changed = not out.exists() or out.read_text(encoding="utf-8") != text
+    if changed:
+        lockmod.write_atomic(out, text)
+    if args.json:
+        _print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
+                     "wheels": len(lock.wheels), "debs": len(lock.debian.packages) if lock.debian else 0})
+    elif not args.quiet:
+        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {len(lock.wheels)} wheels, "
+                  f"{len(lock.debian.packages) if lock.debian else 0} Debian packages, "
+                  f"lock {lock.meta.content_hash[:19]}…", markup=False)
+    return EXIT_OK
+
+
+def cmd_db(args) -> int:
+    from envspec.compat import load_db
+
+    if args.db_cmd == "refresh":
+        from envspec.compat import refresh as refmod
+
+        report = refmod.refresh(Path(args.output) if args.output else None)
+        if args.json:
+            _print_json(report.to_json() if hasattr(report, "to_json") else {"ok": True})
+        else:
+            _console().print(str(report), markup=False)
+        return EXIT_OK
+    db = load_db()
+    if args.json:
+        _print_json(db.to_json())
+        return EXIT_OK
+    from rich.table import Table
+
+    con = _console()
+    con.print(f"compatibility DB {db.version} ({db.date})", markup=False)
+    t = Table("torch", "python", "PyPI build", "variants (CUDA / cuDNN / NCCL)", title="torch releases")
+    for r in db.torch_releases:
+        vs = ", ".join(f"{v.name}" + (f" {v.cuda}/{v.cudnn or '-'}/{v.nccl or '-'}" if v.cuda else "")
+                       for v in r.variants.values())
+        t.add_row(r.version, " ".join(r.python), r.pypi_variant or "-", vs)
+    con.print(t)
+    g = Table("GPU", "cc", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s", title="GPUs")
+    for x in db.gpus:
+        g.add_row(x.name, x.cc, _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops), _n(x.mem_bw_gbs))
+    con.print(g)
+    return EXIT_OK
+
+
+def _n(v) -> str:
+    return "-" if v is None else (f"{v:g}")
+
+
+# ---------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envspec", description="Reproducible GPU deep-learning environments.")
+    p.add_argument("--version", action="version", version=f"envspec {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    s = sub.add_parser("lock", help="resolve a spec into a lockfile")
+    s.add_argument("spec")
+    s.add_argument("-o", "--output", help="lockfile path (default lockfiles/<name>.lock)")
+    s.add_argument("--check", action="store_true", help="exit 1 with reasons when the lock no longer matches the spec")
+    s.add_argument("--upgrade-package", action="append", metavar="NAME", help="let NAME move to its newest version")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_lock)
+
+    s = sub.add_parser("explain", help="which torch build fits the spec, and why (offline)")
+    s.add_argument("spec")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser("db", help="the compatibility database")
+    dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True)
+    d = dsub.add_parser("show", help="print the DB")
+    d.add_argument("--json", action="store_true")
+    d = dsub.add_parser("refresh", help="regenerate the PyPI-derived part from the package index")
+    d.add_argument("-o", "--output", help="where to write (default: the bundled data file)")
+    d.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_db)
+
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return p
+
+
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verify"]:  # the verifier parses its own arguments (it also runs alone inside images)
+        from envspec.verify.cli import main as verify_main
+
+        return verify_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return args.func(args)
+    except EnvspecError as e:
+        if getattr(args, "json", False):
+            _print_json({"ok": False, "error": e.to_json()})
+        con = _console(stderr=True)
+        if args.verbose:
+            con.print(traceback.format_exc(), markup=False)
+        con.print(f"error[{e.reference}]: {e.message}", markup=False)
+        if e.hint:
+            con.print(f"hint: {e.hint}", markup=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        _console(stderr=True).print("interrupted; nothing was half-written", markup=False)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,492 @@
+"""The resolve stage: ``EnvSpec`` + ``CompatDB`` (+ package indexes) -> ``Resolution``.
+
+Two steps. ``choose`` is pure and offline (``envspec explain`` uses it alone): it picks the torch
+release and CUDA variant and keeps every candidate's reason. ``resolve_packages`` then asks
+uv's resolver for the Python closure and apt for the Debian closure. The core raises facts
+(``ResolutionImpossible`` with structured causes); ``explain.py`` words them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs
+from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
+from envspec.sources import Sources, reachable
+from envspec.spec import EnvSpec
+
+SUITES = {"3.11": ("bookworm", "2_36"), "3.13": ("trixie", "2_40")}  # Debian's python3 per suite, glibc
+HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
+
+
+# ---------------------------------------------------------------------------------------
+# results
+
+@dataclass(frozen=True)
+class Candidate:
+    variant: str
+    cuda: str | None
+    ok: bool
+    reason: str
+    preferred: bool = False
+
+
+@dataclass(frozen=True)
+class TorchChoice:
+    release: TorchRelease
+    variant: Variant
+    min_driver: str
+    candidates: list[Candidate]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Everything decided offline: platform, targets, torch build, hardware contract."""
+
+    spec: EnvSpec
+    python: str
+    base: str  # "debian:bookworm" | "none" ...
+    suite: str | None
+    glibc: str
+    gpus: list[Gpu]
+    torch: TorchChoice | None
+    driver_policy: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def platform_tag(self) -> str:
+        return f"manylinux_{self.glibc}_x86_64"
+
+    @property
+    def compute_capabilities(self) -> list[str]:
+        return sorted({g.cc for g in self.gpus}, key=lambda c: tuple(int(x) for x in c.split(".")))
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    name: str
+    version: str
+    filename: str
+    index: str
+    sha256: str
+    size: int
+    group: str
+    direct: bool
+
+
+@dataclass(frozen=True)
+class Resolution:
+    choice: Choice
+    wheels: list[WheelPin]
+    debs: list  # list[envspec.debian.DebPin]
+    deb_requested: list[str]
+
+
+# ---------------------------------------------------------------------------------------
+# offline choice
+
+def _cuda_key(v: Variant) -> tuple:
+    return tuple(int(x) for x in v.cuda.split(".")) if v.cuda else (0,)
+
+
+def choose(spec: EnvSpec, db: CompatDB) -> Choice:
+    """Pick platform, GPU targets and the torch build. Raises SpecError or ResolutionImpossible."""
+    problems: list[Problem] = []
+    gpus: list[Gpu] = []
+    for i, name in enumerate(spec.target.gpus):
+        g = db.find_gpu(name)
+        if g is None:
+            sugg = db.suggest_gpus(name)
+            problems.append(spec.problem(("target", "gpus", i), f"unknown GPU '{name}'",
+                                         hint=(f"did you mean '{sugg[0]}'?" if sugg else
+                                               "use a name as nvidia-smi prints it, a short form like 'H100', or 'sm_90'; "
+                                               "`envspec db show` lists the known GPUs"),
+                                         reference="unknown-gpu"))
+        else:
+            gpus.append(g)
+    py = spec.python.version
+    base = spec.system.base
+    suite, glibc = None, HOST_GLIBC
+    if base == "auto":
+        if py not in SUITES:
+            problems.append(spec.problem(("python", "version"), f"no Debian base ships Python {py}",
+                                         hint="use 3.11 (bookworm) or 3.13 (trixie), or [system].base = \"none\" for a host-only lock",
+                                         reference="python-unavailable"))
+        else:
+            suite, glibc = SUITES[py]
+            base = f"debian:{suite}"
+    elif base != "none":
+        suite = base.split(":", 1)[1]
+        want = next((p for p, (s, _) in SUITES.items() if s == suite), None)
+        if want != py:
+            problems.append(spec.problem(("python", "version"), f"Debian {suite} ships Python {want}, not {py}",
+                                         hint=f"set [python].version = \"{want}\" or [system].base = \"auto\"",
+                                         reference="python-unavailable"))
+        glibc = SUITES.get(want or "", (None, HOST_GLIBC))[1]
+    if problems:
+        raise SpecError(spec.file, problems)
+    torch = _choose_torch(spec, db, gpus) if spec.torch is not None else None
+    return Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
+                  driver_policy=spec.target.driver_policy)
+
+
+def driver_floor(db: CompatDB, variant: Variant, policy: str) -> str | None:
+    if not variant.cuda:
+        return ""
+    tk = db.cuda_toolkit(variant.cuda)
+    if tk is None:
+        return None
+    return tk.driver_compat if policy == "compat" else tk.driver_strict
+
+
+def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]) -> tuple[bool, str, list[dict]]:
+    """Whether a variant fits; a sentence; and structured causes when it does not."""
+    causes: list[dict] = []
+    want = spec.torch.cuda if spec.torch else "auto"
+    if want == "cpu" and v.cuda:
+        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "cpu"})
+    if want not in ("cpu", "auto") and v.cuda != want:
+        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": want})
+    if want == "auto" and not v.cuda:
+        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build ([torch].cuda = \"auto\")"})
+    if spec.python.version not in rel.python:
+        causes.append({"kind": "python-unsupported", "torch": rel.version, "python": spec.python.version,
+                       "supported": rel.python})
+    if v.cuda:
+        for g in gpus:
+            if not any(arch_runs(g.cc, a) for a in v.arch_list):
+                causes.append({"kind": "arch-missing", "gpu": g.name, "cc": g.cc, "variant": v.name,
+                               "arch_list": v.arch_list, "torch": rel.version})
+        floor = driver_floor(db, v, spec.target.driver_policy)
+        if floor is None:
+            causes.append({"kind": "unknown-cuda", "cuda": v.cuda})
+        elif spec.target.driver and Version(spec.target.driver) < Version(floor):
+            causes.append({"kind": "driver-too-old", "driver": spec.target.driver, "needed": floor, "cuda": v.cuda,
+                           "policy": spec.target.driver_policy, "variant": v.name})
+    if causes:
+        from envspec.explain import cause_sentence  # words live in explain.py
+
+        return False, "; ".join(cause_sentence(c) for c in causes), causes
+    parts = []
+    for g in gpus:
+        used = next((a for a in v.arch_list if arch_runs(g.cc, a) and a.startswith("sm_")), None) or \
+            next(a for a in v.arch_list if arch_runs(g.cc, a))
+        parts.append(f"{_short(g)} ({g.cc}) runs {used}")
+    if v.cuda:
+        floor = driver_floor(db, v, spec.target.driver_policy)
+        parts.append(f"driver >= {floor} ({spec.target.driver_policy})")
+    return True, "; ".join(parts) or "fits", []
+
+
+def _short(g: Gpu) -> str:
+    return g.aliases[0] if g.aliases else g.name
+
+
+def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
+    assert spec.torch is not None
+    spec_set = spec.torch.specifier()
+    releases = [r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)]
+    if not releases:
+        known = [r.version for r in db.torch_releases]
+        raise SpecError(spec.file, [spec.problem(("torch", "version"), f"no torch release matches {spec.torch.version!r}",
+                                                 hint=f"the compatibility DB {db.version} knows {known[0]} to {known[-1]}; "
+                                                      "run `envspec db refresh` for newer releases",
+                                                 reference="no-such-torch")])
+    all_causes: list[dict] = []
+    first_candidates: list[Candidate] | None = None
+    for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
+        judged = []
+        for v in sorted(rel.variants.values(), key=_cuda_key):
+            ok, reason, causes = _judge(spec, db, rel, v, gpus)
+            judged.append((v, ok, reason))
+            all_causes.extend(c | {"torch": rel.version} for c in causes if c["kind"] != "variant-not-requested")
+        fits = [v for v, ok, _ in judged if ok]
+        pick = _prefer(rel, fits)
+        cands = [Candidate(v.name, v.cuda, ok, reason, preferred=(pick is not None and v.name == pick.name))
+                 for v, ok, reason in judged]
+        if first_candidates is None:
+            first_candidates = cands
+        if pick is not None:
+            floor = driver_floor(db, pick, spec.target.driver_policy) or ""
+            return TorchChoice(release=rel, variant=pick, min_driver=floor, candidates=cands)
+    suggestions = what_would_fit(spec, db, gpus)
+    raise ResolutionImpossible(
+        f"no build of torch {spec.torch.version} fits {spec.file or 'the spec'}",
+        causes=_dedupe(all_causes) + suggestions,
+        candidates=first_candidates or [],
+        hint="; ".join(s["text"] for s in suggestions) if suggestions else "",
+        reference=_main_reference(all_causes),
+    )
+
+
+def _prefer(rel: TorchRelease, fits: list[Variant]) -> Variant | None:
+    """The stated preference: the build PyPI serves when it fits, else the newest CUDA that fits."""
+    if not fits:
+        return None
+    for v in fits:
+        if v.name == rel.pypi_variant:
+            return v
+    return max(fits, key=_cuda_key)
+
+
+def _dedupe(causes: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for c in causes:
+        key = tuple(sorted((k, str(v)) for k, v in c.items() if k not in ("torch", "arch_list", "supported")))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _main_reference(causes: list[dict]) -> str:
+    kinds = [c["kind"] for c in causes]
+    for k, ref in (("arch-missing", "no-kernels-for-gpu"), ("driver-too-old", "driver-too-old"),
+                   ("python-unsupported", "python-unsupported")):
+        if k in kinds:
+            return ref
+    return "no-compatible-torch"
+
+
+def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
+    """Ignoring the torch range: the oldest release and its variants that would fit, per blocker."""
+    out: list[dict] = []
+    for g in gpus:
+        fits = [(r, v) for r in db.torch_releases for v in r.variants.values()
+                if v.cuda and any(arch_runs(g.cc, a) for a in v.arch_list)]
+        if not fits:
+            out.append({"kind": "suggestion", "text": f"{_short(g)} ({g.cc}) is run by no torch build the DB knows"})
+            continue
+        first = min(fits, key=lambda rv: Version(rv[0].version))
+        variants = sorted({v.name for r, v in fits if r.version == first[0].version})
+        sm = f"sm_{g.cc.replace('.', '')}"
+        out.append({"kind": "suggestion", "gpu": g.name,
+                    "text": f"{_short(g)} needs {sm}: torch >= {first[0].version} with {' or '.join(variants)}"})
+    if spec.target.driver:
+        ok = [(r, v) for r in db.torch_releases for v in r.variants.values() if v.cuda
+              and (f := driver_floor(db, v, spec.target.driver_policy)) and Version(spec.target.driver) >= Version(f)]
+        if ok:
+            newest = max(ok, key=lambda rv: (_cuda_key(rv[1]), Version(rv[0].version)))
+            out.append({"kind": "suggestion",
+                        "text": f"driver {spec.target.driver} runs up to CUDA {newest[1].cuda} "
+                                f"({spec.target.driver_policy}): e.g. torch {newest[0].version} with {newest[1].name}"})
+    if spec.torch and spec.python.version:
+        py_ok = [r.version for r in db.torch_releases if spec.python.version in r.python
+                 and spec.torch.specifier().contains(Version(r.version))]
+        if not py_ok:
+            any_ok = [r.version for r in db.torch_releases if spec.python.version in r.python]
+            if any_ok:
+                out.append({"kind": "suggestion",
+                            "text": f"Python {spec.python.version} has torch wheels from {any_ok[0]} to {any_ok[-1]}"})
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the Python closure, through uv
+
+TORCH_FAMILY = {"torch", "torchvision", "torchaudio", "torchtext", "torchdata"}
+
+
+def _is_cuda_wheel(name: str) -> bool:
+    return name.startswith("nvidia-") or name.startswith("cuda-") or name == "nvidia"
+
+
+def requirements(choice: Choice) -> tuple[list[str], list[str], set[str]]:
+    """(torch's requirements, everyone's requirements, names the spec asked for)."""
+    spec = choice.spec
+    torch_reqs: list[str] = []
+    direct: set[str] = set()
+    if choice.torch is not None:
+        local = f"+{choice.torch.variant.local}" if choice.torch.variant.local else ""
+        torch_reqs.append(f"torch=={choice.torch.release.version}{local}")
+        torch_reqs += list(spec.torch.packages)
+        direct |= {"torch"} | {canonicalize_name(Requirement(r).name) for r in spec.torch.packages}
+    team = list(spec.python.packages)
+    if spec.services.jupyter and spec.services.jupyter.enabled:
+        team += ["jupyterlab"] + list(spec.services.jupyter.extensions)
+    direct |= {canonicalize_name(Requirement(r).name) for r in team}
+    return torch_reqs, torch_reqs + team, direct
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # the uv wheel ships its binary
+
+        return find_uv_bin()
+    except Exception:  # noqa: BLE001
+        raise SourceError("uv is not installed", hint="pip install uv", reference="uv-missing") from None
+
+
+def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]:
+    """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer."""
+    args: list[str] = []
+    notes: list[str] = []
+    for m in sources.mirrors:
+        if m.kind == "links":
+            args += ["--find-links", m.url]
+        else:
+            args += ["--extra-index-url", m.url]
+    canon: list[str] = []
+    if choice.torch is not None and choice.torch.variant.local:
+        canon.append(choice.torch.variant.index)
+    canon += list(sources.extra_indexes)
+    for url in canon:
+        if reachable(url):
+            args += ["--extra-index-url", url]
+        else:
+            notes.append(f"{url} is unreachable; its files must come from a mirror")
+    if reachable(sources.index):
+        args += ["--default-index", sources.index]
+    else:
+        notes.append(f"{sources.index} is unreachable; using mirrors only")
+        args += ["--no-index"] if not any(m.kind == "index" for m in sources.mirrors) else \
+            ["--default-index", next(m.url for m in sources.mirrors if m.kind == "index")]
+    return args, notes
+
+
+def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
+            preferences: list[tuple[str, str]], upgrade: list[str], constraints: list[str]) -> list[dict]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    req = workdir / f"{name}.in"
+    req.write_text("\n".join(reqs) + "\n")
+    out = workdir / f"pylock.{name}.toml"
+    if preferences:  # uv keeps the versions of an existing output file unless told to upgrade
+        out.write_text('lock-version = "1.0"\ncreated-by = "envspec"\n\n' + "".join(
+            f'[[packages]]\nname = "{n}"\nversion = "{v}"\n\n' for n, v in preferences))
+    elif out.exists():
+        out.unlink()
+    idx, _ = _index_args(sources, choice)
+    argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
+            "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",
+            "--only-binary", ":all:", "--index-strategy", "first-index", "--no-header", *idx]
+    if constraints:
+        c = workdir / f"{name}.constraints.txt"
+        c.write_text("\n".join(constraints) + "\n")
+        argv += ["--constraint", str(c)]
+    for u in upgrade:
+        argv += ["--upgrade-package", u]
+    env = dict(os.environ)
+    env.setdefault("UV_CACHE_DIR", str(Path(env.get("ENVSPEC_CACHE", Path.home() / ".cache" / "envspec")) / "uv"))
+    env["UV_NO_CONFIG"] = "1"
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise _uv_error(proc.stderr, reqs)
+    data = tomllib.loads(out.read_text())
+    return data.get("packages", [])
+
+
+def _uv_error(stderr: str, reqs: list[str]) -> Exception:
+    text = stderr.strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if "No solution found" in text or "unsatisfiable" in text:
+        return ResolutionImpossible("the Python packages cannot be installed together",
+                                    causes=[{"kind": "python-conflict", "text": ln.strip()} for ln in lines[:12]],
+                                    hint="relax a version in [python].packages; uv's explanation is above",
+                                    reference="python-conflict")
+    if "not found in the package registry" in text or "was not found in the" in text:
+        return ResolutionImpossible("a Python package does not exist on the configured indexes",
+                                    causes=[{"kind": "python-missing", "text": ln.strip()} for ln in lines[:8]],
+                                    hint="check the name in [python].packages, or add the index to [sources]",
+                                    reference="unknown-python-package")
+    return SourceError("the Python resolver (uv) failed:\n  " + "\n  ".join(lines[-12:]),
+                       hint="check the network or configure a mirror ([sources].mirrors or ENVSPEC_MIRRORS)",
+                       reference="index-unavailable")
+
+
+def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> str:
+    """The canonical index for a file, whichever mirror served it."""
+    if choice.torch is not None and choice.torch.variant.local and name in TORCH_FAMILY:
+        return choice.torch.variant.index
+    parsed = urlparse(url)
+    for idx in [sources.index, *sources.extra_indexes]:
+        if url.startswith(idx.rsplit("/simple", 1)[0]):
+            return idx
+    if parsed.hostname == "files.pythonhosted.org":
+        return sources.index
+    if choice.torch is not None and parsed.hostname and "pytorch.org" in parsed.hostname:
+        return choice.torch.variant.index
+    return sources.index  # a mirror's copy of the canonical index's file
+
+
+def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
+                   old: list[WheelPin] | None = None, upgrade: list[str] | None = None) -> list[WheelPin]:
+    torch_reqs, all_reqs, direct = requirements(choice)
+    if not all_reqs:
+        return []
+    prefs = [(w.name, w.version) for w in (old or []) if canonicalize_name(w.name) not in
+             {canonicalize_name(u) for u in (upgrade or [])}]
+    full = _run_uv(all_reqs, choice, sources, workdir, "full", prefs, upgrade or [], list(choice.spec.python.constraints))
+    pins = {canonicalize_name(p["name"]): p["version"] for p in full}
+    torch_names: set[str] = set()
+    if torch_reqs:
+        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [], [f"{n}=={v}" for n, v in pins.items()])
+        torch_names = {canonicalize_name(p["name"]) for p in sub}
+    out: list[WheelPin] = []
+    for p in full:
+        name = canonicalize_name(p["name"])
+        wheels = p.get("wheels") or []
+        if not wheels:
+            raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
+                                       causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} is published as a source distribution only"}],
+                                       hint="envspec installs wheels only: pick a version with a manylinux wheel",
+                                       reference="no-wheel")
+        w = wheels[0]
+        url = w.get("url") or w.get("path") or ""
+        filename = w.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
+        parse_wheel_filename(filename)
+        if name in torch_names:
+            group = "cuda" if _is_cuda_wheel(name) else "torch"
+        else:
+            group = "team" if name in direct else "deps"
+        out.append(WheelPin(name=name, version=str(p["version"]), filename=filename,
+                            index=_attribute_index(url, name, choice, sources),
+                            sha256=w["hashes"]["sha256"], size=int(w.get("size") or 0),
+                            group=group, direct=name in direct))
+    return sorted(out, key=lambda w: (w.name, w.version, w.filename))
+
+
+# ---------------------------------------------------------------------------------------
+# the Debian closure, through apt (envspec.debian)
+
+def debian_request(choice: Choice) -> list[str]:
+    from envspec import debian
+
+    spec = choice.spec
+    services = {k for k in ("jupyter", "ssh") if getattr(spec.services, k) and getattr(spec.services, k).enabled}
+    compiler = spec.system.compiler if spec.system.compiler is not None else spec.wants_gpu
+    base = debian.base_packages(choice.suite, gpu=compiler, services=services)
+    return sorted(set(base) | set(spec.system.packages))
+
+
+def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tuple[list, list[str]]:
+    if choice.suite is None:
+        return [], []
+    from envspec import debian
+
+    requested = debian_request(choice)
+    pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
+                                  security_mirror=sources.debian_security_mirror, cache_dir=cache_dir)
+    return pins, requested
+
+
+def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, old_wheels: list[WheelPin] | None = None,
+            upgrade: list[str] | None = None) -> Resolution:
+    with tempfile.TemporaryDirectory(prefix="envspec-resolve-") as tmp:
+        wheels = resolve_python(choice, sources, workdir=Path(tmp), old=old_wheels, upgrade=upgrade)
+    debs, requested = resolve_debian(choice, sources, cache_dir=cache_dir / "apt")
+    return Resolution(choice=choice, wheels=wheels, debs=debs, deb_requested=requested)
