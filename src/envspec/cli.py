@@ -74,9 +74,6 @@ def _rel(p: Path) -> str:
 
 def cmd_lock(args) -> int:
     from envspec import lock as lockmod
-    from envspec.compat import load_db
-    from envspec.resolve import choose, resolve
-    from envspec.sources import discover
     from envspec.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -95,6 +92,10 @@ def cmd_lock(args) -> int:
         else:
             _console().print(f"{out} is up to date with {args.spec}", markup=False)
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
+    from envspec.compat import load_db
+    from envspec.resolve import choose, resolve
+    from envspec.sources import discover
+
     db = load_db()
     choice = choose(spec, db)
     sources = discover(spec.sources)
@@ -217,12 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EnvspecError as e:
+        from envspec import explain
+
         if getattr(args, "json", False):
-            _print_json({"ok": False, "error": e.to_json()})
+            _print_json(explain.impossible_json(e) if isinstance(e, ResolutionImpossible)
+                        else {"ok": False, "error": e.to_json()})
         con = _console(stderr=True)
         if args.verbose:
             con.print(traceback.format_exc(), markup=False)
-        con.print(f"error[{e.reference}]: {e.message}", markup=False)
+        if isinstance(e, ResolutionImpossible):
+            lines = explain.impossible_lines(e)
+            con.print(f"error[{e.reference}]: " + "\n".join(lines), markup=False)
+        else:
+            con.print(f"error[{e.reference}]: {e.message}", markup=False)
         if e.hint:
             con.print(f"hint: {e.hint}", markup=False)
         return e.exit_code

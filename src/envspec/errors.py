@@ -88,7 +88,8 @@ class SpecError(EnvspecError):
         self._problems = problems
         n = len(problems)
         head = f"{self.file}: {n} problem{'s' if n != 1 else ''}"
-        lines = [head] + [f"  {p.where(self.file)}: {p.message}" + (f"\n    hint: {p.hint}" if p.hint else "") for p in problems]
+        lines = [head] + [f"  {p.where(self.file)}: {p.message}" + (f" [{p.reference}]" if p.reference else "")
+                          + (f"\n    hint: {p.hint}" if p.hint else "") for p in problems]
         super().__init__("\n".join(lines), hint=problems[0].hint if n == 1 else "")
         if n == 1 and problems[0].reference:
             self.reference = problems[0].reference

@@ -6,6 +6,11 @@ from envspec.errors import ResolutionImpossible
 
 
 def cause_sentence(c: dict) -> str:
+    text = _sentence(c)
+    return f"{c['where']}: {text}" if c.get("where") else text
+
+
+def _sentence(c: dict) -> str:
     k = c.get("kind")
     if k == "arch-missing":
         archs = c.get("arch_list") or []
@@ -19,6 +24,8 @@ def cause_sentence(c: dict) -> str:
         return f"torch {c['torch']} has no wheels for Python {c['python']} (it has {', '.join(c['supported'])})"
     if k == "variant-not-requested":
         return f"{c['variant']} is not what [torch].cuda asks for ({c['wanted']})"
+    if k == "cuda-not-offered":
+        return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
     if k == "unknown-cuda":
         return f"CUDA {c['cuda']} is not in the compatibility DB"
     return c.get("text") or str(c)

@@ -211,7 +211,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
         for v in sorted(rel.variants.values(), key=_cuda_key):
             ok, reason, causes = _judge(spec, db, rel, v, gpus)
             judged.append((v, ok, reason))
-            all_causes.extend(c | {"torch": rel.version} for c in causes if c["kind"] != "variant-not-requested")
+            all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for c in causes
+                              if c["kind"] != "variant-not-requested")
         fits = [v for v, ok, _ in judged if ok]
         pick = _prefer(rel, fits)
         cands = [Candidate(v.name, v.cuda, ok, reason, preferred=(pick is not None and v.name == pick.name))
@@ -221,6 +222,10 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
         if pick is not None:
             floor = driver_floor(db, pick, spec.target.driver_policy) or ""
             return TorchChoice(release=rel, variant=pick, min_driver=floor, candidates=cands)
+    if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
+        offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
+        all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,
+                           "where": spec.problem(("torch", "cuda"), "").where(spec.file)})
     suggestions = what_would_fit(spec, db, gpus)
     raise ResolutionImpossible(
         f"no build of torch {spec.torch.version} fits {spec.file or 'the spec'}",
@@ -229,6 +234,21 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
         hint="; ".join(s["text"] for s in suggestions) if suggestions else "",
         reference=_main_reference(all_causes),
     )
+
+
+_CAUSE_KEYS = {"arch-missing": ("target", "gpus"), "driver-too-old": ("target", "driver"),
+               "python-unsupported": ("python", "version"), "unknown-cuda": ("torch", "cuda")}
+
+
+def _where(spec: EnvSpec, cause: dict) -> str:
+    """'[target].driver (specs/x.toml:7)' for the spec key behind a cause."""
+    path = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
+    if cause["kind"] == "arch-missing":
+        names = [g for g in spec.target.gpus]
+        idx = next((i for i, n in enumerate(names) if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()), None)
+        if idx is not None:
+            path = path + (idx,)
+    return spec.problem(path, "").where(spec.file)
 
 
 def _prefer(rel: TorchRelease, fits: list[Variant]) -> Variant | None:

@@ -29,7 +29,7 @@ _PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, str_strip_whitespace=True)
 
 
 def _check_requirements(values: list[str]) -> list[str]:
