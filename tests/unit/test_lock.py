@@ -1,0 +1,100 @@
+"""The lockfile: canonical text, round trip, format versions, atomic writes, freshness."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from envspec import lock as lockmod
+from envspec.errors import LockError
+from envspec.spec import parse_spec
+
+SPEC = '''name = "demo"
+[python]
+version = "3.11"
+packages = ["six==1.16.0"]
+[torch]
+version = "==2.14.1"
+'''
+
+
+def make_lock(**over) -> lockmod.Lockfile:
+    spec = parse_spec(SPEC, "demo.toml")
+    wheels = over.pop("wheels", [
+        lockmod.Wheel(name="torch", version="2.14.1", filename="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                      index="https://pypi.org/simple", sha256="a" * 64, size=10, group="torch", direct=True),
+        lockmod.Wheel(name="six", version="1.16.0", filename="six-1.16.0-py2.py3-none-any.whl",
+                      index="https://pypi.org/simple", sha256="b" * 64, size=5, group="team", direct=True),
+    ])
+    lk = lockmod.Lockfile(
+        meta=lockmod.Meta(name="demo", spec="demo.toml", spec_hash=spec.spec_hash(), db_version="2026.11.30"),
+        platform=lockmod.Platform(python="3.11", python_tag="cp311", platform_tag="manylinux_2_36_x86_64",
+                                  base="debian:bookworm"),
+        hardware=lockmod.Hardware(arch_list=["sm_80", "sm_90"], driver_floor="580.65.06"),
+        torch=lockmod.TorchPin(version="2.14.1", variant="cu130", cuda="13.0", index="https://pypi.org/simple"),
+        runtime=lockmod.RuntimeLock(env={"B": "2", "A": "1"}),
+        wheels=wheels, **over)
+    return lk.with_hash()
+
+
+def test_round_trip_is_byte_identical():
+    text = lockmod.dumps(make_lock())
+    again = lockmod.dumps(lockmod.loads(text))
+    assert text == again
+    assert text.startswith("# envspec lockfile")
+    assert "version = 1\n" in text
+
+
+def test_content_hash_covers_body_not_meta():
+    a = make_lock()
+    b = a.model_copy(update={"meta": a.meta.model_copy(update={"spec": "elsewhere.toml"})})
+    assert a.compute_hash() == b.compute_hash()
+    c = make_lock(wheels=[])
+    assert c.meta.content_hash != a.meta.content_hash
+
+
+def test_unknown_format_version_is_rejected():
+    text = lockmod.dumps(make_lock()).replace("version = 1\n", "version = 2\n", 1)
+    with pytest.raises(LockError) as ei:
+        lockmod.loads(text, "x.lock")
+    assert ei.value.reference == "lock-version" and "x.lock" in ei.value.message
+
+
+def test_broken_lock_names_the_file():
+    with pytest.raises(LockError) as ei:
+        lockmod.loads("version = 1\n[meta\n", "y.lock")
+    assert "y.lock" in ei.value.message
+
+
+def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    p = tmp_path / "demo.lock"
+    p.write_text("old\n")
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        lockmod.write_atomic(p, "new\n")
+    assert p.read_text() == "old\n"
+    assert [x.name for x in tmp_path.iterdir()] == ["demo.lock"], "no temp file left behind"
+
+
+def test_fresh_lock_has_no_stale_reasons():
+    assert lockmod.stale_reasons(make_lock(), parse_spec(SPEC, "demo.toml")) == []
+
+
+def test_stale_reasons_name_what_changed():
+    spec = parse_spec(SPEC.replace("six==1.16.0", "six>=1.17").replace("==2.14.1", "==2.13.*"), "demo.toml")
+    reasons = lockmod.stale_reasons(make_lock(), spec)
+    text = "\n".join(reasons)
+    assert "spec changed" in text
+    assert "torch 2.14.1 in the lock is outside" in text
+    assert "six 1.16.0 in the lock does not satisfy" in text
+
+
+def test_hand_edit_is_detected():
+    lk = make_lock()
+    edited = lockmod.loads(lockmod.dumps(lk).replace("a" * 64, "c" * 64))
+    assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, parse_spec(SPEC, "demo.toml")))
