@@ -1,0 +1,16 @@
+"""The compatibility database: torch releases and their CUDA variants, CUDA toolkits, GPUs.
+
+Data with provenance (``data/*.toml``, every row with a source), a frozen model, pure queries and
+the architecture rule. Nothing is loaded at import; ``load_db()`` reads and caches. See
+docs/compat-db.md.
+"""
+
+from envspec.compat.arch import arch_runs, parse_arch, parse_cc, why_arch
+from envspec.compat.load import DATA_DIR, FORMAT, load_db
+from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Variant
+from envspec.compat.refresh import RefreshReport, refresh
+
+__all__ = [
+    "CompatDB", "CudaToolkit", "DATA_DIR", "FORMAT", "Gpu", "RefreshReport", "TorchRelease", "Variant",
+    "arch_runs", "load_db", "parse_arch", "parse_cc", "refresh", "why_arch",
+]

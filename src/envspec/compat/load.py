@@ -1,0 +1,303 @@
+"""Read the DB's data files, check them, and build a ``CompatDB``. Reports every problem at once."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from envspec.compat.arch import parse_arch, parse_cc
+from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Gpu, TorchRelease,
+                                  Variant)
+from envspec.errors import CompatDBError
+
+FORMAT = 1  # the data format this code reads
+DATA_DIR = Path(__file__).parent / "data"
+MANIFEST = "db.toml"
+FILES = {
+    "torch_pypi.toml": "torch releases on PyPI: Python versions, the PyPI build's CUDA/cuDNN/NCCL pins (generated)",
+    "torch_variants.toml": "CUDA variants on the PyTorch index: CUDA, cuDNN, NCCL, arch lists (curated)",
+    "cuda.toml": "CUDA toolkits: driver floors and nvcc targets (curated)",
+    "gpus.toml": "GPUs: names, aliases, compute capability, memory, peak rates (curated)",
+}
+
+
+# ---- raw rows, as the files spell them ---------------------------------------------------------
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _PypiRow(_Row):
+    version: str
+    python: list[str]
+    python_freethreaded: list[str] = []
+    pypi_variant: str
+    cuda: str
+    cuda_pin: str = ""
+    cudnn: str
+    nccl: str
+    wheel: str = ""
+    source: str
+
+
+class _BuildRow(_Row):
+    torch: str
+    variant: str
+    cuda: str
+    cudnn: str
+    nccl: str
+    arch_list: list[str]
+    source: str
+
+
+class _ToolkitRow(_Row):
+    version: str
+    driver_strict: str
+    driver_compat: str
+    archs: list[str]
+    source: str
+
+
+class _GpuRow(_Row):
+    name: str
+    aliases: list[str] = []
+    cc: str
+    memory_gib: float | None = None
+    bf16_tflops: float | None = None
+    tf32_tflops: float | None = None
+    mem_bw_gbs: float | None = None
+    source: str
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, file: str, where: str, message: str) -> None:
+        self.items.append(f"{file}: {where}: {message}" if where else f"{file}: {message}")
+
+    def raise_if_any(self, root: Path) -> None:
+        if not self.items:
+            return
+        n = len(self.items)
+        head = f"compatibility DB at {root}: {n} problem{'s' if n != 1 else ''}"
+        raise CompatDBError("\n".join([head] + [f"  {p}" for p in self.items]),
+                            hint="fix the data file (each row needs a source), or run `envspec db refresh` "
+                                 "to regenerate torch_pypi.toml")
+
+
+def _read(root: Path, name: str, problems: _Problems) -> dict:
+    path = root / name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.add(name, "", f"missing (expected at {path})")
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        problems.add(name, "", f"not valid TOML: {exc}")
+        return {}
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        problems.add(name, "format", f"unknown format {fmt!r}; this envspec reads format {FORMAT}"
+                     + (" (a newer envspec wrote it?)" if isinstance(fmt, int) and fmt > FORMAT else ""))
+        return {}
+    return data
+
+
+def _rows(data: dict, key: str, model: type[_Row], file: str, problems: _Problems, label: str) -> list:
+    out = []
+    raw = data.get(key, [])
+    if not isinstance(raw, list):
+        problems.add(file, key, "must be an array of tables")
+        return out
+    for i, row in enumerate(raw):
+        where = f"{key}[{i}]" + (f" ({row.get(label)!r})" if isinstance(row, dict) and row.get(label) else "")
+        try:
+            r = model.model_validate(row)
+        except ValidationError as exc:
+            for e in exc.errors():
+                loc = ".".join(str(x) for x in e["loc"])
+                problems.add(file, f"{where}.{loc}", e["msg"])
+            continue
+        if not r.source.strip():
+            problems.add(file, f"{where}.source", "empty: every row must say where its facts come from")
+        out.append((where, r))
+    return out
+
+
+def _version_ok(s: str, file: str, where: str, problems: _Problems) -> bool:
+    try:
+        Version(s)
+        return True
+    except InvalidVersion:
+        problems.add(file, where, f"{s!r} is not a version")
+        return False
+
+
+def _arch_ok(entries: list[str], file: str, where: str, problems: _Problems) -> None:
+    for j, e in enumerate(entries):
+        try:
+            parse_arch(e)
+        except ValueError as exc:
+            problems.add(file, f"{where}[{j}]", str(exc))
+
+
+def _cuda_key(v: Variant) -> tuple:
+    return (0, Version("0")) if v.cuda is None else (1, Version(v.cuda))
+
+
+def _build(root: Path) -> CompatDB:
+    problems = _Problems()
+    manifest = _read(root, MANIFEST, problems)
+    files = {name: _read(root, name, problems) for name in FILES}
+    problems.raise_if_any(root)
+
+    pypi_rows = _rows(files["torch_pypi.toml"], "release", _PypiRow, "torch_pypi.toml", problems, "version")
+    build_rows = _rows(files["torch_variants.toml"], "build", _BuildRow, "torch_variants.toml", problems, "variant")
+    tk_rows = _rows(files["cuda.toml"], "toolkit", _ToolkitRow, "cuda.toml", problems, "version")
+    gpu_rows = _rows(files["gpus.toml"], "gpu", _GpuRow, "gpus.toml", problems, "name")
+
+    # -- CUDA toolkits
+    toolkits: dict[str, CudaToolkit] = {}
+    for where, r in tk_rows:
+        ok = _version_ok(r.version, "cuda.toml", f"{where}.version", problems)
+        ok &= _version_ok(r.driver_strict, "cuda.toml", f"{where}.driver_strict", problems)
+        ok &= _version_ok(r.driver_compat, "cuda.toml", f"{where}.driver_compat", problems)
+        _arch_ok(r.archs, "cuda.toml", f"{where}.archs", problems)
+        if not ok:
+            continue
+        if r.version in toolkits:
+            problems.add("cuda.toml", where, f"duplicate toolkit {r.version}")
+        # a driver that meets the toolkit's own floor runs it natively, so the compat floor is never higher
+        compat = min(r.driver_compat, r.driver_strict, key=Version)
+        toolkits[r.version] = CudaToolkit(version=r.version, driver_strict=r.driver_strict,
+                                          driver_compat=compat, archs=r.archs, source=r.source)
+
+    # -- GPUs
+    gpus: list[Gpu] = []
+    seen_labels: dict[str, str] = {}
+    for where, r in gpu_rows:
+        try:
+            parse_cc(r.cc)
+        except ValueError as exc:
+            problems.add("gpus.toml", f"{where}.cc", str(exc))
+            continue
+        for label in [r.name, *r.aliases]:
+            k = "".join(ch for ch in label.lower() if ch.isalnum())
+            if k in seen_labels and seen_labels[k] != r.name:
+                problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
+            seen_labels[k] = r.name
+        gpus.append(Gpu(**r.model_dump()))
+
+    # -- torch variants (curated) and releases (generated)
+    builds: list[tuple[str, _BuildRow, SpecifierSet]] = []
+    for where, r in build_rows:
+        try:
+            spec = SpecifierSet(r.torch)
+        except InvalidSpecifier:
+            problems.add("torch_variants.toml", f"{where}.torch", f"{r.torch!r} is not a version specifier")
+            continue
+        _arch_ok(r.arch_list, "torch_variants.toml", f"{where}.arch_list", problems)
+        if r.variant != "cpu":
+            if not r.cuda:
+                problems.add("torch_variants.toml", f"{where}.cuda", f"variant {r.variant} needs a CUDA version")
+            elif r.variant != "cu" + r.cuda.replace(".", ""):
+                problems.add("torch_variants.toml", f"{where}.cuda", f"{r.cuda} does not match variant {r.variant}")
+            elif r.cuda not in toolkits:
+                problems.add("torch_variants.toml", f"{where}.cuda", f"CUDA {r.cuda} is not in cuda.toml")
+            if not r.arch_list:
+                problems.add("torch_variants.toml", f"{where}.arch_list", "a CUDA variant needs its arch list")
+        builds.append((where, r, spec))
+
+    releases: list[TorchRelease] = []
+    seen_versions: set[str] = set()
+    for where, p in pypi_rows:
+        if not _version_ok(p.version, "torch_pypi.toml", f"{where}.version", problems):
+            continue
+        if p.version in seen_versions:
+            problems.add("torch_pypi.toml", where, f"duplicate release {p.version}")
+        seen_versions.add(p.version)
+        v = Version(p.version)
+        variants: dict[str, Variant] = {}
+        for bwhere, b, spec in builds:
+            if not spec.contains(v, prereleases=True):
+                continue
+            if b.variant in variants:
+                problems.add("torch_variants.toml", bwhere,
+                             f"overlaps another {b.variant} row for torch {p.version}")
+                continue
+            is_pypi = b.variant == p.pypi_variant
+            src = b.source
+            cudnn, nccl = b.cudnn or None, b.nccl or None
+            if is_pypi:
+                if b.cuda != p.cuda:
+                    problems.add("torch_variants.toml", bwhere,
+                                 f"CUDA {b.cuda} but PyPI's {p.version} wheel pins CUDA {p.cuda}")
+                cudnn, nccl = p.cudnn or None, p.nccl or None
+                src = f"{p.source}; curated: {b.source}"
+            else:
+                if cudnn == "=pypi":
+                    cudnn = p.cudnn or None
+                if nccl == "=pypi":
+                    nccl = p.nccl or None
+            pt_index = f"{PYTORCH_INDEX}/{b.variant}"
+            variants[b.variant] = Variant(
+                name=b.variant, cuda=b.cuda or None, cudnn=cudnn, nccl=nccl, arch_list=list(b.arch_list),
+                index=PYPI_INDEX if is_pypi else pt_index, local="" if is_pypi else b.variant,
+                source=src, pypi=is_pypi, pytorch_index=pt_index, pytorch_local=b.variant)
+        if p.pypi_variant and p.pypi_variant not in variants:
+            # a release newer than the curated rows: PyPI's build is known from its metadata, its arch
+            # list is carried over from the newest older release with the same variant (said in source)
+            prev = next((r.variants[p.pypi_variant] for r in reversed(releases) if p.pypi_variant in r.variants), None)
+            if p.cuda not in toolkits:
+                problems.add("torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml")
+            if prev is None:
+                problems.add("torch_variants.toml", "",
+                             f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from")
+            else:
+                variants[p.pypi_variant] = Variant(
+                    name=p.pypi_variant, cuda=p.cuda, cudnn=p.cudnn or None, nccl=p.nccl or None,
+                    arch_list=list(prev.arch_list), index=PYPI_INDEX, local="", pypi=True,
+                    pytorch_index=f"{PYTORCH_INDEX}/{p.pypi_variant}", pytorch_local=p.pypi_variant,
+                    source=f"{p.source}; arch list assumed unchanged from an older release (not curated yet)")
+        ordered = dict(sorted(variants.items(), key=lambda kv: _cuda_key(kv[1])))
+        releases.append(TorchRelease(version=p.version, python=p.python, pypi_variant=p.pypi_variant or None,
+                                     variants=ordered, source=p.source,
+                                     python_freethreaded=p.python_freethreaded))
+    releases.sort(key=lambda r: Version(r.version))
+
+    version, date = manifest.get("db_version", ""), manifest.get("date", "")
+    gen_version, gen_date = files["torch_pypi.toml"].get("db_version", ""), files["torch_pypi.toml"].get("date", "")
+    for name, val in (("db_version", version), ("date", date)):
+        if not isinstance(val, str) or not val:
+            problems.add(MANIFEST, name, "missing")
+    if gen_version and version:
+        try:
+            if Version(gen_version) > Version(version):
+                version, date = gen_version, gen_date or date
+        except InvalidVersion:
+            problems.add("torch_pypi.toml", "db_version", f"{gen_version!r} is not a version")
+    problems.raise_if_any(root)
+    return CompatDB(version=version, date=date, format=FORMAT, torch_releases=releases,
+                    cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)), gpus=gpus,
+                    sources=dict(FILES))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(root: str) -> CompatDB:
+    return _build(Path(root))
+
+
+def load_db(path: Path | None = None) -> CompatDB:
+    """The compatibility DB: the bundled data by default, or the data directory ``path`` (or its
+    ``db.toml``). Loaded once per directory and cached. Raises ``CompatDBError`` listing every problem
+    (file, row, what is wrong) on bad data or an unknown format."""
+    root = DATA_DIR if path is None else Path(path)
+    if root.name == MANIFEST or root.suffix == ".toml":
+        root = root.parent
+    return _load_cached(str(root.resolve()))

@@ -1,0 +1,187 @@
+"""The compatibility DB's public model: frozen, pure, no I/O. ``load.py`` builds it from data files."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict
+
+from envspec.compat.arch import parse_cc
+
+PYPI_INDEX = "https://pypi.org/simple"
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+
+
+class Variant(BaseModel):
+    """One build of a torch release: ``cpu`` or ``cuXYZ``, and where its wheels are served."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # "cpu", "cu128"
+    cuda: str | None  # CUDA runtime major.minor; None for cpu
+    cudnn: str | None
+    nccl: str | None
+    arch_list: list[str]  # SASS sm_XY and PTX compute_XY entries; [] for cpu
+    index: str  # the index to take it from: PyPI for the build PyPI serves, else download.pytorch.org
+    local: str  # local version label of the wheels on `index` ("cu126"; "" for PyPI's build)
+    source: str
+    pypi: bool = False  # True for the build PyPI serves
+    pytorch_index: str = ""  # the download.pytorch.org index that also serves this build
+    pytorch_local: str = ""  # its local label there ("cu130" even for PyPI's build)
+
+
+class TorchRelease(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: str  # public version, "2.9.1"
+    python: list[str]  # "3.10", ... with Linux x86_64 CPython wheels on PyPI
+    pypi_variant: str | None  # which variant PyPI's manylinux x86_64 wheel is
+    variants: dict[str, Variant]  # by name, ascending CUDA (cpu first)
+    source: str
+    python_freethreaded: list[str] = []  # "3.13" for cp313t wheels
+
+    def variant(self, name: str) -> Variant | None:
+        return self.variants.get(name)
+
+
+class CudaToolkit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: str  # "12.8"
+    driver_strict: str  # the toolkit's own minimum Linux driver
+    driver_compat: str  # minimum driver under CUDA minor-version compatibility
+    archs: list[str]  # sm_ targets nvcc accepts, including a/f variants
+    source: str
+
+
+class Gpu(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # as nvidia-smi prints it; "sm_90" for a synthetic GPU named by capability
+    aliases: list[str] = []
+    cc: str  # compute capability "9.0"
+    memory_gib: float | None = None
+    bf16_tflops: float | None = None  # dense
+    tf32_tflops: float | None = None  # dense
+    mem_bw_gbs: float | None = None
+    source: str = ""
+
+    @property
+    def sm(self) -> str:
+        major, minor = parse_cc(self.cc)
+        return f"sm_{major}{minor}"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+_PREFIXES = ("nvidiageforce", "nvidia", "tesla", "geforce")
+_SM_NAME = re.compile(r"^(?:sm_?|compute_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$")
+
+
+@dataclass(frozen=True)
+class CompatDB:
+    """The loaded database. Build it with ``load_db()``; all queries are pure."""
+
+    version: str
+    date: str
+    format: int
+    torch_releases: list[TorchRelease]  # ascending by version
+    cuda_toolkits: list[CudaToolkit]  # ascending by version
+    gpus: list[Gpu]
+    sources: dict[str, str] = field(default_factory=dict)  # data file -> what it holds
+    _releases: dict = field(default_factory=dict, repr=False, compare=False)
+    _toolkits: dict = field(default_factory=dict, repr=False, compare=False)
+    _gpu_keys: dict = field(default_factory=dict, repr=False, compare=False)
+    _gpu_labels: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for r in self.torch_releases:
+            self._releases[r.version] = r
+        for t in self.cuda_toolkits:
+            self._toolkits[t.version] = t
+        for g in self.gpus:
+            for label in [g.name, *g.aliases]:
+                key = _norm(label)
+                self._gpu_keys.setdefault(key, g)
+                self._gpu_labels.setdefault(key, label)
+                for p in _PREFIXES:
+                    if key.startswith(p) and len(key) > len(p):
+                        self._gpu_keys.setdefault(key[len(p):], g)
+
+    # -- torch ------------------------------------------------------------------------------------
+    def torch_release(self, version: str) -> TorchRelease | None:
+        """The release with this public version ("2.9.1"; a local label "+cu128" is ignored)."""
+        try:
+            v = Version(str(version))
+        except InvalidVersion:
+            return None
+        return self._releases.get(v.public) or self._releases.get(str(Version(v.public)))
+
+    # -- CUDA ------------------------------------------------------------------------------------
+    def cuda_toolkit(self, version: str) -> CudaToolkit | None:
+        """The toolkit for a CUDA major.minor ("12.8"; "12.8.1" finds 12.8)."""
+        try:
+            v = Version(str(version))
+        except InvalidVersion:
+            return None
+        return self._toolkits.get(f"{v.major}.{v.minor}")
+
+    # -- GPUs ------------------------------------------------------------------------------------
+    def find_gpu(self, name: str) -> Gpu | None:
+        """A GPU by nvidia-smi name or alias (case, spaces and punctuation ignored), or a synthetic
+        GPU for a capability given as "sm_90", "sm90", "compute_90" or "9.0"."""
+        text = str(name).strip()
+        key = _norm(text)
+        if key in self._gpu_keys:
+            return self._gpu_keys[key]
+        for p in _PREFIXES:
+            if key.startswith(p) and key[len(p):] in self._gpu_keys:
+                return self._gpu_keys[key[len(p):]]
+        m = _SM_NAME.match(text.lower().replace(" ", ""))
+        if m:
+            major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            if 1 <= int(major) <= 15:
+                return Gpu(name=f"sm_{int(major)}{minor}", cc=f"{int(major)}.{minor}",
+                           source="synthetic: named by compute capability")
+        return None
+
+    def suggest_gpus(self, name: str, n: int = 3) -> list[str]:
+        """Did-you-mean: the closest known names and aliases, as written in the DB."""
+        key = _norm(str(name))
+        for p in _PREFIXES:
+            if key.startswith(p) and len(key) > len(p):
+                key = key[len(p):]
+                break
+        keys = {}
+        for k, label in self._gpu_labels.items():
+            keys.setdefault(k, label)
+            for p in _PREFIXES:
+                if k.startswith(p) and len(k) > len(p):
+                    keys.setdefault(k[len(p):], label)
+        close = difflib.get_close_matches(key, list(keys), n=n * 3, cutoff=0.5)
+        out: list[str] = []
+        for k in close:
+            label = keys[k]
+            if label not in out:
+                out.append(label)
+            if len(out) == n:
+                break
+        return out
+
+    # -- output ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        """Everything, as plain JSON-able data (for `envspec db show --json`)."""
+        return {
+            "db_version": self.version,
+            "date": self.date,
+            "format": self.format,
+            "torch_releases": [r.model_dump() for r in self.torch_releases],
+            "cuda_toolkits": [t.model_dump() for t in self.cuda_toolkits],
+            "gpus": [g.model_dump() for g in self.gpus],
+            "sources": dict(self.sources),
+        }

@@ -1,0 +1,392 @@
+"""`envspec db refresh`: regenerate the PyPI-derivable part of the compatibility DB.
+
+What package metadata can tell is regenerated here; the curated facts (the variants on the
+PyTorch wheel index, their arch lists, CUDA toolkits, GPUs) live in other files and are kept.
+
+For every torch release >= ``since`` on PyPI this reads:
+
+* the release list from PyPI's JSON API (``https://pypi.org/pypi/torch/json``);
+* the files of each release from the simple JSON API (``https://pypi.org/simple/torch/`` with
+  ``Accept: application/vnd.pypi.simple.v1+json``): the Linux x86_64 wheels' ``cpXY`` tags give the
+  Python versions;
+* the core metadata (``METADATA``) of one Linux x86_64 wheel: from its PEP 658 file
+  (``<wheel url>.metadata``) when the index advertises ``core-metadata``, else by reading only the
+  zip's central directory and the ``*.dist-info/METADATA`` member with HTTP range requests (a
+  few hundred KiB instead of the whole wheel). Its ``Requires-Dist`` pins
+  (``nvidia-cuda-runtime-cu12==12.8.90`` or ``cuda-toolkit[...]==13.0.2``,
+  ``nvidia-cudnn-cu1X==…``, ``nvidia-nccl-cu1X==…``) give the CUDA runtime, cuDNN and NCCL of the
+  build PyPI serves, hence which variant it is (``cu128``, ``cu130``).
+
+The output (``data/torch_pypi.toml``) is deterministic: releases sorted by version, keys in a
+fixed order, no timestamps other than the DB date passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import urllib.request
+import zlib
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Callable
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from envspec.errors import SourceError
+
+JSON_API = "https://pypi.org/pypi/torch/json"
+SIMPLE_API = "https://pypi.org/simple/torch/"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+Fetch = Callable[[str], bytes]
+FetchRange = Callable[[str, int, int], bytes]  # (url, first byte, last byte inclusive); last < 0: suffix
+
+
+@dataclass
+class RefreshReport:
+    """What a refresh did: releases written, which were new or changed, and what it could not read."""
+
+    out_path: Path
+    releases: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "2.3.0: no Linux x86_64 wheel"
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# ---------------------------------------------------------------------------------------------
+# network defaults (only used when no fetcher is injected)
+
+def _urlopen(req: urllib.request.Request, what: str) -> bytes:
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (https URLs only)
+            return resp.read()
+    except OSError as exc:
+        raise SourceError(f"cannot read {what}: {exc}",
+                          hint="check the network or the index URL; `envspec db refresh` needs PyPI") from exc
+
+
+def default_fetch(url: str) -> bytes:
+    headers = {"User-Agent": "envspec-db-refresh"}
+    if url.rstrip("/") == SIMPLE_API.rstrip("/") or url.startswith(SIMPLE_API):
+        headers["Accept"] = SIMPLE_JSON
+    return _urlopen(urllib.request.Request(url, headers=headers), url)
+
+
+def default_fetch_range(url: str, start: int, end: int) -> bytes:
+    rng = f"bytes=-{start}" if end < 0 else f"bytes={start}-{end}"
+    req = urllib.request.Request(url, headers={"Range": rng, "User-Agent": "envspec-db-refresh"})
+    return _urlopen(req, f"{url} ({rng})")
+
+
+# ---------------------------------------------------------------------------------------------
+# pure helpers (tested directly)
+
+def linux_x86_64_pythons(filenames: list[str]) -> tuple[list[str], list[str]]:
+    """Python versions with a Linux x86_64 CPython wheel: (regular, free-threaded), sorted."""
+    regular: set[str] = set()
+    threaded: set[str] = set()
+    for fn in filenames:
+        if not fn.endswith(".whl"):
+            continue
+        try:
+            _, _, _, tags = parse_wheel_filename(fn)
+        except InvalidWheelFilename:
+            continue
+        for tag in tags:
+            if not (tag.platform.startswith(("manylinux", "linux")) and tag.platform.endswith("x86_64")):
+                continue
+            m = re.fullmatch(r"cp(\d)(\d+)", tag.interpreter)
+            if not m:
+                continue
+            py = f"{m.group(1)}.{m.group(2)}"
+            (threaded if tag.abi.endswith("t") else regular).add(py)
+    key = lambda s: Version(s)  # noqa: E731
+    return sorted(regular, key=key), sorted(threaded, key=key)
+
+
+_CUDA_RUNTIME = re.compile(r"^(nvidia-cuda-runtime(-cu\d+)?|cuda-toolkit)$")
+_CUDNN = re.compile(r"^nvidia-cudnn(-cu\d+)?$")
+_NCCL = re.compile(r"^nvidia-nccl(-cu\d+)?$")
+
+
+def _pin(req: Requirement) -> str | None:
+    for spec in req.specifier:
+        if spec.operator in ("==", "==="):
+            return spec.version
+    return None
+
+
+def pins_from_metadata(metadata: bytes | str) -> dict[str, str | None]:
+    """CUDA runtime (major.minor), cuDNN, NCCL and the variant name from a wheel's Requires-Dist.
+
+    Only requirements that apply on Linux count (markers are evaluated for Linux x86_64 CPython).
+    Returns {"cuda", "cudnn", "nccl", "variant", "cuda_pin"}; values are None when not pinned.
+    """
+    text = metadata.decode("utf-8", "replace") if isinstance(metadata, bytes) else metadata
+    msg = HeaderParser().parsestr(text)
+    out: dict[str, str | None] = {"cuda": None, "cuda_pin": None, "cudnn": None, "nccl": None, "variant": None}
+    env = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
+           "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "python_version": "3.12", "python_full_version": "3.12.0", "extra": ""}
+    for raw in msg.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        name = req.name.lower().replace("_", "-")
+        pin = _pin(req)
+        if pin is None:
+            continue
+        if _CUDA_RUNTIME.match(name) and out["cuda_pin"] is None:
+            v = Version(pin)
+            out["cuda_pin"] = pin
+            out["cuda"] = f"{v.major}.{v.minor}"
+        elif _CUDNN.match(name):
+            out["cudnn"] = pin
+        elif _NCCL.match(name):
+            out["nccl"] = pin
+    if out["cuda"]:
+        major, minor = out["cuda"].split(".")
+        out["variant"] = f"cu{major}{minor}"
+    return out
+
+
+def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchRange) -> bytes:
+    """Read one member (the first whose name ends with ``member_suffix``) of a remote zip.
+
+    Uses range requests: the end of the file for the end-of-central-directory record (zip64 too),
+    the central directory, then the member's local header and data.
+    """
+    tail_len = min(size, 65536 + 22)
+    tail = fetch_range(url, size - tail_len, size - 1)
+    eocd = tail.rfind(b"PK\x05\x06")
+    if eocd < 0:
+        raise ValueError("no end-of-central-directory record")
+    cd_size, cd_offset = struct.unpack_from("<II", tail, eocd + 12)
+    if cd_offset == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:
+        loc = tail.rfind(b"PK\x06\x07", 0, eocd)  # zip64 EOCD locator
+        if loc < 0:
+            raise ValueError("zip64 without locator")
+        (z64_off,) = struct.unpack_from("<Q", tail, loc + 8)
+        rec = fetch_range(url, z64_off, z64_off + 55)
+        if rec[:4] != b"PK\x06\x06":
+            raise ValueError("bad zip64 end-of-central-directory record")
+        cd_size, cd_offset = struct.unpack_from("<QQ", rec, 40)
+    start_in_tail = (size - tail_len)
+    if cd_offset >= start_in_tail:
+        cd = tail[cd_offset - start_in_tail: cd_offset - start_in_tail + cd_size]
+    else:
+        cd = fetch_range(url, cd_offset, cd_offset + cd_size - 1)
+    pos = 0
+    while pos + 46 <= len(cd) and cd[pos:pos + 4] == b"PK\x01\x02":
+        (method,) = struct.unpack_from("<H", cd, pos + 10)
+        csize, usize = struct.unpack_from("<II", cd, pos + 20)
+        nlen, xlen, clen = struct.unpack_from("<HHH", cd, pos + 28)
+        (lho,) = struct.unpack_from("<I", cd, pos + 42)
+        name = cd[pos + 46: pos + 46 + nlen].decode("utf-8", "replace")
+        extra = cd[pos + 46 + nlen: pos + 46 + nlen + xlen]
+        pos += 46 + nlen + xlen + clen
+        if not name.endswith(member_suffix):
+            continue
+        if 0xFFFFFFFF in (csize, usize, lho):
+            vals = []
+            e = 0
+            while e + 4 <= len(extra):
+                hid, hlen = struct.unpack_from("<HH", extra, e)
+                if hid == 1:
+                    vals = list(struct.unpack_from(f"<{hlen // 8}Q", extra, e + 4))
+                    break
+                e += 4 + hlen
+            if usize == 0xFFFFFFFF:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF:
+                csize = vals.pop(0)
+            if lho == 0xFFFFFFFF:
+                lho = vals.pop(0)
+        head = fetch_range(url, lho, lho + 30 - 1)
+        fnl, exl = struct.unpack_from("<HH", head, 26)
+        data_start = lho + 30 + fnl + exl
+        data = fetch_range(url, data_start, data_start + csize - 1) if csize else b""
+        if method == 0:
+            return data
+        if method == 8:
+            return zlib.decompress(data, -15)
+        raise ValueError(f"unsupported zip compression method {method}")
+    raise ValueError(f"no member ending in {member_suffix!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the refresh
+
+def _linux_x86_64_wheels(files: list[dict], version: str) -> list[dict]:
+    out = []
+    for f in files:
+        fn = f.get("filename", "")
+        if not fn.endswith(".whl") or f.get("yanked") not in (False, None):
+            continue
+        try:
+            _, ver, _, tags = parse_wheel_filename(fn)
+        except InvalidWheelFilename:
+            continue
+        if str(ver) != version and ver.public != version:
+            continue
+        if any(t.platform.endswith("x86_64") and t.platform.startswith(("manylinux", "linux"))
+               and not t.abi.endswith("t") for t in tags):
+            out.append(f)
+    return out
+
+
+def _wheel_metadata(f: dict, fetch: Fetch, fetch_range: FetchRange | None) -> bytes:
+    cm = f.get("core-metadata", f.get("dist-info-metadata", False))
+    if cm:
+        return fetch(f["url"] + ".metadata")
+    if fetch_range is None:
+        raise ValueError("index does not serve PEP 658 metadata and no range fetcher was given")
+    size = int(f.get("size") or 0)
+    if size <= 0:
+        raise ValueError("index gives no file size")
+    return read_zip_member(f["url"], size, ".dist-info/METADATA", fetch_range)
+
+
+def collect(fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0") -> tuple[list[dict], list[str]]:
+    """Rows for torch_pypi.toml (sorted) and the problems met; pure given its fetchers."""
+    floor = Version(since)
+    api = json.loads(fetch(JSON_API))
+    simple = json.loads(fetch(SIMPLE_API))
+    versions = []
+    for v in api.get("releases", {}):
+        try:
+            pv = Version(v)
+        except InvalidVersion:
+            continue
+        if pv >= floor and not pv.is_prerelease and not pv.is_devrelease:
+            versions.append(pv)
+    versions.sort()
+    files_by_version: dict[str, list[dict]] = {}
+    for f in simple.get("files", []):
+        try:
+            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
+        except InvalidWheelFilename:
+            continue
+        files_by_version.setdefault(str(ver), []).append(f)
+    rows: list[dict] = []
+    problems: list[str] = []
+    for pv in versions:
+        v = str(pv)
+        files = files_by_version.get(v, [])
+        py, py_t = linux_x86_64_pythons([f["filename"] for f in files])
+        wheels = _linux_x86_64_wheels(files, v)
+        if not wheels:
+            problems.append(f"{v}: no Linux x86_64 wheel on the index")
+            continue
+        # pins are the same for every Python; read the newest Python's wheel
+        wheels.sort(key=lambda f: (len(f["filename"]), f["filename"]))
+        pick = max(wheels, key=lambda f: Version(linux_x86_64_pythons([f["filename"]])[0][-1]
+                                                 if linux_x86_64_pythons([f["filename"]])[0] else "0"))
+        try:
+            meta = _wheel_metadata(pick, fetch, fetch_range)
+        except (ValueError, struct.error, zlib.error, SourceError) as exc:
+            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
+            continue
+        pins = pins_from_metadata(meta)
+        rows.append({
+            "version": v,
+            "python": py,
+            "python_freethreaded": py_t,
+            "pypi_variant": pins["variant"] or "",
+            "cuda": pins["cuda"] or "",
+            "cuda_pin": pins["cuda_pin"] or "",
+            "cudnn": pins["cudnn"] or "",
+            "nccl": pins["nccl"] or "",
+            "wheel": pick["filename"],
+            "source": f"pypi-metadata: Requires-Dist of {pick['filename']}; Python versions from "
+                      f"{SIMPLE_API} file names",
+        })
+    return rows, problems
+
+
+def _q(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def render(rows: list[dict], db_version: str, date: str) -> str:
+    """Canonical TOML text of torch_pypi.toml (hand-rendered so key order and layout are fixed)."""
+    out = [
+        "# Generated by `envspec db refresh` from PyPI's index and wheel metadata. Do not edit:",
+        "# curated facts live in torch_variants.toml. Rows are sorted by version.",
+        "format = 1",
+        f"db_version = {_q(db_version)}",
+        f"date = {_q(date)}",
+        f"source = {_q(SIMPLE_API)}",
+        "",
+    ]
+    for r in sorted(rows, key=lambda r: Version(r["version"])):
+        out.append("[[release]]")
+        for k in ("version", "python", "python_freethreaded", "pypi_variant", "cuda", "cuda_pin",
+                  "cudnn", "nccl", "wheel", "source"):
+            val = r[k]
+            if isinstance(val, list):
+                out.append(f"{k} = [{', '.join(_q(x) for x in val)}]")
+            else:
+                out.append(f"{k} = {_q(val)}")
+        out.append("")
+    return "\n".join(out)
+
+
+def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
+            fetch_range: FetchRange | None = None, db_version: str | None = None,
+            date: str | None = None) -> RefreshReport:
+    """Regenerate ``out_path`` (torch_pypi.toml) from PyPI; returns what changed.
+
+    ``fetch`` (url -> bytes) and ``fetch_range`` (url, first, last -> bytes) default to urllib;
+    tests inject recorded responses. Releases older than ``since`` already in ``out_path`` are
+    kept as they are. The file is written atomically, and only when at least one release was read.
+    """
+    import datetime
+    import os
+    import tomllib
+
+    out_path = Path(out_path)
+    if fetch is None:
+        fetch = default_fetch
+        if fetch_range is None:
+            fetch_range = default_fetch_range
+    old_rows: dict[str, dict] = {}
+    if out_path.exists():
+        old = tomllib.loads(out_path.read_text())
+        old_rows = {r["version"]: r for r in old.get("release", [])}
+    rows, problems = collect(fetch, fetch_range, since)
+    report = RefreshReport(out_path=out_path, problems=problems)
+    if not rows:
+        return report
+    new = {r["version"]: r for r in rows}
+    failed = {p.split(":", 1)[0] for p in problems}
+    merged = dict(new)
+    for v, r in old_rows.items():
+        if v not in merged and (Version(v) < Version(since) or v in failed):
+            merged[v] = r  # keep what we could not (or were not asked to) re-read
+    for v in new:
+        if v not in old_rows:
+            report.added.append(v)
+        elif {k: old_rows[v].get(k) for k in new[v]} != new[v]:
+            report.changed.append(v)
+    report.removed = sorted((set(old_rows) - set(merged)), key=Version)
+    report.releases = sorted(merged, key=Version)
+    today = date or datetime.date.today().isoformat()
+    text = render(list(merged.values()), db_version or today.replace("-", "."), today)
+    tmp = out_path.with_suffix(out_path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, out_path)
+    return report
