@@ -1,0 +1,281 @@
+"""The build stage: lock -> BuildPlan -> layer tars (cached by content key) -> OCI layout ->
+outputs, push, and last the tag in containers-storage.
+
+Atomic: everything happens in a work directory under the cache; the image gets its name only
+at the very end (``engine.import_image``), so a failed or interrupted build (SIGINT, SIGKILL)
+leaves no tagged image, and child processes die with the build. Concurrent builds sharing a cache
+are safe: files enter the cache by atomic rename, and equal keys mean equal bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from envspec.build import layers as layer_makers
+from envspec.build.engine import BuildahEngine, Engine, HostInfo, RecordingEngine, detect_host
+from envspec.build.fetch import Cache, WheelFetcher, default_cache_dir
+from envspec.build.oci import LayerBlob, write_layout
+from envspec.build.sbom import make_sbom
+from envspec.errors import BuildError, HostError
+from envspec.plan import MAKER_VERSIONS, BuildPlan, LayerPlan, make_plan
+
+__all__ = [
+    "build", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine", "RecordingEngine", "Engine",
+    "HostInfo", "detect_host", "default_cache_dir",
+]
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    digest: str  # the blob digest; layers are uncompressed, so it equals diff_id
+    diff_id: str
+    size: int
+    group: str
+    cached: bool
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    image: str  # the tag in containers-storage ("" when not tagged)
+    digest: str  # manifest digest: the image's identity
+    layers: tuple[LayerInfo, ...]
+    config_digest: str = ""
+    pushed: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "digest": self.digest,
+            "config": self.config_digest,
+            "layers": [asdict(lay) for lay in self.layers],
+            "pushed": list(self.pushed),
+            "outputs": list(self.outputs),
+        }
+
+
+class Reporter:
+    """Progress events with no-op defaults; the CLI subclasses it with rich progress bars."""
+
+    def fetching(self, name: str, filename: str, size: int) -> None: ...
+    def fetched(self, name: str, filename: str, path: Path) -> None: ...
+    def layer_started(self, group: str, pins: int, cached: bool) -> None: ...
+    def layer_built(self, layer: LayerInfo) -> None: ...
+    def committing(self, ref: str, digest: str) -> None: ...
+    def pushed(self, dest: str, digest: str) -> None: ...
+
+
+def _die_with_parent_initializer() -> None:
+    from envspec.build.engine import _die_with_parent
+
+    _die_with_parent()
+
+
+def _cached_meta(cache: Cache, lay: LayerPlan) -> dict | None:
+    meta_path, tar = cache.layer_meta(lay.key), cache.layer_tar(lay.key)
+    try:
+        meta = json.loads(meta_path.read_text())
+        if tar.stat().st_size == meta["size"]:
+            return meta
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def _store_layer(cache: Cache, lay: LayerPlan, tmp_tar: Path, result: dict) -> dict:
+    meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
+            "size": result["size"], "entries": result["entries"],
+            "pins": [f"{p.name}=={p.version}" for p in lay.pins], "duplicates": result.get("duplicates", [])}
+    with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
+        os.replace(tmp_tar, cache.layer_tar(lay.key))
+        tmp_meta = tmp_tar.with_suffix(".json")
+        tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
+        os.replace(tmp_meta, cache.layer_meta(lay.key))
+    return meta
+
+
+def _debian_mirrors(plan: BuildPlan) -> list[str]:
+    try:
+        from envspec import sources
+
+        s = sources.discover()
+        out = [m for m in (s.debian_snapshot, s.debian_mirror, s.debian_security_mirror) if m]
+    except Exception:  # noqa: BLE001 (mirror discovery is a convenience here)
+        out = []
+    if plan.facts.debian_mirror and plan.facts.debian_mirror not in out:
+        out.append(plan.facts.debian_mirror)
+    return out
+
+
+def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) -> Path | None:
+    if not plan.debs:
+        return None
+    try:
+        from envspec import debian
+    except ImportError as e:
+        raise HostError(f"this envspec cannot build a Debian base ({e})", hint="update envspec") from None
+    mirrors = _debian_mirrors(plan)
+    paths = []
+    for pin in plan.debs:
+        reporter.fetching(pin.name, pin.filename, pin.size)
+        p = debian.fetch_deb(pin, mirrors=mirrors, cache_dir=cache.root / "debs")
+        reporter.fetched(pin.name, pin.filename, Path(p))
+        paths.append(Path(p))
+    rootfs = work / "rootfs"
+    debian.make_rootfs(list(plan.debs), paths, rootfs, user=plan.facts.user, uid=plan.facts.uid)
+    return rootfs
+
+
+def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, reporter: Reporter | None = None,
+          tag: str | None = None, outputs: Sequence[str] = (), push: str | None = None, no_cache: bool = False,
+          mirrors: Sequence[Any] | None = None, spec_mirrors: Sequence[str] = (), workers: int | None = None,
+          verify_dir: Path | None = None) -> BuiltImage:
+    """Build the lock's image. ``lock``: the lock stage's model, the dict of a lockfile, or a
+    ``BuildPlan``. ``tag=""`` builds without tagging (outputs/push only).
+    Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5), PlanError (2)."""
+    reporter = reporter or Reporter()
+    plan = lock if isinstance(lock, BuildPlan) else make_plan(lock)
+    cache = Cache(cache_dir)
+    cache.clean_stale()
+    ref = plan.default_tag if tag is None else tag
+    workers = workers or min(2, os.cpu_count() or 1)
+    if mirrors is None:
+        from envspec import sources
+
+        s = sources.discover()
+        mirrors = list(s.mirrors)
+        if spec_mirrors:
+            mirrors = [sources._as_mirror(u, "spec") for u in spec_mirrors] + mirrors
+    work = cache.workdir()
+    try:
+        return _build(plan, engine=engine, cache=cache, reporter=reporter, ref=ref, outputs=outputs, push=push,
+                      no_cache=no_cache, mirrors=mirrors, workers=workers, work=work, verify_dir=verify_dir)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter, ref: str, outputs: Sequence[str],
+           push: str | None, no_cache: bool, mirrors: Sequence[Any], workers: int, work: Path,
+           verify_dir: Path | None) -> BuiltImage:
+    metas: dict[str, dict] = {}
+    todo: list[LayerPlan] = []
+    for lay in plan.layers:
+        meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
+        if meta is not None:
+            metas[lay.key] = {**meta, "cached": True}
+        elif lay.group != "envspec":
+            todo.append(lay)
+
+    # 1. fetch what the layers to build need (wheels; debs come with the rootfs)
+    need = [w for lay in todo for w in lay.wheels]
+    fetcher = WheelFetcher(cache, mirrors)
+    paths = fetcher.fetch_all(
+        need,
+        on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
+        on_done=lambda p, path: reporter.fetched(p.name, p.filename, path),
+    )
+
+    # 2. wheel layers in worker processes (largest first), the base layer meanwhile here
+    wheel_todo = sorted((lay for lay in todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
+    platform_json = json.dumps(asdict(plan.platform))
+    futures = {}
+    pool = None
+    if wheel_todo:
+        pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(wheel_todo))),
+                                   initializer=_die_with_parent_initializer)
+    try:
+        for lay in wheel_todo:
+            reporter.layer_started(lay.group, len(lay.wheels), False)
+            out = work / f"{lay.group}.tar"
+            files = [(w.filename, str(paths[w.sha256])) for w in lay.wheels]
+            futures[lay.key] = (lay, out, pool.submit(layer_makers.wheel_layer_job, (files, platform_json, str(out))))
+        base = plan.layer("base")
+        if base is not None and base in todo:
+            reporter.layer_started("base", len(base.debs), False)
+            rootfs = _make_rootfs(plan, cache, work, reporter)
+            out = work / "base.tar"
+            res = layer_makers.make_base_layer(plan, rootfs, out)
+            metas[base.key] = {**_store_layer(cache, base, out, res), "cached": False}
+            if rootfs is not None:
+                shutil.rmtree(rootfs, ignore_errors=True)
+        for key, (lay, out, fut) in futures.items():
+            try:
+                res = fut.result()
+            except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
+                raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
+                                 hint="the wheel may be broken or not for this platform; re-lock") from e
+            metas[key] = {**_store_layer(cache, lay, out, res), "cached": False}
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # 3. the envspec layer: lock, SBOM, verifier, entrypoint (always made; it is tiny)
+    top = plan.layer("envspec")
+    assert top is not None
+    reporter.layer_started("envspec", 0, False)
+    sbom = make_sbom(plan)
+    out = work / "envspec.tar"
+    res = layer_makers.make_envspec_layer(plan, sbom, out, verify_dir=verify_dir)
+    top_tar = work / "envspec-layer.tar"
+    os.replace(out, top_tar)
+    metas[top.key] = {"diff_id": res["diff_id"], "size": res["size"], "cached": False, "path": str(top_tar)}
+
+    blobs: list[LayerBlob] = []
+    infos: list[LayerInfo] = []
+    for lay in plan.layers:
+        m = metas[lay.key]
+        path = Path(m["path"]) if "path" in m else cache.layer_tar(lay.key)
+        blobs.append(LayerBlob(group=lay.group, key=lay.key, path=path, digest=m["diff_id"], size=m["size"],
+                               description=f"{len(lay.pins)} pins" if lay.pins else ""))
+        info = LayerInfo(digest=m["diff_id"], diff_id=m["diff_id"], size=m["size"], group=lay.group,
+                         cached=bool(m["cached"]), key=lay.key)
+        infos.append(info)
+        reporter.layer_built(info)
+
+    # 4. the OCI layout, then outputs, push, and last the tag
+    has_debs = bool(plan.debs)
+    deb_names = {d.name for d in plan.debs}
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    if has_debs:
+        entrypoint = ([ "/usr/bin/tini", "--"] if "tini" in deb_names else []) + [layer_makers.ENTRYPOINT_PATH]
+    user = plan.facts.user if has_debs else f"{plan.facts.uid}:{plan.facts.uid}"
+    oci_dir = work / "oci"
+    ref_name = plan.facts.short_hash or "latest"
+    digest, _msize, config = write_layout(oci_dir, plan, blobs, entrypoint=entrypoint, cmd=cmd, user=user,
+                                          ref_name=ref_name)
+    from envspec.build.oci import sha256_bytes
+
+    done_outputs = []
+    for dest in outputs:
+        engine.copy(oci_dir, dest)
+        done_outputs.append(dest)
+    pushed = []
+    if push:
+        engine.push(oci_dir, push)
+        pushed.append(push)
+        reporter.pushed(push, digest)
+    if ref:
+        reporter.committing(ref, digest)
+        if not _already_there(engine, ref, digest):
+            with cache.locked("import"):
+                engine.import_image(oci_dir, ref)
+    return BuiltImage(image=ref, digest=digest, layers=tuple(infos), config_digest=sha256_bytes(config),
+                      pushed=tuple(pushed), outputs=tuple(done_outputs))
+
+
+def _already_there(engine: Engine, ref: str, digest: str) -> bool:
+    get = getattr(engine, "image_digest", None)
+    if get is None:
+        return False
+    try:
+        return engine.exists(ref) and get(ref) == digest
+    except BuildError:
+        return False

@@ -1,0 +1,267 @@
+"""The one place that runs buildah, skopeo and podman.
+
+envspec makes the image itself (layers, config, manifest: an OCI layout); the engine only moves
+that layout where it is wanted: into containers-storage under a tag, to a registry, or into an
+archive. Every command is logged (logger ``envspec.build.engine``), dies with envspec (Linux
+``PR_SET_PDEATHSIG``, so a killed build cannot finish tagging behind our back), and a non-zero
+exit becomes ``BuildError(step, argv, returncode, stderr tail)``.
+
+Host facts found here (``HostInfo``), so users pass no flags:
+- the storage root (``ENVSPEC_STORAGE_ROOT``, e.g. for tests; else the system's), its run root
+  and driver (overlay where the kernel has it and the root is not itself on overlayfs, else vfs);
+- the OCI runtime for ``podman run``: runc where crun is absent or the cgroup hierarchy is v1 or
+  hybrid (crun rejects such hosts: seen on this project's Debian 12 machines);
+- ``--ulimit`` values no larger than this process's hard limits (podman's default nofile of
+  1048576 exceeds the hard limit here, and the container then fails to start);
+- ``--isolation chroot`` for ``buildah run``/``bud`` where no user namespaces are available.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from envspec.errors import BuildError, HostError
+
+log = logging.getLogger("envspec.build.engine")
+
+APT_HINT = "apt-get install -y buildah skopeo podman runc"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    storage_root: str = ""  # "" = the system's default storage
+    storage_runroot: str = ""
+    storage_driver: str = ""
+    runtime: str = ""  # for podman run; "" = podman's default
+    isolation: str = "chroot"
+    ulimits: tuple[str, ...] = ()
+    cgroup: str = "v2"
+
+    def storage_args(self) -> list[str]:
+        args = []
+        if self.storage_root:
+            args += ["--root", self.storage_root, "--runroot", self.storage_runroot]
+        if self.storage_driver:
+            args += ["--storage-driver", self.storage_driver]
+        return args
+
+    def storage_ref(self, ref: str) -> str:
+        """A skopeo ``containers-storage:`` reference on this storage."""
+        if self.storage_root:
+            return f"containers-storage:[{self.storage_driver or 'overlay'}@{self.storage_root}+{self.storage_runroot}]{ref}"
+        return f"containers-storage:{ref}"
+
+    def podman_run_args(self) -> list[str]:
+        args = []
+        if self.runtime:
+            args += ["--runtime", self.runtime]
+        for u in self.ulimits:
+            args += ["--ulimit", u]
+        return args
+
+
+def _fs_type(path: str) -> str:
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and path.startswith(parts[1]) and len(parts[1]) >= len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def detect_host(env: dict[str, str] | None = None) -> HostInfo:
+    env = dict(os.environ) if env is None else env
+    root = env.get("ENVSPEC_STORAGE_ROOT", "")
+    runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or (str(Path(root) / "run") if root else "")
+    driver = env.get("ENVSPEC_STORAGE_DRIVER", "")
+    if root and not driver:
+        try:
+            has_overlay = "overlay" in Path("/proc/filesystems").read_text()
+        except OSError:
+            has_overlay = False
+        driver = "overlay" if has_overlay and _fs_type(str(Path(root).absolute())) != "overlay" else "vfs"
+    cgroup = "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"
+    runtime = env.get("ENVSPEC_RUNTIME", "")
+    if not runtime:
+        if shutil.which("crun") is None or cgroup == "v1":
+            runtime = "runc" if shutil.which("runc") else ""
+    ulimits = []
+    for name, res, want in (("nofile", resource.RLIMIT_NOFILE, 1048576), ("nproc", resource.RLIMIT_NPROC, 4194304)):
+        soft, hard = resource.getrlimit(res)
+        if hard != resource.RLIM_INFINITY and hard < want:
+            ulimits.append(f"{name}={min(soft, hard) if soft != resource.RLIM_INFINITY else hard}:{hard}")
+    return HostInfo(storage_root=root, storage_runroot=runroot, storage_driver=driver, runtime=runtime,
+                    isolation="chroot", ulimits=tuple(ulimits), cgroup=cgroup)
+
+
+class Engine(Protocol):
+    """What build() needs from a container engine."""
+
+    host: HostInfo
+
+    def import_image(self, oci_dir: Path, ref: str) -> None: ...
+    def exists(self, ref: str) -> bool: ...
+    def remove(self, ref: str) -> None: ...
+    def tag(self, ref: str, new_ref: str) -> None: ...
+    def push(self, oci_dir: Path, dest: str) -> None: ...
+    def copy(self, oci_dir: Path, dest: str) -> None: ...
+
+
+def _is_local_registry(dest: str) -> bool:
+    host = dest.split("/", 1)[0]
+    hostname = urllib.parse.urlsplit("//" + host).hostname or ""
+    return hostname in ("localhost", "::1") or hostname.startswith("127.")
+
+
+def _docker_ref(dest: str) -> str:
+    return dest if dest.startswith("docker://") else "docker://" + dest
+
+
+@dataclass
+class BuildahEngine:
+    """buildah/skopeo/podman behind the Engine verbs."""
+
+    host: HostInfo = field(default_factory=detect_host)
+    timeout: float = 3600
+
+    def __post_init__(self) -> None:
+        missing = [t for t in ("skopeo", "buildah") if shutil.which(t) is None]
+        if missing:
+            raise HostError(f"{' and '.join(missing)} not found on PATH; envspec build needs them",
+                            hint=APT_HINT)
+
+    def run(self, step: str, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+        argv = list(argv)
+        log.info("%s: %s", step, " ".join(argv))
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise HostError(f"{argv[0]} not found on PATH", hint=APT_HINT) from None
+        try:
+            out, err = proc.communicate(timeout=self.timeout)
+        except BaseException:  # KeyboardInterrupt, timeout: the child goes with us
+            proc.kill()
+            proc.wait()
+            raise
+        cp = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        if check and proc.returncode != 0:
+            raise BuildError(f"{step} failed", step=step, argv=argv, returncode=proc.returncode,
+                             stderr_tail="\n".join(err.strip().splitlines()[-20:]))
+        return cp
+
+    def _skopeo(self, *args: str) -> list[str]:
+        return ["skopeo", *args]
+
+    def _podman(self, *args: str) -> list[str]:
+        return ["podman", *self.host.storage_args(), *args]
+
+    def import_image(self, oci_dir: Path, ref: str) -> None:
+        """Copy the OCI layout into containers-storage, naming it ``ref``; the name appears only
+        when every layer is stored (containers/storage commits the image last)."""
+        self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}:{ref}",
+                                        self.host.storage_ref(ref)))
+
+    def exists(self, ref: str) -> bool:
+        return self.run("exists", ["buildah", *self.host.storage_args(), "inspect", "--type", "image",
+                                   "--format", "{{.FromImageID}}", ref], check=False).returncode == 0
+
+    def image_digest(self, ref: str) -> str:
+        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage_ref(ref)])
+        import hashlib
+
+        return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest()
+
+    def remove(self, ref: str) -> None:
+        self.run("remove", ["buildah", *self.host.storage_args(), "rmi", ref], check=False)
+
+    def tag(self, ref: str, new_ref: str) -> None:
+        self.run("tag", ["buildah", *self.host.storage_args(), "tag", ref, new_ref])
+
+    def push(self, oci_dir: Path, dest: str) -> None:
+        args = ["copy", "--quiet", "--preserve-digests"]
+        if _is_local_registry(dest.removeprefix("docker://")):
+            args.append("--dest-tls-verify=false")
+        self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest)))
+
+    def copy(self, oci_dir: Path, dest: str) -> None:
+        """Write the image as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""
+        kind = dest.split(":", 1)[0]
+        if kind not in ("oci", "oci-archive", "docker-archive"):
+            raise BuildError(f"unknown output {dest!r}", step="output",
+                             hint="use oci:DIR, oci-archive:FILE or docker-archive:FILE")
+        args = ["copy", "--quiet"]
+        if kind != "docker-archive":  # docker-archive has its own manifest format
+            args.append("--preserve-digests")
+        if kind == "oci":
+            args.append("--dest-oci-accept-uncompressed-layers")
+        self.run("output", self._skopeo(*args, f"oci:{oci_dir}", dest))
+
+    def containers(self) -> list[str]:
+        """buildah working containers on this storage (a clean build leaves none)."""
+        cp = self.run("containers", ["buildah", *self.host.storage_args(), "containers", "--quiet"], check=False)
+        return [ln for ln in cp.stdout.split() if ln]
+
+
+@dataclass
+class RecordingEngine:
+    """A fake for unit tests and ``--dry-run``: records each verb, runs nothing."""
+
+    host: HostInfo = field(default_factory=HostInfo)
+    calls: list[tuple] = field(default_factory=list)
+    images: dict[str, str] = field(default_factory=dict)  # ref -> manifest digest
+    fail_on: str = ""  # a verb that raises BuildError, to test failure paths
+
+    def _call(self, verb: str, *args: object) -> None:
+        self.calls.append((verb, *args))
+        if verb == self.fail_on:
+            raise BuildError(f"{verb} failed (fake)", step=verb, argv=[verb, *map(str, args)], returncode=1)
+
+    def import_image(self, oci_dir: Path, ref: str) -> None:
+        self._call("import_image", str(oci_dir), ref)
+        index = json.loads((Path(oci_dir) / "index.json").read_text())
+        self.images[ref] = index["manifests"][0]["digest"]
+
+    def exists(self, ref: str) -> bool:
+        self._call("exists", ref)
+        return ref in self.images
+
+    def image_digest(self, ref: str) -> str:
+        return self.images.get(ref, "")
+
+    def remove(self, ref: str) -> None:
+        self._call("remove", ref)
+        self.images.pop(ref, None)
+
+    def tag(self, ref: str, new_ref: str) -> None:
+        self._call("tag", ref, new_ref)
+        self.images[new_ref] = self.images[ref]
+
+    def push(self, oci_dir: Path, dest: str) -> None:
+        self._call("push", str(oci_dir), dest)
+
+    def copy(self, oci_dir: Path, dest: str) -> None:
+        self._call("copy", str(oci_dir), dest)

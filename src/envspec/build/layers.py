@@ -1,0 +1,264 @@
+"""Layer makers: pins (and their fetched files) -> one deterministic layer tar each.
+
+Wheels are installed by pypa/installer into a destination that writes straight into the layer
+tar instead of a staging directory: the wheel is decompressed once, written once and hashed
+while written (the floor set by unzip). Order inside a layer: wheels by (name, version,
+filename); inside a wheel, installer's order with the archive's members sorted by name; every
+parent directory before its children. A path that a second wheel of the same layer also ships
+(namespace ``__init__.py`` files of the nvidia-* wheels) is kept from the first wheel and noted.
+
+No .pyc files are written: compiling torch's ~20k modules costs more than the whole unzip, and
+the timestamp-based .pyc that Python writes would make layers irreproducible. Hash-based .pyc
+(PEP 552, ``unchecked-hash``) would be reproducible; they are a possible later option for
+faster first imports. The venv belongs to root, so a running container writes no .pyc either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.records import Hash, RecordEntry
+from installer.scripts import Script
+from installer.sources import WheelFile
+from installer.records import parse_record_file
+
+from envspec.build.tarball import TarResult, TarWriter
+from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan, Platform
+
+ENVSPEC_LIB = "/opt/envspec/lib"
+ENTRYPOINT_PATH = "/opt/envspec/entrypoint.sh"
+INSTALLER_NAME = b"envspec\n"
+
+
+# --- wheels ------------------------------------------------------------------------------------
+
+class _SortedWheelFile(WheelFile):
+    """installer's WheelFile, members in name order, each stream carrying its size."""
+
+    def get_contents(self):  # type: ignore[override]
+        import stat as _stat
+
+        records = {r[0]: r for r in parse_record_file(self.read_dist_info("RECORD").splitlines())}
+        for item in sorted(self._zipfile.infolist(), key=lambda i: i.filename):
+            if item.filename.endswith("/"):
+                continue
+            record = records.pop(item.filename, (item.filename, "", ""))
+            mode = item.external_attr >> 16
+            is_exec = bool(mode and _stat.S_ISREG(mode) and mode & 0o111)
+            with self._zipfile.open(item) as stream:
+                stream.envspec_size = item.file_size  # type: ignore[attr-defined]
+                yield record, stream, is_exec
+
+
+def _stream_size(stream: BinaryIO) -> tuple[int, BinaryIO]:
+    size = getattr(stream, "envspec_size", None)
+    if size is not None:
+        return size, stream
+    if isinstance(stream, io.BytesIO):
+        return len(stream.getbuffer()) - stream.tell(), stream
+    data = stream.read()
+    return len(data), io.BytesIO(data)
+
+
+@dataclass
+class TarDestination(SchemeDictionaryDestination):
+    """A SchemeDictionaryDestination whose file system is the layer tar."""
+
+    writer: TarWriter | None = None
+    duplicates: list[str] = field(default_factory=list)
+
+    def write_to_fs(self, scheme, path, stream, is_executable):  # type: ignore[override]
+        assert self.writer is not None
+        target = str(self._path_with_destdir(scheme, path))
+        size, stream = _stream_size(stream)
+        h = hashlib.new(self.hash_algorithm)
+        if self.writer.has(target):
+            self.duplicates.append(target)
+            left = size
+            while left:
+                chunk = stream.read(min(1 << 20, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+        else:
+            self.writer.add_file(target, stream, size, mode=0o755 if is_executable else 0o644, hasher=h)
+        import base64
+
+        digest = base64.urlsafe_b64encode(h.digest()).decode("ascii").rstrip("=")
+        return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
+
+    def write_script(self, name, module, attr, section):  # type: ignore[override]
+        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
+
+
+def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
+    v, py = platform.venv, platform.python
+    return {
+        "purelib": f"{v}/lib/python{py}/site-packages",
+        "platlib": f"{v}/lib/python{py}/site-packages",
+        "headers": f"{v}/include/site/python{py}/{distribution}",
+        "scripts": f"{v}/bin",
+        "data": v,
+    }
+
+
+def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path) -> dict:
+    """Install wheels ``[(filename, path), ...]`` (already in layer order) into a layer tar at
+    ``out``. Returns a JSON-able dict: diff_id, size, entries, duplicates. Runs in a worker process."""
+    with TarWriter(out) as w:
+        duplicates: list[str] = []
+        for filename, path in wheel_files:
+            # The cache names files by sha256; installer reads name and version off the filename.
+            with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+                zf.filename = filename
+                source = _SortedWheelFile(zf)
+                dest = TarDestination(
+                    scheme_dict=venv_schemes(platform, source.distribution),
+                    interpreter=f"{platform.venv}/bin/python",
+                    script_kind="posix",
+                    writer=w,
+                )
+                install(source, dest, {"INSTALLER": INSTALLER_NAME})
+                duplicates += dest.duplicates
+        res = w.close()
+    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": duplicates}
+
+
+# --- base --------------------------------------------------------------------------------------
+
+_SKIP_CONTENTS = ("dev", "proc", "sys", "run", "tmp")  # kept as empty directories
+
+
+def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
+    v, py = platform.venv, platform.python
+    w.add_dir(v)
+    w.add_dir(f"{v}/bin")
+    w.add_dir(f"{v}/include")
+    w.add_dir(f"{v}/lib/python{py}/site-packages")
+    w.add_symlink(f"{v}/lib64", "lib")
+    cfg = (
+        "home = /usr/bin\n"
+        "include-system-site-packages = false\n"
+        f"version = {platform.python_full or py}\n"
+        f"executable = /usr/bin/python{py}\n"
+    ).encode()
+    w.add_file(f"{v}/pyvenv.cfg", None, len(cfg), data=cfg)
+    w.add_symlink(f"{v}/bin/python{py}", f"/usr/bin/python{py}")
+    w.add_symlink(f"{v}/bin/python3", f"python{py}")
+    w.add_symlink(f"{v}/bin/python", f"python{py}")
+
+
+def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path) -> dict:
+    """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
+    without Debian packages), the venv skeleton, and /workspace owned by the non-root user."""
+    f = plan.facts
+    ws = "/" + f.workdir.strip("/")
+    with TarWriter(out) as w:
+        if rootfs is not None:
+            root = Path(rootfs)
+            for name in sorted(p.name for p in root.iterdir()):
+                full = root / name
+                if name in _SKIP_CONTENTS and full.is_dir() and not full.is_symlink():
+                    st = full.lstat()
+                    w.add_dir(name, mode=st.st_mode, uid=st.st_uid, gid=st.st_gid)
+                    continue
+                _add_one(w, full, "/" + name, owners={ws: (f.uid, f.uid)})
+        add_venv_skeleton(w, plan.platform)
+        if not w.has(ws):
+            w.add_dir(ws, mode=0o755, uid=f.uid, gid=f.uid)
+        res = w.close()
+    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": []}
+
+
+def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, int]]) -> None:
+    import os
+    import stat
+
+    st = os.lstat(full)
+    uid, gid = owners.get(img, (st.st_uid, st.st_gid))
+    if stat.S_ISDIR(st.st_mode):
+        w.add_dir(img, mode=st.st_mode, uid=uid, gid=gid)
+        w.add_tree(full, img, owners=owners)
+    elif stat.S_ISLNK(st.st_mode):
+        w.add_symlink(img, os.readlink(full), uid=uid, gid=gid)
+    elif stat.S_ISREG(st.st_mode):
+        with open(full, "rb") as fh:
+            w.add_file(img, fh, st.st_size, mode=st.st_mode, uid=uid, gid=gid)
+    else:
+        w.add_special(img, st)
+
+
+# --- envspec: verifier, lock, SBOM, entrypoint ---------------------------------------------------
+
+ENTRYPOINT = """#!/bin/sh
+# envspec entrypoint: runs the command given (default: a shell) as the image's user.
+# Services (Jupyter, SSH) hook in here; see docs/build.md.
+set -e
+if [ "$#" -eq 0 ]; then
+  if [ -x /bin/bash ]; then set -- /bin/bash; else set -- {venv}/bin/python; fi
+fi
+exec "$@"
+"""
+
+LAUNCHER = """#!{venv}/bin/python
+# envspec launcher inside the image: the verifier needs only the standard library and torch.
+import runpy
+import sys
+
+sys.path.insert(0, "{lib}")
+if len(sys.argv) > 1 and sys.argv[1] == "verify":
+    del sys.argv[1]
+sys.argv[0] = "envspec verify"
+runpy.run_module("envspec.verify", run_name="__main__", alter_sys=True)
+"""
+
+INIT_PY = '''"""envspec, as shipped inside images: the verifier only (envspec.verify)."""\n'''
+
+
+def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
+    """(relative path under envspec/verify, bytes) of the verifier's sources, sorted."""
+    out = []
+    if verify_dir.is_dir():
+        for p in sorted(verify_dir.rglob("*"), key=lambda x: x.as_posix()):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
+                out.append((p.relative_to(verify_dir).as_posix(), p.read_bytes()))
+    return out
+
+
+def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, verify_dir: Path | None = None) -> dict:
+    if verify_dir is None:
+        verify_dir = Path(__file__).resolve().parent.parent / "verify"
+    v = plan.platform.venv
+    files: list[tuple[str, bytes, int]] = [
+        (LOCK_PATH_IN_IMAGE, plan.lock_text.encode(), 0o644),
+        (SBOM_PATH_IN_IMAGE, sbom, 0o644),
+        (ENTRYPOINT_PATH, ENTRYPOINT.replace("{venv}", v).encode(), 0o755),
+        (f"{ENVSPEC_LIB}/envspec/__init__.py", INIT_PY.encode(), 0o644),
+    ]
+    vfiles = verifier_files(verify_dir)
+    if not any(rel == "__init__.py" for rel, _ in vfiles):
+        files.append((f"{ENVSPEC_LIB}/envspec/verify/__init__.py", b"", 0o644))
+    files += [(f"{ENVSPEC_LIB}/envspec/verify/{rel}", data, 0o644) for rel, data in vfiles]
+    files.append((f"{v}/bin/envspec", LAUNCHER.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(), 0o755))
+    files.sort(key=lambda t: t[0])
+    with TarWriter(out) as w:
+        for path, data, mode in files:
+            w.add_file(path, None, len(data), data=data, mode=mode)
+        res = w.close()
+    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": []}
+
+
+def wheel_layer_job(args: tuple) -> dict:
+    """Process-pool entry point (picklable)."""
+    wheel_files, platform_json, out = args
+    return make_wheel_layer(wheel_files, Platform(**json.loads(platform_json)), out)

@@ -1,0 +1,195 @@
+"""OCI image layout writing: config, manifest, index, all as deterministic JSON.
+
+Deterministic JSON = sorted keys, no spaces, UTF-8. ``created`` is SOURCE_DATE_EPOCH or 1970.
+Layers are stored uncompressed (``application/vnd.oci.image.layer.v1.tar``): gzip would cost
+minutes on 5 GB with two cores, and gzip bytes depend on the zlib build (docs/build.md), so the
+digest would no longer be a function of the lock alone. Uncompressed, a layer's digest is its
+diff_id, and ``skopeo copy --preserve-digests`` keeps it on the way to a registry.
+The manifest digest is the image's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from envspec.build.tarball import source_date_epoch
+from envspec.plan import LOCK_PATH_IN_IMAGE, BuildPlan
+
+MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MT_INDEX = "application/vnd.oci.image.index.v1+json"
+MT_CONFIG = "application/vnd.oci.image.config.v1+json"
+MT_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def created_at() -> str:
+    return datetime.fromtimestamp(source_date_epoch(), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class LayerBlob:
+    group: str
+    key: str
+    path: Path  # the uncompressed tar (in the cache)
+    digest: str  # == diff_id, uncompressed
+    size: int
+    description: str = ""
+
+
+def nvidia_require_cuda(plan: BuildPlan) -> str:
+    """``NVIDIA_REQUIRE_CUDA`` for the container toolkit: comma = and.
+
+    Policy ``compat`` (CUDA minor-version compatibility): any driver of the toolkit's major
+    branch at or above the lock's floor runs it, so require ``cuda>=MAJOR.0``; ``strict``
+    requires the toolkit's own ``cuda>=MAJOR.MINOR``. Both add ``driver>=FLOOR``.
+    """
+    f = plan.facts
+    if not f.cuda:
+        return ""
+    major, _, minor = f.cuda.partition(".")
+    need = f"cuda>={major}.0" if f.driver_policy == "compat" else f"cuda>={major}.{minor or '0'}"
+    if f.driver_floor:
+        need += f",driver>={f.driver_floor}"
+    return need
+
+
+def image_env(plan: BuildPlan) -> list[str]:
+    f, p = plan.facts, plan.platform
+    env: dict[str, str] = {
+        "PATH": f"{p.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": p.venv,
+        "LANG": "C.UTF-8",
+        "ENVSPEC_LOCK": LOCK_PATH_IN_IMAGE,
+    }
+    if f.cuda:
+        env["NVIDIA_VISIBLE_DEVICES"] = "all"
+        env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+        env["NVIDIA_REQUIRE_CUDA"] = nvidia_require_cuda(plan)
+    if f.tf32 is True:
+        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
+    elif f.tf32 is False:
+        env["NVIDIA_TF32_OVERRIDE"] = "0"
+    env.update(dict(f.env))  # the spec's [runtime].env wins
+    return [f"{k}={env[k]}" for k in sorted(env)]
+
+
+def image_labels(plan: BuildPlan) -> dict[str, str]:
+    f, p = plan.facts, plan.platform
+    labels = {
+        "org.opencontainers.image.title": f.name,
+        "org.opencontainers.image.description": f"envspec image of lock {f.name} ({f.content_hash})",
+        "org.opencontainers.image.version": f.short_hash,
+        "org.opencontainers.image.revision": f.content_hash,
+        "org.opencontainers.image.created": created_at(),
+        "org.opencontainers.image.base.name": p.base,
+        "io.envspec.lock-hash": f.content_hash,
+        "io.envspec.spec-hash": f.spec_hash,
+        "io.envspec.db-version": f.db_version,
+        "io.envspec.arch-list": ",".join(f.arch_list),
+        "io.envspec.gpus": ",".join(f.gpus),
+        "io.envspec.driver-floor": f.driver_floor,
+        "io.envspec.driver-policy": f.driver_policy,
+        "io.envspec.torch": f.torch_version + (f"+{f.torch_variant}" if f.torch_variant else ""),
+        "io.envspec.cuda": f.cuda,
+        "io.envspec.python": p.python_full or p.python,
+        "io.envspec.user": f.user,
+        "io.envspec.shm-size": f.shm_size,
+        "io.envspec.lock-path": LOCK_PATH_IN_IMAGE,
+    }
+    return {k: v for k, v in labels.items() if v}
+
+
+def image_config(plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str],
+                 user: str) -> dict[str, Any]:
+    f = plan.facts
+    cfg: dict[str, Any] = {
+        "Env": image_env(plan),
+        "User": user,
+        "WorkingDir": "/" + f.workdir.strip("/"),
+        "Labels": image_labels(plan),
+    }
+    if entrypoint:
+        cfg["Entrypoint"] = entrypoint
+    if cmd:
+        cfg["Cmd"] = cmd
+    when = created_at()
+    return {
+        "architecture": plan.platform.oci_arch,
+        "os": plan.platform.os,
+        "created": when,
+        "author": "envspec",
+        "config": cfg,
+        "rootfs": {"type": "layers", "diff_ids": [lay.digest for lay in layers]},
+        "history": [{"created": when, "created_by": f"envspec {lay.group} layer",
+                     "comment": lay.description or lay.key} for lay in layers],
+    }
+
+
+def _place_blob(blobs: Path, digest: str, src: Path | None = None, data: bytes | None = None) -> None:
+    dest = blobs / digest.split(":", 1)[1]
+    if dest.exists():
+        return
+    if data is not None:
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+        return
+    assert src is not None
+    try:
+        os.link(src, dest)  # same file system as the cache: no copy of gigabytes
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str],
+                 user: str, ref_name: str) -> tuple[str, int, bytes]:
+    """Write an OCI image layout at ``dest`` (an empty or new directory). Returns (manifest
+    digest, manifest size, config bytes)."""
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    for lay in layers:
+        _place_blob(blobs, lay.digest, src=lay.path)
+    config = canonical_json(image_config(plan, layers, entrypoint=entrypoint, cmd=cmd, user=user))
+    config_digest = sha256_bytes(config)
+    _place_blob(blobs, config_digest, data=config)
+    f = plan.facts
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MT_MANIFEST,
+        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": MT_LAYER, "digest": lay.digest, "size": lay.size,
+                    "annotations": {"io.envspec.layer.group": lay.group, "io.envspec.layer.key": lay.key}}
+                   for lay in layers],
+        "annotations": {
+            "org.opencontainers.image.created": created_at(),
+            "org.opencontainers.image.title": f.name,
+            "org.opencontainers.image.revision": f.content_hash,
+            "io.envspec.lock-hash": f.content_hash,
+        },
+    }
+    mbytes = canonical_json(manifest)
+    mdigest = sha256_bytes(mbytes)
+    _place_blob(blobs, mdigest, data=mbytes)
+    index = {
+        "schemaVersion": 2,
+        "mediaType": MT_INDEX,
+        "manifests": [{"mediaType": MT_MANIFEST, "digest": mdigest, "size": len(mbytes),
+                       "annotations": {"org.opencontainers.image.ref.name": ref_name}}],
+    }
+    (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (dest / "index.json").write_bytes(canonical_json(index))
+    return mdigest, len(mbytes), config

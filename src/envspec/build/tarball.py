@@ -1,0 +1,248 @@
+"""Deterministic tar writing: the bytes of a layer depend on its content alone.
+
+Rules (docs/build.md): GNU format throughout (long names through ``././@LongLink``; no PAX, whose
+headers would carry times), every mtime fixed (``SOURCE_DATE_EPOCH`` or 0), owners numeric with
+no user or group names, modes normalised (0755 for directories and executables, 0644 otherwise,
+unless a rootfs tree gives its own), parents written before children and each directory once,
+two zero blocks at the end and no padding to tarfile's 10 KiB records. The archive is hashed
+while it is written, so its diff_id costs no second read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+BLOCK = 512
+COPY_CHUNK = 1 << 20
+
+
+def source_date_epoch() -> int:
+    """SOURCE_DATE_EPOCH (reproducible-builds.org) or 0."""
+    try:
+        return max(0, int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class TarResult:
+    diff_id: str  # "sha256:<hex>" of the uncompressed tar
+    size: int
+    entries: int
+
+
+class _HashingFile:
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self.n = 0
+
+    def write(self, b: bytes | memoryview) -> None:
+        self.h.update(b)
+        self.f.write(b)
+        self.n += len(b)
+
+
+class TarWriter:
+    """Append entries in a caller-decided, deterministic order. Paths are absolute image paths
+    ("/opt/venv/bin/python") or relative ones; both are stored relative ("opt/venv/bin/python")."""
+
+    def __init__(self, path: str | Path, *, mtime: int | None = None) -> None:
+        self.path = Path(path)
+        self._raw = open(self.path, "wb")
+        self._out = _HashingFile(self._raw)
+        self.mtime = source_date_epoch() if mtime is None else mtime
+        self._dirs: set[str] = set()
+        self._files: set[str] = set()
+        self.entries = 0
+        self._closed = False
+
+    # -- helpers --------------------------------------------------------------------------------
+    @staticmethod
+    def _rel(path: str) -> str:
+        p = path.lstrip("/")
+        while p.startswith("./"):
+            p = p[2:]
+        return p.rstrip("/")
+
+    def _header(self, ti: tarfile.TarInfo) -> None:
+        ti.mtime = self.mtime
+        ti.uname = ""
+        ti.gname = ""
+        self._out.write(ti.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
+        self.entries += 1
+
+    def has(self, path: str) -> bool:
+        rel = self._rel(path)
+        return rel in self._files or rel in self._dirs
+
+    def ensure_parents(self, path: str, *, mode: int = 0o755) -> None:
+        rel = self._rel(path)
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in self._dirs:
+                self.add_dir(d, mode=mode)
+
+    # -- entries --------------------------------------------------------------------------------
+    def add_dir(self, path: str, *, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+        rel = self._rel(path)
+        if not rel or rel in self._dirs:
+            return
+        self.ensure_parents(rel)
+        ti = tarfile.TarInfo(rel + "/")
+        ti.type = tarfile.DIRTYPE
+        ti.mode = mode & 0o7777
+        ti.uid, ti.gid = uid, gid
+        self._header(ti)
+        self._dirs.add(rel)
+
+    def add_file(self, path: str, stream: BinaryIO | None, size: int, *, mode: int = 0o644, uid: int = 0,
+                 gid: int = 0, data: bytes | None = None, hasher: "hashlib._Hash | None" = None) -> None:
+        """Write a regular file of exactly ``size`` bytes from ``stream`` (or ``data``).
+        ``hasher``, when given, is fed the file's bytes too (for RECORD entries)."""
+        rel = self._rel(path)
+        self.ensure_parents(rel)
+        ti = tarfile.TarInfo(rel)
+        ti.type = tarfile.REGTYPE
+        ti.size = size
+        ti.mode = mode & 0o7777
+        ti.uid, ti.gid = uid, gid
+        self._header(ti)
+        written = 0
+        if data is not None:
+            if len(data) != size:
+                raise ValueError(f"{rel}: {len(data)} bytes given, {size} declared")
+            self._out.write(data)
+            if hasher is not None:
+                hasher.update(data)
+            written = size
+        else:
+            assert stream is not None
+            while written < size:
+                chunk = stream.read(min(COPY_CHUNK, size - written))
+                if not chunk:
+                    break
+                self._out.write(chunk)
+                if hasher is not None:
+                    hasher.update(chunk)
+                written += len(chunk)
+            if written != size or stream.read(1):
+                raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
+        pad = (-size) % BLOCK
+        if pad:
+            self._out.write(b"\0" * pad)
+        self._files.add(rel)
+
+    def add_symlink(self, path: str, target: str, *, uid: int = 0, gid: int = 0) -> None:
+        rel = self._rel(path)
+        self.ensure_parents(rel)
+        ti = tarfile.TarInfo(rel)
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = target
+        ti.mode = 0o777
+        ti.uid, ti.gid = uid, gid
+        self._header(ti)
+        self._files.add(rel)
+
+    def add_hardlink(self, path: str, target: str, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+        rel = self._rel(path)
+        self.ensure_parents(rel)
+        ti = tarfile.TarInfo(rel)
+        ti.type = tarfile.LNKTYPE
+        ti.linkname = self._rel(target)
+        ti.mode = mode & 0o7777
+        ti.uid, ti.gid = uid, gid
+        self._header(ti)
+        self._files.add(rel)
+
+    def add_special(self, path: str, st: os.stat_result) -> None:
+        rel = self._rel(path)
+        self.ensure_parents(rel)
+        ti = tarfile.TarInfo(rel)
+        if stat.S_ISCHR(st.st_mode):
+            ti.type = tarfile.CHRTYPE
+        elif stat.S_ISBLK(st.st_mode):
+            ti.type = tarfile.BLKTYPE
+        elif stat.S_ISFIFO(st.st_mode):
+            ti.type = tarfile.FIFOTYPE
+        else:  # sockets have no place in an image
+            return
+        ti.devmajor, ti.devminor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        ti.mode = st.st_mode & 0o7777
+        ti.uid, ti.gid = st.st_uid, st.st_gid
+        self._header(ti)
+        self._files.add(rel)
+
+    def add_tree(self, root: str | Path, prefix: str = "/", *, keep_owners: bool = True,
+                 owners: dict[str, tuple[int, int]] | None = None) -> None:
+        """Add a directory tree, entries sorted by name (bytes order), hardlinks kept as links.
+        ``keep_owners`` keeps numeric uid/gid from the tree (a rootfs made as root has real
+        owners); otherwise 0. ``owners`` overrides owners of given image paths."""
+        root = Path(root)
+        seen_inodes: dict[tuple[int, int], str] = {}
+        owners = owners or {}
+
+        def own(img: str, st: os.stat_result) -> tuple[int, int]:
+            if img in owners:
+                return owners[img]
+            return (st.st_uid, st.st_gid) if keep_owners else (0, 0)
+
+        def walk(dirpath: Path, img: str) -> None:
+            names = sorted(os.listdir(dirpath), key=os.fsencode)
+            for name in names:
+                full = dirpath / name
+                img_path = f"{img.rstrip('/')}/{name}"
+                st = os.lstat(full)
+                uid, gid = own(img_path, st)
+                if stat.S_ISDIR(st.st_mode):
+                    self.add_dir(img_path, mode=st.st_mode, uid=uid, gid=gid)
+                    walk(full, img_path)
+                elif stat.S_ISLNK(st.st_mode):
+                    self.add_symlink(img_path, os.readlink(full), uid=uid, gid=gid)
+                elif stat.S_ISREG(st.st_mode):
+                    ino = (st.st_dev, st.st_ino)
+                    if st.st_nlink > 1 and ino in seen_inodes:
+                        self.add_hardlink(img_path, seen_inodes[ino], mode=st.st_mode, uid=uid, gid=gid)
+                        continue
+                    if st.st_nlink > 1:
+                        seen_inodes[ino] = img_path
+                    with open(full, "rb") as f:
+                        self.add_file(img_path, f, st.st_size, mode=st.st_mode, uid=uid, gid=gid)
+                else:
+                    self.add_special(img_path, st)
+
+        if prefix.strip("/"):
+            self.add_dir(prefix)
+        walk(root, prefix)
+
+    def close(self) -> TarResult:
+        if not self._closed:
+            self._out.write(b"\0" * (2 * BLOCK))
+            # No fsync: the cache records each layer's size and diff_id and checks the size on
+            # reuse; an fsync of a 3 GB layer costs seconds on every cold build.
+            self._raw.close()
+            self._closed = True
+        return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries)
+
+    def abort(self) -> None:
+        if not self._closed:
+            self._raw.close()
+            self._closed = True
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "TarWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
