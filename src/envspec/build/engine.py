@@ -182,7 +182,7 @@ class BuildahEngine:
     def import_image(self, oci_dir: Path, ref: str) -> None:
         """Copy the OCI layout into containers-storage, naming it ``ref``; the name appears only
         when every layer is stored (containers/storage commits the image last)."""
-        self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}:{ref}",
+        self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
                                         self.host.storage_ref(ref)))
 
     def exists(self, ref: str) -> bool:
