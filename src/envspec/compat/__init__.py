@@ -8,7 +8,7 @@ docs/compat-db.md.
 from envspec.compat.arch import arch_runs, parse_arch, parse_cc, why_arch
 from envspec.compat.load import DATA_DIR, FORMAT, load_db
 from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Variant
-from envspec.compat.refresh import RefreshReport, refresh
+from envspec.compat.pypi import RefreshReport, refresh
 
 __all__ = [
     "CompatDB", "CudaToolkit", "DATA_DIR", "FORMAT", "Gpu", "RefreshReport", "TorchRelease", "Variant",

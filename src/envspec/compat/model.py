@@ -166,12 +166,22 @@ class CompatDB:
         close = difflib.get_close_matches(key, list(keys), n=n * 3, cutoff=0.5)
         out: list[str] = []
         for k in close:
-            label = keys[k]
+            # of the matched GPU's names, offer the one written most like the query
+            g = self._gpu_keys[k]
+            label = max([g.name, *g.aliases],
+                        key=lambda s: (difflib.SequenceMatcher(None, key, self._strip(_norm(s))).ratio(), -len(s)))
             if label not in out:
                 out.append(label)
             if len(out) == n:
                 break
         return out
+
+    @staticmethod
+    def _strip(key: str) -> str:
+        for p in _PREFIXES:
+            if key.startswith(p) and len(key) > len(p):
+                return key[len(p):]
+        return key
 
     # -- output ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
