@@ -215,6 +215,10 @@ def lock_text_of(lock: Any) -> str:
                 return out
     if isinstance(lock, dict) and isinstance(lock.get("__text__"), str):
         return lock["__text__"]
+    if type(lock).__module__ == "envspec.lock":  # the lock stage's model and its canonical writer
+        from envspec import lock as lock_mod
+
+        return lock_mod.dumps(lock)
     import tomli_w  # fallback: a faithful, sorted rendering of the fields
 
     data = _as_dict(lock)
@@ -306,6 +310,7 @@ def _facts(lock: Any, platform: Platform) -> ImageFacts:
         shm_size=str(_get(rt, "shm_size", "") or ""),
         env=tuple(sorted((str(k), str(v)) for k, v in dict(env).items())),
         user=str(_get(rt, "user", "envspec") or "envspec"),
+        uid=int(_get(rt, "uid", DEFAULT_UID) or DEFAULT_UID),
         workdir=str(_get(rt, "workdir", "/workspace") or "/workspace"),
         debian_suite=str(_get(deb, "suite", "") or ""),
         debian_mirror=str(_get(deb, "mirror", "") or ""),

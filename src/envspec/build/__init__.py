@@ -101,19 +101,6 @@ def _store_layer(cache: Cache, lay: LayerPlan, tmp_tar: Path, result: dict) -> d
     return meta
 
 
-def _debian_mirrors(plan: BuildPlan) -> list[str]:
-    try:
-        from envspec import sources
-
-        s = sources.discover()
-        out = [m for m in (s.debian_snapshot, s.debian_mirror, s.debian_security_mirror) if m]
-    except Exception:  # noqa: BLE001 (mirror discovery is a convenience here)
-        out = []
-    if plan.facts.debian_mirror and plan.facts.debian_mirror not in out:
-        out.append(plan.facts.debian_mirror)
-    return out
-
-
 def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) -> Path | None:
     if not plan.debs:
         return None
@@ -121,15 +108,19 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) 
         from envspec import debian
     except ImportError as e:
         raise HostError(f"this envspec cannot build a Debian base ({e})", hint="update envspec") from None
-    mirrors = _debian_mirrors(plan)
-    paths = []
-    for pin in plan.debs:
+    pins = [debian.DebPin(**asdict(d)) for d in plan.debs]
+    for pin in pins:
         reporter.fetching(pin.name, pin.filename, pin.size)
-        p = debian.fetch_deb(pin, mirrors=mirrors, cache_dir=cache.root / "debs")
-        reporter.fetched(pin.name, pin.filename, Path(p))
-        paths.append(Path(p))
+    # Configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
+    # the lock's canonical archive.
+    extra = [os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")]
+    mirrors = debian.mirror_list(plan.facts.debian_mirror or debian.CANONICAL_MIRROR, mirrors=[m for m in extra if m])
+    paths = debian.fetch_debs(pins, mirrors=mirrors, cache_dir=cache.root / "debs")
+    for pin in pins:
+        reporter.fetched(pin.name, pin.filename, Path(paths[pin.name]))
     rootfs = work / "rootfs"
-    debian.make_rootfs(list(plan.debs), paths, rootfs, user=plan.facts.user, uid=plan.facts.uid)
+    debian.make_rootfs(pins, {k: Path(v) for k, v in paths.items()}, rootfs, user=plan.facts.user,
+                       uid=plan.facts.uid)
     return rootfs
 
 
