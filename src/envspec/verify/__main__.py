@@ -1,0 +1,3 @@
+from envspec.verify.cli import main
+
+raise SystemExit(main())

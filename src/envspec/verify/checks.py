@@ -1,0 +1,714 @@
+"""run_checks(lock) -> Report: every check, in order, from cheap to expensive.
+
+The machine is reached through a ``System`` object (probes); unit tests pass a fake one. Each
+check appends Findings; none raises for a broken machine (a probe that throws becomes a failing
+finding naming the exception), so one report lists every problem at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import archrule, integrity, probes, rates, torchprobe
+from .lockfile import lock_hash, table
+from .model import FAIL, PASS, SKIP, WARN, Finding, Report
+
+LEVELS = ("startup", "quick", "full")
+
+# Environment settings that cost speed or hide errors, with the reason (checked as "env.NAME").
+# value None: any value is flagged.
+BAD_ENV: tuple[tuple[str, str | None, str], ...] = (
+    ("NCCL_P2P_DISABLE", "1", "turns off NCCL's direct GPU-to-GPU (NVLink/PCIe peer) transport; "
+     "all-reduce goes through host memory at a fraction of the speed. Advice to set it is common "
+     "and wrong on NVLink machines; unset it"),
+    ("NCCL_SHM_DISABLE", "1", "turns off NCCL's shared-memory transport between processes of one node"),
+    ("CUDA_LAUNCH_BLOCKING", "1", "serializes every kernel launch (a debugging switch); training runs "
+     "several times slower"),
+    ("TORCH_CUDNN_V8_API_DISABLED", "1", "falls back to cuDNN's legacy API and loses the v8/v9 "
+     "engine heuristics (removed in recent torch; has no use in production)"),
+    ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", "turns off PyTorch's caching allocator: every "
+     "allocation calls cudaMalloc, much slower (a debugging switch)"),
+    ("CUDA_CACHE_DISABLE", "1", "turns off the driver's JIT cache: PTX is recompiled on every start"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", "a failed collective hangs the job instead of "
+     "aborting it"),
+    ("NCCL_DEBUG", "TRACE", "logs every NCCL call; slows collectives and floods logs"),
+    ("TORCH_CUDA_SANITIZER", None, "runs the CUDA stream sanitizer on every kernel (debugging only)"),
+)
+IB_ENV = ("NCCL_IB_DISABLE", "1", "turns off InfiniBand/RoCE for NCCL on a machine that has IB "
+          "devices; cross-node traffic falls back to TCP sockets")
+
+# Host mode (a python that is not the lock's venv) holds these to the lock exactly and only
+# warns about the rest: torch, triton and the NVIDIA/CUDA wheels (lock group "cuda") decide
+# which kernels and libraries run; pure-Python dependencies and other packages may differ.
+HOST_STRICT = ("torch", "triton")
+ALWAYS_ALLOWED_EXTRA = ("pip",)  # `python -m venv` bootstraps pip into every venv
+
+
+class System:
+    """The machine as the verifier sees it. Every method is a probe; tests override them."""
+
+    def __init__(self) -> None:
+        self.env: Mapping[str, str] = os.environ
+        self._torch: tuple[Any, str] | None = None
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def prefix(self) -> Path:
+        return Path(sys.prefix)
+
+    def executable(self) -> str:
+        return sys.executable
+
+    def driver(self) -> probes.DriverInfo | None:
+        return probes.probe_driver()
+
+    def torch(self) -> tuple[Any, str]:
+        if self._torch is None:
+            self._torch = torchprobe.import_torch()
+        return self._torch
+
+    def in_container(self) -> bool:
+        return probes.in_container()
+
+    def device_nodes(self) -> list[str]:
+        return probes.device_nodes()
+
+    def shm_bytes(self) -> int | None:
+        return probes.shm_bytes()
+
+    def infiniband(self) -> bool:
+        return probes.infiniband_present()
+
+    def site_dirs(self) -> list[Path]:
+        return integrity.site_dirs()
+
+    def loaded_libraries(self) -> dict[str, list[str]]:
+        return torchprobe.loaded_libraries()
+
+
+def _short(items: list[str], n: int = 8) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _vprefix(v: str, n: int = 3) -> str:
+    return ".".join(v.split(".")[:n])
+
+
+class _Run:
+    """State of one verification run (the checks share what they have probed)."""
+
+    def __init__(self, lock: dict[str, Any], level: str, mode: str, system: System,
+                 skip: tuple[str, ...], compile_timeout: float) -> None:
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
+        self.lock = lock
+        self.level = level
+        self.sys = system
+        self.skip = skip
+        self.compile_timeout = compile_timeout
+        self.platform = table(lock, "platform")
+        self.hardware = table(lock, "hardware")
+        self.torch_lock = table(lock, "torch")
+        self.runtime = table(lock, "runtime")
+        self.wheels = {integrity.normalize(w["name"]): w for w in lock.get("wheels", [])}
+        venv = self.platform.get("venv", "")
+        if mode == "auto":
+            same = bool(venv) and os.path.realpath(venv) == os.path.realpath(str(system.prefix()))
+            mode = "image" if same else "host"
+        self.mode = mode
+        self.report = Report(level=level, lock_path=lock.get("__path__", ""), lock_hash=lock_hash(lock),
+                             lock_name=table(lock, "meta").get("name", ""), mode=mode)
+        self.torch: Any = None
+        self.tinfo: dict[str, Any] = {}
+        self.driver: probes.DriverInfo | None = None
+        self.hash_cache: dict[Path, str] = {}
+        self.dists: dict[str, integrity.Dist] = {}
+        self.libs: dict[str, list[str]] = {}
+
+    # helpers -----------------------------------------------------------------------------
+    def add(self, check: str, status: str, expected: str = "", observed: str = "", hint: str = "",
+            **data: Any) -> Finding:
+        return self.report.add(Finding(check, status, str(expected), str(observed), hint, data))
+
+    def wanted(self, name: str) -> bool:
+        return not any(name == s or name.startswith(s + ".") for s in self.skip)
+
+    def timed(self, name: str, fn) -> None:
+        if not self.wanted(name):
+            return
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # a probe that breaks is a finding, never a crash
+            self.add(name, FAIL, observed=f"the check raised {type(e).__name__}: {e}",
+                     hint="a bug in the verifier or a broken library; run with -v for the traceback")
+            if os.environ.get("ENVSPEC_VERIFY_DEBUG"):
+                raise
+        self.report.timings[name] = self.report.timings.get(name, 0.0) + time.perf_counter() - t0
+
+    @property
+    def expects_gpu(self) -> bool:
+        return str(self.torch_lock.get("variant", "")).startswith("cu") or bool(self.hardware.get("gpus"))
+
+    def is_torch_stack(self, name: str) -> bool:
+        """The binary core of torch's stack: what host mode still holds to the lock exactly."""
+        w = self.wheels.get(name)
+        return (name in HOST_STRICT or name.startswith(("nvidia-", "cuda-"))
+                or (w is not None and w.get("group") == "cuda"))
+
+    # the run -----------------------------------------------------------------------------
+    def run(self) -> Report:
+        t_start = time.perf_counter()
+        self.add("lock", PASS, expected="a lockfile of format version 1",
+                 observed=f"{self.report.lock_path or '(in memory)'}: {self.report.lock_name or '?'} "
+                          f"{self.report.lock_hash[:19]}")
+        py = self.sys.executable()
+        self.add("mode", PASS, expected=f"image: python of {self.platform.get('venv', '?')}",
+                 observed=f"{self.mode}: {py}" + (" (host mode: the lock's venv is not this python;"
+                                                   " see docs/verify.md for what is relaxed)" if self.mode == "host" else ""))
+        # start the slow, independent work first so that it overlaps the torch import
+        compile_probe = None
+        if self.level != "startup" and self.wanted("torch.compile") and self.lock.get("torch"):
+            compile_probe = torchprobe.CompileProbe(self.compile_timeout)
+        hasher = None
+        if self.wanted("integrity"):
+            self.dists = integrity.find_dists(self.sys.site_dirs())
+            if self.level != "startup":
+                hasher = _Background(self._hash_locked_files)
+        self.timed("env", self.check_env)
+        self.timed("container", self.check_container)
+        self.timed("driver", self.check_driver)
+        self.timed("torch", self.check_torch)
+        if self.torch is not None and self.tinfo.get("cuda_available"):
+            self.timed("gpu", self.check_gpus)
+            if self.level != "startup":
+                self.timed("libs", self.check_libs)
+                self.timed("numerics", self.check_numerics)
+            self.timed("tf32", self.check_tf32)
+        else:
+            self._skip_gpu_checks()
+            if self.torch is not None and self.level != "startup":
+                self.timed("numerics", self.check_cpu_numerics)
+        if self.wanted("integrity"):
+            self.timed("integrity", self.check_dist_set)
+            if hasher is not None:
+                t0 = time.perf_counter()
+                problems, nfiles, nbytes = hasher.join()
+                self.report.timings["integrity.wait"] = time.perf_counter() - t0
+                self.report_files(problems, nfiles, nbytes, hasher.seconds)
+        if self.level == "full" and self.torch is not None and self.tinfo.get("cuda_available"):
+            self.timed("perf", self.check_perf)
+            self.timed("nccl", self.check_allreduce)
+        if compile_probe is not None:
+            self.timed("torch.compile", lambda: self.check_compile(compile_probe))
+        self.timed("fingerprint", self.make_fingerprint)
+        self.report.timings["total"] = time.perf_counter() - t_start
+        return self.report
+
+    # env and container -------------------------------------------------------------------
+    def check_env(self) -> None:
+        env = self.sys.env
+        rules = list(BAD_ENV)
+        if self.sys.infiniband():
+            rules.append(IB_ENV)
+        flagged = 0
+        for name, bad, why in rules:
+            v = env.get(name)
+            if v is None or (bad is not None and v.strip() != bad):
+                continue
+            flagged += 1
+            self.add(f"env.{name}", WARN, expected=f"{name} unset", observed=f"{name}={v}",
+                     hint=f"{why}. Unset {name} unless you are debugging.")
+        for k, v in sorted((self.runtime.get("env") or {}).items()):
+            got = env.get(k)
+            if got != str(v):
+                self.add(f"env.{k}", WARN if self.mode == "host" else FAIL, expected=f"{k}={v} ([runtime].env)",
+                         observed=f"{k}={got}" if got is not None else f"{k} unset",
+                         hint="the image sets it; a `-e`/`--env` at container start or the job file overrides it")
+                flagged += 1
+        if not flagged:
+            self.add("env", PASS, expected="no setting known to cost speed; [runtime].env as locked",
+                     observed="none found")
+
+    def check_container(self) -> None:
+        env = self.sys.env
+        nodes = self.sys.device_nodes()
+        driver_loaded = Path(probes.PROC_DRIVER).exists()
+        inside = self.sys.in_container()
+        if self.expects_gpu and not driver_loaded and not nodes:
+            self.add("container.gpu", SKIP, expected="GPU plumbing (NVIDIA_* variables, /dev/nvidia*)",
+                     observed="no NVIDIA kernel driver on this machine: no GPU to pass through, not checked")
+        elif inside and self.expects_gpu:
+            vis = env.get("NVIDIA_VISIBLE_DEVICES")
+            caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+            if vis in (None, "", "void", "none"):
+                self.add("container.nvidia_visible_devices", WARN, expected="NVIDIA_VISIBLE_DEVICES=all (or GPU ids)",
+                         observed=f"NVIDIA_VISIBLE_DEVICES={vis}" if vis is not None else "unset",
+                         hint="with the NVIDIA container toolkit's legacy hook no GPU is injected; "
+                              "envspec images set it to all; pass --gpus all or a CDI device")
+            elif caps and not ({"compute", "utility"} <= set(caps.split(",")) or "all" in caps.split(",")):
+                self.add("container.nvidia_driver_capabilities", WARN, expected="compute,utility (or all)",
+                         observed=caps, hint="without 'compute' the CUDA driver library is not mounted; "
+                                             "without 'utility' nvidia-smi and NVML are missing")
+            else:
+                self.add("container.nvidia_env", PASS, expected="NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES",
+                         observed=f"NVIDIA_VISIBLE_DEVICES={vis} NVIDIA_DRIVER_CAPABILITIES={caps or '(default)'}")
+        if self.expects_gpu and (driver_loaded or nodes):
+            gpu_nodes = [n for n in nodes if n[len("nvidia"):].isdigit()]
+            if not nodes and driver_loaded:
+                self.add("container.devices", FAIL, expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
+                         observed="the kernel driver is loaded but no /dev/nvidia* node is present",
+                         hint="the container was started without GPUs: podman/docker --gpus all, "
+                              "or --device nvidia.com/gpu=all (CDI)")
+            elif nodes:
+                missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in nodes]
+                self.add("container.devices", FAIL if missing else PASS,
+                         expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
+                         observed=f"{len(gpu_nodes)} GPU node(s); " + ", ".join(f"/dev/{n}" for n in nodes[:6])
+                                  + (f" (missing {', '.join(missing)})" if missing else ""),
+                         hint="CUDA needs nvidia-uvm for managed memory and nvidiactl for any context; "
+                              "load the nvidia-uvm module (nvidia-modprobe -u -c=0)" if missing else "")
+        want = self.runtime.get("shm_size")
+        have = self.sys.shm_bytes()
+        if want:
+            try:
+                want_b = probes.parse_size(want)
+            except ValueError:
+                self.add("container.shm", WARN, expected=str(want), observed="unparseable [runtime].shm_size")
+                return
+            if have is None:
+                self.add("container.shm", WARN, expected=f">= {want}", observed="/dev/shm is missing",
+                         hint="DataLoader workers and NCCL's shared-memory transport need /dev/shm")
+            elif have + (1 << 20) < want_b:
+                self.add("container.shm", WARN, expected=f">= {want} ([runtime].shm_size)",
+                         observed=f"/dev/shm is {probes.human_bytes(have)}",
+                         hint=f"start the container with --shm-size={want} (docker/podman default is 64m; "
+                              "DataLoader workers die with 'bus error' and NCCL falls back)")
+            else:
+                self.add("container.shm", PASS, expected=f">= {want}", observed=f"/dev/shm is {probes.human_bytes(have)}")
+
+    # driver ------------------------------------------------------------------------------
+    def check_driver(self) -> None:
+        floor = str(self.hardware.get("driver_floor", ""))
+        policy = str(self.hardware.get("driver_policy", "compat"))
+        self.driver = d = self.sys.driver()
+        if d is None or not d.version:
+            if self.expects_gpu:
+                self.add("driver", SKIP, expected=f">= {floor} ({policy} policy)" if floor else "an NVIDIA driver",
+                         observed="no NVIDIA driver found (no /proc/driver/nvidia/version, no libnvidia-ml.so.1, "
+                                  "no nvidia-smi): this machine has no usable GPU, GPU checks are skipped")
+            else:
+                self.add("driver", SKIP, expected="none (CPU lock)", observed="no NVIDIA driver; none needed")
+            return
+        have = probes.version_tuple(d.version)
+        status, hint = PASS, ""
+        if floor and have < probes.version_tuple(floor):
+            status = FAIL
+            hint = (f"this lock needs driver >= {floor} under the '{policy}' policy; upgrade the host "
+                    "driver, or lock for an older CUDA (a lower floor)")
+        tcuda = str(self.torch_lock.get("cuda", ""))
+        extra = ""
+        if d.cuda and tcuda:
+            dc, tc = probes.version_tuple(d.cuda), probes.version_tuple(tcuda)
+            if policy == "strict" and dc < tc:
+                status, hint = FAIL, f"strict policy: the driver supports CUDA {d.cuda}, the lock's runtime is {tcuda}"
+            elif dc[:1] < tc[:1]:
+                status, hint = FAIL, (f"the driver supports CUDA {d.cuda}; a CUDA {tcuda} runtime needs a "
+                                      f"{tc[0]}.x driver at least")
+            extra = f", supports CUDA {d.cuda}"
+        self.add("driver", status, expected=f">= {floor} ({policy} policy)" if floor else "any",
+                 observed=f"{d.version} (from {d.source}{extra})", hint=hint)
+        if "mismatch" in d.source or ("NVML" in d.source and "kernel" in d.source and "," in d.source):
+            self.add("driver.userspace", FAIL, expected="the same version in kernel module and NVML",
+                     observed=d.source, hint="driver/library version mismatch: reboot or reload the kernel module "
+                                             "after a driver upgrade, or mount the host's matching libraries")
+
+    # torch -------------------------------------------------------------------------------
+    def check_torch(self) -> None:
+        t0 = time.perf_counter()
+        torch, err = self.sys.torch()
+        self.report.timings["torch.import"] = time.perf_counter() - t0
+        if torch is None:
+            if self.torch_lock:
+                self.add("torch.import", FAIL, expected=f"torch {self.torch_lock.get('version', '')}",
+                         observed=f"import torch failed: {err}",
+                         hint="torch checks and GPU checks cannot run; install the locked torch (or run in the image)")
+            else:
+                self.add("torch.import", SKIP, expected="no torch (the lock has no [torch])", observed=err)
+            return
+        self.torch = torch
+        self.tinfo = ti = torchprobe.torch_info(torch)
+        tl = self.torch_lock
+        if not tl:
+            self.add("torch.version", WARN, expected="no torch (the lock has no [torch])", observed=ti["full"],
+                     hint="torch is importable but the lock does not name it")
+            return
+        exp = tl.get("version", "") + (f"+{tl['local']}" if tl.get("local") else "")
+        ok = ti["version"] == tl.get("version") and (not tl.get("local") or ti["local"] == tl.get("local"))
+        self.add("torch.version", PASS if ok else FAIL, expected=exp, observed=ti["full"],
+                 hint="" if ok else "the torch in this python is not the locked one; rebuild the image or re-lock")
+        want_cuda = str(tl.get("cuda", ""))
+        if want_cuda != ti["cuda"]:
+            self.add("torch.cuda", FAIL, expected=want_cuda or "none (CPU build)", observed=ti["cuda"] or "none (CPU build)",
+                     hint="torch.version.cuda differs from the lock: a different variant of torch is installed")
+        else:
+            self.add("torch.cuda", PASS, expected=want_cuda or "none (CPU build)", observed=ti["cuda"] or "none (CPU build)")
+        if not ti["cuda"]:
+            return
+        for key, label in (("cudnn", "torch.backends.cudnn.version()"), ("nccl", "torch.cuda.nccl.version()")):
+            want = str(tl.get(key, ""))
+            got = ti.get(key, "")
+            if not want:
+                self.add(f"torch.{key}", SKIP, expected="not locked", observed=got)
+                continue
+            ok = bool(got) and _vprefix(got) == _vprefix(want)
+            self.add(f"torch.{key}", PASS if ok else FAIL, expected=want, observed=f"{got or 'unavailable'} ({label})",
+                     hint="" if ok else (f"the {key} library this process loaded is {got or 'missing'}, the lock pins "
+                                         f"{want}: another copy on the library path or a second wheel shipping the "
+                                         f"same file; see libs.{key}"))
+        if not ti["cuda_available"] and self.driver is not None and self.driver.version:
+            self.add("torch.cuda_available", FAIL, expected="torch.cuda.is_available() is True",
+                     observed=f"False with driver {self.driver.version}: {ti.get('cuda_error', '')}".strip(),
+                     hint="torch cannot reach the GPU: check the driver floor, CUDA_VISIBLE_DEVICES and the device nodes")
+
+    def _skip_gpu_checks(self) -> None:
+        why = "no GPU visible"
+        if self.torch is None:
+            why = "torch is not importable"
+        elif not self.tinfo.get("cuda"):
+            why = "torch is a CPU build"
+        elif self.driver is None or not self.driver.version:
+            why = "no NVIDIA driver"
+        for check in ("gpu", "libs", "tf32", "numerics.gpu") + (("perf", "nccl") if self.level == "full" else ()):
+            if self.wanted(check):
+                self.add(check, SKIP, observed=f"skipped: {why}")
+
+    def check_gpus(self) -> None:
+        devices = self.tinfo["devices"]
+        arch_list = [str(a) for a in self.hardware.get("arch_list", [])]
+        declared = [str(c) for c in self.hardware.get("compute_capabilities", [])]
+        names = [str(g) for g in self.hardware.get("gpus", [])]
+        torch_arch = self.tinfo.get("arch_list", [])
+        self.add("gpu.count", PASS if devices else FAIL, expected="at least one visible GPU",
+                 observed=f"{len(devices)}: " + _short([d["name"] for d in devices], 4)
+                 + (f" (CUDA_VISIBLE_DEVICES={self.sys.env['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in self.sys.env else ""))
+        if arch_list and torch_arch and sorted(set(arch_list)) != sorted(set(torch_arch)):
+            self.add("torch.arch_list", WARN, expected=" ".join(arch_list) + " ([hardware].arch_list)",
+                     observed=" ".join(torch_arch) + " (torch.cuda.get_arch_list())",
+                     hint="the lock describes a torch built for other architectures than the one loaded: "
+                          "the lock is wrong for this torch, or the wrong torch is installed")
+        elif torch_arch:
+            self.add("torch.arch_list", PASS, expected=" ".join(arch_list) or "(not locked)", observed=" ".join(torch_arch))
+        for d in devices:
+            i, cc = d["index"], d["cc"]
+            usable, kind = archrule.runnable_by(arch_list, cc)
+            t_usable, t_kind = archrule.runnable_by(torch_arch, cc) if torch_arch else ([], "?")
+            status, hint = PASS, ""
+            if kind == "none":
+                status = FAIL
+                major, minor = archrule.parse_cc(cc)
+                hint = (f"no entry of the lock's arch list runs on compute capability {cc}: it needs SASS "
+                        f"sm_{major}Z with Z <= {minor}, or PTX compute_XY with XY <= {major}{minor}. Lock for a "
+                        f"torch that includes sm_{major}{minor} (add {d['name']!r} to [target].gpus)")
+            elif t_kind == "none":
+                status = FAIL
+                hint = f"the loaded torch has no kernels for cc {cc} ({' '.join(torch_arch)})"
+            elif kind == "ptx":
+                status = WARN
+                hint = (f"only PTX ({', '.join(usable)}) runs on cc {cc}: the driver JIT-compiles every kernel at "
+                        "first use (minutes) and newer instructions go unused")
+            elif declared and cc not in declared:
+                status = WARN
+                hint = f"cc {cc} is not a declared target ({', '.join(declared)}) but the locked kernels run on it"
+            elif names and d["name"] not in names:
+                status = WARN
+                hint = f"{d['name']} is not a declared target ({', '.join(names)}) but the locked kernels run on it"
+            self.add(f"gpu.{i}.arch", status,
+                     expected=f"runnable by {' '.join(arch_list) or '(empty arch list)'}"
+                              + (f"; cc in {', '.join(declared)}" if declared else ""),
+                     observed=f"{d['name']}, cc {cc}: " + (f"runs {', '.join(usable)}" if usable else "no locked kernel runs"),
+                     hint=hint, name=d["name"], cc=cc)
+            free = torchprobe.memory_free(self.torch, i)
+            total = d["memory_total"]
+            mstat, mhint = PASS, ""
+            if free is not None and free < 0.5 * total:
+                mstat = WARN
+                mhint = "more than half of this GPU's memory is in use by other processes (nvidia-smi shows them)"
+            self.add(f"gpu.{i}.memory", mstat, expected="most memory free",
+                     observed=f"{probes.human_bytes(total)} total"
+                              + (f", {probes.human_bytes(free)} free" if free is not None else ""),
+                     hint=mhint, total_bytes=total, free_bytes=free)
+
+    def check_tf32(self) -> None:
+        want_tf32 = self.runtime.get("tf32")
+        want_prec = self.runtime.get("matmul_precision")
+        st = torchprobe.tf32_state(self.torch)
+        obs = (f"matmul.allow_tf32={st['matmul_allow_tf32']} cudnn.allow_tf32={st['cudnn_allow_tf32']} "
+               f"float32_matmul_precision={st['matmul_precision']!r}")
+        if want_tf32 is None and want_prec is None:
+            self.add("tf32", SKIP, expected="not locked", observed=obs)
+            return
+        problems = []
+        if want_prec is not None and st["matmul_precision"] != want_prec:
+            problems.append(f"float32 matmul precision is {st['matmul_precision']!r}, not {want_prec!r}")
+        if want_tf32 is not None:
+            if want_prec is None and bool(want_tf32) != st["matmul_allow_tf32"]:
+                problems.append(f"matmul TF32 is {'on' if st['matmul_allow_tf32'] else 'off'}")
+            if bool(want_tf32) != st["cudnn_allow_tf32"]:
+                problems.append(f"cuDNN TF32 is {'on' if st['cudnn_allow_tf32'] else 'off'}")
+        exp = f"tf32={want_tf32} matmul_precision={want_prec!r}"
+        if problems:
+            self.add("tf32", WARN if self.mode == "host" else FAIL, expected=exp, observed=obs,
+                     hint="; ".join(problems) + ". PyTorch turns TF32 matmuls off by default since 1.12 (fp32 GEMMs run "
+                          "~8x slower on Ampere and later). In the image the entrypoint sets it; on a host call "
+                          f"torch.set_float32_matmul_precision({want_prec or 'high'!r}) in your program")
+        else:
+            self.add("tf32", PASS, expected=exp, observed=obs)
+
+    def check_libs(self) -> None:
+        torchprobe.init_cuda_libraries(self.torch)
+        self.libs = libs = self.sys.loaded_libraries()
+        paths = [Path(p) for ps in libs.values() for p in ps]
+        owners = integrity.owner_index(self.dists or integrity.find_dists(self.sys.site_dirs()), paths)
+        for key, label in (("cudart", "CUDA runtime"), ("cublas", "cuBLAS"), ("cudnn", "cuDNN"), ("nccl", "NCCL")):
+            files = libs.get(key, [])
+            if not files:
+                self.add(f"libs.{key}", SKIP if key == "cudnn" else WARN, expected=f"{label} loaded from a locked wheel",
+                         observed=f"no {label} library mapped in this process",
+                         hint="" if key == "cudnn" else "torch may link it statically; nothing to compare")
+                continue
+            bad, good = [], []
+            for f in files:
+                rp = Path(os.path.realpath(f))
+                hit = owners.get(rp)
+                if hit is None:
+                    bad.append(f"{f} is listed in no installed package's RECORD (a system copy or a "
+                               "copy on LD_LIBRARY_PATH)")
+                    continue
+                dist, entry = hit
+                w = self.wheels.get(dist.name)
+                if w is None:
+                    bad.append(f"{rp.name} comes from {dist.name} {dist.version}, which the lock does not name")
+                    continue
+                if dist.version != w.get("version"):
+                    bad.append(f"{rp.name} comes from {dist.name} {dist.version}, the lock pins {w.get('version')}")
+                    continue
+                if entry.sha256:
+                    got = integrity.b64_sha256_file(rp, self.hash_cache)
+                    if got != entry.sha256:
+                        bad.append(f"{rp.name} bytes differ from {dist.name} {dist.version}'s RECORD "
+                                   f"(sha256 {integrity.b64_to_hex(got)[:16]}… vs {integrity.b64_to_hex(entry.sha256)[:16]}…)")
+                        continue
+                good.append(f"{rp.name} ({dist.name} {dist.version})")
+            want = ""
+            if key in ("cudnn", "nccl") and self.torch_lock.get(key):
+                want = f" {self.torch_lock[key]}"
+            self.add(f"libs.{key}", FAIL if bad else PASS,
+                     expected=f"{label}{want} loaded from a locked wheel, bytes as its RECORD says",
+                     observed="; ".join(bad) if bad else _short(good, 3),
+                     hint=("the library in memory is not the locked one: two wheels writing the same file, "
+                           "LD_LIBRARY_PATH or /etc/ld.so.conf pointing at another copy, or an edited file; "
+                           "reinstall the locked wheel") if bad else "",
+                     files=files)
+
+    def check_numerics(self) -> None:
+        for d in self.tinfo["devices"]:
+            errs = torchprobe.matmul_errors(self.torch, f"cuda:{d['index']}")
+            over = {k: v for k, v in errs.items() if v > torchprobe.TOLERANCE[k]}
+            self.add(f"numerics.{d['index']}", FAIL if over else PASS,
+                     expected="relative error <= " + " ".join(f"{k}:{v:g}" for k, v in torchprobe.TOLERANCE.items()),
+                     observed=" ".join(f"{k}:{v:.1e}" for k, v in errs.items()),
+                     hint=("a 1024^3 matmul differs from the float64 reference beyond the dtype's tolerance: "
+                           "a faulty GPU (check ECC/Xid errors in dmesg) or a broken cuBLAS") if over else "",
+                     errors=errs)
+
+    def check_cpu_numerics(self) -> None:
+        err = torchprobe.cpu_matmul_error(self.torch)
+        tol = torchprobe.TOLERANCE["fp32"]
+        self.add("numerics.cpu", PASS if err <= tol else FAIL, expected=f"fp32 relative error <= {tol:g}",
+                 observed=f"{err:.1e}", hint="" if err <= tol else "the CPU BLAS gives wrong results")
+
+    # integrity ---------------------------------------------------------------------------
+    def _locked_installed(self) -> list[integrity.Dist]:
+        return [d for n, d in sorted(self.dists.items()) if n in self.wheels]
+
+    def _hash_locked_files(self):
+        return integrity.check_files(self._locked_installed(), self.hash_cache)
+
+    def check_dist_set(self) -> None:
+        host = self.mode == "host"
+        missing_fail, missing_warn, ver_fail, ver_warn = [], [], [], []
+        for name, w in sorted(self.wheels.items()):
+            d = self.dists.get(name)
+            relaxed = host and not self.is_torch_stack(name)
+            if d is None:
+                (missing_warn if relaxed else missing_fail).append(f"{name} {w.get('version')}")
+            elif d.version != w.get("version"):
+                (ver_warn if relaxed else ver_fail).append(f"{name} {d.version} (locked {w.get('version')})")
+        sites = ", ".join(str(s) for s in self.sys.site_dirs())
+        if missing_fail or missing_warn:
+            self.add("integrity.missing", FAIL if missing_fail else WARN, expected="every locked package installed",
+                     observed="not installed: " + _short(missing_fail + missing_warn),
+                     hint=f"looked in {sites}" + ("; host mode: only torch's stack must be complete" if host else ""),
+                     packages=missing_fail + missing_warn)
+        if ver_fail or ver_warn:
+            self.add("integrity.versions", FAIL if ver_fail else WARN, expected="installed versions as locked",
+                     observed=_short(ver_fail + ver_warn), packages=ver_fail + ver_warn,
+                     hint="reinstall from the lock (or rebuild the image)")
+        extra = sorted(n for n in self.dists if n not in self.wheels and n not in ALWAYS_ALLOWED_EXTRA)
+        extra_v = [f"{n} {self.dists[n].version}" for n in extra]
+        if extra:
+            self.add("integrity.extra", WARN if host else FAIL, expected="no package the lock does not name",
+                     observed=f"{len(extra)} not in the lock: " + _short(extra_v),
+                     hint=("host mode: this python holds other packages too; expected on a shared host" if host else
+                           "something was pip-installed after the build; add it to the spec and re-lock, or remove it"),
+                     packages=extra_v)
+        if not (missing_fail or missing_warn or ver_fail or ver_warn or extra):
+            self.add("integrity.packages", PASS, expected=f"{len(self.wheels)} locked packages, no others",
+                     observed=f"{len(self.dists)} installed, all as locked")
+
+    def report_files(self, problems: list[integrity.FileProblem], nfiles: int, nbytes: int, seconds: float) -> None:
+        host = self.mode == "host"
+        hard = [p for p in problems if not (host and not self.is_torch_stack(p.dist))]
+        listed = [f"{p.path} ({p.problem}, {p.dist})" for p in problems]
+        if not self._locked_installed():
+            self.add("integrity.files", SKIP, expected="RECORD hashes of locked packages",
+                     observed="no locked package is installed in this python")
+            return
+        self.add("integrity.files", (FAIL if hard else WARN) if problems else PASS,
+                 expected="every file of every locked package as its RECORD says (sha256)",
+                 observed=(f"{len(problems)} of {nfiles} files differ: " + _short(listed, 5)) if problems else
+                          f"{nfiles} files, {probes.human_bytes(nbytes)}, unchanged ({seconds:.1f} s)",
+                 hint="files of locked packages were edited or deleted after install; reinstall them or rebuild"
+                      if problems else "", files=[p.path for p in problems])
+
+    # speed -------------------------------------------------------------------------------
+    def check_perf(self) -> None:
+        lock_expected = self.hardware.get("expected") if isinstance(self.hardware.get("expected"), dict) else None
+        for d in self.tinfo["devices"]:
+            i = d["index"]
+            results = {}
+            for kind in ("bf16", "tf32", "fp32"):
+                results[kind] = torchprobe.gemm_tflops(self.torch, i, kind)
+            for kind in ("bf16", "tf32"):
+                got = results[kind]
+                exp = rates.expected_rate(d["name"], kind, lock_expected)
+                extra = f" (fp32 without TF32: {results['fp32']:.0f})" if kind == "tf32" else ""
+                if exp is None:
+                    self.add(f"perf.{i}.{kind}", WARN, expected="a datasheet rate for this GPU",
+                             observed=f"{got:.0f} TFLOP/s{extra}; {d['name']} is not in the rate table",
+                             hint="add [hardware.expected] to the lock or a row to verify/rates.py", tflops=got)
+                    continue
+                rate, src = exp
+                frac = got / rate
+                status = PASS if frac >= rates.PASS_FRACTION else WARN if frac >= rates.FAIL_FRACTION else FAIL
+                self.add(f"perf.{i}.{kind}", status,
+                         expected=f">= {rates.PASS_FRACTION:.0%} of {rate:g} TFLOP/s ({src}, dense)",
+                         observed=f"{got:.0f} TFLOP/s = {frac:.0%}{extra}",
+                         hint="" if status == PASS else
+                         "slow GEMM: check clocks and power (nvidia-smi -q -d PERFORMANCE,CLOCK), other processes "
+                         "on the GPU, and thermal throttling",
+                         tflops=got, expected_tflops=rate, fraction=frac,
+                         **({"fp32_tflops": results["fp32"]} if kind == "tf32" else {}))
+
+    def check_allreduce(self) -> None:
+        devices = [d["index"] for d in self.tinfo["devices"]]
+        if len(devices) < 2:
+            self.add("nccl.allreduce", SKIP, expected="an all-reduce across the visible GPUs",
+                     observed=f"{len(devices)} GPU visible: nothing to all-reduce across")
+            return
+        res = torchprobe.allreduce_local(self.torch, devices)
+        sizes = res["sizes"]
+        table_ = "; ".join(f"{probes.human_bytes(s['bytes'])}: {s['busbw_gbps']:.0f}" for s in sizes)
+        self.add("nccl.allreduce", PASS if res["correct"] else FAIL,
+                 expected=f"sum {res['expected_sum']:g} on every GPU; bus bandwidth (GB/s) reported",
+                 observed=("correct" if res["correct"] else f"wrong sum on GPU(s) {res['wrong_devices']}")
+                          + f"; busbw GB/s {table_}",
+                 hint="" if res["correct"] else "NCCL returned a wrong result: a faulty link or GPU; run nccl-tests "
+                                                "and check dmesg for Xid errors",
+                 gpus=len(devices), sizes=sizes)
+
+    def check_compile(self, probe: torchprobe.CompileProbe) -> None:
+        res = probe.result()
+        if res.get("ok"):
+            self.add("torch.compile", PASS, expected="torch.compile of a small function runs",
+                     observed=f"ran on {res.get('device')} in {res.get('seconds', 0):.1f} s (child process)")
+            return
+        err = res.get("error", "")
+        text = (err + res.get("traceback", "")).lower()
+        if res.get("timeout"):
+            hint = "slow first compile (cold Triton/Inductor cache) or a hang; retry, or raise --compile-timeout"
+            status = WARN
+        elif any(s in text for s in ("python.h", "compiler", "gcc", "cc1", "invalidcxx", "calledprocesserror", "ld:")):
+            hint = ("Triton and Inductor compile C code at run time: the image needs a C compiler (gcc) and the "
+                    "Python headers (python3-dev / libpython3.X-dev)")
+            status = FAIL
+        else:
+            hint = "torch.compile failed; run the program with TORCH_LOGS=+dynamo for details"
+            status = FAIL
+        self.add("torch.compile", status, expected="torch.compile of a small function runs", observed=err, hint=hint)
+
+    # fingerprint -------------------------------------------------------------------------
+    def make_fingerprint(self) -> None:
+        fp = {
+            "hostname": self.sys.hostname(),
+            "image": self.sys.env.get("ENVSPEC_IMAGE_DIGEST", "") or f"lock:{self.report.lock_hash}",
+            "driver": self.driver.version if self.driver else "",
+            "torch": (self.tinfo.get("full", "") + " " + self.tinfo.get("git", "")[:12]).strip(),
+            "cuda": self.tinfo.get("cuda", ""),
+            "gpu": "",
+            "nccl_lib": "",
+        }
+        devs = self.tinfo.get("devices", [])
+        if devs:
+            names = sorted({d["name"] for d in devs})
+            fp["gpu"] = f"{len(devs)} x " + "/".join(names)
+        nccl = self.libs.get("nccl", [])
+        if nccl:
+            fp["nccl_lib"] = "sha256:" + integrity.b64_to_hex(
+                integrity.b64_sha256_file(Path(os.path.realpath(nccl[0])), self.hash_cache))
+        self.report.fingerprint = fp
+
+
+class _Background:
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self._result = None
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+        self._t = threading.Thread(target=self._run, name="envspec-verify-hash", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._result = self._fn()
+        except BaseException as e:  # re-raised in join
+            self._error = e
+        self.seconds = time.perf_counter() - t0
+
+    def join(self):
+        self._t.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def run_checks(lock: dict[str, Any], *, level: str = "quick", mode: str = "auto", strict: bool = False,
+               system: System | None = None, skip: tuple[str, ...] = (), compile_timeout: float = 60.0) -> Report:
+    """Verify the machine against ``lock`` (a dict as read by ``lockfile.load_lock``).
+
+    level: "startup" (cheap subset for container start), "quick" (no heavy GPU work), "full"
+    (adds GEMM speed and the all-reduce). mode: "auto" | "image" | "host". skip: check names
+    or prefixes to leave out (e.g. "torch.compile", "integrity").
+    """
+    r = _Run(lock, level, mode, system or System(), tuple(skip), compile_timeout)
+    r.report.strict = strict
+    return r.run()

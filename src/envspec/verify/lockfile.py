@@ -1,0 +1,92 @@
+"""Reading the lock the verifier checks against (docs/lockfile.md, format version 1).
+
+Only the standard library: this module is copied into images. The verifier reads the lock as a
+plain dict and looks up the few tables it needs; unknown keys are ignored (``revision`` grows
+for additive changes), an unknown ``version`` is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LOCK = "/opt/envspec/envspec.lock"  # where envspec's image builder bakes the lock
+KNOWN_VERSIONS = (1,)
+
+
+class LockReadError(Exception):
+    """The lock cannot be read: a bad-input error (exit code 2 at the CLI)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+def find_lock(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
+    """Where the lock is and why: --lock, else $ENVSPEC_LOCK, else the image's path."""
+    if explicit:
+        return Path(explicit), "--lock"
+    env = os.environ.get("ENVSPEC_LOCK")
+    if env:
+        return Path(env), "ENVSPEC_LOCK"
+    return Path(DEFAULT_LOCK), "default image path"
+
+
+def load_lock(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise LockReadError(
+            f"no lockfile at {p}",
+            "pass --lock PATH or set ENVSPEC_LOCK; inside an envspec image the lock is "
+            f"{DEFAULT_LOCK}",
+        ) from None
+    except OSError as e:
+        raise LockReadError(f"cannot read lockfile {p}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise LockReadError(f"{p} is not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise LockReadError(f"{p} is not valid TOML: {e}") from None
+    version = data.get("version")
+    if version not in KNOWN_VERSIONS:
+        raise LockReadError(
+            f"{p}: lock format version {version!r} is not one this verifier reads "
+            f"(it reads {', '.join(map(str, KNOWN_VERSIONS))})",
+            "use the envspec that wrote the lock, or re-lock with this one",
+        )
+    problems = []
+    for table in ("platform", "hardware"):
+        if not isinstance(data.get(table), dict):
+            problems.append(f"[{table}] is missing")
+    wheels = data.get("wheels", [])
+    if not isinstance(wheels, list):
+        problems.append("[[wheels]] must be an array of tables")
+    else:
+        for i, w in enumerate(wheels):
+            for key in ("name", "version"):
+                if not isinstance(w, dict) or not isinstance(w.get(key), str):
+                    problems.append(f"wheels[{i}].{key} is missing")
+    if problems:
+        raise LockReadError(f"{p}: " + "; ".join(problems))
+    data.setdefault("meta", {})
+    data["__path__"] = str(p)
+    data["__file_sha256__"] = "sha256:" + hashlib.sha256(raw).hexdigest()
+    return data
+
+
+def lock_hash(lock: dict[str, Any]) -> str:
+    """The lock's content hash (``[meta].content_hash``), else the hash of the file's bytes."""
+    h = lock.get("meta", {}).get("content_hash", "")
+    return h or lock.get("__file_sha256__", "")
+
+
+def table(lock: dict[str, Any], name: str) -> dict[str, Any]:
+    t = lock.get(name)
+    return t if isinstance(t, dict) else {}

@@ -1,0 +1,202 @@
+"""Verification across nodes: launch under torchrun, gather fingerprints, compare, all-reduce.
+
+Every rank runs the local checks; then rank 0 gathers each rank's fingerprint and verdict over
+torch.distributed (gloo: works on any node, GPU or not), names the nodes whose fingerprint
+differs from the majority, and measures an all-reduce across all ranks (NCCL on GPUs, gloo on
+CPUs). One process per node by default: that process verifies all of its node's GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping
+
+from .model import FAIL, PASS, SKIP, WARN, Finding, Report
+
+COMPARED = ("image", "driver", "gpu", "nccl_lib", "torch", "cuda")
+# Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
+# rank's fingerprint so a CPU test can make one "node" differ. A finding says it was used.
+FAKE_ENV = "ENVSPEC_FAKE_FINGERPRINT"
+
+# Options consumed by the launcher (not forwarded to the ranks); value-taking ones.
+LAUNCH_OPTS = ("--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend", "--node-rank",
+               "--master-addr", "--master-port")
+
+
+def under_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def forwarded_argv(argv: list[str]) -> list[str]:
+    out, skip_next = [], False
+    for a in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in LAUNCH_OPTS:
+            skip_next = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def torchrun_argv(args: Any, argv: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
+           "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0"]
+    if args.master_addr:  # static rendezvous: every node names the same master and its own rank
+        cmd += ["--master-addr", args.master_addr, "--master-port", str(args.master_port),
+                "--node-rank", str(args.node_rank or 0)]
+    else:
+        if not args.rdzv_endpoint:
+            raise ValueError("--nnodes needs --rdzv-endpoint HOST:PORT (c10d rendezvous) or --master-addr")
+        cmd += ["--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", args.rdzv_endpoint,
+                "--rdzv-id", args.rdzv_id]
+        if args.node_rank is not None:
+            cmd += ["--node-rank", str(args.node_rank)]
+    return cmd + ["-m", "envspec.verify", *forwarded_argv(argv)]
+
+
+def launch(args: Any, argv: list[str]) -> int:
+    import subprocess  # noqa: PLC0415
+
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the directory holding envspec/
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.call(torchrun_argv(args, argv), env=env)
+
+
+def apply_fake(fp: dict[str, str], env: Mapping[str, str]) -> bool:
+    raw = env.get(FAKE_ENV, "")
+    if not raw:
+        return False
+    if raw.lstrip().startswith("{"):
+        fp.update({k: str(v) for k, v in json.loads(raw).items()})
+    else:
+        for pair in raw.split(","):
+            k, _, v = pair.partition("=")
+            if k.strip():
+                fp[k.strip()] = v.strip()
+    return True
+
+
+def node_label(entry: dict[str, Any]) -> str:
+    return f"node {entry['node_rank']} ({entry['fingerprint'].get('hostname', '?')}, rank {entry['rank']})"
+
+
+def compare(entries: list[dict[str, Any]]) -> list[Finding]:
+    """Findings naming the nodes whose fingerprint differs from the majority, key by key."""
+    out: list[Finding] = []
+    for key in COMPARED:
+        values = Counter(e["fingerprint"].get(key, "") for e in entries)
+        if len(values) <= 1:
+            v = next(iter(values), "")
+            out.append(Finding(f"cluster.{key}", PASS, expected="the same on every node",
+                               observed=f"{v or '(none)'} on all {len(entries)} ranks"))
+            continue
+        majority, count = values.most_common(1)[0]
+        odd = [e for e in entries if e["fingerprint"].get(key, "") != majority]
+        named = "; ".join(f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in odd)
+        out.append(Finding(
+            f"cluster.{key}", FAIL, expected=f"{majority or '(none)'} (as on {count} of {len(entries)} ranks)",
+            observed=f"differs on {named}",
+            hint=f"these nodes do not run what the others run ({key}); drain them or fix them before a job spans them",
+            data={"odd_nodes": [node_label(e) for e in odd]},
+        ))
+    return out
+
+
+def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.environ, level: str = "quick") -> Report:
+    """Run on every rank after the local checks; returns the report to print (rank 0's has the
+    cluster findings; the others' are unchanged)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    node_rank = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")))
+    fp = dict(report.fingerprint)
+    if apply_fake(fp, env):
+        report.add(Finding("cluster.test_hook", WARN, expected=f"{FAKE_ENV} unset",
+                           observed=f"{FAKE_ENV}={env[FAKE_ENV]}: this rank's fingerprint is faked",
+                           hint="a test hook; never set it in production"))
+        report.fingerprint = fp
+    t0 = time.perf_counter()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    entry = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank, "fingerprint": fp,
+             "ok": report.ok, "failed": [f.check for f in report.findings if f.status == FAIL]}
+    entries: list[Any] = [None] * world
+    dist.all_gather_object(entries, entry)
+    report.timings["cluster.gather"] = time.perf_counter() - t0
+    findings: list[Finding] = []
+    if rank == 0:
+        findings += compare(entries)
+        bad = [e for e in entries if not e["ok"]]
+        findings.append(Finding(
+            "cluster.nodes", FAIL if bad else PASS, expected=f"every one of {world} ranks passes its local checks",
+            observed=("; ".join(f"{node_label(e)} failed {', '.join(e['failed'][:5])}" for e in bad)
+                      if bad else f"{world} ranks ok"),
+            hint="read that node's own report (run verify there)" if bad else ""))
+        report.nodes = entries
+    t0 = time.perf_counter()
+    findings_ar = _allreduce(dist, torch, world, local_rank, level)
+    report.timings["cluster.allreduce"] = time.perf_counter() - t0
+    if rank == 0:
+        findings += findings_ar
+        report.extend(findings)
+    dist.barrier()
+    dist.destroy_process_group()
+    return report
+
+
+def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -> list[Finding]:
+    if world < 2:
+        return [Finding("cluster.nccl.allreduce", SKIP, observed="one rank: nothing to all-reduce across")]
+    use_cuda = bool(torch.cuda.is_available())
+    if use_cuda:
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        group = dist.new_group(backend="nccl")
+        sizes = (8 << 20, 64 << 20, 256 << 20, 1 << 30) if level == "full" else (8 << 20, 64 << 20)
+        backend = "nccl"
+    else:
+        dev = torch.device("cpu")
+        group = None
+        sizes = (1 << 20, 8 << 20) if level == "full" else (1 << 20,)
+        backend = "gloo"
+    rank = dist.get_rank()
+    x = torch.full((1 << 18,), float(rank + 1), device=dev)
+    dist.all_reduce(x, group=group)
+    want = world * (world + 1) / 2
+    correct = torch.tensor([1.0 if bool((x == want).all()) else 0.0], device=dev)
+    dist.all_reduce(correct, group=group)
+    ok = int(correct.item()) == world
+    results = []
+    iters = 5
+    for size in sizes:
+        buf = torch.zeros(size // 4, device=dev)
+        dist.all_reduce(buf, group=group)
+        if use_cuda:
+            torch.cuda.synchronize(dev)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf, group=group)
+        if use_cuda:
+            torch.cuda.synchronize(dev)
+        dt = (time.perf_counter() - t0) / iters
+        algbw = size / dt / 1e9
+        results.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": algbw,
+                        "busbw_gbps": algbw * 2 * (world - 1) / world})
+        del buf
+    table = "; ".join(f"{s['bytes'] >> 20} MiB: {s['busbw_gbps']:.1f}" for s in results)
+    return [Finding("cluster.nccl.allreduce" if use_cuda else "cluster.allreduce", PASS if ok else FAIL,
+                    expected=f"sum {want:g} on all {world} ranks ({backend}); bus bandwidth (GB/s) reported",
+                    observed=("correct" if ok else "WRONG sum on some rank") + f"; busbw GB/s {table}",
+                    hint="" if ok else "a collective returned a wrong result: a faulty NIC, link or GPU",
+                    data={"sizes": results, "backend": backend, "ranks": world})]

@@ -1,0 +1,184 @@
+"""Probes of the machine that need no torch: driver, GPUs through NVML, container plumbing.
+
+Each probe returns plain data (or None when the source is absent) and never raises for a
+missing driver; the checks in ``checks.py`` turn the data into findings. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC_DRIVER = "/proc/driver/nvidia/version"
+
+
+@dataclass
+class DriverInfo:
+    version: str = ""  # "580.159.04"
+    cuda: str = ""  # highest CUDA the driver supports, "13.0" (NVML/nvidia-smi only)
+    source: str = ""  # where the version was read
+    gpus: list[dict] = field(default_factory=list)  # NVML view: name, memory_total, cc
+
+
+def parse_proc_version(text: str) -> str:
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..." (also "Open Kernel Module")
+    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return m.group(1) if m else ""
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in re.split(r"[.\-+]", v):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def probe_nvml() -> DriverInfo | None:
+    """The driver and GPUs through libnvidia-ml.so.1 (ctypes), or None when NVML is absent."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    try:
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        info = DriverInfo(source="NVML")
+        buf = ctypes.create_string_buffer(96)
+        if nvml.nvmlSystemGetDriverVersion(buf, 96) == 0:
+            info.version = buf.value.decode()
+        cuda = ctypes.c_int()
+        if nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)) == 0:
+            info.cuda = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+            for i in range(count.value):
+                h = ctypes.c_void_p()
+                if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) != 0:
+                    continue
+                gpu: dict = {"index": i}
+                if nvml.nvmlDeviceGetName(h, buf, 96) == 0:
+                    gpu["name"] = buf.value.decode()
+                mem = _NvmlMemory()
+                if nvml.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem)) == 0:
+                    gpu["memory_total"] = mem.total
+                    gpu["memory_free"] = mem.free
+                ma, mi = ctypes.c_int(), ctypes.c_int()
+                if nvml.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(ma), ctypes.byref(mi)) == 0:
+                    gpu["cc"] = f"{ma.value}.{mi.value}"
+                info.gpus.append(gpu)
+        nvml.nvmlShutdown()
+        return info
+    except (AttributeError, OSError):
+        return None
+
+
+def probe_nvidia_smi() -> DriverInfo | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version,name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    info = DriverInfo(source="nvidia-smi")
+    for i, line in enumerate(l for l in out.splitlines() if l.strip()):
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        info.version = parts[0]
+        gpu = {"index": i, "name": parts[1], "cc": parts[2]}
+        if parts[3].isdigit():
+            gpu["memory_total"] = int(parts[3]) * 2**20
+        info.gpus.append(gpu)
+    return info
+
+
+def probe_driver(proc_path: str = PROC_DRIVER) -> DriverInfo | None:
+    """The driver version: the kernel module's file first, then NVML, then nvidia-smi."""
+    info = probe_nvml()
+    try:
+        v = parse_proc_version(Path(proc_path).read_text())
+    except OSError:
+        v = ""
+    if v:
+        if info is None:
+            info = DriverInfo()
+        if info.version and info.version != v:
+            # user-space NVML and kernel module differ: "Driver/library version mismatch"
+            info.source = f"kernel module {v}, NVML {info.version}"
+        else:
+            info.source = "kernel module" + (" + NVML" if info.source == "NVML" else "")
+        info.version = v
+        return info
+    if info is not None and info.version:
+        return info
+    return probe_nvidia_smi()
+
+
+# -- container plumbing --------------------------------------------------------------------
+
+
+def in_container() -> bool:
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        return True
+    try:
+        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "libpod"))
+    except OSError:
+        return False
+
+
+def device_nodes(dev: str = "/dev") -> list[str]:
+    try:
+        return sorted(p.name for p in Path(dev).iterdir() if p.name.startswith("nvidia"))
+    except OSError:
+        return []
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(s: str | int) -> int:
+    """Docker-style sizes: "16g", "512m", "1gb", "2GiB", or a number of bytes."""
+    if isinstance(s, int):
+        return s
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", str(s))
+    if not m:
+        raise ValueError(f"not a size: {s!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def infiniband_present(sysfs: str = "/sys/class/infiniband") -> bool:
+    try:
+        return any(Path(sysfs).iterdir())
+    except OSError:
+        return False

@@ -1,0 +1,112 @@
+"""Report -> text: the human table, Prometheus textfile metrics. Standard library only (rich is
+not in images)."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from .model import FAIL, PASS, SKIP, WARN, Report
+
+_MARK = {PASS: "PASS", WARN: "WARN", FAIL: "FAIL", SKIP: "skip"}
+
+
+def table(report: Report, width: int = 120, verbose: bool = False) -> str:
+    lines = []
+    lock = report.lock_name or report.lock_path or "(lock)"
+    lines.append(f"envspec verify: {lock} {report.lock_hash[:19]}  level={report.level} mode={report.mode}")
+    cw = max([len(f.check) for f in report.findings] + [5])
+    cw = min(cw, 34)
+    rest = max(40, width - cw - 8)
+    ew = rest * 2 // 5
+    ow = rest - ew
+    lines.append(f"{'STATUS':6}  {'CHECK':{cw}}  {'EXPECTED':{ew}}  OBSERVED")
+    for f in report.findings:
+        exp = textwrap.wrap(f.expected, ew) or [""]
+        obs = textwrap.wrap(f.observed, ow) or [""]
+        for k in range(max(len(exp), len(obs))):
+            lines.append(
+                f"{_MARK[f.status] if k == 0 else '':6}  {f.check if k == 0 else '':{cw}}  "
+                f"{exp[k] if k < len(exp) else '':{ew}}  {obs[k] if k < len(obs) else ''}".rstrip()
+            )
+        if f.hint and (f.status in (WARN, FAIL) or verbose):
+            for h in textwrap.wrap("hint: " + f.hint, width - 10):
+                lines.append(" " * 8 + h)
+    c = report.counts()
+    verdict = "OK" if report.ok else "FAILED"
+    total = report.timings.get("total")
+    lines.append(
+        f"{verdict}: {c[PASS]} pass, {c[WARN]} warn, {c[FAIL]} fail, {c[SKIP]} skip"
+        + (" (--strict: warnings fail)" if report.strict else "")
+        + (f" in {total:.1f} s" if total is not None else "")
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus(report: Report, now: float | None = None) -> str:
+    """Node-exporter textfile-collector format: one gauge family a kind of number."""
+    lock = _label(report.lock_name)
+    h = _label(report.lock_hash)
+    base = f'lock="{lock}",lock_hash="{h}",level="{report.level}"'
+    out = []
+
+    def fam(name: str, help_: str) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} gauge")
+
+    fam("envspec_verify_ok", "1 when the last verification found no failure (no warning with --strict)")
+    out.append(f"envspec_verify_ok{{{base}}} {int(report.ok)}")
+    fam("envspec_verify_last_run_timestamp_seconds", "when the last verification finished")
+    out.append(f"envspec_verify_last_run_timestamp_seconds{{{base}}} {now if now is not None else time.time():.0f}")
+    fam("envspec_verify_duration_seconds", "how long the last verification took")
+    out.append(f"envspec_verify_duration_seconds{{{base}}} {report.timings.get('total', 0.0):.3f}")
+    fam("envspec_verify_findings", "number of findings by status")
+    for s, n in report.counts().items():
+        out.append(f'envspec_verify_findings{{{base},status="{s}"}} {n}')
+    fam("envspec_verify_check", "1 for each check's status (pass, warn, fail, skip)")
+    for f in report.findings:
+        out.append(f'envspec_verify_check{{{base},check="{_label(f.check)}",status="{f.status}"}} 1')
+    gemm = [f for f in report.findings if f.check.startswith("perf.") and "tflops" in f.data]
+    if gemm:
+        fam("envspec_verify_gemm_tflops", "measured dense GEMM rate (8192^3) per GPU and kind")
+        for f in gemm:
+            _, gpu, kind = f.check.split(".", 2)
+            out.append(f'envspec_verify_gemm_tflops{{{base},gpu="{gpu}",kind="{kind}"}} {f.data["tflops"]:.1f}')
+    ar = [f for f in report.findings if f.check.endswith("allreduce") and f.data.get("sizes")]
+    if ar:
+        fam("envspec_verify_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth by message size")
+        for f in ar:
+            scope = "cluster" if "cluster" in f.check else "node"
+            for s in f.data["sizes"]:
+                out.append(f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
+                           f'{s["busbw_gbps"]:.2f}')
+    return "\n".join(out) + "\n"
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write next to the target and rename, so the collector never reads half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -1,0 +1,319 @@
+"""Probes that need torch. Every function takes the torch module as an argument (imported
+lazily by the caller) so that the verifier runs, and says so, where torch is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+# Shared libraries whose loaded bytes must be the locked ones: (key, file-name pattern).
+LIB_PATTERNS = (
+    ("cudart", re.compile(r"^libcudart\.so")),
+    ("cublas", re.compile(r"^libcublas(Lt)?\.so")),
+    ("cudnn", re.compile(r"^libcudnn(_\w+)?\.so")),
+    ("nccl", re.compile(r"^libnccl\.so")),
+)
+
+
+def import_torch() -> tuple[Any, str]:
+    """(torch module or None, error text)."""
+    try:
+        import torch  # noqa: PLC0415 (lazy on purpose: verify must run without torch)
+    except Exception as e:  # ImportError, or an OSError from a broken CUDA library
+        return None, f"{type(e).__name__}: {e}"
+    return torch, ""
+
+
+def split_version(v: str) -> tuple[str, str]:
+    public, _, local = v.partition("+")
+    return public, local
+
+
+def cudnn_version(torch: Any) -> str:
+    try:
+        v = torch.backends.cudnn.version()
+    except Exception:
+        return ""
+    if not v:
+        return ""
+    # cuDNN >= 9: major*10000 + minor*100 + patch; cuDNN 8: major*1000 + minor*100 + patch
+    if v >= 90000:
+        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+
+
+def nccl_version(torch: Any) -> str:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return ""
+    if isinstance(v, tuple):
+        return ".".join(str(x) for x in v[:3])
+    # older torch: an int, major*10000 + minor*100 + patch (NCCL >= 2.9)
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else ""
+
+
+def torch_info(torch: Any) -> dict[str, Any]:
+    public, local = split_version(torch.__version__)
+    info: dict[str, Any] = {
+        "version": public,
+        "local": local,
+        "full": torch.__version__,
+        "git": getattr(torch.version, "git_version", "") or "",
+        "cuda": torch.version.cuda or "",
+        "cuda_available": False,
+        "devices": [],
+        "arch_list": [],
+    }
+    if not info["cuda"]:
+        return info
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+    except Exception as e:
+        info["cuda_error"] = str(e)
+    info["cudnn"] = cudnn_version(torch)
+    info["nccl"] = nccl_version(torch)
+    if info["cuda_available"]:
+        try:
+            info["arch_list"] = list(torch.cuda.get_arch_list())
+        except Exception:
+            pass
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            info["devices"].append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "cc": f"{p.major}.{p.minor}",
+                    "memory_total": int(p.total_memory),
+                    "sm_count": int(getattr(p, "multi_processor_count", 0)),
+                }
+            )
+    return info
+
+
+def memory_free(torch: Any, index: int) -> int | None:
+    try:
+        free, _ = torch.cuda.mem_get_info(index)
+        return int(free)
+    except Exception:
+        return None
+
+
+def tf32_state(torch: Any) -> dict[str, Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch >= 2.9 warns on the allow_tf32 spelling
+        return {
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+        }
+
+
+def loaded_libraries(maps: str = "/proc/self/maps") -> dict[str, list[str]]:
+    """Files of the CUDA runtime, cuBLAS, cuDNN and NCCL mapped into this process, by key."""
+    out: dict[str, list[str]] = {}
+    try:
+        lines = open(maps, encoding="utf-8", errors="replace").read().splitlines()
+    except OSError:
+        return out
+    seen = set()
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)") or path in seen:
+            continue
+        seen.add(path)
+        base = os.path.basename(path)
+        for key, pat in LIB_PATTERNS:
+            if pat.match(base):
+                out.setdefault(key, []).append(path)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def init_cuda_libraries(torch: Any) -> None:
+    """Make torch load the libraries it loads lazily: CUDA context, cuBLAS, cuDNN, NCCL."""
+    x = torch.ones(64, 64, device="cuda")
+    (x @ x).sum().item()
+    try:
+        conv = torch.nn.functional.conv2d
+        conv(torch.ones(1, 1, 8, 8, device="cuda"), torch.ones(1, 1, 3, 3, device="cuda"))
+    except Exception:
+        pass  # a broken cuDNN shows in the cudnn findings
+    torch.cuda.nccl.version()
+    torch.cuda.synchronize()
+
+
+# -- numerics ------------------------------------------------------------------------------
+
+# Normwise relative error ||C - C64||_F / ||C64||_F of an n x n x n product of N(0,1) inputs
+# (rounded to the dtype first, so only accumulation and output rounding count). Unit roundoff
+# u: bf16 2^-8, fp16 2^-11, tf32 2^-11 (inputs rounded inside the GEMM), fp32 2^-24. A correct
+# GEMM stays near u; the bounds allow ~4u (and K-dependent growth for fp32), a broken kernel or a
+# bad GPU lands orders of magnitude above.
+TOLERANCE = {"bf16": 2e-2, "fp16": 3e-3, "tf32": 3e-3, "fp32": 1e-5}
+
+
+def matmul_errors(torch: Any, device: str, n: int = 1024) -> dict[str, float]:
+    g = torch.Generator(device=device).manual_seed(1234)
+    a32 = torch.randn(n, n, device=device, generator=g)
+    b32 = torch.randn(n, n, device=device, generator=g)
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    out: dict[str, float] = {}
+    try:
+        for name, dtype, tf32 in (
+            ("bf16", torch.bfloat16, False),
+            ("fp16", torch.float16, False),
+            ("tf32", torch.float32, True),
+            ("fp32", torch.float32, False),
+        ):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+            a, b = a32.to(dtype), b32.to(dtype)
+            ref = a.double() @ b.double()
+            c = (a @ b).double()
+            out[name] = float(torch.linalg.norm(c - ref) / torch.linalg.norm(ref))
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = saved[0]
+            torch.set_float32_matmul_precision(saved[1])
+    return out
+
+
+def cpu_matmul_error(torch: Any, n: int = 256) -> float:
+    g = torch.Generator().manual_seed(1234)
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    ref = a.double() @ b.double()
+    return float(torch.linalg.norm((a @ b).double() - ref) / torch.linalg.norm(ref))
+
+
+# -- speed ---------------------------------------------------------------------------------
+
+
+def gemm_tflops(torch: Any, index: int, kind: str, n: int = 8192, warmup: int = 3, iters: int = 10) -> float:
+    """Dense n^3 GEMM rate on one GPU, timed with CUDA events after warm-up."""
+    dev = torch.device("cuda", index)
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    saved = torch.backends.cuda.matmul.allow_tf32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+    try:
+        with torch.cuda.device(dev):
+            a = torch.randn(n, n, device=dev, dtype=dtype)
+            b = torch.randn(n, n, device=dev, dtype=dtype)
+            c = torch.empty(n, n, device=dev, dtype=dtype)
+            for _ in range(warmup):
+                torch.mm(a, b, out=c)
+            torch.cuda.synchronize(dev)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                torch.mm(a, b, out=c)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+            del a, b, c
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = saved
+    return 2.0 * n**3 * iters / (ms / 1e3) / 1e12
+
+
+ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
+
+
+def allreduce_local(torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters: int = 10) -> dict[str, Any]:
+    """All-reduce across this process's GPUs with torch.cuda.nccl (one communicator clique, as
+    nccl-tests does with -g N). Returns correctness and per-size algbw/busbw in GB/s."""
+    n = len(devices)
+    # correctness: GPU i holds i+1 everywhere; the sum is n(n+1)/2 on every GPU
+    xs = [torch.full((1 << 20,), float(i + 1), device=f"cuda:{d}") for i, d in enumerate(devices)]
+    torch.cuda.nccl.all_reduce(xs)
+    for d in devices:
+        torch.cuda.synchronize(d)
+    want = n * (n + 1) / 2
+    wrong = [d for d, x in zip(devices, xs) if not bool((x == want).all())]
+    results = []
+    for size in sizes:
+        numel = size // 4
+        bufs = [torch.zeros(numel, device=f"cuda:{d}") for d in devices]
+        for _ in range(2):
+            torch.cuda.nccl.all_reduce(bufs)
+        for d in devices:
+            torch.cuda.synchronize(d)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            torch.cuda.nccl.all_reduce(bufs)
+        for d in devices:
+            torch.cuda.synchronize(d)
+        dt = (time.perf_counter() - t0) / iters
+        algbw = size / dt / 1e9
+        results.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n})
+        del bufs
+    return {"correct": not wrong, "wrong_devices": wrong, "expected_sum": want, "sizes": results}
+
+
+# -- torch.compile, in a child process (isolated, time-bounded, overlaps the other checks) ----
+
+_COMPILE_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+try:
+    import torch
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    def f(x):
+        return torch.sin(x) * 2.0 + x.cos()
+    x = torch.randn(4096, device=dev)
+    got = torch.compile(f)(x)
+    ok = torch.allclose(got, f(x), rtol=1e-4, atol=1e-5)
+    print(json.dumps({"ok": bool(ok), "device": dev, "seconds": time.perf_counter() - t0,
+                      "error": "" if ok else "compiled result differs from eager"}))
+except BaseException as e:
+    import traceback
+    tail = traceback.format_exc()[-1500:]
+    print(json.dumps({"ok": False, "device": "", "seconds": time.perf_counter() - t0,
+                      "error": f"{type(e).__name__}: {e}"[:800], "traceback": tail}))
+"""
+
+
+class CompileProbe:
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.t0 = time.monotonic()
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        # one kernel to build: compiling in-process is faster than starting Inductor's worker pool
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _COMPILE_SCRIPT],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+
+    def result(self) -> dict[str, Any]:
+        left = max(1.0, self.timeout - (time.monotonic() - self.t0))
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {"ok": False, "timeout": True, "error": f"did not finish within {self.timeout:.0f} s"}
+        for line in reversed(out.splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    break
+        return {"ok": False, "error": f"child exited {self.proc.returncode}: {err.strip()[-800:]}"}
