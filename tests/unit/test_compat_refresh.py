@@ -1,0 +1,209 @@
+"""`envspec db refresh` on recorded PyPI responses (tests/data/compat, see record.py there): no network."""
+
+import copy
+import io
+import json
+import shutil
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from envspec.compat import DATA_DIR, load_db, refresh
+from envspec.compat import pypi
+
+REC = Path(__file__).parents[1] / "data" / "compat"
+METADATA = {p.name[: -len(".metadata")]: p.read_bytes() for p in (REC / "metadata").glob("*.metadata")}
+
+
+def _skeleton(filename: str, metadata: bytes) -> bytes:
+    """A small zip laid out like the wheel: some files, then the dist-info METADATA (deflated)."""
+    name, version = filename.split("-")[:2]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for i in range(20):
+            z.writestr(f"{name}/lib/part{i}.py", f"# {i}\n" * 200)
+        z.writestr(f"{name}-{version}.dist-info/METADATA", metadata)
+        z.writestr(f"{name}-{version}.dist-info/RECORD", "")
+    return buf.getvalue()
+
+
+class RecordedIndex:
+    """Serves the recorded responses; wheels as skeleton zips holding the recorded METADATA."""
+
+    def __init__(self, core_metadata: bool = False, broken: set[str] = frozenset()) -> None:
+        self.api = (REC / "pypi_torch.json").read_bytes()
+        self.simple = json.loads((REC / "simple_torch.json").read_text())
+        self.wheels: dict[str, bytes] = {}
+        self.calls: list[str] = []
+        self.ranges: list[tuple[str, int, int]] = []
+        for f in self.simple["files"]:
+            meta = METADATA.get(f["filename"])
+            if meta is None:
+                continue
+            if f["filename"].split("-")[1] in broken:
+                meta = None
+                self.wheels[f["url"]] = b"not a zip at all" * 10
+            else:
+                self.wheels[f["url"]] = _skeleton(f["filename"], meta)
+            f["size"] = len(self.wheels[f["url"]])
+            if core_metadata and meta is not None:
+                f["core-metadata"] = {"sha256": "0" * 64}
+
+    def fetch(self, url: str) -> bytes:
+        self.calls.append(url)
+        if url == pypi.JSON_API:
+            return self.api
+        if url == pypi.SIMPLE_API:
+            return json.dumps(self.simple).encode()
+        if url.endswith(".metadata"):
+            fn = url.rsplit("/", 1)[1][: -len(".metadata")]
+            return METADATA[fn]
+        raise AssertionError(f"unexpected fetch {url}")
+
+    def fetch_range(self, url: str, start: int, end: int) -> bytes:
+        self.ranges.append((url, start, end))
+        data = self.wheels[url]
+        assert 0 <= start <= end < len(data), (start, end, len(data))
+        return data[start: end + 1]
+
+
+def _refresh(tmp_path, idx, **kw):
+    out = tmp_path / "torch_pypi.toml"
+    kw.setdefault("since", "2.0.0")
+    rep = refresh(out, fetch=idx.fetch, fetch_range=idx.fetch_range if idx else None,
+                  db_version="2026.11.30", date="2026-11-30", **kw)
+    return out, rep
+
+
+def _rows(path: Path) -> dict:
+    return {r["version"]: r for r in tomllib.loads(path.read_text())["release"]}
+
+
+def test_refresh_reads_releases_pythons_and_pins_by_range(tmp_path):
+    idx = RecordedIndex()
+    out, rep = _refresh(tmp_path, idx)
+    assert rep.ok and rep.problems == []
+    # 1.13.1 is older than `since`, 2.16.0rc1 is a pre-release
+    assert rep.releases == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"] == rep.added
+    rows = _rows(out)
+    r = rows["2.14.1"]
+    assert (r["pypi_variant"], r["cuda"], r["cuda_pin"], r["cudnn"], r["nccl"]) == (
+        "cu130", "13.0", "13.0.3", "9.24.0.43", "2.30.7")
+    assert r["python"] == ["3.10", "3.11", "3.12", "3.13", "3.14"] and r["python_freethreaded"] == ["3.14"]
+    assert r["wheel"] == "torch-2.14.1-cp314-cp314-manylinux_2_28_x86_64.whl"
+    assert r["source"].startswith("pypi-metadata")
+    r = rows["2.0.0"]
+    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == ("cu117", "11.7", "8.5.0.96", "2.14.3")
+    assert r["python"] == ["3.8", "3.9", "3.10", "3.11"]
+    assert (rows["2.9.1"]["pypi_variant"], rows["2.9.1"]["cudnn"], rows["2.9.1"]["nccl"]) == ("cu128", "9.10.2.21", "2.27.5")
+    assert (rows["2.15.0"]["pypi_variant"], rows["2.15.0"]["cuda_pin"]) == ("cu132", "13.2.2")
+    assert rows["2.15.0"]["python"][0] == "3.11"
+    # only the picked wheels were read, and only in small ranges (never a whole wheel)
+    assert {u.rsplit("/", 1)[1] for u, _, _ in idx.ranges} == {r["wheel"] for r in rows.values()}
+
+
+def test_refresh_uses_pep658_metadata_when_the_index_serves_it(tmp_path):
+    idx = RecordedIndex(core_metadata=True)
+    out, rep = _refresh(tmp_path, idx)
+    assert rep.ok and idx.ranges == []
+    assert sum(u.endswith(".metadata") for u in idx.calls) == 4
+    other = tmp_path / "by-range"
+    other.mkdir()
+    assert _rows(out) == _rows(_refresh(other, RecordedIndex())[0])
+
+
+def test_refresh_is_deterministic_and_reports_no_change_the_second_time(tmp_path):
+    out, _ = _refresh(tmp_path, RecordedIndex())
+    first = out.read_bytes()
+    _, rep = _refresh(tmp_path, RecordedIndex())
+    assert out.read_bytes() == first
+    assert rep.added == [] and rep.changed == [] and rep.removed == []
+    assert first.endswith(b"\n") and b"\r" not in first
+
+
+def test_refresh_reports_changes(tmp_path):
+    out, _ = _refresh(tmp_path, RecordedIndex())
+    out.write_text(out.read_text().replace('nccl = "2.30.7"', 'nccl = "2.30.6"', 1))
+    _, rep = _refresh(tmp_path, RecordedIndex())
+    assert rep.changed == ["2.14.1"]
+
+
+def test_since_reaches_back_and_keeps_older_rows(tmp_path):
+    out, rep = _refresh(tmp_path, RecordedIndex(), since="1.13.0")
+    r = _rows(out)["1.13.1"]
+    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == ("cu117", "11.7", "8.5.0.96", "")  # NCCL static
+    # a later refresh from 2.0.0 keeps the 1.13.1 row it was not asked to re-read
+    _, rep = _refresh(tmp_path, RecordedIndex(), since="2.0.0")
+    assert "1.13.1" in _rows(out) and rep.removed == [] and rep.releases[0] == "1.13.1"
+
+
+def test_unreadable_metadata_is_a_problem_and_the_old_row_stays(tmp_path):
+    out, _ = _refresh(tmp_path, RecordedIndex())
+    before = _rows(out)["2.9.1"]
+    _, rep = _refresh(tmp_path, RecordedIndex(broken={"2.9.1"}))
+    assert not rep.ok and len(rep.problems) == 1 and rep.problems[0].startswith("2.9.1: cannot read the metadata")
+    assert _rows(out)["2.9.1"] == before
+
+
+def test_without_range_fetcher_or_pep658_nothing_is_written(tmp_path):
+    idx = RecordedIndex()
+    out = tmp_path / "torch_pypi.toml"
+    rep = refresh(out, fetch=idx.fetch, db_version="2026.11.30", date="2026-11-30")
+    assert len(rep.problems) == 4 and "no range fetcher" in rep.problems[0]
+    assert not out.exists()
+
+
+def test_refreshed_file_loads_with_the_curated_data(tmp_path):
+    d = tmp_path / "data"
+    shutil.copytree(DATA_DIR, d)
+    _refresh(d, RecordedIndex())
+    db = load_db(d)
+    assert [r.version for r in db.torch_releases] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"]
+    v = db.torch_release("2.14.1").variants["cu130"]
+    assert v.pypi and v.cudnn == "9.24.0.43" and v.arch_list[-1] == "sm_120"
+
+
+def test_bundled_generated_file_is_in_canonical_form():
+    text = (DATA_DIR / "torch_pypi.toml").read_text()
+    data = tomllib.loads(text)
+    assert pypi.render(data["release"], data["db_version"], data["date"]) == text
+
+
+def test_zip64_wheels_are_read(tmp_path, monkeypatch):
+    # force zip64 records (EOCD64 and 0xFFFFFFFF fields in the central directory) on a small zip
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 16)
+    meta = METADATA["torch-2.14.1-cp314-cp314-manylinux_2_28_x86_64.whl"]
+    data = _skeleton("torch-2.14.1-cp314-cp314-manylinux_2_28_x86_64.whl", meta)
+    monkeypatch.undo()
+    assert b"PK\x06\x06" in data
+    got = pypi.read_zip_member("u", len(data), ".dist-info/METADATA", lambda u, s, e: data[s: e + 1])
+    assert got == meta
+
+
+# ---- the pure helpers ---------------------------------------------------------------------------
+
+def test_pins_from_every_metadata_style():
+    old = ("Requires-Dist: nvidia-cuda-runtime-cu11 (==11.7.99) ; platform_system == \"Linux\"\n"
+           "Requires-Dist: nvidia-cudnn-cu11 (==8.5.0.96) ; platform_system == \"Linux\"\n")
+    mid = ("Requires-Dist: nvidia-cuda-runtime-cu12==12.8.90; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n"
+           "Requires-Dist: nvidia-nccl-cu12==2.27.5; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n"
+           "Requires-Dist: nvidia-cudnn-cu12==9.10.2.21; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n")
+    new = ("Requires-Dist: cuda-toolkit[cublas,cudart]==13.0.3; platform_system == \"Linux\"\n"
+           "Requires-Dist: nvidia-cudnn-cu13==9.24.0.43; platform_system == \"Linux\"\n"
+           "Requires-Dist: nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\"\n"
+           "Requires-Dist: nvidia-nccl-cu13==9.9.9; platform_system == \"Windows\"\n")
+    assert pypi.pins_from_metadata(old) == {"cuda": "11.7", "cuda_pin": "11.7.99", "cudnn": "8.5.0.96",
+                                            "nccl": None, "variant": "cu117"}
+    assert pypi.pins_from_metadata(mid)["variant"] == "cu128"
+    assert pypi.pins_from_metadata(new) == {"cuda": "13.0", "cuda_pin": "13.0.3", "cudnn": "9.24.0.43",
+                                            "nccl": "2.30.7", "variant": "cu130"}
+    assert pypi.pins_from_metadata("Name: torch\n")["variant"] is None
+
+
+def test_pythons_from_file_names():
+    files = ["torch-2.0.0-1-cp38-cp38-manylinux2014_aarch64.whl", "torch-2.0.0-cp38-cp38-manylinux1_x86_64.whl",
+             "torch-2.0.0-cp311-cp311-win_amd64.whl", "torch-2.9.1-cp313-cp313t-manylinux_2_28_x86_64.whl",
+             "torch-2.9.1-cp310-cp310-manylinux_2_28_x86_64.whl", "torch-2.0.0.tar.gz", "garbage.whl"]
+    assert pypi.linux_x86_64_pythons(files) == (["3.8", "3.10"], ["3.13"])
