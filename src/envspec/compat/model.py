@@ -83,7 +83,7 @@ _PREFIXES = ("nvidiageforce", "nvidia", "tesla", "geforce")
 _SM_NAME = re.compile(r"^(?:sm_?|compute_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity equality and hash: usable as a cache key
 class CompatDB:
     """The loaded database. Build it with ``load_db()``; all queries are pure."""
 

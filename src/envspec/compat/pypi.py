@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
@@ -66,7 +65,9 @@ class RefreshReport:
 # ---------------------------------------------------------------------------------------------
 # network defaults (only used when no fetcher is injected)
 
-def _urlopen(req: urllib.request.Request, what: str) -> bytes:
+def _urlopen(req, what: str) -> bytes:
+    import urllib.request  # only when refreshing for real
+
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (https URLs only)
             return resp.read()
@@ -76,6 +77,8 @@ def _urlopen(req: urllib.request.Request, what: str) -> bytes:
 
 
 def default_fetch(url: str) -> bytes:
+    import urllib.request
+
     headers = {"User-Agent": "envspec-db-refresh"}
     if url.rstrip("/") == SIMPLE_API.rstrip("/") or url.startswith(SIMPLE_API):
         headers["Accept"] = SIMPLE_JSON
@@ -83,6 +86,8 @@ def default_fetch(url: str) -> bytes:
 
 
 def default_fetch_range(url: str, start: int, end: int) -> bytes:
+    import urllib.request
+
     rng = f"bytes=-{start}" if end < 0 else f"bytes={start}-{end}"
     req = urllib.request.Request(url, headers={"Range": rng, "User-Agent": "envspec-db-refresh"})
     return _urlopen(req, f"{url} ({rng})")
@@ -389,4 +394,7 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, out_path)
+    from envspec.compat.load import _load_cached
+
+    _load_cached.cache_clear()  # a DB loaded earlier in this process is stale now
     return report
