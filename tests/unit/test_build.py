@@ -1,0 +1,255 @@
+"""build(): fetch, layers, cache, OCI layout, SBOM, config; with the recording engine and tiny
+wheels made on the spot in a find-links mirror (no network, no buildah)."""
+
+import hashlib
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
+import helpers  # noqa: E402
+
+from envspec import sources  # noqa: E402
+from envspec.build import Reporter, RecordingEngine, build  # noqa: E402
+from envspec.build.engine import HostInfo, detect_host  # noqa: E402
+from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.build.oci import nvidia_require_cuda  # noqa: E402
+from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
+from envspec.plan import WheelPin, make_plan  # noqa: E402
+
+WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"),
+          ("depb", "0.2", "deps"), ("teampkg", "1.0", "team")]
+
+
+class Recorder(Reporter):
+    def __init__(self):
+        self.events = []
+
+    def fetching(self, name, filename, size):
+        self.events.append(("fetching", name))
+
+    def layer_built(self, layer):
+        self.events.append(("layer_built", layer.group, layer.cached))
+
+    def committing(self, ref, digest):
+        self.events.append(("committing", ref))
+
+
+@pytest.fixture
+def env(tmp_path):
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    return lock, mirrors, tmp_path
+
+
+def _build(lock, mirrors, cache, **kw):
+    eng = kw.pop("engine", None) or RecordingEngine()
+    rep = Recorder()
+    return build(lock, engine=eng, cache_dir=cache, reporter=rep, mirrors=mirrors, **kw), eng, rep
+
+
+def test_build_makes_every_layer_then_tags_last(env):
+    lock, mirrors, tmp = env
+    img, eng, rep = _build(lock, mirrors, tmp / "cache")
+    assert [lay.group for lay in img.layers] == ["base", "cuda", "torch", "deps", "team", "envspec"]
+    assert not any(lay.cached for lay in img.layers)
+    assert eng.calls[-1][0] == "import_image" and eng.calls[-1][2] == img.image
+    assert eng.images[img.image] == img.digest
+    assert ("committing", img.image) in rep.events
+    assert all(lay.digest == lay.diff_id for lay in img.layers)  # uncompressed
+
+
+def test_unchanged_lock_rebuilds_nothing(env):
+    lock, mirrors, tmp = env
+    first, eng, _ = _build(lock, mirrors, tmp / "cache")
+    again, eng2, rep = _build(lock, mirrors, tmp / "cache", engine=eng)
+    assert again.digest == first.digest
+    assert [lay.cached for lay in again.layers] == [True] * 5 + [False]  # envspec layer: always made, tiny
+    assert not [e for e in rep.events if e[0] == "fetching"]
+    assert [c for c in eng.calls if c[0] == "import_image"].__len__() == 1  # already there: no re-import
+
+
+def test_no_cache_builds_give_one_digest(env):
+    lock, mirrors, tmp = env
+    a, _, _ = _build(lock, mirrors, tmp / "c1", no_cache=True)
+    b, _, _ = _build(lock, mirrors, tmp / "c2", no_cache=True)
+    assert a.digest == b.digest and a.layers == b.layers
+
+
+def test_one_team_change_rebuilds_team_and_above_only(env):
+    lock, mirrors, tmp = env
+    a, _, _ = _build(lock, mirrors, tmp / "cache")
+    path, sha = helpers.make_wheel(tmp / "wheels", "teampkg", "1.1")
+    lock2 = helpers.with_wheel(lock, "teampkg", version="1.1", filename=path.name, sha256=sha)
+    b, _, _ = _build(lock2, mirrors, tmp / "cache")
+    da = {lay.group: lay.digest for lay in a.layers}
+    db = {lay.group: lay.digest for lay in b.layers}
+    assert [g for g in da if da[g] != db[g]] == ["team", "envspec"]
+    assert [lay.group for lay in b.layers if not lay.cached] == ["team", "envspec"]
+
+
+def test_wrong_sha256_stops_the_build_and_tags_nothing(env):
+    lock, mirrors, tmp = env
+    bad = helpers.with_wheel(lock, "depa", sha256="0" * 64)
+    eng = RecordingEngine()
+    with pytest.raises(HashMismatch) as e:
+        _build(bad, mirrors, tmp / "cache", engine=eng)
+    assert "depa-0.1-py3-none-any.whl" in e.value.message and "0" * 64 in e.value.message
+    assert eng.images == {} and not [c for c in eng.calls if c[0] == "import_image"]
+    assert list((tmp / "cache" / "tmp").iterdir()) == []  # work dirs removed
+
+
+def test_a_file_no_source_has_is_a_source_error(env):
+    lock, mirrors, tmp = env
+    bad = helpers.with_wheel(lock, "depa", filename="depa-9.9-py3-none-any.whl")
+    with pytest.raises(SourceError, match="depa-9.9"):
+        _build(bad, mirrors, tmp / "cache")
+
+
+def test_engine_failure_leaves_no_tag(env):
+    lock, mirrors, tmp = env
+    eng = RecordingEngine(fail_on="push")
+    with pytest.raises(BuildError):
+        _build(lock, mirrors, tmp / "cache", engine=eng, push="127.0.0.1:5000/x/y:z")
+    assert eng.images == {}
+
+
+def test_outputs_and_push_happen_before_the_tag(env):
+    lock, mirrors, tmp = env
+    img, eng, _ = _build(lock, mirrors, tmp / "cache", outputs=["oci-archive:/x.tar"], push="127.0.0.1:1/a/b:c")
+    verbs = [c[0] for c in eng.calls if c[0] != "exists"]
+    assert verbs == ["copy", "push", "import_image"]
+    assert img.pushed == ("127.0.0.1:1/a/b:c",) and img.outputs == ("oci-archive:/x.tar",)
+
+
+def _layout(tmp, lock, mirrors):
+    """Build with a fake engine that keeps a copy of the OCI layout."""
+    import shutil
+
+    class Keep(RecordingEngine):
+        def import_image(self, oci_dir, ref):
+            shutil.copytree(oci_dir, tmp / "layout")
+            super().import_image(oci_dir, ref)
+
+    img, _, _ = _build(lock, mirrors, tmp / "cache", engine=Keep())
+    return img, tmp / "layout"
+
+
+def _blob(layout, digest):
+    return (layout / "blobs" / "sha256" / digest.split(":")[1]).read_bytes()
+
+
+def test_layout_config_and_labels(env):
+    lock, mirrors, tmp = env
+    img, layout = _layout(tmp, lock, mirrors)
+    index = json.loads((layout / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == img.digest
+    mbytes = _blob(layout, img.digest)
+    assert "sha256:" + hashlib.sha256(mbytes).hexdigest() == img.digest
+    assert mbytes == json.dumps(json.loads(mbytes), sort_keys=True, separators=(",", ":")).encode()
+    manifest = json.loads(mbytes)
+    assert [lay["mediaType"] for lay in manifest["layers"]] == ["application/vnd.oci.image.layer.v1.tar"] * 6
+    config = json.loads(_blob(layout, manifest["config"]["digest"]))
+    c = config["config"]
+    env_ = dict(e.split("=", 1) for e in c["Env"])
+    assert env_["PATH"].startswith("/opt/venv/bin:")
+    assert env_["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env_["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert env_["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0,driver>=580.65.06"
+    assert env_["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1" and env_["NCCL_DEBUG"] == "WARN"
+    assert env_["ENVSPEC_LOCK"] == "/opt/envspec/envspec.lock"
+    assert c["WorkingDir"] == "/workspace" and c["User"] == "1000:1000"  # no Debian base: numeric
+    assert c["Labels"]["io.envspec.lock-hash"] == lock["meta"]["content_hash"]
+    assert c["Labels"]["io.envspec.arch-list"] == "sm_80,sm_90,compute_90"
+    assert c["Labels"]["io.envspec.driver-floor"] == "580.65.06"
+    assert config["created"] == "1970-01-01T00:00:00Z" and config["architecture"] == "amd64"
+    assert config["rootfs"]["diff_ids"] == [lay.diff_id for lay in img.layers]
+    assert [h["created_by"] for h in config["history"]][1] == "envspec cuda layer"
+
+
+def test_envspec_layer_carries_lock_sbom_verifier(env):
+    lock, mirrors, tmp = env
+    img, layout = _layout(tmp, lock, mirrors)
+    top = layout / "blobs" / "sha256" / img.layers[-1].digest.split(":")[1]
+    with tarfile.open(top) as tf:
+        names = tf.getnames()
+        lock_text = tf.extractfile("opt/envspec/envspec.lock").read().decode()
+        sbom = json.loads(tf.extractfile("opt/envspec/sbom.spdx.json").read())
+    assert lock["meta"]["content_hash"] in lock_text
+    assert "opt/envspec/lib/envspec/verify/__init__.py" in names and "opt/venv/bin/envspec" in names
+    assert sbom["spdxVersion"] == "SPDX-2.3"
+    listed = {(p["name"], p["versionInfo"], p["checksums"][0]["checksumValue"]) for p in sbom["packages"][1:]}
+    assert listed == {(w["name"], w["version"], w["sha256"]) for w in lock["wheels"]}
+
+
+def test_wheel_layer_contents(env):
+    lock, mirrors, tmp = env
+    img, layout = _layout(tmp, lock, mirrors)
+    team = layout / "blobs" / "sha256" / img.layers[4].digest.split(":")[1]
+    with tarfile.open(team) as tf:
+        names = tf.getnames()
+        record = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/RECORD").read().decode()
+        installer = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/INSTALLER").read()
+    assert "opt/venv/lib/python3.11/site-packages/teampkg/__init__.py" in names
+    assert not [n for n in names if n.endswith(".pyc")]
+    assert "teampkg/__init__.py,sha256=" in record and installer == b"envspec\n"
+
+
+def test_entry_point_scripts_get_the_venv_shebang(tmp_path):
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "tool", "1.0", entry_points="[console_scripts]\ntool = tool:main\n")
+    lock, _ = helpers.local_lock(tmp_path, [])
+    lock["wheels"] = [{"name": "tool", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
+                       "size": 0, "group": "team", "direct": True}]
+    img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    team = layout / "blobs" / "sha256" / img.layers[1].digest.split(":")[1]
+    with tarfile.open(team) as tf:
+        script = tf.getmember("opt/venv/bin/tool")
+        body = tf.extractfile(script).read().decode()
+    assert body.startswith("#!/opt/venv/bin/python\n") and script.mode == 0o755
+
+
+def test_fetch_from_a_simple_index_mirror_by_filename(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    path, sha = helpers.make_wheel(files, "pkg-x", "1.0")
+    page = tmp_path / "simple" / "pkg-x"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<a href="../../files/{path.name}#sha256={sha}">{path.name}</a>')
+    f = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "simple").as_uri(), "index", "t")])
+    got = f.fetch(WheelPin("pkg-x", "1.0", path.name, "", sha))
+    assert got.read_bytes() == path.read_bytes() and got.name == sha
+
+
+def test_nvidia_require_cuda_follows_the_policy():
+    lock = helpers.load()
+    assert nvidia_require_cuda(make_plan(lock)) == "cuda>=13.0,driver>=580.65.06"
+    lock["hardware"]["driver_policy"] = "strict"
+    lock["torch"]["cuda"] = "12.8"
+    assert nvidia_require_cuda(make_plan(lock)) == "cuda>=12.8,driver>=580.65.06"
+    lock["torch"]["cuda"] = ""
+    assert nvidia_require_cuda(make_plan(lock)) == ""
+
+
+def test_host_detection_uses_the_storage_root_and_hard_limits(tmp_path):
+    h = detect_host({"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s")})
+    assert h.storage_args()[:4] == ["--root", str(tmp_path / "s"), "--runroot", str(tmp_path / "s" / "run")]
+    assert h.storage_ref("a:b").startswith(f"containers-storage:[{h.storage_driver}@{tmp_path / 's'}+")
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1048576:
+        assert any(u.startswith("nofile=") and u.endswith(f":{hard}") for u in h.ulimits)
+    assert HostInfo().storage_ref("x") == "containers-storage:x"
+
+
+def test_stale_work_dirs_of_dead_builds_are_removed(tmp_path):
+    cache = Cache(tmp_path)
+    dead = tmp_path / "tmp" / "999999999-abc"
+    dead.mkdir()
+    live = cache.workdir()
+    cache.clean_stale()
+    assert not dead.exists() and live.exists()

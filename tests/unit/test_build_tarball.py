@@ -1,0 +1,78 @@
+"""build/tarball.py: deterministic layer tars."""
+
+import hashlib
+import os
+import tarfile
+
+from envspec.build.tarball import TarWriter
+
+
+def _tree(root):
+    (root / "b").mkdir(parents=True)
+    (root / "a.txt").write_text("a")
+    (root / "b" / "x.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "b" / "x.sh", 0o755)
+    os.link(root / "a.txt", root / "b" / "hard.txt")
+    os.symlink("../a.txt", root / "b" / "link")
+    long = root / ("d" * 120)
+    long.mkdir()
+    (long / ("f" * 120)).write_text("long")
+
+
+def _write(src, out, **kw):
+    w = TarWriter(out, **kw)
+    w.add_tree(src, "/root", keep_owners=False)
+    return w.close()
+
+
+def test_same_tree_same_bytes_whatever_the_mtimes(tmp_path):
+    _tree(tmp_path / "t1")
+    r1 = _write(tmp_path / "t1", tmp_path / "1.tar")
+    for p in (tmp_path / "t1").rglob("*"):
+        os.utime(p, (12345, 12345), follow_symlinks=False)
+    r2 = _write(tmp_path / "t1", tmp_path / "2.tar")
+    assert r1 == r2
+    assert r1.diff_id == "sha256:" + hashlib.sha256((tmp_path / "1.tar").read_bytes()).hexdigest()
+    assert r1.size == (tmp_path / "1.tar").stat().st_size
+
+
+def test_entries_are_sorted_parents_first_normalised(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    _tree(tmp_path / "t")
+    _write(tmp_path / "t", tmp_path / "o.tar")
+    with tarfile.open(tmp_path / "o.tar") as tf:
+        members = tf.getmembers()
+    names = [m.name for m in members]
+    assert names[0] == "root"
+    assert names.index("root/b") < names.index("root/b/x.sh")
+    assert all(m.mtime == 1700000000 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == ""
+               for m in members)
+    by = {m.name: m for m in members}
+    assert by["root/b/x.sh"].mode == 0o755
+    assert by["root/b/link"].issym() and by["root/b/link"].linkname == "../a.txt"
+    assert by["root/b/hard.txt"].islnk() and by["root/b/hard.txt"].linkname == "root/a.txt"
+    assert ("root/" + "d" * 120 + "/" + "f" * 120) in by  # GNU long names
+    raw = (tmp_path / "o.tar").read_bytes()
+    assert b"PaxHeader" not in raw and raw.endswith(b"\0" * 1024)
+
+
+def test_owners_kept_or_overridden(tmp_path):
+    (tmp_path / "t" / "workspace").mkdir(parents=True)
+    w = TarWriter(tmp_path / "o.tar")
+    w.add_tree(tmp_path / "t", "/", owners={"/workspace": (1000, 1000)})
+    w.close()
+    with tarfile.open(tmp_path / "o.tar") as tf:
+        ws = tf.getmember("workspace")
+    assert (ws.uid, ws.gid) == (1000, 1000)
+
+
+def test_a_short_stream_is_an_error_and_abort_removes_the_file(tmp_path):
+    import io
+
+    import pytest
+
+    w = TarWriter(tmp_path / "o.tar")
+    with pytest.raises(ValueError):
+        w.add_file("x", io.BytesIO(b"abc"), 10)
+    w.abort()
+    assert not (tmp_path / "o.tar").exists()

@@ -1,0 +1,111 @@
+"""plan.make_plan: layer order, content keys, errors (pure; no I/O besides reading fixtures)."""
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
+import helpers  # noqa: E402
+
+from envspec import lock as lockmod  # noqa: E402
+from envspec.errors import PlanError  # noqa: E402
+from envspec.plan import LAYER_ORDER, make_plan  # noqa: E402
+
+
+def keys(plan):
+    return {lay.group: lay.key for lay in plan.layers}
+
+
+def test_layers_in_stability_order_with_their_pins():
+    plan = make_plan(helpers.load())
+    assert [lay.group for lay in plan.layers] == list(LAYER_ORDER)
+    assert [w.name for w in plan.layer("deps").wheels] == ["idna", "iniconfig"]
+    assert [w.name for w in plan.layer("team").wheels] == ["six"]
+    assert plan.layer("envspec").cacheable is False
+    assert plan.default_tag == "localhost/envspec/build-small:" + plan.facts.content_hash[7:19]
+
+
+def test_empty_groups_make_no_layer():
+    lock = helpers.load()
+    lock["wheels"] = [w for w in lock["wheels"] if w["group"] in ("deps", "team")]
+    plan = make_plan(helpers.rehash(lock))
+    assert [lay.group for lay in plan.layers] == ["base", "deps", "team", "envspec"]
+
+
+def test_the_model_and_the_dict_give_the_same_plan():
+    text = (helpers.HERE / "small-debian.lock").read_text()
+    model = lockmod.loads(text)
+    a, b = make_plan(model), make_plan(helpers.load("small-debian.lock"))
+    assert keys(a) == keys(b)
+    assert a.lock_text == text  # the model is rendered by the lock stage's canonical writer
+    assert len(a.layer("base").debs) == len(model.debian.packages)
+
+
+def test_keys_are_stable_and_depend_on_content_only():
+    a = make_plan(helpers.load())
+    b = make_plan(copy.deepcopy(helpers.load()))
+    assert keys(a) == keys(b)
+    renamed = helpers.load()
+    renamed["meta"]["name"] = "other"
+    renamed["runtime"]["env"] = {"X": "1"}
+    c = make_plan(helpers.rehash(renamed))
+    # the image's name and runtime env are config, not layer content
+    assert {g: k for g, k in keys(c).items() if g != "envspec"} == {g: k for g, k in keys(a).items() if g != "envspec"}
+
+
+def test_a_team_change_changes_only_team_and_above():
+    a = make_plan(helpers.load())
+    b = make_plan(helpers.with_wheel(helpers.load(), "six", version="1.16.0",
+                                     filename="six-1.16.0-py2.py3-none-any.whl",
+                                     sha256="8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"))
+    changed = [g for g in LAYER_ORDER if keys(a)[g] != keys(b)[g]]
+    assert changed == ["team", "envspec"]
+
+
+def test_two_locks_sharing_torch_and_cuda_share_those_keys():
+    a = helpers.load()
+    b = helpers.with_wheel(helpers.load(), "idna", version="3.7", filename="idna-3.7-py3-none-any.whl",
+                           sha256="82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0")
+    b["meta"]["name"] = "other"
+    ka, kb = keys(make_plan(a)), keys(make_plan(b))
+    assert [g for g in LAYER_ORDER if ka[g] == kb[g]] == ["base", "cuda", "torch", "team"]
+
+
+def test_venv_and_python_are_part_of_every_wheel_key():
+    a = helpers.load()
+    b = copy.deepcopy(a)
+    b["platform"]["venv"] = "/opt/other"
+    ka, kb = keys(make_plan(a)), keys(make_plan(helpers.rehash(b)))
+    assert all(ka[g] != kb[g] for g in LAYER_ORDER)
+
+
+def test_every_problem_is_reported_at_once():
+    lock = helpers.load()
+    lock["platform"]["base"] = "none"
+    lock["wheels"][0]["sha256"] = ""
+    lock["wheels"][1]["group"] = "misc"
+    lock["wheels"][2]["filename"] = "x-1.0.tar.gz"
+    with pytest.raises(PlanError) as e:
+        make_plan(lock)
+    msg = e.value.message
+    assert "host-only" in msg and "wheels[0].sha256" in msg and "wheels[1].group" in msg and "wheels[2].filename" in msg
+
+
+def test_a_lock_without_platform_is_refused():
+    lock = helpers.load()
+    del lock["platform"]
+    with pytest.raises(PlanError, match="platform"):
+        make_plan(lock)
+
+
+def test_plan_json_is_golden():
+    import json
+    import os
+
+    got = json.dumps(make_plan(helpers.load()).to_json(), indent=1, sort_keys=True) + "\n"
+    golden = helpers.HERE / "small.plan.json"
+    if not golden.exists() or os.environ.get("ENVSPEC_REGEN_GOLDEN"):  # review the diff like code
+        golden.write_text(got)
+    assert got == golden.read_text()
