@@ -380,7 +380,9 @@ class _Run:
 
     def _skip_gpu_checks(self) -> None:
         why = "no GPU visible"
-        if self.torch is None:
+        if not self.expects_gpu:
+            why = "a CPU lock (no [hardware].gpus, torch variant cpu)"
+        elif self.torch is None:
             why = "torch is not importable"
         elif not self.tinfo.get("cuda"):
             why = "torch is a CPU build"
@@ -660,6 +662,7 @@ class _Run:
         fp = {
             "hostname": self.sys.hostname(),
             "image": self.sys.env.get("ENVSPEC_IMAGE_DIGEST", "") or f"lock:{self.report.lock_hash}",
+            "lock": self.report.lock_hash,
             "driver": self.driver.version if self.driver else "",
             "torch": (self.tinfo.get("full", "") + " " + self.tinfo.get("git", "")[:12]).strip(),
             "cuda": self.tinfo.get("cuda", ""),

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         c = report.counts()
         _print(f"envspec verify rank {os.environ['RANK']}: {'OK' if report.ok else 'FAILED'} "
                f"({c[FAIL]} fail, {c[WARN]} warn); rank 0 prints the cluster report\n", sys.stderr)
-    return report.exit_code
+    return multinode.finish_rank(report.exit_code) if distributed else report.exit_code
 
 
 def startup_check(mode: str | None = None, *, lock_path: str | None = None, stream: TextIO | None = None) -> int:

@@ -18,10 +18,11 @@ from typing import Any, Mapping
 
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
-COMPARED = ("image", "driver", "gpu", "nccl_lib", "torch", "cuda")
+COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
 # rank's fingerprint so a CPU test can make one "node" differ. A finding says it was used.
 FAKE_ENV = "ENVSPEC_FAKE_FINGERPRINT"
+RESULT_DIR_ENV = "ENVSPEC_VERIFY_RESULT_DIR"  # set by launch(): where ranks leave their exit codes
 
 # Options consumed by the launcher (not forwarded to the ranks); value-taking ones.
 LAUNCH_OPTS = ("--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend", "--node-rank",
@@ -64,11 +65,31 @@ def torchrun_argv(args: Any, argv: list[str]) -> list[str]:
 
 def launch(args: Any, argv: list[str]) -> int:
     import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
 
     env = dict(os.environ)
+    results = tempfile.mkdtemp(prefix="envspec-verify-")
+    env[RESULT_DIR_ENV] = results
     pkg_root = str(Path(__file__).resolve().parents[2])  # the directory holding envspec/
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.call(torchrun_argv(args, argv), env=env)
+    rc = subprocess.call(torchrun_argv(args, argv), env=env)
+    codes = []
+    for f in sorted(Path(results).glob("rank-*.rc")):
+        codes.append(int(f.read_text().strip() or "1"))
+        f.unlink()
+    os.rmdir(results) if not any(Path(results).iterdir()) else None
+    # ranks exit 0 to torchrun (which prints a traceback for any other code) and leave their
+    # verdict here; no verdict at all means a rank crashed: torchrun's own code stands
+    return max(codes) if codes and rc == 0 else (rc or 1)
+
+
+def finish_rank(code: int, env: Mapping[str, str] = os.environ) -> int:
+    """Under our own launcher, record the verdict and exit 0; under a user's torchrun, exit code."""
+    d = env.get(RESULT_DIR_ENV)
+    if not d:
+        return code
+    Path(d, f"rank-{env.get('RANK', '0')}.rc").write_text(str(code))
+    return 0
 
 
 def apply_fake(fp: dict[str, str], env: Mapping[str, str]) -> bool:
@@ -99,7 +120,15 @@ def compare(entries: list[dict[str, Any]]) -> list[Finding]:
             out.append(Finding(f"cluster.{key}", PASS, expected="the same on every node",
                                observed=f"{v or '(none)'} on all {len(entries)} ranks"))
             continue
-        majority, count = values.most_common(1)[0]
+        (majority, count), (_, second) = values.most_common(2)
+        if count == second:  # no majority: name every node with its value
+            named = "; ".join(f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in entries)
+            out.append(Finding(
+                f"cluster.{key}", FAIL, expected="one value on every node",
+                observed=f"no majority among {len(entries)} ranks: {named}",
+                hint=f"the nodes do not run the same {key}; find the odd ones and drain or fix them",
+                data={"odd_nodes": [node_label(e) for e in entries]}))
+            continue
         odd = [e for e in entries if e["fingerprint"].get(key, "") != majority]
         named = "; ".join(f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in odd)
         out.append(Finding(
@@ -120,22 +149,24 @@ def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.enviro
     local_rank = int(env.get("LOCAL_RANK", "0"))
     node_rank = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")))
     fp = dict(report.fingerprint)
-    if apply_fake(fp, env):
-        report.add(Finding("cluster.test_hook", WARN, expected=f"{FAKE_ENV} unset",
-                           observed=f"{FAKE_ENV}={env[FAKE_ENV]}: this rank's fingerprint is faked",
-                           hint="a test hook; never set it in production"))
+    if apply_fake(fp, env):  # rank 0 reports it as cluster.test_hook
         report.fingerprint = fp
     t0 = time.perf_counter()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     entry = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank, "fingerprint": fp,
+             "test_hook": bool(env.get(FAKE_ENV)),
              "ok": report.ok, "failed": [f.check for f in report.findings if f.status == FAIL]}
-    entries: list[Any] = [None] * world
-    dist.all_gather_object(entries, entry)
+    entries = gather_json(dist, torch, entry, world)
     report.timings["cluster.gather"] = time.perf_counter() - t0
     findings: list[Finding] = []
     if rank == 0:
         findings += compare(entries)
+        for e in entries:
+            if e.get("test_hook"):
+                findings.append(Finding("cluster.test_hook", WARN, expected=f"{FAKE_ENV} unset on every node",
+                                        observed=f"{node_label(e)} faked its fingerprint with {FAKE_ENV}",
+                                        hint="a test hook; never set it in production"))
         bad = [e for e in entries if not e["ok"]]
         findings.append(Finding(
             "cluster.nodes", FAIL if bad else PASS, expected=f"every one of {world} ranks passes its local checks",
@@ -152,6 +183,21 @@ def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.enviro
     dist.barrier()
     dist.destroy_process_group()
     return report
+
+
+def gather_json(dist: Any, torch: Any, obj: Any, world: int) -> list[Any]:
+    """all_gather of a JSON-able object over the default (gloo) group. Not all_gather_object:
+    that one pickles and needs numpy, which a minimal image may lack."""
+    data = json.dumps(obj, sort_keys=True).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    buf[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(bufs, buf)
+    return [json.loads(bytes(b[: int(n.item())].tolist())) for b, n in zip(bufs, sizes)]
 
 
 def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -> list[Finding]:
