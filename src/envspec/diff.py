@@ -1,0 +1,509 @@
+"""``envspec diff OLD.lock NEW.lock``: what changed between two locks, as a reviewer reads it.
+
+Pure: two locks in, a ``LockDiff`` out. ``diff_lines`` words it for a terminal or a pull
+request comment, ``LockDiff.to_json`` gives the same facts to machines. Nothing here prints.
+
+What a reviewer wants first is what changes on the GPU hosts (torch, its CUDA variant, cuDNN,
+NCCL, the driver floor, the compiled arch list), then the package changes, then what the
+change costs (which image layers are rebuilt and re-pushed). Layers come from the build plan
+(``envspec.plan.make_plan``): a layer whose content key is unchanged is byte-identical and
+is neither rebuilt nor pushed. Where the plan cannot be made (a lock that cannot be built,
+or plan.py missing), the layer view falls back to the wheels' ``group`` fields and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from packaging.version import InvalidVersion, Version
+
+ChangeKind = Literal["added", "removed", "upgraded", "downgraded", "rebuilt"]
+
+# Order of the layers in an image (plan.py's LAYER_ORDER), used when plan.py is not importable.
+_LAYER_ORDER = ("base", "cuda", "torch", "deps", "team", "envspec")
+
+
+@dataclass(frozen=True)
+class PackageChange:
+    """One wheel or Debian package that differs. ``rebuilt``: same version, other file or hash."""
+
+    name: str
+    change: ChangeKind
+    old: str = ""  # version in the old lock ("" when added)
+    new: str = ""  # version in the new lock ("" when removed)
+    group: str = ""  # wheel layer group, or Debian architecture
+    size_delta: int = 0  # bytes, new size - old size (0 when unknown)
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """A scalar field of the lock that differs, by its lockfile path (``torch.variant``)."""
+
+    path: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class LayerChange:
+    group: str
+    change: Literal["same", "changed", "added", "removed"]
+    old_key: str = ""
+    new_key: str = ""
+    pins_changed: int = 0  # pins of this layer added, removed or changed
+    push_bytes: int = 0  # compressed size of the new layer's pins when changed (0 = unknown)
+
+
+@dataclass(frozen=True)
+class LockDiff:
+    old_name: str
+    new_name: str
+    old_hash: str
+    new_hash: str
+    fields: tuple[FieldChange, ...] = ()
+    archs_added: tuple[str, ...] = ()
+    archs_removed: tuple[str, ...] = ()
+    gpus_added: tuple[str, ...] = ()
+    gpus_removed: tuple[str, ...] = ()
+    wheels: tuple[PackageChange, ...] = ()
+    debs: tuple[PackageChange, ...] = ()
+    layers: tuple[LayerChange, ...] = ()
+    layers_from: Literal["plan", "groups"] = "plan"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def identical(self) -> bool:
+        """True when the two locks describe the same image."""
+        return self.old_hash == self.new_hash and not (self.fields or self.wheels or self.debs
+                                                      or self.archs_added or self.archs_removed)
+
+    def field(self, path: str) -> FieldChange | None:
+        return next((f for f in self.fields if f.path == path), None)
+
+    def to_json(self) -> dict[str, Any]:
+        def counts(changes: tuple[PackageChange, ...]) -> dict[str, int]:
+            return {k: sum(1 for c in changes if c.change == k)
+                    for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")}
+
+        return {
+            "old": {"name": self.old_name, "content_hash": self.old_hash},
+            "new": {"name": self.new_name, "content_hash": self.new_hash},
+            "identical": self.identical,
+            "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in self.fields],
+            "arch_list": {"added": list(self.archs_added), "removed": list(self.archs_removed)},
+            "gpus": {"added": list(self.gpus_added), "removed": list(self.gpus_removed)},
+            "wheels": {"counts": counts(self.wheels), "changes": [asdict(c) for c in self.wheels]},
+            "debs": {"counts": counts(self.debs), "changes": [asdict(c) for c in self.debs]},
+            "layers": {"from": self.layers_from, "layers": [asdict(lay) for lay in self.layers]},
+            "notes": list(self.notes),
+        }
+
+
+# --- reading either a Lockfile model or the dict tomllib gives ------------------------------------
+
+def _as_dict(lock: Any) -> dict[str, Any]:
+    if isinstance(lock, dict):
+        return lock
+    dump = getattr(lock, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    raise TypeError(f"not a lock: {type(lock).__name__}")
+
+
+def _sub(d: dict, key: str) -> dict:
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+# --- versions ----------------------------------------------------------------------------------
+
+def _pep440_cmp(a: str, b: str) -> int:
+    try:
+        va, vb = Version(a), Version(b)
+    except InvalidVersion:
+        return (a > b) - (a < b)
+    return (va > vb) - (va < vb)
+
+
+def _deb_order(c: str) -> int:
+    # dpkg's ordering of non-digit characters: '~' sorts before everything, even the end of the
+    # string; letters before other characters.
+    if c == "~":
+        return -1
+    if c.isalpha():
+        return ord(c)
+    return ord(c) + 256
+
+
+def _deb_part_cmp(a: str, b: str) -> int:
+    """Compare an upstream version or a Debian revision the way dpkg does (deb-version(7))."""
+    i = j = 0
+    while i < len(a) or j < len(b):
+        # non-digit run
+        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
+            ca = _deb_order(a[i]) if i < len(a) and not a[i].isdigit() else 0
+            cb = _deb_order(b[j]) if j < len(b) and not b[j].isdigit() else 0
+            if ca != cb:
+                return -1 if ca < cb else 1
+            i += 1
+            j += 1
+        # digit run
+        ma = re.match(r"\d*", a[i:]).group()  # type: ignore[union-attr]
+        mb = re.match(r"\d*", b[j:]).group()  # type: ignore[union-attr]
+        na, nb = int(ma or 0), int(mb or 0)
+        if na != nb:
+            return -1 if na < nb else 1
+        i += len(ma)
+        j += len(mb)
+    return 0
+
+
+def deb_version_cmp(a: str, b: str) -> int:
+    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (epoch:upstream-revision)."""
+
+    def split(v: str) -> tuple[int, str, str]:
+        epoch, _, rest = v.rpartition(":") if ":" in v else ("0", "", v)
+        upstream, _, rev = rest.rpartition("-") if "-" in rest else (rest, "", "")
+        return int(epoch or 0), upstream, rev
+
+    ea, ua, ra = split(a)
+    eb, ub, rb = split(b)
+    if ea != eb:
+        return -1 if ea < eb else 1
+    return _deb_part_cmp(ua, ub) or _deb_part_cmp(ra, rb)
+
+
+# --- packages ----------------------------------------------------------------------------------
+
+def _package_changes(old: list[dict], new: list[dict], key, cmp, group_of) -> tuple[PackageChange, ...]:
+    def index(pkgs: list[dict]) -> dict[tuple, list[dict]]:
+        out: dict[tuple, list[dict]] = {}
+        for p in pkgs:
+            out.setdefault(key(p), []).append(p)
+        return out
+
+    a, b = index(old), index(new)
+    changes: list[PackageChange] = []
+    for k in sorted(set(a) | set(b)):
+        pa, pb = a.get(k, []), b.get(k, [])
+        name = k[0]
+        if not pa:
+            for p in pb:
+                changes.append(PackageChange(name, "added", "", str(p.get("version", "")), group_of(p),
+                                             int(p.get("size", 0) or 0)))
+            continue
+        if not pb:
+            for p in pa:
+                changes.append(PackageChange(name, "removed", str(p.get("version", "")), "", group_of(p),
+                                             -int(p.get("size", 0) or 0)))
+            continue
+        # one pin per key is the norm; several (a wheel twice) compare the newest of each side
+        x = max(pa, key=_cmp_key(cmp))
+        y = max(pb, key=_cmp_key(cmp))
+        vx, vy = str(x.get("version", "")), str(y.get("version", ""))
+        delta = int(y.get("size", 0) or 0) - int(x.get("size", 0) or 0)
+        c = cmp(vx, vy)
+        if c < 0:
+            changes.append(PackageChange(name, "upgraded", vx, vy, group_of(y), delta))
+        elif c > 0:
+            changes.append(PackageChange(name, "downgraded", vx, vy, group_of(y), delta))
+        elif (x.get("sha256"), x.get("filename")) != (y.get("sha256"), y.get("filename")):
+            changes.append(PackageChange(name, "rebuilt", vx, vy, group_of(y), delta))
+        elif group_of(x) != group_of(y):
+            changes.append(PackageChange(name, "rebuilt", vx, vy, f"{group_of(x)} -> {group_of(y)}", delta))
+    return tuple(changes)
+
+
+def _cmp_key(cmp):
+    import functools
+
+    return functools.cmp_to_key(lambda p, q: cmp(str(p.get("version", "")), str(q.get("version", ""))))
+
+
+# --- scalar fields -----------------------------------------------------------------------------
+
+# The lockfile paths compared as scalars, in the order a reviewer reads them.
+_FIELDS: tuple[str, ...] = (
+    "torch.version", "torch.local", "torch.variant", "torch.cuda", "torch.cudnn", "torch.nccl", "torch.index",
+    "hardware.driver_floor", "hardware.driver_policy", "hardware.compute_capabilities",
+    "platform.python", "platform.python_full", "platform.python_tag", "platform.platform_tag",
+    "platform.base", "platform.arch", "platform.venv",
+    "debian.suite", "debian.mirror", "debian.requested",
+    "runtime.tf32", "runtime.matmul_precision", "runtime.shm_size", "runtime.env", "runtime.ulimits",
+    "runtime.user", "runtime.uid", "runtime.workdir",
+    "services.jupyter", "services.ssh",
+    "meta.name", "meta.db_version", "meta.envspec", "meta.spec_hash",
+)
+_ABSENT = "(absent)"
+
+
+def _get_path(d: dict, path: str) -> Any:
+    table, _, key = path.partition(".")
+    t = d.get(table)
+    if not isinstance(t, dict):
+        return _ABSENT
+    return t.get(key, _ABSENT)
+
+
+def _field_changes(a: dict, b: dict) -> tuple[FieldChange, ...]:
+    out = []
+    for path in _FIELDS:
+        x, y = _get_path(a, path), _get_path(b, path)
+        if x != y:
+            out.append(FieldChange(path, x, y))
+    return tuple(out)
+
+
+# --- layers ------------------------------------------------------------------------------------
+
+def _layers_from_plan(a: dict, b: dict) -> tuple[tuple[LayerChange, ...], list[str]]:
+    from envspec.plan import make_plan  # raises ImportError where plan.py is not there yet
+
+    pa, pb = make_plan(a), make_plan(b)
+    old = {lay.group: lay for lay in pa.layers}
+    new = {lay.group: lay for lay in pb.layers}
+    order = [lay.group for lay in pb.layers] + [g for g in old if g not in new]
+    out = []
+    for g in order:
+        x, y = old.get(g), new.get(g)
+        if x is None:
+            assert y is not None
+            out.append(LayerChange(g, "added", "", y.key, len(y.pins), _size(y.pins)))
+        elif y is None:
+            out.append(LayerChange(g, "removed", x.key, "", len(x.pins), 0))
+        elif x.key == y.key:
+            out.append(LayerChange(g, "same", x.key, y.key))
+        else:
+            ox = {(p.name, p.version, p.sha256) for p in x.pins}
+            oy = {(p.name, p.version, p.sha256) for p in y.pins}
+            n = len({k[0] for k in ox ^ oy})
+            out.append(LayerChange(g, "changed", x.key, y.key, n, _size(y.pins)))
+    return tuple(out), []
+
+
+def _size(pins) -> int:
+    sizes = [int(getattr(p, "size", 0) or 0) for p in pins]
+    return sum(sizes) if sizes and all(sizes) else 0
+
+
+def _layers_from_groups(a: dict, b: dict, wheels: tuple[PackageChange, ...],
+                        debs: tuple[PackageChange, ...]) -> tuple[LayerChange, ...]:
+    def groups(d: dict) -> set[str]:
+        g = {str(w.get("group", "deps")) for w in d.get("wheels", []) or []}
+        return g | {"base", "envspec"}
+
+    ga, gb = groups(a), groups(b)
+    changed: dict[str, int] = {}
+    for c in wheels:
+        for g in c.group.split(" -> "):
+            changed[g] = changed.get(g, 0) + 1
+    base_changed = bool(debs) or any(_get_path(a, p) != _get_path(b, p)
+                                     for p in ("platform.python", "platform.python_full", "platform.venv",
+                                               "runtime.user", "runtime.workdir"))
+    out = []
+    for g in _LAYER_ORDER:
+        if g not in ga and g not in gb:
+            continue
+        if g not in ga:
+            out.append(LayerChange(g, "added", pins_changed=changed.get(g, 0)))
+        elif g not in gb:
+            out.append(LayerChange(g, "removed", pins_changed=changed.get(g, 0)))
+        elif g == "base":
+            out.append(LayerChange(g, "changed" if base_changed else "same", pins_changed=len(debs)))
+        elif g == "envspec":
+            same = _get_path(a, "meta.content_hash") == _get_path(b, "meta.content_hash")
+            out.append(LayerChange(g, "same" if same else "changed"))
+        else:
+            out.append(LayerChange(g, "changed" if changed.get(g) else "same", pins_changed=changed.get(g, 0)))
+    return tuple(out)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+def diff_locks(old: Any, new: Any) -> LockDiff:
+    """Compare two locks (``envspec.lock.Lockfile`` models or the dicts ``tomllib`` reads)."""
+    a, b = _as_dict(old), _as_dict(new)
+    ha, hb = _sub(a, "hardware"), _sub(b, "hardware")
+    arch_a, arch_b = list(ha.get("arch_list", []) or []), list(hb.get("arch_list", []) or [])
+    gpu_a, gpu_b = list(ha.get("gpus", []) or []), list(hb.get("gpus", []) or [])
+
+    wheels = _package_changes(
+        list(a.get("wheels", []) or []), list(b.get("wheels", []) or []),
+        key=lambda p: (str(p.get("name", "")),), cmp=_pep440_cmp, group_of=lambda p: str(p.get("group", "")))
+    debs = _package_changes(
+        list(_sub(a, "debian").get("packages", []) or []), list(_sub(b, "debian").get("packages", []) or []),
+        key=lambda p: (str(p.get("name", "")), str(p.get("architecture", ""))), cmp=deb_version_cmp,
+        group_of=lambda p: str(p.get("architecture", "")))
+
+    notes: list[str] = []
+    layers_from: Literal["plan", "groups"] = "plan"
+    try:
+        layers, more = _layers_from_plan(a, b)
+        notes += more
+    except ImportError:
+        layers_from = "groups"
+        notes.append("envspec.plan is not available: layer changes are estimated from the wheels' groups")
+        layers = _layers_from_groups(a, b, wheels, debs)
+    except Exception as e:  # PlanError: a lock that cannot be built (base "none", missing hashes)
+        layers_from = "groups"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        notes.append(f"no build plan ({first}): layer changes are estimated from the wheels' groups")
+        layers = _layers_from_groups(a, b, wheels, debs)
+
+    ma, mb = _sub(a, "meta"), _sub(b, "meta")
+    return LockDiff(
+        old_name=str(ma.get("name", "")), new_name=str(mb.get("name", "")),
+        old_hash=str(ma.get("content_hash", "")), new_hash=str(mb.get("content_hash", "")),
+        fields=_field_changes(a, b),
+        archs_added=tuple(x for x in arch_b if x not in arch_a),
+        archs_removed=tuple(x for x in arch_a if x not in arch_b),
+        gpus_added=tuple(x for x in gpu_b if x not in gpu_a),
+        gpus_removed=tuple(x for x in gpu_a if x not in gpu_b),
+        wheels=wheels, debs=debs, layers=layers, layers_from=layers_from, notes=tuple(notes),
+    )
+
+
+def diff_files(old_path, new_path) -> LockDiff:
+    """``diff_locks`` on two lockfiles read with ``envspec.lock.read`` (raises ``LockError``)."""
+    from envspec.lock import read
+
+    return diff_locks(read(old_path), read(new_path))
+
+
+# --- words -------------------------------------------------------------------------------------
+
+def _short(h: str) -> str:
+    return h.split(":", 1)[-1][:12] if h else "?"
+
+
+def _mb(n: int) -> str:
+    if n <= 0:
+        return ""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GiB"
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _fmt(v: Any) -> str:
+    if v == _ABSENT or v == "" or v is None:
+        return "(none)" if v != _ABSENT else "(absent)"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_fmt(x)}" for k, x in v.items()) + "}" if v else "{}"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(str, v)) + "]"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", v):
+        return "sha256:" + v[7:19]
+    return str(v)
+
+
+def _driver_tuple(v: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in str(v).split("."))
+    except ValueError:
+        return ()
+
+
+_HEADLINE = (  # (label, path) of what a GPU host cares about, in this order
+    ("torch", "torch.version"),
+    ("torch build", "torch.local"),
+    ("CUDA variant", "torch.variant"),
+    ("CUDA", "torch.cuda"),
+    ("cuDNN", "torch.cudnn"),
+    ("NCCL", "torch.nccl"),
+    ("torch index", "torch.index"),
+    ("driver floor", "hardware.driver_floor"),
+    ("driver policy", "hardware.driver_policy"),
+    ("compute capabilities", "hardware.compute_capabilities"),
+    ("python", "platform.python"),
+    ("python (full)", "platform.python_full"),
+)
+
+
+def diff_lines(d: LockDiff) -> list[str]:
+    """The diff in words, one line each (no markup), for a terminal or a review comment."""
+    lines = [f"{d.old_name} {_short(d.old_hash)} -> {d.new_name} {_short(d.new_hash)}"]
+    if d.identical:
+        lines.append("the locks are identical: same image, nothing to rebuild")
+        return lines
+
+    headline = {p for _, p in _HEADLINE}
+    shown = False
+    for label, path in _HEADLINE:
+        f = d.field(path)
+        if f is None:
+            continue
+        if not shown:
+            lines += ["", "GPU stack and platform:"]
+            shown = True
+        line = f"  {label + ':':<22}{_fmt(f.old)} -> {_fmt(f.new)}"
+        if path == "hardware.driver_floor":
+            o, n = _driver_tuple(f.old), _driver_tuple(f.new)
+            if o and n and n > o:
+                line += "  (raised: hosts with drivers older than this can no longer run the image)"
+            elif o and n and n < o:
+                line += "  (lowered: runs on more hosts)"
+        lines.append(line)
+    if d.archs_added or d.archs_removed or d.gpus_added or d.gpus_removed:
+        if not shown:
+            lines += ["", "GPU stack and platform:"]
+            shown = True
+        if d.archs_added:
+            lines.append(f"  {'arch list added:':<22}{', '.join(d.archs_added)}")
+        if d.archs_removed:
+            lines.append(f"  {'arch list removed:':<22}{', '.join(d.archs_removed)}"
+                         "  (GPUs that needed these now rely on the others, or PTX, or fail)")
+        if d.gpus_added:
+            lines.append(f"  {'target GPUs added:':<22}{', '.join(d.gpus_added)}")
+        if d.gpus_removed:
+            lines.append(f"  {'target GPUs removed:':<22}{', '.join(d.gpus_removed)}")
+
+    for title, changes in (("Python wheels", d.wheels), ("Debian packages", d.debs)):
+        if not changes:
+            continue
+        n = {k: sum(1 for c in changes if c.change == k) for k in
+             ("added", "removed", "upgraded", "downgraded", "rebuilt")}
+        summary = ", ".join(f"{v} {k}" for k, v in n.items() if v)
+        lines += ["", f"{title} ({summary}):"]
+        for c in changes:
+            mark = {"added": "+", "removed": "-", "upgraded": "^", "downgraded": "v", "rebuilt": "~"}[c.change]
+            if c.change == "added":
+                what = c.new
+            elif c.change == "removed":
+                what = c.old
+            elif c.change == "rebuilt":
+                what = f"{c.new} (same version, other file)"
+            else:
+                what = f"{c.old} -> {c.new}"
+            where = f"  [{c.group}]" if c.group else ""
+            lines.append(f"  {mark} {c.name} {what}{where}")
+
+    rest = [f for f in d.fields if f.path not in headline]
+    if rest:
+        lines += ["", "Other fields:"]
+        for f in rest:
+            lines.append(f"  {f.path}: {_fmt(f.old)} -> {_fmt(f.new)}")
+
+    if d.layers:
+        src = "build plan" if d.layers_from == "plan" else "wheel groups, estimated"
+        lines += ["", f"Image layers ({src}):"]
+        for lay in d.layers:
+            if lay.change == "same":
+                lines.append(f"  {lay.group:<8} unchanged (cached, not pushed)")
+                continue
+            what = {"changed": "rebuilt", "added": "new layer", "removed": "gone"}[lay.change]
+            extra = []
+            if lay.pins_changed:
+                extra.append(f"{lay.pins_changed} package{'s differ' if lay.pins_changed != 1 else ' differs'}")
+            if lay.push_bytes:
+                extra.append(f"~{_mb(lay.push_bytes)} to push")
+            if lay.old_key or lay.new_key:
+                extra.append(f"key {_short(lay.old_key) if lay.old_key else '-'} -> "
+                             f"{_short(lay.new_key) if lay.new_key else '-'}")
+            lines.append(f"  {lay.group:<8} {what}" + (f": {'; '.join(extra)}" if extra else ""))
+    for note in d.notes:
+        lines.append(f"note: {note}")
+    return lines
