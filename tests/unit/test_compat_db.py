@@ -72,8 +72,12 @@ def test_python_versions_from_wheel_tags(db):
 
 
 def test_known_arch_lists(db):
-    assert db.torch_release("2.7.0").variants["cu128"].arch_list == [
-        "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    # observed: 2.7.1+cu128 reports compute_120 too; 2.9.1+cu128 has Volta back; 2.11.0+cu128 drops it
+    assert db.torch_release("2.7.1").variants["cu128"].arch_list == [
+        "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+    assert db.torch_release("2.9.1").variants["cu128"].arch_list[0] == "sm_70"
+    assert db.torch_release("2.11.0").variants["cu128"].arch_list[0] == "sm_75"
+    assert db.torch_release("2.13.0").variants["cu130"].arch_list[-1] == "sm_120"  # release builds: no PTX
     # observed on a test machine: torch 2.11.0+cu130 reports sm_75..sm_120
     assert db.torch_release("2.11.0").variants["cu130"].arch_list == [
         "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
