@@ -1,0 +1,178 @@
+"""run_checks against fake probes: each check's verdict and wording, exit codes, JSON, metrics."""
+
+import json
+
+from envspec.verify import render
+from envspec.verify.checks import run_checks
+from envspec.verify.probes import DriverInfo
+
+from verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
+
+
+def run(lock=None, **sys_kw):
+    skip = sys_kw.pop("skip", GPU_WORK)
+    strict = sys_kw.pop("strict", False)
+    level = sys_kw.pop("level", "quick")
+    return run_checks(lock or make_lock(), level=level, system=FakeSystem(**sys_kw), skip=skip, strict=strict)
+
+
+def test_matching_machine_passes():
+    r = run(torch=FakeTorch())
+    f = by_check(r)
+    assert r.ok and r.exit_code == 0, r.to_json()
+    assert f["driver"].status == "pass" and "580.95.05" in f["driver"].observed
+    assert f["gpu.0.arch"].status == "pass" and "sm_90" in f["gpu.0.arch"].observed
+    assert f["torch.nccl"].status == "pass" and f["torch.cudnn"].status == "pass"
+    assert f["tf32"].status == "pass"
+    assert r.mode == "image"
+    assert r.fingerprint["gpu"] == "1 x NVIDIA H100 80GB HBM3"
+
+
+def test_no_gpu_machine_skips_gpu_checks_plainly():
+    r = run(torch=None, driver=None, nodes=())
+    f = by_check(r)
+    assert f["driver"].status == "skip"
+    assert "no NVIDIA driver found" in f["driver"].observed
+    assert "GPU checks are skipped" in f["driver"].observed
+    assert f["torch.import"].status == "fail"  # the lock names torch
+    assert f["gpu"].status == "skip" and "torch is not importable" in f["gpu"].observed
+    assert r.exit_code == 1
+
+
+def test_cpu_torch_against_cuda_lock_fails_with_reason():
+    r = run(torch=FakeTorch(version="2.14.1+cpu", cuda=None, devices=()), driver=None, nodes=())
+    f = by_check(r)
+    assert f["torch.cuda"].status == "fail"
+    assert f["torch.cuda"].observed == "none (CPU build)"
+    assert f["gpu"].observed == "skipped: torch is a CPU build"
+
+
+def test_driver_below_floor_fails_with_hint():
+    r = run(torch=FakeTorch(), driver=DriverInfo("570.86.15", "12.8", "kernel module"))
+    d = by_check(r)["driver"]
+    assert d.status == "fail"
+    assert "570.86.15" in d.observed and ">= 580.65.06" in d.expected
+    assert "upgrade" in d.hint or "13" in d.hint
+
+
+def test_a100_only_lock_on_h100_fails_naming_the_rule():
+    lock = make_lock(hardware={"gpus": ["NVIDIA A100-SXM4-80GB"], "compute_capabilities": ["8.0"],
+                               "arch_list": ["sm_80"], "driver_floor": "580.65.06", "driver_policy": "compat"})
+    r = run(lock, torch=FakeTorch())
+    f = by_check(r)
+    a = f["gpu.0.arch"]
+    assert a.status == "fail"
+    assert "cc 9.0" in a.observed and "no locked kernel runs" in a.observed
+    assert "sm_9" in a.hint and "compute_XY with XY <= 90" in a.hint
+    assert f["torch.arch_list"].status == "warn"  # the lock does not describe the loaded torch
+
+
+def test_ptx_only_is_a_warning():
+    lock = make_lock()
+    lock["hardware"] = dict(lock["hardware"], arch_list=["sm_80", "compute_80"], compute_capabilities=[], gpus=[])
+    r = run(lock, torch=FakeTorch(arch_list=("sm_80", "compute_80")))
+    a = by_check(r)["gpu.0.arch"]
+    assert a.status == "warn" and "JIT" in a.hint
+
+
+def test_undeclared_but_runnable_gpu_warns():
+    r = run(torch=FakeTorch(devices=(("NVIDIA H200", 9, 0), ("NVIDIA L4", 8, 9))))
+    f = by_check(r)
+    assert f["gpu.0.arch"].status == "warn" and "not a declared target" in f["gpu.0.arch"].hint
+    assert f["gpu.1.arch"].status == "warn" and "cc 8.9 is not a declared target" in f["gpu.1.arch"].hint
+    assert r.ok and not run(torch=FakeTorch(devices=(("NVIDIA H200", 9, 0),)), strict=True).ok
+
+
+def test_nccl_metadata_vs_loaded_library_version():
+    r = run(torch=FakeTorch(nccl=(2, 28, 9)))
+    n = by_check(r)["torch.nccl"]
+    assert n.status == "fail"
+    assert n.expected == "2.30.7" and "2.28.9" in n.observed
+    assert "second wheel" in n.hint
+
+
+def test_tf32_off_fails_in_image_warns_on_host():
+    img = run(torch=FakeTorch(tf32=(False, True), precision="highest"))
+    t = by_check(img)["tf32"]
+    assert t.status == "fail" and "'highest', not 'high'" in t.hint and "since 1.12" in t.hint
+    host = run(torch=FakeTorch(tf32=(False, True), precision="highest"), prefix="/usr")
+    assert host.mode == "host" and by_check(host)["tf32"].status == "warn"
+
+
+def test_bad_env_settings_flagged_with_reason():
+    r = run(torch=FakeTorch(), env={"NCCL_P2P_DISABLE": "1", "CUDA_LAUNCH_BLOCKING": "1", "NCCL_IB_DISABLE": "1"})
+    f = by_check(r)
+    assert f["env.NCCL_P2P_DISABLE"].status == "warn" and "NVLink" in f["env.NCCL_P2P_DISABLE"].hint
+    assert "serializes" in f["env.CUDA_LAUNCH_BLOCKING"].hint
+    assert "env.NCCL_IB_DISABLE" not in f  # no InfiniBand here: nothing lost
+    r2 = run(torch=FakeTorch(), env={"NCCL_IB_DISABLE": "1"}, ib=True)
+    assert by_check(r2)["env.NCCL_IB_DISABLE"].status == "warn"
+
+
+def test_runtime_env_from_lock_is_checked():
+    lock = make_lock()
+    lock["runtime"] = dict(lock["runtime"], env={"NCCL_DEBUG": "WARN"})
+    r = run(lock, torch=FakeTorch(), env={"NCCL_DEBUG": "INFO"})
+    e = by_check(r)["env.NCCL_DEBUG"]
+    assert e.status == "fail" and e.observed == "NCCL_DEBUG=INFO"
+
+
+def test_container_plumbing():
+    r = run(torch=FakeTorch(), container=True, env={"NVIDIA_VISIBLE_DEVICES": "void"}, shm=64 * 2**20)
+    f = by_check(r)
+    assert f["container.nvidia_visible_devices"].status == "warn"
+    assert f["container.shm"].status == "warn" and "--shm-size=16g" in f["container.shm"].hint
+    assert "64.0 MiB" in f["container.shm"].observed
+    r2 = run(torch=FakeTorch(), container=True, nodes=("nvidia0", "nvidiactl"),
+             env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"})
+    f2 = by_check(r2)
+    assert f2["container.nvidia_env"].status == "pass"
+    assert f2["container.devices"].status == "fail" and "nvidia-uvm" in f2["container.devices"].observed
+
+
+def test_busy_gpu_memory_warns():
+    r = run(torch=FakeTorch(free_fraction=0.2))
+    assert by_check(r)["gpu.0.memory"].status == "warn"
+
+
+def test_json_schema_and_exit_codes():
+    r = run(torch=FakeTorch(nccl=(2, 28, 9)))
+    d = json.loads(r.to_json())
+    assert d["ok"] is False and d["schema"] == 1 and d["level"] == "quick"
+    assert d["lock"]["hash"] == "sha256:" + "ab" * 32
+    assert set(d["counts"]) == {"pass", "warn", "fail", "skip"}
+    for f in d["findings"]:
+        assert {"check", "status", "expected", "observed", "hint"} <= set(f)
+        assert f["status"] in ("pass", "warn", "fail", "skip")
+    assert "total" in d["timings"] and "hostname" in d["fingerprint"]
+    assert r.exit_code == 1
+
+
+def test_table_and_prometheus_text(tmp_path):
+    r = run(torch=FakeTorch(nccl=(2, 28, 9)))
+    text = render.table(r)
+    assert "FAIL    torch.nccl" in text and "hint:" in text and text.rstrip().endswith("s")
+    prom = render.prometheus(r, now=1.0)
+    assert 'envspec_verify_ok{lock="h100-train"' in prom and "} 0" in prom
+    assert 'check="torch.nccl",status="fail"} 1' in prom
+    assert "# TYPE envspec_verify_findings gauge" in prom
+    out = tmp_path / "m" / "verify.prom"
+    render.write_atomic(out, prom)
+    assert out.read_text() == prom and [p.name for p in out.parent.iterdir()] == ["verify.prom"]
+
+
+def test_startup_level_does_no_gpu_work():
+    r = run(torch=FakeTorch(), level="startup", skip=("torch.compile",), sites=())
+    checks = {f.check for f in r.findings}
+    assert "gpu.0.arch" in checks and "tf32" in checks
+    assert not any(c.startswith(("numerics", "perf", "libs", "nccl", "integrity.files")) for c in checks)
+
+
+def test_a_probe_that_raises_is_a_finding_not_a_crash():
+    class Boom(FakeTorch):
+        def get_float32_matmul_precision(self):
+            raise RuntimeError("boom")
+
+    r = run(torch=Boom())
+    t = by_check(r)["tf32"]
+    assert t.status == "fail" and "RuntimeError: boom" in t.observed

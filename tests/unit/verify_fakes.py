@@ -1,0 +1,123 @@
+"""Fakes for the verifier's unit tests: a System whose probes return what a test says, a
+stand-in torch module with the attributes the checks read, and a lock builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from envspec.verify.checks import System
+from envspec.verify.probes import DriverInfo
+
+
+def make_lock(**over: Any) -> dict[str, Any]:
+    """A CUDA lock in the docs/lockfile.md shape, as load_lock returns it; `over` replaces tables."""
+    lock: dict[str, Any] = {
+        "version": 1,
+        "revision": 0,
+        "meta": {"name": "h100-train", "content_hash": "sha256:" + "ab" * 32},
+        "platform": {"python": "3.12", "venv": "/opt/venv", "base": "debian:bookworm"},
+        "hardware": {
+            "gpus": ["NVIDIA H100 80GB HBM3"],
+            "compute_capabilities": ["9.0"],
+            "arch_list": ["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"],
+            "driver_floor": "580.65.06",
+            "driver_policy": "compat",
+        },
+        "torch": {"version": "2.14.1", "local": "", "variant": "cu130", "cuda": "13.0",
+                  "cudnn": "9.24.0.43", "nccl": "2.30.7"},
+        "runtime": {"tf32": True, "matmul_precision": "high", "shm_size": "16g", "env": {}},
+        "wheels": [{"name": "torch", "version": "2.14.1", "group": "torch"}],
+        "__path__": "test.lock",
+    }
+    lock.update(over)
+    return lock
+
+
+class FakeTorch:
+    """Enough of torch for torch_info, tf32_state and memory_free."""
+
+    def __init__(self, *, version="2.14.1", cuda="13.0", cudnn=92400, nccl=(2, 30, 7),
+                 devices=(("NVIDIA H100 80GB HBM3", 9, 0),), arch_list=("sm_80", "sm_90", "sm_100", "sm_120", "compute_120"),
+                 tf32=(True, True), precision="high", free_fraction=0.95):
+        self.__version__ = version
+        self.version = SimpleNamespace(cuda=cuda, git_version="0123456789abcdef")
+        mem = 80 * 2**30
+        props = [SimpleNamespace(name=n, major=ma, minor=mi, total_memory=mem, multi_processor_count=132)
+                 for n, ma, mi in devices]
+        self._precision = precision
+        self.cuda = SimpleNamespace(
+            is_available=lambda: bool(cuda) and bool(props),
+            device_count=lambda: len(props),
+            get_device_properties=lambda i: props[i],
+            get_arch_list=lambda: list(arch_list),
+            mem_get_info=lambda i: (int(mem * free_fraction), mem),
+            nccl=SimpleNamespace(version=lambda: nccl),
+        )
+        self.backends = SimpleNamespace(
+            cudnn=SimpleNamespace(version=lambda: cudnn, allow_tf32=tf32[1]),
+            cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=tf32[0])),
+        )
+
+    def get_float32_matmul_precision(self) -> str:
+        return self._precision
+
+
+class FakeSystem(System):
+    def __init__(self, *, env=None, driver=DriverInfo("580.95.05", "13.0", "kernel module"), torch=None,
+                 torch_error="No module named 'torch'", nodes=("nvidia0", "nvidiactl", "nvidia-uvm"),
+                 shm=32 * 2**30, container=False, ib=False, sites=(), prefix="/opt/venv", libs=None) -> None:
+        super().__init__()
+        self.env = dict(env or {})
+        self._driver = driver
+        self._torch_mod = torch
+        self._torch_error = torch_error
+        self._nodes = list(nodes)
+        self._shm = shm
+        self._container = container
+        self._ib = ib
+        self._sites = [Path(s) for s in sites]
+        self._prefix = Path(prefix)
+        self._libs = libs or {}
+
+    def hostname(self) -> str:
+        return "node-a"
+
+    def prefix(self) -> Path:
+        return self._prefix
+
+    def executable(self) -> str:
+        return str(self._prefix / "bin" / "python")
+
+    def driver(self):
+        return self._driver
+
+    def torch(self):
+        return (self._torch_mod, "") if self._torch_mod is not None else (None, self._torch_error)
+
+    def in_container(self) -> bool:
+        return self._container
+
+    def device_nodes(self):
+        return self._nodes
+
+    def shm_bytes(self):
+        return self._shm
+
+    def infiniband(self) -> bool:
+        return self._ib
+
+    def site_dirs(self):
+        return self._sites
+
+    def loaded_libraries(self):
+        return self._libs
+
+
+# checks that need a real GPU or a real torch; unit tests with FakeTorch leave them out
+GPU_WORK = ("libs", "numerics", "torch.compile", "integrity")
+
+
+def by_check(report) -> dict[str, Any]:
+    return {f.check: f for f in report.findings}
