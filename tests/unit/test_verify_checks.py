@@ -6,7 +6,7 @@ from envspec.verify import render
 from envspec.verify.checks import run_checks
 from envspec.verify.probes import DriverInfo
 
-from verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
+from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
 
 
 def run(lock=None, **sys_kw):

@@ -1,4 +1,4 @@
-"""Fakes for the verifier's unit tests: a System whose probes return what a test says, a
+"""Fakes for the verifier's unit tests (no tests here; named test_* to stay in the verify paths): a
 stand-in torch module with the attributes the checks read, and a lock builder."""
 
 from __future__ import annotations
