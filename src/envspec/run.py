@@ -1,0 +1,572 @@
+"""``envspec run SPEC|LOCK|IMAGE [-- CMD...]``: the command that starts an image, right for this host.
+
+Pure at the core: ``plan_run(target, cmd, facts=...)`` returns a ``RunPlan`` (the argv and the
+warnings) from the lock and a ``HostFacts`` record; ``detect_host_facts()`` is the one place
+that looks at the machine, so tests inject facts and golden files stay deterministic. The CLI
+prints ``RunPlan.shell()`` (``--print``) or execs ``RunPlan.argv``.
+
+What the argv carries, and why:
+
+- GPUs: CDI (``--device nvidia.com/gpu=all``) where a CDI spec names ``nvidia.com/gpu``
+  (podman); docker uses ``--gpus all`` (its CDI support is a daemon feature the client cannot
+  see). Podman without a CDI spec gets no GPU flag and a warning that says how to make one.
+- ``--shm-size`` and ``--ulimit`` from the lock's ``[runtime]``: PyTorch's DataLoader workers
+  pass tensors through /dev/shm, whose container default (64 MB) is far too small.
+- the services' ports on loopback only (``-p 127.0.0.1:P:P``): Jupyter and SSH need a token or
+  a key, but a workstation's services are still not the whole network's business.
+- the current directory on ``/workspace``; relabelled (``:z``) only where SELinux is on.
+- host quirks (seen on this project's Debian 12 machines): crun rejects cgroup v1 and hybrid
+  hierarchies, so podman gets ``--runtime runc`` there; without CAP_SYS_RESOURCE podman
+  cannot raise rlimits above its own hard limits, and its defaults (nofile 1048576, nproc
+  4194304) exceed them, so ``--ulimit`` values are capped to the hard limits; without systemd
+  podman gets ``--cgroup-manager cgroupfs``.
+
+This module also renders the image's entrypoint and service files (``render_service_files``),
+which the build's envspec layer includes: they are what ``run`` starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from envspec.errors import HostError, PlanError, UsageError
+
+# podman's default rlimits for a rootful container (containers.conf "default_ulimits" unset).
+PODMAN_DEFAULT_LIMITS = {"nofile": 1048576, "nproc": 4194304}
+PASSTHROUGH_ENV = ("ENVSPEC_VERIFY", "JUPYTER_TOKEN", "ENVSPEC_AUTHORIZED_KEYS")
+INIT_PACKAGES = ("tini", "dumb-init")
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+WORKSPACE = "/workspace"
+
+_RLIMITS = {
+    "core": resource.RLIMIT_CORE, "cpu": resource.RLIMIT_CPU, "data": resource.RLIMIT_DATA,
+    "fsize": resource.RLIMIT_FSIZE, "memlock": resource.RLIMIT_MEMLOCK, "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC, "stack": resource.RLIMIT_STACK, "as": resource.RLIMIT_AS,
+}
+UNLIMITED = -1
+
+
+# ---------------------------------------------------------------------------------------
+# host facts
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What ``plan_run`` needs to know about the host. ``detect_host_facts()`` fills it in."""
+
+    engines: tuple[str, ...] = ("podman",)  # usable engines, preferred first
+    cdi_gpu_specs: tuple[str, ...] = ()  # CDI spec files that name nvidia.com/gpu
+    nvidia_toolkit: bool = False  # nvidia-container-toolkit (what docker's --gpus needs)
+    cgroup: str = "v2"  # "v2" (unified), "hybrid" (v1 controllers + a v2 mount) or "v1"
+    runtimes: tuple[str, ...] = ("crun", "runc")  # OCI runtimes on PATH
+    systemd: bool = True  # booted with systemd (podman's default cgroup manager needs it)
+    rootless: bool = False
+    cap_sys_resource: bool = True  # may raise rlimits above the hard limits
+    hard_limits: tuple[tuple[str, int], ...] = ()  # (rlimit name, hard limit; -1 = unlimited)
+    selinux: bool = False
+    cwd: str = "/home/user/project"
+    cwd_uid: int = 1000
+    tty: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # PASSTHROUGH_ENV variables that are set
+    storage_args: tuple[str, ...] = ()  # podman --root/--runroot/--storage-driver, as the build used
+    host_init: str = ""  # an init podman can inject (--init-path) when an image has none
+    podman_init: bool = True  # podman's own --init binary (catatonit) is installed
+
+    def hard(self, name: str) -> int:
+        return dict(self.hard_limits).get(name, UNLIMITED)
+
+
+def _docker_usable(env: Mapping[str, str]) -> bool:
+    exe = shutil.which("docker")
+    if exe is None:
+        return False
+    try:
+        head = Path(exe).read_bytes()[:4096]
+    except OSError:
+        head = b""
+    if head.startswith(b"#!") and b"podman" in head:
+        return False  # podman-docker's shim: that is podman
+    host = env.get("DOCKER_HOST", "")
+    if host and not host.startswith("unix://"):
+        return True  # a remote daemon: cannot check cheaply, trust the configuration
+    sock = host.removeprefix("unix://") or "/var/run/docker.sock"
+    return Path(sock).exists()  # a client without a daemon (seen here) cannot run anything
+
+
+def cgroup_layout(root: str = "/sys/fs/cgroup") -> str:
+    r = Path(root)
+    if (r / "cgroup.controllers").exists():
+        return "v2"
+    if (r / "unified").is_dir():
+        return "hybrid"
+    return "v1"
+
+
+def cdi_gpu_specs(dirs: Sequence[str] = CDI_DIRS) -> tuple[str, ...]:
+    found = []
+    for d in dirs:
+        p = Path(d)
+        if not p.is_dir():
+            continue
+        for f in sorted(p.iterdir()):
+            if f.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                text = f.read_text(errors="replace")
+            except OSError:
+                continue
+            if re.search(r"nvidia\.com/gpu", text):
+                found.append(str(f))
+    return tuple(found)
+
+
+def _has_cap(bit: int) -> bool:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0
+
+
+def detect_host_facts(env: Mapping[str, str] | None = None, cwd: str | None = None) -> HostFacts:
+    """Look at this machine: cheap file checks only, no container is started."""
+    env = dict(os.environ) if env is None else env
+    cwd = cwd or os.getcwd()
+    engines = []
+    if shutil.which("podman"):
+        engines.append("podman")
+    if _docker_usable(env):
+        engines.append("docker")
+    hard = []
+    for name in ("nofile", "nproc", "memlock", "stack"):
+        h = resource.getrlimit(_RLIMITS[name])[1]
+        hard.append((name, UNLIMITED if h == resource.RLIM_INFINITY else int(h)))
+    storage: tuple[str, ...] = ()
+    try:  # the storage the build put the image in (ENVSPEC_STORAGE_ROOT): run must look there
+        from envspec.build.engine import detect_host
+
+        storage = tuple(detect_host(dict(env)).storage_args())
+    except Exception:  # noqa: BLE001 (build stage absent or unusable: the system storage)
+        storage = ()
+    try:
+        cwd_uid = os.stat(cwd).st_uid
+    except OSError:
+        cwd_uid = os.getuid()
+    host_init = next((p for p in ("/usr/bin/tini", "/usr/bin/dumb-init") if Path(p).exists()), "")
+    podman_init = any(Path(p).exists() for p in ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit"))
+    return HostFacts(
+        engines=tuple(engines),
+        cdi_gpu_specs=cdi_gpu_specs(),
+        nvidia_toolkit=bool(shutil.which("nvidia-container-toolkit") or shutil.which("nvidia-container-runtime-hook")
+                            or shutil.which("nvidia-ctk")),
+        cgroup=cgroup_layout(),
+        runtimes=tuple(r for r in ("crun", "runc") if shutil.which(r)),
+        systemd=Path("/run/systemd/system").is_dir(),
+        rootless=os.geteuid() != 0,
+        cap_sys_resource=_has_cap(24),  # CAP_SYS_RESOURCE
+        hard_limits=tuple(hard),
+        selinux=Path("/sys/fs/selinux/enforce").exists() and Path("/sys/fs/selinux/enforce").read_text().strip() == "1",
+        cwd=cwd,
+        cwd_uid=cwd_uid,
+        tty=sys.stdin.isatty() and sys.stdout.isatty(),
+        env=tuple((k, env[k]) for k in PASSTHROUGH_ENV if k in env),
+        storage_args=storage,
+        host_init=host_init,
+        podman_init=podman_init,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# target: SPEC, LOCK or IMAGE
+
+@dataclass(frozen=True)
+class Target:
+    image: str
+    lock: dict[str, Any] | None = None  # the lock as a dict, when known
+    source: str = ""  # what was given
+    warnings: tuple[str, ...] = ()
+
+
+def image_ref(lock: Mapping[str, Any]) -> str:
+    """``localhost/envspec/<meta.name>:<first 12 hex of meta.content_hash>`` (docs/lockfile.md)."""
+    meta = lock.get("meta") or {}
+    short = str(meta.get("content_hash", "")).split(":", 1)[-1][:12]
+    if not short:
+        raise UsageError("the lock has no content_hash, so it names no image", hint="re-create it with `envspec lock`",
+                         reference="invalid-lock")
+    return f"localhost/envspec/{meta.get('name')}:{short}"
+
+
+def _lock_dict(lock: Any) -> dict[str, Any]:
+    if isinstance(lock, dict):
+        return lock
+    dump = getattr(lock, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    raise TypeError(f"not a lock: {type(lock).__name__}")
+
+
+def resolve_target(target: Any) -> Target:
+    """A spec path (its lock is found next to it), a lockfile path, a lock model or dict, or an
+    image reference."""
+    if not isinstance(target, (str, Path)):
+        d = _lock_dict(target)
+        return Target(image_ref(d), d, source="lock")
+    text = str(target)
+    p = Path(text)
+    if p.is_file():
+        from envspec import lock as lockmod
+
+        if p.suffix == ".toml":
+            from envspec.spec import load_spec
+
+            spec = load_spec(p)
+            candidates = [lockmod.default_path(spec.name), lockmod.default_path(spec.name, p.parent.parent / "lockfiles"),
+                          p.parent / f"{spec.name}.lock"]
+            lp = next((c for c in candidates if c.is_file()), None)
+            if lp is None:
+                raise UsageError(f"{p}: no lock for spec {spec.name!r} (looked for {candidates[0]})",
+                                 hint=f"run `envspec lock {p}` and `envspec build {p}` first",
+                                 reference="lock-not-found")
+            lk = lockmod.read(lp)
+            warnings = []
+            reasons = lockmod.stale_reasons(lk, spec)
+            if reasons:
+                warnings.append(f"{lp} is out of date with {p} ({reasons[0]}); running the image of the lock; "
+                                f"run `envspec lock {p}` and `envspec build {p}` to update it")
+            d = _lock_dict(lk)
+            return Target(image_ref(d), d, source=str(lp), warnings=tuple(warnings))
+        d = _lock_dict(lockmod.read(p))
+        return Target(image_ref(d), d, source=str(p))
+    if p.suffix in (".toml", ".lock") or text.startswith(("./", "../", "/")):
+        raise UsageError(f"{text}: no such file", hint="give a spec, a lockfile or an image reference",
+                         reference="bad-usage")
+    return Target(text, None, source="image")
+
+
+# ---------------------------------------------------------------------------------------
+# the plan
+
+@dataclass(frozen=True)
+class RunPlan:
+    argv: list[str]
+    warnings: list[str] = field(default_factory=list)
+    engine: str = "podman"
+    image: str = ""
+    notes: list[str] = field(default_factory=list)  # what to do next: URLs, ssh line
+
+    def shell(self) -> str:
+        """The command, shell-quoted (what ``--print`` prints)."""
+        return shlex.join(self.argv)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"engine": self.engine, "image": self.image, "argv": list(self.argv), "command": self.shell(),
+                "warnings": list(self.warnings), "notes": list(self.notes)}
+
+
+def run_lines(plan: RunPlan) -> list[str]:
+    """``--print``: the command, then warnings and notes as shell comments (pasteable)."""
+    lines = [plan.shell()]
+    lines += [f"# warning: {w}" for w in plan.warnings]
+    lines += [f"# {n}" for n in plan.notes]
+    return lines
+
+
+def _ulimits(lock: Mapping[str, Any] | None, engine: str, facts: HostFacts, warnings: list[str]) -> list[str]:
+    """``--ulimit`` flags: the lock's, plus podman's defaults made explicit where they would exceed
+    the host's hard limits; each capped to the hard limit where podman could not raise it."""
+    wanted: dict[str, int] = {}
+    if lock:
+        for k, v in dict((lock.get("runtime") or {}).get("ulimits") or {}).items():
+            wanted[str(k)] = int(v)
+    capped = engine == "podman" and (facts.rootless or not facts.cap_sys_resource)
+    if capped:
+        for name, default in PODMAN_DEFAULT_LIMITS.items():
+            h = facts.hard(name)
+            if name not in wanted and h != UNLIMITED and h < default:
+                wanted[name] = h
+    flags = []
+    for name in sorted(wanted):
+        v = wanted[name]
+        if capped:
+            h = facts.hard(name)
+            if h != UNLIMITED and (v == UNLIMITED or v > h):
+                if name in ((lock or {}).get("runtime") or {}).get("ulimits", {}):
+                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; this host's "
+                                    f"hard limit is {h} and podman cannot raise it here: using {h}")
+                v = h
+        flags += ["--ulimit", f"{name}={v}:{v}"]
+    return flags
+
+
+def _has_init(lock: Mapping[str, Any] | None, image: str) -> bool | None:
+    """Whether the image has its own init (tini or dumb-init) as PID 1; None when unknown."""
+    if lock is None:
+        return True if image.startswith("localhost/envspec/") else None
+    deb = lock.get("debian") or {}
+    names = {p.get("name") for p in deb.get("packages", []) or []}
+    return any(n in names for n in INIT_PACKAGES)
+
+
+def _wants_gpu(lock: Mapping[str, Any] | None) -> bool:
+    if lock is None:
+        return True  # an image we know nothing about: offer the GPUs
+    torch = lock.get("torch") or {}
+    return bool(torch) and str(torch.get("variant", "cpu")) != "cpu"
+
+
+def _enabled_services(lock: Mapping[str, Any] | None) -> list[tuple[str, int]]:
+    out = []
+    for name in ("jupyter", "ssh"):
+        s = ((lock or {}).get("services") or {}).get(name) or {}
+        if s and s.get("enabled", True):
+            out.append((name, int(s.get("port", 8888 if name == "jupyter" else 2222))))
+    return out
+
+
+def plan_run(target: Any, cmd: Sequence[str] = (), *, engine: str | None = None, facts: HostFacts | None = None,
+             bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
+             mount_cwd: bool = True, gpus: bool = True) -> RunPlan:
+    """The argv that starts ``target`` (a spec or lockfile path, a lock, or an image reference)
+    on this host, with the warnings a user should see. Raises ``HostError`` when no engine is
+    usable, ``UsageError``/``LockError`` for a bad target."""
+    facts = facts or detect_host_facts()
+    t = target if isinstance(target, Target) else resolve_target(target)
+    lock, image = t.lock, t.image
+    warnings = list(t.warnings)
+    notes: list[str] = []
+
+    if engine is None:
+        if not facts.engines:
+            raise HostError("no container engine: neither podman nor a reachable docker daemon",
+                            hint="apt-get install -y podman runc", reference="no-container-engine")
+        engine = facts.engines[0]
+    elif engine not in ("podman", "docker"):
+        raise UsageError(f"unknown engine {engine!r}", hint="use --engine podman or --engine docker")
+    elif engine not in facts.engines:
+        warnings.append(f"{engine} does not look usable on this host"
+                        + (" (no daemon socket)" if engine == "docker" else " (not on PATH)"))
+
+    argv: list[str] = [engine]
+    if engine == "podman":
+        argv += list(facts.storage_args)
+        if not facts.systemd:
+            # podman's systemd cgroup manager needs systemd as PID 1; without it cgroupfs works.
+            argv += ["--cgroup-manager", "cgroupfs"]
+    argv += ["run", "--rm"]
+    if detach:
+        argv.append("-d")
+    elif facts.tty:
+        argv.append("-it")
+    else:
+        argv.append("-i")
+    if name:
+        argv += ["--name", name]
+
+    if engine == "podman":
+        if facts.cgroup != "v2":
+            if "runc" in facts.runtimes:
+                # crun rejects cgroup v1/hybrid hierarchies on this project's Debian 12 hosts.
+                argv += ["--runtime", "runc"]
+            else:
+                warnings.append(f"cgroup {facts.cgroup} host without runc: crun may refuse to start the container "
+                                "(apt-get install -y runc)")
+        if facts.rootless and lock is not None:
+            uid = int((lock.get("runtime") or {}).get("uid", 1000))
+            # Your files in /workspace stay yours: the image's user is you on the host.
+            argv += ["--userns", f"keep-id:uid={uid},gid={uid}"]
+
+    has_init = _has_init(lock, image)
+    if has_init is False or has_init is None:
+        if engine == "docker":
+            argv.append("--init")
+        elif facts.podman_init:
+            argv.append("--init")
+        elif facts.host_init:
+            argv += ["--init", "--init-path", facts.host_init]
+        else:
+            warnings.append("the image has no init and podman's (catatonit) is not installed: zombie processes of "
+                            "DataLoader workers will not be reaped (apt-get install -y catatonit)")
+
+    if gpus and _wants_gpu(lock):
+        if engine == "podman":
+            if facts.cdi_gpu_specs:
+                argv += ["--device", "nvidia.com/gpu=all"]
+            else:
+                warnings.append("no CDI spec names nvidia.com/gpu (looked in /etc/cdi, /var/run/cdi): the container "
+                                "gets no GPU. Make one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml "
+                                "(package nvidia-container-toolkit)")
+        else:
+            argv += ["--gpus", "all"]
+            if not facts.nvidia_toolkit:
+                warnings.append("docker's --gpus needs the NVIDIA container toolkit, which is not installed here "
+                                "(apt-get install -y nvidia-container-toolkit)")
+
+    rt = (lock or {}).get("runtime") or {}
+    if rt.get("shm_size"):
+        argv += ["--shm-size", str(rt["shm_size"])]
+    elif lock is None:
+        argv += ["--shm-size", "16g"]
+        warnings.append("no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead")
+    argv += _ulimits(lock, engine, facts, warnings)
+
+    for svc, port in _enabled_services(lock):
+        argv += ["-p", f"{bind}:{port}:{port}" if bind else f"{port}:{port}"]
+        host = bind if bind and bind != "0.0.0.0" else "127.0.0.1"
+        if svc == "jupyter":
+            notes.append(f"Jupyter: http://{host}:{port}/lab?token=<JUPYTER_TOKEN, or the token the container prints>")
+        else:
+            user = rt.get("user", "envspec")
+            notes.append(f"SSH: ssh -p {port} {user}@{host}")
+    if bind and bind not in ("127.0.0.1", "::1", "localhost") and _enabled_services(lock):
+        warnings.append(f"services are published on {bind}, not loopback only: anyone who can reach this host "
+                        "can reach them (they still need the token or a key)")
+
+    if mount_cwd:
+        cwd = os.path.normpath(facts.cwd)
+        if cwd == "/":
+            warnings.append("the current directory is /: not mounting it on /workspace")
+        else:
+            opts = ":z" if facts.selinux else ""  # shared label: several containers may mount it
+            argv += ["-v", f"{cwd}:{WORKSPACE}{opts}"]
+            uid = int(rt.get("uid", 1000)) if lock else None
+            if uid is not None and not facts.rootless and facts.cwd_uid != uid:
+                warnings.append(f"{cwd} belongs to uid {facts.cwd_uid} on the host; the image's user is uid {uid}: "
+                                f"it can read but maybe not write /workspace (chown -R {uid}:{uid} the directory, "
+                                "or run rootless podman)")
+
+    for k, _v in facts.env:
+        argv += ["-e", k]  # the name only: the value comes from this environment, never the argv
+
+    argv.append(image)
+    argv += list(cmd)
+
+    if engine == "docker" and image.startswith("localhost/envspec/"):
+        warnings.append(f"envspec builds into containers-storage, which docker does not read: load it with "
+                        f"skopeo copy containers-storage:{image} docker-daemon:{image}")
+    return RunPlan(argv=argv, warnings=warnings, engine=engine, image=image, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------
+# services in the image: the entrypoint and service files the build's envspec layer includes
+
+ENTRYPOINT_IN_IMAGE = "/opt/envspec/entrypoint.sh"
+SERVICES_DIR = "/opt/envspec/services"
+AUTHORIZED_KEYS_IN_IMAGE = "/opt/envspec/authorized_keys"
+ENVSPEC_LIB = "/opt/envspec/lib"
+_KEY_TYPES = re.compile(r"(^|\s)(ssh-ed25519|ssh-rsa|ssh-dss|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com|"
+                        r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+[A-Za-z0-9+/]+=*(\s|$)")
+
+
+def _templates():
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def check_authorized_keys(text: str, source: str = "authorized_keys") -> str:
+    """Public keys only, one per line; raises ``PlanError`` on a private key or a line that is not a key."""
+    if "PRIVATE KEY" in text:
+        raise PlanError(f"{source} holds a PRIVATE key; it must list public keys (*.pub) only",
+                        hint="put the contents of ~/.ssh/id_ed25519.pub there, never the key itself",
+                        reference="private-key-in-spec")
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            out.append(s)
+            continue
+        if not _KEY_TYPES.search(s):
+            raise PlanError(f"{source}:{n}: not an OpenSSH public key line", reference="bad-authorized-keys",
+                            hint="each line: [options] ssh-ed25519 AAAA... comment")
+        out.append(s)
+    return "\n".join(out).strip() + "\n" if any(out) else ""
+
+
+def _keys_text(ssh: Mapping[str, Any], meta: Mapping[str, Any], spec_dir: str | Path | None) -> str:
+    rel = str(ssh.get("authorized_keys", "") or "")
+    if not rel:
+        return ""
+    p = Path(rel)
+    if not p.is_absolute():
+        base = Path(spec_dir) if spec_dir is not None else Path(str(meta.get("spec", "") or ".")).parent
+        p = base / p
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        raise PlanError(f"[services.ssh].authorized_keys: no such file: {p}", reference="missing-file",
+                        hint="the path is relative to the spec; or leave it empty and pass keys at run time in "
+                             "ENVSPEC_AUTHORIZED_KEYS") from None
+    return check_authorized_keys(text, str(p))
+
+
+def _session_env(venv: str, rt: Mapping[str, Any]) -> str:
+    """What an ssh session's environment needs from the image: the venv on PATH, the lock's env.
+    Values that sshd_config cannot quote (double quotes, newlines) are left out."""
+    out = [("PATH", f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"), ("VIRTUAL_ENV", venv)]
+    for k, v in sorted(dict(rt.get("env") or {}).items()):
+        if '"' not in str(v) and "\n" not in str(v) and k not in ("PATH", "VIRTUAL_ENV"):
+            out.append((str(k), str(v)))
+    return " ".join(f'"{k}={v}"' for k, v in out)
+
+
+def render_service_files(lock: Any, *, spec_dir: str | Path | None = None,
+                         authorized_keys: str | None = None) -> dict[str, tuple[str, int]]:
+    """The entrypoint and the enabled services' files, rendered from the lock:
+    ``{path in image: (text, mode)}``. Nothing secret is rendered: no token, no password, no host
+    key; the authorized keys (public) come from the spec's file (``authorized_keys`` text, else the
+    file named in the lock, relative to ``spec_dir`` or to the lock's ``meta.spec``)."""
+    d = _lock_dict(lock)
+    meta = d.get("meta") or {}
+    rt = d.get("runtime") or {}
+    platform = d.get("platform") or {}
+    services = d.get("services") or {}
+    uid = int(rt.get("uid", 1000))
+    state_dir = f"/tmp/envspec-{uid}"
+    common = {
+        "name": str(meta.get("name", "")),
+        "short_hash": str(meta.get("content_hash", "")).split(":", 1)[-1][:12],
+        "venv": str(platform.get("venv", "/opt/venv")),
+        "user": str(rt.get("user", "envspec")),
+        "uid": uid,
+        "workdir": "/" + str(rt.get("workdir", WORKSPACE)).strip("/"),
+        "state_dir": state_dir,
+        "ssh_dir": f"{state_dir}/ssh",
+        "services_dir": SERVICES_DIR,
+        "envspec_lib": ENVSPEC_LIB,
+        "authorized_keys_in_image": AUTHORIZED_KEYS_IN_IMAGE,
+        "sshd_config_in_image": f"{SERVICES_DIR}/sshd_config",
+    }
+    enabled = [s for s in ("jupyter", "ssh") if (services.get(s) or {}) and services[s].get("enabled", True)]
+    env = _templates()
+    files: dict[str, tuple[str, int]] = {
+        ENTRYPOINT_IN_IMAGE: (env.get_template("entrypoint.sh.j2").render(**common, services=enabled), 0o755),
+    }
+    if "jupyter" in enabled:
+        j = services["jupyter"]
+        files[f"{SERVICES_DIR}/jupyter.sh"] = (env.get_template("services/jupyter.sh.j2").render(
+            **common, port=int(j.get("port", 8888)), extensions=list(j.get("extensions", []))), 0o755)
+    if "ssh" in enabled:
+        s = services["ssh"]
+        port = int(s.get("port", 2222))
+        files[f"{SERVICES_DIR}/ssh.sh"] = (env.get_template("services/ssh.sh.j2").render(**common, port=port), 0o755)
+        files[f"{SERVICES_DIR}/sshd_config"] = (env.get_template("services/sshd_config.j2").render(
+            **common, port=port, session_env=_session_env(common["venv"], rt)), 0o644)
+        keys = (check_authorized_keys(authorized_keys, "authorized_keys") if authorized_keys is not None
+                else _keys_text(s, meta, spec_dir))
+        if keys:
+            files[AUTHORIZED_KEYS_IN_IMAGE] = (keys, 0o644)
+    return dict(sorted(files.items()))

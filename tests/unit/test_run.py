@@ -1,0 +1,209 @@
+"""envspec run: the argv for docker and podman hosts as golden files, from injected host facts.
+
+Regenerate the golden outputs (then review them like code):
+    ENVSPEC_REGEN_GOLDEN=1 python -m pytest tests/unit/test_run.py
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from envspec.errors import HostError, UsageError
+from envspec.run import (HostFacts, Target, cgroup_layout, detect_host_facts, image_ref, plan_run, resolve_target,
+                         run_lines)
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
+
+
+def _lock() -> dict:
+    """The golden diff's new lock, with Jupyter and SSH enabled (a GPU lock: cu130)."""
+    d = tomllib.loads((GOLDEN / "diff" / "new.lock").read_text())
+    d["services"] = {"jupyter": {"enabled": True, "port": 8888, "extensions": []},
+                     "ssh": {"enabled": True, "port": 2222, "authorized_keys": ""}}
+    return d
+
+
+# This project's Debian 12 machines: rootful podman, hybrid cgroups, no crun, no systemd, no
+# CAP_SYS_RESOURCE, nofile hard limit 20000, no GPU.
+DEBIAN_HYBRID = HostFacts(
+    engines=("podman",), cgroup="hybrid", runtimes=("runc",), systemd=False, rootless=False,
+    cap_sys_resource=False,
+    hard_limits=(("nofile", 20000), ("nproc", 96365), ("memlock", 8388608), ("stack", -1)),
+    cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini",
+)
+# A GPU workstation: rootless podman on cgroup v2 with a CDI spec, a token in the environment.
+PODMAN_CDI = HostFacts(
+    engines=("podman", "docker"), cdi_gpu_specs=("/etc/cdi/nvidia.yaml",), nvidia_toolkit=True, cgroup="v2",
+    runtimes=("crun", "runc"), systemd=True, rootless=True, cap_sys_resource=False,
+    hard_limits=(("nofile", 524288), ("nproc", 1028000), ("memlock", -1), ("stack", -1)),
+    cwd="/home/ada/project", cwd_uid=1000, tty=True, env=(("ENVSPEC_VERIFY", "warn"), ("JUPYTER_TOKEN", "s3cret")),
+)
+# A docker host with the NVIDIA container toolkit.
+DOCKER = HostFacts(
+    engines=("docker",), nvidia_toolkit=True, cgroup="v2", runtimes=("runc",), systemd=True,
+    hard_limits=(("nofile", 1048576), ("nproc", -1), ("memlock", -1), ("stack", -1)),
+    cwd="/home/ada/my project", cwd_uid=1000, tty=True,
+)
+
+CASES = {
+    "podman-debian-hybrid": (DEBIAN_HYBRID, {}, ()),
+    "podman-cdi-rootless": (PODMAN_CDI, {}, ("python", "train.py", "--epochs", "3")),
+    "docker": (DOCKER, {"engine": "docker"}, ()),
+}
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / "run" / name
+    if REGEN:
+        path.write_text(text)
+    assert path.is_file(), f"{path} is missing; run with ENVSPEC_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from the golden file; regenerate if intended"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case):
+    facts, kw, cmd = CASES[case]
+    plan = plan_run(_lock(), cmd, facts=facts, **kw)
+    _check_golden(f"{case}.txt", "\n".join(run_lines(plan)) + "\n")
+    assert shlex.split(plan.shell()) == plan.argv
+
+
+def test_debian_hybrid_quirks():
+    argv = plan_run(_lock(), facts=DEBIAN_HYBRID).argv
+    assert argv[:3] == ["podman", "--cgroup-manager", "cgroupfs"]
+    assert argv[argv.index("--runtime") + 1] == "runc"
+    uls = [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"]
+    assert "nofile=20000:20000" in uls and "nproc=96365:96365" in uls
+    assert "memlock=8388608:8388608" in uls  # the lock's unlimited, capped to the hard limit
+    assert "stack=67108864:67108864" in uls
+    assert "--init" not in argv  # the image has tini
+    assert "-p" in argv and "127.0.0.1:8888:8888" in argv and "127.0.0.1:2222:2222" in argv
+    assert "--device" not in argv and "--gpus" not in argv
+    assert argv[-1] == "localhost/envspec/h100-train:" + _lock()["meta"]["content_hash"][7:19]
+
+
+def test_gpu_flags():
+    assert "nvidia.com/gpu=all" in plan_run(_lock(), facts=PODMAN_CDI).argv
+    p = plan_run(_lock(), facts=DEBIAN_HYBRID)
+    assert any("no CDI spec" in w for w in p.warnings)
+    d = plan_run(_lock(), facts=DOCKER).argv
+    assert d[d.index("--gpus") + 1] == "all"
+    cpu = _lock()
+    cpu["torch"]["variant"] = "cpu"
+    p = plan_run(cpu, facts=DEBIAN_HYBRID)
+    assert not any("CDI" in w for w in p.warnings) and "--device" not in p.argv
+
+
+def test_secrets_never_in_argv():
+    plan = plan_run(_lock(), facts=PODMAN_CDI)
+    assert "s3cret" not in plan.shell()
+    assert ["-e", "JUPYTER_TOKEN"] == plan.argv[plan.argv.index("JUPYTER_TOKEN") - 1:plan.argv.index("JUPYTER_TOKEN") + 1]
+
+
+def test_bind_elsewhere_warns():
+    plan = plan_run(_lock(), facts=DEBIAN_HYBRID, bind="0.0.0.0")
+    assert "0.0.0.0:8888:8888" in plan.argv
+    assert any("not loopback" in w for w in plan.warnings)
+
+
+def test_no_init_in_image():
+    lock = _lock()
+    lock["debian"]["packages"] = [p for p in lock["debian"]["packages"] if p["name"] != "tini"]
+    argv = plan_run(lock, facts=DEBIAN_HYBRID).argv
+    assert argv[argv.index("--init") + 1:argv.index("--init") + 3] == ["--init-path", "/usr/bin/tini"]
+    assert "--init" in plan_run(lock, facts=DOCKER).argv
+
+
+def test_root_dir_not_mounted_and_selinux_label():
+    p = plan_run(_lock(), facts=replace(DEBIAN_HYBRID, cwd="/"))
+    assert "-v" not in p.argv and any("current directory is /" in w for w in p.warnings)
+    p = plan_run(_lock(), facts=replace(DEBIAN_HYBRID, selinux=True))
+    assert "/srv/project:/workspace:z" in p.argv
+
+
+def test_no_engine():
+    with pytest.raises(HostError):
+        plan_run(_lock(), facts=replace(DEBIAN_HYBRID, engines=()))
+    with pytest.raises(UsageError):
+        plan_run(_lock(), facts=DEBIAN_HYBRID, engine="lxc")
+
+
+def test_image_target_and_missing_files(tmp_path):
+    t = resolve_target("docker.io/library/debian:bookworm")
+    assert t.lock is None and t.image == "docker.io/library/debian:bookworm"
+    p = plan_run(t, ["true"], facts=DEBIAN_HYBRID)
+    assert p.argv[-2:] == ["docker.io/library/debian:bookworm", "true"]
+    assert "--init" in p.argv  # unknown image: podman injects an init
+    with pytest.raises(UsageError):
+        resolve_target(str(tmp_path / "nope.lock"))
+
+
+def test_lock_and_spec_targets(tmp_path, monkeypatch):
+    lockfile = GOLDEN / "diff" / "new.lock"
+    t = resolve_target(str(lockfile))
+    assert t.image == image_ref(t.lock) and t.image.startswith("localhost/envspec/h100-train:")
+    spec = tmp_path / "specs" / "s.toml"
+    spec.parent.mkdir()
+    spec.write_text('name = "h100-train"\n[python]\nversion = "3.11"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as e:
+        resolve_target(str(spec))
+    assert e.value.reference == "lock-not-found"
+    (tmp_path / "lockfiles").mkdir()
+    (tmp_path / "lockfiles" / "h100-train.lock").write_text(lockfile.read_text())
+    t = resolve_target(str(spec))
+    assert t.image.startswith("localhost/envspec/h100-train:")
+    assert t.warnings and "out of date" in t.warnings[0]  # the spec is not the one locked
+
+
+def test_cgroup_layout(tmp_path):
+    assert cgroup_layout(str(tmp_path)) == "v1"
+    (tmp_path / "unified").mkdir()
+    assert cgroup_layout(str(tmp_path)) == "hybrid"
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    assert cgroup_layout(str(tmp_path)) == "v2"
+
+
+def test_detect_host_facts_runs_here():
+    f = detect_host_facts()
+    assert f.cgroup in ("v1", "v2", "hybrid")
+    assert all(e in ("podman", "docker") for e in f.engines)
+
+
+def _envspec_images() -> list[str]:
+    try:
+        out = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln for ln in out.split() if ln.startswith("localhost/envspec/")]
+
+
+@pytest.mark.e2e
+def test_real_podman_run():
+    """Start an envspec image with the argv plan_run gives on this host; skips where podman or an
+    envspec image is absent (build one with `envspec build specs/smoke.toml`)."""
+    import shutil
+
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    images = _envspec_images()
+    if not images:
+        pytest.skip("no localhost/envspec/* image in containers-storage")
+    facts = detect_host_facts()
+    plan = plan_run(Target(images[0], None, source="image"), ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
+                    facts=replace(facts, tty=False), engine="podman")
+    argv = [a for a in plan.argv if a != "-i"]
+    env = {**os.environ, "ENVSPEC_VERIFY": "off"}
+    cp = subprocess.run(argv[:argv.index(images[0])] + ["-e", "ENVSPEC_VERIFY"] + argv[argv.index(images[0]):],
+                        capture_output=True, text=True, timeout=300, env=env)
+    assert cp.returncode == 0, cp.stderr
+    assert "envspec-run-ok" in cp.stdout
