@@ -132,9 +132,9 @@ def cmd_db(args) -> int:
     from envspec.compat import load_db
 
     if args.db_cmd == "refresh":
-        from envspec.compat import refresh as refmod
+        from envspec.compat import DATA_DIR, refresh
 
-        report = refmod.refresh(Path(args.output) if args.output else None)
+        report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
         if args.json:
             _print_json(report.to_json() if hasattr(report, "to_json") else {"ok": True})
         else:

@@ -160,14 +160,14 @@ def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: lis
     if want not in ("cpu", "auto") and v.cuda != want:
         causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": want})
     if want == "auto" and not v.cuda:
-        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build ([torch].cuda = \"auto\")"})
+        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build"})
     if spec.python.version not in rel.python:
         causes.append({"kind": "python-unsupported", "torch": rel.version, "python": spec.python.version,
                        "supported": rel.python})
     if v.cuda:
         for g in gpus:
             if not any(arch_runs(g.cc, a) for a in v.arch_list):
-                causes.append({"kind": "arch-missing", "gpu": g.name, "cc": g.cc, "variant": v.name,
+                causes.append({"kind": "arch-missing", "gpu": _short(g), "gpu_name": g.name, "cc": g.cc, "variant": v.name,
                                "arch_list": v.arch_list, "torch": rel.version})
         floor = driver_floor(db, v, spec.target.driver_policy)
         if floor is None:
@@ -380,20 +380,17 @@ def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]
 
 
 def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
-            preferences: list[tuple[str, str]], upgrade: list[str], constraints: list[str]) -> list[dict]:
+            upgrade: list[str], constraints: list[str]) -> list[dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
     out = workdir / f"pylock.{name}.toml"
-    if preferences:  # uv keeps the versions of an existing output file unless told to upgrade
-        out.write_text('lock-version = "1.0"\ncreated-by = "envspec"\n\n' + "".join(
-            f'[[packages]]\nname = "{n}"\nversion = "{v}"\n\n' for n, v in preferences))
-    elif out.exists():
+    if out.exists():
         out.unlink()
     idx, _ = _index_args(sources, choice)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
             "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",
-            "--only-binary", ":all:", "--index-strategy", "first-index", "--no-header", *idx]
+            "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", "--no-header", *idx]
     if constraints:
         c = workdir / f"{name}.constraints.txt"
         c.write_text("\n".join(constraints) + "\n")
@@ -448,13 +445,24 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     torch_reqs, all_reqs, direct = requirements(choice)
     if not all_reqs:
         return []
-    prefs = [(w.name, w.version) for w in (old or []) if canonicalize_name(w.name) not in
-             {canonicalize_name(u) for u in (upgrade or [])}]
-    full = _run_uv(all_reqs, choice, sources, workdir, "full", prefs, upgrade or [], list(choice.spec.python.constraints))
+    # Re-locking keeps the old lock's versions (as constraints) unless the spec no longer allows them
+    # or --upgrade-package frees them; then it resolves afresh.
+    spec_constraints = list(choice.spec.python.constraints)
+    keep = [f"{w.name}=={w.version}" for w in (old or [])
+            if canonicalize_name(w.name) not in {canonicalize_name(u) for u in (upgrade or [])}
+            and canonicalize_name(w.name) != "torch"]
+    full = None
+    if keep:
+        try:
+            full = _run_uv(all_reqs, choice, sources, workdir, "full", [], spec_constraints + keep)
+        except ResolutionImpossible:
+            full = None
+    if full is None:
+        full = _run_uv(all_reqs, choice, sources, workdir, "full", upgrade or [], spec_constraints)
     pins = {canonicalize_name(p["name"]): p["version"] for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
-        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [], [f"{n}=={v}" for n, v in pins.items()])
+        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [f"{n}=={v}" for n, v in pins.items()])
         torch_names = {canonicalize_name(p["name"]) for p in sub}
     out: list[WheelPin] = []
     for p in full:
@@ -473,9 +481,15 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
             group = "cuda" if _is_cuda_wheel(name) else "torch"
         else:
             group = "team" if name in direct else "deps"
+        size = int(w.get("size") or 0)
+        if not size and url.startswith("file://"):  # a local mirror's page may omit sizes; the file says
+            try:
+                size = os.stat(unquote(urlparse(url).path)).st_size
+            except OSError:
+                size = 0
         out.append(WheelPin(name=name, version=str(p["version"]), filename=filename,
                             index=_attribute_index(url, name, choice, sources),
-                            sha256=w["hashes"]["sha256"], size=int(w.get("size") or 0),
+                            sha256=w["hashes"]["sha256"], size=size,
                             group=group, direct=name in direct))
     return sorted(out, key=lambda w: (w.name, w.version, w.filename))
 

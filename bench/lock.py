@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Measure `envspec explain` and a warm `envspec lock` of a spec, beside uv alone on the same requirements.
+
+    python bench/lock.py [specs/h100.toml] [--runs 5]
+
+Each figure is the median wall time of N runs of the command as a user runs it (a new process
+each time, so imports count). "uv alone" runs `uv pip compile` with the same requirements,
+platform, Python and indexes that envspec passes it, so the difference is envspec's own cost.
+Prints a Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def timed(argv: list[str], runs: int, env: dict) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        out.append(time.perf_counter() - t)
+        if proc.returncode != 0:
+            sys.exit(f"failed: {' '.join(argv)}\n{proc.stderr}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec", nargs="?", default=str(ROOT / "specs" / "h100.toml"))
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+
+    from envspec.compat import load_db
+    from envspec.resolve import _index_args, _uv, choose, requirements
+    from envspec.sources import discover
+    from envspec.spec import load_spec
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    py = sys.executable
+    spec = load_spec(a.spec)
+    choice = choose(spec, load_db())
+    tmp = Path(tempfile.mkdtemp(prefix="envspec-bench-"))
+    lockpath = tmp / "bench.lock"
+    rows = []
+    explain = timed([py, "-m", "envspec", "explain", a.spec], a.runs, env)
+    rows.append(("envspec explain", explain, "goal < 0.3 s"))
+    cold = timed([py, "-m", "envspec", "lock", a.spec, "-o", str(lockpath), "-q"], 1, env)  # fills caches
+    warm = timed([py, "-m", "envspec", "lock", a.spec, "-o", str(lockpath), "-q"], a.runs, env)
+    rows.append(("envspec lock (first run here)", cold, ""))
+    rows.append(("envspec lock (warm)", warm, "goal < 2 s"))
+
+    _, reqs, _ = requirements(choice)
+    (tmp / "r.in").write_text("\n".join(reqs) + "\n")
+    idx, _ = _index_args(discover(spec.sources), choice)
+    uv_env = dict(env, UV_CACHE_DIR=str(Path(os.environ.get("ENVSPEC_CACHE", Path.home() / ".cache" / "envspec")) / "uv"),
+                  UV_NO_CONFIG="1")
+    uv = timed([_uv(), "pip", "compile", str(tmp / "r.in"), "--format", "pylock.toml", "-o", str(tmp / "pylock.toml"),
+                "--quiet", "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",
+                "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", *idx], a.runs, uv_env)
+    rows.append(("uv pip compile alone (same requirements, warm)", uv, "the resolver's own floor"))
+    shutil.rmtree(tmp)
+
+    print(f"spec: {a.spec}; runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}")
+    print()
+    print("| what | median s | min s | max s | note |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, xs, note in rows:
+        print(f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
