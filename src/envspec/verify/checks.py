@@ -479,6 +479,7 @@ class _Run:
         self.libs = libs = self.sys.loaded_libraries()
         paths = [Path(p) for ps in libs.values() for p in ps]
         owners = integrity.owner_index(self.dists or integrity.find_dists(self.sys.site_dirs()), paths)
+        integrity.hash_many([Path(os.path.realpath(p)) for p in paths], self.hash_cache)
         for key, label in (("cudart", "CUDA runtime"), ("cublas", "cuBLAS"), ("cudnn", "cuDNN"), ("nccl", "NCCL")):
             files = libs.get(key, [])
             if not files:
@@ -528,7 +529,9 @@ class _Run:
                      expected="relative error <= " + " ".join(f"{k}:{v:g}" for k, v in torchprobe.TOLERANCE.items()),
                      observed=" ".join(f"{k}:{v:.1e}" for k, v in errs.items()),
                      hint=("a 1024^3 matmul differs from the float64 reference beyond the dtype's tolerance: "
-                           "a faulty GPU (check ECC/Xid errors in dmesg) or a broken cuBLAS") if over else "",
+                           "a faulty GPU (check ECC/Xid errors in dmesg) or a broken cuBLAS"
+                           + ("; fp32 too coarse: TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 forces TF32 into fp32 GEMMs"
+                              if "fp32" in over else "")) if over else "",
                      errors=errs)
 
     def check_cpu_numerics(self) -> None:
@@ -626,13 +629,17 @@ class _Run:
             self.add("nccl.allreduce", SKIP, expected="an all-reduce across the visible GPUs",
                      observed=f"{len(devices)} GPU visible: nothing to all-reduce across")
             return
-        res = torchprobe.allreduce_local(self.torch, devices)
+        try:
+            res = torchprobe.allreduce_local(self.torch, devices)
+        except Exception as e:  # torch.cuda.nccl missing or broken: one process a GPU instead
+            res = torchprobe.allreduce_spawn(len(devices))
+            res["note"] = f"in-process torch.cuda.nccl failed ({type(e).__name__}: {e}); measured one process a GPU"
         sizes = res["sizes"]
         table_ = "; ".join(f"{probes.human_bytes(s['bytes'])}: {s['busbw_gbps']:.0f}" for s in sizes)
         self.add("nccl.allreduce", PASS if res["correct"] else FAIL,
                  expected=f"sum {res['expected_sum']:g} on every GPU; bus bandwidth (GB/s) reported",
                  observed=("correct" if res["correct"] else f"wrong sum on GPU(s) {res['wrong_devices']}")
-                          + f"; busbw GB/s {table_}",
+                          + f"; busbw GB/s {table_}" + (f" ({res['note']})" if res.get("note") else ""),
                  hint="" if res["correct"] else "NCCL returned a wrong result: a faulty link or GPU; run nccl-tests "
                                                 "and check dmesg for Xid errors",
                  gpus=len(devices), sizes=sizes)

@@ -90,6 +90,7 @@ def find_dists(sites: list[Path]) -> dict[str, Dist]:
     dists: dict[str, Dist] = {}
     hp = HeaderParser()
     for site in sites:
+        site = Path(os.path.realpath(site))  # /proc/self/maps shows resolved paths
         try:
             entries = sorted(site.iterdir())
         except OSError:
@@ -188,6 +189,20 @@ def owner_index(dists: dict[str, Dist], wanted: list[Path]) -> dict[Path, tuple[
             if rp in want and rp not in found:
                 found[rp] = (d, e)
     return found
+
+
+def hash_many(paths: list[Path], cache: dict[Path, str]) -> None:
+    """Fill ``cache`` for ``paths`` on a thread pool (big shared libraries: seconds, not minutes)."""
+    todo = [p for p in dict.fromkeys(paths) if p not in cache]
+
+    def one(p: Path) -> None:
+        try:
+            b64_sha256_file(p, cache)
+        except OSError:
+            pass
+
+    with ThreadPoolExecutor(_hash_workers()) as pool:
+        list(pool.map(one, todo))
 
 
 def running_prefix() -> Path:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from typing import Any
@@ -264,6 +265,54 @@ def allreduce_local(torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters
         results.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n})
         del bufs
     return {"correct": not wrong, "wrong_devices": wrong, "expected_sum": want, "sizes": results}
+
+
+_SPAWN_SCRIPT = r"""
+import json, os, sys, time
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+x = torch.full((1 << 20,), float(rank + 1), device="cuda")
+dist.all_reduce(x)
+ok = torch.tensor([1.0 if bool((x == world * (world + 1) / 2).all()) else 0.0], device="cuda")
+dist.all_reduce(ok)
+res = []
+for size in json.loads(sys.argv[1]):
+    buf = torch.zeros(size // 4, device="cuda")
+    for _ in range(2):
+        dist.all_reduce(buf)
+    torch.cuda.synchronize(); dist.barrier(); torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / 10
+    res.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": size / dt / 1e9,
+                "busbw_gbps": size / dt / 1e9 * 2 * (world - 1) / world})
+    del buf
+if rank == 0:
+    print("RESULT " + json.dumps({"correct": int(ok.item()) == world, "sizes": res}))
+dist.destroy_process_group()
+"""
+
+
+def allreduce_spawn(ngpus: int, sizes=ALLREDUCE_SIZES, timeout: float = 120.0) -> dict[str, Any]:
+    """All-reduce with one process a GPU (torch.distributed, NCCL), launched by torchrun."""
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(_SPAWN_SCRIPT)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ngpus}",
+             f.name, json.dumps(list(sizes))], capture_output=True, text=True, timeout=timeout)
+    finally:
+        os.unlink(f.name)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            return {"correct": r["correct"], "wrong_devices": [] if r["correct"] else ["?"],
+                    "expected_sum": ngpus * (ngpus + 1) / 2, "sizes": r["sizes"]}
+    raise RuntimeError(f"the one-process-a-GPU all-reduce failed: {(p.stderr or p.stdout)[-600:]}")
 
 
 # -- torch.compile, in a child process (isolated, time-bounded, overlaps the other checks) ----
