@@ -1,0 +1,106 @@
+"""`envspec lock` against the real indexes (PyPI / configured mirrors, Debian's mirror)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envspec import lock as lockmod
+from envspec.cli import main
+from envspec.sources import reachable
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.network, pytest.mark.skipif(not reachable("https://pypi.org/simple") and not os.environ.get("CI"),
+                                                      reason="PyPI unreachable")]
+
+SMOKE = ROOT / "specs" / "smoke.toml"
+
+
+def run_cli(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_lock_smoke_pins_everything_and_is_reproducible(tmp_path):
+    out = tmp_path / "smoke.lock"
+    assert main(["lock", str(SMOKE), "-o", str(out), "-q"]) == 0
+    lk = lockmod.read(out)
+    assert {w.name for w in lk.wheels} == {"six", "idna"}
+    assert all(len(w.sha256) == 64 and w.filename.endswith(".whl") and w.index for w in lk.wheels)
+    assert lk.debian and lk.debian.suite == "bookworm"
+    names = {p.name for p in lk.debian.packages}
+    assert {"python3.11", "libc6", "ca-certificates"} <= names
+    assert all(len(p.sha256) == 64 and p.filename.startswith("pool/") for p in lk.debian.packages)
+    assert "file://" not in out.read_text(), "a lock never names a mirror's address"
+    first = out.read_text()
+    assert main(["lock", str(SMOKE), "-o", str(out), "-q"]) == 0
+    assert out.read_text() == first, "re-locking an unchanged spec gives the same bytes"
+    assert main(["lock", str(SMOKE), "-o", str(out), "--check"]) == 0
+
+
+def test_check_fails_with_reasons_when_the_spec_changes(tmp_path, capsys):
+    spec = tmp_path / "smoke.toml"
+    spec.write_text(SMOKE.read_text())
+    out = tmp_path / "smoke.lock"
+    assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
+    spec.write_text(SMOKE.read_text().replace('"idna==3.7"', '"idna==3.6"'))
+    capsys.readouterr()
+    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "idna 3.7 in the lock does not satisfy 'idna==3.6'" in err and "envspec lock" in err
+
+
+def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "pins"\n[python]\nversion = "3.11"\npackages = ["six", "idna"]\n[system]\nbase = "none"\n')
+    out = tmp_path / "pins.lock"
+    assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
+    # pretend an older lock pinned six 1.16.0 (with that file's real hash, as a lock would)
+    lk = lockmod.loads(out.read_text())
+    six = next(w for w in lk.wheels if w.name == "six")
+    old = [w if w.name != "six" else w.model_copy(update={
+        "version": "1.16.0", "filename": "six-1.16.0-py2.py3-none-any.whl",
+        "sha256": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254", "size": 11053}) for w in lk.wheels]
+    lockmod.write_atomic(out, lockmod.dumps(lk.model_copy(update={"wheels": old}).with_hash()))
+    assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
+    assert next(w for w in lockmod.read(out).wheels if w.name == "six").version == "1.16.0"
+    assert main(["lock", str(spec), "-o", str(out), "-q", "--upgrade-package", "six"]) == 0
+    assert next(w for w in lockmod.read(out).wheels if w.name == "six").version == six.version
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_interrupted_lock_leaves_the_old_lockfile_intact(tmp_path, sig):
+    out = tmp_path / "smoke.lock"
+    out.write_text("# the old lock\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for delay in (0.2, 0.5, 0.9):
+        p = subprocess.Popen([sys.executable, "-m", "envspec", "lock", str(SMOKE), "-o", str(out), "-q"],
+                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        text = out.read_text()
+        assert text == "# the old lock\n" or (text.startswith("# envspec lockfile") and lockmod.loads(text))
+        left = [x.name for x in tmp_path.iterdir() if x.name != "smoke.lock"]
+        if sig == signal.SIGKILL:  # nothing can clean up after SIGKILL: a stray temp file, never a torn lock
+            left = [n for n in left if not (n.startswith(".smoke.lock.") and n.endswith(".tmp"))]
+        assert not left, "no temp files left"
+        if text != "# the old lock\n":
+            out.write_text("# the old lock\n")
+
+
+def test_cli_lock_json(tmp_path):
+    out = tmp_path / "smoke.lock"
+    r = run_cli("lock", str(SMOKE), "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    data = json.loads(r.stdout)
+    assert data["ok"] and data["wheels"] == 2 and data["content_hash"].startswith("sha256:")

@@ -1,0 +1,101 @@
+"""Choosing the torch build (offline): the arch rule, driver policy, Python wheels, preference, explain JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envspec.cli import main
+from envspec.compat import load_db
+from envspec.errors import ResolutionImpossible, SpecError
+from envspec.resolve import choose
+from envspec.spec import parse_spec
+
+
+def spec(body: str):
+    return parse_spec('name = "t"\n' + body, "t.toml")
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load_db()
+
+
+def test_h100_gets_pypis_cuda13_build(db):
+    c = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\n'), db)
+    assert (c.torch.release.version, c.torch.variant.name) == ("2.14.1", "cu130")
+    assert c.torch.min_driver == db.cuda_toolkit("13.0").driver_compat
+    assert "sm_90" in c.torch.variant.arch_list
+    names = [x.variant for x in c.torch.candidates]
+    assert names == sorted(set(names), key=names.index) and "cu130" in names
+    assert [x.variant for x in c.torch.candidates if x.preferred] == ["cu130"]
+
+
+def test_old_driver_moves_to_an_older_cuda_under_compat(db):
+    c = choose(spec('[target]\ngpus = ["H100"]\ndriver = "535.230.02"\n[torch]\nversion = "2.14.*"\n'), db)
+    assert c.torch.variant.cuda.startswith("12.")
+    rejected = {x.variant: x.reason for x in c.torch.candidates if not x.ok}
+    assert "cu130" in rejected and "535.230.02 <" in rejected["cu130"]
+
+
+def test_strict_policy_uses_the_toolkit_floor(db):
+    body = '[target]\ngpus = ["H100"]\ndriver = "535.230.02"\ndriver_policy = "strict"\n[torch]\nversion = "2.14.*"\n'
+    with pytest.raises(ResolutionImpossible) as ei:
+        choose(spec(body), db)
+    assert ei.value.reference == "driver-too-old"
+    assert any(c.get("kind") == "suggestion" and "driver 535.230.02 runs up to CUDA" in c["text"] for c in ei.value.causes)
+
+
+def test_b200_with_old_torch_says_what_would_fit(db):
+    with pytest.raises(ResolutionImpossible) as ei:
+        choose(spec('[target]\ngpus = ["B200"]\n[torch]\nversion = "==2.5.*"\n'), db)
+    assert ei.value.reference == "no-kernels-for-gpu"
+    assert "B200 needs sm_100: torch >= 2.7" in ei.value.hint
+    assert all(not c.ok for c in ei.value.candidates)
+
+
+def test_cuda_version_pins_the_variant(db):
+    c = choose(spec('[torch]\nversion = "2.14.*"\ncuda = "12.6"\n'), db)
+    assert c.torch.variant.name == "cu126" and c.torch.variant.local == "cu126"
+    assert c.torch.variant.index.endswith("/cu126")
+
+
+def test_python_without_wheels_is_rejected(db):
+    with pytest.raises(ResolutionImpossible) as ei:
+        choose(spec('[python]\nversion = "3.13"\n[torch]\nversion = "==2.4.*"\n'), db)
+    assert ei.value.reference == "python-unsupported"
+
+
+def test_unknown_gpu_is_a_spec_error_with_did_you_mean(db):
+    with pytest.raises(SpecError) as ei:
+        choose(spec('[target]\ngpus = ["H100", "H1000"]\n[torch]\nversion = "2.14.*"\n'), db)
+    p = ei.value.problems()[0]
+    assert p.path == "[target].gpus[1]" and p.line == 3 and "H100" in p.hint
+
+
+def test_a_gpu_outside_the_arch_list_rejects_that_variant(db):
+    # V100 (7.0): CUDA 13 builds dropped pre-Turing SASS and carry no PTX old enough
+    c = choose(spec('[target]\ngpus = ["V100"]\n[torch]\nversion = "2.14.*"\n'), db)
+    assert c.torch.variant.cuda.startswith("12.")
+    assert not next(x for x in c.torch.candidates if x.variant == "cu130").ok
+
+
+def test_explain_json_shape(capsys):
+    code = main(["explain", "specs/h100.toml", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    for key in ("ok", "torch", "variant", "cuda", "cudnn", "nccl", "arch_list", "min_driver", "driver_policy",
+                "python", "candidates"):
+        assert key in out
+    assert out["ok"] is True and out["torch"] == "2.14.1" and out["nccl"] == "2.30.7"
+    assert {"variant", "ok", "reason"} <= set(out["candidates"][0])
+
+
+def test_explain_json_when_nothing_fits(capsys):
+    code = main(["explain", "tests/data/bad_specs/18-b200-old-torch.toml", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2 and out["ok"] is False
+    assert set(out["error"]) >= {"reference", "message", "causes"}
+    assert any("torch >= 2.7" in c for c in out["error"]["causes"])
+    assert out["candidates"]
