@@ -317,19 +317,23 @@ def _apt_errors(output: str) -> str:
 
 
 def _unmet(output: str) -> list[str]:
-    """The lines under apt's "The following packages have unmet dependencies:" and its E: lines."""
-    lines = output.splitlines()
+    """apt's reasons: the indented lines under "The following packages have unmet dependencies:"
+    and "Package X is a virtual package provided by:", and its E: lines."""
     out: list[str] = []
     grab = False
-    for ln in lines:
+    for ln in output.splitlines():
         if "have unmet dependencies" in ln:
             grab = True
             continue
-        if grab and ln.startswith(" "):
+        if "is a virtual package provided by" in ln:
+            out.append(ln.strip())
+            grab = True
+            continue
+        if grab and ln.startswith(" ") and ln.strip():
             out.append(ln.strip())
             continue
         grab = False
-        if ln.startswith("E:"):
+        if ln.startswith("E:") and ln not in out:
             out.append(ln)
     return out or [_apt_errors(output)]
 
@@ -406,7 +410,7 @@ def resolve_closure(
                 reference="unknown-debian-package")
 
         with root.locked():
-            proc = root.run(["install", "--print-uris", "-y", "-qq", "--no-install-recommends", "--",
+            proc = root.run(["install", "--print-uris", "-y", "-q", "--no-install-recommends", "--",
                              *sorted(requested)], reporter)
         if proc.returncode != 0:
             reasons = _unmet(proc.stdout + proc.stderr)
