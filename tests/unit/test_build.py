@@ -236,7 +236,8 @@ def test_nvidia_require_cuda_follows_the_policy():
 
 def test_host_detection_uses_the_storage_root_and_hard_limits(tmp_path):
     h = detect_host({"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s")})
-    assert h.storage_args()[:4] == ["--root", str(tmp_path / "s"), "--runroot", str(tmp_path / "s" / "run")]
+    assert h.storage_args()[:2] == ["--root", str(tmp_path / "s")]
+    assert len(h.storage_runroot) <= 50  # podman's limit
     assert h.storage_ref("a:b").startswith(f"containers-storage:[{h.storage_driver}@{tmp_path / 's'}+")
     import resource
 

@@ -12,7 +12,8 @@ Host facts found here (``HostInfo``), so users pass no flags:
 - the OCI runtime for ``podman run``: runc where crun is absent or the cgroup hierarchy is v1 or
   hybrid (crun rejects such hosts: seen on this project's Debian 12 machines);
 - ``--ulimit`` values no larger than this process's hard limits (podman's default nofile of
-  1048576 exceeds the hard limit here, and the container then fails to start);
+  1048576 exceeds the hard limit here, and the container then fails to start), nproc no larger
+  than kernel.pid_max;
 - ``--isolation chroot`` for ``buildah run``/``bud`` where no user namespaces are available.
 """
 
@@ -92,10 +93,28 @@ def _fs_type(path: str) -> str:
     return kind
 
 
+def _read_int(path: str) -> int:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _short_runroot(root: str) -> str:
+    """A run root for a custom storage root. podman refuses run roots longer than 50 characters
+    ("the specified runroot is longer than 50 characters": it puts sockets there), so it is a
+    short path named by a hash of the root, not a folder inside it."""
+    import hashlib
+
+    tag = hashlib.sha256(str(Path(root).absolute()).encode()).hexdigest()[:12]
+    base = "/run" if os.access("/run", os.W_OK) else "/tmp"
+    return f"{base}/envspec-{tag}"
+
+
 def detect_host(env: dict[str, str] | None = None) -> HostInfo:
     env = dict(os.environ) if env is None else env
     root = env.get("ENVSPEC_STORAGE_ROOT", "")
-    runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or (str(Path(root) / "run") if root else "")
+    runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or (_short_runroot(root) if root else "")
     driver = env.get("ENVSPEC_STORAGE_DRIVER", "")
     if root and not driver:
         try:
@@ -109,10 +128,19 @@ def detect_host(env: dict[str, str] | None = None) -> HostInfo:
         if shutil.which("crun") is None or cgroup == "v1":
             runtime = "runc" if shutil.which("runc") else ""
     ulimits = []
+    # podman asks for nofile=1048576 and nproc=4194304 by default; where the hard limits are lower
+    # the container fails to start ("error setting rlimits ... operation not permitted"), and on
+    # this project's machines runc also refuses an nproc above kernel.pid_max (seen: 32769 fails,
+    # 32768 works, with a hard limit of 96365). So: no more than the hard limit, nproc no more
+    # than pid_max.
+    pid_max = _read_int("/proc/sys/kernel/pid_max")
     for name, res, want in (("nofile", resource.RLIMIT_NOFILE, 1048576), ("nproc", resource.RLIMIT_NPROC, 4194304)):
         soft, hard = resource.getrlimit(res)
-        if hard != resource.RLIM_INFINITY and hard < want:
-            ulimits.append(f"{name}={min(soft, hard) if soft != resource.RLIM_INFINITY else hard}:{hard}")
+        if hard == resource.RLIM_INFINITY or hard >= want:
+            continue
+        cap = hard if name != "nproc" or not pid_max else min(hard, pid_max)
+        soft = cap if soft == resource.RLIM_INFINITY else min(soft, cap)
+        ulimits.append(f"{name}={soft}:{cap}")
     return HostInfo(storage_root=root, storage_runroot=runroot, storage_driver=driver, runtime=runtime,
                     isolation="chroot", ulimits=tuple(ulimits), cgroup=cgroup)
 

@@ -1,0 +1,22 @@
+"""Run one build in its own process (for the e2e fault tests): python run_build.py LOCK CACHE [--no-cache].
+Prints BuiltImage.to_json() on success; exits with the error's exit code otherwise."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
+
+from envspec import lock as lockmod  # noqa: E402
+from envspec.build import BuildahEngine, build  # noqa: E402
+from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
+
+try:
+    img = build(lockmod.read(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
+                no_cache="--no-cache" in sys.argv)
+except EnvspecError as e:
+    print(e.message, file=sys.stderr)
+    sys.exit(e.exit_code)
+except KeyboardInterrupt:
+    sys.exit(EXIT_INTERRUPTED)
+print(json.dumps(img.to_json()))

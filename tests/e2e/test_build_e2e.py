@@ -1,0 +1,328 @@
+"""envspec build end to end: real skopeo/buildah/podman, Debian's docker-registry.
+
+Every test uses its own container storage root (ENVSPEC_STORAGE_ROOT) and cache, so the
+results are the same on a used machine and a fresh one. The fixture locks are
+tests/data/build/small.lock (wheels only) and small-debian.lock (plus a Debian base: runnable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
+import helpers  # noqa: E402
+
+from envspec import lock as lockmod  # noqa: E402
+from envspec.errors import HashMismatch, SourceError  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.network]
+
+for tool in ("skopeo", "buildah", "podman"):
+    if shutil.which(tool) is None:
+        pytestmark.append(pytest.mark.skip(reason=f"{tool} is not installed (apt-get install -y {tool})"))
+
+DATA = helpers.HERE
+RUNNER = DATA / "run_build.py"
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory):
+    """One download of the Debian closure for the whole module (the tests' caches link to it)."""
+    return tmp_path_factory.mktemp("debs")
+
+
+@pytest.fixture
+def storage(tmp_path, monkeypatch):
+    root = tmp_path / "storage"
+    monkeypatch.setenv("ENVSPEC_STORAGE_ROOT", str(root))
+    yield root
+    from envspec.build.engine import detect_host
+
+    subprocess.run(["podman", *detect_host().storage_args(), "system", "reset", "--force"],
+                   capture_output=True, check=False)
+    # the overlay driver keeps <root>/overlay bind-mounted on itself after the last user
+    mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+    host = detect_host()
+    for m in sorted((m for m in mounts if m.startswith((str(root), host.storage_runroot))), reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(host.storage_runroot, ignore_errors=True)
+
+
+@pytest.fixture
+def engine(storage):
+    from envspec.build import BuildahEngine
+
+    return BuildahEngine()
+
+
+def new_cache(base: Path, debs: Path, name: str = "cache") -> Path:
+    c = base / name
+    c.mkdir(parents=True, exist_ok=True)
+    if not (c / "debs").exists():
+        (c / "debs").symlink_to(debs)
+    return c
+
+
+def do_build(lock, engine, cache, **kw):
+    from envspec.build import build
+
+    return build(lock, engine=engine, cache_dir=cache, **kw)
+
+
+def podman(engine, *args, check=True):
+    return subprocess.run(["podman", *engine.host.storage_args(), *args], capture_output=True, text=True,
+                          check=check, timeout=300)
+
+
+def small_debian():
+    return lockmod.read(DATA / "small-debian.lock")
+
+
+# --- reproducibility and cache -------------------------------------------------------------------
+
+def test_two_no_cache_builds_at_different_times_give_one_digest(engine, tmp_path, debs):
+    lock = small_debian()
+    a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"), no_cache=True)
+    time.sleep(1.1)  # any leaked clock would now show
+    b = do_build(lock, engine, new_cache(tmp_path, debs, "c2"), no_cache=True)
+    assert a.digest == b.digest
+    assert [lay.digest for lay in a.layers] == [lay.digest for lay in b.layers]
+    assert engine.image_digest(a.image) == a.digest  # storage keeps our manifest bytes
+
+
+def test_unchanged_lock_rebuilds_nothing(engine, tmp_path, debs):
+    cache = new_cache(tmp_path, debs)
+    lock = small_debian()
+    first = do_build(lock, engine, cache)
+    t = time.monotonic()
+    again = do_build(lock, engine, cache)
+    took = time.monotonic() - t
+    assert again.digest == first.digest
+    assert [lay.cached for lay in again.layers] == [True] * (len(again.layers) - 1) + [False]
+    assert took < 5, took
+
+
+def test_one_team_change_changes_only_team_and_above(engine, tmp_path, debs):
+    cache = new_cache(tmp_path, debs)
+    base = helpers.load("small-debian.lock")
+    a = do_build(base, engine, cache)
+    changed = helpers.with_wheel(base, "six", version="1.16.0", filename="six-1.16.0-py2.py3-none-any.whl",
+                                 sha256="8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254",
+                                 size=11053)
+    b = do_build(changed, engine, cache)
+    da = {lay.group: lay.digest for lay in a.layers}
+    db = {lay.group: lay.digest for lay in b.layers}
+    assert [g for g in da if da[g] != db[g]] == ["team", "envspec"]
+    assert [lay.group for lay in b.layers if not lay.cached] == ["team", "envspec"]
+    assert engine.exists(a.image) and engine.exists(b.image) and a.image != b.image
+
+
+def test_locks_sharing_torch_and_cuda_share_those_layers(engine, tmp_path, debs):
+    a_lock = helpers.load("small-debian.lock")
+    b_lock = helpers.with_wheel(a_lock, "iniconfig", version="2.1.0", filename="iniconfig-2.1.0-py3-none-any.whl",
+                                sha256="9deba5723312380e77435581c6bf4935c94cbfab9b1ed33ef8d238ea168eb760",
+                                size=5992)
+    b_lock["meta"]["name"] = "build-small-other"
+    a = do_build(a_lock, engine, new_cache(tmp_path, debs, "ca"))
+    b = do_build(helpers.rehash(b_lock), engine, new_cache(tmp_path, debs, "cb"))
+    da = {lay.group: lay.digest for lay in a.layers}
+    db = {lay.group: lay.digest for lay in b.layers}
+    assert [g for g in da if da[g] == db[g]] == ["base", "cuda", "torch", "team"]
+
+
+# --- faults ----------------------------------------------------------------------------------------
+
+def test_wrong_sha256_stops_the_build_and_tags_nothing(engine, tmp_path, debs):
+    bad = helpers.with_wheel(helpers.load("small-debian.lock"), "idna", sha256="1" * 64)
+    ref = "localhost/envspec/build-small-debian:" + bad["meta"]["content_hash"][7:19]
+    with pytest.raises(HashMismatch, match="idna-3.20"):
+        do_build(bad, engine, new_cache(tmp_path, debs))
+    assert not engine.exists(ref)
+    assert engine.containers() == []
+
+
+def test_a_deb_the_mirror_no_longer_has_names_it_and_the_way_out(engine, tmp_path, debs):
+    lock = helpers.load("small-debian.lock")
+    pin = next(p for p in lock["debian"]["packages"] if p["name"] == "tzdata")
+    pin["version"] = "1900a-0+deb12u1"
+    pin["filename"] = pin["filename"].rsplit("/", 1)[0] + "/tzdata_1900a-0+deb12u1_all.deb"
+    pin["sha256"] = "2" * 64
+    (tmp_path / "fresh-debs").mkdir()
+    with pytest.raises(SourceError) as e:
+        do_build(helpers.rehash(lock), engine, new_cache(tmp_path, tmp_path / "fresh-debs"))
+    assert "tzdata" in e.value.message and "1900a" in e.value.message
+    assert "snapshot" in e.value.hint
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        if ppid == pid:
+            out.append((int(d.name), comm))
+    return out
+
+
+def _spawn(lock_path: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(RUNNER), str(lock_path), str(cache), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def _wait_for(cond, proc, timeout=120.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.parametrize("sig,when", [(signal.SIGINT, "layers"), (signal.SIGKILL, "layers"),
+                                      (signal.SIGKILL, "import")])
+def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path, debs, sig, when):
+    lock_path = DATA / "small-debian.lock"
+    ref = lockmod.read(lock_path)
+    tag = f"localhost/envspec/{ref.meta.name}:{ref.short_hash}"
+    cache = new_cache(tmp_path, debs)
+    proc = _spawn(lock_path, cache, "--no-cache")
+    if when == "layers":
+        hit = _wait_for(lambda: any((cache / "tmp").glob("*/base.tar")), proc)
+    else:
+        hit = _wait_for(lambda: any(c == "skopeo" for _, c in _children(proc.pid)), proc)
+    assert hit, f"the build ended before the {when} step: {proc.communicate()}"
+    kids = [p for p, _ in _children(proc.pid)]
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=120)
+    assert rc != 0
+    time.sleep(0.5)
+    for k in kids:  # children die with the build (PR_SET_PDEATHSIG)
+        assert not Path(f"/proc/{k}").exists() or "Z" in Path(f"/proc/{k}/stat").read_text().split(")")[1][:3]
+    assert not engine.exists(tag)
+    assert engine.containers() == []
+    img = do_build(lockmod.read(lock_path), engine, cache)
+    assert img.image == tag and engine.exists(tag)
+    assert list((cache / "tmp").iterdir()) == []  # the dead build's work dir is gone
+
+
+def test_two_concurrent_builds_of_one_lock_agree(engine, tmp_path, debs):
+    lock_path = DATA / "small-debian.lock"
+    cache = new_cache(tmp_path, debs)
+    procs = [_spawn(lock_path, cache) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    digests = {json.loads(o[0])["digest"] for o in outs}
+    assert len(digests) == 1
+    assert engine.image_digest(json.loads(outs[0][0])["image"]) == digests.pop()
+
+
+# --- the image itself -----------------------------------------------------------------------------
+
+def test_image_runs_under_podman_with_labels_lock_and_sbom(engine, tmp_path, debs):
+    lock = small_debian()
+    img = do_build(lock, engine, new_cache(tmp_path, debs))
+    run = ["run", "--rm", *engine.host.podman_run_args(), img.image]
+    out = podman(engine, *run, "python", "-c",
+                 "import six, idna, sys, os; print(sys.prefix, six.__version__, idna.__version__, os.getuid(), os.getcwd())")
+    assert out.stdout.split() == ["/opt/venv", "1.17.0", "3.20", "1000", "/workspace"]
+    inspect = json.loads(podman(engine, "image", "inspect", img.image).stdout)[0]
+    labels = inspect["Labels"]
+    assert labels["io.envspec.lock-hash"] == lock.meta.content_hash
+    assert labels["io.envspec.spec-hash"] == lock.meta.spec_hash
+    assert labels["io.envspec.driver-floor"] == "580.65.06" and labels["org.opencontainers.image.title"] == lock.meta.name
+    assert inspect["Config"]["User"] == "envspec"
+    text = podman(engine, *run, "cat", "/opt/envspec/envspec.lock").stdout
+    assert text == (DATA / "small-debian.lock").read_text()
+    sbom = json.loads(podman(engine, *run, "cat", "/opt/envspec/sbom.spdx.json").stdout)
+    names = {p["name"] for p in sbom["packages"]}
+    assert {d.name for d in lock.debian.packages} | {w.name for w in lock.wheels} <= names
+    assert all(p["checksums"][0]["checksumValue"] for p in sbom["packages"][1:])
+    # tini is PID 1, the user's shell works, the envspec launcher is on PATH
+    out = podman(engine, *run, "sh", "-c", "cat /proc/1/comm; command -v envspec; id -un").stdout.split()
+    assert out == ["tini", "/opt/venv/bin/envspec", "envspec"]
+
+
+# --- registry -------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def registry(tmp_path):
+    if shutil.which("docker-registry") is None:
+        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry)")
+    port = _free_port()
+    cfg = tmp_path / "registry.yml"
+    cfg.write_text(
+        "version: 0.1\n"
+        "log:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry-data'}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("docker-registry did not start")
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_push_keeps_the_digest_and_pulls_back(engine, tmp_path, debs, registry):
+    lock = small_debian()
+    dest = f"{registry}/envspec/small:{lock.short_hash}"
+    img = do_build(lock, engine, new_cache(tmp_path, debs), push=dest)
+    by_digest = f"docker://{registry}/envspec/small@{img.digest}"
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", by_digest], capture_output=True,
+                         check=True).stdout
+    import hashlib
+
+    assert "sha256:" + hashlib.sha256(raw).hexdigest() == img.digest
+    pulled = tmp_path / "pulled"
+    subprocess.run(["skopeo", "copy", "--quiet", "--src-tls-verify=false", "--preserve-digests", by_digest,
+                    f"oci:{pulled}"], check=True, capture_output=True)
+    index = json.loads((pulled / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == img.digest
+    out = podman(engine, "pull", "--tls-verify=false", f"{registry}/envspec/small@{img.digest}")
+    assert out.returncode == 0
+
+
+def test_outputs_oci_and_archives(engine, tmp_path, debs):
+    lock = lockmod.read(DATA / "small.lock")
+    outs = [f"oci:{tmp_path / 'out-oci'}", f"oci-archive:{tmp_path / 'img.tar'}",
+            f"docker-archive:{tmp_path / 'docker.tar'}"]
+    img = do_build(lock, engine, new_cache(tmp_path, debs), outputs=outs, tag="")
+    assert img.image == "" and img.outputs == tuple(outs)
+    index = json.loads((tmp_path / "out-oci" / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == img.digest
+    assert (tmp_path / "img.tar").stat().st_size > 0 and (tmp_path / "docker.tar").stat().st_size > 0
