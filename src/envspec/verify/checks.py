@@ -44,8 +44,9 @@ IB_ENV = ("NCCL_IB_DISABLE", "1", "turns off InfiniBand/RoCE for NCCL on a machi
           "devices; cross-node traffic falls back to TCP sockets")
 
 # Host mode (a python that is not the lock's venv) holds these to the lock exactly and only
-# warns about the rest: torch, triton and the NVIDIA/CUDA wheels (lock group "cuda") decide
-# which kernels and libraries run; pure-Python dependencies and other packages may differ.
+# warns about the rest: torch, triton and the nvidia-* wheels that carry the CUDA libraries
+# decide which kernels and libraries run; pure-Python dependencies (cuda-bindings and
+# cuda-pathfinder included) and other packages may differ on a shared host.
 HOST_STRICT = ("torch", "triton")
 ALWAYS_ALLOWED_EXTRA = ("pip",)  # `python -m venv` bootstraps pip into every venv
 
@@ -160,8 +161,7 @@ class _Run:
     def is_torch_stack(self, name: str) -> bool:
         """The binary core of torch's stack: what host mode still holds to the lock exactly."""
         w = self.wheels.get(name)
-        return (name in HOST_STRICT or name.startswith(("nvidia-", "cuda-"))
-                or (w is not None and w.get("group") == "cuda"))
+        return name in HOST_STRICT or name.startswith("nvidia-")
 
     # the run -----------------------------------------------------------------------------
     def run(self) -> Report:
@@ -390,7 +390,7 @@ class _Run:
             why = "no NVIDIA driver"
         for check in ("gpu", "libs", "tf32", "numerics.gpu") + (("perf", "nccl") if self.level == "full" else ()):
             if self.wanted(check):
-                self.add(check, SKIP, observed=f"skipped: {why}")
+                self.add(check, SKIP, observed=f"skipped: {why}")  # noqa: PERF401
 
     def check_gpus(self) -> None:
         devices = self.tinfo["devices"]

@@ -1,0 +1,110 @@
+"""Run the verifier's H200 measurements in one go (for the device machine; see docs/verify-h200.md).
+
+    python3 bench/verify_h200.py --out "$OUT" [--lock L] [--wrong-lock W]
+
+Runs, in order: quick and full on GPU 0 alone (CUDA_VISIBLE_DEVICES=0), quick and full on both
+GPUs, the wrong lock (must fail), quick again with warm caches, the start-up hook, and a bare
+`import torch` for the baseline. Writes results.json (every report, exit code, wall time) and
+report.txt (every table) under --out, plus env.json (what the machine is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAFE_ENV = {  # NVLink multicast stays off on shared hosts (KINDS.md); unbuffered output
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def sh(cmd: list[str], timeout: float = 60) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return (p.stdout + p.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def machine() -> dict:
+    torch_info = sh([sys.executable, "-c", (
+        "import json, torch, torch.backends.cudnn as c; print(json.dumps({'torch': torch.__version__, "
+        "'cuda': torch.version.cuda, 'cudnn': c.version(), 'nccl': list(torch.cuda.nccl.version()), "
+        "'arch_list': torch.cuda.get_arch_list(), 'devices': [torch.cuda.get_device_name(i) for i in "
+        "range(torch.cuda.device_count())]}))")], 120)
+    pip = sh([sys.executable, "-m", "pip", "list", "--format", "json"], 120)
+    try:
+        pkgs = {p["name"].lower(): p["version"] for p in json.loads(pip)}
+    except ValueError:
+        pkgs = {"error": pip[-500:]}
+    return {
+        "python": sys.executable, "nvidia_smi": sh(["nvidia-smi"]), "topo": sh(["nvidia-smi", "topo", "-m"]),
+        "torch": torch_info, "packages": pkgs, "dev": sh(["ls", "-l", "/dev/"]).count("nvidia"),
+        "shm": sh(["df", "-h", "/dev/shm"]), "proc_driver": sh(["cat", "/proc/driver/nvidia/version"]),
+        "gcc": sh(["gcc", "--version"]).splitlines()[0] if sh(["gcc", "--version"]) else "",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--lock", default="")
+    ap.add_argument("--wrong-lock", default=str(ROOT / "tests/data/verify/h200-wrong-a100.lock"))
+    ap.add_argument("--timeout", type=float, default=150)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = a.lock or next(str(p) for p in (ROOT / "lockfiles/h200-host.lock", ROOT / "tests/data/verify/h200-host.lock")
+                          if p.exists())
+    (out / "env.json").write_text(json.dumps(machine(), indent=1))
+    work = Path(tempfile.mkdtemp(prefix="verify-h200-"))  # at most 8 files may come back from $OUT
+    base_env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **SAFE_ENV)
+    verify = [sys.executable, "-m", "envspec.verify"]
+    runs = [
+        ("quick-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "quick"]),
+        ("full-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "full"]),
+        ("quick-2gpu", {}, verify + ["--lock", lock, "--level", "quick"]),
+        ("full-2gpu", {}, verify + ["--lock", lock, "--level", "full", "--prometheus", str(work / "verify.prom")]),
+        ("wrong-lock-2gpu", {}, verify + ["--lock", a.wrong_lock, "--level", "quick"]),
+        ("quick-2gpu-warm", {}, verify + ["--lock", lock, "--level", "quick"]),
+        ("startup-hook", {"ENVSPEC_LOCK": lock, "ENVSPEC_VERIFY": "warn"}, verify + ["--startup"]),
+        ("import-torch", {}, [sys.executable, "-c", "import torch, torch.cuda; torch.cuda.is_available()"]),
+    ]
+    results, text = {}, []
+    for name, env_over, cmd in runs:
+        jpath = work / f"{name}.json"
+        full_cmd = cmd + (["--json-out", str(jpath)] if "--startup" not in cmd and "-c" not in cmd else [])
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(full_cmd, env=dict(base_env, **env_over), capture_output=True, text=True,
+                               timeout=a.timeout)
+            rc, so, se = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, so, se = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "TIMEOUT"
+        wall = time.perf_counter() - t0
+        rep = json.loads(jpath.read_text()) if jpath.exists() else None
+        shown = " ".join(f"{k}={v}" for k, v in env_over.items())
+        cmd_text = (shown + " " if shown else "") + " ".join(["python3", "-m", "envspec.verify"] + cmd[3:]
+                                                           if cmd[:3] == verify else cmd)
+        results[name] = {"cmd": cmd_text, "rc": rc, "wall_s": round(wall, 2), "report": rep,
+                         "stderr_tail": se[-3000:]}
+        text.append(f"===== {name}: rc={rc} wall={wall:.1f}s\n$ {cmd_text}\n{so}\n{se[-1500:] if rc not in (0, 1) or name == 'startup-hook' else ''}")
+        print(f"{name}: rc={rc} wall={wall:.1f}s", flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        (out / "report.txt").write_text("\n".join(text))
+    prom = work / "verify.prom"
+    if prom.exists():
+        (out / "verify.prom").write_text(prom.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
