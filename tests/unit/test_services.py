@@ -1,0 +1,190 @@
+"""Services in the image: the entrypoint and the Jupyter/SSH files rendered from a lock, and the
+spec's bad-input checks for [services]. The running services are tested in tests/e2e/test_services.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from envspec.errors import PlanError, SpecError
+from envspec.run import AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, check_authorized_keys, render_service_files
+from envspec.spec import parse_spec
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+EXAMPLE_KEYS = Path(__file__).resolve().parents[2] / "examples" / "workstation" / "authorized_keys"
+PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkP1F5JmVxKs7mZAKq5Ck1zb7yV8pS0uEo2a5gG9bY4 ada@laptop"
+
+
+def _lock(jupyter=True, ssh=True, keys="") -> dict:
+    d = tomllib.loads((GOLDEN / "diff" / "new.lock").read_text())
+    d["services"] = {}
+    if jupyter:
+        d["services"]["jupyter"] = {"enabled": True, "port": 8888, "extensions": []}
+    if ssh:
+        d["services"]["ssh"] = {"enabled": True, "port": 2222, "authorized_keys": keys}
+    return d
+
+
+def test_files_and_modes():
+    files = render_service_files(_lock(), authorized_keys=PUB + "\n")
+    assert sorted(files) == [AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, "/opt/envspec/services/jupyter.sh",
+                             "/opt/envspec/services/ssh.sh", "/opt/envspec/services/sshd_config"]
+    modes = {p: m for p, (_t, m) in files.items()}
+    assert modes[ENTRYPOINT_IN_IMAGE] == 0o755 and modes["/opt/envspec/services/sshd_config"] == 0o644
+    assert files[AUTHORIZED_KEYS_IN_IMAGE][0] == PUB + "\n"
+    for text, _m in files.values():
+        assert text.endswith("\n") and "{{" not in text and "{%" not in text
+
+
+def test_no_services_only_entrypoint():
+    files = render_service_files(_lock(jupyter=False, ssh=False))
+    assert list(files) == [ENTRYPOINT_IN_IMAGE]
+    ep = files[ENTRYPOINT_IN_IMAGE][0]
+    assert '"$SERVICES/' not in ep and "wait" not in ep.split("set -eu", 1)[1]
+    assert 'exec "$@"' in ep
+
+
+def test_disabled_service_is_not_rendered():
+    lock = _lock()
+    lock["services"]["ssh"]["enabled"] = False
+    files = render_service_files(lock)
+    assert "/opt/envspec/services/ssh.sh" not in files
+    assert "ssh.sh" not in files[ENTRYPOINT_IN_IMAGE][0]
+
+
+def test_nothing_secret_is_baked():
+    files = render_service_files(_lock(), authorized_keys=PUB + "\n")
+    blob = "\n".join(t for t, _ in files.values())
+    assert "PRIVATE KEY" not in blob
+    assert not re.search(r"token=[0-9a-f]{16,}", blob)  # no token value: generated at start
+    assert not re.search(r"(?i)password\s*=\s*['\"][^'\"]+", blob)
+    # host keys are made at the container's first start, in a writable dir, never shipped
+    assert not any("ssh_host_" in p for p in files)
+    assert "ssh-keygen -q -t" in files["/opt/envspec/services/ssh.sh"][0]
+
+
+def test_jupyter_always_needs_a_token():
+    j = render_service_files(_lock())["/opt/envspec/services/jupyter.sh"][0]
+    assert "secrets.token_hex" in j and "JUPYTER_TOKEN" in j
+    assert "--ip=0.0.0.0" in j and "--port=8888" in j and "--ServerApp.root_dir=/workspace" in j
+    # the token travels in the environment, never on jupyter's command line
+    assert "--IdentityProvider.token" not in j and "--ServerApp.token" not in j and "--NotebookApp.token" not in j
+    assert "allow_password_change=False" in j
+    assert 'if [ -z "$token" ]' in j  # an empty JUPYTER_TOKEN does not disable auth
+
+
+def test_sshd_config_policy():
+    cfg = render_service_files(_lock())["/opt/envspec/services/sshd_config"][0]
+    want = ["Port 2222", "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
+            "UsePAM no", "AuthenticationMethods publickey", "AllowUsers envspec", "PermitEmptyPasswords no",
+            "PidFile /tmp/envspec-1000/ssh/sshd.pid", "AuthorizedKeysFile /tmp/envspec-1000/ssh/authorized_keys",
+            "HostKey /tmp/envspec-1000/ssh/ssh_host_ed25519_key"]
+    lines = cfg.splitlines()
+    for w in want:
+        assert w in lines, w
+    assert 'SetEnv "PATH=/opt/venv/bin:' in cfg and '"NCCL_DEBUG=WARN"' in cfg
+
+
+def test_ssh_script_uses_baked_and_runtime_keys():
+    s = render_service_files(_lock())["/opt/envspec/services/ssh.sh"][0]
+    assert AUTHORIZED_KEYS_IN_IMAGE in s and "ENVSPEC_AUTHORIZED_KEYS" in s
+    assert "exec /usr/sbin/sshd -D -e -f /opt/envspec/services/sshd_config" in s
+
+
+def test_entrypoint_verify_and_services():
+    ep = render_service_files(_lock())[ENTRYPOINT_IN_IMAGE][0]
+    assert "-m envspec.verify --startup" in ep and "PYTHONPATH=/opt/envspec/lib" in ep
+    assert "off|0|no|false" in ep and "warn)" in ep
+    assert '"$SERVICES/jupyter.sh" &' in ep and '"$SERVICES/ssh.sh" &' in ep
+    assert 'if [ "$(id -u)" = 0 ]' in ep  # services never as root
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+def test_scripts_parse_as_posix_sh():
+    files = render_service_files(_lock(), authorized_keys=PUB + "\n")
+    for path, (text, mode) in files.items():
+        if mode & 0o111:
+            cp = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
+            assert cp.returncode == 0, f"{path}: {cp.stderr}"
+
+
+def test_sshd_accepts_the_config(tmp_path):
+    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if sshd is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("openssh-server is not installed here")
+    cfg = render_service_files(_lock())["/opt/envspec/services/sshd_config"][0]
+    cfg = cfg.replace("/tmp/envspec-1000/ssh", str(tmp_path))
+    for t in ("ed25519", "ecdsa"):
+        subprocess.run(["ssh-keygen", "-q", "-t", t, "-N", "", "-f", str(tmp_path / f"ssh_host_{t}_key")], check=True)
+    (tmp_path / "sshd_config").write_text(cfg)
+    cp = subprocess.run([sshd, "-t", "-f", str(tmp_path / "sshd_config")], capture_output=True, text=True)
+    if "privilege separation directory" in cp.stderr:
+        pytest.skip("sshd -t as root wants /run/sshd, which this host lacks")
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_keys_from_the_spec_dir(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "team.pub").write_text(f"# the team\n{PUB}\n\n")
+    files = render_service_files(_lock(keys="keys/team.pub"), spec_dir=tmp_path)
+    assert files[AUTHORIZED_KEYS_IN_IMAGE][0] == f"# the team\n{PUB}\n"
+    with pytest.raises(PlanError) as e:
+        render_service_files(_lock(keys="keys/missing.pub"), spec_dir=tmp_path)
+    assert e.value.reference == "missing-file"
+
+
+def test_example_keys_file_is_valid():
+    assert EXAMPLE_KEYS.is_file()
+    assert check_authorized_keys(EXAMPLE_KEYS.read_text()).count("ssh-ed25519") == 1
+
+
+def test_private_key_or_junk_is_refused():
+    with pytest.raises(PlanError) as e:
+        check_authorized_keys("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----\n")
+    assert e.value.reference == "private-key-in-spec"
+    with pytest.raises(PlanError):
+        check_authorized_keys("hello world\n")
+    assert check_authorized_keys(f'from="10.0.0.0/8",no-agent-forwarding {PUB}\n').startswith("from=")
+
+
+# --- bad input in [services], through the spec stage -----------------------------------------------
+
+def _problems(text: str, file: Path) -> list:
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, file)
+    return e.value.problems()
+
+
+def test_unknown_service_key_is_refused(tmp_path):
+    # no password-less or password mode can be configured: such keys do not exist
+    ps = _problems('name = "x"\n[services.jupyter]\nport = 8888\npassword = "hunter2"\n', tmp_path / "s.toml")
+    assert [(p.reference, p.path, p.line) for p in ps] == [("unknown-key", "[services.jupyter].password", 4)]
+    ps = _problems('name = "x"\n[services.ssh]\nport = 2222\nauthorised_keys = "k.pub"\n', tmp_path / "s.toml")
+    assert ps[0].reference == "unknown-key" and "authorized_keys" in ps[0].hint
+
+
+def test_missing_authorized_keys_file(tmp_path):
+    ps = _problems('name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml")
+    assert ps[0].reference == "missing-file" and ps[0].path == "[services.ssh].authorized_keys" and ps[0].line == 3
+    assert "ENVSPEC_AUTHORIZED_KEYS" in ps[0].hint
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "team.pub").write_text(PUB + "\n")
+    parse_spec('name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml")
+
+
+def test_port_clash(tmp_path):
+    ps = _problems('name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\n', tmp_path / "s.toml")
+    assert ps[0].reference == "port-clash" and ps[0].path == "[services.ssh].port"
+    # a disabled service holds no port
+    parse_spec('name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\nenabled = false\n',
+               tmp_path / "s.toml")
+
+
+def test_port_out_of_range(tmp_path):
+    ps = _problems('name = "x"\n[services.jupyter]\nport = 70000\n', tmp_path / "s.toml")
+    assert ps[0].path == "[services.jupyter].port"
