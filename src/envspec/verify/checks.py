@@ -437,7 +437,8 @@ class _Run:
                               + (f"; cc in {', '.join(declared)}" if declared else ""),
                      observed=f"{d['name']}, cc {cc}: " + (f"runs {', '.join(usable)}" if usable else "no locked kernel runs"),
                      hint=hint, name=d["name"], cc=cc)
-            free = torchprobe.memory_free(self.torch, i)
+            # at start-up no CUDA context is made (one per GPU costs seconds on 8 GPUs)
+            free = torchprobe.memory_free(self.torch, i) if self.level != "startup" else None
             total = d["memory_total"]
             mstat, mhint = PASS, ""
             if free is not None and free < 0.5 * total:

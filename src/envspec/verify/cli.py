@@ -122,6 +122,8 @@ def startup_check(mode: str | None = None, *, lock_path: str | None = None, stre
     no GPU work, no compile), so it costs about one torch import.
     """
     mode = (mode or os.environ.get("ENVSPEC_VERIFY", "warn")).strip().lower() or "warn"
+    mode = {"0": "off", "no": "off", "false": "off", "on": "strict", "1": "strict", "yes": "strict",
+            "true": "strict"}.get(mode, mode)
     out = stream or sys.stderr
     if mode == "off":
         return EXIT_OK
