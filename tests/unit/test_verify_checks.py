@@ -176,3 +176,11 @@ def test_a_probe_that_raises_is_a_finding_not_a_crash():
     r = run(torch=Boom())
     t = by_check(r)["tf32"]
     assert t.status == "fail" and "RuntimeError: boom" in t.observed
+
+
+def test_version_matching_follows_pep440_equality():
+    from envspec.verify.checks import version_matches
+
+    assert version_matches("2.11.0", "2.11.0+cu130")
+    assert not version_matches("2.11.0+cpu", "2.11.0+cu130")
+    assert not version_matches("2.11.0", "2.11.1")

@@ -94,6 +94,14 @@ class System:
         return torchprobe.loaded_libraries()
 
 
+def version_matches(locked: str, installed: str) -> bool:
+    """PEP 440 ``==`` for a pin: a locked version without a local label ("2.11.0") is met by
+    any local build of it ("2.11.0+cu130"); with a label, the label must match too."""
+    if locked == installed:
+        return True
+    return "+" not in locked and installed.split("+", 1)[0] == locked
+
+
 def _short(items: list[str], n: int = 8) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
@@ -501,7 +509,7 @@ class _Run:
                 if w is None:
                     bad.append(f"{rp.name} comes from {dist.name} {dist.version}, which the lock does not name")
                     continue
-                if dist.version != w.get("version"):
+                if not version_matches(str(w.get("version")), dist.version):
                     bad.append(f"{rp.name} comes from {dist.name} {dist.version}, the lock pins {w.get('version')}")
                     continue
                 if entry.sha256:
@@ -556,7 +564,7 @@ class _Run:
             relaxed = host and not self.is_torch_stack(name)
             if d is None:
                 (missing_warn if relaxed else missing_fail).append(f"{name} {w.get('version')}")
-            elif d.version != w.get("version"):
+            elif not version_matches(str(w.get("version")), d.version):
                 (ver_warn if relaxed else ver_fail).append(f"{name} {d.version} (locked {w.get('version')})")
         sites = ", ".join(str(s) for s in self.sys.site_dirs())
         if missing_fail or missing_warn:
