@@ -71,9 +71,12 @@ def prometheus(report: Report, now: float | None = None) -> str:
     fam("envspec_verify_findings", "number of findings by status")
     for s, n in report.counts().items():
         out.append(f'envspec_verify_findings{{{base},status="{s}"}} {n}')
-    fam("envspec_verify_check", "1 for each check's status (pass, warn, fail, skip)")
-    for f in report.findings:
-        out.append(f'envspec_verify_check{{{base},check="{_label(f.check)}",status="{f.status}"}} 1')
+    fam("envspec_verify_check", "findings per check and status (1 for most; a series appears once)")
+    per_check: dict[tuple[str, str], int] = {}
+    for f in report.findings:  # a label set may appear only once in a scrape
+        per_check[(f.check, f.status)] = per_check.get((f.check, f.status), 0) + 1
+    for (check, status), n in per_check.items():
+        out.append(f'envspec_verify_check{{{base},check="{_label(check)}",status="{status}"}} {n}')
     gemm = [f for f in report.findings if f.check.startswith("perf.") and "tflops" in f.data]
     if gemm:
         fam("envspec_verify_gemm_tflops", "measured dense GEMM rate (8192^3) per GPU and kind")
