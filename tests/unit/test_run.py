@@ -207,3 +207,10 @@ def test_real_podman_run():
                         capture_output=True, text=True, timeout=300, env=env)
     assert cp.returncode == 0, cp.stderr
     assert "envspec-run-ok" in cp.stdout
+
+
+def test_host_ports():
+    argv = plan_run(_lock(), facts=DEBIAN_HYBRID, host_ports={8888: 18888}).argv
+    assert "127.0.0.1:18888:8888" in argv and "127.0.0.1:2222:2222" in argv
+    with pytest.raises(UsageError):
+        plan_run(_lock(), facts=DEBIAN_HYBRID, host_ports={9999: 1})

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 

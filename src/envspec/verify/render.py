@@ -4,7 +4,6 @@ not in images)."""
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import textwrap
 import time
@@ -111,5 +110,3 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
             pass
         raise
 
-
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
