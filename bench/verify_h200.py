@@ -73,6 +73,8 @@ def main() -> int:
         ("full-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "full"]),
         ("quick-2gpu", {}, verify + ["--lock", lock, "--level", "quick"]),
         ("full-2gpu", {}, verify + ["--lock", lock, "--level", "full", "--prometheus", str(work / "verify.prom")]),
+        ("allreduce-processes-2gpu", {}, verify + ["--lock", lock, "--level", "full", "--allreduce", "processes",
+                                                   "--skip", "integrity,torch.compile,numerics,perf,libs"]),
         ("wrong-lock-2gpu", {}, verify + ["--lock", a.wrong_lock, "--level", "quick"]),
         ("quick-2gpu-warm", {}, verify + ["--lock", lock, "--level", "quick"]),
         ("startup-hook", {"ENVSPEC_LOCK": lock, "ENVSPEC_VERIFY": "warn"}, verify + ["--startup"]),

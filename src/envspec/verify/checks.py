@@ -114,7 +114,7 @@ class _Run:
     """State of one verification run (the checks share what they have probed)."""
 
     def __init__(self, lock: dict[str, Any], level: str, mode: str, system: System,
-                 skip: tuple[str, ...], compile_timeout: float) -> None:
+                 skip: tuple[str, ...], compile_timeout: float, allreduce: str = "inprocess") -> None:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
         self.lock = lock
@@ -122,6 +122,7 @@ class _Run:
         self.sys = system
         self.skip = skip
         self.compile_timeout = compile_timeout
+        self.allreduce = allreduce
         self.platform = table(lock, "platform")
         self.hardware = table(lock, "hardware")
         self.torch_lock = table(lock, "torch")
@@ -638,11 +639,16 @@ class _Run:
             self.add("nccl.allreduce", SKIP, expected="an all-reduce across the visible GPUs",
                      observed=f"{len(devices)} GPU visible: nothing to all-reduce across")
             return
-        try:
-            res = torchprobe.allreduce_local(self.torch, devices)
-        except Exception as e:  # torch.cuda.nccl missing or broken: one process a GPU instead
+        if self.allreduce == "processes":
             res = torchprobe.allreduce_spawn(len(devices))
-            res["note"] = f"in-process torch.cuda.nccl failed ({type(e).__name__}: {e}); measured one process a GPU"
+            res["note"] = "one process a GPU"
+        else:
+            try:
+                res = torchprobe.allreduce_local(self.torch, devices)
+                res["note"] = "one process, torch.cuda.nccl"
+            except Exception as e:  # torch.cuda.nccl missing or broken: one process a GPU instead
+                res = torchprobe.allreduce_spawn(len(devices))
+                res["note"] = f"in-process torch.cuda.nccl failed ({type(e).__name__}: {e}); one process a GPU"
         sizes = res["sizes"]
         table_ = "; ".join(f"{probes.human_bytes(s['bytes'])}: {s['busbw_gbps']:.0f}" for s in sizes)
         self.add("nccl.allreduce", PASS if res["correct"] else FAIL,
@@ -721,13 +727,15 @@ class _Background:
 
 
 def run_checks(lock: dict[str, Any], *, level: str = "quick", mode: str = "auto", strict: bool = False,
-               system: System | None = None, skip: tuple[str, ...] = (), compile_timeout: float = 60.0) -> Report:
+               system: System | None = None, skip: tuple[str, ...] = (), compile_timeout: float = 60.0,
+               allreduce: str = "inprocess") -> Report:
     """Verify the machine against ``lock`` (a dict as read by ``lockfile.load_lock``).
 
     level: "startup" (cheap subset for container start), "quick" (no heavy GPU work), "full"
     (adds GEMM speed and the all-reduce). mode: "auto" | "image" | "host". skip: check names
-    or prefixes to leave out (e.g. "torch.compile", "integrity").
+    or prefixes to leave out (e.g. "torch.compile", "integrity"). allreduce: "inprocess" (one
+    process, torch.cuda.nccl) or "processes" (one process a GPU under torchrun).
     """
-    r = _Run(lock, level, mode, system or System(), tuple(skip), compile_timeout)
+    r = _Run(lock, level, mode, system or System(), tuple(skip), compile_timeout, allreduce)
     r.report.strict = strict
     return r.run()

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated")
     p.add_argument("--compile-timeout", type=float, default=90.0, metavar="S",
                    help="seconds the torch.compile child may take (default 90)")
+    p.add_argument("--allreduce", choices=("inprocess", "processes"), default="inprocess",
+                   help="full level: all-reduce in this process over torch.cuda.nccl (default) or with one "
+                        "process a GPU (torch.distributed, as training runs)")
     p.add_argument("--startup", action="store_true",
                    help="the container start-up hook: a cheap subset, mode from $ENVSPEC_VERIFY=off|warn|strict")
     p.add_argument("-v", "--verbose", action="store_true", help="show every hint and tracebacks")
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("ENVSPEC_VERIFY_DEBUG", "")
     system = System()
     report = run_checks(lock, level=args.level, mode=args.mode, strict=args.strict, system=system, skip=skip,
-                        compile_timeout=args.compile_timeout)
+                        compile_timeout=args.compile_timeout, allreduce=args.allreduce)
     rank0 = True
     if distributed:
         torch, err = system.torch()
