@@ -467,9 +467,13 @@ def check_rlimits(probe: Probe, lock: dict | None) -> list[Finding]:
     shown = ", ".join(f"{n} {_limit(n, h)}" for n, h in hard.items())
     if can_raise:
         return [Finding("rlimits", "info", f"hard limits: {shown}; podman may raise them", detail={"hard": hard})]
+    pid_max = int((probe.read("/proc/sys/kernel/pid_max") or "0").strip() or 0)
+    extra = ""
+    if pid_max and (hard["nproc"] == UNLIMITED or hard["nproc"] > pid_max):
+        extra = f" (nproc at most pid_max {pid_max}: podman lowers its own limit to it)"
     out = [Finding("rlimits", "info", f"hard limits: {shown}; podman cannot raise them here (no CAP_SYS_RESOURCE or "
-                                      "rootless): envspec run passes --ulimit values within them",
-                   detail={"hard": hard})]
+                                      f"rootless): envspec run passes --ulimit values within them{extra}",
+                   detail={"hard": hard, "pid_max": pid_max})]
     for n, v in sorted(wanted.items()):
         h = hard.get(n, UNLIMITED)
         if h != UNLIMITED and (v == UNLIMITED or v > h):

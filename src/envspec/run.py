@@ -78,6 +78,17 @@ class HostFacts:
     storage_args: tuple[str, ...] = ()  # podman --root/--runroot/--storage-driver, as the build used
     host_init: str = ""  # an init podman can inject (--init-path) when an image has none
     podman_init: bool = True  # podman's own --init binary (catatonit) is installed
+    pid_max: int = 4194304  # /proc/sys/kernel/pid_max
+
+    def ceiling(self, name: str) -> int:
+        """The highest value podman can give a container for rlimit ``name`` when it cannot raise
+        limits: the hard limit, and for nproc also pid_max. (podman lowers its own nproc limit to
+        pid_max before starting conmon, so the container cannot get more; seen on this project's
+        Debian 12 hosts: pid_max 32768, nproc hard limit 96365, nproc=96365 fails with EPERM.)"""
+        h = self.hard(name)
+        if name == "nproc" and self.pid_max > 0:
+            h = self.pid_max if h == UNLIMITED else min(h, self.pid_max)
+        return h
 
     def hard(self, name: str) -> int:
         return dict(self.hard_limits).get(name, UNLIMITED)
@@ -182,7 +193,15 @@ def detect_host_facts(env: Mapping[str, str] | None = None, cwd: str | None = No
         storage_args=storage,
         host_init=host_init,
         podman_init=podman_init,
+        pid_max=_pid_max(),
     )
+
+
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,18 +310,18 @@ def _ulimits(lock: Mapping[str, Any] | None, engine: str, facts: HostFacts, warn
     capped = engine == "podman" and (facts.rootless or not facts.cap_sys_resource)
     if capped:
         for name, default in PODMAN_DEFAULT_LIMITS.items():
-            h = facts.hard(name)
+            h = facts.ceiling(name)
             if name not in wanted and h != UNLIMITED and h < default:
                 wanted[name] = h
     flags = []
     for name in sorted(wanted):
         v = wanted[name]
         if capped:
-            h = facts.hard(name)
+            h = facts.ceiling(name)
             if h != UNLIMITED and (v == UNLIMITED or v > h):
                 if name in ((lock or {}).get("runtime") or {}).get("ulimits", {}):
-                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; this host's "
-                                    f"hard limit is {h} and podman cannot raise it here: using {h}")
+                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; podman "
+                                    f"cannot give more than {h} here: using {h}")
                 v = h
         flags += ["--ulimit", f"{name}={v}:{v}"]
     return flags
@@ -335,9 +354,10 @@ def _enabled_services(lock: Mapping[str, Any] | None) -> list[tuple[str, int]]:
 
 def plan_run(target: Any, cmd: Sequence[str] = (), *, engine: str | None = None, facts: HostFacts | None = None,
              bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
-             mount_cwd: bool = True, gpus: bool = True) -> RunPlan:
+             mount_cwd: bool = True, gpus: bool = True, host_ports: Mapping[int, int] | None = None) -> RunPlan:
     """The argv that starts ``target`` (a spec or lockfile path, a lock, or an image reference)
-    on this host, with the warnings a user should see. Raises ``HostError`` when no engine is
+    on this host, with the warnings a user should see. ``host_ports`` maps a service's port in the
+    container to another port on the host (default: the same). Raises ``HostError`` when no engine is
     usable, ``UsageError``/``LockError`` for a bad target."""
     facts = facts or detect_host_facts()
     t = target if isinstance(target, Target) else resolve_target(target)
@@ -419,14 +439,20 @@ def plan_run(target: Any, cmd: Sequence[str] = (), *, engine: str | None = None,
         warnings.append("no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead")
     argv += _ulimits(lock, engine, facts, warnings)
 
+    host_ports = dict(host_ports or {})
     for svc, port in _enabled_services(lock):
-        argv += ["-p", f"{bind}:{port}:{port}" if bind else f"{port}:{port}"]
+        hp = int(host_ports.pop(port, port))
+        argv += ["-p", f"{bind}:{hp}:{port}" if bind else f"{hp}:{port}"]
         host = bind if bind and bind != "0.0.0.0" else "127.0.0.1"
         if svc == "jupyter":
-            notes.append(f"Jupyter: http://{host}:{port}/lab?token=<JUPYTER_TOKEN, or the token the container prints>")
+            notes.append(f"Jupyter: http://{host}:{hp}/lab?token=<JUPYTER_TOKEN, or the token the container prints>")
         else:
             user = rt.get("user", "envspec")
-            notes.append(f"SSH: ssh -p {port} {user}@{host}")
+            notes.append(f"SSH: ssh -p {hp} {user}@{host}")
+    if host_ports:
+        raise UsageError(f"no service of the image listens on port {', '.join(map(str, sorted(host_ports)))}",
+                         hint="map a service's port: " + ", ".join(f"{p}" for _s, p in _enabled_services(lock)) or
+                              "the image has no services", reference="bad-usage")
     if bind and bind not in ("127.0.0.1", "::1", "localhost") and _enabled_services(lock):
         warnings.append(f"services are published on {bind}, not loopback only: anyone who can reach this host "
                         "can reach them (they still need the token or a key)")

@@ -37,7 +37,7 @@ DEBIAN_HYBRID = HostFacts(
     engines=("podman",), cgroup="hybrid", runtimes=("runc",), systemd=False, rootless=False,
     cap_sys_resource=False,
     hard_limits=(("nofile", 20000), ("nproc", 96365), ("memlock", 8388608), ("stack", -1)),
-    cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini",
+    cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini", pid_max=32768,
 )
 # A GPU workstation: rootless podman on cgroup v2 with a CDI spec, a token in the environment.
 PODMAN_CDI = HostFacts(
@@ -81,7 +81,7 @@ def test_debian_hybrid_quirks():
     assert argv[:3] == ["podman", "--cgroup-manager", "cgroupfs"]
     assert argv[argv.index("--runtime") + 1] == "runc"
     uls = [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"]
-    assert "nofile=20000:20000" in uls and "nproc=96365:96365" in uls
+    assert "nofile=20000:20000" in uls and "nproc=32768:32768" in uls  # pid_max < nproc hard limit
     assert "memlock=8388608:8388608" in uls  # the lock's unlimited, capped to the hard limit
     assert "stack=67108864:67108864" in uls
     assert "--init" not in argv  # the image has tini
