@@ -1,0 +1,204 @@
+"""Benchmark: `envspec build` of specs/h100.toml's lock against a plain Containerfile that
+installs the same pins with `buildah bud`, on this machine.
+
+    python bench/build.py [--lock lockfiles/h100.lock] [--skip-containerfile] [--json OUT]
+
+Measures (each in its own storage root and cache under a temp dir, removed at the end):
+  unzip floor     unzip of the same wheels (`unzip -q`, one after another) into a temp dir
+  cold            envspec build, empty cache and storage (wheels from the configured mirrors)
+  no-op           the same lock again
+  one package     the lock with one team package moved to another version
+  no-cache again  a second `--no-cache` build in a new cache: same digest?
+  containerfile   FROM an image of envspec's Debian base layer (no other base can be reached
+                  here), RUN ensurepip + pip install --no-deps of the same wheel files
+                  (bind-mounted), `buildah bud --isolation chroot`; twice, for its digest
+Sizes: the sum of layer sizes (uncompressed, as stored) and podman's image size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from envspec.build import BuildahEngine, build  # noqa: E402
+from envspec.build.engine import detect_host  # noqa: E402
+from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
+from envspec import sources  # noqa: E402
+
+
+def rehash(lock: dict) -> dict:
+    import hashlib
+
+    body = {k: v for k, v in lock.items() if k != "meta"}
+    lock["meta"]["content_hash"] = "sha256:" + hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return lock
+
+
+def other_version(name: str, current: str, python_tag: str = "py3") -> dict | None:
+    """Another wheel of ``name`` from PyPI's simple API (for the one-package change)."""
+    import urllib.request
+
+    req = urllib.request.Request(f"https://pypi.org/simple/{name}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    data = json.load(urllib.request.urlopen(req, timeout=60))
+    for f in reversed(data["files"]):
+        fn = f["filename"]
+        if fn.endswith("-py3-none-any.whl") and f"-{current}-" not in fn and not f.get("yanked"):
+            version = fn.split("-")[1]
+            return {"version": version, "filename": fn, "sha256": f["hashes"]["sha256"], "size": f.get("size", 0)}
+    return None
+
+
+def timed(fn):
+    t = time.monotonic()
+    out = fn()
+    return time.monotonic() - t, out
+
+
+def podman_size(engine, ref: str) -> int:
+    cp = subprocess.run(["podman", *engine.host.storage_args(), "image", "inspect", ref], capture_output=True,
+                        text=True, check=True)
+    return int(json.loads(cp.stdout)[0]["Size"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100.lock"))
+    ap.add_argument("--skip-containerfile", action="store_true")
+    ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    args = ap.parse_args()
+
+    lock_path = Path(args.lock)
+    if not lock_path.exists():
+        lock_path = Path(tempfile.mkdtemp()) / "h100.lock"
+        subprocess.run([sys.executable, "-m", "envspec", "lock", str(ROOT / "specs" / "h100.toml"), "-o",
+                        str(lock_path), "-q"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    lock = tomllib.loads(lock_path.read_text())
+    plan = make_plan(lock)
+    work = Path(tempfile.mkdtemp(prefix="envspec-bench-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
+    os.environ["ENVSPEC_STORAGE_ROOT"] = str(work / "storage")
+    engine = BuildahEngine()
+    res: dict = {"lock": str(lock_path), "wheels": len(plan.wheels), "debs": len(plan.debs),
+                 "wheel_bytes": sum(w.size for w in plan.wheels)}
+    try:
+        # wheels into a separate cache first: the unzip floor and the Containerfile need the files
+        mirrors = sources.discover().mirrors
+        wcache = Cache(work / "wheel-cache")
+        t, paths = timed(lambda: WheelFetcher(wcache, mirrors).fetch_all(plan.wheels))
+        res["fetch_wheels_s"] = round(t, 1)
+        floor = work / "unzipped"
+
+        def unzip_all():
+            for w in plan.wheels:
+                subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(floor)], check=True)
+
+        t, _ = timed(unzip_all)
+        res["unzip_floor_s"] = round(t, 1)
+        shutil.rmtree(floor)
+
+        cache = work / "cache"
+        t, img = timed(lambda: build(lock, engine=engine, cache_dir=cache))
+        res["cold_s"] = round(t, 1)
+        res["digest"] = img.digest
+        res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
+        res["layers_bytes"] = sum(lay.size for lay in img.layers)
+        res["podman_size"] = podman_size(engine, img.image)
+        t, again = timed(lambda: build(lock, engine=engine, cache_dir=cache))
+        res["noop_s"] = round(t, 1)
+        assert again.digest == img.digest
+
+        team = [w for w in lock["wheels"] if w["group"] == "team"]
+        changed = None
+        for w in team:
+            alt = other_version(w["name"], w["version"])
+            if alt:
+                changed = copy.deepcopy(lock)
+                next(x for x in changed["wheels"] if x["name"] == w["name"]).update(alt)
+                res["changed_package"] = f"{w['name']} {w['version']} -> {alt['version']}"
+                break
+        if changed:
+            t, img2 = timed(lambda: build(rehash(changed), engine=engine, cache_dir=cache))
+            res["one_package_s"] = round(t, 1)
+            res["one_package_rebuilt"] = [lay.group for lay in img2.layers if not lay.cached]
+
+        t, img3 = timed(lambda: build(lock, engine=engine, cache_dir=work / "cache2", no_cache=True,
+                                      tag="localhost/envspec/bench-again:1"))
+        res["no_cache_again_s"] = round(t, 1)
+        res["reproducible"] = img3.digest == img.digest
+
+        if not args.skip_containerfile:
+            res.update(containerfile(engine, plan, paths, cache, work))
+    finally:
+        subprocess.run(["podman", *engine.host.storage_args(), "system", "reset", "--force"], capture_output=True)
+        mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+        for m in sorted((m for m in mounts if m.startswith(str(work))), reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(detect_host().storage_runroot, ignore_errors=True)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+def containerfile(engine, plan, paths, cache, work) -> dict:
+    """The plain way: one RUN pip install of the same files on top of the same Debian base."""
+    from envspec.build.oci import LayerBlob, write_layout
+
+    base = plan.layer("base")
+    meta = json.loads(cache.__truediv__("layers").joinpath(base.key.split(":")[1] + ".json").read_text())
+    blob = LayerBlob("base", base.key, cache / "layers" / (base.key.split(":")[1] + ".tar"), meta["diff_id"],
+                     meta["size"])
+    layout = work / "base-oci"
+    write_layout(layout, plan, [blob], entrypoint=[], cmd=[], user="root", ref_name="base")
+    engine.import_image(layout, "localhost/bench/base:1")
+    wheels = work / "wheels"
+    wheels.mkdir()
+    for w in plan.wheels:
+        os.link(paths[w.sha256], wheels / w.filename)
+    names = " ".join(f"/wheels/{w.filename}" for w in plan.wheels)
+    (work / "Containerfile").write_text(
+        "FROM localhost/bench/base:1\n"
+        "RUN /opt/venv/bin/python -m ensurepip --default-pip && "
+        f"/opt/venv/bin/python -m pip install --no-deps --no-index --no-cache-dir {names}\n"
+    )
+    out = {}
+    digests = []
+    for i in (1, 2):
+        argv = ["buildah", *engine.host.storage_args(), "bud", "--isolation", "chroot", "--layers=false",
+                "-v", f"{wheels}:/wheels:ro", "-t", f"localhost/bench/containerfile:{i}", "-f",
+                str(work / "Containerfile"), str(work)]
+        t, cp = timed(lambda: subprocess.run(argv, capture_output=True, text=True))
+        if cp.returncode != 0:
+            out["containerfile_error"] = cp.stderr[-2000:]
+            return out
+        out.setdefault("containerfile_s", []).append(round(t, 1))
+        insp = subprocess.run(["skopeo", "inspect", "--raw", engine.host.storage_ref(f"localhost/bench/containerfile:{i}")],
+                              capture_output=True, check=True).stdout
+        import hashlib
+
+        digests.append("sha256:" + hashlib.sha256(insp).hexdigest())
+    out["containerfile_size"] = podman_size(engine, "localhost/bench/containerfile:1")
+    out["containerfile_reproducible"] = digests[0] == digests[1]
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
