@@ -2,7 +2,8 @@
 
 Set ENVSPEC_VERIFY_IMAGE to the image (e.g. the tag `envspec build lockfiles/cpu.lock` printed)
 and, if the image lives in a private storage root, ENVSPEC_PODMAN_ARGS (e.g. "--root /x
---runroot /y"). Skips where podman or the image is absent; never passes silently.
+--runroot /y") and ENVSPEC_PODMAN_RUN_ARGS (options of `podman run`, e.g. "--runtime runc").
+Skips where podman or the image is absent; never passes silently.
 """
 
 import json
@@ -25,7 +26,8 @@ if not IMAGE:
 
 
 def podman_run(script: str) -> subprocess.CompletedProcess:
-    cmd = ["podman", *shlex.split(os.environ.get("ENVSPEC_PODMAN_ARGS", "")), "run", "--rm", "--user", "0",
+    cmd = ["podman", *shlex.split(os.environ.get("ENVSPEC_PODMAN_ARGS", "")), "run", "--rm",
+           *shlex.split(os.environ.get("ENVSPEC_PODMAN_RUN_ARGS", "")), "--user", "0",
            "-e", "ENVSPEC_VERIFY=off", "-v", f"{WHEELS}:/w:ro,Z", "--shm-size", "2g", IMAGE, "sh", "-c", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 

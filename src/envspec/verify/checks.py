@@ -8,6 +8,7 @@ finding naming the exception), so one report lists every problem at once.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -346,9 +347,14 @@ class _Run:
         self.report.timings["torch.import"] = time.perf_counter() - t0
         if torch is None:
             if self.torch_lock:
+                hint = "torch checks and GPU checks cannot run; install the locked torch (or run in the image)"
+                m = re.search(r"(lib[\w+.-]+\.so[\w.]*): cannot open shared object file", err)
+                if m:
+                    hint = (f"a system library torch links against is missing: {m.group(1)}. In an image, add the "
+                            "Debian package that ships it to the spec's system packages (libstdc++.so.6: libstdc++6; "
+                            "libgomp.so.1: libgomp1) and rebuild")
                 self.add("torch.import", FAIL, expected=f"torch {self.torch_lock.get('version', '')}",
-                         observed=f"import torch failed: {err}",
-                         hint="torch checks and GPU checks cannot run; install the locked torch (or run in the image)")
+                         observed=f"import torch failed: {err}", hint=hint)
             else:
                 self.add("torch.import", SKIP, expected="no torch (the lock has no [torch])", observed=err)
             return
@@ -670,9 +676,13 @@ class _Run:
         if res.get("timeout"):
             hint = "slow first compile (cold Triton/Inductor cache) or a hang; retry, or raise --compile-timeout"
             status = WARN
+        elif "cannot open shared object file" in text or "no module named 'torch'" in text:
+            hint = "torch itself does not import here; see torch.import"
+            status = FAIL
         elif any(s in text for s in ("python.h", "compiler", "gcc", "cc1", "invalidcxx", "calledprocesserror", "ld:")):
-            hint = ("Triton and Inductor compile C code at run time: the image needs a C compiler (gcc) and the "
-                    "Python headers (python3-dev / libpython3.X-dev)")
+            hint = ("torch.compile builds code at run time: Inductor's CPU backend needs a C++ compiler (g++), "
+                    "Triton on GPUs a C compiler (gcc), both the Python headers (python3-dev / libpython3.X-dev); "
+                    "add them to the spec's system packages")
             status = FAIL
         else:
             hint = "torch.compile failed; run the program with TORCH_LOGS=+dynamo for details"
