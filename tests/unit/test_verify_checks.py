@@ -184,3 +184,31 @@ def test_version_matching_follows_pep440_equality():
     assert version_matches("2.11.0", "2.11.0+cu130")
     assert not version_matches("2.11.0+cpu", "2.11.0+cu130")
     assert not version_matches("2.11.0", "2.11.1")
+
+
+def test_missing_system_library_hint():
+    r = run(torch=None, torch_error="ImportError: libstdc++.so.6: cannot open shared object file: No such file")
+    t = by_check(r)["torch.import"]
+    assert t.status == "fail" and "libstdc++.so.6" in t.hint and "libstdc++6" in t.hint
+
+
+def test_compile_failure_hints():
+    from envspec.verify.checks import _Run, System
+
+    class Probe:
+        def __init__(self, res):
+            self.res = res
+
+        def result(self):
+            return self.res
+
+    def one(res):
+        r = _Run(make_lock(), "quick", "image", FakeSystem(), (), 1.0)
+        r.check_compile(Probe(res))
+        return r.report.findings[0]
+
+    f = one({"ok": False, "error": "InductorError: InvalidCxxCompiler: No working C++ compiler found"})
+    assert f.status == "fail" and "g++" in f.hint and "python3-dev" in f.hint
+    f = one({"ok": False, "timeout": True, "error": "did not finish within 1 s"})
+    assert f.status == "warn"
+    assert one({"ok": True, "device": "cuda", "seconds": 2.0}).status == "pass"
