@@ -57,13 +57,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--lock", default="")
-    ap.add_argument("--wrong-lock", default=str(ROOT / "tests/data/verify/h200-wrong-a100.lock"))
+    ap.add_argument("--wrong-lock", default="tests/data/verify/h200-wrong-a100.lock")  # run from the repo root
     ap.add_argument("--timeout", type=float, default=150)
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    lock = a.lock or next(str(p) for p in (ROOT / "lockfiles/h200-host.lock", ROOT / "tests/data/verify/h200-host.lock")
-                          if p.exists())
+    lock = a.lock or next(p for p in ("lockfiles/h200-host.lock", "tests/data/verify/h200-host.lock")
+                          if (ROOT / p).exists())
     (out / "env.json").write_text(json.dumps(machine(), indent=1))
     work = Path(tempfile.mkdtemp(prefix="verify-h200-"))  # at most 8 files may come back from $OUT
     base_env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **SAFE_ENV)
@@ -94,8 +94,8 @@ def main() -> int:
         wall = time.perf_counter() - t0
         rep = json.loads(jpath.read_text()) if jpath.exists() else None
         shown = " ".join(f"{k}={v}" for k, v in env_over.items())
-        cmd_text = (shown + " " if shown else "") + " ".join(["python3", "-m", "envspec.verify"] + cmd[3:]
-                                                           if cmd[:3] == verify else cmd)
+        shown_cmd = ["python3", *cmd[1:]]
+        cmd_text = (shown + " " if shown else "") + " ".join(shown_cmd).replace(str(work) + "/", "")
         results[name] = {"cmd": cmd_text, "rc": rc, "wall_s": round(wall, 2), "report": rep,
                          "stderr_tail": se[-3000:]}
         text.append(f"===== {name}: rc={rc} wall={wall:.1f}s\n$ {cmd_text}\n{so}\n{se[-1500:] if rc not in (0, 1) or name == 'startup-hook' else ''}")
