@@ -367,6 +367,25 @@ def _storage_root(probe: Probe) -> tuple[str, str, str]:
     return root, "", "default"
 
 
+def check_network(probe: Probe) -> list[Finding]:
+    """podman's bridge subnet shadowed by another interface's route (buildah's CNI bridge)."""
+    if not probe.which("podman"):
+        return []
+    from envspec.run import bridge_conflict
+
+    netavark = probe.exists("/usr/lib/podman/netavark") or probe.exists("/usr/libexec/podman/netavark")
+    bridge = "podman0" if netavark else "cni-podman0"
+    other = bridge_conflict(probe.read("/proc/net/route") or "", bridge, "10.88.0.0/16")
+    if not other:
+        return [Finding("network", "ok", f"no route shadows podman's bridge ({bridge}, 10.88.0.0/16)")]
+    fallback = "envspec run uses --network slirp4netns instead" if probe.which("slirp4netns") else \
+        "apt-get install -y slirp4netns to let envspec run work around it"
+    return [Finding("network", "warn", f"{other} has a route over podman's bridge subnet 10.88.0.0/16 (left by "
+                                       f"buildah's CNI networking): bridged containers' ports time out; {fallback}",
+                    fix=f"ip link delete {other} (when no buildah container is running)",
+                    detail={"interface": other, "bridge": bridge})]
+
+
 def check_build_tools(probe: Probe) -> list[Finding]:
     out = []
     for tool in ("buildah", "skopeo"):
@@ -510,6 +529,7 @@ def run_doctor(lock: Any = None, probe: Probe | None = None) -> list[Finding]:
     findings += check_toolkit(probe, d, has_driver)
     findings += check_engine(probe)
     findings += check_runtime(probe)
+    findings += check_network(probe)
     findings += check_build_tools(probe)
     findings += check_storage(probe)
     findings += check_disk(probe, d)

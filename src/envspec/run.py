@@ -79,6 +79,8 @@ class HostFacts:
     host_init: str = ""  # an init podman can inject (--init-path) when an image has none
     podman_init: bool = True  # podman's own --init binary (catatonit) is installed
     pid_max: int = 4194304  # /proc/sys/kernel/pid_max
+    bridge_conflict: str = ""  # an interface whose route shadows podman's bridge subnet ("" = none)
+    slirp4netns: bool = True  # user-mode networking is installed
 
     def ceiling(self, name: str) -> int:
         """The highest value podman can give a container for rlimit ``name`` when it cannot raise
@@ -194,7 +196,62 @@ def detect_host_facts(env: Mapping[str, str] | None = None, cwd: str | None = No
         host_init=host_init,
         podman_init=podman_init,
         pid_max=_pid_max(),
+        bridge_conflict=_bridge_conflict_here(),
+        slirp4netns=shutil.which("slirp4netns") is not None,
     )
+
+
+def _bridge_conflict_here() -> str:
+    try:
+        table = Path("/proc/net/route").read_text()
+    except OSError:
+        return ""
+    return bridge_conflict(table, *podman_bridge())
+
+
+def podman_bridge(netavark_dirs: Sequence[str] = ("/usr/lib/podman", "/usr/libexec/podman"),
+                  conf: str = "/etc/containers/networks/podman.json") -> tuple[str, str]:
+    """(interface, subnet) of podman's default network: netavark's podman0 where netavark is
+    installed, else CNI's cni-podman0; 10.88.0.0/16 unless podman.json says otherwise."""
+    netavark = any(Path(d, "netavark").exists() for d in netavark_dirs)
+    iface, subnet = ("podman0" if netavark else "cni-podman0"), "10.88.0.0/16"
+    try:
+        import json
+
+        d = json.loads(Path(conf).read_text())
+        iface = d.get("network_interface") or iface
+        subnet = (d.get("subnets") or [{}])[0].get("subnet") or subnet
+    except (OSError, ValueError, AttributeError, IndexError):
+        pass
+    return iface, subnet
+
+
+def bridge_conflict(route_table: str, bridge: str = "podman0", subnet: str = "10.88.0.0/16") -> str:
+    """The interface (other than ``bridge``) with a route overlapping podman's subnet, or "".
+
+    Seen on this project's Debian 12 hosts: buildah (CNI) leaves a ``cni-podman0`` bridge, down,
+    with the route 10.88.0.0/16 that netavark's ``podman0`` also uses; the older route wins (a
+    link-down route is still used unless ignore_routes_with_linkdown is set), so published
+    ports and the containers' own addresses time out."""
+    import ipaddress
+
+    try:
+        net = ipaddress.ip_network(subnet, strict=False)
+    except ValueError:
+        return ""
+    for line in route_table.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 8 or f[0] == bridge:
+            continue
+        try:
+            dest = ipaddress.IPv4Address(int(f[1], 16).to_bytes(4, "little"))
+            mask = ipaddress.IPv4Address(int(f[7], 16).to_bytes(4, "little"))
+            route = ipaddress.ip_network(f"{dest}/{mask}", strict=False)
+        except ValueError:
+            continue
+        if route.prefixlen > 0 and route.overlaps(net):
+            return f[0]
+    return ""
 
 
 def _pid_max() -> int:
@@ -400,6 +457,17 @@ def plan_run(target: Any, cmd: Sequence[str] = (), *, engine: str | None = None,
             else:
                 warnings.append(f"cgroup {facts.cgroup} host without runc: crun may refuse to start the container "
                                 "(apt-get install -y runc)")
+        if facts.bridge_conflict and not facts.rootless:
+            if facts.slirp4netns:
+                argv += ["--network", "slirp4netns"]
+                warnings.append(f"the interface {facts.bridge_conflict} has a route over podman's bridge subnet, so "
+                                "bridge networking would time out: using --network slirp4netns (user-mode, slower). "
+                                f"Fix the host: ip link delete {facts.bridge_conflict} (when no buildah container "
+                                "uses it)")
+            else:
+                warnings.append(f"the interface {facts.bridge_conflict} has a route over podman's bridge subnet: "
+                                "published ports will time out (apt-get install -y slirp4netns, or "
+                                f"ip link delete {facts.bridge_conflict})")
         if facts.rootless and lock is not None:
             uid = int((lock.get("runtime") or {}).get("uid", 1000))
             # Your files in /workspace stay yours: the image's user is you on the host.

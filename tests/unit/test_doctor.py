@@ -230,3 +230,14 @@ def test_real_host():
     build_ok = shutil.which("buildah") and shutil.which("skopeo")
     if build_ok and all(x.status != "fail" for x in by(f, "disk") + by(f, "storage")):
         assert doctor_exit_code(f) == 0, lines
+
+
+def test_network_conflict():
+    routes = ("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+              "cni-podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+    p = build_host()
+    p.files = {**p.files, "/proc/net/route": routes, "/usr/lib/podman/netavark": ""}
+    n = by(run_doctor(None, probe=p), "network")[0]
+    assert n.status == "warn" and "ip link delete cni-podman0" in n.fix
+    p.files["/proc/net/route"] = routes.splitlines()[0] + "\n"
+    assert by(run_doctor(None, probe=p), "network")[0].status == "ok"

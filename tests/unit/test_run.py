@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envspec.errors import HostError, UsageError
-from envspec.run import (HostFacts, Target, cgroup_layout, detect_host_facts, image_ref, plan_run, resolve_target,
+from envspec.run import (HostFacts, Target, bridge_conflict, cgroup_layout, detect_host_facts, image_ref, plan_run, resolve_target,
                          run_lines)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -38,6 +38,7 @@ DEBIAN_HYBRID = HostFacts(
     cap_sys_resource=False,
     hard_limits=(("nofile", 20000), ("nproc", 96365), ("memlock", 8388608), ("stack", -1)),
     cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini", pid_max=32768,
+    bridge_conflict="cni-podman0",
 )
 # A GPU workstation: rootless podman on cgroup v2 with a CDI spec, a token in the environment.
 PODMAN_CDI = HostFacts(
@@ -214,3 +215,22 @@ def test_host_ports():
     assert "127.0.0.1:18888:8888" in argv and "127.0.0.1:2222:2222" in argv
     with pytest.raises(UsageError):
         plan_run(_lock(), facts=DEBIAN_HYBRID, host_ports={9999: 1})
+
+
+ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
+eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0
+cni-podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
+eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
+"""
+
+
+def test_bridge_conflict():
+    assert bridge_conflict(ROUTES) == "cni-podman0"
+    clean = "\n".join(ln for ln in ROUTES.splitlines() if not ln.startswith("cni-"))
+    assert bridge_conflict(clean) == ""
+    assert bridge_conflict(ROUTES, bridge="cni-podman0") == "podman0"
+    p = plan_run(_lock(), facts=DEBIAN_HYBRID)
+    assert p.argv[p.argv.index("--network") + 1] == "slirp4netns"
+    assert any("ip link delete cni-podman0" in w for w in p.warnings)
+    assert "--network" not in plan_run(_lock(), facts=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
