@@ -60,6 +60,7 @@ def main() -> int:
     ap.add_argument("--wrong-lock", default="tests/data/verify/h200-wrong-a100.lock")  # run from the repo root
     ap.add_argument("--timeout", type=float, default=150)
     a = ap.parse_args()
+    os.chdir(ROOT)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     lock = a.lock or next(p for p in ("lockfiles/h200-host.lock", "tests/data/verify/h200-host.lock")
