@@ -1,10 +1,14 @@
 """Events the Debian stages report. The core never prints: the CLI turns these into progress
-bars and warnings, tests record them. Every hook is a no-op here."""
+bars and warnings, tests record them. Every hook is a no-op here, except ``warning``, which
+goes to the ``envspec.debian`` logger."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("envspec.debian")
 
 
 class DebianReporter:
@@ -18,7 +22,11 @@ class DebianReporter:
         """`apt-get update` and the index rebuild finished."""
 
     def warning(self, message: str) -> None:
-        """Something the user should know that does not stop the stage (stale indexes...)."""
+        """Something the user should know that does not stop the stage (stale indexes...).
+
+        The default goes to the ``envspec.debian`` logger, so a caller that passes no reporter
+        does not lose it."""
+        log.warning("%s", message)
 
     def command(self, argv: list[str]) -> None:
         """An external command is about to run (logged for -v)."""

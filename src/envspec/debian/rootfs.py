@@ -21,6 +21,7 @@ tree with fixed mtimes and owners taken from the tree.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import posixpath
 import re
@@ -28,6 +29,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -98,7 +100,12 @@ def make_rootfs(pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, *, u
     # Packages decompress in worker processes (lzma keeps the GIL for much of its work), a few
     # ahead of the one being laid down; they are laid down strictly in name order.
     jobs = jobs or min(4, os.cpu_count() or 1)
-    pool = ProcessPoolExecutor(max_workers=jobs) if jobs > 1 and len(ordered) > 1 else None
+    pool = None
+    if jobs > 1 and len(ordered) > 1:
+        # fork is cheap and safe in a single-threaded caller; with other threads alive (progress
+        # bars, parallel downloads) a forked child may inherit a held lock: use a fork server.
+        ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
     try:
         window: deque = deque()
         todo = iter(ordered)
