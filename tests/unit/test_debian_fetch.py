@@ -265,3 +265,16 @@ def test_default_opener_against_a_local_mirror(tmp_path, monkeypatch):
         assert ei.value.reference == "deb-gone"
     finally:
         srv.close()
+
+
+def test_truncated_body_is_retried_then_reported(tmp_path):
+    import http.client
+
+    pin = make_pin("tini", b"whole body")
+
+    def truncated(u, timeout):
+        raise http.client.IncompleteRead(b"whole", 5)
+
+    with pytest.raises(SourceError) as ei:
+        fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=truncated, retries=1)
+    assert ei.value.reference == "debian-mirror-unreachable" and "IncompleteRead" in ei.value.message

@@ -286,3 +286,23 @@ def test_debfile_rejects_garbage(tmp_path):
     bad.write_bytes(b"not an ar archive")
     with pytest.raises(BuildError, match="not a Debian package"):
         DebFile(bad)
+
+
+def test_trixie_base_files_ships_the_merged_links(tmp_path):
+    """trixie's base-files carries bin -> usr/bin itself; bookworm's packages ship into /bin."""
+    pkgs = [Pkg("base-files", "13.8", files=[Entry("./bin", link="usr/bin"), Entry("./lib", link="usr/lib"),
+                                              Entry("./usr/lib/os-release", b"ID=debian\n")]),
+            Pkg("old-style", "1", files=[Entry("./bin/tool", b"t", mode=0o755), Entry("./lib/libx.so", b"x")])]
+    pins, paths = [], {}
+    for pkg in pkgs:
+        path = make_deb(tmp_path, pkg)
+        body = path.read_bytes()
+        pins.append(DebPin(name=pkg.name, version=pkg.version, architecture="amd64",
+                           filename=f"pool/main/x/{path.name}", size=len(body),
+                           sha256=hashlib.sha256(body).hexdigest(), suite="trixie"))
+        paths[pkg.name] = path
+    root = tmp_path / "root"
+    make_rootfs(pins, paths, root, jobs=1)
+    assert os.readlink(root / "bin") == "usr/bin" and os.readlink(root / "lib") == "usr/lib"
+    assert (root / "usr/bin/tool").is_file() and (root / "usr/lib/libx.so").is_file()
+    assert "/bin" in (root / "var/lib/dpkg/info/base-files.list").read_text().splitlines()

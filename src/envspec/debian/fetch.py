@@ -216,7 +216,7 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
             gone += 1
             failures.append(f"{url}: {e}")
             continue
-        except OSError as e:  # URLError, timeouts, resets, HTTP errors other than 404/410
+        except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets, truncated bodies, 5xx
             failures.append(f"{url}: {_reason(e)}")
             continue
         reporter.fetched(pin, path, False)
@@ -271,10 +271,9 @@ def _download(pin: DebPin, url: str, dest: Path, *, opener: Opener, reporter: De
                 raise _Gone(f"HTTP {e.code}") from None
             if attempt > retries or e.code < 500:
                 raise
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-            if attempt > retries:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException):
+            if attempt > retries:  # a dropped connection, a truncated body: try again, then give up
                 raise
-            del e
         finally:
             tmp.unlink(missing_ok=True)
         time.sleep(0.5 * attempt)

@@ -266,7 +266,10 @@ class _Tree:
                     continue
                 orig = "/" + "/".join(p for p in ti.name.split("/") if p not in ("", "."))
                 listed.append(orig)
-                self._ensure_merged(orig.split("/")[1])
+                top = orig.split("/")[1]
+                self._ensure_merged(top)
+                if orig == "/" + top and top in USRMERGE and (ti.issym() or ti.isdir()):
+                    continue  # /bin itself (trixie's base-files ships bin -> usr/bin): already made
                 self._member(pin, tf, ti, rel, orig, conffiles, conf_md5)
         self._record(pin, control, files, listed, conffiles, conf_md5)
 
