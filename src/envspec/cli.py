@@ -161,6 +161,131 @@ def cmd_db(args) -> int:
     return EXIT_OK
 
 
+def _lock_for(target: str, *, locked: bool, quiet: bool):
+    """A lockfile path, or a spec whose lock is found, checked, and made or refreshed when needed."""
+    from envspec import lock as lockmod
+
+    path = Path(target)
+    if path.suffix != ".toml":
+        return lockmod.read(path), path
+    from envspec.spec import load_spec
+
+    spec = load_spec(path)
+    out = lockmod.default_path(spec.name)
+    con = _console(stderr=True)
+    if out.exists():
+        reasons = lockmod.stale_reasons(lockmod.read(out), spec)
+        if not reasons:
+            return lockmod.read(out), out
+        if locked:
+            from envspec.errors import StaleLock
+
+            raise StaleLock(out, reasons)
+        if not quiet:
+            con.print(f"{out} is out of date with {path} ({reasons[0]}); locking first", markup=False)
+    else:
+        if locked:
+            from envspec.errors import LockError
+
+            raise LockError(f"{out}: no lockfile for {path}", hint=f"run `envspec lock {path}` (or drop --locked)",
+                            reference="lock-not-found")
+        if not quiet:
+            con.print(f"{out} does not exist; locking {path} first", markup=False)
+    ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
+    cmd_lock(ns)
+    return lockmod.read(out), out
+
+
+class _Progress:
+    """rich progress bars for the build's events (the core only reports events)."""
+
+    def __init__(self, quiet: bool):
+        from envspec.build import Reporter
+
+        self.quiet = quiet
+        self.con = _console(stderr=True)
+        outer = self
+
+        class R(Reporter):
+            def fetching(self, name, filename, size):
+                outer._task("fetch", f"fetching {filename}", size)
+
+            def fetched(self, name, filename, path):
+                outer._done("fetch")
+
+            def layer_started(self, group, pins, cached):
+                outer._line(f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building")
+
+            def layer_built(self, layer):
+                outer._line(f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
+                            f"  {'cached' if layer.cached else 'built'}")
+
+            def committing(self, ref, digest):
+                outer._line(f"tagging {ref} ({digest[:19]})")
+
+            def pushed(self, dest, digest):
+                outer._line(f"pushed {dest}@{digest}")
+
+        self.reporter = R()
+        self.progress = None
+        self.tasks: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.con, transient=True)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def _task(self, kind, desc, size):
+        if self.progress is None:
+            return
+        if kind not in self.tasks:
+            self.tasks[kind] = self.progress.add_task("fetching files", total=0)
+        self.progress.update(self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1)
+
+    def _done(self, kind):
+        if self.progress is not None and kind in self.tasks:
+            self.progress.advance(self.tasks[kind])
+
+    def _line(self, text):
+        if not self.quiet:
+            (self.progress.console if self.progress else self.con).print(text, markup=False)
+
+
+def cmd_build(args) -> int:
+    from envspec.build import BuildahEngine, RecordingEngine, build, detect_host
+
+    lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
+    spec_mirrors: list[str] = []
+    if Path(args.target).suffix == ".toml":
+        from envspec.spec import load_spec
+
+        spec_mirrors = list(load_spec(args.target).sources.mirrors)
+    engine = RecordingEngine() if args.dry_run else BuildahEngine(detect_host())
+    with _Progress(args.quiet or args.json) as prog:
+        built = build(lock, engine=engine, cache_dir=cache_dir(), reporter=prog.reporter, tag=args.tag,
+                      outputs=args.output or [], push=args.push, no_cache=args.no_cache, spec_mirrors=spec_mirrors)
+    if args.json:
+        _print_json(built.to_json() | {"lock": str(lock_path)})
+    elif not args.quiet:
+        con = _console()
+        con.print(f"built {built.image or '(untagged)'}", markup=False)
+        con.print(f"digest {built.digest}", markup=False)
+        for dest in built.pushed:
+            con.print(f"pushed {dest}@{built.digest}", markup=False)
+    else:
+        _console().print(built.digest, markup=False)
+    return EXIT_OK
+
+
 def _n(v) -> str:
     return "-" if v is None else (f"{v:g}")
 
@@ -196,6 +321,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_db)
 
+    s = sub.add_parser("build", help="build the lock's OCI image with buildah")
+    s.add_argument("target", metavar="SPEC|LOCK")
+    s.add_argument("--tag", help="image reference (default localhost/envspec/<name>:<lock hash>)")
+    s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
+                   help="also write the image here (repeatable)")
+    s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
+    s.add_argument("--dry-run", action="store_true", help="make the layers and layout but call no container tool")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_build)
+
     for extra in _EXTRA_COMMANDS:
         extra(sub)
     return p
@@ -210,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         from envspec.verify.cli import main as verify_main
 
         return verify_main(argv[1:])
+    if argv[:1] == ["cluster"]:  # `envspec cluster render ...`: job files for torchrun across nodes
+        from envspec.verify.cluster import main as cluster_main
+
+        return cluster_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
