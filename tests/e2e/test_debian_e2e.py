@@ -208,3 +208,17 @@ def test_gpu_base_compiles_a_python_extension(cache, tmp_path):
     assert os.readlink(root / "usr/bin/cc") == "gcc"
     assert (root / "usr/sbin/sshd").is_file() and (root / "etc/ssh/sshd_config").is_file()
     assert "sshd:x:100:" in (root / "etc/passwd").read_text()
+
+
+@needs_root
+def test_trixie_rootfs_runs(cache, tmp_path):
+    """trixie: Python 3.13, base-files shipping the merged-/usr links itself."""
+    pins = resolve_closure("trixie", base_packages("trixie", gpu=False), mirror=MIRROR, cache_dir=cache)
+    paths = fetch_debs(pins, mirrors=[MIRROR], cache_dir=cache)
+    root = tmp_path / "rootfs"
+    make_rootfs(pins, paths, root)
+    r = chroot(root, "/usr/bin/python3", "-c",
+               "import ssl, sys; print(sys.version_info[:2] == (3, 13), len(ssl.create_default_context().get_ca_certs()) > 100)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
+    assert os.readlink(root / "bin") == "usr/bin"
