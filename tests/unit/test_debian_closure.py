@@ -261,3 +261,17 @@ def test_unmet_parsing():
     text = (DATA / "apt" / "unmet-exim.txt").read_text()
     assert _unmet(text)[:2] == ["exim4-daemon-heavy : Conflicts: mail-transport-agent",
                                 "exim4-daemon-light : Conflicts: mail-transport-agent"]
+
+
+def test_index_of_an_older_format_is_rebuilt_without_network(tmp_path, keyring, fake_apt):
+    import sqlite3
+
+    a = resolve(["tini", "liblzma5"], tmp_path, keyring)
+    root = next((tmp_path / "cache" / "debian-apt").iterdir())
+    db = sqlite3.connect(root / "index.sqlite")
+    db.execute("UPDATE meta SET value='0' WHERE key='schema'")
+    db.commit()
+    db.close()
+    fake_apt.update_rc = 100  # the mirror is down
+    assert resolve(["tini", "liblzma5"], tmp_path, keyring) == a
+    assert fake_apt.names().count("update") == 1

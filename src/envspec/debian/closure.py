@@ -187,6 +187,8 @@ class AptRoot:
                             reference="debian-keyring-missing")
         with self.locked():
             self.prepare()
+            if self.stamp.exists() and not _index_schema_ok(self.index_path):
+                self.build_index(reporter)  # an older envspec's index: rebuilt from the lists on disk
             age = self.index_age()
             if age is not None and _index_schema_ok(self.index_path) and (offline or age < max_age):
                 reporter.index_fresh(self.suite, age)
