@@ -268,7 +268,10 @@ def cmd_build(args) -> int:
     if Path(args.target).suffix == ".toml":
         from envspec.spec import load_spec
 
-        spec_mirrors = list(load_spec(args.target).sources.mirrors)
+        spec_sources = load_spec(args.target).sources
+        spec_mirrors = list(spec_sources.mirrors)
+        if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
+            os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     engine = RecordingEngine() if args.dry_run else BuildahEngine(detect_host())
     with _Progress(args.quiet or args.json) as prog:
         built = build(lock, engine=engine, cache_dir=cache_dir(), reporter=prog.reporter, tag=args.tag,
@@ -352,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         from envspec.verify.cluster import main as cluster_main
 
         return cluster_main(argv[1:])
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")  # the core's warnings, e.g. stale indexes
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
