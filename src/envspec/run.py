@@ -411,14 +411,17 @@ def _enabled_services(lock: Mapping[str, Any] | None) -> list[tuple[str, int]]:
 
 def plan_run(target: Any, cmd: Sequence[str] = (), *, engine: str | None = None, facts: HostFacts | None = None,
              bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
-             mount_cwd: bool = True, gpus: bool = True, host_ports: Mapping[int, int] | None = None) -> RunPlan:
+             mount_cwd: bool = True, gpus: bool = True, host_ports: Mapping[int, int] | None = None,
+             image: str | None = None) -> RunPlan:
     """The argv that starts ``target`` (a spec or lockfile path, a lock, or an image reference)
     on this host, with the warnings a user should see. ``host_ports`` maps a service's port in the
-    container to another port on the host (default: the same). Raises ``HostError`` when no engine is
+    container to another port on the host (default: the same). ``image`` runs another reference
+    of the lock's image (a registry copy pulled by digest) with the lock's settings. Raises ``HostError`` when no engine is
     usable, ``UsageError``/``LockError`` for a bad target."""
     facts = facts or detect_host_facts()
     t = target if isinstance(target, Target) else resolve_target(target)
-    lock, image = t.lock, t.image
+    lock = t.lock
+    image = image or t.image
     warnings = list(t.warnings)
     notes: list[str] = []
 

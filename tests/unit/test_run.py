@@ -234,3 +234,10 @@ def test_bridge_conflict():
     assert p.argv[p.argv.index("--network") + 1] == "slirp4netns"
     assert any("ip link delete cni-podman0" in w for w in p.warnings)
     assert "--network" not in plan_run(_lock(), facts=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
+
+
+def test_image_override_keeps_the_lock_settings():
+    ref = "ghcr.io/acme/ml/train@sha256:" + "ab" * 32
+    p = plan_run(_lock(), ["envspec", "verify"], facts=DEBIAN_HYBRID, image=ref)
+    assert p.argv[-3:] == [ref, "envspec", "verify"] and "--shm-size" in p.argv and "16g" in p.argv
+    assert not any("containers-storage" in w for w in p.warnings)
