@@ -188,3 +188,35 @@ def test_port_clash(tmp_path):
 def test_port_out_of_range(tmp_path):
     ps = _problems('name = "x"\n[services.jupyter]\nport = 70000\n', tmp_path / "s.toml")
     assert ps[0].path == "[services.jupyter].port"
+
+
+# --- the examples stay valid -------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("spec", ["team/specs/train.toml", "multi-gpu/multi-gpu.toml", "workstation/workstation.toml"])
+def test_example_specs_parse(spec):
+    from envspec.spec import load_spec
+
+    s = load_spec(EXAMPLES / spec)
+    if spec.startswith("workstation"):
+        assert s.services.jupyter and s.services.jupyter.enabled and s.services.ssh and s.services.ssh.enabled
+    if spec.startswith("multi-gpu"):
+        assert len(s.target.gpus) >= 3
+
+
+def test_team_lock_is_fresh_and_renders():
+    """What `envspec lock --check` checks in the team's CI, offline."""
+    from envspec.lock import read, stale_reasons
+    from envspec.spec import load_spec
+
+    lock = read(EXAMPLES / "team" / "lockfiles" / "train.lock")
+    assert stale_reasons(lock, load_spec(EXAMPLES / "team" / "specs" / "train.toml")) == []
+    assert list(render_service_files(lock)) == [ENTRYPOINT_IN_IMAGE]
+
+
+def test_team_workflow_steps():
+    text = (EXAMPLES / "team" / ".github" / "workflows" / "envspec.yml").read_text()
+    for step in ("envspec lock --check", "envspec build", "--push", "digest", "envspec verify", "envspec diff"):
+        assert step in text, step
