@@ -103,6 +103,33 @@ def main() -> int:
         print(f"{name}: rc={rc} wall={wall:.1f}s", flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         (out / "report.txt").write_text("\n".join(text))
+    # two "nodes" on this host, one GPU each, c10d on loopback: the cross-node path with NCCL
+    t0 = time.perf_counter()
+    procs = []
+    for node in (0, 1):
+        cmd = verify + ["--lock", lock, "--level", "full", "--skip", "integrity.files,torch.compile,perf,numerics",
+                        "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "h200",
+                        "--json-out", str(work / f"cluster-node{node}.json")]
+        procs.append(subprocess.Popen(cmd, env=dict(base_env, CUDA_VISIBLE_DEVICES=str(node)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=a.timeout)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append("TIMEOUT")
+    wall = time.perf_counter() - t0
+    reps = [json.loads(f.read_text()) for f in sorted(work.glob("cluster-node*.json"))]
+    results["cluster-2nodes-loopback"] = {
+        "cmd": "CUDA_VISIBLE_DEVICES=<0|1> python3 -m envspec.verify --lock " + lock + " --level full --skip "
+               "integrity.files,torch.compile,perf,numerics --nnodes 2 --rdzv-endpoint 127.0.0.1:29555 --rdzv-id h200",
+        "rc": [p.returncode for p in procs], "wall_s": round(wall, 2), "report": reps[0] if reps else None,
+        "stderr_tail": "\n----\n".join(o[-2500:] for o in outs)}
+    text.append("===== cluster-2nodes-loopback\n" + "\n----\n".join(outs))
+    print(f"cluster-2nodes-loopback: rc={[p.returncode for p in procs]} wall={wall:.1f}s", flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.txt").write_text("\n".join(text))
     prom = work / "verify.prom"
     if prom.exists():
         (out / "verify.prom").write_text(prom.read_text())

@@ -22,7 +22,7 @@ def main(path: str) -> int:
         t = rep.get("timings", {})
         tot, imp = t.get("total"), t.get("torch.import")
         rest = f"{tot - imp:.1f}" if tot is not None and imp is not None else ""
-        out.append(f"| {name} | `{esc(r['cmd'])}` | {r['rc']} | {r['wall_s']:.1f} | "
+        out.append(f"| {name} | `{esc(r['cmd'])}` | {esc(r['rc'])} | {r['wall_s']:.1f} | "
                    f"{'' if tot is None else f'{tot:.1f}'} | {'' if imp is None else f'{imp:.1f}'} | {rest} |")
     out.append("")
     for name, r in res.items():
