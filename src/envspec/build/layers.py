@@ -201,9 +201,16 @@ def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, in
 # --- envspec: verifier, lock, SBOM, entrypoint ---------------------------------------------------
 
 ENTRYPOINT = """#!/bin/sh
-# envspec entrypoint: runs the command given (default: a shell) as the image's user.
-# Services (Jupyter, SSH) hook in here; see docs/build.md.
+# envspec entrypoint: checks the container against the baked-in lock (the verifier's cheap
+# start-up subset; ENVSPEC_VERIFY=off|warn|strict, default warn: report, never block), then
+# runs the command given, by default a shell. Services (Jupyter, SSH) hook in here.
 set -e
+mode="${ENVSPEC_VERIFY:-warn}"
+if [ "$mode" != off ] && [ -x {venv}/bin/envspec ]; then
+  if ! {venv}/bin/envspec verify --startup; then
+    if [ "$mode" = strict ]; then exit 1; fi
+  fi
+fi
 if [ "$#" -eq 0 ]; then
   if [ -x /bin/bash ]; then set -- /bin/bash; else set -- {venv}/bin/python; fi
 fi

@@ -11,12 +11,18 @@ from envspec import lock as lockmod  # noqa: E402
 from envspec.build import BuildahEngine, build  # noqa: E402
 from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
 
-try:
-    img = build(lockmod.read(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
-                no_cache="--no-cache" in sys.argv)
-except EnvspecError as e:
-    print(e.message, file=sys.stderr)
-    sys.exit(e.exit_code)
-except KeyboardInterrupt:
-    sys.exit(EXIT_INTERRUPTED)
-print(json.dumps(img.to_json()))
+def main() -> int:
+    try:
+        img = build(lockmod.read(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
+                    no_cache="--no-cache" in sys.argv)
+    except EnvspecError as e:
+        print(e.message, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    print(json.dumps(img.to_json()))
+    return 0
+
+
+if __name__ == "__main__":  # envspec.debian uses a forkserver pool, which re-imports __main__
+    sys.exit(main())
