@@ -7,8 +7,8 @@ host keys; the generated Jupyter token is printed once.
 The image is built from examples/workstation/workstation.toml (a GPU lock: ~3 GB of wheels on
 the first run, cached after) into the system's containers-storage under its default tag, so a
 second run reuses it. ENVSPEC_E2E_SERVICES_SPEC=path/to/spec.toml builds another spec instead
-(any spec with both services). The containers run with ENVSPEC_VERIFY=warn: on a host without
-a GPU the startup check of a GPU lock fails, and the services must still be testable.
+(any spec with both services). The containers run with ENVSPEC_VERIFY=warn (the startup check
+reports and goes on): on a host without a GPU a GPU lock's services must still be testable.
 
 Skips only where buildah, skopeo or podman are absent.
 """

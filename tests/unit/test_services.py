@@ -99,7 +99,7 @@ def test_ssh_script_uses_baked_and_runtime_keys():
 def test_entrypoint_verify_and_services():
     ep = render_service_files(_lock())[ENTRYPOINT_IN_IMAGE][0]
     assert "-m envspec.verify --startup" in ep and "PYTHONPATH=/opt/envspec/lib" in ep
-    assert "off|0|no|false" in ep and "warn)" in ep
+    assert "off|OFF|0|no|false" in ep and '"${ENVSPEC_VERIFY:-warn}"' in ep
     assert '"$SERVICES/jupyter.sh" &' in ep and '"$SERVICES/ssh.sh" &' in ep
     assert 'if [ "$(id -u)" = 0 ]' in ep  # services never as root
 
