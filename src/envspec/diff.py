@@ -14,7 +14,7 @@ or plan.py missing), the layer view falls back to the wheels' ``group`` fields a
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
