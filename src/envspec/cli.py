@@ -289,6 +289,61 @@ def cmd_build(args) -> int:
     return EXIT_OK
 
 
+def cmd_diff(args) -> int:
+    from envspec.diff import diff_files, diff_lines
+
+    d = diff_files(args.old, args.new)
+    if args.json:
+        _print_json(d.to_json())
+    else:
+        con = _console()
+        for line in diff_lines(d):
+            con.print(line, markup=False)
+    return EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    from envspec.doctor import doctor_exit_code, doctor_json, doctor_lines, run_doctor
+
+    findings = run_doctor(args.lock)
+    if args.json:
+        _print_json(doctor_json(findings))
+    else:
+        con = _console()
+        for line in doctor_lines(findings):
+            con.print(line, markup=False)
+    return doctor_exit_code(findings)
+
+
+def cmd_run(args) -> int:
+    from envspec.run import plan_run, run_lines
+
+    cmd = list(args.cmd or [])
+    ports: dict[int, int] = {}
+    for p in args.port or []:
+        host, _, container = p.partition(":")
+        if not (host.isdigit() and container.isdigit()):
+            raise UsageError(f"--port {p!r} is not HOST:CONTAINER", hint="e.g. --port 18888:8888")
+        ports[int(container)] = int(host)
+    plan = plan_run(args.target, cmd, engine=args.engine, bind=args.bind, detach=args.detach, name=args.name,
+                    mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports, image=args.image)
+    if args.json:
+        _print_json(plan.to_json())
+        return EXIT_OK
+    if args.print:
+        sys.stdout.write("\n".join(run_lines(plan)) + "\n")
+        return EXIT_OK
+    con = _console(stderr=True)
+    for w in plan.warnings:
+        con.print(f"warning: {w}", markup=False)
+    for n in plan.notes:
+        con.print(f"note: {n}", markup=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(plan.argv[0], plan.argv)
+    return EXIT_OK  # not reached
+
+
 def _n(v) -> str:
     return "-" if v is None else (f"{v:g}")
 
@@ -337,6 +392,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)
 
+    s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
+    s.add_argument("target", metavar="SPEC|LOCK|IMAGE")
+    s.add_argument("--print", action="store_true", help="print the command instead of running it")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--engine", choices=("podman", "docker"))
+    s.add_argument("--image", help="run this image reference instead of the lock's tag")
+    s.add_argument("--bind", default="127.0.0.1", help="address the services' ports listen on (default loopback)")
+    s.add_argument("--port", action="append", metavar="HOST:CONTAINER", help="publish a service port elsewhere")
+    s.add_argument("-d", "--detach", action="store_true")
+    s.add_argument("--name")
+    s.add_argument("--no-mount", action="store_true", help="do not mount the current directory on /workspace")
+    s.add_argument("--no-gpu", action="store_true")
+    s.set_defaults(func=cmd_run, cmd=[])  # the command after `--` is split off before parsing
+
+    s = sub.add_parser("doctor", help="check this host before building or running")
+    s.add_argument("lock", nargs="?", help="a lockfile to check the host against")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_doctor)
+
+    s = sub.add_parser("diff", help="what changed between two locks, and which layers it rebuilds")
+    s.add_argument("old")
+    s.add_argument("new")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_diff)
+
+    sub.add_parser("verify", help="check the live machine against a lock (see `envspec verify --help`)")
+    sub.add_parser("cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)")
+
     for extra in _EXTRA_COMMANDS:
         extra(sub)
     return p
@@ -359,7 +442,13 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")  # the core's warnings, e.g. stale indexes
     parser = build_parser()
+    after: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `envspec run TARGET [options] -- CMD...`
+        i = argv.index("--")
+        argv, after = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    if after:
+        args.cmd = after
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT

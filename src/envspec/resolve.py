@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs
+from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_arch
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
@@ -181,9 +181,7 @@ def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: lis
         return False, "; ".join(cause_sentence(c) for c in causes), causes
     parts = []
     for g in gpus:
-        used = next((a for a in v.arch_list if arch_runs(g.cc, a) and a.startswith("sm_")), None) or \
-            next(a for a in v.arch_list if arch_runs(g.cc, a))
-        parts.append(f"{_short(g)} ({g.cc}) runs {used}")
+        parts.append(f"{_short(g)}: {why_arch(g.cc, v.arch_list)[1]}")
     if v.cuda:
         floor = driver_floor(db, v, spec.target.driver_policy)
         parts.append(f"driver >= {floor} ({spec.target.driver_policy})")

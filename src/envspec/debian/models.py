@@ -110,7 +110,7 @@ _RUNTIME = (
 # C library headers (gcc only Recommends libc6-dev, and recommends are off) and Python.h.
 _GPU = ("gcc", "libc6-dev", "libpython3-dev")
 _SERVICES = {
-    "jupyter": (),  # Python wheels only
+    "jupyter": ("libstdc++6",),  # Python wheels, but pyzmq's extension links libstdc++ (GPU images get it via gcc)
     "ssh": ("openssh-server",),
 }
 
