@@ -254,3 +254,12 @@ def test_stale_work_dirs_of_dead_builds_are_removed(tmp_path):
     live = cache.workdir()
     cache.clean_stale()
     assert not dead.exists() and live.exists()
+
+
+def test_an_unreachable_index_is_named_in_the_error(tmp_path):
+    f = WheelFetcher(Cache(tmp_path / "cache"), [], timeout=5)
+    pin = WheelPin("pkg", "1.0", "pkg-1.0-py3-none-any.whl", "http://127.0.0.1:9/simple", "a" * 64)
+    with pytest.raises(SourceError) as e:
+        f.fetch(pin)
+    assert "pkg-1.0-py3-none-any.whl" in e.value.message and "127.0.0.1:9" in e.value.message
+    assert "refused" in e.value.message.lower()

@@ -142,6 +142,7 @@ class WheelFetcher:
         self.timeout = timeout
         self.allow_canonical = allow_canonical
         self._listing: dict[tuple[str, str], dict[str, str]] = {}
+        self._listing_errors: dict[tuple[str, str], str] = {}
 
     def _files(self, kind: str, url: str, project: str) -> dict[str, str]:
         key = (url, project if kind == "index" else "")
@@ -151,8 +152,9 @@ class WheelFetcher:
                     self._listing[key] = sources.links_files(url, timeout=self.timeout)
                 else:
                     self._listing[key] = sources.project_files(url, project, timeout=self.timeout)
-            except (OSError, ValueError):
+            except (OSError, ValueError) as e:  # unreachable or unreadable: try the next source
                 self._listing[key] = {}
+                self._listing_errors[key] = f"{url}: {getattr(e, 'reason', None) or e}"
         return self._listing[key]
 
     def candidates(self, pin: WheelPin) -> Iterator[tuple[str, str]]:
@@ -196,6 +198,7 @@ class WheelFetcher:
                      "and review the change",
             )
         tried = [f"mirror {m.url}" for m in self.mirrors] + ([f"index {pin.index}"] if pin.index else [])
+        failures += [err for (url, proj), err in self._listing_errors.items() if proj in ("", pin.name)]
         raise SourceError(
             f"{pin.filename} ({pin.name} {pin.version}) was not found on: {', '.join(tried) or 'no source'}"
             + (f"\n  errors: {'; '.join(failures)}" if failures else ""),
