@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -159,9 +160,8 @@ class _Run:
             fn()
         except Exception as e:  # a probe that breaks is a finding, never a crash
             self.add(name, FAIL, observed=f"the check raised {type(e).__name__}: {e}",
-                     hint="a bug in the verifier or a broken library; run with -v for the traceback")
-            if os.environ.get("ENVSPEC_VERIFY_DEBUG"):
-                raise
+                     hint="a bug in the verifier or a broken library; -v (or the JSON's data.traceback) "
+                          "shows the traceback", traceback=traceback.format_exc()[-4000:])
         self.report.timings[name] = self.report.timings.get(name, 0.0) + time.perf_counter() - t0
 
     @property
@@ -170,7 +170,6 @@ class _Run:
 
     def is_torch_stack(self, name: str) -> bool:
         """The binary core of torch's stack: what host mode still holds to the lock exactly."""
-        w = self.wheels.get(name)
         return name in HOST_STRICT or name.startswith("nvidia-")
 
     # the run -----------------------------------------------------------------------------
@@ -190,7 +189,7 @@ class _Run:
         hasher = None
         if self.wanted("integrity"):
             self.dists = integrity.find_dists(self.sys.site_dirs())
-            if self.level != "startup":
+            if self.level != "startup" and self.wanted("integrity.files"):
                 hasher = _Background(self._hash_locked_files)
         self.timed("env", self.check_env)
         self.timed("container", self.check_container)

@@ -90,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             _print(f"  hint: {e.hint}\n", sys.stderr)
         return EXIT_BAD_INPUT
-    if args.verbose:
-        os.environ.setdefault("ENVSPEC_VERIFY_DEBUG", "")
     system = System()
     report = run_checks(lock, level=args.level, mode=args.mode, strict=args.strict, system=system, skip=skip,
                         compile_timeout=args.compile_timeout, allreduce=args.allreduce)

@@ -35,6 +35,8 @@ def table(report: Report, width: int = 120, verbose: bool = False) -> str:
         if f.hint and (f.status in (WARN, FAIL) or verbose):
             for h in textwrap.wrap("hint: " + f.hint, width - 10):
                 lines.append(" " * 8 + h)
+        if verbose and f.data.get("traceback"):
+            lines.extend(" " * 8 + t for t in f.data["traceback"].rstrip().splitlines())
     c = report.counts()
     verdict = "OK" if report.ok else "FAILED"
     total = report.timings.get("total")
