@@ -204,6 +204,8 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
     ref = lockmod.read(lock_path)
     tag = f"localhost/envspec/{ref.meta.name}:{ref.short_hash}"
     cache = new_cache(tmp_path, debs)
+    big_tmp = Path(os.environ.get("TMPDIR", "/var/tmp"))
+    before = set(big_tmp.glob("storage*"))
     proc = _spawn(lock_path, cache, "--no-cache")
     if when == "layers":
         hit = _wait_for(lambda: any((cache / "tmp").glob("*/base.tar")), proc)
@@ -222,6 +224,7 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
     img = do_build(lockmod.read(lock_path), engine, cache)
     assert img.image == tag and engine.exists(tag)
     assert list((cache / "tmp").iterdir()) == []  # the dead build's work dir is gone
+    assert set(big_tmp.glob("storage*")) <= before  # skopeo's temporary files were in it
 
 
 def test_two_concurrent_builds_of_one_lock_agree(engine, tmp_path, debs):
@@ -325,4 +328,9 @@ def test_outputs_oci_and_archives(engine, tmp_path, debs):
     assert img.image == "" and img.outputs == tuple(outs)
     index = json.loads((tmp_path / "out-oci" / "index.json").read_text())
     assert index["manifests"][0]["digest"] == img.digest
+    raw = subprocess.run(["skopeo", "inspect", "--raw", f"oci:{tmp_path / 'out-oci'}"], capture_output=True,
+                         check=True).stdout
+    import hashlib
+
+    assert "sha256:" + hashlib.sha256(raw).hexdigest() == img.digest
     assert (tmp_path / "img.tar").stat().st_size > 0 and (tmp_path / "docker.tar").stat().st_size > 0

@@ -125,6 +125,21 @@ def test_outputs_and_push_happen_before_the_tag(env):
     assert img.pushed == ("127.0.0.1:1/a/b:c",) and img.outputs == ("oci-archive:/x.tar",)
 
 
+def test_oci_output_is_written_by_envspec_and_merges_into_a_layout(env):
+    lock, mirrors, tmp = env
+    out = tmp / "out"
+    a, eng, _ = _build(lock, mirrors, tmp / "cache", outputs=[f"oci:{out}:first"])
+    path, sha = helpers.make_wheel(tmp / "wheels", "teampkg", "1.1")
+    b, _, _ = _build(helpers.with_wheel(lock, "teampkg", version="1.1", filename=path.name, sha256=sha), mirrors,
+                     tmp / "cache", outputs=[f"oci:{out}:second"])
+    assert not [c for c in eng.calls if c[0] == "copy"]
+    index = json.loads((out / "index.json").read_text())
+    refs = {m["annotations"]["org.opencontainers.image.ref.name"]: m["digest"] for m in index["manifests"]}
+    assert refs == {"first": a.digest, "second": b.digest}
+    for lay in a.layers + b.layers:
+        assert (out / "blobs" / "sha256" / lay.digest.split(":")[1]).stat().st_size == lay.size
+
+
 def _layout(tmp, lock, mirrors):
     """Build with a fake engine that keeps a copy of the OCI layout."""
     import shutil

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from envspec.build import layers as layer_makers
 from envspec.build.engine import BuildahEngine, Engine, HostInfo, RecordingEngine, detect_host
 from envspec.build.fetch import Cache, WheelFetcher, default_cache_dir
-from envspec.build.oci import LayerBlob, write_layout
+from envspec.build.oci import LayerBlob, export_layout, write_layout
 from envspec.build.sbom import make_sbom
 from envspec.errors import BuildError, HostError
 from envspec.plan import MAKER_VERSIONS, BuildPlan, LayerPlan, make_plan
@@ -246,7 +246,14 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
 
     done_outputs = []
     for dest in outputs:
-        engine.copy(oci_dir, dest)
+        if dest.startswith("oci:"):  # ours to write: hardlinks, no copy of gigabytes
+            path, _, name = dest[4:].partition(":")
+            try:
+                export_layout(oci_dir, Path(path), name)
+            except OSError as e:
+                raise BuildError(f"cannot write {dest}: {e}", step="output") from e
+        else:
+            engine.copy(oci_dir, dest)
         done_outputs.append(dest)
     pushed = []
     if push:

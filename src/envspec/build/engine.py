@@ -181,12 +181,19 @@ class BuildahEngine:
             raise HostError(f"{' and '.join(missing)} not found on PATH; envspec build needs them",
                             hint=APT_HINT)
 
-    def run(self, step: str, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, step: str, argv: Sequence[str], *, check: bool = True,
+            tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+        """Run one command. ``tmpdir``: its TMPDIR (skopeo keeps big temporary files there, and a
+        killed skopeo leaves them behind: inside the build's work directory they go with it)."""
         argv = list(argv)
         log.info("%s: %s", step, " ".join(argv))
+        env = {**os.environ, "LC_ALL": "C"}
+        if tmpdir is not None:
+            tmpdir.mkdir(parents=True, exist_ok=True)
+            env["TMPDIR"] = str(tmpdir)
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
+                                    preexec_fn=_die_with_parent, env=env)
         except FileNotFoundError:
             raise HostError(f"{argv[0]} not found on PATH", hint=APT_HINT) from None
         try:
@@ -201,7 +208,13 @@ class BuildahEngine:
                              stderr_tail="\n".join(err.strip().splitlines()[-20:]))
         return cp
 
-    def _skopeo(self, *args: str) -> list[str]:
+    def _skopeo(self, *args: str, tmpdir: Path | None = None) -> list[str]:
+        # skopeo puts big temporary files in /var/tmp whatever TMPDIR says (containers/image's
+        # "big files" directory); --tmpdir moves them into the build's work directory, so a
+        # killed copy leaves nothing behind once that directory is cleaned.
+        if tmpdir is not None:
+            tmpdir.mkdir(parents=True, exist_ok=True)
+            return ["skopeo", "--tmpdir", str(tmpdir), *args]
         return ["skopeo", *args]
 
     def _podman(self, *args: str) -> list[str]:
@@ -210,8 +223,9 @@ class BuildahEngine:
     def import_image(self, oci_dir: Path, ref: str) -> None:
         """Copy the OCI layout into containers-storage, naming it ``ref``; the name appears only
         when every layer is stored (containers/storage commits the image last)."""
+        tmp = Path(oci_dir).parent / "engine-tmp"
         self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
-                                        self.host.storage_ref(ref)))
+                                        self.host.storage_ref(ref), tmpdir=tmp), tmpdir=tmp)
 
     def exists(self, ref: str) -> bool:
         return self.run("exists", ["buildah", *self.host.storage_args(), "inspect", "--type", "image",
@@ -233,7 +247,8 @@ class BuildahEngine:
         args = ["copy", "--quiet", "--preserve-digests"]
         if _is_local_registry(dest.removeprefix("docker://")):
             args.append("--dest-tls-verify=false")
-        self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest)))
+        tmp = Path(oci_dir).parent / "engine-tmp"
+        self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp), tmpdir=tmp)
 
     def copy(self, oci_dir: Path, dest: str) -> None:
         """Write the image as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""
@@ -246,7 +261,8 @@ class BuildahEngine:
             args.append("--preserve-digests")
         if kind == "oci":
             args.append("--dest-oci-accept-uncompressed-layers")
-        self.run("output", self._skopeo(*args, f"oci:{oci_dir}", dest))
+        tmp = Path(oci_dir).parent / "engine-tmp"
+        self.run("output", self._skopeo(*args, f"oci:{oci_dir}", dest, tmpdir=tmp), tmpdir=tmp)
 
     def containers(self) -> list[str]:
         """buildah working containers on this storage (a clean build leaves none)."""

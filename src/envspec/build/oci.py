@@ -193,3 +193,32 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
     (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     (dest / "index.json").write_bytes(canonical_json(index))
     return mdigest, len(mbytes), config
+
+
+def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
+    """Put the image of layout ``src`` into the OCI layout ``dest`` (``--output oci:DIR``):
+    blobs hardlinked (copied across file systems), the manifest added to ``dest``'s index.json,
+    replacing an entry of the same ref name. An existing non-layout, non-empty ``dest`` is refused."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()) and not (dest / "index.json").is_file():
+        raise FileExistsError(f"{dest} exists and is not an OCI image layout")
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    for b in sorted((src / "blobs" / "sha256").iterdir()):
+        _place_blob(blobs, "sha256:" + b.name, src=b)
+    new = json.loads((src / "index.json").read_bytes())["manifests"]
+    if ref_name:
+        for m in new:
+            m.setdefault("annotations", {})["org.opencontainers.image.ref.name"] = ref_name
+    index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []}
+    if (dest / "index.json").is_file():
+        index = json.loads((dest / "index.json").read_bytes())
+    names = {m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in new} - {None}
+    kept = [m for m in index.get("manifests", [])
+            if m.get("annotations", {}).get("org.opencontainers.image.ref.name") not in names
+            and m["digest"] not in {n["digest"] for n in new}]
+    index["manifests"] = kept + new
+    (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    tmp = dest / "index.json.tmp"
+    tmp.write_bytes(canonical_json(index))
+    os.replace(tmp, dest / "index.json")
