@@ -1,0 +1,71 @@
+"""The CLI edge: argument splitting, exit codes, JSON on stdout, errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from envspec.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["--version"])
+    assert ei.value.code == 0 and "envspec" in capsys.readouterr().out
+
+
+def test_run_print_splits_the_command_at_double_dash(capsys):
+    code = main(["run", str(ROOT / "lockfiles" / "smoke.lock"), "--print", "--engine", "podman", "--no-mount",
+                 "--", "python", "--print", "-c", "x"])
+    out = capsys.readouterr().out
+    assert code == 0
+    cmd = [ln for ln in out.splitlines() if not ln.startswith("#")][0]
+    assert cmd.endswith("localhost/envspec/smoke:" + _short(ROOT / "lockfiles" / "smoke.lock") + " python --print -c x")
+    assert "--shm-size 64m" in cmd
+
+
+def _short(p: Path) -> str:
+    from envspec.lock import read
+
+    return read(p).short_hash
+
+
+def test_diff_json(capsys):
+    code = main(["diff", str(ROOT / "lockfiles" / "h100-train.lock"), str(ROOT / "lockfiles" / "a100-train.lock"), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["wheels"]["counts"]["removed"] == 1
+    assert [(c["name"], c["change"]) for c in data["wheels"]["changes"]] == [("safetensors", "removed")]
+    layers = {lay["group"]: lay["change"] for lay in data["layers"]["layers"]}
+    assert layers["base"] == layers["cuda"] == layers["torch"] == "same" and layers["team"] != "same"
+
+
+def test_build_locked_refuses_a_missing_lock(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "nolock"\n[python]\npackages = ["six"]\n')
+    code = main(["build", str(spec), "--locked", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no lockfile" in err and "Traceback" not in err
+
+
+def test_build_locked_refuses_a_stale_lock(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lockfiles").mkdir()
+    shutil.copy(ROOT / "lockfiles" / "smoke.lock", tmp_path / "lockfiles" / "smoke.lock")
+    spec = tmp_path / "smoke.toml"
+    spec.write_text((ROOT / "specs" / "smoke.toml").read_text().replace("idna==3.7", "idna==3.6"))
+    code = main(["build", str(spec), "--locked", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 1 and "lock-out-of-date" in err and "idna" in err
+
+
+def test_unknown_lock_is_a_clear_error(capsys):
+    code = main(["diff", "nope.lock", str(ROOT / "lockfiles" / "smoke.lock")])
+    err = capsys.readouterr().err
+    assert code == 2 and "nope.lock" in err and "Traceback" not in err
