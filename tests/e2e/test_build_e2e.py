@@ -223,6 +223,8 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
     assert engine.containers() == []
     img = do_build(lockmod.read(lock_path), engine, cache)
     assert img.image == tag and engine.exists(tag)
+    images = podman(engine, "images", "--all", "--quiet", "--no-trunc").stdout.split()
+    assert len(images) == 1  # no unnamed preloaded image of the killed build is left
     assert list((cache / "tmp").iterdir()) == []  # the dead build's work dir is gone
     assert set(big_tmp.glob("storage*")) <= before  # skopeo's temporary files were in it
 
@@ -235,6 +237,7 @@ def test_two_concurrent_builds_of_one_lock_agree(engine, tmp_path, debs):
     assert [p.returncode for p in procs] == [0, 0], outs
     digests = {json.loads(o[0])["digest"] for o in outs}
     assert len(digests) == 1
+    assert len(podman(engine, "images", "--all", "--quiet", "--no-trunc").stdout.split()) == 1
     assert engine.image_digest(json.loads(outs[0][0])["image"]) == digests.pop()
 
 
