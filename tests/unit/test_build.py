@@ -278,26 +278,3 @@ def test_an_unreachable_index_is_named_in_the_error(tmp_path):
         f.fetch(pin)
     assert "pkg-1.0-py3-none-any.whl" in e.value.message and "127.0.0.1:9" in e.value.message
     assert "refused" in e.value.message.lower()
-
-
-def test_prefixes_are_preloaded_then_removed_after_the_import(env, monkeypatch):
-    import envspec.build as b
-
-    monkeypatch.setattr(b, "PRELOAD_MIN_BYTES", 0)
-    lock, mirrors, tmp = env
-    img, eng, _ = _build(lock, mirrors, tmp / "cache")
-    verbs = [c[0] for c in eng.calls if c[0] not in ("exists",)]
-    n = len(img.layers) - 1  # every prefix but the whole image
-    assert verbs[:n] == ["preload"] * n and verbs[n] == "import_image" and verbs[n + 1:] == ["remove"] * n
-    again, eng2, _ = _build(lock, mirrors, tmp / "cache")
-    assert not [c for c in eng2.calls if c[0] == "preload"]  # nothing to make: nothing to overlap
-
-
-def test_a_killed_builds_preloaded_images_are_removed_by_the_next(env):
-    lock, mirrors, tmp = env
-    cache = Cache(tmp / "cache")
-    dead = cache.root / "tmp" / "999999999-x"
-    dead.mkdir(parents=True)
-    (dead / "preloaded-images").write_text("sha256:" + "ab" * 32 + "\n")
-    img, eng, _ = _build(lock, mirrors, tmp / "cache")
-    assert ("remove", "ab" * 32) in eng.calls and not dead.exists()

@@ -124,83 +124,6 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) 
     return rootfs
 
 
-PRELOAD_MIN_BYTES = 64 << 20  # smaller layers import in well under a second: not worth a skopeo run
-
-
-class _Preloader:
-    """Brings the first layers into containers-storage while later ones are still being made.
-
-    The import (skopeo into containers-storage) is as costly as making the layers (it copies and
-    hashes every byte twice) and uses about one core; layers are made on both. So as soon as the
-    layers 0..k are all made and layer k is big, an image of just those layers, with no name, is
-    imported in a background thread; the final import then reuses them. Those unnamed images are
-    removed at the end; their IDs are written in the work directory first, so the next build
-    removes those of a killed one. Failures here only cost speed: the final import does the rest.
-    """
-
-    def __init__(self, engine: Engine, plan: BuildPlan, work: Path, enabled: bool) -> None:
-        import threading
-
-        self.engine, self.plan, self.work = engine, plan, work
-        self.enabled = enabled and hasattr(engine, "preload")
-        self.events = {lay.key: threading.Event() for lay in plan.layers}
-        self.blobs: dict[str, LayerBlob] = {}
-        self.ids: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="envspec-preload", daemon=True)
-        if self.enabled:
-            self.thread.start()
-
-    def ready(self, blob: LayerBlob) -> None:
-        self.blobs[blob.key] = blob
-        self.events[blob.key].set()
-
-    def _run(self) -> None:
-        from envspec.build.oci import write_partial_layout
-
-        layers = list(self.plan.layers[:-1])  # the top (envspec) layer comes with the final import
-        for k, lay in enumerate(layers):
-            while not self.events[lay.key].wait(0.2):
-                if self.stop.is_set():
-                    return
-            if self.blobs[lay.key].size < PRELOAD_MIN_BYTES or self.stop.is_set():
-                continue
-            prefix = [self.blobs[x.key] for x in layers[: k + 1]]
-            d = self.work / f"preload-{k}"
-            try:
-                image_id = write_partial_layout(d, self.plan, prefix)
-                with open(self.work / "preloaded-images", "a") as f:
-                    f.write(image_id + "\n")
-                self.ids.append(image_id)
-                self.engine.preload(d, image_id)  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001 (only speed is lost)
-                pass
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-
-    def finish(self) -> None:
-        """Wait for the running preload (its layers are what the final import reuses)."""
-        if self.enabled:
-            self.thread.join()
-
-    def cancel(self) -> None:
-        self.stop.set()
-
-    def cleanup(self) -> None:
-        self.stop.set()
-        if self.enabled:
-            self.thread.join()
-        for image_id in self.ids:
-            remove_preloaded(self.engine, image_id)
-
-
-def remove_preloaded(engine: Engine, image_id: str) -> None:
-    try:
-        engine.remove(image_id.split(":", 1)[-1])
-    except Exception:  # noqa: BLE001
-        pass
-
-
 def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, reporter: Reporter | None = None,
           tag: str | None = None, outputs: Sequence[str] = (), push: str | None = None, no_cache: bool = False,
           mirrors: Sequence[Any] | None = None, spec_mirrors: Sequence[str] = (), workers: int | None = None,
@@ -211,11 +134,6 @@ def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, rep
     reporter = reporter or Reporter()
     plan = lock if isinstance(lock, BuildPlan) else make_plan(lock)
     cache = Cache(cache_dir)
-    for d in cache.stale():  # a killed build's unnamed preloaded images go with its work dir
-        ids = d / "preloaded-images"
-        if ids.is_file():
-            for image_id in ids.read_text().split():
-                remove_preloaded(engine, image_id)
     cache.clean_stale()
     ref = plan.default_tag if tag is None else tag
     workers = workers or min(2, os.cpu_count() or 1)
@@ -245,28 +163,6 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
             metas[lay.key] = {**meta, "cached": True}
         elif lay.group != "envspec":
             todo.append(lay)
-
-    preloader = _Preloader(engine, plan, work, enabled=bool(ref) and bool(todo))
-    try:
-        return _build_layers_and_image(plan, engine=engine, cache=cache, reporter=reporter, ref=ref, outputs=outputs,
-                                       push=push, mirrors=mirrors, workers=workers, work=work, verify_dir=verify_dir,
-                                       metas=metas, todo=todo, preloader=preloader)
-    finally:
-        preloader.cleanup()
-
-
-def _blob(cache: Cache, lay: LayerPlan, meta: dict) -> LayerBlob:
-    return LayerBlob(group=lay.group, key=lay.key, path=Path(meta["path"]) if "path" in meta else cache.layer_tar(lay.key),
-                     digest=meta["diff_id"], size=meta["size"], description=f"{len(lay.pins)} pins" if lay.pins else "")
-
-
-def _build_layers_and_image(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter, ref: str,
-                            outputs: Sequence[str], push: str | None, mirrors: Sequence[Any], workers: int, work: Path,
-                            verify_dir: Path | None, metas: dict[str, dict], todo: list[LayerPlan],
-                            preloader: _Preloader) -> BuiltImage:
-    for lay in plan.layers:
-        if lay.key in metas:
-            preloader.ready(_blob(cache, lay, metas[lay.key]))
 
     # 1. fetch what the layers to build need (wheels; debs come with the rootfs)
     need = [w for lay in todo for w in lay.wheels]
@@ -298,24 +194,15 @@ def _build_layers_and_image(plan: BuildPlan, *, engine: Engine, cache: Cache, re
             out = work / "base.tar"
             res = layer_makers.make_base_layer(plan, rootfs, out)
             metas[base.key] = {**_store_layer(cache, base, out, res), "cached": False}
-            preloader.ready(_blob(cache, base, metas[base.key]))
             if rootfs is not None:
                 shutil.rmtree(rootfs, ignore_errors=True)
-        from concurrent.futures import FIRST_COMPLETED, wait
-
-        pending = {fut: (key, lay, out) for key, (lay, out, fut) in futures.items()}
-        while pending:  # in completion order, so the preloader can start on a finished prefix
-            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-            for fut in done:
-                key, lay, out = pending.pop(fut)
-                try:
-                    res = fut.result()
-                except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
-                    raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}",
-                                     step=f"layer {lay.group}",
-                                     hint="the wheel may be broken or not for this platform; re-lock") from e
-                metas[key] = {**_store_layer(cache, lay, out, res), "cached": False}
-                preloader.ready(_blob(cache, lay, metas[key]))
+        for key, (lay, out, fut) in futures.items():
+            try:
+                res = fut.result()
+            except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
+                raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
+                                 hint="the wheel may be broken or not for this platform; re-lock") from e
+            metas[key] = {**_store_layer(cache, lay, out, res), "cached": False}
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -335,7 +222,9 @@ def _build_layers_and_image(plan: BuildPlan, *, engine: Engine, cache: Cache, re
     infos: list[LayerInfo] = []
     for lay in plan.layers:
         m = metas[lay.key]
-        blobs.append(_blob(cache, lay, m))
+        path = Path(m["path"]) if "path" in m else cache.layer_tar(lay.key)
+        blobs.append(LayerBlob(group=lay.group, key=lay.key, path=path, digest=m["diff_id"], size=m["size"],
+                               description=f"{len(lay.pins)} pins" if lay.pins else ""))
         info = LayerInfo(digest=m["diff_id"], diff_id=m["diff_id"], size=m["size"], group=lay.group,
                          cached=bool(m["cached"]), key=lay.key)
         infos.append(info)
@@ -373,7 +262,6 @@ def _build_layers_and_image(plan: BuildPlan, *, engine: Engine, cache: Cache, re
         reporter.pushed(push, digest)
     if ref:
         reporter.committing(ref, digest)
-        preloader.finish()
         if not _already_there(engine, ref, digest):
             with cache.locked("import"):
                 engine.import_image(oci_dir, ref)

@@ -227,14 +227,6 @@ class BuildahEngine:
         self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
                                         self.host.storage_ref(ref), tmpdir=tmp), tmpdir=tmp)
 
-    def preload(self, oci_dir: Path, image_id: str) -> None:
-        """Store the layout's layers ahead of the final import, as an image with no name (just
-        ``image_id``): the final import then finds them in storage. Remove it with ``remove``."""
-        tmp = Path(oci_dir).parent / "engine-tmp"
-        self.run("preload", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
-                                         self.host.storage_ref("@" + image_id.split(":", 1)[-1]), tmpdir=tmp),
-                 tmpdir=tmp)
-
     def exists(self, ref: str) -> bool:
         return self.run("exists", ["buildah", *self.host.storage_args(), "inspect", "--type", "image",
                                    "--format", "{{.FromImageID}}", ref], check=False).returncode == 0
@@ -303,10 +295,6 @@ class RecordingEngine:
 
     def image_digest(self, ref: str) -> str:
         return self.images.get(ref, "")
-
-    def preload(self, oci_dir: Path, image_id: str) -> None:
-        self._call("preload", str(oci_dir), image_id)
-        self.images[image_id] = ""
 
     def remove(self, ref: str) -> None:
         self._call("remove", ref)

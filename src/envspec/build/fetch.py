@@ -90,19 +90,14 @@ class Cache:
     def workdir(self) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))
 
-    def stale(self) -> list[Path]:
-        """Work directories (and half-written files) of builds whose process is gone."""
-        out = []
-        for d in sorted((self.root / "tmp").iterdir()):
+    def clean_stale(self) -> list[Path]:
+        """Remove work directories (and half-written files) of builds whose process is gone."""
+        removed = []
+        for d in (self.root / "tmp").iterdir():
             pid = d.name.split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                out.append(d)
-        return out
-
-    def clean_stale(self) -> list[Path]:
-        removed = self.stale()
-        for d in removed:
-            shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+                removed.append(d)
         return removed
 
 

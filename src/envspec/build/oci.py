@@ -222,29 +222,3 @@ def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
     tmp = dest / "index.json.tmp"
     tmp.write_bytes(canonical_json(index))
     os.replace(tmp, dest / "index.json")
-
-
-def write_partial_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob]) -> str:
-    """A layout of the first layers only, with a bare config: what the engine preloads into
-    storage while later layers are still being made. Returns its image ID (config digest)."""
-    blobs = dest / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    for lay in layers:
-        _place_blob(blobs, lay.digest, src=lay.path)
-    config = canonical_json({"architecture": plan.platform.oci_arch, "os": plan.platform.os,
-                             "created": created_at(), "config": {},
-                             "rootfs": {"type": "layers", "diff_ids": [lay.digest for lay in layers]}})
-    config_digest = sha256_bytes(config)
-    _place_blob(blobs, config_digest, data=config)
-    manifest = canonical_json({
-        "schemaVersion": 2, "mediaType": MT_MANIFEST,
-        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": MT_LAYER, "digest": lay.digest, "size": lay.size} for lay in layers],
-    })
-    mdigest = sha256_bytes(manifest)
-    _place_blob(blobs, mdigest, data=manifest)
-    (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    (dest / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": MT_INDEX,
-        "manifests": [{"mediaType": MT_MANIFEST, "digest": mdigest, "size": len(manifest)}]}))
-    return config_digest
