@@ -93,7 +93,7 @@ def podman_size(engine, ref: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100.lock"))
+    ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100-train.lock"))
     ap.add_argument("--skip-containerfile", action="store_true")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")

@@ -336,3 +336,19 @@ def test_outputs_oci_and_archives(engine, tmp_path, debs):
 
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == img.digest
     assert (tmp_path / "img.tar").stat().st_size > 0 and (tmp_path / "docker.tar").stat().st_size > 0
+
+
+SMOKE = DATA.parents[2] / "lockfiles" / "smoke.lock"
+
+
+@pytest.mark.skipif(not SMOKE.exists(), reason="lockfiles/smoke.lock is not there")
+def test_smoke_lock_two_no_cache_builds_one_digest_and_it_runs(engine, tmp_path, debs):
+    lock = lockmod.read(SMOKE)
+    a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"), no_cache=True)
+    time.sleep(1.1)
+    b = do_build(lock, engine, new_cache(tmp_path, debs, "c2"), no_cache=True)
+    assert a.digest == b.digest and a.image == f"localhost/envspec/smoke:{lock.short_hash}"
+    wanted = {w.name: w.version for w in lock.wheels}
+    code = "import importlib.metadata as m, json; print(json.dumps({d: m.version(d) for d in %r}))" % sorted(wanted)
+    out = podman(engine, "run", "--rm", *engine.host.podman_run_args(), a.image, "python", "-c", code)
+    assert json.loads(out.stdout) == wanted
