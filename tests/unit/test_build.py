@@ -278,3 +278,13 @@ def test_an_unreachable_index_is_named_in_the_error(tmp_path):
         f.fetch(pin)
     assert "pkg-1.0-py3-none-any.whl" in e.value.message and "127.0.0.1:9" in e.value.message
     assert "refused" in e.value.message.lower()
+
+
+def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
+    cache = Cache(tmp_path / "cache")
+    cache.blob(sha).write_bytes(b"not the wheel")
+    f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    got = f.fetch_all([WheelPin("pkg", "1.0", path.name, "", sha)])
+    assert got[sha].read_bytes() == path.read_bytes()

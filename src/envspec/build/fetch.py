@@ -131,6 +131,14 @@ def _copy_verified(src_url: str, dest_tmp: Path, timeout: float) -> str:
     return h.hexdigest()
 
 
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class WheelFetcher:
     """Finds a pinned wheel by filename on the mirrors, then on its canonical index, and puts
     the verified bytes in the cache."""
@@ -171,7 +179,9 @@ class WheelFetcher:
     def fetch(self, pin: WheelPin) -> Path:
         dest = self.cache.blob(pin.sha256)
         if dest.is_file():
-            return dest
+            if _sha256_file(dest) == pin.sha256:  # checked before each use, not only on entry
+                return dest
+            dest.unlink(missing_ok=True)  # damaged in the cache: fetch it again
         mismatches: list[str] = []
         failures: list[str] = []
         for where, url in self.candidates(pin):
@@ -210,24 +220,23 @@ class WheelFetcher:
                   on_done: Callable[[WheelPin, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
         """Fetch every pin (parallel downloads); raises the first error after the rest stop."""
         out: dict[str, Path] = {}
-        todo = [p for p in pins if not self.cache.has_blob(p.sha256)]
-        for p in pins:
-            if self.cache.has_blob(p.sha256):
-                out[p.sha256] = self.cache.blob(p.sha256)
+        todo = list({p.sha256: p for p in pins}.values())
 
-        def one(p: WheelPin) -> tuple[WheelPin, Path]:
-            if on_start:
+        def one(p: WheelPin) -> tuple[WheelPin, Path, bool]:
+            cached = self.cache.has_blob(p.sha256)
+            if on_start and not cached:
                 on_start(p)
-            return p, self.fetch(p)
+            path = self.fetch(p)  # a cached file is hashed again here (threads: hashlib frees the GIL)
+            return p, path, cached
 
         if todo:
             with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as ex:
                 futs = [ex.submit(one, p) for p in todo]
                 try:
                     for f in futs:
-                        p, path = f.result()
+                        p, path, cached = f.result()
                         out[p.sha256] = path
-                        if on_done:
+                        if on_done and not cached:
                             on_done(p, path)
                 except BaseException:
                     for f in futs:
