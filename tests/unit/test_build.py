@@ -193,6 +193,10 @@ def test_envspec_layer_carries_lock_sbom_verifier(env):
         names = tf.getnames()
         lock_text = tf.extractfile("opt/envspec/envspec.lock").read().decode()
         sbom = json.loads(tf.extractfile("opt/envspec/sbom.spdx.json").read())
+        entry = tf.getmember("opt/envspec/entrypoint.sh")
+        entry_text = tf.extractfile(entry).read().decode()
+    assert entry.mode == 0o755 and entry_text.startswith("#!/bin/sh\n")
+    assert "envspec.verify --startup" in entry_text  # the rendered one (envspec.run) or the built-in
     assert lock["meta"]["content_hash"] in lock_text
     assert "opt/envspec/lib/envspec/verify/__init__.py" in names and "opt/venv/bin/envspec" in names
     assert sbom["spdxVersion"] == "SPDX-2.3"

@@ -124,6 +124,18 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) 
     return rootfs
 
 
+def _service_files(plan: BuildPlan) -> dict[str, tuple[str, int]]:
+    """The entrypoint and the services' files (Jupyter, SSH) rendered from the lock by
+    ``envspec.run.render_service_files``; without that module, the built-in minimal entrypoint."""
+    try:
+        from envspec.run import render_service_files
+    except ImportError:
+        return {}
+    import tomllib
+
+    return render_service_files(tomllib.loads(plan.lock_text))
+
+
 def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, reporter: Reporter | None = None,
           tag: str | None = None, outputs: Sequence[str] = (), push: str | None = None, no_cache: bool = False,
           mirrors: Sequence[Any] | None = None, spec_mirrors: Sequence[str] = (), workers: int | None = None,
@@ -213,7 +225,7 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
     reporter.layer_started("envspec", 0, False)
     sbom = make_sbom(plan)
     out = work / "envspec.tar"
-    res = layer_makers.make_envspec_layer(plan, sbom, out, verify_dir=verify_dir)
+    res = layer_makers.make_envspec_layer(plan, sbom, out, verify_dir=verify_dir, extra_files=_service_files(plan))
     top_tar = work / "envspec-layer.tar"
     os.replace(out, top_tar)
     metas[top.key] = {"diff_id": res["diff_id"], "size": res["size"], "cached": False, "path": str(top_tar)}

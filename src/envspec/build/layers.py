@@ -201,13 +201,14 @@ def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, in
 # --- envspec: verifier, lock, SBOM, entrypoint ---------------------------------------------------
 
 ENTRYPOINT = """#!/bin/sh
-# envspec entrypoint: checks the container against the baked-in lock (the verifier's cheap
-# start-up subset; ENVSPEC_VERIFY=off|warn|strict, default warn: report, never block), then
-# runs the command given, by default a shell. Services (Jupyter, SSH) hook in here.
+# envspec's minimal entrypoint (used when envspec.run's rendered one is not available): checks
+# the container against the baked-in lock (the verifier's cheap start-up subset;
+# ENVSPEC_VERIFY=off|warn|strict, default warn: report, never block), then runs the command
+# given, by default a shell.
 set -e
 mode="${ENVSPEC_VERIFY:-warn}"
-if [ "$mode" != off ] && [ -x {venv}/bin/envspec ]; then
-  if ! {venv}/bin/envspec verify --startup; then
+if [ "$mode" != off ] && [ -d {lib}/envspec/verify ]; then
+  if ! PYTHONPATH={lib} {venv}/bin/python -m envspec.verify --startup; then
     if [ "$mode" = strict ]; then exit 1; fi
   fi
 fi
@@ -242,16 +243,22 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
     return out
 
 
-def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, verify_dir: Path | None = None) -> dict:
+def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, verify_dir: Path | None = None,
+                       extra_files: dict[str, tuple[str | bytes, int]] | None = None) -> dict:
+    """The top layer. ``extra_files`` ({image path: (content, mode)}: the rendered entrypoint and
+    service files) replace the built-in minimal entrypoint and add to the rest."""
     if verify_dir is None:
         verify_dir = Path(__file__).resolve().parent.parent / "verify"
     v = plan.platform.venv
     files: list[tuple[str, bytes, int]] = [
         (LOCK_PATH_IN_IMAGE, plan.lock_text.encode(), 0o644),
         (SBOM_PATH_IN_IMAGE, sbom, 0o644),
-        (ENTRYPOINT_PATH, ENTRYPOINT.replace("{venv}", v).encode(), 0o755),
+        (ENTRYPOINT_PATH, ENTRYPOINT.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(), 0o755),
         (f"{ENVSPEC_LIB}/envspec/__init__.py", INIT_PY.encode(), 0o644),
     ]
+    for path, (content, mode) in sorted((extra_files or {}).items()):
+        files = [f for f in files if f[0] != path]
+        files.append((path, content.encode() if isinstance(content, str) else content, mode))
     vfiles = verifier_files(verify_dir)
     if not any(rel == "__init__.py" for rel, _ in vfiles):
         files.append((f"{ENVSPEC_LIB}/envspec/verify/__init__.py", b"", 0o644))
