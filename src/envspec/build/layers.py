@@ -30,7 +30,7 @@ from installer.scripts import Script
 from installer.sources import WheelFile
 from installer.records import parse_record_file
 
-from envspec.build.tarball import TarResult, TarWriter
+from envspec.build.tarball import TarWriter
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan, Platform
 
 ENVSPEC_LIB = "/opt/envspec/lib"
