@@ -24,9 +24,10 @@ setup_system() {
 setup_python() {
   if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
   # pip's own configuration (mirrors, find-links) applies; envspec reads it too.
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+  # (pip warns about every configured mirror page that lacks a package; those lines are noise here)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   # The verifier's tests need a torch; the CPU build is small and is what specs/cpu.toml locks.
-  "$VENV/bin/python" -c 'import torch' 2>/dev/null || "$VENV/bin/python" -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+  "$VENV/bin/python" -c 'import torch' 2>/dev/null || "$VENV/bin/python" -m pip install -q --disable-pip-version-check 'torch==2.13.0' 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
 setup() { setup_system; setup_python; }
