@@ -261,7 +261,7 @@ class _Progress:
 
 
 def cmd_build(args) -> int:
-    from envspec.build import BuildahEngine, RecordingEngine, build, detect_host
+    from envspec.build import BuildahEngine, build, detect_host
 
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     spec_mirrors: list[str] = []
@@ -272,7 +272,12 @@ def cmd_build(args) -> int:
         spec_mirrors = list(spec_sources.mirrors)
         if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
             os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
-    engine = RecordingEngine() if args.dry_run else BuildahEngine(detect_host())
+    if args.dry_run:  # the plan only: layers, their pins and content keys; nothing fetched or made
+        from envspec.plan import make_plan
+
+        _print_json(make_plan(lock).to_json())
+        return EXIT_OK
+    engine = BuildahEngine(detect_host())
     with _Progress(args.quiet or args.json) as prog:
         built = build(lock, engine=engine, cache_dir=cache_dir(), reporter=prog.reporter, tag=args.tag,
                       outputs=args.output or [], push=args.push, no_cache=args.no_cache, spec_mirrors=spec_mirrors)
@@ -387,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
-    s.add_argument("--dry-run", action="store_true", help="make the layers and layout but call no container tool")
+    s.add_argument("--dry-run", action="store_true", help="print the build plan (layers, pins, content keys) and stop")
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
+from envspec.lock import as_dict as _as_dict
+
 ChangeKind = Literal["added", "removed", "upgraded", "downgraded", "rebuilt"]
 
 # Order of the layers in an image (plan.py's LAYER_ORDER), used when plan.py is not importable.
@@ -102,15 +104,6 @@ class LockDiff:
 
 
 # --- reading either a Lockfile model or the dict tomllib gives ------------------------------------
-
-def _as_dict(lock: Any) -> dict[str, Any]:
-    if isinstance(lock, dict):
-        return lock
-    dump = getattr(lock, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json", exclude_none=True)
-    raise TypeError(f"not a lock: {type(lock).__name__}")
-
 
 def _sub(d: dict, key: str) -> dict:
     v = d.get(key)

@@ -253,6 +253,16 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def as_dict(lock) -> dict:
+    """A lock as the plain dict of its TOML, from the model or from such a dict."""
+    if isinstance(lock, dict):
+        return lock
+    dump = getattr(lock, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json", exclude_none=True)
+    raise TypeError(f"not a lock: {type(lock).__name__}")
+
+
 def default_path(spec_name: str, root: Path | None = None) -> Path:
     return (root or Path("lockfiles")) / f"{spec_name}.lock"
 

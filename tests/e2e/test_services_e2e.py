@@ -85,7 +85,7 @@ def image(tmp_path_factory):
     ls = _sh_in_image(built.image, "ls /opt/envspec/services/")
     if "jupyter.sh" not in ls.stdout or "ssh.sh" not in ls.stdout:
         pytest.fail(f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "
-                    f"include envspec.run.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})")
+                    f"include envspec.services.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})")
     return d, built.image
 
 

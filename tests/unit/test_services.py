@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from envspec.errors import PlanError, SpecError
-from envspec.run import AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, check_authorized_keys, render_service_files
+from envspec.services import AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, check_authorized_keys, render_service_files
 from envspec.spec import parse_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"

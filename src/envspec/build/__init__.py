@@ -126,12 +126,10 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) 
 
 def _service_files(plan: BuildPlan) -> dict[str, tuple[str, int]]:
     """The entrypoint and the services' files (Jupyter, SSH) rendered from the lock by
-    ``envspec.run.render_service_files``; without that module, the built-in minimal entrypoint."""
-    try:
-        from envspec.run import render_service_files
-    except ImportError:
-        return {}
+    ``envspec.services.render_service_files``."""
     import tomllib
+
+    from envspec.services import render_service_files
 
     return render_service_files(tomllib.loads(plan.lock_text))
 
