@@ -500,9 +500,15 @@ def debian_request(choice: Choice) -> list[str]:
 
     spec = choice.spec
     services = {k for k in ("jupyter", "ssh") if getattr(spec.services, k) and getattr(spec.services, k).enabled}
-    compiler = spec.system.compiler if spec.system.compiler is not None else spec.wants_gpu
-    base = debian.base_packages(choice.suite, gpu=compiler, services=services)
-    return sorted(set(base) | set(spec.system.packages))
+    # torch.compile needs a compiler at run time: Triton builds a C helper (gcc + Python headers) on
+    # GPUs, Inductor emits C++ (g++) on CPUs; torch itself links libstdc++. A spec can opt out.
+    compiler = spec.system.compiler if spec.system.compiler is not None else spec.torch is not None
+    base = set(debian.base_packages(choice.suite, gpu=compiler, services=services))
+    if spec.torch is not None:
+        base.add("libstdc++6")
+        if compiler:
+            base.add("g++")
+    return sorted(base | set(spec.system.packages))
 
 
 def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tuple[list, list[str]]:

@@ -42,21 +42,12 @@ def debs(tmp_path_factory):
 
 
 @pytest.fixture
-def storage(tmp_path, monkeypatch):
-    root = tmp_path / "storage"
-    monkeypatch.setenv("ENVSPEC_STORAGE_ROOT", str(root))
-    yield root
-    from envspec.build.engine import detect_host
+def storage(tmp_path):
+    from conftest import private_storage
 
-    subprocess.run(["podman", *detect_host().storage_args(), "system", "reset", "--force"],
-                   capture_output=True, check=False)
-    # the overlay driver keeps <root>/overlay bind-mounted on itself after the last user
-    mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
-    host = detect_host()
-    for m in sorted((m for m in mounts if m.startswith((str(root), host.storage_runroot))), reverse=True):
-        subprocess.run(["umount", "-l", m], capture_output=True, check=False)
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(host.storage_runroot, ignore_errors=True)
+    root = tmp_path / "storage"
+    with private_storage(root):
+        yield root
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""The verifier inside a built image (CI: the image of specs/cpu.toml under podman).
+"""The verifier inside a built image (CI: the image of lockfiles/cpu.lock under podman).
 
-Set ENVSPEC_VERIFY_IMAGE to the image (e.g. the tag `envspec build lockfiles/cpu.lock` printed)
-and, if the image lives in a private storage root, ENVSPEC_PODMAN_ARGS (e.g. "--root /x
---runroot /y") and ENVSPEC_PODMAN_RUN_ARGS (options of `podman run`, e.g. "--runtime runc").
-Skips where podman or the image is absent; never passes silently.
+The module builds that image with envspec into a private storage root and cache. To test an
+image built elsewhere instead, set ENVSPEC_VERIFY_IMAGE (and, for a private storage root,
+ENVSPEC_PODMAN_ARGS such as "--root /x --runroot /y" and ENVSPEC_PODMAN_RUN_ARGS such as
+"--runtime runc"). Skips only where podman or buildah is absent.
 """
 
 import json
@@ -17,18 +17,40 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-IMAGE = os.environ.get("ENVSPEC_VERIFY_IMAGE", "")
-WHEELS = Path(__file__).resolve().parents[1] / "data" / "verify" / "wheels"
-if not shutil.which("podman"):
-    pytest.skip("podman is not installed", allow_module_level=True)
-if not IMAGE:
-    pytest.skip("ENVSPEC_VERIFY_IMAGE is not set (build lockfiles/cpu.lock first)", allow_module_level=True)
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = ROOT / "tests" / "data" / "verify" / "wheels"
+for _tool in ("podman", "buildah", "skopeo"):
+    if not shutil.which(_tool):
+        pytest.skip(f"{_tool} is not installed (apt-get install -y {_tool})", allow_module_level=True)
+
+_IMAGE: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_image(tmp_path_factory):
+    """The image of lockfiles/cpu.lock, built by envspec (or the one ENVSPEC_VERIFY_IMAGE names)."""
+    if os.environ.get("ENVSPEC_VERIFY_IMAGE"):
+        _IMAGE.update(image=os.environ["ENVSPEC_VERIFY_IMAGE"],
+                      podman=shlex.split(os.environ.get("ENVSPEC_PODMAN_ARGS", "")),
+                      run=shlex.split(os.environ.get("ENVSPEC_PODMAN_RUN_ARGS", "")))
+        yield
+        return
+    from conftest import private_storage
+
+    from envspec.build import BuildahEngine, build
+    from envspec.lock import read
+
+    base = tmp_path_factory.mktemp("verify-image")
+    with private_storage(base / "storage") as host:
+        built = build(read(ROOT / "lockfiles" / "cpu.lock"), engine=BuildahEngine(host), cache_dir=base / "cache")
+        _IMAGE.update(image=built.image, podman=host.storage_args(), run=host.podman_run_args())
+        yield
 
 
 def podman_run(script: str) -> subprocess.CompletedProcess:
-    cmd = ["podman", *shlex.split(os.environ.get("ENVSPEC_PODMAN_ARGS", "")), "run", "--rm",
-           *shlex.split(os.environ.get("ENVSPEC_PODMAN_RUN_ARGS", "")), "--user", "0",
-           "-e", "ENVSPEC_VERIFY=off", "-v", f"{WHEELS}:/w:ro,Z", "--shm-size", "2g", IMAGE, "sh", "-c", script]
+    cmd = ["podman", *_IMAGE["podman"], "run", "--rm", *_IMAGE["run"], "--user", "0",
+           "-e", "ENVSPEC_VERIFY=off", "-v", f"{WHEELS}:/w:ro,Z", "--shm-size", "2g", _IMAGE["image"],
+           "sh", "-c", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
