@@ -158,6 +158,9 @@ def from_resolution(res, *, spec_path: str, db_version: str) -> Lockfile:
         services["jupyter"] = spec.services.jupyter.model_dump(mode="json")
     if spec.services.ssh:
         services["ssh"] = spec.services.ssh.model_dump(mode="json")
+        keys = _keys_file(spec)
+        if keys is not None:  # the keys the image carries are part of what the lock pins
+            services["ssh"]["authorized_keys_sha256"] = keys_sha256(keys.read_text(encoding="utf-8"))
     debian = None
     python_full = ""
     if ch.suite is not None:
@@ -183,6 +186,19 @@ def from_resolution(res, *, spec_path: str, db_version: str) -> Lockfile:
         wheels=[Wheel(**w.__dict__) for w in res.wheels],
     )
     return lock.with_hash()
+
+
+def keys_sha256(text: str) -> str:
+    """The hash a lock records for the authorized_keys file an image carries."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _keys_file(spec) -> Path | None:
+    rel = spec.services.ssh.authorized_keys if spec.services.ssh else ""
+    if not rel:
+        return None
+    p = Path(rel)
+    return p if p.is_absolute() else Path(spec.file).parent / p
 
 
 def _pypi_index(spec) -> str:
@@ -304,6 +320,11 @@ def stale_reasons(lock: Lockfile, spec) -> list[str]:
         reasons.append(f"[target].gpus names {gpus_spec} GPU(s), the lock {len(lock.hardware.gpus)}")
     if spec.target.driver_policy != lock.hardware.driver_policy:
         reasons.append(f"driver_policy is {spec.target.driver_policy!r}, the lock has {lock.hardware.driver_policy!r}")
+    keys = _keys_file(spec)
+    locked_keys = (lock.services.get("ssh") or {}).get("authorized_keys_sha256")
+    if keys is not None and keys.is_file():
+        if keys_sha256(keys.read_text(encoding="utf-8")) != locked_keys:
+            reasons.append(f"{keys} changed since the lock was written")
     if lock.debian is not None:
         have = {p.name for p in lock.debian.packages}
         for i, pkg in enumerate(spec.system.packages):

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from envspec.errors import PlanError
 from envspec.lock import as_dict as _lock_dict
+from envspec.lock import keys_sha256
 
 WORKSPACE = "/workspace"
 ENTRYPOINT_IN_IMAGE = "/opt/envspec/entrypoint.sh"
@@ -65,7 +66,13 @@ def _keys_text(ssh: Mapping[str, Any], meta: Mapping[str, Any], spec_dir: str | 
         raise PlanError(f"[services.ssh].authorized_keys: no such file: {p}", reference="missing-file",
                         hint="the path is relative to the spec; or leave it empty and pass keys at run time in "
                              "ENVSPEC_AUTHORIZED_KEYS") from None
+    want = ssh.get("authorized_keys_sha256")
+    if want and keys_sha256(text) != want:
+        raise PlanError(f"{p} changed since the lock was written (its sha256 is in [services.ssh] of the lock)",
+                        hint="run `envspec lock` again so the image's tag follows the keys it carries",
+                        reference="lock-out-of-date")
     return check_authorized_keys(text, str(p))
+
 
 
 def _session_env(venv: str, rt: Mapping[str, Any]) -> str:

@@ -98,3 +98,27 @@ def test_hand_edit_is_detected():
     lk = make_lock()
     edited = lockmod.loads(lockmod.dumps(lk).replace("a" * 64, "c" * 64))
     assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, parse_spec(SPEC, "demo.toml")))
+
+
+def test_authorized_keys_are_pinned_by_hash(tmp_path):
+    from types import SimpleNamespace
+
+    from envspec.errors import PlanError
+    from envspec.services import render_service_files
+
+    pub = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHk2QXJ0ZXN0a2V5Zm9ydGVzdHNvbmx5MDAwMDAwMDAw test\n"
+    (tmp_path / "keys.pub").write_text(pub)
+    spec_path = tmp_path / "s.toml"
+    spec_path.write_text('name = "ws"\n[services.ssh]\nauthorized_keys = "keys.pub"\n')
+    spec = parse_spec(spec_path.read_text(), spec_path)
+    choice = SimpleNamespace(spec=spec, torch=None, suite=None, python="3.11", platform_tag="manylinux_2_28_x86_64",
+                             base="none", gpus=[], compute_capabilities=[], driver_policy="compat")
+    res = SimpleNamespace(choice=choice, debs=[], deb_requested=[], wheels=[])
+    lk = lockmod.from_resolution(res, spec_path=str(spec_path), db_version="test")
+    assert lk.services["ssh"]["authorized_keys_sha256"] == lockmod.keys_sha256(pub)
+    assert lockmod.stale_reasons(lk, spec) == []
+    (tmp_path / "keys.pub").write_text(pub.replace("test", "other"))
+    assert any("keys.pub changed" in r for r in lockmod.stale_reasons(lk, spec))
+    with pytest.raises(PlanError) as ei:
+        render_service_files(lk.model_dump(mode="json"), spec_dir=tmp_path)
+    assert ei.value.reference == "lock-out-of-date"
