@@ -187,51 +187,23 @@ def _get(obj: Any, key: str, default: Any = _MISSING) -> Any:
 
 
 def _as_dict(lock: Any) -> Any:
-    if isinstance(lock, dict):
-        return lock
-    dump = getattr(lock, "model_dump", None)
-    if callable(dump):
-        try:
-            return dump(by_alias=True)
-        except TypeError:
-            return dump()
-    return lock
+    from envspec.lock import as_dict
+
+    return as_dict(lock)
 
 
 def lock_text_of(lock: Any) -> str:
-    """The canonical lock text to bake into the image: the model's own renderer when it has one."""
-    for attr in ("text", "canonical_text", "source_text"):
-        val = getattr(lock, attr, None)
-        if isinstance(val, str) and val:
-            return val
-    for meth in ("to_toml", "dumps", "render", "canonical_toml"):
-        fn = getattr(lock, meth, None)
-        if callable(fn):
-            try:
-                out = fn()
-            except TypeError:
-                continue
-            if isinstance(out, str):
-                return out
-    if isinstance(lock, dict) and isinstance(lock.get("__text__"), str):
-        return lock["__text__"]
-    if type(lock).__module__ == "envspec.lock":  # the lock stage's model and its canonical writer
-        from envspec import lock as lock_mod
+    """The canonical lock text to bake into the image (the lock stage's own writer)."""
+    from envspec import lock as lock_mod
 
-        return lock_mod.dumps(lock)
-    import tomli_w  # fallback: a faithful, sorted rendering of the fields
+    from pydantic import ValidationError
 
-    data = _as_dict(lock)
-    data = {k: v for k, v in data.items() if not k.startswith("__")} if isinstance(data, dict) else data
-    return tomli_w.dumps(_plain(data))
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items() if x is not None}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
+    try:
+        model = lock if isinstance(lock, lock_mod.Lockfile) else lock_mod.Lockfile.model_validate(lock)
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()[:5])
+        raise PlanError(f"the lock cannot be planned: {where}", hint="re-create it with `envspec lock`") from None
+    return lock_mod.dumps(model)
 
 
 def _sha(value: str) -> str:
