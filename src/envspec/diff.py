@@ -120,52 +120,13 @@ def _pep440_cmp(a: str, b: str) -> int:
     return (va > vb) - (va < vb)
 
 
-def _deb_order(c: str) -> int:
-    # dpkg's ordering of non-digit characters: '~' sorts before everything, even the end of the
-    # string; letters before other characters.
-    if c == "~":
-        return -1
-    if c.isalpha():
-        return ord(c)
-    return ord(c) + 256
-
-
-def _deb_part_cmp(a: str, b: str) -> int:
-    """Compare an upstream version or a Debian revision the way dpkg does (deb-version(7))."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        # non-digit run
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ca = _deb_order(a[i]) if i < len(a) and not a[i].isdigit() else 0
-            cb = _deb_order(b[j]) if j < len(b) and not b[j].isdigit() else 0
-            if ca != cb:
-                return -1 if ca < cb else 1
-            i += 1
-            j += 1
-        # digit run
-        ma = re.match(r"\d*", a[i:]).group()  # type: ignore[union-attr]
-        mb = re.match(r"\d*", b[j:]).group()  # type: ignore[union-attr]
-        na, nb = int(ma or 0), int(mb or 0)
-        if na != nb:
-            return -1 if na < nb else 1
-        i += len(ma)
-        j += len(mb)
-    return 0
-
-
 def deb_version_cmp(a: str, b: str) -> int:
-    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (epoch:upstream-revision)."""
+    """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (dpkg's rules, deb-version(7),
+    as python-debian implements them)."""
+    from debian.debian_support import version_compare
 
-    def split(v: str) -> tuple[int, str, str]:
-        epoch, _, rest = v.rpartition(":") if ":" in v else ("0", "", v)
-        upstream, _, rev = rest.rpartition("-") if "-" in rest else (rest, "", "")
-        return int(epoch or 0), upstream, rev
-
-    ea, ua, ra = split(a)
-    eb, ub, rb = split(b)
-    if ea != eb:
-        return -1 if ea < eb else 1
-    return _deb_part_cmp(ua, ub) or _deb_part_cmp(ra, rb)
+    r = version_compare(a, b)
+    return (r > 0) - (r < 0)
 
 
 # --- packages ----------------------------------------------------------------------------------
