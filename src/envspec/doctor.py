@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Protocol, Sequence
 
+from envspec.compat import best_arch
+
 Status = Literal["ok", "warn", "fail", "info"]
 UNPACK_FACTOR = 2.5  # wheels and debs are compressed; installed trees are ~2-3x larger
 UNLIMITED = -1
@@ -164,31 +166,6 @@ def driver_version(probe: Probe) -> tuple[str, str]:
     return "", ""
 
 
-def _runs_on(cc: str, arch_list: Sequence[str]) -> str:
-    """The arch in ``arch_list`` a GPU of compute capability ``cc`` ("9.0") runs, or "".
-    SASS sm_XY runs on X.Z with Z >= Y (same major); an ``a``/``f`` variant only on its own
-    capability; PTX compute_XY is JIT-compiled for any capability >= X.Y."""
-    try:
-        major, minor = (int(x) for x in cc.split(".")[:2])
-    except ValueError:
-        return ""
-    sass: list[tuple[int, str]] = []
-    ptx: list[tuple[tuple[int, int], str]] = []
-    for a in arch_list:
-        m = re.fullmatch(r"(sm|compute)_(\d+?)(\d)([af]?)", a)
-        if not m:
-            continue
-        kind, amaj, amin, suffix = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
-        if kind == "sm":
-            if (amaj, amin) == (major, minor) if suffix else (amaj == major and amin <= minor):
-                sass.append((amin, a))
-        elif not suffix and (amaj, amin) <= (major, minor):
-            ptx.append(((amaj, amin), a))
-    if sass:
-        return max(sass)[1]  # the closest SASS: the driver picks the newest compatible cubin
-    return max(ptx)[1] if ptx else ""
-
-
 # ---------------------------------------------------------------------------------------
 # checks
 
@@ -251,7 +228,7 @@ def check_gpus(probe: Probe, lock: dict | None) -> list[Finding]:
         if not arch_list or not cc or not _wants_gpu(lock):
             out_findings.append(Finding("gpus", "info", label, detail={"name": name, "cc": cc, "count": n}))
             continue
-        arch = _runs_on(cc, arch_list)
+        arch = best_arch(cc, list(arch_list))
         if not arch:
             out_findings.append(Finding("gpus", "fail", f"{label}: the lock's torch has no kernels for it "
                                                          f"(arch list {', '.join(arch_list)})",

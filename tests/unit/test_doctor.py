@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envspec.doctor import (Finding, SystemProbe, _runs_on, doctor_exit_code, doctor_json, doctor_lines,
+from envspec.compat import best_arch
+from envspec.doctor import (Finding, SystemProbe, doctor_exit_code, doctor_json, doctor_lines,
                             driver_version, run_doctor)
 from envspec.lock import read
 
@@ -194,7 +195,7 @@ def test_driver_version_sources():
     ("7.5", ["sm_80", "compute_80"], ""),
 ])
 def test_runs_on(cc, archs, want):
-    assert _runs_on(cc, archs) == want
+    assert best_arch(cc, archs) == want
 
 
 def test_engine_and_runtime_missing_are_warnings():

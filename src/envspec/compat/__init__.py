@@ -5,12 +5,12 @@ the architecture rule. Nothing is loaded at import; ``load_db()`` reads and cach
 docs/compat-db.md.
 """
 
-from envspec.compat.arch import arch_runs, parse_arch, parse_cc, why_arch
+from envspec.compat.arch import arch_runs, best_arch, parse_arch, parse_cc, why_arch
 from envspec.compat.load import DATA_DIR, FORMAT, load_db
 from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Variant
 from envspec.compat.pypi import RefreshReport, refresh
 
 __all__ = [
     "CompatDB", "CudaToolkit", "DATA_DIR", "FORMAT", "Gpu", "RefreshReport", "TorchRelease", "Variant",
-    "arch_runs", "load_db", "parse_arch", "parse_cc", "refresh", "why_arch",
+    "arch_runs", "best_arch", "load_db", "parse_arch", "parse_cc", "refresh", "why_arch",
 ]

@@ -95,6 +95,24 @@ def _preference(cc: tuple[int, int], a: Arch) -> tuple:
     return (a.kind == "sass", a.major, a.minor, a.suffix != "")
 
 
+def best_arch(cc: str, arch_list: list[str]) -> str:
+    """The entry of ``arch_list`` the CUDA runtime would load on ``cc`` (closest SASS, else newest
+    PTX), or "" when none runs. Malformed entries are ignored."""
+    try:
+        c = parse_cc(cc)
+    except ValueError:
+        return ""
+    good = []
+    for e in arch_list:
+        try:
+            a = parse_arch(e)
+        except ValueError:
+            continue
+        if _runs(c, a):
+            good.append(a)
+    return max(good, key=lambda a: _preference(c, a)).text if good else ""
+
+
 def why_arch(cc: str, arch_list: list[str]) -> tuple[bool, str]:
     """Whether any entry of ``arch_list`` runs on ``cc``, and one line saying which entry and why.
 
