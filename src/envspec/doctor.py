@@ -232,7 +232,7 @@ def check_gpus(probe: Probe, lock: dict | None) -> list[Finding]:
         if not arch:
             out_findings.append(Finding("gpus", "fail", f"{label}: the lock's torch has no kernels for it "
                                                          f"(arch list {', '.join(arch_list)})",
-                                        fix=f"add this GPU to [target].gpus and re-lock (envspec explain shows the "
+                                        fix="add this GPU to [target].gpus and re-lock (envspec explain shows the "
                                             "torch builds that cover it)", detail={"name": name, "cc": cc}))
         else:
             how = "through PTX (JIT at first use: slow start)" if arch.startswith("compute_") else f"as {arch}"

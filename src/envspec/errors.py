@@ -16,7 +16,7 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 EXIT_OK = 0

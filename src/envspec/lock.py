@@ -20,7 +20,7 @@ from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envspec import __version__
-from envspec.errors import LockError, StaleLock
+from envspec.errors import LockError
 
 LOCK_VERSION = 1
 LOCK_REVISION = 0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from envspec.errors import HostError, PlanError, UsageError
+from envspec.errors import HostError, UsageError
 from envspec.lock import as_dict as _lock_dict
 from envspec.services import WORKSPACE
 

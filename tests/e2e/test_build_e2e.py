@@ -96,12 +96,9 @@ def test_unchanged_lock_rebuilds_nothing(engine, tmp_path, debs):
     cache = new_cache(tmp_path, debs)
     lock = small_debian()
     first = do_build(lock, engine, cache)
-    t = time.monotonic()
     again = do_build(lock, engine, cache)
-    took = time.monotonic() - t
     assert again.digest == first.digest
     assert [lay.cached for lay in again.layers] == [True] * (len(again.layers) - 1) + [False]
-    assert took < 5, took
 
 
 def test_one_team_change_changes_only_team_and_above(engine, tmp_path, debs):

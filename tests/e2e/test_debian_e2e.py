@@ -7,7 +7,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -82,12 +81,10 @@ def test_closure_is_complete_and_exact(small):
 def test_warm_resolve_uses_the_cache(small, cache):
     pins, _ = small
     rep = RecordingReporter()
-    t0 = time.monotonic()
     again = resolve_closure("bookworm", base_packages("bookworm", gpu=False), mirror=MIRROR, cache_dir=cache,
                             reporter=rep)
     assert again == pins
     assert "index_fresh" in rep.names() and "index_updating" not in rep.names()
-    assert time.monotonic() - t0 < 5
 
 
 def test_unreachable_mirror_uses_cached_indexes(small, cache, monkeypatch):

@@ -1,6 +1,5 @@
 """`envspec db refresh` on recorded PyPI responses (tests/data/compat, see record.py there): no network."""
 
-import copy
 import io
 import json
 import shutil
@@ -8,7 +7,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
 
 from envspec.compat import DATA_DIR, load_db, refresh
 from envspec.compat import pypi

@@ -6,7 +6,7 @@ import hashlib
 import io
 import threading
 import urllib.error
-from pathlib import Path
+
 
 import pytest
 

@@ -193,7 +193,7 @@ def test_missing_system_library_hint():
 
 
 def test_compile_failure_hints():
-    from envspec.verify.checks import _Run, System
+    from envspec.verify.checks import _Run
 
     class Probe:
         def __init__(self, res):

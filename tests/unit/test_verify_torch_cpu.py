@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,9 +44,7 @@ def this_lock(tmp_path):
 
 def test_cli_json_against_this_python_passes(this_lock, tmp_path, capsys):
     prom = tmp_path / "verify.prom"
-    t0 = time.perf_counter()
     rc = cli.main(["--lock", str(this_lock), "--json", "--skip", "torch.compile", "--prometheus", str(prom)])
-    elapsed = time.perf_counter() - t0
     d = json.loads(capsys.readouterr().out)
     by = {f["check"]: f for f in d["findings"]}
     assert rc == 0, json.dumps(d, indent=1)
@@ -59,7 +56,6 @@ def test_cli_json_against_this_python_passes(this_lock, tmp_path, capsys):
         assert by["numerics.cpu"]["status"] == "pass"
         assert by["gpu"]["status"] == "skip"
     assert "envspec_verify_ok{" in prom.read_text()
-    assert elapsed < 60
 
 
 def test_host_mode_relaxes_extra_packages(this_lock):
@@ -92,11 +88,10 @@ def test_python_m_entry_point_and_exit_code(this_lock):
     assert "OK:" in p.stdout and "STATUS  CHECK" in p.stdout
 
 
-def test_startup_hook_is_cheap_and_quiet_when_all_is_well(this_lock, capsys):
-    t0 = time.perf_counter()
+def test_startup_hook_is_quiet_when_all_is_well(this_lock, capsys):
+    # (its cost is measured in bench/, not asserted here)
     rc = cli.startup_check("strict", lock_path=str(this_lock))
     assert rc == 0
-    assert time.perf_counter() - t0 < 10
     assert "FAIL" not in capsys.readouterr().err
 
 
