@@ -54,7 +54,7 @@ def cmd_explain(args) -> int:
             if e.candidates:
                 con.print("candidates of the newest matching release:", markup=False)
                 for c in e.candidates:
-                    con.print(f"  - {c.variant:<7} {c.reason}", markup=False)
+                    con.print(f"  - {c.variant:<7} {explain.candidate_reason(c)}", markup=False)
         return e.exit_code
     if args.json:
         _print_json(explain.choice_json(choice))

@@ -24,6 +24,10 @@ def _sentence(c: dict) -> str:
         return f"torch {c['torch']} has no wheels for Python {c['python']} (it has {', '.join(c['supported'])})"
     if k == "variant-not-requested":
         return f"{c['variant']} is not what [torch].cuda asks for ({c['wanted']})"
+    if k == "arch-fits":
+        return f"{c['gpu']}: {c['why']}"
+    if k == "driver-floor":
+        return f"driver >= {c['floor']} ({c['policy']})"
     if k == "cuda-not-offered":
         return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
     if k == "unknown-cuda":
@@ -52,8 +56,12 @@ def choice_json(choice) -> dict:
     return out
 
 
+def candidate_reason(c) -> str:
+    return "; ".join(cause_sentence(f) for f in c.facts) or "fits"
+
+
 def candidate_json(c) -> dict:
-    return {"variant": c.variant, "cuda": c.cuda, "ok": c.ok, "reason": c.reason, "preferred": c.preferred}
+    return {"variant": c.variant, "cuda": c.cuda, "ok": c.ok, "reason": candidate_reason(c), "preferred": c.preferred}
 
 
 def impossible_json(err: ResolutionImpossible) -> dict:
@@ -86,7 +94,7 @@ def choice_lines(choice) -> list[str]:
     lines.append(f"candidates of torch {t.release.version}:")
     for c in t.candidates:
         mark = "*" if c.preferred else ("+" if c.ok else "-")
-        lines.append(f"  {mark} {c.variant:<7} {c.reason}")
+        lines.append(f"  {mark} {c.variant:<7} {candidate_reason(c)}")
     lines.append("(* chosen: PyPI's build when it fits, else the newest CUDA that fits)")
     return lines
 

@@ -38,7 +38,7 @@ class Candidate:
     variant: str
     cuda: str | None
     ok: bool
-    reason: str
+    facts: tuple[dict, ...]  # why it fits, or the causes why not (explain.candidate_reason words them)
     preferred: bool = False
 
 
@@ -150,8 +150,8 @@ def driver_floor(db: CompatDB, variant: Variant, policy: str) -> str | None:
     return tk.driver_compat if policy == "compat" else tk.driver_strict
 
 
-def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]) -> tuple[bool, str, list[dict]]:
-    """Whether a variant fits; a sentence; and structured causes when it does not."""
+def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]) -> tuple[bool, list[dict]]:
+    """Whether a variant fits, and the facts why (causes when it does not); explain.py words them."""
     causes: list[dict] = []
     want = spec.torch.cuda if spec.torch else "auto"
     if want == "cpu" and v.cuda:
@@ -175,16 +175,12 @@ def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: lis
             causes.append({"kind": "driver-too-old", "driver": spec.target.driver, "needed": floor, "cuda": v.cuda,
                            "policy": spec.target.driver_policy, "variant": v.name})
     if causes:
-        from envspec.explain import cause_sentence  # words live in explain.py
-
-        return False, "; ".join(cause_sentence(c) for c in causes), causes
-    parts = []
-    for g in gpus:
-        parts.append(f"{_short(g)}: {why_arch(g.cc, v.arch_list)[1]}")
+        return False, causes
+    fits: list[dict] = [{"kind": "arch-fits", "gpu": _short(g), "why": why_arch(g.cc, v.arch_list)[1]} for g in gpus]
     if v.cuda:
-        floor = driver_floor(db, v, spec.target.driver_policy)
-        parts.append(f"driver >= {floor} ({spec.target.driver_policy})")
-    return True, "; ".join(parts) or "fits", []
+        fits.append({"kind": "driver-floor", "floor": driver_floor(db, v, spec.target.driver_policy),
+                     "policy": spec.target.driver_policy})
+    return True, fits
 
 
 def _short(g: Gpu) -> str:
@@ -206,14 +202,15 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
     for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
         judged = []
         for v in sorted(rel.variants.values(), key=_cuda_key):
-            ok, reason, causes = _judge(spec, db, rel, v, gpus)
-            judged.append((v, ok, reason))
+            ok, facts = _judge(spec, db, rel, v, gpus)
+            causes = [] if ok else facts
+            judged.append((v, ok, facts))
             all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for c in causes
                               if c["kind"] != "variant-not-requested")
         fits = [v for v, ok, _ in judged if ok]
         pick = _prefer(rel, fits)
-        cands = [Candidate(v.name, v.cuda, ok, reason, preferred=(pick is not None and v.name == pick.name))
-                 for v, ok, reason in judged]
+        cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name))
+                 for v, ok, facts in judged]
         if first_candidates is None:
             first_candidates = cands
         if pick is not None:

@@ -35,7 +35,9 @@ def test_h100_gets_pypis_cuda13_build(db):
 def test_old_driver_moves_to_an_older_cuda_under_compat(db):
     c = choose(spec('[target]\ngpus = ["H100"]\ndriver = "535.230.02"\n[torch]\nversion = "2.14.*"\n'), db)
     assert c.torch.variant.cuda.startswith("12.")
-    rejected = {x.variant: x.reason for x in c.torch.candidates if not x.ok}
+    from envspec.explain import candidate_reason
+
+    rejected = {x.variant: candidate_reason(x) for x in c.torch.candidates if not x.ok}
     assert "cu130" in rejected and "535.230.02 <" in rejected["cu130"]
 
 
