@@ -72,6 +72,18 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
+def _debian_request(spec) -> list[str] | None:
+    """The Debian packages a lock of this spec would ask for now (offline), or None when unknown."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose, debian_request
+
+    try:
+        choice = choose(spec, load_db())
+    except EnvspecError:
+        return None
+    return debian_request(choice) if choice.suite else None
+
+
 def cmd_lock(args) -> int:
     from envspec import lock as lockmod
     from envspec.spec import load_spec
@@ -80,7 +92,7 @@ def cmd_lock(args) -> int:
     out = Path(args.output) if args.output else lockmod.default_path(spec.name)
     if args.check:
         old = lockmod.read(out)
-        reasons = lockmod.stale_reasons(old, spec)
+        reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec))
         if args.json:
             _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
         elif reasons:
@@ -174,7 +186,7 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
     out = lockmod.default_path(spec.name)
     con = _console(stderr=True)
     if out.exists():
-        reasons = lockmod.stale_reasons(lockmod.read(out), spec)
+        reasons = lockmod.stale_reasons(lockmod.read(out), spec, debian_requested=_debian_request(spec))
         if not reasons:
             return lockmod.read(out), out
         if locked:

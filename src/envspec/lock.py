@@ -286,8 +286,9 @@ def default_path(spec_name: str, root: Path | None = None) -> Path:
 # ---------------------------------------------------------------------------------------
 # freshness
 
-def stale_reasons(lock: Lockfile, spec) -> list[str]:
-    """Why a lock no longer matches its spec, in words (empty when it does)."""
+def stale_reasons(lock: Lockfile, spec, *, debian_requested: list[str] | None = None) -> list[str]:
+    """Why a lock no longer matches its spec, in words (empty when it does). ``debian_requested``:
+    the Debian packages this envspec would ask for now (its base set changes between versions)."""
     reasons: list[str] = []
     if lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         reasons.append("the lock's content does not match its content_hash (edited by hand?)")
@@ -325,6 +326,11 @@ def stale_reasons(lock: Lockfile, spec) -> list[str]:
     if keys is not None and keys.is_file():
         if keys_sha256(keys.read_text(encoding="utf-8")) != locked_keys:
             reasons.append(f"{keys} changed since the lock was written")
+    if lock.debian is not None and debian_requested is not None and sorted(debian_requested) != lock.debian.requested:
+        added = sorted(set(debian_requested) - set(lock.debian.requested))
+        gone = sorted(set(lock.debian.requested) - set(debian_requested))
+        reasons.append("the Debian packages asked for changed" + (f": + {', '.join(added)}" if added else "")
+                       + (f"; - {', '.join(gone)}" if gone else ""))
     if lock.debian is not None:
         have = {p.name for p in lock.debian.packages}
         for i, pkg in enumerate(spec.system.packages):

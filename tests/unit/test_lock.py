@@ -122,3 +122,12 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
     with pytest.raises(PlanError) as ei:
         render_service_files(lk.model_dump(mode="json"), spec_dir=tmp_path)
     assert ei.value.reference == "lock-out-of-date"
+
+
+def test_a_changed_debian_base_set_makes_the_lock_stale():
+    lk = make_lock(debian=lockmod.DebianLock(suite="bookworm", mirror="http://deb.debian.org/debian",
+                                             requested=["bash", "python3"]))
+    spec = parse_spec(SPEC, "demo.toml")
+    assert lockmod.stale_reasons(lk, spec, debian_requested=["python3", "bash"]) == []
+    reasons = lockmod.stale_reasons(lk, spec, debian_requested=["bash", "g++", "python3"])
+    assert reasons == ["the Debian packages asked for changed: + g++"]
