@@ -28,6 +28,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from envspec.debian.models import DebPin  # the one model of a pinned .deb
 from envspec.errors import PlanError
 
 # Bump a kind's maker version whenever its maker's output bytes change for the same pins.
@@ -56,19 +59,6 @@ class WheelPin:
     sha256: str
     size: int = 0
     group: str = "deps"
-
-
-@dataclass(frozen=True)
-class DebPin:
-    """Same fields as ``envspec.debian.DebPin``; passed to ``fetch_deb`` by duck typing."""
-
-    name: str
-    version: str
-    architecture: str
-    filename: str
-    size: int
-    sha256: str
-    suite: str = ""
 
 
 @dataclass(frozen=True)
@@ -251,6 +241,8 @@ def _debs(lock: Any, problems: list[str]) -> list[DebPin]:
             ))
         except KeyError as e:
             problems.append(f"debian.packages[{i}]: missing {e.args[0]!r}")
+        except ValidationError as e:
+            problems.append(f"debian.packages[{i}]: {e.errors()[0]['msg']}")
     return out
 
 

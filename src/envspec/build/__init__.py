@@ -108,7 +108,7 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter) 
         from envspec import debian
     except ImportError as e:
         raise HostError(f"this envspec cannot build a Debian base ({e})", hint="update envspec") from None
-    pins = [debian.DebPin(**asdict(d)) for d in plan.debs]
+    pins = list(plan.debs)
     for pin in pins:
         reporter.fetching(pin.name, pin.filename, pin.size)
     # Configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then

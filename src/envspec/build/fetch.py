@@ -132,11 +132,8 @@ def _copy_verified(src_url: str, dest_tmp: Path, timeout: float) -> str:
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class WheelFetcher:
