@@ -5,7 +5,12 @@ installs the same pins with `buildah bud`, on this machine.
 
 Measures (each in its own storage root and cache under a temp dir, removed at the end):
   unzip floor     unzip of the same wheels (`unzip -q`, one after another) into a temp dir
-  cold            envspec build, empty cache and storage (wheels from the configured mirrors)
+  untar floor     `tar -x` of the image's layer tars into a temp dir: the file creation any
+                  import into containers-storage pays
+  cold            envspec build, empty cache and storage (wheels from the configured mirrors),
+                  once per import path: containers-storage's own tool beside the layer makers
+                  (the default), skopeo (ENVSPEC_IMPORT=skopeo), and, with --containers-storage
+                  PATH, another build of that tool (bench/build-containers-storage.sh: Go 1.22)
   no-op           the same lock again
   one package     the lock with one team package moved to another version
   no-cache again  a second `--no-cache` build in a new cache: same digest?
@@ -32,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envspec.build import BuildahEngine, Reporter, build  # noqa: E402
+from envspec.build import BuildahEngine, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.build.engine import detect_host  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
@@ -64,8 +69,9 @@ def other_version(name: str, current: str, python_tag: str = "py3") -> dict | No
 
 
 class Phases(Reporter):
-    """Times the phases of one build: until the import starts (fetch, rootfs, layers, layout)
-    and the import into containers-storage."""
+    """Times the phases of one build: until the layout is written (fetch, rootfs, layers, and
+    with containers-storage's tool the import of what was made meanwhile) and what is left of the
+    import after that."""
 
     def __init__(self):
         self.t0 = time.monotonic()
@@ -76,7 +82,8 @@ class Phases(Reporter):
 
     def split(self):
         end = time.monotonic()
-        return {"until_import_s": round(self.commit_at - self.t0, 1), "import_s": round(end - self.commit_at, 1)}
+        return {"until_layout_s": round(self.commit_at - self.t0, 1),
+                "import_after_layout_s": round(end - self.commit_at, 1)}
 
 
 def timed(fn):
@@ -97,6 +104,7 @@ def main() -> int:
     ap.add_argument("--skip-containerfile", action="store_true")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    ap.add_argument("--containers-storage", default="", help="also a cold build with this containers-storage binary")
     args = ap.parse_args()
 
     lock_path = Path(args.lock)
@@ -127,11 +135,40 @@ def main() -> int:
         res["unzip_floor_s"] = round(t, 1)
         shutil.rmtree(floor)
 
+        untar = work / "untarred"
+        res["untar_floor_s"] = round(untar_layers(plan, paths, mirrors, work, untar), 1)
+
+        # cold builds by the other import paths first, each in its own storage and cache
+        others = [("skopeo", {"ENVSPEC_IMPORT": "skopeo"})]
+        if args.containers_storage:
+            others.append((f"containers-storage {args.containers_storage}",
+                           {"ENVSPEC_CONTAINERS_STORAGE": args.containers_storage}))
+        res["cold_by_import"] = {}
+        for name, env in others:
+            sub = work / ("other-" + str(len(res["cold_by_import"])))
+            old_env = {k: os.environ.get(k) for k in [*env, "ENVSPEC_STORAGE_ROOT"]}
+            os.environ.update(env)
+            os.environ["ENVSPEC_STORAGE_ROOT"] = str(sub / "storage")
+            try:
+                eng = BuildahEngine()
+                ph = Phases()
+                t, img = timed(lambda: build(lock, engine=eng, cache_dir=sub / "cache", reporter=ph))
+                res["cold_by_import"][name] = {"cold_s": round(t, 1), **ph.split(), "digest": img.digest}
+            finally:
+                reset_storage(eng, sub)
+                shutil.rmtree(sub, ignore_errors=True)
+                for k, v in old_env.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
         cache = work / "cache"
         ph = Phases()
         t, img = timed(lambda: build(lock, engine=engine, cache_dir=cache, reporter=ph))
         res["cold_s"] = round(t, 1)
         res["cold_phases"] = ph.split()
+        res["cold_import"] = "containers-storage" if engine.storage_cli() else "skopeo"
         res["digest"] = img.digest
         res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
         res["layers_bytes"] = sum(lay.size for lay in img.layers)
@@ -181,6 +218,31 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(text + "\n")
     return 0
+
+
+def reset_storage(engine, under: Path) -> None:
+    subprocess.run(["podman", *engine.host.storage_args(), "system", "reset", "--force"], capture_output=True)
+    mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(under))), reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True)
+    shutil.rmtree(engine.host.storage_runroot, ignore_errors=True)
+
+
+def untar_layers(plan, paths, mirrors, work: Path, dest: Path) -> float:
+    """`tar -x` of the image's layers (made here, untimed, in a scratch cache) into ``dest``."""
+    scratch = work / "untar-cache"
+    img = build(plan, engine=RecordingEngine(), cache_dir=scratch, tag="", mirrors=mirrors)
+    tars = [Cache(scratch).layer_tar(lay.key) for lay in img.layers if lay.group != "envspec"]
+
+    def untar():
+        for i, tar in enumerate(tars):
+            (dest / str(i)).mkdir(parents=True)
+            subprocess.run(["tar", "-xf", str(tar), "-C", str(dest / str(i))], check=True)
+
+    t, _ = timed(untar)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return t
 
 
 def containerfile(engine, plan, paths, cache, work) -> dict:

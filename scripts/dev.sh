@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="buildah podman skopeo runc mmdebstrap docker-registry uidmap fuse-overlayfs openssh-client tini ca-certificates"
+APT_PACKAGES="buildah podman skopeo containers-storage runc mmdebstrap docker-registry uidmap fuse-overlayfs openssh-client tini ca-certificates"
 VENV="${ENVSPEC_VENV:-.venv}"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

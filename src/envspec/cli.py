@@ -232,6 +232,9 @@ class _Progress:
                 outer._line(f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
                             f"  {'cached' if layer.cached else 'built'}")
 
+            def importing(self, group, sent):
+                outer._bytes(f"into containers-storage: {group}", sent)
+
             def committing(self, ref, digest):
                 outer._line(f"tagging {ref} ({digest[:19]})")
 
@@ -262,6 +265,15 @@ class _Progress:
         if kind not in self.tasks:
             self.tasks[kind] = self.progress.add_task("fetching files", total=0)
         self.progress.update(self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1)
+
+    def _bytes(self, desc, sent):
+        """One bar per layer on its way into containers-storage (its size is known only once
+        it is made, so the bar counts bytes)."""
+        if self.progress is None:
+            return
+        if desc not in self.tasks:
+            self.tasks[desc] = self.progress.add_task(desc, total=None)
+        self.progress.update(self.tasks[desc], description=f"{desc} {sent / 1e6:,.0f} MB")
 
     def _done(self, kind):
         if self.progress is not None and kind in self.tasks:

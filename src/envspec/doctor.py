@@ -35,7 +35,7 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # short id: driver, gpus, toolkit, engine, runtime, buildah, storage, disk, skopeo, cgroup, rlimits
+    check: str  # short id: driver, gpus, toolkit, engine, runtime, buildah, storage, disk, skopeo, import, cgroup, rlimits
     status: Status
     what: str
     fix: str = ""
@@ -372,6 +372,13 @@ def check_build_tools(probe: Probe) -> list[Finding]:
         rc, ver, err = probe.run([tool, "--version"])
         out.append(Finding(tool, "ok" if rc == 0 else "fail", ver.strip() or f"{tool}: {err.strip()[:200]}",
                            fix="" if rc == 0 else f"reinstall: apt-get install --reinstall -y {tool}"))
+    if probe.which("containers-storage"):
+        out.append(Finding("import", "ok", "containers-storage found: envspec build imports layers with it, "
+                                           "beside the layer makers"))
+    else:
+        out.append(Finding("import", "warn", "containers-storage not found: envspec build imports with skopeo, "
+                                             "which copies every layer once more (docs/build.md)",
+                           fix="apt-get install -y containers-storage"))
     return out
 
 

@@ -242,3 +242,12 @@ def test_network_conflict():
     assert n.status == "warn" and "ip link delete cni-podman0" in n.fix
     p.files["/proc/net/route"] = routes.splitlines()[0] + "\n"
     assert by(run_doctor(None, probe=p), "network")[0].status == "ok"
+
+
+def test_containers_storage_tool_present_or_warned():
+    p = build_host()
+    p.tools["containers-storage"] = "/usr/bin/containers-storage"
+    assert by(run_doctor(None, probe=p), "import")[0].status == "ok"
+    del p.tools["containers-storage"]
+    f = by(run_doctor(None, probe=p), "import")[0]
+    assert f.status == "warn" and "apt-get install -y containers-storage" in f.fix

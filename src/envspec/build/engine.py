@@ -1,4 +1,4 @@
-"""The one place that runs buildah, skopeo and podman.
+"""The one place that runs buildah, skopeo, podman and containers-storage.
 
 envspec makes the image itself (layers, config, manifest: an OCI layout); the engine only moves
 that layout where it is wanted: into containers-storage under a tag, to a registry, or into an
@@ -19,7 +19,9 @@ Host facts found here (``HostInfo``), so users pass no flags:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -27,10 +29,13 @@ import resource
 import shutil
 import signal
 import subprocess
+import tempfile
+import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
 
 from envspec.errors import BuildError, HostError
 
@@ -38,6 +43,7 @@ log = logging.getLogger("envspec.build.engine")
 
 APT_HINT = "apt-get install -y buildah skopeo podman runc"
 _PR_SET_PDEATHSIG = 1
+_UNSET = object()
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -174,6 +180,7 @@ class BuildahEngine:
 
     host: HostInfo = field(default_factory=detect_host)
     timeout: float = 3600
+    _store: object = field(default=_UNSET, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         missing = [t for t in ("skopeo", "buildah") if shutil.which(t) is None]
@@ -221,11 +228,34 @@ class BuildahEngine:
         return ["podman", *self.host.storage_args(), *args]
 
     def import_image(self, oci_dir: Path, ref: str) -> None:
-        """Copy the OCI layout into containers-storage, naming it ``ref``; the name appears only
-        when every layer is stored (containers/storage commits the image last)."""
+        """Copy the OCI layout into containers-storage with skopeo, naming it ``ref``; the name
+        appears only when every layer is stored. build() prefers ``storage_cli()`` where there is
+        one: skopeo first copies every blob to a temporary file and hashes it twice more."""
         tmp = Path(oci_dir).parent / "engine-tmp"
         self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
                                         self.host.storage_ref(ref), tmpdir=tmp), tmpdir=tmp)
+
+    def storage_cli(self) -> "StorageCLI | None":
+        """containers/storage's own tool (Debian package ``containers-storage``, or the binary
+        ``ENVSPEC_CONTAINERS_STORAGE`` names) on this engine's store, or None where it is
+        missing, we are not root (it does not enter a user namespace as buildah does), or
+        ``ENVSPEC_IMPORT=skopeo`` asks for skopeo."""
+        if self._store is _UNSET:
+            store = None
+            tool = shutil.which(os.environ.get("ENVSPEC_CONTAINERS_STORAGE", "") or "containers-storage")
+            if tool and os.geteuid() == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
+                store = StorageCLI(self, *self._store_location(), tool=tool)
+            self._store = store
+        return self._store  # type: ignore[return-value]
+
+    def _store_location(self) -> tuple[str, str, str]:
+        """(graph root, run root, driver) of the store buildah uses: ours when a root is set,
+        else what ``buildah info`` reports (storage.conf, rootless defaults)."""
+        h = self.host
+        if h.storage_root:
+            return h.storage_root, h.storage_runroot, h.storage_driver or "overlay"
+        info = json.loads(self.run("info", ["buildah", "info"]).stdout)["store"]
+        return info["GraphRoot"], info["RunRoot"], info["GraphDriverName"]
 
     def exists(self, ref: str) -> bool:
         return self.run("exists", ["buildah", *self.host.storage_args(), "inspect", "--type", "image",
@@ -268,6 +298,175 @@ class BuildahEngine:
         """buildah working containers on this storage (a clean build leaves none)."""
         cp = self.run("containers", ["buildah", *self.host.storage_args(), "containers", "--quiet"], check=False)
         return [ln for ln in cp.stdout.split() if ln]
+
+
+def chain_id(parent: str, token: str) -> str:
+    """A layer ID in containers-storage: ``token``'s hex for the bottom layer, then
+    sha256(parent ID + "+" + token hex), as containers/image chains diff_ids. build() uses the
+    layer's content key as the token where the key fixes the bytes (so a layer can be imported
+    while it is still being made), else its diff_id."""
+    import hashlib
+
+    hexd = token.split(":", 1)[-1]
+    return hashlib.sha256(f"{parent}+{hexd}".encode()).hexdigest() if parent else hexd
+
+
+class LayerSource(Protocol):
+    """A layer tar that may still be being written (build()'s worker processes)."""
+
+    def open(self) -> BinaryIO | None:
+        """The tar as far as it is written; None while its maker has not started it."""
+
+    def final_size(self) -> int | None:
+        """None while it is being made; then its size. Raises the maker's error if it failed."""
+
+
+class Cancelled(Exception):
+    """The build stopped; the layer being imported was dropped."""
+
+
+FEED_CHUNK = 1 << 20
+
+
+def _feed(pipe: BinaryIO, source: LayerSource, cancel: threading.Event, progress: Callable[[int], None]) -> None:
+    """Copy ``source`` into ``pipe`` as it grows (``sendfile``: no copy through Python), until
+    its maker is done and every byte is sent."""
+    f = None
+    off = 0
+    try:
+        while True:
+            if cancel.is_set():
+                raise Cancelled()
+            if f is None:
+                f = source.open()
+                if f is None:
+                    source.final_size()  # raises if the maker failed before it began
+                    time.sleep(0.02)
+                    continue
+            n = os.sendfile(pipe.fileno(), f.fileno(), off, FEED_CHUNK)
+            if n:
+                off += n
+                progress(off)
+                continue
+            size = source.final_size()
+            if size is None:
+                time.sleep(0.02)
+            elif off >= size:
+                return
+            else:
+                raise BuildError(f"the layer file {getattr(f, 'name', '')} ends at {off} bytes, its maker "
+                                 f"wrote {size}", step="import layer")
+    finally:
+        if f is not None:
+            f.close()
+
+
+@dataclass
+class StorageCLI:
+    """containers/storage's command line tool on one store: each layer tar is applied straight
+    from our file (one read, two hashes, one untar; skopeo adds a temporary copy and two more
+    hashes), stored layers are kept, and the image is made from our own config and manifest
+    bytes, so its manifest digest is ours. Layers take IDs from ``chain_id``."""
+
+    engine: BuildahEngine
+    root: str
+    runroot: str
+    driver: str
+    tool: str = "containers-storage"
+
+    def _cs(self, *args: str) -> list[str]:
+        return [self.tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
+                *args]
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One envspec import at a time per store (an flock in its run root; the kernel drops it
+        when the process dies)."""
+        Path(self.runroot).mkdir(parents=True, exist_ok=True)
+        fd = os.open(Path(self.runroot) / "envspec-import.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def layer_diff_id(self, layer_id: str) -> str | None:
+        """The stored layer's diff digest; None where there is no such layer, "" where there is
+        one without content (an import that was killed before it finished)."""
+        cp = self.engine.run("layer", self._cs("layer", "--json", layer_id), check=False)
+        if cp.returncode != 0:
+            return None
+        try:
+            found = json.loads(cp.stdout)
+        except ValueError:
+            return None
+        return (found[0].get("diff-digest") or "") if found else None
+
+    def delete_layer(self, layer_id: str) -> None:
+        self.engine.run("delete layer", self._cs("delete-layer", layer_id), check=False)
+
+    def put_layer(self, layer_id: str, parent: str, source: LayerSource, *, cancel: threading.Event | None = None,
+                  progress: Callable[[int], None] = lambda n: None) -> tuple[str, bool]:
+        """Apply ``source`` as layer ``layer_id`` on ``parent`` unless it is stored already.
+        Returns (the stored diff digest, whether this call stored it). Cancelled, or the maker
+        failing, kills the import and drops the partial layer."""
+        have = self.layer_diff_id(layer_id)
+        if have:
+            return have, False
+        if have == "":  # left by a killed import: gone before ours
+            self.delete_layer(layer_id)
+        cancel = cancel or threading.Event()
+        argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
+        log.info("import layer: %s", " ".join(argv))
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+                                    preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
+            assert proc.stdin is not None
+            try:
+                _feed(proc.stdin, source, cancel, progress)
+                proc.stdin.close()
+            except BrokenPipeError:  # it stopped reading: its exit status says why
+                pass
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                self.delete_layer(layer_id)
+                raise
+            rc = proc.wait()
+            if rc != 0:
+                have = self.layer_diff_id(layer_id)
+                if have:  # stored by someone else meanwhile
+                    return have, False
+                self.delete_layer(layer_id)
+                err.seek(0)
+                tail = err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
+                raise BuildError("import of a layer into containers-storage failed", step="import layer", argv=argv,
+                                 returncode=rc, stderr_tail="\n".join(tail))
+        return self.layer_diff_id(layer_id) or "", True
+
+    def put_image(self, config: bytes, manifest: bytes, top_layer: str, ref: str) -> None:
+        """Make (or complete) the image whose ID is the config's digest, store the config and
+        the manifest under containers/image's names for them, and last give it the name ``ref``
+        (taking it from any other image)."""
+        import hashlib
+
+        image_id = hashlib.sha256(config).hexdigest()
+        mdigest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        if self.engine.run("image", self._cs("image", image_id), check=False).returncode != 0:
+            cp = self.engine.run("create image", self._cs("create-image", "--id", image_id, "--digest", mdigest,
+                                                          "--metadata", "{}", top_layer), check=False)
+            if cp.returncode != 0 and self.engine.run("image", self._cs("image", image_id), check=False).returncode:
+                raise BuildError("creating the image in containers-storage failed", step="create image",
+                                 argv=cp.args, returncode=cp.returncode,
+                                 stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
+        with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
+            for name, data in (("sha256:" + image_id, config), ("manifest-" + mdigest, manifest),
+                               ("manifest", manifest)):
+                f = Path(td) / "data"
+                f.write_bytes(data)
+                self.engine.run("image data", self._cs("set-image-data", "--file", str(f), image_id, name))
+        self.engine.run("name", self._cs("add-names", "--name", ref, image_id))
 
 
 @dataclass

@@ -1,0 +1,121 @@
+"""Import into containers-storage while the layers are still being made.
+
+On two cores the import (containers/storage hashing each tar twice and untarring it) costs as
+much as making the layers, so it runs beside them: a thread takes the layers in image order and
+feeds each one's tar file to ``containers-storage import-layer`` as the maker writes it. A
+layer's ID comes from its content key (``engine.chain_id``), known before the first byte is
+made; once the maker is done the stored diff digest must equal the one it computed, or the
+layer is dropped and the build stops. The image itself (config, manifest, name) is made only
+after every layer is in, by ``finish``. Nothing here decides what a layer holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Sequence
+
+from envspec.build.engine import Cancelled, StorageCLI, chain_id
+from envspec.errors import HashMismatch
+
+
+@dataclass
+class LayerFile:
+    """A layer tar being made (or made): the paths it may be found at, in order (the work
+    directory while it is made, then the cache it is renamed into), and the maker's future,
+    whose result carries ``diff_id`` and ``size``."""
+
+    group: str
+    paths: Sequence[Path]
+    made: Future
+    key: str = ""  # the content key where it fixes the bytes; "" = name the layer by its diff_id
+
+    def open(self) -> BinaryIO | None:
+        for p in self.paths:
+            try:
+                return open(p, "rb")
+            except FileNotFoundError:
+                continue
+        return None
+
+    def final_size(self) -> int | None:
+        if not self.made.done():
+            return None
+        return int(self.made.result()["size"])
+
+    def result(self, cancel: threading.Event) -> dict:
+        while not self.made.done():
+            if cancel.is_set():
+                raise Cancelled()
+            wait([self.made], timeout=0.1)
+        return self.made.result()
+
+
+@dataclass
+class Importer:
+    """Imports ``layers`` (bottom first) in a thread: ``start``, then ``finish`` (waits, raises
+    what went wrong, names the image) or ``abort`` (stops the import, drops the partial layer)."""
+
+    store: StorageCLI
+    layers: Sequence[LayerFile]
+    on_progress: Callable[[str, int], None] = lambda group, sent: None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    top: str = ""
+    stored: list[str] = field(default_factory=list)  # groups this import stored (the others were there)
+    _error: BaseException | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "Importer":
+        self._thread = threading.Thread(target=self._run, name="envspec-import", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with self.store.locked():
+                parent = ""
+                for lay in self.layers:
+                    token = lay.key or lay.result(self.cancel)["diff_id"]
+                    layer_id = chain_id(parent, token)
+                    have, ours = self.store.put_layer(
+                        layer_id, parent, lay, cancel=self.cancel,
+                        progress=lambda n, g=lay.group: self.on_progress(g, n))
+                    want = lay.result(self.cancel)["diff_id"]
+                    if have != want:
+                        if ours:
+                            self.store.delete_layer(layer_id)
+                        raise HashMismatch(
+                            f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
+                            f"{layer_id[:12]}, but this build made {want}", step="import layer",
+                            hint=("the layer's file changed while it was imported; build again" if ours else
+                                  "a layer stored earlier under this content key has other bytes (a maker "
+                                  "that is not reproducible?); remove the images using it (`podman rmi`) "
+                                  "and build again"))
+                    if ours:
+                        self.stored.append(lay.group)
+                    parent = layer_id
+                self.top = parent
+        except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
+            self._error = e
+
+    def join(self) -> str:
+        """Wait for every layer; the top layer's ID. Raises what the import raised."""
+        assert self._thread is not None
+        while self._thread.is_alive():
+            self._thread.join(0.2)
+        if self._error is not None:
+            raise self._error
+        return self.top
+
+    def finish(self, config: bytes, manifest: bytes, ref: str) -> None:
+        top = self.join()
+        with self.store.locked():
+            self.store.put_image(config, manifest, top, ref)
+
+    def abort(self) -> None:
+        self.cancel.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                self._thread.join(0.2)

@@ -1,0 +1,266 @@
+"""The import beside the layer makers (build/importer.py) and the feed of a growing file
+(engine._feed), with a fake store that reads each layer through the real feed; the real
+containers-storage tool is exercised by tests/e2e/test_build_e2e.py."""
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from envspec.build import engine as eng_mod
+from envspec.build.engine import Cancelled, chain_id
+from envspec.build.importer import Importer, LayerFile
+from envspec.errors import BuildError, HashMismatch
+
+
+def test_chain_id_is_containers_image_style():
+    assert chain_id("", "sha256:" + "ab" * 32) == "ab" * 32
+    assert chain_id("p" * 64, "sha256:" + "cd" * 32) == hashlib.sha256(("p" * 64 + "+" + "cd" * 32).encode()).hexdigest()
+
+
+def _reader(fd: int, into: bytearray) -> threading.Thread:
+    def run():
+        while chunk := os.read(fd, 65536):
+            into.extend(chunk)
+        os.close(fd)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _grow(path: Path, parts: list[bytes], fut: Future, delay=0.01, fail: Exception | None = None):
+    def run():
+        with open(path, "wb") as f:
+            for p in parts:
+                f.write(p)
+                f.flush()
+                time.sleep(delay)
+        if fail:
+            fut.set_exception(fail)
+        else:
+            fut.set_result({"size": sum(map(len, parts)), "diff_id": "sha256:" + hashlib.sha256(b"".join(parts)).hexdigest()})
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_feed_follows_a_file_while_it_is_written(tmp_path):
+    parts = [os.urandom(300_000) for _ in range(8)]
+    fut: Future = Future()
+    src = LayerFile("cuda", [tmp_path / "missing-yet.tar", tmp_path / "cache.tar"], fut)
+    r, w = os.pipe()
+    got = bytearray()
+    reader = _reader(r, got)
+    sent = []
+    writer = _grow(tmp_path / "cache.tar", parts, fut)  # appears only after the feed began
+    with os.fdopen(w, "wb") as pipe:
+        eng_mod._feed(pipe, src, threading.Event(), sent.append)
+    writer.join()
+    reader.join()
+    assert bytes(got) == b"".join(parts)
+    assert sent[-1] == len(got) and sent == sorted(sent)
+
+
+def test_feed_stops_on_the_makers_error_and_on_cancel(tmp_path):
+    fut: Future = Future()
+    src = LayerFile("torch", [tmp_path / "t.tar"], fut)
+    writer = _grow(tmp_path / "t.tar", [b"x" * 1000] * 3, fut, fail=BuildError("wheel rejected", step="layer torch"))
+    r, w = os.pipe()
+    got = bytearray()
+    reader = _reader(r, got)
+    with pytest.raises(BuildError, match="wheel rejected"), os.fdopen(w, "wb") as pipe:
+        eng_mod._feed(pipe, src, threading.Event(), lambda n: None)
+    writer.join()
+    reader.join()
+
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled), open(os.devnull, "wb") as pipe:
+        eng_mod._feed(pipe, LayerFile("x", [tmp_path / "never"], Future()), cancel, lambda n: None)
+
+
+def test_feed_refuses_a_file_shorter_than_its_maker_says(tmp_path):
+    (tmp_path / "short.tar").write_bytes(b"y" * 10)
+    fut: Future = Future()
+    fut.set_result({"size": 20, "diff_id": "sha256:0"})
+    with pytest.raises(BuildError, match="ends at 10 bytes"), open(os.devnull, "wb") as pipe:
+        eng_mod._feed(pipe, LayerFile("x", [tmp_path / "short.tar"], fut), threading.Event(), lambda n: None)
+
+
+class FakeStore:
+    """Layers by ID with their content read through the real feed; records every call."""
+
+    def __init__(self, corrupt: str = ""):
+        self.layers: dict[str, tuple[str, str]] = {}  # id -> (parent, diff digest)
+        self.calls: list[tuple] = []
+        self.images: dict[str, tuple] = {}
+        self.corrupt = corrupt  # a group whose bytes the "store" gets wrong
+
+    @contextlib.contextmanager
+    def locked(self):
+        yield
+
+    def layer_diff_id(self, layer_id):
+        return self.layers[layer_id][1] if layer_id in self.layers else None
+
+    def delete_layer(self, layer_id):
+        self.calls.append(("delete", layer_id))
+        self.layers.pop(layer_id, None)
+
+    def put_layer(self, layer_id, parent, source, *, cancel=None, progress=lambda n: None):
+        if layer_id in self.layers:
+            return self.layers[layer_id][1], False
+        r, w = os.pipe()
+        got = bytearray()
+        reader = _reader(r, got)
+        try:
+            with os.fdopen(w, "wb") as pipe:
+                eng_mod._feed(pipe, source, cancel or threading.Event(), progress)
+        finally:
+            reader.join()
+        if source.group == self.corrupt:
+            got += b"!"
+        digest = "sha256:" + hashlib.sha256(bytes(got)).hexdigest()
+        self.layers[layer_id] = (parent, digest)
+        self.calls.append(("put", layer_id, parent, source.group))
+        return digest, True
+
+    def put_image(self, config, manifest, top, ref):
+        self.images[ref] = (config, manifest, top)
+
+
+def _files(tmp_path, groups, keyed=True):
+    out = []
+    for g in groups:
+        data = (g * 1000).encode()
+        (tmp_path / f"{g}.tar").write_bytes(data)
+        fut: Future = Future()
+        fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
+        out.append(LayerFile(g, [tmp_path / f"{g}.tar"], fut, key=("sha256:" + hashlib.sha256(g.encode()).hexdigest())
+                             if keyed and g != "envspec" else ""))
+    return out
+
+
+def test_importer_chains_ids_by_key_then_by_diff_and_names_the_image_last(tmp_path):
+    store = FakeStore()
+    files = _files(tmp_path, ["base", "cuda", "envspec"])
+    imp = Importer(store, files).start()
+    imp.finish(b"{config}", b"{manifest}", "localhost/envspec/x:1")
+    base_id = chain_id("", files[0].key)
+    cuda_id = chain_id(base_id, files[1].key)
+    top_id = chain_id(cuda_id, files[2].made.result()["diff_id"])
+    assert [c[1:3] for c in store.calls] == [(base_id, ""), (cuda_id, base_id), (top_id, cuda_id)]
+    assert store.images["localhost/envspec/x:1"] == (b"{config}", b"{manifest}", top_id)
+    assert imp.stored == ["base", "cuda", "envspec"]
+
+    again = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()  # all there: nothing put
+    again.finish(b"{config}", b"{manifest}", "localhost/envspec/x:2")
+    assert again.stored == [] and len([c for c in store.calls if c[0] == "put"]) == 3
+
+
+def test_importer_drops_a_layer_whose_stored_digest_differs(tmp_path):
+    store = FakeStore(corrupt="cuda")
+    imp = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()
+    with pytest.raises(HashMismatch, match="cuda"):
+        imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
+    assert store.images == {}
+    assert ("delete", chain_id(chain_id("", "sha256:" + hashlib.sha256(b"base").hexdigest()),
+                               "sha256:" + hashlib.sha256(b"cuda").hexdigest())) in store.calls
+
+
+def test_importer_abort_stops_a_layer_still_being_made(tmp_path):
+    store = FakeStore()
+    fut: Future = Future()
+    (tmp_path / "cuda.tar").write_bytes(b"partial")
+    imp = Importer(store, [LayerFile("cuda", [tmp_path / "cuda.tar"], fut, key="sha256:" + "1" * 64)]).start()
+    time.sleep(0.2)
+    imp.abort()
+    assert store.images == {} and store.layers == {}
+    with pytest.raises(Cancelled):
+        imp.join()
+
+
+# --- build() with a store: layers go in beside the makers -----------------------------------------
+
+import sys  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
+import helpers  # noqa: E402
+
+from envspec import sources  # noqa: E402
+from envspec.build import RecordingEngine, build  # noqa: E402
+
+WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"), ("teampkg", "1.0", "team")]
+
+
+class StoreEngine(RecordingEngine):
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+
+    def storage_cli(self):
+        return self.store
+
+
+class NamingStore(FakeStore):
+    def __init__(self, engine_images, **kw):
+        super().__init__(**kw)
+        self.engine_images = engine_images
+
+    def put_image(self, config, manifest, top, ref):
+        super().put_image(config, manifest, top, ref)
+        self.engine_images[ref] = "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+def _store_engine(**kw):
+    eng = StoreEngine(None)
+    eng.store = NamingStore(eng.images, **kw)
+    return eng
+
+
+def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    eng = _store_engine()
+    img = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
+    puts = [c for c in eng.store.calls if c[0] == "put"]
+    assert [c[3] for c in puts] == [lay.group for lay in img.layers]
+    assert eng.images[img.image] == img.digest
+    assert not [c for c in eng.calls if c[0] == "import_image"]  # skopeo not used
+    stored = {c[1]: eng.store.layers[c[1]][1] for c in puts}
+    assert sorted(stored.values()) == sorted(lay.diff_id for lay in img.layers)
+
+    again = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)  # no-op: nothing put
+    assert again.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
+
+    new = build(lock, engine=eng, cache_dir=tmp_path / "cache2", mirrors=mirrors, no_cache=True,
+                tag="localhost/envspec/again:1")  # made again, same bytes: only the name is new
+    assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
+    assert eng.images["localhost/envspec/again:1"] == img.digest
+
+
+def test_a_failing_maker_stops_the_import_and_names_nothing(tmp_path):
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    eng = _store_engine()
+    with pytest.raises(HashMismatch):
+        build(helpers.with_wheel(lock, "depa", sha256="0" * 64), engine=eng, cache_dir=tmp_path / "cache",
+              mirrors=mirrors)
+    assert eng.images == {} and eng.store.images == {}
+
+
+def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path):
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    eng = _store_engine(corrupt="torch")
+    with pytest.raises(HashMismatch, match="torch"):
+        build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
+    assert eng.images == {} and not any(lay[1] for lid, lay in eng.store.layers.items()
+                                        if ("put", lid, lay[0], "torch") in eng.store.calls)
