@@ -235,7 +235,7 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
     kids = [p for p, _ in _children(proc.pid)]
     proc.send_signal(sig)
     rc = proc.wait(timeout=120)
-    assert rc != 0
+    assert rc != 0, ("the build was not stopped", proc.communicate())
     time.sleep(0.5)
     for k in kids:  # children die with the build (PR_SET_PDEATHSIG)
         assert not Path(f"/proc/{k}").exists() or "Z" in Path(f"/proc/{k}/stat").read_text().split(")")[1][:3]

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_verify_torch_cpu import lock_text_for_this_python  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "verify"))
+from this_python import lock_text_for_this_python  # noqa: E402
 
 
 def free_port() -> int:

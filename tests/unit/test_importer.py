@@ -136,25 +136,24 @@ class FakeStore:
         self.images[ref] = (config, manifest, top)
 
 
-def _files(tmp_path, groups, keyed=True):
+def _files(tmp_path, groups):
     out = []
     for g in groups:
         data = (g * 1000).encode()
         (tmp_path / f"{g}.tar").write_bytes(data)
         fut: Future = Future()
         fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
-        out.append(LayerFile(g, [tmp_path / f"{g}.tar"], fut, key=("sha256:" + hashlib.sha256(g.encode()).hexdigest())
-                             if keyed and g != "envspec" else ""))
+        out.append(LayerFile(g, [tmp_path / f"{g}.tar"], fut))
     return out
 
 
-def test_importer_chains_ids_by_key_then_by_diff_and_names_the_image_last(tmp_path):
+def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path):
     store = FakeStore()
     files = _files(tmp_path, ["base", "cuda", "envspec"])
     imp = Importer(store, files).start()
     imp.finish(b"{config}", b"{manifest}", "localhost/envspec/x:1")
-    base_id = chain_id("", files[0].key)
-    cuda_id = chain_id(base_id, files[1].key)
+    base_id = chain_id("", files[0].made.result()["diff_id"])
+    cuda_id = chain_id(base_id, files[1].made.result()["diff_id"])
     top_id = chain_id(cuda_id, files[2].made.result()["diff_id"])
     assert [c[1:3] for c in store.calls] == [(base_id, ""), (cuda_id, base_id), (top_id, cuda_id)]
     assert store.images["localhost/envspec/x:1"] == (b"{config}", b"{manifest}", top_id)
@@ -171,15 +170,15 @@ def test_importer_drops_a_layer_whose_stored_digest_differs(tmp_path):
     with pytest.raises(HashMismatch, match="cuda"):
         imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
     assert store.images == {}
-    assert ("delete", chain_id(chain_id("", "sha256:" + hashlib.sha256(b"base").hexdigest()),
-                               "sha256:" + hashlib.sha256(b"cuda").hexdigest())) in store.calls
+    base_id = chain_id("", "sha256:" + hashlib.sha256(b"base" * 1000).hexdigest())
+    assert ("delete", chain_id(base_id, "sha256:" + hashlib.sha256(b"cuda" * 1000).hexdigest())) in store.calls
 
 
 def test_importer_abort_stops_a_layer_still_being_made(tmp_path):
     store = FakeStore()
     fut: Future = Future()
     (tmp_path / "cuda.tar").write_bytes(b"partial")
-    imp = Importer(store, [LayerFile("cuda", [tmp_path / "cuda.tar"], fut, key="sha256:" + "1" * 64)]).start()
+    imp = Importer(store, [LayerFile("cuda", [tmp_path / "cuda.tar"], fut)]).start()  # waits for the maker
     time.sleep(0.2)
     imp.abort()
     assert store.images == {} and store.layers == {}

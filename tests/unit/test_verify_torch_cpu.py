@@ -11,28 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from envspec.verify import cli, run_checks  # noqa: E402
-from envspec.verify.integrity import find_dists, site_dirs  # noqa: E402
 from envspec.verify.torchprobe import CompileProbe  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def lock_text_for_this_python(venv: str) -> str:
-    public, _, local = torch.__version__.partition("+")
-    cuda = torch.version.cuda or ""
-    lines = [
-        "version = 1", "revision = 0", "", "[meta]", 'name = "this-python"',
-        f'content_hash = "sha256:{"5" * 64}"', "", "[platform]", f'venv = "{venv}"', "",
-        "[hardware]", "gpus = []", "compute_capabilities = []", "arch_list = []", 'driver_floor = ""',
-        'driver_policy = "compat"', "", "[torch]", f'version = "{public}"', f'local = "{local}"',
-        f'variant = "{"cpu" if not cuda else "cu" + cuda.replace(".", "")}"', f'cuda = "{cuda}"',
-        'cudnn = ""', 'nccl = ""', "", "[runtime]", "tf32 = false", 'matmul_precision = "highest"',
-        'shm_size = "1m"', "env = {}", "",
-    ]
-    for name, d in sorted(find_dists(site_dirs()).items()):
-        group = "torch" if name == "torch" else "deps"
-        lines += ["[[wheels]]", f'name = "{name}"', f'version = "{d.version}"', f'group = "{group}"', ""]
-    return "\n".join(lines)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "verify"))
+from this_python import lock_text_for_this_python  # noqa: E402
 
 
 @pytest.fixture

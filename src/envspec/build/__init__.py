@@ -230,7 +230,7 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
     assert top is not None
     made[top.key] = Future()
     files = [LayerFile(lay.group, [work / f"{lay.group}.tar", cache.layer_tar(lay.key)] if lay.key not in metas
-                       else [cache.layer_tar(lay.key)], made[lay.key], key=lay.key if lay.cacheable else "")
+                       else [cache.layer_tar(lay.key)], made[lay.key])
              for lay in plan.layers if lay.group != "envspec"]
     files.append(LayerFile("envspec", [work / "envspec-layer.tar"], made[top.key]))
 

@@ -301,10 +301,9 @@ class BuildahEngine:
 
 
 def chain_id(parent: str, token: str) -> str:
-    """A layer ID in containers-storage: ``token``'s hex for the bottom layer, then
-    sha256(parent ID + "+" + token hex), as containers/image chains diff_ids. build() uses the
-    layer's content key as the token where the key fixes the bytes (so a layer can be imported
-    while it is still being made), else its diff_id."""
+    """A layer ID in containers-storage as containers/image makes it: the bottom layer's diff_id
+    hex, then sha256(parent ID + "+" + diff_id hex). With the same IDs, `podman pull` of an
+    envspec image into the store it was built in finds its layers and its image."""
     import hashlib
 
     hexd = token.split(":", 1)[-1]

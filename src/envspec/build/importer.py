@@ -1,11 +1,10 @@
 """Import into containers-storage while the layers are still being made.
 
-On two cores the import (containers/storage hashing each tar twice and untarring it) costs as
-much as making the layers, so it runs beside them: a thread takes the layers in image order and
-feeds each one's tar file to ``containers-storage import-layer`` as the maker writes it. A
-layer's ID comes from its content key (``engine.chain_id``), known before the first byte is
-made; once the maker is done the stored diff digest must equal the one it computed, or the
-layer is dropped and the build stops. The image itself (config, manifest, name) is made only
+The import (containers/storage hashing each tar twice and untarring it) costs as much as making
+the layers, so it runs beside them: a thread takes the layers in image order and feeds each
+one's finished tar file to ``containers-storage import-layer`` while later layers are still
+being made. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``); the stored
+diff digest must equal the one the maker computed, or the layer is dropped and the build stops. The image itself (config, manifest, name) is made only
 after every layer is in, by ``finish``. Nothing here decides what a layer holds.
 """
 
@@ -30,7 +29,6 @@ class LayerFile:
     group: str
     paths: Sequence[Path]
     made: Future
-    key: str = ""  # the content key where it fixes the bytes; "" = name the layer by its diff_id
 
     def open(self) -> BinaryIO | None:
         for p in self.paths:
@@ -77,8 +75,11 @@ class Importer:
             with self.store.locked():
                 parent = ""
                 for lay in self.layers:
-                    token = lay.key or lay.result(self.cancel)["diff_id"]
-                    layer_id = chain_id(parent, token)
+                    # containers/image's chain of diff_ids, so `podman pull` of this image into this
+                    # store finds our layers and image (a chain of content keys would let the import
+                    # start before a layer is finished, but then a pull back here makes its own
+                    # layers and fails on the image ID, which is the config digest either way)
+                    layer_id = chain_id(parent, lay.result(self.cancel)["diff_id"])
                     have, ours = self.store.put_layer(
                         layer_id, parent, lay, cancel=self.cancel,
                         progress=lambda n, g=lay.group: self.on_progress(g, n))
@@ -90,9 +91,8 @@ class Importer:
                             f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
                             f"{layer_id[:12]}, but this build made {want}", step="import layer",
                             hint=("the layer's file changed while it was imported; build again" if ours else
-                                  "a layer stored earlier under this content key has other bytes (a maker "
-                                  "that is not reproducible?); remove the images using it (`podman rmi`) "
-                                  "and build again"))
+                                  "the store's layer of this ID holds other bytes (changed on disk?); remove "
+                                  "the images using it (`podman rmi`) and build again"))
                     if ours:
                         self.stored.append(lay.group)
                     parent = layer_id
