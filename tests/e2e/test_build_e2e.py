@@ -201,8 +201,11 @@ def _children(pid: int) -> list[tuple[int, str]]:
 
 
 def _spawn(lock_path: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    # SIGINT back to its default: a shell's background job (`.ci/run &`) starts with it ignored,
+    # and python then never turns it into KeyboardInterrupt
     return subprocess.Popen([sys.executable, str(RUNNER), str(lock_path), str(cache), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(cond, proc, timeout=120.0):

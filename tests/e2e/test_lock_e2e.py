@@ -81,7 +81,8 @@ def test_interrupted_lock_leaves_the_old_lockfile_intact(tmp_path, sig):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for delay in (0.2, 0.5, 0.9):
         p = subprocess.Popen([sys.executable, "-m", "envspec", "lock", str(SMOKE), "-o", str(out), "-q"],
-                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored as in `&` jobs
         time.sleep(delay)
         p.send_signal(sig)
         p.wait(timeout=60)

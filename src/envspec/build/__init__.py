@@ -2,7 +2,7 @@
 outputs, push, and last the tag in containers-storage.
 
 Where containers/storage's own tool is there (``engine.storage_cli()``), layers go into the store
-while they are being made (``importer``); else skopeo imports the finished layout.
+beside the layer makers (``importer``); else skopeo imports the finished layout.
 
 Atomic: everything happens in a work directory under the cache; the image gets its name only
 at the very end (after every layer, the config and the manifest are stored), so a failed or
