@@ -34,64 +34,42 @@ def _reader(fd: int, into: bytearray) -> threading.Thread:
     return t
 
 
-def _grow(path: Path, parts: list[bytes], fut: Future, delay=0.01, fail: Exception | None = None):
-    def run():
-        with open(path, "wb") as f:
-            for p in parts:
-                f.write(p)
-                f.flush()
-                time.sleep(delay)
-        if fail:
-            fut.set_exception(fail)
-        else:
-            fut.set_result({"size": sum(map(len, parts)), "diff_id": "sha256:" + hashlib.sha256(b"".join(parts)).hexdigest()})
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
-
-
-def test_feed_follows_a_file_while_it_is_written(tmp_path):
-    parts = [os.urandom(300_000) for _ in range(8)]
-    fut: Future = Future()
-    src = LayerFile("cuda", [tmp_path / "missing-yet.tar", tmp_path / "cache.tar"], fut)
+def test_feed_sends_the_whole_file_and_reports_progress(tmp_path):
+    data = os.urandom(2_500_000)  # more than two chunks
+    (tmp_path / "cuda.tar").write_bytes(data)
     r, w = os.pipe()
     got = bytearray()
     reader = _reader(r, got)
     sent = []
-    writer = _grow(tmp_path / "cache.tar", parts, fut)  # appears only after the feed began
     with os.fdopen(w, "wb") as pipe:
-        eng_mod._feed(pipe, src, threading.Event(), sent.append)
-    writer.join()
+        eng_mod._feed(pipe, tmp_path / "cuda.tar", len(data), threading.Event(), sent.append)
     reader.join()
-    assert bytes(got) == b"".join(parts)
+    assert bytes(got) == data
     assert sent[-1] == len(got) and sent == sorted(sent)
 
 
-def test_feed_stops_on_the_makers_error_and_on_cancel(tmp_path):
-    fut: Future = Future()
-    src = LayerFile("torch", [tmp_path / "t.tar"], fut)
-    writer = _grow(tmp_path / "t.tar", [b"x" * 1000] * 3, fut, fail=BuildError("wheel rejected", step="layer torch"))
-    r, w = os.pipe()
-    got = bytearray()
-    reader = _reader(r, got)
-    with pytest.raises(BuildError, match="wheel rejected"), os.fdopen(w, "wb") as pipe:
-        eng_mod._feed(pipe, src, threading.Event(), lambda n: None)
-    writer.join()
-    reader.join()
-
+def test_feed_stops_on_cancel(tmp_path):
+    (tmp_path / "t.tar").write_bytes(b"x" * 10)
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(Cancelled), open(os.devnull, "wb") as pipe:
-        eng_mod._feed(pipe, LayerFile("x", [tmp_path / "never"], Future()), cancel, lambda n: None)
+        eng_mod._feed(pipe, tmp_path / "t.tar", 10, cancel, lambda n: None)
 
 
 def test_feed_refuses_a_file_shorter_than_its_maker_says(tmp_path):
     (tmp_path / "short.tar").write_bytes(b"y" * 10)
-    fut: Future = Future()
-    fut.set_result({"size": 20, "diff_id": "sha256:0"})
     with pytest.raises(BuildError, match="ends at 10 bytes"), open(os.devnull, "wb") as pipe:
-        eng_mod._feed(pipe, LayerFile("x", [tmp_path / "short.tar"], fut), threading.Event(), lambda n: None)
+        eng_mod._feed(pipe, tmp_path / "short.tar", 20, threading.Event(), lambda n: None)
+
+
+def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path):
+    store = FakeStore()
+    fut: Future = Future()
+    imp = Importer(store, [LayerFile("torch", tmp_path / "t.tar", fut)]).start()
+    fut.set_exception(BuildError("wheel rejected", step="layer torch"))
+    with pytest.raises(BuildError, match="wheel rejected"):
+        imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
+    assert store.layers == {} and store.images == {}
 
 
 class FakeStore:
@@ -114,7 +92,7 @@ class FakeStore:
         self.calls.append(("delete", layer_id))
         self.layers.pop(layer_id, None)
 
-    def put_layer(self, layer_id, parent, source, *, cancel=None, progress=lambda n: None):
+    def put_layer(self, layer_id, parent, tar, size, *, name="", cancel=None, progress=lambda n: None):
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
         r, w = os.pipe()
@@ -122,14 +100,15 @@ class FakeStore:
         reader = _reader(r, got)
         try:
             with os.fdopen(w, "wb") as pipe:
-                eng_mod._feed(pipe, source, cancel or threading.Event(), progress)
+                eng_mod._feed(pipe, tar, size, cancel or threading.Event(), progress)
         finally:
             reader.join()
-        if source.group == self.corrupt:
+        group = name
+        if group == self.corrupt:
             got += b"!"
         digest = "sha256:" + hashlib.sha256(bytes(got)).hexdigest()
         self.layers[layer_id] = (parent, digest)
-        self.calls.append(("put", layer_id, parent, source.group))
+        self.calls.append(("put", layer_id, parent, group))
         return digest, True
 
     def put_image(self, config, manifest, top, ref):
@@ -143,7 +122,7 @@ def _files(tmp_path, groups):
         (tmp_path / f"{g}.tar").write_bytes(data)
         fut: Future = Future()
         fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
-        out.append(LayerFile(g, [tmp_path / f"{g}.tar"], fut))
+        out.append(LayerFile(g, tmp_path / f"{g}.tar", fut))
     return out
 
 
@@ -178,7 +157,7 @@ def test_importer_abort_stops_a_layer_still_being_made(tmp_path):
     store = FakeStore()
     fut: Future = Future()
     (tmp_path / "cuda.tar").write_bytes(b"partial")
-    imp = Importer(store, [LayerFile("cuda", [tmp_path / "cuda.tar"], fut)]).start()  # waits for the maker
+    imp = Importer(store, [LayerFile("cuda", tmp_path / "cuda.tar", fut)]).start()  # waits for the maker
     time.sleep(0.2)
     imp.abort()
     assert store.images == {} and store.layers == {}

@@ -229,10 +229,9 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
     top = plan.layer("envspec")
     assert top is not None
     made[top.key] = Future()
-    files = [LayerFile(lay.group, [work / f"{lay.group}.tar", cache.layer_tar(lay.key)] if lay.key not in metas
-                       else [cache.layer_tar(lay.key)], made[lay.key])
-             for lay in plan.layers if lay.group != "envspec"]
-    files.append(LayerFile("envspec", [work / "envspec-layer.tar"], made[top.key]))
+    files = [LayerFile(lay.group, cache.layer_tar(lay.key), made[lay.key]) for lay in plan.layers
+             if lay.group != "envspec"]
+    files.append(LayerFile("envspec", work / "envspec-layer.tar", made[top.key]))
 
     # Into containers-storage beside the makers where its own tool is there and there is work;
     # else (all cached, or no such tool) after the layout is written.
@@ -392,15 +391,13 @@ def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Re
         reporter.pushed(push, digest)
     if ref:
         reporter.committing(ref, digest)
+        if importer is None and store is not None and not _already_there(engine, ref, digest):
+            importer = Importer(store, files, on_progress=reporter.importing).start()
         if importer is not None:
             importer.finish(config, (oci_dir / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(), ref)
-        elif not _already_there(engine, ref, digest):
-            if store is not None:
-                Importer(store, files, on_progress=reporter.importing).start().finish(
-                    config, (oci_dir / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(), ref)
-            else:
-                with cache.locked("import"):
-                    engine.import_image(oci_dir, ref)
+        elif store is None and not _already_there(engine, ref, digest):
+            with cache.locked("import"):
+                engine.import_image(oci_dir, ref)
     return BuiltImage(image=ref, digest=digest, layers=tuple(infos), config_digest=sha256_bytes(config),
                       pushed=tuple(pushed), outputs=tuple(done_outputs))
 

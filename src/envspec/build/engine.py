@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -31,11 +30,10 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Protocol, Sequence
+from typing import BinaryIO, Callable, Protocol, Sequence
 
 from envspec.errors import BuildError, HostError
 
@@ -310,16 +308,6 @@ def chain_id(parent: str, token: str) -> str:
     return hashlib.sha256(f"{parent}+{hexd}".encode()).hexdigest() if parent else hexd
 
 
-class LayerSource(Protocol):
-    """A layer tar that may still be being written (build()'s worker processes)."""
-
-    def open(self) -> BinaryIO | None:
-        """The tar as far as it is written; None while its maker has not started it."""
-
-    def final_size(self) -> int | None:
-        """None while it is being made; then its size. Raises the maker's error if it failed."""
-
-
 class Cancelled(Exception):
     """The build stopped; the layer being imported was dropped."""
 
@@ -327,37 +315,20 @@ class Cancelled(Exception):
 FEED_CHUNK = 1 << 20
 
 
-def _feed(pipe: BinaryIO, source: LayerSource, cancel: threading.Event, progress: Callable[[int], None]) -> None:
-    """Copy ``source`` into ``pipe`` as it grows (``sendfile``: no copy through Python), until
-    its maker is done and every byte is sent."""
-    f = None
+def _feed(pipe: BinaryIO, tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None]) -> None:
+    """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe`` (``sendfile``: no
+    copy through Python), checking ``cancel`` between chunks."""
     off = 0
-    try:
-        while True:
+    with open(tar, "rb") as f:
+        while off < size:
             if cancel.is_set():
                 raise Cancelled()
-            if f is None:
-                f = source.open()
-                if f is None:
-                    source.final_size()  # raises if the maker failed before it began
-                    time.sleep(0.02)
-                    continue
-            n = os.sendfile(pipe.fileno(), f.fileno(), off, FEED_CHUNK)
-            if n:
-                off += n
-                progress(off)
-                continue
-            size = source.final_size()
-            if size is None:
-                time.sleep(0.02)
-            elif off >= size:
-                return
-            else:
-                raise BuildError(f"the layer file {getattr(f, 'name', '')} ends at {off} bytes, its maker "
-                                 f"wrote {size}", step="import layer")
-    finally:
-        if f is not None:
-            f.close()
+            n = os.sendfile(pipe.fileno(), f.fileno(), off, min(FEED_CHUNK, size - off))
+            if not n:
+                raise BuildError(f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
+                                 step="import layer")
+            off += n
+            progress(off)
 
 
 @dataclass
@@ -377,18 +348,12 @@ class StorageCLI:
         return [self.tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
                 *args]
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One envspec import at a time per store (an flock in its run root; the kernel drops it
-        when the process dies)."""
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """One envspec import at a time per store (an flock in its run root)."""
+        from envspec.build.fetch import flocked
+
         Path(self.runroot).mkdir(parents=True, exist_ok=True)
-        fd = os.open(Path(self.runroot) / "envspec-import.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        return flocked(Path(self.runroot) / "envspec-import.lock")
 
     def layer_diff_id(self, layer_id: str) -> str | None:
         """The stored layer's diff digest; None where there is no such layer, "" where there is
@@ -405,11 +370,12 @@ class StorageCLI:
     def delete_layer(self, layer_id: str) -> None:
         self.engine.run("delete layer", self._cs("delete-layer", layer_id), check=False)
 
-    def put_layer(self, layer_id: str, parent: str, source: LayerSource, *, cancel: threading.Event | None = None,
+    def put_layer(self, layer_id: str, parent: str, tar: Path, size: int, *, name: str = "",
+                  cancel: threading.Event | None = None,
                   progress: Callable[[int], None] = lambda n: None) -> tuple[str, bool]:
-        """Apply ``source`` as layer ``layer_id`` on ``parent`` unless it is stored already.
-        Returns (the stored diff digest, whether this call stored it). Cancelled, or the maker
-        failing, kills the import and drops the partial layer."""
+        """Apply the layer file ``tar`` as layer ``layer_id`` on ``parent`` unless it is stored
+        already. Returns (the stored diff digest, whether this call stored it). Cancelled, the
+        import is killed and the partial layer dropped."""
         have = self.layer_diff_id(layer_id)
         if have:
             return have, False
@@ -417,13 +383,13 @@ class StorageCLI:
             self.delete_layer(layer_id)
         cancel = cancel or threading.Event()
         argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
-        log.info("import layer: %s", " ".join(argv))
+        log.info("import layer %s: %s", name, " ".join(argv))
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
                                     preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
             assert proc.stdin is not None
             try:
-                _feed(proc.stdin, source, cancel, progress)
+                _feed(proc.stdin, tar, size, cancel, progress)
                 proc.stdin.close()
             except BrokenPipeError:  # it stopped reading: its exit status says why
                 pass

@@ -54,6 +54,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (made if missing); the kernel drops it if the process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 class Cache:
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = Path(root) if root else default_cache_dir()
@@ -75,17 +87,9 @@ class Cache:
         return self.root / "layers" / (key.split(":", 1)[-1] + ".json")
 
     # -- locks and work dirs ----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def locked(self, name: str) -> Iterator[None]:
+    def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
         """An exclusive flock; released by the kernel if this process dies."""
-        path = self.root / "locks" / (name.replace("/", "_").replace(":", "_") + ".lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        return flocked(self.root / "locks" / (name.replace("/", "_").replace(":", "_") + ".lock"))
 
     def workdir(self) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))

@@ -4,8 +4,8 @@ The import (containers/storage hashing each tar twice and untarring it) costs as
 the layers, so it runs beside them: a thread takes the layers in image order and feeds each
 one's finished tar file to ``containers-storage import-layer`` while later layers are still
 being made. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``); the stored
-diff digest must equal the one the maker computed, or the layer is dropped and the build stops. The image itself (config, manifest, name) is made only
-after every layer is in, by ``finish``. Nothing here decides what a layer holds.
+diff digest must equal the one the maker computed, or the layer is dropped and the build stops.
+The image itself (config, manifest, name) is made only after every layer is in, by ``finish``. Nothing here decides what a layer holds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import Callable, Sequence
 
 from envspec.build.engine import Cancelled, StorageCLI, chain_id
 from envspec.errors import HashMismatch
@@ -22,26 +22,12 @@ from envspec.errors import HashMismatch
 
 @dataclass
 class LayerFile:
-    """A layer tar being made (or made): the paths it may be found at, in order (the work
-    directory while it is made, then the cache it is renamed into), and the maker's future,
-    whose result carries ``diff_id`` and ``size``."""
+    """A layer tar and the future of its maker, whose result carries ``diff_id`` and ``size``;
+    ``path`` is where the tar is once the maker is done (the cache, or the work directory)."""
 
     group: str
-    paths: Sequence[Path]
+    path: Path
     made: Future
-
-    def open(self) -> BinaryIO | None:
-        for p in self.paths:
-            try:
-                return open(p, "rb")
-            except FileNotFoundError:
-                continue
-        return None
-
-    def final_size(self) -> int | None:
-        if not self.made.done():
-            return None
-        return int(self.made.result()["size"])
 
     def result(self, cancel: threading.Event) -> dict:
         while not self.made.done():
@@ -79,11 +65,12 @@ class Importer:
                     # store finds our layers and image (a chain of content keys would let the import
                     # start before a layer is finished, but then a pull back here makes its own
                     # layers and fails on the image ID, which is the config digest either way)
-                    layer_id = chain_id(parent, lay.result(self.cancel)["diff_id"])
+                    made = lay.result(self.cancel)
+                    want = made["diff_id"]
+                    layer_id = chain_id(parent, want)
                     have, ours = self.store.put_layer(
-                        layer_id, parent, lay, cancel=self.cancel,
+                        layer_id, parent, lay.path, int(made["size"]), name=lay.group, cancel=self.cancel,
                         progress=lambda n, g=lay.group: self.on_progress(g, n))
-                    want = lay.result(self.cancel)["diff_id"]
                     if have != want:
                         if ours:
                             self.store.delete_layer(layer_id)
