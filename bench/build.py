@@ -1,16 +1,18 @@
 """Benchmark: `envspec build` of specs/h100.toml's lock against a plain Containerfile that
 installs the same pins with `buildah bud`, on this machine.
 
-    python bench/build.py [--lock lockfiles/h100.lock] [--skip-containerfile] [--json OUT]
+    .venv/bin/python bench/build.py [--lock lockfiles/h100-train.lock] [--skip-containerfile] [--json OUT]
 
 Measures (each in its own storage root and cache under a temp dir, removed at the end):
   unzip floor     unzip of the same wheels (`unzip -q`, one after another) into a temp dir
   untar floor     `tar -x` of the image's layer tars into a temp dir: the file creation any
                   import into containers-storage pays
   cold            envspec build, empty cache and storage (wheels from the configured mirrors),
-                  once per import path: containers-storage's own tool beside the layer makers
-                  (the default), skopeo (ENVSPEC_IMPORT=skopeo), and, with --containers-storage
-                  PATH, another build of that tool (bench/build-containers-storage.sh: Go 1.22)
+                  once per import path: envspec-put-layer beside the layer makers (the default;
+                  built by scripts/dev.sh setup, found beside this python), containers-storage's
+                  own import-layer (ENVSPEC_PUT_LAYER=off), skopeo (ENVSPEC_IMPORT=skopeo), and,
+                  with --containers-storage PATH, another build of containers-storage's tool
+                  (bench/build-containers-storage.sh: Go 1.22)
   no-op           the same lock again
   one package     the lock with one team package moved to another version
   no-cache again  a second `--no-cache` build in a new cache: same digest?
@@ -139,10 +141,11 @@ def main() -> int:
         res["untar_floor_s"] = round(untar_layers(plan, paths, mirrors, work, untar), 1)
 
         # cold builds by the other import paths first, each in its own storage and cache
-        others = [("skopeo", {"ENVSPEC_IMPORT": "skopeo"})]
+        others = [("containers-storage import-layer", {"ENVSPEC_PUT_LAYER": "off"}),
+                  ("skopeo", {"ENVSPEC_IMPORT": "skopeo"})]
         if args.containers_storage:
-            others.append((f"containers-storage {args.containers_storage}",
-                           {"ENVSPEC_CONTAINERS_STORAGE": args.containers_storage}))
+            others.append((f"containers-storage import-layer, {args.containers_storage}",
+                           {"ENVSPEC_CONTAINERS_STORAGE": args.containers_storage, "ENVSPEC_PUT_LAYER": "off"}))
         res["cold_by_import"] = {}
         for name, env in others:
             sub = work / ("other-" + str(len(res["cold_by_import"])))
@@ -168,7 +171,8 @@ def main() -> int:
         t, img = timed(lambda: build(lock, engine=engine, cache_dir=cache, reporter=ph))
         res["cold_s"] = round(t, 1)
         res["cold_phases"] = ph.split()
-        res["cold_import"] = "containers-storage" if engine.storage_cli() else "skopeo"
+        store = engine.storage_cli()
+        res["cold_import"] = (store.put_tool or "containers-storage import-layer") if store else "skopeo"
         res["digest"] = img.digest
         res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
         res["layers_bytes"] = sum(lay.size for lay in img.layers)

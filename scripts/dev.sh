@@ -7,13 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES="buildah podman skopeo containers-storage runc mmdebstrap docker-registry uidmap fuse-overlayfs openssh-client tini ca-certificates"
+# to compile envspec-put-layer (src/envspec/build/putlayer/main.go) against Debian's containers/storage
+GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev"
 VENV="${ENVSPEC_VENV:-.venv}"
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 setup_system() {
   local missing=()
-  for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  for p in $APT_PACKAGES $GO_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing: ${missing[*]}"
     as_root apt-get update -q
@@ -30,7 +32,20 @@ setup_python() {
   "$VENV/bin/python" -c 'import torch' 2>/dev/null || "$VENV/bin/python" -m pip install -q --disable-pip-version-check 'torch==2.13.0' 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
-setup() { setup_system; setup_python; }
+# envspec-put-layer: containers/storage's PutLayer told the diff digest envspec computed, so a
+# layer is untarred into the store once and not hashed twice more (docs/build.md, "Import").
+# Built next to the venv's python, where envspec looks for it; rebuilt when its source changes.
+setup_put_layer() {
+  local src=src/envspec/build/putlayer/main.go out="$VENV/bin/envspec-put-layer"
+  if [ -x "$out" ] && [ "$out" -nt "$src" ]; then return; fi
+  echo "building $out"
+  # GOPATH mode on Debian's packaged Go sources; overlay needs cgo; btrfs/devmapper are not used
+  CGO_ENABLED=1 GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="${GOCACHE:-$HOME/.cache/go-build}" \
+    go build -trimpath -tags "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper" -o "$out.tmp" "$src"
+  mv -f "$out.tmp" "$out"
+}
+
+setup() { setup_system; setup_python; setup_put_layer; }
 
 case "${1:-}" in
   setup) setup ;;

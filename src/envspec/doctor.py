@@ -62,6 +62,10 @@ class SystemProbe:
     """The real machine."""
 
     def which(self, name: str) -> str | None:
+        from envspec.build.engine import PUT_LAYER, find_put_layer  # (envspec.build is slow to import)
+
+        if name == PUT_LAYER:  # found as envspec build finds it (beside this python, ENVSPEC_PUT_LAYER)
+            return find_put_layer()
         return shutil.which(name)
 
     def run(self, argv: Sequence[str], timeout: float = 20) -> tuple[int, str, str]:
@@ -364,6 +368,8 @@ def check_network(probe: Probe) -> list[Finding]:
 
 
 def check_build_tools(probe: Probe) -> list[Finding]:
+    from envspec.build.engine import PUT_LAYER
+
     out = []
     for tool in ("buildah", "skopeo"):
         if not probe.which(tool):
@@ -372,9 +378,17 @@ def check_build_tools(probe: Probe) -> list[Finding]:
         rc, ver, err = probe.run([tool, "--version"])
         out.append(Finding(tool, "ok" if rc == 0 else "fail", ver.strip() or f"{tool}: {err.strip()[:200]}",
                            fix="" if rc == 0 else f"reinstall: apt-get install --reinstall -y {tool}"))
-    if probe.which("containers-storage"):
-        out.append(Finding("import", "ok", "containers-storage found: envspec build imports layers with it, "
-                                           "beside the layer makers"))
+    put = probe.which(PUT_LAYER)
+    if probe.which("containers-storage") and put:
+        out.append(Finding("import", "ok", f"containers-storage and {put} found: envspec build imports layers "
+                                           "beside the layer makers, each untarred once",
+                           detail={"put_layer": put}))
+    elif probe.which("containers-storage"):
+        out.append(Finding("import", "warn", f"{PUT_LAYER} not found: envspec build imports with "
+                                             "containers-storage alone, which hashes every layer twice more "
+                                             "(cold builds up to twice as slow, docs/build.md)",
+                           fix="scripts/dev.sh setup (compiles it; needs golang-go and "
+                               "golang-github-containers-storage-dev), or set ENVSPEC_PUT_LAYER to its path"))
     else:
         out.append(Finding("import", "warn", "containers-storage not found: envspec build imports with skopeo, "
                                              "which copies every layer once more (docs/build.md)",

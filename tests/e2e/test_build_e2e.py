@@ -7,6 +7,7 @@ tests/data/build/small.lock (wheels only) and small-debian.lock (plus a Debian b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import lock as lockmod  # noqa: E402
+from envspec.build.engine import find_put_layer  # noqa: E402
 from envspec.errors import HashMismatch, SourceError  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
@@ -92,15 +94,19 @@ def test_two_no_cache_builds_at_different_times_give_one_digest(engine, tmp_path
     assert engine.image_digest(a.image) == a.digest  # storage keeps our manifest bytes
 
 
-@pytest.mark.skipif(shutil.which("containers-storage") is None or os.geteuid() != 0,
-                    reason="needs root and containers-storage (apt-get install -y containers-storage)")
-def test_import_by_containers_storage_and_by_skopeo_agree_and_storage_gives_our_bytes_back(
+needs_store_tools = pytest.mark.skipif(
+    shutil.which("containers-storage") is None or os.geteuid() != 0 or find_put_layer() is None,
+    reason="needs root, containers-storage and envspec-put-layer (scripts/dev.sh setup installs and builds them)")
+
+
+@needs_store_tools
+def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gives_our_bytes_back(
         engine, tmp_path, debs, monkeypatch):
     from envspec.build import BuildahEngine
     from conftest import private_storage
 
     lock = small_debian()
-    assert engine.storage_cli() is not None
+    assert engine.storage_cli() is not None and engine.storage_cli().put_tool == find_put_layer()
     a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"))
     assert engine.image_digest(a.image) == a.digest
     # out of containers-storage again (as `podman push` reads it): the very layer bytes we made
@@ -115,12 +121,57 @@ def test_import_by_containers_storage_and_by_skopeo_agree_and_storage_gives_our_
     assert podman(engine, "run", *engine.host.podman_run_args(), "--rm", "--network", "none", a.image,
                   "python", "-c", "print(6 * 7)").stdout.split()[-1] == "42"
 
+    # the layers containers-storage holds are the ones we made, whatever tool put them there
+    store = engine.storage_cli()
+    stored = json.loads(subprocess.run(store._cs("layers", "--json"), capture_output=True, text=True,
+                                       check=True).stdout)
+    assert sorted(lay["diff-digest"] for lay in stored) == sorted(lay.diff_id for lay in a.layers)
+    for lay in a.layers:  # containers/storage's own diff of each stored layer: our tar, byte for byte
+        layer_id = next(x["id"] for x in stored if x["diff-digest"] == lay.diff_id)
+        diff = subprocess.run(store._cs("diff", layer_id), capture_output=True, check=True).stdout
+        assert "sha256:" + hashlib.sha256(diff).hexdigest() == lay.diff_id
+
+    monkeypatch.setenv("ENVSPEC_PUT_LAYER", "off")  # containers-storage's own import-layer
+    with private_storage(tmp_path / "storage-cli"):
+        cli = BuildahEngine()
+        assert cli.storage_cli() is not None and cli.storage_cli().put_tool is None
+        c = do_build(lock, cli, new_cache(tmp_path, debs, "c3"))
+        assert c.digest == a.digest and cli.image_digest(c.image) == a.digest
+
     monkeypatch.setenv("ENVSPEC_IMPORT", "skopeo")
     with private_storage(tmp_path / "storage-skopeo"):
         other = BuildahEngine()
         assert other.storage_cli() is None
         b = do_build(lock, other, new_cache(tmp_path, debs, "c2"))
         assert b.digest == a.digest and other.image_digest(b.image) == a.digest
+
+
+@needs_store_tools
+def test_a_cached_layer_damaged_on_disk_stops_the_import_into_a_new_store(engine, tmp_path, debs):
+    from envspec.build import BuildahEngine
+    from conftest import private_storage
+
+    lock = small_debian()
+    cache = new_cache(tmp_path, debs)
+    a = do_build(lock, engine, cache)
+    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.size)
+    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.size)
+    with open(tar, "r+b") as f:  # one byte of file content, same size: only a hash can tell
+        f.seek(biggest.size // 2)
+        b = f.read(1)
+        f.seek(biggest.size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with private_storage(tmp_path / "storage2"):
+        other = BuildahEngine()
+        with pytest.raises(HashMismatch, match="cached layer file"):
+            do_build(lock, other, cache)
+        assert not other.exists(a.image)
+        store = other.storage_cli()
+        stored = json.loads(subprocess.run(store._cs("layers", "--json"), capture_output=True, text=True,
+                                           check=True).stdout or "null") or []  # none: null
+        assert biggest.diff_id not in [x.get("diff-digest") for x in stored]
+        img = do_build(lock, other, cache, no_cache=True)  # made again: the way out the error names
+        assert img.digest == a.digest and other.exists(a.image)
 
 
 def test_unchanged_lock_rebuilds_nothing(engine, tmp_path, debs):
@@ -232,8 +283,10 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
     if when == "layers":
         hit = _wait_for(lambda: any((cache / "tmp").glob("*/base.tar")), proc)
     else:
-        # containers-storage's tool (its name cut to 15 characters by the kernel), else skopeo
-        hit = _wait_for(lambda: any(c in ("skopeo", "containers-stor") for _, c in _children(proc.pid)), proc)
+        # envspec-put-layer or containers-storage's tool (names cut to 15 characters by the kernel),
+        # else skopeo
+        hit = _wait_for(lambda: any(c in ("skopeo", "containers-stor", "envspec-put-lay")
+                                    for _, c in _children(proc.pid)), proc)
     assert hit, f"the build ended before the {when} step: {proc.communicate()}"
     kids = [p for p, _ in _children(proc.pid)]
     proc.send_signal(sig)

@@ -247,7 +247,12 @@ def test_network_conflict():
 def test_containers_storage_tool_present_or_warned():
     p = build_host()
     p.tools["containers-storage"] = "/usr/bin/containers-storage"
-    assert by(run_doctor(None, probe=p), "import")[0].status == "ok"
+    p.tools["envspec-put-layer"] = "/opt/envspec/bin/envspec-put-layer"
+    f = by(run_doctor(None, probe=p), "import")[0]
+    assert f.status == "ok" and f.detail["put_layer"] == "/opt/envspec/bin/envspec-put-layer"
+    del p.tools["envspec-put-layer"]
+    f = by(run_doctor(None, probe=p), "import")[0]
+    assert f.status == "warn" and "scripts/dev.sh setup" in f.fix and "twice" in f.what
     del p.tools["containers-storage"]
     f = by(run_doctor(None, probe=p), "import")[0]
     assert f.status == "warn" and "apt-get install -y containers-storage" in f.fix

@@ -62,6 +62,47 @@ def test_feed_refuses_a_file_shorter_than_its_maker_says(tmp_path):
         eng_mod._feed(pipe, tmp_path / "short.tar", 20, threading.Event(), lambda n: None)
 
 
+def test_checked_feed_sends_the_file_and_accepts_its_own_digest(tmp_path):
+    data = os.urandom(2_500_000)
+    (tmp_path / "cuda.tar").write_bytes(data)
+    r, w = os.pipe()
+    got = bytearray()
+    reader = _reader(r, got)
+    with os.fdopen(w, "wb") as pipe:
+        eng_mod._feed_checked(pipe, tmp_path / "cuda.tar", len(data), "sha256:" + hashlib.sha256(data).hexdigest(),
+                              threading.Event(), lambda n: None)
+    reader.join()
+    assert bytes(got) == data
+
+
+def test_checked_feed_refuses_a_file_whose_bytes_changed(tmp_path):
+    data = os.urandom(300_000)
+    (tmp_path / "cuda.tar").write_bytes(data[:-1] + b"!")  # the cached file, damaged on disk
+    with pytest.raises(HashMismatch, match="cached layer file") as e, open(os.devnull, "wb") as pipe:
+        eng_mod._feed_checked(pipe, tmp_path / "cuda.tar", len(data), "sha256:" + hashlib.sha256(data).hexdigest(),
+                              threading.Event(), lambda n: None)
+    assert "--no-cache" in e.value.hint
+
+
+def test_put_layer_tool_is_found_by_env_beside_python_or_on_path(tmp_path, monkeypatch):
+    tool = tmp_path / "bin" / "envspec-put-layer"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("ENVSPEC_PUT_LAYER", str(tool))
+    assert eng_mod.find_put_layer() == str(tool)
+    monkeypatch.setenv("ENVSPEC_PUT_LAYER", "off")
+    assert eng_mod.find_put_layer() is None
+    monkeypatch.delenv("ENVSPEC_PUT_LAYER")
+    monkeypatch.setattr(eng_mod.sys, "executable", str(tmp_path / "bin" / "python"))
+    assert eng_mod.find_put_layer() == str(tool)
+    monkeypatch.setattr(eng_mod.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert eng_mod.find_put_layer() == str(tool)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert eng_mod.find_put_layer() is None
+
+
 def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path):
     store = FakeStore()
     fut: Future = Future()
@@ -80,6 +121,7 @@ class FakeStore:
         self.calls: list[tuple] = []
         self.images: dict[str, tuple] = {}
         self.corrupt = corrupt  # a group whose bytes the "store" gets wrong
+        self.checked: dict[str, bool] = {}  # group -> whether the importer asked for its file to be hashed
 
     @contextlib.contextmanager
     def locked(self):
@@ -92,9 +134,11 @@ class FakeStore:
         self.calls.append(("delete", layer_id))
         self.layers.pop(layer_id, None)
 
-    def put_layer(self, layer_id, parent, tar, size, *, name="", cancel=None, progress=lambda n: None):
+    def put_layer(self, layer_id, parent, tar, size, *, name="", diff_id="", check=True, cancel=None,
+                  progress=lambda n: None):
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
+        self.checked[name] = check
         r, w = os.pipe()
         got = bytearray()
         reader = _reader(r, got)
@@ -222,6 +266,20 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
                 tag="localhost/envspec/again:1")  # made again, same bytes: only the name is new
     assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
     assert eng.images["localhost/envspec/again:1"] == img.digest
+    # made in this build: the maker's digest is trusted, the file is not hashed again on its way
+    assert eng.store.checked == {lay.group: False for lay in img.layers}
+
+
+def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path):
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    img = build(lock, engine=_store_engine(), cache_dir=tmp_path / "cache", mirrors=mirrors)
+    eng = _store_engine()  # an empty store, the same layer cache
+    again = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
+    assert again.digest == img.digest
+    cached = {lay.group for lay in again.layers if lay.cached}
+    assert cached and "envspec" not in cached
+    assert eng.store.checked == {lay.group: lay.group in cached for lay in again.layers}
 
 
 def test_a_failing_maker_stops_the_import_and_names_nothing(tmp_path):

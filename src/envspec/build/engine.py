@@ -1,4 +1,4 @@
-"""The one place that runs buildah, skopeo, podman and containers-storage.
+"""The one place that runs buildah, skopeo, podman, containers-storage and envspec-put-layer.
 
 envspec makes the image itself (layers, config, manifest: an OCI layout); the engine only moves
 that layout where it is wanted: into containers-storage under a tag, to a registry, or into an
@@ -28,6 +28,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import urllib.parse
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Protocol, Sequence
 
-from envspec.errors import BuildError, HostError
+from envspec.errors import BuildError, HashMismatch, HostError
 
 log = logging.getLogger("envspec.build.engine")
 
@@ -242,7 +243,7 @@ class BuildahEngine:
             store = None
             tool = shutil.which(os.environ.get("ENVSPEC_CONTAINERS_STORAGE", "") or "containers-storage")
             if tool and os.geteuid() == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
-                store = StorageCLI(self, *self._store_location(), tool=tool)
+                store = StorageCLI(self, *self._store_location(), tool=tool, put_tool=find_put_layer())
             self._store = store
         return self._store  # type: ignore[return-value]
 
@@ -331,18 +332,64 @@ def _feed(pipe: BinaryIO, tar: Path, size: int, cancel: threading.Event, progres
             progress(off)
 
 
+PUT_LAYER = "envspec-put-layer"
+
+
+def find_put_layer() -> str | None:
+    """envspec's own layer import tool (``putlayer/main.go``, built by ``scripts/dev.sh setup``):
+    ``ENVSPEC_PUT_LAYER`` (a path; empty or ``off`` for none), else next to this Python (the
+    venv's bin), else on PATH."""
+    env = os.environ.get("ENVSPEC_PUT_LAYER")
+    if env is not None:
+        return None if env in ("", "off") else shutil.which(env)
+    beside = Path(sys.executable).parent / PUT_LAYER
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(PUT_LAYER)
+
+
+def _feed_checked(pipe: BinaryIO, tar: Path, size: int, want: str, cancel: threading.Event,
+                  progress: Callable[[int], None]) -> None:
+    """Like ``_feed``, but through Python, hashing what is sent: raises HashMismatch before the
+    last byte's EOF when the file is not ``want`` (the tool then never sees a complete layer)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    buf = bytearray(FEED_CHUNK)
+    view = memoryview(buf)
+    off = 0
+    with open(tar, "rb", buffering=0) as f:
+        while off < size:
+            if cancel.is_set():
+                raise Cancelled()
+            n = f.readinto(view[: min(FEED_CHUNK, size - off)])
+            if not n:
+                raise BuildError(f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
+                                 step="import layer")
+            h.update(view[:n])
+            pipe.write(view[:n])
+            off += n
+            progress(off)
+    if f"sha256:{h.hexdigest()}" != want:
+        raise HashMismatch(f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
+                           step="import layer", hint="it changed on disk; build again with --no-cache")
+
+
 @dataclass
 class StorageCLI:
-    """containers/storage's command line tool on one store: each layer tar is applied straight
-    from our file (one read, two hashes, one untar; skopeo adds a temporary copy and two more
-    hashes), stored layers are kept, and the image is made from our own config and manifest
-    bytes, so its manifest digest is ours. Layers take IDs from ``chain_id``."""
+    """containers/storage on one store. Layers go in through ``envspec-put-layer`` where it is
+    there: our tar straight from our file, untarred once, with the diff digest we computed
+    (containers/storage's own tool cannot be given it, so it hashes every layer twice; skopeo
+    adds a temporary copy and two more hashes). Without it, ``containers-storage import-layer``.
+    The image is made with ``containers-storage`` from our own config and manifest bytes, so its
+    manifest digest is ours. Layers take IDs from ``chain_id``; stored layers are kept."""
 
     engine: BuildahEngine
     root: str
     runroot: str
     driver: str
     tool: str = "containers-storage"
+    put_tool: str | None = None
 
     def _cs(self, *args: str) -> list[str]:
         return [self.tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
@@ -371,25 +418,35 @@ class StorageCLI:
         self.engine.run("delete layer", self._cs("delete-layer", layer_id), check=False)
 
     def put_layer(self, layer_id: str, parent: str, tar: Path, size: int, *, name: str = "",
-                  cancel: threading.Event | None = None,
+                  diff_id: str = "", check: bool = True, cancel: threading.Event | None = None,
                   progress: Callable[[int], None] = lambda n: None) -> tuple[str, bool]:
         """Apply the layer file ``tar`` as layer ``layer_id`` on ``parent`` unless it is stored
-        already. Returns (the stored diff digest, whether this call stored it). Cancelled, the
-        import is killed and the partial layer dropped."""
+        already. Returns (the stored diff digest, whether this call stored it). With
+        ``envspec-put-layer`` and ``diff_id``, the store takes that digest: ``check`` hashes the
+        file on its way (a cached file); without ``check`` the caller vouches for it (its maker
+        hashed these bytes as it wrote them, in this build). Cancelled, the import is killed and
+        the partial layer dropped."""
         have = self.layer_diff_id(layer_id)
         if have:
             return have, False
         if have == "":  # left by a killed import: gone before ours
             self.delete_layer(layer_id)
         cancel = cancel or threading.Event()
-        argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
+        if self.put_tool and diff_id:
+            argv = [self.put_tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
+                    "--id", layer_id, "--parent", parent, "--diff-digest", diff_id]
+        else:
+            argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
         log.info("import layer %s: %s", name, " ".join(argv))
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
                                     preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
             assert proc.stdin is not None
             try:
-                _feed(proc.stdin, tar, size, cancel, progress)
+                if self.put_tool and diff_id and check:
+                    _feed_checked(proc.stdin, tar, size, diff_id, cancel, progress)
+                else:
+                    _feed(proc.stdin, tar, size, cancel, progress)
                 proc.stdin.close()
             except BrokenPipeError:  # it stopped reading: its exit status says why
                 pass

@@ -1,9 +1,9 @@
 """Import into containers-storage while the layers are still being made.
 
-The import (containers/storage hashing each tar twice and untarring it) costs as much as making
-the layers, so it runs beside them: a thread takes the layers in image order and feeds each
-one's finished tar file to ``containers-storage import-layer`` while later layers are still
-being made. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``); the stored
+The import (untarring every layer into the store) costs about as much as making the layers, so
+it runs beside them: a thread takes the layers in image order and feeds each one's finished tar
+file to ``envspec-put-layer`` (or ``containers-storage import-layer``, which hashes it twice
+more) while later layers are still being made. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``); the stored
 diff digest must equal the one the maker computed, or the layer is dropped and the build stops.
 The image itself (config, manifest, name) is made only after every layer is in, by ``finish``. Nothing here decides what a layer holds.
 """
@@ -68,8 +68,11 @@ class Importer:
                     made = lay.result(self.cancel)
                     want = made["diff_id"]
                     layer_id = chain_id(parent, want)
+                    # a layer made in this build was hashed by its maker as it was written; one
+                    # taken from the layer cache is hashed again on its way into the store
                     have, ours = self.store.put_layer(
-                        layer_id, parent, lay.path, int(made["size"]), name=lay.group, cancel=self.cancel,
+                        layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
+                        check=bool(made.get("cached")), cancel=self.cancel,
                         progress=lambda n, g=lay.group: self.on_progress(g, n))
                     if have != want:
                         if ours:
