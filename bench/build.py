@@ -20,6 +20,7 @@ Measures (each in its own storage root and cache under a temp dir, removed at th
                   here), RUN ensurepip + pip install --no-deps of the same wheel files
                   (bind-mounted), `buildah bud --isolation chroot`; twice, for its digest
 Sizes: the sum of layer sizes (uncompressed, as stored) and podman's image size.
+Before each big phase: sync, then --settle seconds (default 61) of waiting (see timed()).
 """
 
 from __future__ import annotations
@@ -88,7 +89,17 @@ class Phases(Reporter):
                 "import_after_layout_s": round(end - self.commit_at, 1)}
 
 
-def timed(fn):
+SETTLE = 61.0  # --settle
+
+
+def timed(fn, settle: bool = True):
+    """Time ``fn``. ``settle``: first write out dirty pages (``sync``) and wait SETTLE seconds, so
+    that a phase does not pay for the one before it: ext4 does not reuse an inode freed less than
+    60 s ago (``recently_deleted``, 300 s more while its block is dirty) and scans on for another,
+    which made file creation after the previous phase's deletions up to a third slower here."""
+    if settle and SETTLE:
+        os.sync()
+        time.sleep(SETTLE)
     t = time.monotonic()
     out = fn()
     return time.monotonic() - t, out
@@ -101,13 +112,17 @@ def podman_size(engine, ref: str) -> int:
 
 
 def main() -> int:
+    global SETTLE
     ap = argparse.ArgumentParser()
     ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100-train.lock"))
     ap.add_argument("--skip-containerfile", action="store_true")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--containers-storage", default="", help="also a cold build with this containers-storage binary")
+    ap.add_argument("--settle", type=float, default=SETTLE,
+                    help="seconds to wait (after a sync) before each big phase; 0: none (see timed())")
     args = ap.parse_args()
+    SETTLE = args.settle
 
     lock_path = Path(args.lock)
     if not lock_path.exists():
@@ -119,13 +134,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="envspec-bench-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
     os.environ["ENVSPEC_STORAGE_ROOT"] = str(work / "storage")
     engine = BuildahEngine()
-    res: dict = {"lock": str(lock_path), "wheels": len(plan.wheels), "debs": len(plan.debs),
+    res: dict = {"lock": str(lock_path), "settle_s": SETTLE, "wheels": len(plan.wheels), "debs": len(plan.debs),
                  "wheel_bytes": sum(w.size for w in plan.wheels)}
     try:
         # wheels into a separate cache first: the unzip floor and the Containerfile need the files
         mirrors = sources.discover().mirrors
         wcache = Cache(work / "wheel-cache")
-        t, paths = timed(lambda: WheelFetcher(wcache, mirrors).fetch_all(plan.wheels))
+        t, paths = timed(lambda: WheelFetcher(wcache, mirrors).fetch_all(plan.wheels), settle=False)
         res["fetch_wheels_s"] = round(t, 1)
         floor = work / "unzipped"
 
@@ -177,7 +192,7 @@ def main() -> int:
         res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
         res["layers_bytes"] = sum(lay.size for lay in img.layers)
         res["podman_size"] = podman_size(engine, img.image)
-        t, again = timed(lambda: build(lock, engine=engine, cache_dir=cache))
+        t, again = timed(lambda: build(lock, engine=engine, cache_dir=cache), settle=False)
         res["noop_s"] = round(t, 1)
         assert again.digest == img.digest
 
@@ -191,7 +206,7 @@ def main() -> int:
                 res["changed_package"] = f"{w['name']} {w['version']} -> {alt['version']}"
                 break
         if changed:
-            t, img2 = timed(lambda: build(rehash(changed), engine=engine, cache_dir=cache))
+            t, img2 = timed(lambda: build(rehash(changed), engine=engine, cache_dir=cache), settle=False)
             res["one_package_s"] = round(t, 1)
             res["one_package_rebuilt"] = [lay.group for lay in img2.layers if not lay.cached]
 
