@@ -3,6 +3,7 @@ wheels made on the spot in a find-links mirror (no network, no buildah)."""
 
 import hashlib
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -292,3 +293,32 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
     f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
     got = f.fetch_all([WheelPin("pkg", "1.0", path.name, "", sha)])
     assert got[sha].read_bytes() == path.read_bytes()
+
+
+def test_installed_record_matches_every_file_written_rewritten_script_included(tmp_path):
+    from envspec.build import layers as layer_makers
+
+    big = os.urandom(300_000) + b"\0" * 3_000_000  # several inflate chunks, one highly compressible
+    script = b"#!python\nprint('hi')\n"  # installer rewrites this shebang: its RECORD hash must be new
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "recpkg", "1.0", files={
+        "recpkg/__init__.py": b"", "recpkg/blob.bin": big, "recpkg-1.0.data/scripts/hello": script})
+    lock, _ = helpers.local_lock(tmp_path, [])
+    lock["wheels"] = [{"name": "recpkg", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
+                       "size": 0, "group": "team", "direct": True}]
+    img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    team = layout / "blobs" / "sha256" / img.layers[1].digest.split(":")[1]
+    site = "opt/venv/lib/python3.11/site-packages/"
+    with tarfile.open(team) as tf:
+        record = tf.extractfile(site + "recpkg-1.0.dist-info/RECORD").read().decode()
+        rows = [ln.split(",") for ln in record.splitlines() if ln]
+        for p, h, size in rows:
+            if not h:
+                continue
+            member = tf.getmember(os.path.normpath(site + p))
+            data = tf.extractfile(member).read()
+            assert h == helpers._rec(data) and int(size) == len(data), p
+        assert tf.extractfile(site + "recpkg/blob.bin").read() == big
+        hello = tf.extractfile("opt/venv/bin/hello").read()
+    assert hello.startswith(b"#!/opt/venv/bin/python") and hello != script
+    assert any(p.endswith("bin/hello") for p, _, _ in rows) and layer_makers._inflate is not None

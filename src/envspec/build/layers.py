@@ -1,8 +1,8 @@
 """Layer makers: pins (and their fetched files) -> one deterministic layer tar each.
 
 Wheels are installed by pypa/installer into a destination that writes straight into the layer
-tar instead of a staging directory: the wheel is decompressed once, written once and hashed
-while written (the floor set by unzip). Order inside a layer: wheels by (name, version,
+tar instead of a staging directory: the wheel is decompressed once (ISA-L), written once and
+hashed while written (the floor set by unzip); RECORD hashes come from the wheel's RECORD. Order inside a layer: wheels by (name, version,
 filename); inside a wheel, installer's order with the archive's members sorted by name; every
 parent directory before its children. A path that a second wheel of the same layer also ships
 (namespace ``__init__.py`` files of the nvidia-* wheels) is kept from the first wheel and noted.
