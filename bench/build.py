@@ -74,19 +74,27 @@ def other_version(name: str, current: str, python_tag: str = "py3") -> dict | No
 class Phases(Reporter):
     """Times the phases of one build: until the layout is written (fetch, rootfs, layers, and
     with containers-storage's tool the import of what was made meanwhile) and what is left of the
-    import after that."""
+    import after that; and when each layer's import began (a layer's import begins once it is
+    made and the layer below it is in)."""
 
     def __init__(self):
         self.t0 = time.monotonic()
         self.commit_at = None
+        self.import_from: dict[str, float] = {}
+
+    def importing(self, group, sent):
+        self.import_from.setdefault(group, time.monotonic())
 
     def committing(self, ref, digest):
         self.commit_at = time.monotonic()
 
     def split(self):
         end = time.monotonic()
-        return {"until_layout_s": round(self.commit_at - self.t0, 1),
-                "import_after_layout_s": round(end - self.commit_at, 1)}
+        out = {"until_layout_s": round(self.commit_at - self.t0, 1),
+               "import_after_layout_s": round(end - self.commit_at, 1)}
+        if self.import_from:
+            out["import_began_s"] = {g: round(t - self.t0, 1) for g, t in self.import_from.items()}
+        return out
 
 
 SETTLE = 61.0  # --settle
