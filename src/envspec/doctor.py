@@ -378,12 +378,12 @@ def check_build_tools(probe: Probe) -> list[Finding]:
         rc, ver, err = probe.run([tool, "--version"])
         out.append(Finding(tool, "ok" if rc == 0 else "fail", ver.strip() or f"{tool}: {err.strip()[:200]}",
                            fix="" if rc == 0 else f"reinstall: apt-get install --reinstall -y {tool}"))
-    put = probe.which(PUT_LAYER)
-    if probe.which("containers-storage") and put:
+    put, cs = probe.which(PUT_LAYER), probe.which("containers-storage")
+    if cs and put:
         out.append(Finding("import", "ok", f"containers-storage and {put} found: envspec build imports layers "
                                            "beside the layer makers, each untarred once",
                            detail={"put_layer": put}))
-    elif probe.which("containers-storage"):
+    elif cs:
         out.append(Finding("import", "warn", f"{PUT_LAYER} not found: envspec build imports with "
                                              "containers-storage alone, which hashes every layer twice more "
                                              "(cold builds up to twice as slow, docs/build.md)",

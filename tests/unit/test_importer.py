@@ -69,8 +69,8 @@ def test_checked_feed_sends_the_file_and_accepts_its_own_digest(tmp_path):
     got = bytearray()
     reader = _reader(r, got)
     with os.fdopen(w, "wb") as pipe:
-        eng_mod._feed_checked(pipe, tmp_path / "cuda.tar", len(data), "sha256:" + hashlib.sha256(data).hexdigest(),
-                              threading.Event(), lambda n: None)
+        eng_mod._feed(pipe, tmp_path / "cuda.tar", len(data), threading.Event(), lambda n: None,
+                      want="sha256:" + hashlib.sha256(data).hexdigest())
     reader.join()
     assert bytes(got) == data
 
@@ -79,8 +79,8 @@ def test_checked_feed_refuses_a_file_whose_bytes_changed(tmp_path):
     data = os.urandom(300_000)
     (tmp_path / "cuda.tar").write_bytes(data[:-1] + b"!")  # the cached file, damaged on disk
     with pytest.raises(HashMismatch, match="cached layer file") as e, open(os.devnull, "wb") as pipe:
-        eng_mod._feed_checked(pipe, tmp_path / "cuda.tar", len(data), "sha256:" + hashlib.sha256(data).hexdigest(),
-                              threading.Event(), lambda n: None)
+        eng_mod._feed(pipe, tmp_path / "cuda.tar", len(data), threading.Event(), lambda n: None,
+                      want="sha256:" + hashlib.sha256(data).hexdigest())
     assert "--no-cache" in e.value.hint
 
 

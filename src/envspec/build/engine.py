@@ -316,22 +316,6 @@ class Cancelled(Exception):
 FEED_CHUNK = 1 << 20
 
 
-def _feed(pipe: BinaryIO, tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None]) -> None:
-    """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe`` (``sendfile``: no
-    copy through Python), checking ``cancel`` between chunks."""
-    off = 0
-    with open(tar, "rb") as f:
-        while off < size:
-            if cancel.is_set():
-                raise Cancelled()
-            n = os.sendfile(pipe.fileno(), f.fileno(), off, min(FEED_CHUNK, size - off))
-            if not n:
-                raise BuildError(f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
-                                 step="import layer")
-            off += n
-            progress(off)
-
-
 PUT_LAYER = "envspec-put-layer"
 
 
@@ -348,29 +332,35 @@ def find_put_layer() -> str | None:
     return shutil.which(PUT_LAYER)
 
 
-def _feed_checked(pipe: BinaryIO, tar: Path, size: int, want: str, cancel: threading.Event,
-                  progress: Callable[[int], None]) -> None:
-    """Like ``_feed``, but through Python, hashing what is sent: raises HashMismatch before the
-    last byte's EOF when the file is not ``want`` (the tool then never sees a complete layer)."""
+def _feed(pipe: BinaryIO, tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None],
+          want: str = "") -> None:
+    """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe``, checking ``cancel``
+    between chunks. Without ``want``: ``sendfile``, no copy through Python. With ``want`` (a
+    cached file): read and hashed on the way, raising HashMismatch before the end of input when
+    the bytes are not ``want``, so the tool never sees a complete layer."""
     import hashlib
 
-    h = hashlib.sha256()
-    buf = bytearray(FEED_CHUNK)
-    view = memoryview(buf)
+    h = hashlib.sha256() if want else None
+    view = memoryview(bytearray(FEED_CHUNK)) if want else None
     off = 0
     with open(tar, "rb", buffering=0) as f:
         while off < size:
             if cancel.is_set():
                 raise Cancelled()
-            n = f.readinto(view[: min(FEED_CHUNK, size - off)])
+            step = min(FEED_CHUNK, size - off)
+            if h is None:
+                n = os.sendfile(pipe.fileno(), f.fileno(), off, step)
+            else:
+                assert view is not None
+                n = f.readinto(view[:step]) or 0
+                h.update(view[:n])
+                pipe.write(view[:n])
             if not n:
                 raise BuildError(f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
                                  step="import layer")
-            h.update(view[:n])
-            pipe.write(view[:n])
             off += n
             progress(off)
-    if f"sha256:{h.hexdigest()}" != want:
+    if h is not None and f"sha256:{h.hexdigest()}" != want:
         raise HashMismatch(f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
                            step="import layer", hint="it changed on disk; build again with --no-cache")
 
@@ -432,7 +422,8 @@ class StorageCLI:
         if have == "":  # left by a killed import: gone before ours
             self.delete_layer(layer_id)
         cancel = cancel or threading.Event()
-        if self.put_tool and diff_id:
+        given = bool(self.put_tool and diff_id)  # the store takes our digest
+        if given:
             argv = [self.put_tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
                     "--id", layer_id, "--parent", parent, "--diff-digest", diff_id]
         else:
@@ -443,10 +434,7 @@ class StorageCLI:
                                     preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
             assert proc.stdin is not None
             try:
-                if self.put_tool and diff_id and check:
-                    _feed_checked(proc.stdin, tar, size, diff_id, cancel, progress)
-                else:
-                    _feed(proc.stdin, tar, size, cancel, progress)
+                _feed(proc.stdin, tar, size, cancel, progress, want=diff_id if given and check else "")
                 proc.stdin.close()
             except BrokenPipeError:  # it stopped reading: its exit status says why
                 pass

@@ -3,9 +3,10 @@
 The import (untarring every layer into the store) costs about as much as making the layers, so
 it runs beside them: a thread takes the layers in image order and feeds each one's finished tar
 file to ``envspec-put-layer`` (or ``containers-storage import-layer``, which hashes it twice
-more) while later layers are still being made. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``); the stored
-diff digest must equal the one the maker computed, or the layer is dropped and the build stops.
-The image itself (config, manifest, name) is made only after every layer is in, by ``finish``. Nothing here decides what a layer holds.
+more) while later layers are still being made. Layer IDs are containers/image's chain of
+diff_ids (``engine.chain_id``); the stored diff digest must equal the one the maker computed,
+or the layer is dropped and the build stops. The image itself (config, manifest, name) is made
+only after every layer is in, by ``finish``. Nothing here decides what a layer holds.
 """
 
 from __future__ import annotations

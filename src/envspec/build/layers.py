@@ -2,10 +2,11 @@
 
 Wheels are installed by pypa/installer into a destination that writes straight into the layer
 tar instead of a staging directory: the wheel is decompressed once (ISA-L), written once and
-hashed while written (the floor set by unzip); RECORD hashes come from the wheel's RECORD. Order inside a layer: wheels by (name, version,
-filename); inside a wheel, installer's order with the archive's members sorted by name; every
-parent directory before its children. A path that a second wheel of the same layer also ships
-(namespace ``__init__.py`` files of the nvidia-* wheels) is kept from the first wheel and noted.
+hashed while written (the floor set by unzip); RECORD hashes come from the wheel's RECORD.
+Order inside a layer: wheels by (name, version, filename); inside a wheel, installer's order
+with the archive's members sorted by name; every parent directory before its children. A path
+that a second wheel of the same layer also ships (namespace ``__init__.py`` files of the
+nvidia-* wheels) is kept from the first wheel and noted.
 
 No .pyc files are written: compiling torch's ~20k modules costs more than the whole unzip, and
 the timestamp-based .pyc that Python writes would make layers irreproducible. Hash-based .pyc
