@@ -91,7 +91,7 @@ def cmd_lock(args) -> int:
     spec = load_spec(args.spec)
     out = Path(args.output) if args.output else lockmod.default_path(spec.name)
     if args.check:
-        old = lockmod.read(out)
+        old = lockmod.load(out)
         reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec))
         if args.json:
             _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
@@ -111,20 +111,18 @@ def cmd_lock(args) -> int:
     db = load_db()
     choice = choose(spec, db)
     sources = discover(spec.sources)
-    old_wheels = None
-    if out.exists():
+    keep: dict[str, str] = {}
+    if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
         try:
-            from envspec.resolve import WheelPin
-
-            old_wheels = [WheelPin(**w.model_dump()) for w in lockmod.read(out).wheels]
+            keep = {w.name: w.version for w in lockmod.load(out).wheels}
         except EnvspecError:
-            old_wheels = None
+            keep = {}
     con = _console(stderr=True)
     if not args.quiet and not args.json:
         t = choice.torch
         con.print(f"resolving {spec.name}: " + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
                   markup=False)
-    res = resolve(choice, sources, cache_dir=cache_dir(), old_wheels=old_wheels, upgrade=args.upgrade_package or [])
+    res = resolve(choice, sources, cache_dir=cache_dir(), keep=keep, upgrade=args.upgrade_package or [])
     lock = lockmod.from_resolution(res, spec_path=_rel(Path(args.spec)), db_version=db.version)
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
@@ -179,16 +177,16 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
 
     path = Path(target)
     if path.suffix != ".toml":
-        return lockmod.read(path), path
+        return lockmod.load(path), path
     from envspec.spec import load_spec
 
     spec = load_spec(path)
     out = lockmod.default_path(spec.name)
     con = _console(stderr=True)
     if out.exists():
-        reasons = lockmod.stale_reasons(lockmod.read(out), spec, debian_requested=_debian_request(spec))
+        reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec))
         if not reasons:
-            return lockmod.read(out), out
+            return lockmod.load(out), out
         if locked:
             from envspec.errors import StaleLock
 
@@ -205,7 +203,7 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
             con.print(f"{out} does not exist; locking {path} first", markup=False)
     ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
     cmd_lock(ns)
-    return lockmod.read(out), out
+    return lockmod.load(out), out
 
 
 class _Progress:

@@ -320,10 +320,10 @@ def diff_locks(old: Any, new: Any) -> LockDiff:
 
 
 def diff_files(old_path, new_path) -> LockDiff:
-    """``diff_locks`` on two lockfiles read with ``envspec.lock.read`` (raises ``LockError``)."""
-    from envspec.lock import read
+    """``diff_locks`` on two lockfiles read with ``envspec.lock.load`` (raises ``LockError``)."""
+    from envspec.lock import load
 
-    return diff_locks(read(old_path), read(new_path))
+    return diff_locks(load(old_path), load(new_path))
 
 
 # --- words -------------------------------------------------------------------------------------

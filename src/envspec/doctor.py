@@ -128,9 +128,9 @@ def _lock_dict(lock: Any) -> dict[str, Any] | None:
     if lock is None:
         return None
     if isinstance(lock, (str, Path)):
-        from envspec.lock import read
+        from envspec.lock import load
 
-        lock = read(lock)
+        lock = load(lock)
     if isinstance(lock, dict):
         return lock
     return lock.model_dump(mode="json", exclude_none=True)

@@ -15,6 +15,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 from urllib.parse import unquote, urlparse
 
 from packaging.requirements import Requirement
@@ -22,6 +23,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_arch
+from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
@@ -74,7 +76,9 @@ class Choice:
 
 
 @dataclass(frozen=True)
-class WheelPin:
+class WheelCandidate:
+    """A wheel uv chose; ``lock.from_resolution`` turns it into the lock's ``Wheel`` pin."""
+
     name: str
     version: str
     filename: str
@@ -88,8 +92,8 @@ class WheelPin:
 @dataclass(frozen=True)
 class Resolution:
     choice: Choice
-    wheels: list[WheelPin]
-    debs: list  # list[envspec.debian.DebPin]
+    wheels: list[WheelCandidate]
+    debs: list[DebPin]
     deb_requested: list[str]
 
 
@@ -435,20 +439,22 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
 
 
 def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
-                   old: list[WheelPin] | None = None, upgrade: list[str] | None = None) -> list[WheelPin]:
+                   keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
+    """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
+    wheels, kept where the spec still allows them."""
     torch_reqs, all_reqs, direct = requirements(choice)
     if not all_reqs:
         return []
     # Re-locking keeps the old lock's versions (as constraints) unless the spec no longer allows them
     # or --upgrade-package frees them; then it resolves afresh.
     spec_constraints = list(choice.spec.python.constraints)
-    keep = [f"{w.name}=={w.version}" for w in (old or [])
-            if canonicalize_name(w.name) not in {canonicalize_name(u) for u in (upgrade or [])}
-            and canonicalize_name(w.name) != "torch"]
+    freed = {canonicalize_name(u) for u in (upgrade or [])}
+    kept = [f"{name}=={version}" for name, version in (keep or {}).items()
+            if canonicalize_name(name) not in freed and canonicalize_name(name) != "torch"]
     full = None
-    if keep:
+    if kept:
         try:
-            full = _run_uv(all_reqs, choice, sources, workdir, "full", [], spec_constraints + keep)
+            full = _run_uv(all_reqs, choice, sources, workdir, "full", [], spec_constraints + kept)
         except ResolutionImpossible:
             full = None
     if full is None:
@@ -458,7 +464,7 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     if torch_reqs:
         sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [f"{n}=={v}" for n, v in pins.items()])
         torch_names = {canonicalize_name(p["name"]) for p in sub}
-    out: list[WheelPin] = []
+    out: list[WheelCandidate] = []
     for p in full:
         name = canonicalize_name(p["name"])
         wheels = p.get("wheels") or []
@@ -481,7 +487,7 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
                 size = os.stat(unquote(urlparse(url).path)).st_size
             except OSError:
                 size = 0
-        out.append(WheelPin(name=name, version=str(p["version"]), filename=filename,
+        out.append(WheelCandidate(name=name, version=str(p["version"]), filename=filename,
                             index=_attribute_index(url, name, choice, sources),
                             sha256=w["hashes"]["sha256"], size=size,
                             group=group, direct=name in direct))
@@ -518,9 +524,9 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
     return pins, requested
 
 
-def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, old_wheels: list[WheelPin] | None = None,
+def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[str, str] | None = None,
             upgrade: list[str] | None = None) -> Resolution:
     with tempfile.TemporaryDirectory(prefix="envspec-resolve-") as tmp:
-        wheels = resolve_python(choice, sources, workdir=Path(tmp), old=old_wheels, upgrade=upgrade)
+        wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
     debs, requested = resolve_debian(choice, sources, cache_dir=cache_dir / "apt")
     return Resolution(choice=choice, wheels=wheels, debs=debs, deb_requested=requested)

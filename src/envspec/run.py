@@ -305,7 +305,7 @@ def resolve_target(target: Any) -> Target:
                 raise UsageError(f"{p}: no lock for spec {spec.name!r} (looked for {candidates[0]})",
                                  hint=f"run `envspec lock {p}` and `envspec build {p}` first",
                                  reference="lock-not-found")
-            lk = lockmod.read(lp)
+            lk = lockmod.load(lp)
             warnings = []
             reasons = lockmod.stale_reasons(lk, spec)
             if reasons:
@@ -313,7 +313,7 @@ def resolve_target(target: Any) -> Target:
                                 f"run `envspec lock {p}` and `envspec build {p}` to update it")
             d = _lock_dict(lk)
             return Target(image_ref(d), d, source=str(lp), warnings=tuple(warnings))
-        d = _lock_dict(lockmod.read(p))
+        d = _lock_dict(lockmod.load(p))
         return Target(image_ref(d), d, source=str(p))
     if p.suffix in (".toml", ".lock") or text.startswith(("./", "../", "/")):
         raise UsageError(f"{text}: no such file", hint="give a spec, a lockfile or an image reference",

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping
-
 from envspec.errors import PlanError
-from envspec.lock import as_dict as _lock_dict
-from envspec.lock import keys_sha256
+from envspec.lock import Lockfile, RuntimeLock, Ssh, keys_sha256
 
 WORKSPACE = "/workspace"
 ENTRYPOINT_IN_IMAGE = "/opt/envspec/entrypoint.sh"
@@ -52,13 +49,13 @@ def check_authorized_keys(text: str, source: str = "authorized_keys") -> str:
     return "\n".join(out).strip() + "\n" if any(out) else ""
 
 
-def _keys_text(ssh: Mapping[str, Any], meta: Mapping[str, Any], spec_dir: str | Path | None) -> str:
-    rel = str(ssh.get("authorized_keys", "") or "")
+def _keys_text(ssh: Ssh, spec_file: str, spec_dir: str | Path | None) -> str:
+    rel = ssh.authorized_keys
     if not rel:
         return ""
     p = Path(rel)
     if not p.is_absolute():
-        base = Path(spec_dir) if spec_dir is not None else Path(str(meta.get("spec", "") or ".")).parent
+        base = Path(spec_dir) if spec_dir is not None else Path(spec_file or ".").parent
         p = base / p
     try:
         text = p.read_text(encoding="utf-8")
@@ -66,45 +63,38 @@ def _keys_text(ssh: Mapping[str, Any], meta: Mapping[str, Any], spec_dir: str | 
         raise PlanError(f"[services.ssh].authorized_keys: no such file: {p}", reference="missing-file",
                         hint="the path is relative to the spec; or leave it empty and pass keys at run time in "
                              "ENVSPEC_AUTHORIZED_KEYS") from None
-    want = ssh.get("authorized_keys_sha256")
-    if want and keys_sha256(text) != want:
+    if ssh.authorized_keys_sha256 and keys_sha256(text) != ssh.authorized_keys_sha256:
         raise PlanError(f"{p} changed since the lock was written (its sha256 is in [services.ssh] of the lock)",
                         hint="run `envspec lock` again so the image's tag follows the keys it carries",
                         reference="lock-out-of-date")
     return check_authorized_keys(text, str(p))
 
 
-
-def _session_env(venv: str, rt: Mapping[str, Any]) -> str:
+def _session_env(venv: str, rt: RuntimeLock) -> str:
     """What an ssh session's environment needs from the image: the venv on PATH, the lock's env.
     Values that sshd_config cannot quote (double quotes, newlines) are left out."""
     out = [("PATH", f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"), ("VIRTUAL_ENV", venv)]
-    for k, v in sorted(dict(rt.get("env") or {}).items()):
-        if '"' not in str(v) and "\n" not in str(v) and k not in ("PATH", "VIRTUAL_ENV"):
-            out.append((str(k), str(v)))
+    for k, v in sorted(rt.env.items()):
+        if '"' not in v and "\n" not in v and k not in ("PATH", "VIRTUAL_ENV"):
+            out.append((k, v))
     return " ".join(f'"{k}={v}"' for k, v in out)
 
 
-def render_service_files(lock: Any, *, spec_dir: str | Path | None = None,
+def render_service_files(lock: Lockfile, *, spec_dir: str | Path | None = None,
                          authorized_keys: str | None = None) -> dict[str, tuple[str, int]]:
     """The entrypoint and the enabled services' files, rendered from the lock:
     ``{path in image: (text, mode)}``. Nothing secret is rendered: no token, no password, no host
     key; the authorized keys (public) come from the spec's file (``authorized_keys`` text, else the
     file named in the lock, relative to ``spec_dir`` or to the lock's ``meta.spec``)."""
-    d = _lock_dict(lock)
-    meta = d.get("meta") or {}
-    rt = d.get("runtime") or {}
-    platform = d.get("platform") or {}
-    services = d.get("services") or {}
-    uid = int(rt.get("uid", 1000))
-    state_dir = f"/tmp/envspec-{uid}"
+    rt, services = lock.runtime, lock.services
+    state_dir = f"/tmp/envspec-{rt.uid}"
     common = {
-        "name": str(meta.get("name", "")),
-        "short_hash": str(meta.get("content_hash", "")).split(":", 1)[-1][:12],
-        "venv": str(platform.get("venv", "/opt/venv")),
-        "user": str(rt.get("user", "envspec")),
-        "uid": uid,
-        "workdir": "/" + str(rt.get("workdir", WORKSPACE)).strip("/"),
+        "name": lock.meta.name,
+        "short_hash": lock.short_hash,
+        "venv": lock.platform.venv,
+        "user": rt.user,
+        "uid": rt.uid,
+        "workdir": "/" + rt.workdir.strip("/"),
         "state_dir": state_dir,
         "ssh_dir": f"{state_dir}/ssh",
         "services_dir": SERVICES_DIR,
@@ -112,23 +102,22 @@ def render_service_files(lock: Any, *, spec_dir: str | Path | None = None,
         "authorized_keys_in_image": AUTHORIZED_KEYS_IN_IMAGE,
         "sshd_config_in_image": f"{SERVICES_DIR}/sshd_config",
     }
-    enabled = [s for s in ("jupyter", "ssh") if (services.get(s) or {}) and services[s].get("enabled", True)]
+    enabled = services.enabled()
     env = _templates()
     files: dict[str, tuple[str, int]] = {
         ENTRYPOINT_IN_IMAGE: (env.get_template("entrypoint.sh.j2").render(**common, services=enabled), 0o755),
     }
-    if "jupyter" in enabled:
-        j = services["jupyter"]
+    if services.jupyter is not None and services.jupyter.enabled:
+        j = services.jupyter
         files[f"{SERVICES_DIR}/jupyter.sh"] = (env.get_template("services/jupyter.sh.j2").render(
-            **common, port=int(j.get("port", 8888)), extensions=list(j.get("extensions", []))), 0o755)
-    if "ssh" in enabled:
-        s = services["ssh"]
-        port = int(s.get("port", 2222))
-        files[f"{SERVICES_DIR}/ssh.sh"] = (env.get_template("services/ssh.sh.j2").render(**common, port=port), 0o755)
+            **common, port=j.port, extensions=list(j.extensions)), 0o755)
+    if services.ssh is not None and services.ssh.enabled:
+        s = services.ssh
+        files[f"{SERVICES_DIR}/ssh.sh"] = (env.get_template("services/ssh.sh.j2").render(**common, port=s.port), 0o755)
         files[f"{SERVICES_DIR}/sshd_config"] = (env.get_template("services/sshd_config.j2").render(
-            **common, port=port, session_env=_session_env(common["venv"], rt)), 0o644)
+            **common, port=s.port, session_env=_session_env(lock.platform.venv, rt)), 0o644)
         keys = (check_authorized_keys(authorized_keys, "authorized_keys") if authorized_keys is not None
-                else _keys_text(s, meta, spec_dir))
+                else _keys_text(s, lock.meta.spec, spec_dir))
         if keys:
             files[AUTHORIZED_KEYS_IN_IMAGE] = (keys, 0o644)
     return dict(sorted(files.items()))

@@ -79,7 +79,7 @@ def podman(engine, *args, check=True):
 
 
 def small_debian():
-    return lockmod.read(DATA / "small-debian.lock")
+    return lockmod.load(DATA / "small-debian.lock")
 
 
 # --- reproducibility and cache -------------------------------------------------------------------
@@ -274,7 +274,7 @@ def _wait_for(cond, proc, timeout=120.0):
                                       (signal.SIGKILL, "import")])
 def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path, debs, sig, when):
     lock_path = DATA / "small-debian.lock"
-    ref = lockmod.read(lock_path)
+    ref = lockmod.load(lock_path)
     tag = f"localhost/envspec/{ref.meta.name}:{ref.short_hash}"
     cache = new_cache(tmp_path, debs)
     big_tmp = Path(os.environ.get("TMPDIR", "/var/tmp"))
@@ -297,7 +297,7 @@ def test_interrupted_build_leaves_no_tag_and_the_next_one_works(engine, tmp_path
         assert not Path(f"/proc/{k}").exists() or "Z" in Path(f"/proc/{k}/stat").read_text().split(")")[1][:3]
     assert not engine.exists(tag)
     assert engine.containers() == []
-    img = do_build(lockmod.read(lock_path), engine, cache)
+    img = do_build(lockmod.load(lock_path), engine, cache)
     assert img.image == tag and engine.exists(tag)
     assert len(podman(engine, "images", "--all", "--quiet", "--no-trunc").stdout.split()) == 1
     assert list((cache / "tmp").iterdir()) == []  # the dead build's work dir is gone
@@ -399,7 +399,7 @@ def test_push_keeps_the_digest_and_pulls_back(engine, tmp_path, debs, registry):
 
 
 def test_outputs_oci_and_archives(engine, tmp_path, debs):
-    lock = lockmod.read(DATA / "small.lock")
+    lock = lockmod.load(DATA / "small.lock")
     outs = [f"oci:{tmp_path / 'out-oci'}", f"oci-archive:{tmp_path / 'img.tar'}",
             f"docker-archive:{tmp_path / 'docker.tar'}"]
     img = do_build(lock, engine, new_cache(tmp_path, debs), outputs=outs, tag="")
@@ -419,7 +419,7 @@ SMOKE = DATA.parents[2] / "lockfiles" / "smoke.lock"
 
 @pytest.mark.skipif(not SMOKE.exists(), reason="lockfiles/smoke.lock is not there")
 def test_smoke_lock_two_no_cache_builds_one_digest_and_it_runs(engine, tmp_path, debs):
-    lock = lockmod.read(SMOKE)
+    lock = lockmod.load(SMOKE)
     a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"), no_cache=True)
     time.sleep(1.1)
     b = do_build(lock, engine, new_cache(tmp_path, debs, "c2"), no_cache=True)

@@ -30,7 +30,7 @@ def run_cli(*args) -> subprocess.CompletedProcess:
 def test_lock_smoke_pins_everything_and_is_reproducible(tmp_path):
     out = tmp_path / "smoke.lock"
     assert main(["lock", str(SMOKE), "-o", str(out), "-q"]) == 0
-    lk = lockmod.read(out)
+    lk = lockmod.load(out)
     assert {w.name for w in lk.wheels} == {"six", "idna"}
     assert all(len(w.sha256) == 64 and w.filename.endswith(".whl") and w.index for w in lk.wheels)
     assert lk.debian and lk.debian.suite == "bookworm"
@@ -69,9 +69,9 @@ def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
         "sha256": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254", "size": 11053}) for w in lk.wheels]
     lockmod.write_atomic(out, lockmod.dumps(lk.model_copy(update={"wheels": old}).with_hash()))
     assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
-    assert next(w for w in lockmod.read(out).wheels if w.name == "six").version == "1.16.0"
+    assert next(w for w in lockmod.load(out).wheels if w.name == "six").version == "1.16.0"
     assert main(["lock", str(spec), "-o", str(out), "-q", "--upgrade-package", "six"]) == 0
-    assert next(w for w in lockmod.read(out).wheels if w.name == "six").version == six.version
+    assert next(w for w in lockmod.load(out).wheels if w.name == "six").version == six.version
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])

@@ -76,7 +76,7 @@ def image(tmp_path_factory):
     cp = subprocess.run([sys.executable, "-m", "envspec", "lock", str(SPEC), "-o", str(out)], capture_output=True,
                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1800)
     assert cp.returncode == 0, f"envspec lock {SPEC} failed:\n{cp.stdout}\n{cp.stderr}"
-    lock = lockmod.read(out)
+    lock = lockmod.load(out)
     services = lock.services
     assert services.get("jupyter", {}).get("enabled") and services.get("ssh", {}).get("enabled"), \
         f"{SPEC} must enable both [services.jupyter] and [services.ssh]"

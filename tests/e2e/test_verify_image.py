@@ -38,11 +38,11 @@ def cpu_image(tmp_path_factory):
     from conftest import private_storage
 
     from envspec.build import BuildahEngine, build
-    from envspec.lock import read
+    from envspec.lock import load
 
     base = tmp_path_factory.mktemp("verify-image")
     with private_storage(base / "storage") as host:
-        built = build(read(ROOT / "lockfiles" / "cpu.lock"), engine=BuildahEngine(host), cache_dir=base / "cache")
+        built = build(load(ROOT / "lockfiles" / "cpu.lock"), engine=BuildahEngine(host), cache_dir=base / "cache")
         _IMAGE.update(image=built.image, podman=host.storage_args(), run=host.podman_run_args())
         yield
 

@@ -30,9 +30,9 @@ def test_run_print_splits_the_command_at_double_dash(capsys):
 
 
 def _short(p: Path) -> str:
-    from envspec.lock import read
+    from envspec.lock import load
 
-    return read(p).short_hash
+    return load(p).short_hash
 
 
 def test_diff_json(capsys):

@@ -15,7 +15,7 @@ import pytest
 
 from envspec import diff as diffmod
 from envspec.diff import LockDiff, deb_version_cmp, diff_files, diff_lines, diff_locks
-from envspec.lock import read
+from envspec.lock import load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "diff"
 REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
@@ -37,7 +37,7 @@ def test_golden_text_and_json():
 
 def test_golden_locks_are_valid_and_hashed():
     for name in ("old.lock", "new.lock"):
-        lock = read(GOLDEN / name)
+        lock = load(GOLDEN / name)
         assert lock.meta.content_hash == lock.compute_hash(), f"{name}: rerun make_locks.py"
 
 
@@ -66,7 +66,7 @@ def test_reviewer_facts():
 
 
 def test_identical():
-    lock = read(GOLDEN / "old.lock")
+    lock = load(GOLDEN / "old.lock")
     d = diff_locks(lock, lock)
     assert d.identical
     assert diff_lines(d)[-1].startswith("the locks are identical")

@@ -11,7 +11,7 @@ import pytest
 from envspec.compat import best_arch
 from envspec.doctor import (Finding, SystemProbe, doctor_exit_code, doctor_json, doctor_lines,
                             driver_version, run_doctor)
-from envspec.lock import read
+from envspec.lock import load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 GPU_LOCK = GOLDEN / "diff" / "new.lock"  # cu130, floor 580.65.06, H100
@@ -108,7 +108,7 @@ def by(findings, check) -> list[Finding]:
 
 
 def test_build_host_without_gpu_is_fine():
-    f = run_doctor(read(GPU_LOCK), probe=build_host())
+    f = run_doctor(load(GPU_LOCK), probe=build_host())
     assert doctor_exit_code(f) == 0
     d = by(f, "driver")[0]
     assert d.status == "warn" and "no NVIDIA GPU driver" in d.what and "580.65.06" in d.what
@@ -137,7 +137,7 @@ def test_missing_build_tools_block():
 
 
 def test_disk_too_small_blocks():
-    f = run_doctor(read(GPU_LOCK), probe=build_host(free={"/": (3 * GIB, 1)}))
+    f = run_doctor(load(GPU_LOCK), probe=build_host(free={"/": (3 * GIB, 1)}))
     disk = by(f, "disk")[0]
     assert disk.status == "fail" and disk.detail["need"] > 3 * GIB
     assert doctor_exit_code(f) == 1
@@ -145,12 +145,12 @@ def test_disk_too_small_blocks():
 
 def test_disk_cache_on_another_fs():
     p = build_host(free={"/": (100 * GIB, 1), "/root/.cache": (1 * GIB, 2)})
-    disk = by(run_doctor(read(GPU_LOCK), probe=p), "disk")
+    disk = by(run_doctor(load(GPU_LOCK), probe=p), "disk")
     assert [x.status for x in disk] == ["ok", "fail"]
 
 
 def test_gpu_host_ok():
-    f = run_doctor(read(GPU_LOCK), probe=gpu_host())
+    f = run_doctor(load(GPU_LOCK), probe=gpu_host())
     assert doctor_exit_code(f) == 0, doctor_lines(f)
     assert by(f, "driver")[0].status == "ok"
     g = by(f, "gpus")[0]
@@ -159,19 +159,19 @@ def test_gpu_host_ok():
 
 
 def test_old_driver_blocks():
-    f = run_doctor(read(GPU_LOCK), probe=gpu_host(driver="570.172.08"))
+    f = run_doctor(load(GPU_LOCK), probe=gpu_host(driver="570.172.08"))
     d = by(f, "driver")[0]
     assert d.status == "fail" and "older than" in d.what and "580.65.06" in d.fix
     assert doctor_exit_code(f) == 1
 
 
 def test_gpu_without_kernels_blocks():
-    f = run_doctor(read(GPU_LOCK), probe=gpu_host(gpus="Tesla T4, 7.5\n"))
+    f = run_doctor(load(GPU_LOCK), probe=gpu_host(gpus="Tesla T4, 7.5\n"))
     assert by(f, "gpus")[0].status == "fail"  # the new lock dropped sm_75 and has no older PTX
 
 
 def test_gpu_without_toolkit_blocks():
-    f = run_doctor(read(GPU_LOCK), probe=gpu_host(cdi=False))
+    f = run_doctor(load(GPU_LOCK), probe=gpu_host(cdi=False))
     t = by(f, "toolkit")[0]
     assert t.status == "fail" and "nvidia-ctk cdi generate" in t.fix
 
@@ -221,7 +221,7 @@ def test_real_host():
     """On this machine: no GPU reported plainly; exit 0 where buildah, skopeo and disk are fine."""
     import shutil
 
-    f = run_doctor(read(GPU_LOCK), probe=SystemProbe())
+    f = run_doctor(load(GPU_LOCK), probe=SystemProbe())
     lines = doctor_lines(f)
     assert lines and all(isinstance(x, str) for x in lines)
     drivers = by(f, "driver")

@@ -117,8 +117,8 @@ LOCKS = Path(__file__).resolve().parents[2] / "lockfiles"
 @pytest.mark.skipif(not (LOCKS / "h100-train.lock").exists() or not (LOCKS / "a100-train.lock").exists(),
                     reason="the committed h100/a100 locks are not there")
 def test_committed_locks_of_one_torch_variant_share_every_layer_below_the_team():
-    a = make_plan(lockmod.read(LOCKS / "h100-train.lock"))
-    b = make_plan(lockmod.read(LOCKS / "a100-train.lock"))
+    a = make_plan(lockmod.load(LOCKS / "h100-train.lock"))
+    b = make_plan(lockmod.load(LOCKS / "a100-train.lock"))
     assert (a.facts.torch_version, a.facts.torch_variant) == (b.facts.torch_version, b.facts.torch_variant)
     below = [g for g in LAYER_ORDER if g not in ("team", "envspec") and a.layer(g)]
     assert below and all(keys(a)[g] == keys(b)[g] for g in below)

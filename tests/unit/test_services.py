@@ -211,10 +211,10 @@ def test_example_specs_parse(spec):
 
 def test_team_lock_is_fresh_and_renders():
     """What `envspec lock --check` checks in the team's CI, offline."""
-    from envspec.lock import read, stale_reasons
+    from envspec.lock import load, stale_reasons
     from envspec.spec import load_spec
 
-    lock = read(EXAMPLES / "team" / "lockfiles" / "train.lock")
+    lock = load(EXAMPLES / "team" / "lockfiles" / "train.lock")
     assert stale_reasons(lock, load_spec(EXAMPLES / "team" / "specs" / "train.toml")) == []
     assert list(render_service_files(lock)) == [ENTRYPOINT_IN_IMAGE]
 

@@ -29,7 +29,8 @@ from envspec.build.importer import Importer, LayerFile
 from envspec.build.oci import LayerBlob, export_layout, write_layout
 from envspec.build.sbom import make_sbom
 from envspec.errors import BuildError, HostError
-from envspec.plan import MAKER_VERSIONS, BuildPlan, LayerPlan, make_plan
+from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
+from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 
 __all__ = [
     "build", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine", "RecordingEngine", "Engine",
@@ -87,7 +88,7 @@ def _die_with_parent_initializer(niceness: int = 0) -> None:
         os.nice(niceness)
 
 
-def _cached_meta(cache: Cache, lay: LayerPlan) -> dict | None:
+def _cached_meta(cache: Cache, lay: Layer) -> dict | None:
     meta_path, tar = cache.layer_meta(lay.key), cache.layer_tar(lay.key)
     try:
         meta = json.loads(meta_path.read_text())
@@ -98,7 +99,7 @@ def _cached_meta(cache: Cache, lay: LayerPlan) -> dict | None:
     return None
 
 
-def _store_layer(cache: Cache, lay: LayerPlan, tmp_tar: Path, result: dict) -> dict:
+def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict) -> dict:
     meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
             "size": result["size"], "entries": result["entries"],
             "pins": [f"{p.name}=={p.version}" for p in lay.pins], "duplicates": result.get("duplicates", [])}
@@ -123,12 +124,12 @@ def _make_rootfs(plan: BuildPlan, cache: Cache, rootfs: Path, reporter: Reporter
     # Configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
     # the lock's canonical archive.
     extra = [os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")]
-    mirrors = debian.mirror_list(plan.facts.debian_mirror or debian.CANONICAL_MIRROR, mirrors=[m for m in extra if m])
+    mirrors = debian.mirror_list((plan.lock.debian.mirror if plan.lock.debian else "") or debian.CANONICAL_MIRROR, mirrors=[m for m in extra if m])
     paths = debian.fetch_debs(pins, mirrors=mirrors, cache_dir=cache.root / "debs")
     for pin in pins:
         reporter.fetched(pin.name, pin.filename, Path(paths[pin.name]))
-    debian.make_rootfs(pins, {k: Path(v) for k, v in paths.items()}, rootfs, user=plan.facts.user,
-                       uid=plan.facts.uid)
+    debian.make_rootfs(pins, {k: Path(v) for k, v in paths.items()}, rootfs, user=plan.lock.runtime.user,
+                       uid=plan.lock.runtime.uid)
     return rootfs
 
 
@@ -165,16 +166,6 @@ def _clean_stale_scratch() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _service_files(plan: BuildPlan) -> dict[str, tuple[str, int]]:
-    """The entrypoint and the services' files (Jupyter, SSH) rendered from the lock by
-    ``envspec.services.render_service_files``."""
-    import tomllib
-
-    from envspec.services import render_service_files
-
-    return render_service_files(tomllib.loads(plan.lock_text))
-
-
 def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, reporter: Reporter | None = None,
           tag: str | None = None, outputs: Sequence[str] = (), push: str | None = None, no_cache: bool = False,
           mirrors: Sequence[Any] | None = None, spec_mirrors: Sequence[str] = (), workers: int | None = None,
@@ -187,7 +178,7 @@ def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, rep
     cache = Cache(cache_dir)
     cache.clean_stale()
     _clean_stale_scratch()
-    ref = plan.default_tag if tag is None else tag
+    ref = plan.tag if tag is None else tag
     workers = workers or min(2, os.cpu_count() or 1)
     if mirrors is None:
         from envspec import sources
@@ -214,7 +205,7 @@ def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter,
            push: str | None, no_cache: bool, mirrors: Sequence[Any], workers: int, work: Path,
            verify_dir: Path | None) -> BuiltImage:
     metas: dict[str, dict] = {}
-    todo: list[LayerPlan] = []
+    todo: list[Layer] = []
     for lay in plan.layers:
         meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
         if meta is not None:
@@ -262,7 +253,7 @@ def _settle(fut: Future, fn: Callable[[], dict]) -> dict:
 
 def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter, ref: str,
                   outputs: Sequence[str], push: str | None, mirrors: Sequence[Any], workers: int, work: Path,
-                  verify_dir: Path | None, metas: dict[str, dict], todo: list[LayerPlan], made: dict[str, Future],
+                  verify_dir: Path | None, metas: dict[str, dict], todo: list[Layer], made: dict[str, Future],
                   store: Any, files: list[LayerFile], importer: Importer | None) -> BuiltImage:
     # 1. fetch what the layers to build need (wheels; debs come with the rootfs)
     need = [w for lay in todo for w in lay.wheels]
@@ -280,7 +271,7 @@ def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Re
 
     # 2. wheel layers in worker processes (largest first), the base layer meanwhile here
     wheel_todo = sorted((lay for lay in todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
-    platform_json = json.dumps(asdict(plan.platform))
+    platform_json = plan.platform.model_dump_json()
     futures = {}
     pool = None
     if wheel_todo:
@@ -340,7 +331,7 @@ def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Re
     def make_top() -> dict:
         out = work / "envspec.tar"
         res = layer_makers.make_envspec_layer(plan, sbom, out, verify_dir=verify_dir,
-                                              extra_files=_service_files(plan))
+                                              service_files=render_service_files(plan.lock))
         os.replace(out, top_tar)
         return res
 
@@ -365,10 +356,11 @@ def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Re
     entrypoint: list[str] = []
     cmd: list[str] = []
     if has_debs:
-        entrypoint = ([ "/usr/bin/tini", "--"] if "tini" in deb_names else []) + [layer_makers.ENTRYPOINT_PATH]
-    user = plan.facts.user if has_debs else f"{plan.facts.uid}:{plan.facts.uid}"
+        entrypoint = ([ "/usr/bin/tini", "--"] if "tini" in deb_names else []) + [ENTRYPOINT_IN_IMAGE]
+    rt = plan.lock.runtime
+    user = rt.user if has_debs else f"{rt.uid}:{rt.uid}"
     oci_dir = work / "oci"
-    ref_name = plan.facts.short_hash or "latest"
+    ref_name = plan.lock.short_hash or "latest"
     digest, _msize, config = write_layout(oci_dir, plan, blobs, entrypoint=entrypoint, cmd=cmd, user=user,
                                           ref_name=ref_name)
     from envspec.build.oci import sha256_bytes

@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Sequence
 
 from envspec import sources
 from envspec.errors import HashMismatch, SourceError
-from envspec.plan import WheelPin
+from envspec.lock import Wheel as WheelPin
 
 CHUNK = 1 << 20
 

@@ -31,21 +31,17 @@ from installer.scripts import Script
 from installer.sources import WheelFile
 from installer.records import parse_record_file
 
-from envspec.build.tarball import TarWriter
-from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan, Platform
+from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
-ENVSPEC_LIB = "/opt/envspec/lib"
-ENTRYPOINT_PATH = "/opt/envspec/entrypoint.sh"
+from envspec.build.tarball import TarWriter
+from envspec.lock import Platform
+from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
+from envspec.services import ENVSPEC_LIB
+
 INSTALLER_NAME = b"envspec\n"
 
 
 # --- wheels ------------------------------------------------------------------------------------
-
-try:  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here, docs/benchmarks.md)
-    from isal import isal_zlib as _inflate
-except ImportError:  # pragma: no cover - isal is a dependency; zlib is what zipfile uses anyway
-    _inflate = None
-
 
 def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> BinaryIO:
     """zipfile's reader of one member (its CRC-32 check, its handling of the stream's end), with
@@ -53,8 +49,8 @@ def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> BinaryIO:
     member is opened and only calls decompress/unconsumed_tail/eof/flush on it, which isal's
     has too; nothing has been read yet, so the swap is whole."""
     stream = zf.open(item)
-    if _inflate is not None and item.compress_type == zipfile.ZIP_DEFLATED and hasattr(stream, "_decompressor"):
-        stream._decompressor = _inflate.decompressobj(-15)  # type: ignore[attr-defined]
+    if item.compress_type == zipfile.ZIP_DEFLATED and hasattr(stream, "_decompressor"):
+        stream._decompressor = isal_zlib.decompressobj(-15)  # type: ignore[attr-defined]
     return stream
 
 
@@ -190,8 +186,8 @@ def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
 def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path) -> dict:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
     without Debian packages), the venv skeleton, and /workspace owned by the non-root user."""
-    f = plan.facts
-    ws = "/" + f.workdir.strip("/")
+    rt = plan.lock.runtime
+    ws = "/" + rt.workdir.strip("/")
     with TarWriter(out) as w:
         if rootfs is not None:
             root = Path(rootfs)
@@ -201,10 +197,10 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path)
                     st = full.lstat()
                     w.add_dir(name, mode=st.st_mode, uid=st.st_uid, gid=st.st_gid)
                     continue
-                _add_one(w, full, "/" + name, owners={ws: (f.uid, f.uid)})
+                _add_one(w, full, "/" + name, owners={ws: (rt.uid, rt.uid)})
         add_venv_skeleton(w, plan.platform)
         if not w.has(ws):
-            w.add_dir(ws, mode=0o755, uid=f.uid, gid=f.uid)
+            w.add_dir(ws, mode=0o755, uid=rt.uid, gid=rt.uid)
         res = w.close()
     return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": []}
 
@@ -228,24 +224,6 @@ def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, in
 
 
 # --- envspec: verifier, lock, SBOM, entrypoint ---------------------------------------------------
-
-ENTRYPOINT = """#!/bin/sh
-# envspec's minimal entrypoint (used when envspec.run's rendered one is not available): checks
-# the container against the baked-in lock (the verifier's cheap start-up subset;
-# ENVSPEC_VERIFY=off|warn|strict, default warn: report, never block), then runs the command
-# given, by default a shell.
-set -e
-mode="${ENVSPEC_VERIFY:-warn}"
-if [ "$mode" != off ] && [ -d {lib}/envspec/verify ]; then
-  if ! PYTHONPATH={lib} {venv}/bin/python -m envspec.verify --startup; then
-    if [ "$mode" = strict ]; then exit 1; fi
-  fi
-fi
-if [ "$#" -eq 0 ]; then
-  if [ -x /bin/bash ]; then set -- /bin/bash; else set -- {venv}/bin/python; fi
-fi
-exec "$@"
-"""
 
 LAUNCHER = """#!{venv}/bin/python
 # envspec launcher inside the image: the verifier needs only the standard library and torch.
@@ -272,22 +250,20 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
     return out
 
 
-def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, verify_dir: Path | None = None,
-                       extra_files: dict[str, tuple[str | bytes, int]] | None = None) -> dict:
-    """The top layer. ``extra_files`` ({image path: (content, mode)}: the rendered entrypoint and
-    service files) replace the built-in minimal entrypoint and add to the rest."""
+def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service_files: dict[str, tuple[str, int]],
+                       verify_dir: Path | None = None) -> dict:
+    """The top layer: the lock, the SBOM, the verifier (``verify_dir``, default envspec's own) and
+    its launcher, and ``service_files`` ({image path: (text, mode)}: the entrypoint and the
+    services' files that ``envspec.services.render_service_files`` renders from the lock)."""
     if verify_dir is None:
         verify_dir = Path(__file__).resolve().parent.parent / "verify"
     v = plan.platform.venv
     files: list[tuple[str, bytes, int]] = [
         (LOCK_PATH_IN_IMAGE, plan.lock_text.encode(), 0o644),
         (SBOM_PATH_IN_IMAGE, sbom, 0o644),
-        (ENTRYPOINT_PATH, ENTRYPOINT.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(), 0o755),
         (f"{ENVSPEC_LIB}/envspec/__init__.py", INIT_PY.encode(), 0o644),
     ]
-    for path, (content, mode) in sorted((extra_files or {}).items()):
-        files = [f for f in files if f[0] != path]
-        files.append((path, content.encode() if isinstance(content, str) else content, mode))
+    files += [(path, text.encode(), mode) for path, (text, mode) in service_files.items()]
     vfiles = verifier_files(verify_dir)
     if not any(rel == "__init__.py" for rel, _ in vfiles):
         files.append((f"{ENVSPEC_LIB}/envspec/verify/__init__.py", b"", 0o644))
@@ -304,4 +280,4 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, verify_
 def wheel_layer_job(args: tuple) -> dict:
     """Process-pool entry point (picklable)."""
     wheel_files, platform_json, out = args
-    return make_wheel_layer(wheel_files, Platform(**json.loads(platform_json)), out)
+    return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out)

@@ -57,57 +57,58 @@ def nvidia_require_cuda(plan: BuildPlan) -> str:
     branch at or above the lock's floor runs it, so require ``cuda>=MAJOR.0``; ``strict``
     requires the toolkit's own ``cuda>=MAJOR.MINOR``. Both add ``driver>=FLOOR``.
     """
-    f = plan.facts
-    if not f.cuda:
+    cuda, hw = plan.lock.torch.cuda if plan.lock.torch else "", plan.lock.hardware
+    if not cuda:
         return ""
-    major, _, minor = f.cuda.partition(".")
-    need = f"cuda>={major}.0" if f.driver_policy == "compat" else f"cuda>={major}.{minor or '0'}"
-    if f.driver_floor:
-        need += f",driver>={f.driver_floor}"
+    major, _, minor = cuda.partition(".")
+    need = f"cuda>={major}.0" if hw.driver_policy == "compat" else f"cuda>={major}.{minor or '0'}"
+    if hw.driver_floor:
+        need += f",driver>={hw.driver_floor}"
     return need
 
 
 def image_env(plan: BuildPlan) -> list[str]:
-    f, p = plan.facts, plan.platform
+    p, rt = plan.platform, plan.lock.runtime
     env: dict[str, str] = {
         "PATH": f"{p.venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "VIRTUAL_ENV": p.venv,
         "LANG": "C.UTF-8",
         "ENVSPEC_LOCK": LOCK_PATH_IN_IMAGE,
     }
-    if f.cuda:
+    if plan.lock.torch and plan.lock.torch.cuda:
         env["NVIDIA_VISIBLE_DEVICES"] = "all"
         env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
         env["NVIDIA_REQUIRE_CUDA"] = nvidia_require_cuda(plan)
-    if f.tf32 is True:
+    if rt.tf32:
         env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "1"
-    elif f.tf32 is False:
+    else:
         env["NVIDIA_TF32_OVERRIDE"] = "0"
-    env.update(dict(f.env))  # the spec's [runtime].env wins
+    env.update(rt.env)  # the spec's [runtime].env wins
     return [f"{k}={env[k]}" for k in sorted(env)]
 
 
 def image_labels(plan: BuildPlan) -> dict[str, str]:
-    f, p = plan.facts, plan.platform
+    lock, p = plan.lock, plan.platform
+    meta, hw, torch = lock.meta, lock.hardware, lock.torch
     labels = {
-        "org.opencontainers.image.title": f.name,
-        "org.opencontainers.image.description": f"envspec image of lock {f.name} ({f.content_hash})",
-        "org.opencontainers.image.version": f.short_hash,
-        "org.opencontainers.image.revision": f.content_hash,
+        "org.opencontainers.image.title": meta.name,
+        "org.opencontainers.image.description": f"envspec image of lock {meta.name} ({meta.content_hash})",
+        "org.opencontainers.image.version": lock.short_hash,
+        "org.opencontainers.image.revision": meta.content_hash,
         "org.opencontainers.image.created": created_at(),
         "org.opencontainers.image.base.name": p.base,
-        "io.envspec.lock-hash": f.content_hash,
-        "io.envspec.spec-hash": f.spec_hash,
-        "io.envspec.db-version": f.db_version,
-        "io.envspec.arch-list": ",".join(f.arch_list),
-        "io.envspec.gpus": ",".join(f.gpus),
-        "io.envspec.driver-floor": f.driver_floor,
-        "io.envspec.driver-policy": f.driver_policy,
-        "io.envspec.torch": f.torch_version + (f"+{f.torch_variant}" if f.torch_variant else ""),
-        "io.envspec.cuda": f.cuda,
+        "io.envspec.lock-hash": meta.content_hash,
+        "io.envspec.spec-hash": meta.spec_hash,
+        "io.envspec.db-version": meta.db_version,
+        "io.envspec.arch-list": ",".join(hw.arch_list),
+        "io.envspec.gpus": ",".join(hw.gpus),
+        "io.envspec.driver-floor": hw.driver_floor,
+        "io.envspec.driver-policy": hw.driver_policy,
+        "io.envspec.torch": f"{torch.version}+{torch.variant}" if torch else "",
+        "io.envspec.cuda": torch.cuda if torch else "",
         "io.envspec.python": p.python_full or p.python,
-        "io.envspec.user": f.user,
-        "io.envspec.shm-size": f.shm_size,
+        "io.envspec.user": lock.runtime.user,
+        "io.envspec.shm-size": lock.runtime.shm_size,
         "io.envspec.lock-path": LOCK_PATH_IN_IMAGE,
     }
     return {k: v for k, v in labels.items() if v}
@@ -115,11 +116,10 @@ def image_labels(plan: BuildPlan) -> dict[str, str]:
 
 def image_config(plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str],
                  user: str) -> dict[str, Any]:
-    f = plan.facts
     cfg: dict[str, Any] = {
         "Env": image_env(plan),
         "User": user,
-        "WorkingDir": "/" + f.workdir.strip("/"),
+        "WorkingDir": "/" + plan.lock.runtime.workdir.strip("/"),
         "Labels": image_labels(plan),
     }
     if entrypoint:
@@ -166,7 +166,7 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
     config = canonical_json(image_config(plan, layers, entrypoint=entrypoint, cmd=cmd, user=user))
     config_digest = sha256_bytes(config)
     _place_blob(blobs, config_digest, data=config)
-    f = plan.facts
+    meta = plan.lock.meta
     manifest = {
         "schemaVersion": 2,
         "mediaType": MT_MANIFEST,
@@ -176,9 +176,9 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
                    for lay in layers],
         "annotations": {
             "org.opencontainers.image.created": created_at(),
-            "org.opencontainers.image.title": f.name,
-            "org.opencontainers.image.revision": f.content_hash,
-            "io.envspec.lock-hash": f.content_hash,
+            "org.opencontainers.image.title": meta.name,
+            "org.opencontainers.image.revision": meta.content_hash,
+            "io.envspec.lock-hash": meta.content_hash,
         },
     }
     mbytes = canonical_json(manifest)

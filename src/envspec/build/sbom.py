@@ -17,22 +17,22 @@ def _spdx_id(kind: str, name: str, version: str) -> str:
 
 
 def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
-    f = plan.facts
+    meta = plan.lock.meta
     root_id = "SPDXRef-image"
     packages: list[dict[str, Any]] = [{
         "SPDXID": root_id,
-        "name": f.name,
-        "versionInfo": f.short_hash,
+        "name": meta.name,
+        "versionInfo": plan.lock.short_hash,
         "downloadLocation": "NOASSERTION",
         "filesAnalyzed": False,
         "licenseConcluded": "NOASSERTION",
         "licenseDeclared": "NOASSERTION",
         "copyrightText": "NOASSERTION",
         "primaryPackagePurpose": "CONTAINER",
-        "comment": f"lock {f.content_hash}",
+        "comment": f"lock {meta.content_hash}",
     }]
     rels = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id}]
-    mirror = f.debian_mirror.rstrip("/")
+    mirror = plan.lock.debian.mirror.rstrip("/") if plan.lock.debian else ""
     for d in plan.debs:
         sid = _spdx_id("deb", f"{d.name}-{d.architecture}", d.version)
         packages.append({
@@ -66,8 +66,8 @@ def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
         "SPDXID": "SPDXRef-DOCUMENT",
-        "name": f"{f.name}-{f.short_hash}",
-        "documentNamespace": f"urn:envspec:sbom:{f.name}:{f.content_hash.split(':', 1)[-1]}",
+        "name": f"{meta.name}-{plan.lock.short_hash}",
+        "documentNamespace": f"urn:envspec:sbom:{meta.name}:{meta.content_hash.split(':', 1)[-1]}",
         "creationInfo": {"created": created_at(),
                          "creators": [f"Tool: envspec{('-' + tool_version) if tool_version else ''}"]},
         "packages": packages,

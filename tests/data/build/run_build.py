@@ -13,7 +13,7 @@ from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
 
 def main() -> int:
     try:
-        img = build(lockmod.read(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
+        img = build(lockmod.load(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
                     no_cache="--no-cache" in sys.argv)
     except EnvspecError as e:
         print(e.message, file=sys.stderr)
