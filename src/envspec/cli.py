@@ -283,26 +283,30 @@ class _Progress:
 
 
 def cmd_build(args) -> int:
-    from envspec.build import BuildahEngine, build, detect_host
+    from envspec import sources
+    from envspec.build import BuildahEngine, BuildOptions, build, preview
+    from envspec.build.engine import detect_host
+    from envspec.build.fetch import Cache
+    from envspec.plan import make_plan
 
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
-    spec_mirrors: list[str] = []
+    spec_sources = None
     if Path(args.target).suffix == ".toml":
         from envspec.spec import load_spec
 
         spec_sources = load_spec(args.target).sources
-        spec_mirrors = list(spec_sources.mirrors)
         if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
             os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
-    if args.dry_run:  # the plan only: layers, their pins and content keys; nothing fetched or made
-        from envspec.plan import make_plan
-
-        _print_json(make_plan(lock).to_json())
+    plan = make_plan(lock)
+    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache)
+    cache = Cache(cache_dir())
+    if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
+        _print_json(preview(plan, cache, options=options))
         return EXIT_OK
     engine = BuildahEngine(detect_host())
+    mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
-        built = build(lock, engine=engine, cache_dir=cache_dir(), reporter=prog.reporter, tag=args.tag,
-                      outputs=args.output or [], push=args.push, no_cache=args.no_cache, spec_mirrors=spec_mirrors)
+        built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
     if args.json:
         _print_json(built.to_json() | {"lock": str(lock_path)})
     elif not args.quiet:
@@ -414,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
-    s.add_argument("--dry-run", action="store_true", help="print the build plan (layers, pins, content keys) and stop")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the plan (layers, pins, content keys, cached or not), what would be fetched, and "
+                        "the engine steps; do nothing")
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)
@@ -447,12 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("verify", help="check the live machine against a lock (see `envspec verify --help`)")
     sub.add_parser("cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)")
 
-    for extra in _EXTRA_COMMANDS:
-        extra(sub)
     return p
-
-
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:

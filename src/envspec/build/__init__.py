@@ -1,8 +1,9 @@
-"""The build stage: lock -> BuildPlan -> layer tars (cached by content key) -> OCI layout ->
-outputs, push, and last the tag in containers-storage.
+"""The build stage: ``BuildPlan`` -> layer tars (cached by content key) -> OCI layout -> outputs,
+push, and last the tag in containers-storage.
 
-Where containers/storage's own tool is there (``engine.storage_cli()``), layers go into the store
-beside the layer makers (``importer``); else skopeo imports the finished layout.
+``build(plan, engine, cache, mirrors)`` reads in one screen; the steps are below it. Where the
+engine has a store that takes layers directly (``Engine.storage_cli()``), layers go into it beside the
+layer makers (``importer``); else the engine imports the finished layout.
 
 Atomic: everything happens in a work directory under the cache; the image gets its name only
 at the very end (after every layer, the config and the manifest are stored), so a failed or
@@ -17,29 +18,43 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from envspec import debian
 from envspec.build import layers as layer_makers
-from envspec.build.engine import BuildahEngine, Engine, HostInfo, RecordingEngine, detect_host
-from envspec.build.fetch import Cache, WheelFetcher, default_cache_dir
+from envspec.build.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
+from envspec.build.fetch import Cache, WheelFetcher, _pid_alive
 from envspec.build.importer import Importer, LayerFile
-from envspec.build.oci import LayerBlob, export_layout, write_layout
+from envspec.build.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.build.sbom import make_sbom
-from envspec.errors import BuildError, HostError
+from envspec.errors import BuildError
+from envspec.lock import DebPin, Wheel
+from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
-from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
+from envspec.sources import Mirror
 
-__all__ = [
-    "build", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine", "RecordingEngine", "Engine",
-    "HostInfo", "detect_host", "default_cache_dir",
-]
+__all__ = ["build", "preview", "BuildOptions", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine",
+           "RecordingEngine", "Engine"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    tag: str | None = None  # None: the lock's tag (``BuildPlan.tag``); "": build without tagging
+    outputs: tuple[str, ...] = ()  # oci:DIR, oci-archive:FILE, docker-archive:FILE
+    push: str | None = None
+    no_cache: bool = False
+    workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
+    verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
 
 
 @dataclass(frozen=True)
 class LayerInfo:
+    """A made (or cached) layer: ``plan.Layer`` turned into bytes."""
+
     digest: str  # the blob digest; layers are uncompressed, so it equals diff_id
     diff_id: str
     size: int
@@ -69,29 +84,308 @@ class BuiltImage:
 
 
 class Reporter:
-    """Progress events with no-op defaults; the CLI subclasses it with rich progress bars."""
+    """Progress events, each sent as the work happens, with no-op defaults; the CLI subclasses it
+    with rich progress bars, tests record them."""
 
-    def fetching(self, name: str, filename: str, size: int) -> None: ...
-    def fetched(self, name: str, filename: str, path: Path) -> None: ...
+    def fetching(self, name: str, filename: str, size: int) -> None: ...  # a wheel or .deb download starts
+    def fetched(self, name: str, filename: str, path: Path) -> None: ...  # ... and is in the cache, checked
     def layer_started(self, group: str, pins: int, cached: bool) -> None: ...
-    def layer_built(self, layer: LayerInfo) -> None: ...
+    def layer_built(self, layer: LayerInfo) -> None: ...  # the layer's tar is made (or found in the cache)
     def importing(self, group: str, sent: int) -> None: ...  # bytes of the layer sent to the store so far
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
 
 
-def _die_with_parent_initializer(niceness: int = 0) -> None:
-    from envspec.build.engine import _die_with_parent
+def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
+          options: BuildOptions = BuildOptions(), reporter: Reporter | None = None) -> BuiltImage:
+    """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5)."""
+    reporter = reporter or Reporter()
+    ref = plan.tag if options.tag is None else options.tag
+    cache.clean_stale()
+    _clean_stale_scratch()
+    work = cache.workdir()
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache)
+    store = engine.storage_cli() if ref else None
+    importer = Importer(store, layers.files(), on_progress=reporter.importing) if store and layers.todo else None
+    try:
+        layers.fetch_wheels(mirrors)
+        with layers.wheel_makers(options.workers) as pending:
+            if importer is not None:  # after the fork of the worker processes: no thread of ours is copied
+                importer.start()
+            layers.make_base()
+            layers.finish(pending)
+        layers.make_top(options.verify_dir)
+        image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
+        outputs, pushed = deliver(engine, image, options, reporter)
+        if ref:
+            reporter.committing(ref, image.digest)
+            if importer is None and store is not None and engine.image_digest(ref) != image.digest:
+                importer = Importer(store, layers.files(), on_progress=reporter.importing).start()
+            if importer is not None:
+                importer.finish(image.config, image.manifest, ref)
+            elif store is None and engine.image_digest(ref) != image.digest:
+                with cache.locked("import"):
+                    engine.import_image(image.layout, ref)
+    except BaseException as e:
+        layers.fail(e)
+        if importer is not None:
+            importer.abort()
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BuiltImage(image=ref, digest=image.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
+                      pushed=pushed, outputs=outputs)
 
-    _die_with_parent()
+
+def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
+    """``build --dry-run``: the plan, which layers are cached and which would be made, what would
+    be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
+    Nothing is fetched, made, imported or pushed."""
+    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache)
+    wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
+    debs = [d for lay in layers.todo for d in lay.debs]
+    engine = RecordingEngine()
+    ref = plan.tag if options.tag is None else options.tag
+    image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
+    deliver(engine, image, options, Reporter(), export=False)
+    if ref:
+        engine.import_image(image.layout, ref)
+    summary = plan.to_json()
+    todo = {lay.key for lay in layers.todo}
+    for row, lay in zip(summary["layers"], plan.layers):
+        row["cached"] = lay.key not in todo and lay.cacheable
+    summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
+                        "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
+    summary["engine"] = [[str(a) for a in call] for call in engine.calls]
+    return summary
+
+
+# --- the steps ------------------------------------------------------------------------------------
+
+class Layers:
+    """The plan's layers on their way to tar files: found in the cache or made here, each with a
+    future that the importer waits on."""
+
+    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool) -> None:
+        self.plan, self.cache, self.work, self.reporter = plan, cache, work, reporter
+        self.metas: dict[str, dict[str, Any]] = {}
+        self.futures: dict[str, Future[dict[str, Any]]] = {}
+        self.todo: list[Layer] = []  # cacheable layers not in the cache
+        for lay in plan.layers:
+            self.futures[lay.key] = Future()
+            meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
+            if meta is not None:
+                self._done(lay, {**meta, "cached": True})
+            elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
+                self.todo.append(lay)
+        self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
+
+    def path(self, lay: Layer) -> Path:
+        return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
+
+    def files(self) -> list[LayerFile]:
+        return [LayerFile(lay.group, self.path(lay), self.futures[lay.key]) for lay in self.plan.layers]
+
+    def made(self) -> tuple[LayerInfo, ...]:
+        return tuple(_info(lay, self.metas[lay.key]) for lay in self.plan.layers)
+
+    def _done(self, lay: Layer, meta: dict[str, Any]) -> None:
+        self.metas[lay.key] = meta
+        self.futures[lay.key].set_result(meta)
+        self.reporter.layer_built(_info(lay, meta))
+
+    def fail(self, e: BaseException) -> None:
+        for fut in self.futures.values():
+            if not fut.done():
+                fut.set_exception(e)
+
+    def _make(self, lay: Layer, fn: Callable[[], dict[str, Any]]) -> None:
+        try:
+            meta = fn()
+        except BaseException as e:
+            self.futures[lay.key].set_exception(e)
+            raise
+        self._done(lay, {**meta, "cached": False})
+
+    def fetch_wheels(self, mirrors: Sequence[Mirror]) -> None:
+        """Every wheel the layers to make need, into the cache (checked), one event per wheel."""
+        need = [w for lay in self.todo for w in lay.wheels]
+        r = self.reporter
+        self.paths = WheelFetcher(self.cache, mirrors).fetch_all(
+            need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
+            on_done=lambda p, path: r.fetched(p.name, p.filename, path))
+
+    def wheel_makers(self, workers: int) -> "WheelMakers":
+        """Worker processes that make the wheel layers, largest first."""
+        todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
+        return WheelMakers(self, todo, workers)
+
+    def make_base(self) -> None:
+        """The Debian root file system and the venv skeleton, here, while the wheel layers are made."""
+        base = self.plan.layer("base")
+        if base not in self.todo:
+            return
+        self.reporter.layer_started("base", len(base.debs), False)
+
+        def make() -> dict[str, Any]:
+            scratch = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
+            try:
+                rootfs = self._rootfs(base.debs, scratch / "rootfs")
+                out = self.work / "base.tar"
+                return _store_layer(self.cache, base, out, layer_makers.make_base_layer(self.plan, rootfs, out))
+            finally:
+                shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
+
+        self._make(base, make)
+
+    def _rootfs(self, debs: tuple[DebPin, ...], dest: Path) -> Path | None:
+        if not debs:
+            return None
+        lock = self.plan.lock
+        # configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
+        # the lock's canonical archive
+        extra = os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")
+        mirrors = debian.mirror_list((lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
+                                     mirrors=[extra] if extra else [])
+        paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
+                                  reporter=_DebEvents(self.reporter))
+        debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
+        return dest
+
+    def finish(self, pending: "WheelMakers") -> None:
+        for lay, out, fut in pending.jobs:
+            def done(lay: Layer = lay, out: Path = out, fut: Future[dict[str, Any]] = fut) -> dict[str, Any]:
+                try:
+                    res = fut.result()
+                except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
+                    raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
+                                     hint="the wheel may be broken or not for this platform; re-lock") from e
+                return _store_layer(self.cache, lay, out, res)
+
+            self._make(lay, done)
+
+    def make_top(self, verify_dir: Path | None) -> None:
+        """The envspec layer: lock, SBOM, verifier, entrypoint and services (always made; it is tiny)."""
+        top = self.plan.layer("envspec")
+        self.reporter.layer_started("envspec", 0, False)
+
+        def make() -> dict[str, Any]:
+            out = self.work / "envspec.tar"
+            res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
+                                                  service_files=render_service_files(self.plan.lock))
+            os.replace(out, self.path(top))
+            return {"diff_id": res["diff_id"], "size": res["size"]}
+
+        self._make(top, make)
+
+
+class WheelMakers:
+    """The wheel layers' worker processes (a context: shut down on the way out)."""
+
+    def __init__(self, layers: Layers, todo: list[Layer], workers: int) -> None:
+        self.layers, self.todo, self.workers = layers, todo, workers
+        self.pool: ProcessPoolExecutor | None = None
+        self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
+
+    def __enter__(self) -> "WheelMakers":
+        if not self.todo:
+            return self
+        self.pool = ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(self.todo))),
+                                        initializer=_worker_init,
+                                        initargs=(int(os.environ.get("ENVSPEC_MAKER_NICE", "0")),))
+        platform_json = self.layers.plan.platform.model_dump_json()
+        for lay in self.todo:
+            self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
+            out = self.layers.work / f"{lay.group}.tar"
+            files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
+            self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, (files, platform_json, str(out)))))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Image:
+    layout: Path  # an OCI image layout holding the image
+    digest: str  # the manifest's
+    config: bytes
+    manifest: bytes
+
+
+def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path]) -> Image:
+    """The OCI layout of the plan's image from its made layers (``paths``: their tar files)."""
+    blobs = [LayerBlob(group=info.group, key=info.key, path=path, digest=info.diff_id, size=info.size,
+                       description=f"{len(lay.pins)} pins" if lay.pins else "")
+             for lay, info, path in zip(plan.layers, layers, paths)]
+    debs = {d.name for d in plan.debs}
+    rt = plan.lock.runtime
+    entrypoint = ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE]) if debs else []
+    user = rt.user if debs else f"{rt.uid}:{rt.uid}"  # no passwd file without Debian packages
+    digest, _size, config = write_layout(layout, plan, blobs, entrypoint=entrypoint, cmd=[], user=user,
+                                         ref_name=plan.lock.short_hash or "latest")
+    return Image(layout=layout, digest=digest, config=config,
+                 manifest=(layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes())
+
+
+def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Reporter, *,
+            export: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The image to ``options.outputs`` and ``options.push``: (outputs written, references pushed)."""
+    for dest in options.outputs:
+        if dest.startswith("oci:"):  # ours to write: hardlinks, no copy of gigabytes
+            path, _, name = dest[4:].partition(":")
+            if export:
+                try:
+                    export_layout(image.layout, Path(path), name)
+                except OSError as e:
+                    raise BuildError(f"cannot write {dest}: {e}", step="output") from e
+        else:
+            engine.copy(image.layout, dest)
+    if options.push:
+        engine.push(image.layout, options.push)
+        reporter.pushed(options.push, image.digest)
+    return tuple(options.outputs), ((options.push,) if options.push else ())
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
+    return LayerInfo(digest=meta["diff_id"], diff_id=meta["diff_id"], size=meta["size"], group=lay.group,
+                     cached=bool(meta["cached"]), key=lay.key)
+
+
+class _DebEvents(debian.DebianReporter):
+    """The Debian fetcher's events as the build's, one .deb at a time (a download retried or
+    tried on another mirror is still one ``fetching``)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self.started: set[str] = set()
+        self.guard = threading.Lock()  # fetch_debs downloads on a thread pool
+
+    def fetching(self, pin: DebPin, url: str) -> None:
+        with self.guard:
+            first = pin.sha256 not in self.started
+            self.started.add(pin.sha256)
+        if first:
+            self.reporter.fetching(pin.name, pin.filename, pin.size)
+
+    def fetched(self, pin: DebPin, path: Path, cached: bool) -> None:
+        if not cached:
+            self.reporter.fetched(pin.name, pin.filename, path)
+
+
+def _worker_init(niceness: int = 0) -> None:
+    die_with_parent()
     if niceness:
         os.nice(niceness)
 
 
-def _cached_meta(cache: Cache, lay: Layer) -> dict | None:
+def _cached_meta(cache: Cache, lay: Layer) -> dict[str, Any] | None:
     meta_path, tar = cache.layer_meta(lay.key), cache.layer_tar(lay.key)
     try:
-        meta = json.loads(meta_path.read_text())
+        meta: dict[str, Any] = json.loads(meta_path.read_text())
         if tar.stat().st_size == meta["size"]:
             return meta
     except (OSError, ValueError, KeyError):
@@ -99,10 +393,11 @@ def _cached_meta(cache: Cache, lay: Layer) -> dict | None:
     return None
 
 
-def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict) -> dict:
+def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any]) -> dict[str, Any]:
+    pins: Sequence[Wheel | DebPin] = lay.pins
     meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
             "size": result["size"], "entries": result["entries"],
-            "pins": [f"{p.name}=={p.version}" for p in lay.pins], "duplicates": result.get("duplicates", [])}
+            "pins": [f"{p.name}=={p.version}" for p in pins], "duplicates": result.get("duplicates", [])}
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         os.replace(tmp_tar, cache.layer_tar(lay.key))
         tmp_meta = tmp_tar.with_suffix(".json")
@@ -111,29 +406,11 @@ def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict) -> dict:
     return meta
 
 
-def _make_rootfs(plan: BuildPlan, cache: Cache, rootfs: Path, reporter: Reporter) -> Path | None:
-    if not plan.debs:
-        return None
-    try:
-        from envspec import debian
-    except ImportError as e:
-        raise HostError(f"this envspec cannot build a Debian base ({e})", hint="update envspec") from None
-    pins = list(plan.debs)
-    for pin in pins:
-        reporter.fetching(pin.name, pin.filename, pin.size)
-    # Configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
-    # the lock's canonical archive.
-    extra = [os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")]
-    mirrors = debian.mirror_list((plan.lock.debian.mirror if plan.lock.debian else "") or debian.CANONICAL_MIRROR, mirrors=[m for m in extra if m])
-    paths = debian.fetch_debs(pins, mirrors=mirrors, cache_dir=cache.root / "debs")
-    for pin in pins:
-        reporter.fetched(pin.name, pin.filename, Path(paths[pin.name]))
-    debian.make_rootfs(pins, {k: Path(v) for k, v in paths.items()}, rootfs, user=plan.lock.runtime.user,
-                       uid=plan.lock.runtime.uid)
-    return rootfs
-
-
 SCRATCH_PREFIX = "envspec-scratch-"
+
+
+def _scratch_base() -> Path:
+    return Path(os.environ.get("ENVSPEC_SCRATCH", "/dev/shm"))
 
 
 def _scratch_dir(work: Path, need: int) -> Path:
@@ -142,7 +419,7 @@ def _scratch_dir(work: Path, need: int) -> Path:
     thousands of small files costs a third of the time there (h100 base: 3.6 s against 10.0 s
     on this project's ext4 disk, docs/benchmarks.md). Removed with the rootfs; a killed build's
     is removed by the next one (``_clean_stale_scratch``)."""
-    base = Path(os.environ.get("ENVSPEC_SCRATCH", "/dev/shm"))
+    base = _scratch_base()
     try:
         st = os.statvfs(base)
         if os.access(base, os.W_OK) and st.f_bavail * st.f_frsize > 2 * need:
@@ -153,252 +430,11 @@ def _scratch_dir(work: Path, need: int) -> Path:
 
 
 def _clean_stale_scratch() -> None:
-    base = Path(os.environ.get("ENVSPEC_SCRATCH", "/dev/shm"))
     try:
-        entries = list(base.glob(SCRATCH_PREFIX + "*"))
+        entries = list(_scratch_base().glob(SCRATCH_PREFIX + "*"))
     except OSError:
         return
-    from envspec.build.fetch import _pid_alive
-
     for d in entries:
         pid = d.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def build(lock: Any, *, engine: Engine, cache_dir: str | Path | None = None, reporter: Reporter | None = None,
-          tag: str | None = None, outputs: Sequence[str] = (), push: str | None = None, no_cache: bool = False,
-          mirrors: Sequence[Any] | None = None, spec_mirrors: Sequence[str] = (), workers: int | None = None,
-          verify_dir: Path | None = None) -> BuiltImage:
-    """Build the lock's image. ``lock``: the lock stage's model, the dict of a lockfile, or a
-    ``BuildPlan``. ``tag=""`` builds without tagging (outputs/push only).
-    Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5), PlanError (2)."""
-    reporter = reporter or Reporter()
-    plan = lock if isinstance(lock, BuildPlan) else make_plan(lock)
-    cache = Cache(cache_dir)
-    cache.clean_stale()
-    _clean_stale_scratch()
-    ref = plan.tag if tag is None else tag
-    workers = workers or min(2, os.cpu_count() or 1)
-    if mirrors is None:
-        from envspec import sources
-
-        s = sources.discover()
-        mirrors = list(s.mirrors)
-        if spec_mirrors:
-            mirrors = [sources._as_mirror(u, "spec") for u in spec_mirrors] + mirrors
-    work = cache.workdir()
-    try:
-        return _build(plan, engine=engine, cache=cache, reporter=reporter, ref=ref, outputs=outputs, push=push,
-                      no_cache=no_cache, mirrors=mirrors, workers=workers, work=work, verify_dir=verify_dir)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _done_future(result: dict) -> Future:
-    fut: Future = Future()
-    fut.set_result(result)
-    return fut
-
-
-def _build(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter, ref: str, outputs: Sequence[str],
-           push: str | None, no_cache: bool, mirrors: Sequence[Any], workers: int, work: Path,
-           verify_dir: Path | None) -> BuiltImage:
-    metas: dict[str, dict] = {}
-    todo: list[Layer] = []
-    for lay in plan.layers:
-        meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
-        if meta is not None:
-            metas[lay.key] = {**meta, "cached": True}
-        elif lay.group != "envspec":
-            todo.append(lay)
-
-    # Every layer's tar as a LayerFile: where it is (or will be) and the future of its maker.
-    made: dict[str, Future] = {key: _done_future(m) for key, m in metas.items()}
-    for lay in todo:
-        made[lay.key] = Future()
-    top = plan.layer("envspec")
-    assert top is not None
-    made[top.key] = Future()
-    files = [LayerFile(lay.group, cache.layer_tar(lay.key), made[lay.key]) for lay in plan.layers
-             if lay.group != "envspec"]
-    files.append(LayerFile("envspec", work / "envspec-layer.tar", made[top.key]))
-
-    # Into containers-storage beside the makers where its own tool is there and there is work;
-    # else (all cached, or no such tool) after the layout is written.
-    store = getattr(engine, "storage_cli", lambda: None)() if ref else None
-    importer = None
-    if store is not None and todo:
-        importer = Importer(store, files, on_progress=reporter.importing)  # started once the makers are forked
-    try:
-        return _make_and_tag(plan, engine=engine, cache=cache, reporter=reporter, ref=ref, outputs=outputs,
-                             push=push, mirrors=mirrors, workers=workers, work=work, verify_dir=verify_dir,
-                             metas=metas, todo=todo, made=made, store=store, files=files, importer=importer)
-    except BaseException:
-        if importer is not None:
-            importer.abort()
-        raise
-
-
-def _settle(fut: Future, fn: Callable[[], dict]) -> dict:
-    """Run ``fn`` and hand its result (or error) to ``fut`` too (the importer waits on it)."""
-    try:
-        res = fn()
-    except BaseException as e:
-        fut.set_exception(e)
-        raise
-    fut.set_result(res)
-    return res
-
-
-def _make_and_tag(plan: BuildPlan, *, engine: Engine, cache: Cache, reporter: Reporter, ref: str,
-                  outputs: Sequence[str], push: str | None, mirrors: Sequence[Any], workers: int, work: Path,
-                  verify_dir: Path | None, metas: dict[str, dict], todo: list[Layer], made: dict[str, Future],
-                  store: Any, files: list[LayerFile], importer: Importer | None) -> BuiltImage:
-    # 1. fetch what the layers to build need (wheels; debs come with the rootfs)
-    need = [w for lay in todo for w in lay.wheels]
-    fetcher = WheelFetcher(cache, mirrors)
-    try:
-        paths = fetcher.fetch_all(
-            need,
-            on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
-            on_done=lambda p, path: reporter.fetched(p.name, p.filename, path),
-        )
-    except BaseException as e:
-        for lay in todo:
-            made[lay.key].set_exception(e)
-        raise
-
-    # 2. wheel layers in worker processes (largest first), the base layer meanwhile here
-    wheel_todo = sorted((lay for lay in todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
-    platform_json = plan.platform.model_dump_json()
-    futures = {}
-    pool = None
-    if wheel_todo:
-        pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(wheel_todo))),
-                                   initializer=_die_with_parent_initializer,
-                                   initargs=(int(os.environ.get("ENVSPEC_MAKER_NICE", "0")),))
-    try:
-        for lay in wheel_todo:
-            reporter.layer_started(lay.group, len(lay.wheels), False)
-            out = work / f"{lay.group}.tar"
-            files_ = [(w.filename, str(paths[w.sha256])) for w in lay.wheels]
-            futures[lay.key] = (lay, out, pool.submit(layer_makers.wheel_layer_job, (files_, platform_json, str(out))))
-        if importer is not None:  # after the fork of the worker processes: no thread of ours is copied into them
-            importer.start()
-        base = plan.layer("base")
-        if base is not None and base in todo:
-            reporter.layer_started("base", len(base.debs), False)
-
-            def make_base() -> dict:
-                scratch = _scratch_dir(work, need=8 * sum(d.size for d in plan.debs))
-                try:
-                    rootfs = _make_rootfs(plan, cache, scratch / "rootfs", reporter)
-                    out = work / "base.tar"
-                    res = layer_makers.make_base_layer(plan, rootfs, out)
-                finally:
-                    shutil.rmtree(scratch if scratch != work else scratch / "rootfs", ignore_errors=True)
-                return _store_layer(cache, base, out, res)
-
-            metas[base.key] = {**_settle(made[base.key], make_base), "cached": False}
-        for key, (lay, out, fut) in futures.items():
-            def finished(lay=lay, out=out, fut=fut) -> dict:
-                try:
-                    res = fut.result()
-                except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
-                    raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}",
-                                     step=f"layer {lay.group}",
-                                     hint="the wheel may be broken or not for this platform; re-lock") from e
-                return _store_layer(cache, lay, out, res)
-
-            metas[key] = {**_settle(made[key], finished), "cached": False}
-    except BaseException as e:
-        for lay in todo:
-            if not made[lay.key].done():
-                made[lay.key].set_exception(e)
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    # 3. the envspec layer: lock, SBOM, verifier, entrypoint (always made; it is tiny)
-    top = plan.layer("envspec")
-    assert top is not None
-    reporter.layer_started("envspec", 0, False)
-    sbom = make_sbom(plan)
-    top_tar = work / "envspec-layer.tar"
-
-    def make_top() -> dict:
-        out = work / "envspec.tar"
-        res = layer_makers.make_envspec_layer(plan, sbom, out, verify_dir=verify_dir,
-                                              service_files=render_service_files(plan.lock))
-        os.replace(out, top_tar)
-        return res
-
-    res = _settle(made[top.key], make_top)
-    metas[top.key] = {"diff_id": res["diff_id"], "size": res["size"], "cached": False, "path": str(top_tar)}
-
-    blobs: list[LayerBlob] = []
-    infos: list[LayerInfo] = []
-    for lay in plan.layers:
-        m = metas[lay.key]
-        path = Path(m["path"]) if "path" in m else cache.layer_tar(lay.key)
-        blobs.append(LayerBlob(group=lay.group, key=lay.key, path=path, digest=m["diff_id"], size=m["size"],
-                               description=f"{len(lay.pins)} pins" if lay.pins else ""))
-        info = LayerInfo(digest=m["diff_id"], diff_id=m["diff_id"], size=m["size"], group=lay.group,
-                         cached=bool(m["cached"]), key=lay.key)
-        infos.append(info)
-        reporter.layer_built(info)
-
-    # 4. the OCI layout, then outputs, push, and last the tag
-    has_debs = bool(plan.debs)
-    deb_names = {d.name for d in plan.debs}
-    entrypoint: list[str] = []
-    cmd: list[str] = []
-    if has_debs:
-        entrypoint = ([ "/usr/bin/tini", "--"] if "tini" in deb_names else []) + [ENTRYPOINT_IN_IMAGE]
-    rt = plan.lock.runtime
-    user = rt.user if has_debs else f"{rt.uid}:{rt.uid}"
-    oci_dir = work / "oci"
-    ref_name = plan.lock.short_hash or "latest"
-    digest, _msize, config = write_layout(oci_dir, plan, blobs, entrypoint=entrypoint, cmd=cmd, user=user,
-                                          ref_name=ref_name)
-    from envspec.build.oci import sha256_bytes
-
-    done_outputs = []
-    for dest in outputs:
-        if dest.startswith("oci:"):  # ours to write: hardlinks, no copy of gigabytes
-            path, _, name = dest[4:].partition(":")
-            try:
-                export_layout(oci_dir, Path(path), name)
-            except OSError as e:
-                raise BuildError(f"cannot write {dest}: {e}", step="output") from e
-        else:
-            engine.copy(oci_dir, dest)
-        done_outputs.append(dest)
-    pushed = []
-    if push:
-        engine.push(oci_dir, push)
-        pushed.append(push)
-        reporter.pushed(push, digest)
-    if ref:
-        reporter.committing(ref, digest)
-        if importer is None and store is not None and not _already_there(engine, ref, digest):
-            importer = Importer(store, files, on_progress=reporter.importing).start()
-        if importer is not None:
-            importer.finish(config, (oci_dir / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(), ref)
-        elif store is None and not _already_there(engine, ref, digest):
-            with cache.locked("import"):
-                engine.import_image(oci_dir, ref)
-    return BuiltImage(image=ref, digest=digest, layers=tuple(infos), config_digest=sha256_bytes(config),
-                      pushed=tuple(pushed), outputs=tuple(done_outputs))
-
-
-def _already_there(engine: Engine, ref: str, digest: str) -> bool:
-    get = getattr(engine, "image_digest", None)
-    if get is None:
-        return False
-    try:
-        return engine.exists(ref) and get(ref) == digest
-    except BuildError:
-        return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ _PR_SET_PDEATHSIG = 1
 _UNSET = object()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except OSError:
@@ -151,16 +152,22 @@ def detect_host(env: dict[str, str] | None = None) -> HostInfo:
 
 
 class Engine(Protocol):
-    """What build() needs from a container engine."""
+    """Every verb ``build()`` calls on a container engine, and nothing else."""
 
-    host: HostInfo
+    def storage_cli(self) -> "StorageCLI | None":
+        """A store that takes layers one by one while they are made, or None."""
 
-    def import_image(self, oci_dir: Path, ref: str) -> None: ...
-    def exists(self, ref: str) -> bool: ...
-    def remove(self, ref: str) -> None: ...
-    def tag(self, ref: str, new_ref: str) -> None: ...
-    def push(self, oci_dir: Path, dest: str) -> None: ...
-    def copy(self, oci_dir: Path, dest: str) -> None: ...
+    def image_digest(self, ref: str) -> str:
+        """The manifest digest of the image named ``ref`` in the engine's storage, "" when none."""
+
+    def import_image(self, oci_dir: Path, ref: str) -> None:
+        """Bring the image of an OCI layout into the engine's storage, named ``ref`` last."""
+
+    def push(self, oci_dir: Path, dest: str) -> None:
+        """Copy the image of an OCI layout to a registry, keeping its digest."""
+
+    def copy(self, oci_dir: Path, dest: str) -> None:
+        """Write the image of an OCI layout as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""
 
 
 def _is_local_registry(dest: str) -> bool:
@@ -199,7 +206,7 @@ class BuildahEngine:
             env["TMPDIR"] = str(tmpdir)
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    preexec_fn=_die_with_parent, env=env)
+                                    preexec_fn=die_with_parent, env=env)
         except FileNotFoundError:
             raise HostError(f"{argv[0]} not found on PATH", hint=APT_HINT) from None
         try:
@@ -261,16 +268,10 @@ class BuildahEngine:
                                    "--format", "{{.FromImageID}}", ref], check=False).returncode == 0
 
     def image_digest(self, ref: str) -> str:
-        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage_ref(ref)])
-        import hashlib
-
-        return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest()
-
-    def remove(self, ref: str) -> None:
-        self.run("remove", ["buildah", *self.host.storage_args(), "rmi", ref], check=False)
-
-    def tag(self, ref: str, new_ref: str) -> None:
-        self.run("tag", ["buildah", *self.host.storage_args(), "tag", ref, new_ref])
+        if not self.exists(ref):
+            return ""
+        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage_ref(ref)], check=False)
+        return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
 
     def push(self, oci_dir: Path, dest: str) -> None:
         args = ["copy", "--quiet", "--preserve-digests"]
@@ -431,7 +432,7 @@ class StorageCLI:
         log.info("import layer %s: %s", name, " ".join(argv))
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
-                                    preexec_fn=_die_with_parent, env={**os.environ, "LC_ALL": "C"})
+                                    preexec_fn=die_with_parent, env={**os.environ, "LC_ALL": "C"})
             assert proc.stdin is not None
             try:
                 _feed(proc.stdin, tar, size, cancel, progress, want=diff_id if given and check else "")
@@ -481,9 +482,8 @@ class StorageCLI:
 
 @dataclass
 class RecordingEngine:
-    """A fake for unit tests and ``--dry-run``: records each verb, runs nothing."""
+    """The ``Engine`` that records each verb and runs nothing: unit tests and ``build --dry-run``."""
 
-    host: HostInfo = field(default_factory=HostInfo)
     calls: list[tuple] = field(default_factory=list)
     images: dict[str, str] = field(default_factory=dict)  # ref -> manifest digest
     fail_on: str = ""  # a verb that raises BuildError, to test failure paths
@@ -495,23 +495,16 @@ class RecordingEngine:
 
     def import_image(self, oci_dir: Path, ref: str) -> None:
         self._call("import_image", str(oci_dir), ref)
-        index = json.loads((Path(oci_dir) / "index.json").read_text())
-        self.images[ref] = index["manifests"][0]["digest"]
+        index = Path(oci_dir) / "index.json"
+        if index.is_file():  # a dry run records the verb on a layout that was never written
+            self.images[ref] = json.loads(index.read_text())["manifests"][0]["digest"]
 
-    def exists(self, ref: str) -> bool:
-        self._call("exists", ref)
-        return ref in self.images
+    def storage_cli(self) -> "StorageCLI | None":
+        return None
 
     def image_digest(self, ref: str) -> str:
+        self._call("image_digest", ref)
         return self.images.get(ref, "")
-
-    def remove(self, ref: str) -> None:
-        self._call("remove", ref)
-        self.images.pop(ref, None)
-
-    def tag(self, ref: str, new_ref: str) -> None:
-        self._call("tag", ref, new_ref)
-        self.images[new_ref] = self.images[ref]
 
     def push(self, oci_dir: Path, dest: str) -> None:
         self._call("push", str(oci_dir), dest)

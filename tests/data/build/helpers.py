@@ -13,6 +13,9 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from envspec import lock as lockmod
+from envspec.lock import Lockfile
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -45,35 +48,37 @@ def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, bytes] 
     return path, hashlib.sha256(data).hexdigest()
 
 
-def load(name: str = "small.lock") -> dict:
-    return tomllib.loads((HERE / name).read_text())
+def data(lock: "str | Lockfile" = "small.lock") -> dict:
+    """A lock as the plain dict of its TOML, to edit in a test: a fixture's name, or a model."""
+    if isinstance(lock, str):
+        return tomllib.loads((HERE / lock).read_text())
+    return lock.model_dump(mode="json", exclude_none=True)
 
 
-def rehash(lock: dict) -> dict:
-    """Give a modified lock dict a fresh content hash (same rule as envspec.lock)."""
-    import json
-
-    body = {k: v for k, v in lock.items() if k != "meta"}
-    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    lock["meta"]["content_hash"] = "sha256:" + hashlib.sha256(blob).hexdigest()
-    return lock
+def load(name: str = "small.lock") -> Lockfile:
+    return lockmod.load(HERE / name)
 
 
-def with_wheel(lock: dict, name: str, **changes) -> dict:
+def rehash(lock: dict) -> Lockfile:
+    """An edited lock dict as the model, with a fresh content hash."""
+    return Lockfile.model_validate(lock).with_hash()
+
+
+def with_wheel(lock: "dict | Lockfile", name: str, **changes) -> Lockfile:
     """A copy of ``lock`` with wheel ``name``'s fields changed (and a new content hash)."""
-    out = copy.deepcopy(lock)
+    out = copy.deepcopy(lock) if isinstance(lock, dict) else data(lock)
     for w in out["wheels"]:
         if w["name"] == name:
             w.update(changes)
     return rehash(out)
 
 
-def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "unit") -> tuple[dict, Path]:
+def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "unit") -> tuple[Lockfile, Path]:
     """A lock of tiny wheels [(name, version, group)] made in ``tmp/wheels`` (a find-links
-    mirror), no Debian packages. Returns (lock dict, the mirror directory)."""
+    mirror), no Debian packages. Returns (the lock, the mirror directory)."""
     mirror = Path(tmp) / "wheels"
     mirror.mkdir(parents=True, exist_ok=True)
-    lock = load("small.lock")
+    lock = data("small.lock")
     lock["meta"]["name"] = name
     lock["wheels"] = []
     for wname, version, group in wheels:
