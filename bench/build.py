@@ -26,7 +26,6 @@ Before each big phase: sync, then --settle seconds (default 61) of waiting (see 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -34,26 +33,23 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envspec.build import BuildahEngine, RecordingEngine, Reporter, build  # noqa: E402
+from envspec import lock as lockmod  # noqa: E402
+from envspec import sources  # noqa: E402
+from envspec.build import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.build.engine import detect_host  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
-from envspec import sources  # noqa: E402
 
 
-def rehash(lock: dict) -> dict:
-    import hashlib
-
-    body = {k: v for k, v in lock.items() if k != "meta"}
-    lock["meta"]["content_hash"] = "sha256:" + hashlib.sha256(
-        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return lock
+def run_build(lock: lockmod.Lockfile, engine, cache_dir: Path, reporter: Reporter | None = None, **options):
+    """One build as the CLI runs it: the lock's plan, this machine's mirrors."""
+    return build(make_plan(lock), engine, Cache(cache_dir), sources.discover().mirrors,
+                 options=BuildOptions(**options), reporter=reporter)
 
 
 def other_version(name: str, current: str, python_tag: str = "py3") -> dict | None:
@@ -139,7 +135,7 @@ def main() -> int:
         lock_path = Path(tempfile.mkdtemp()) / "h100.lock"
         subprocess.run([sys.executable, "-m", "envspec", "lock", str(ROOT / "specs" / "h100.toml"), "-o",
                         str(lock_path), "-q"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    lock = tomllib.loads(lock_path.read_text())
+    lock = lockmod.load(lock_path)
     plan = make_plan(lock)
     work = Path(tempfile.mkdtemp(prefix="envspec-bench-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
     os.environ["ENVSPEC_STORAGE_ROOT"] = str(work / "storage")
@@ -180,7 +176,7 @@ def main() -> int:
             try:
                 eng = BuildahEngine()
                 ph = Phases()
-                t, img = timed(lambda: build(lock, engine=eng, cache_dir=sub / "cache", reporter=ph), phases=ph)
+                t, img = timed(lambda: run_build(lock, eng, sub / "cache", reporter=ph), phases=ph)
                 res["cold_by_import"][name] = {"cold_s": round(t, 1), **ph.split(), "digest": img.digest}
             finally:
                 reset_storage(eng, sub)
@@ -193,7 +189,7 @@ def main() -> int:
 
         cache = work / "cache"
         ph = Phases()
-        t, img = timed(lambda: build(lock, engine=engine, cache_dir=cache, reporter=ph), phases=ph)
+        t, img = timed(lambda: run_build(lock, engine, cache, reporter=ph), phases=ph)
         res["cold_s"] = round(t, 1)
         res["cold_phases"] = ph.split()
         store = engine.storage_cli()
@@ -202,21 +198,21 @@ def main() -> int:
         res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
         res["layers_bytes"] = sum(lay.size for lay in img.layers)
         res["podman_size"] = podman_size(engine, img.image)
-        t, again = timed(lambda: build(lock, engine=engine, cache_dir=cache), settle=False)
+        t, again = timed(lambda: run_build(lock, engine, cache), settle=False)
         res["noop_s"] = round(t, 1)
         assert again.digest == img.digest
 
-        team = [w for w in lock["wheels"] if w["group"] == "team"]
         changed = None
-        for w in team:
-            alt = other_version(w["name"], w["version"])
+        for w in (w for w in lock.wheels if w.group == "team"):
+            alt = other_version(w.name, w.version)
             if alt:
-                changed = copy.deepcopy(lock)
-                next(x for x in changed["wheels"] if x["name"] == w["name"]).update(alt)
-                res["changed_package"] = f"{w['name']} {w['version']} -> {alt['version']}"
+                data = lock.model_dump(mode="json", exclude_none=True)
+                next(x for x in data["wheels"] if x["name"] == w.name).update(alt)
+                changed = lockmod.Lockfile.model_validate(data).with_hash()
+                res["changed_package"] = f"{w.name} {w.version} -> {alt['version']}"
                 break
         if changed:
-            t, img2 = timed(lambda: build(rehash(changed), engine=engine, cache_dir=cache), settle=False)
+            t, img2 = timed(lambda: run_build(changed, engine, cache), settle=False)
             res["one_package_s"] = round(t, 1)
             res["one_package_rebuilt"] = [lay.group for lay in img2.layers if not lay.cached]
 
@@ -225,8 +221,8 @@ def main() -> int:
         cache2.mkdir()
         (cache2 / "debs").symlink_to(cache / "debs")  # the .debs were fetched once (network)
         ph2 = Phases()
-        t, img3 = timed(lambda: build(lock, engine=engine, cache_dir=cache2, no_cache=True, reporter=ph2,
-                                      tag="localhost/envspec/bench-again:1"), phases=ph2)
+        t, img3 = timed(lambda: run_build(lock, engine, cache2, no_cache=True, reporter=ph2,
+                                          tag="localhost/envspec/bench-again:1"), phases=ph2)
         res["no_cache_again_phases"] = ph2.split()
         shutil.rmtree(cache2, ignore_errors=True)
         res["no_cache_again_s"] = round(t, 1)
@@ -260,7 +256,7 @@ def reset_storage(engine, under: Path) -> None:
 def untar_layers(plan, paths, mirrors, work: Path, dest: Path) -> float:
     """`tar -x` of the image's layers (made here, untimed, in a scratch cache) into ``dest``."""
     scratch = work / "untar-cache"
-    img = build(plan, engine=RecordingEngine(), cache_dir=scratch, tag="", mirrors=mirrors)
+    img = build(plan, RecordingEngine(), Cache(scratch), mirrors, options=BuildOptions(tag=""))
     tars = [Cache(scratch).layer_tar(lay.key) for lay in img.layers if lay.group != "envspec"]
 
     def untar():

@@ -68,9 +68,13 @@ def new_cache(base: Path, debs: Path, name: str = "cache") -> Path:
 
 
 def do_build(lock, engine, cache, **kw):
-    from envspec.build import build
+    from envspec import sources
+    from envspec.build import BuildOptions, build
+    from envspec.build.fetch import Cache
+    from envspec.plan import make_plan
 
-    return build(lock, engine=engine, cache_dir=cache, **kw)
+    options = BuildOptions(**{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
+    return build(make_plan(lock), engine, Cache(cache), sources.discover().mirrors, options=options)
 
 
 def podman(engine, *args, check=True):
@@ -200,12 +204,13 @@ def test_one_team_change_changes_only_team_and_above(engine, tmp_path, debs):
 
 def test_locks_sharing_torch_and_cuda_share_those_layers(engine, tmp_path, debs):
     a_lock = helpers.load("small-debian.lock")
-    b_lock = helpers.with_wheel(a_lock, "iniconfig", version="2.1.0", filename="iniconfig-2.1.0-py3-none-any.whl",
+    other = helpers.data(a_lock)
+    other["meta"]["name"] = "build-small-other"
+    b_lock = helpers.with_wheel(other, "iniconfig", version="2.1.0", filename="iniconfig-2.1.0-py3-none-any.whl",
                                 sha256="9deba5723312380e77435581c6bf4935c94cbfab9b1ed33ef8d238ea168eb760",
                                 size=5992)
-    b_lock["meta"]["name"] = "build-small-other"
     a = do_build(a_lock, engine, new_cache(tmp_path, debs, "ca"))
-    b = do_build(helpers.rehash(b_lock), engine, new_cache(tmp_path, debs, "cb"))
+    b = do_build(b_lock, engine, new_cache(tmp_path, debs, "cb"))
     da = {lay.group: lay.digest for lay in a.layers}
     db = {lay.group: lay.digest for lay in b.layers}
     assert [g for g in da if da[g] == db[g]] == ["base", "cuda", "torch", "team"]
@@ -215,7 +220,7 @@ def test_locks_sharing_torch_and_cuda_share_those_layers(engine, tmp_path, debs)
 
 def test_wrong_sha256_stops_the_build_and_tags_nothing(engine, tmp_path, debs):
     bad = helpers.with_wheel(helpers.load("small-debian.lock"), "idna", sha256="1" * 64)
-    ref = "localhost/envspec/build-small-debian:" + bad["meta"]["content_hash"][7:19]
+    ref = "localhost/envspec/build-small-debian:" + bad.meta.content_hash[7:19]
     with pytest.raises(HashMismatch, match="idna-3.20"):
         do_build(bad, engine, new_cache(tmp_path, debs))
     assert not engine.exists(ref)
@@ -223,7 +228,7 @@ def test_wrong_sha256_stops_the_build_and_tags_nothing(engine, tmp_path, debs):
 
 
 def test_a_deb_the_mirror_no_longer_has_names_it_and_the_way_out(engine, tmp_path, debs):
-    lock = helpers.load("small-debian.lock")
+    lock = helpers.data("small-debian.lock")
     pin = next(p for p in lock["debian"]["packages"] if p["name"] == "tzdata")
     pin["version"] = "1900a-0+deb12u1"
     pin["filename"] = pin["filename"].rsplit("/", 1)[0] + "/tzdata_1900a-0+deb12u1_all.deb"

@@ -37,12 +37,16 @@ def cpu_image(tmp_path_factory):
         return
     from conftest import private_storage
 
+    from envspec import sources
     from envspec.build import BuildahEngine, build
+    from envspec.build.fetch import Cache
     from envspec.lock import load
+    from envspec.plan import make_plan
 
     base = tmp_path_factory.mktemp("verify-image")
     with private_storage(base / "storage") as host:
-        built = build(load(ROOT / "lockfiles" / "cpu.lock"), engine=BuildahEngine(host), cache_dir=base / "cache")
+        built = build(make_plan(load(ROOT / "lockfiles" / "cpu.lock")), BuildahEngine(host), Cache(base / "cache"),
+                      sources.discover().mirrors)
         _IMAGE.update(image=built.image, podman=host.storage_args(), run=host.podman_run_args())
         yield
 

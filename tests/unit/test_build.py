@@ -332,3 +332,74 @@ def test_installed_record_matches_every_file_written_rewritten_script_included(t
     with zipfile.ZipFile(deflated) as zf:
         stream = layer_makers._open_member(zf, zf.getinfo("blob.bin"))
         assert type(stream._decompressor).__module__ == "isal_zlib" and stream.read() == big
+
+
+def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
+    lock, mirrors, tmp = env
+    plan = make_plan(lock)
+    cache = Cache(tmp / "cache")
+    before = preview(plan, cache, options=BuildOptions(push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",)))
+    assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == \
+        [(lay.group, lay.key, False) for lay in plan.layers]
+    assert before["image"] == plan.tag and before["fetch"]["wheels"] == len(lock.wheels)
+    assert [c[0] for c in before["engine"]] == ["copy", "push", "import_image"]
+    assert not list((tmp / "cache" / "layers").iterdir()) and not cache.has_blob(lock.wheels[0].sha256)
+    _build(lock, mirrors, tmp / "cache")
+    after = preview(plan, cache)
+    assert [r["cached"] for r in after["layers"]] == [True] * 5 + [False]  # the envspec layer is always made
+    assert after["fetch"] == {"wheels": 0, "wheel_bytes": 0, "debs": 0, "deb_bytes": 0}
+    assert after["engine"] == [["import_image", "(oci layout)", plan.tag]]
+
+
+def test_progress_events_come_as_the_work_happens(env):
+    lock, mirrors, tmp = env
+
+    class Timeline(Reporter):
+        def __init__(self):
+            self.events = []
+
+        def fetching(self, name, filename, size):
+            self.events.append(("fetching", name))
+
+        def fetched(self, name, filename, path):
+            self.events.append(("fetched", name))
+
+        def layer_started(self, group, pins, cached):
+            self.events.append(("started", group))
+
+        def layer_built(self, layer):
+            self.events.append(("built", layer.group))
+
+    rep = Timeline()
+    build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors, reporter=rep)
+    ev = rep.events
+    for w in lock.wheels:  # each wheel: its own start and end, before its layer is made
+        assert ev.index(("fetching", w.name)) < ev.index(("fetched", w.name)) < ev.index(("built", w.group))
+    assert [e[1] for e in ev if e[0] == "built"][-1] == "envspec"
+    assert sorted(e[1] for e in ev if e[0] == "built") == sorted(lay.group for lay in make_plan(lock).layers)
+
+
+def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path):
+    from envspec.build import _DebEvents
+    from envspec.debian.models import DebPin
+
+    class Rec(Reporter):
+        def __init__(self):
+            self.events = []
+
+        def fetching(self, name, filename, size):
+            self.events.append(("fetching", name, size))
+
+        def fetched(self, name, filename, path):
+            self.events.append(("fetched", name))
+
+    pin = DebPin(name="tzdata", version="2025b-0+deb12u1", architecture="all", size=7,
+                 filename="pool/main/t/tzdata/tzdata_2025b-0+deb12u1_all.deb", sha256="a" * 64, suite="bookworm")
+    cached = pin.model_copy(update={"name": "bash", "sha256": "b" * 64})
+    rep = Rec()
+    events = _DebEvents(rep)
+    events.fetching(pin, "http://mirror-a/x")  # the first mirror fails ...
+    events.fetching(pin, "http://mirror-b/x")  # ... the second serves it
+    events.fetched(pin, tmp_path / "x", False)
+    events.fetched(cached, tmp_path / "y", True)  # in the cache already: no download, no event
+    assert rep.events == [("fetching", "tzdata", 7), ("fetched", "tzdata")]

@@ -217,7 +217,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.build import RecordingEngine, build  # noqa: E402
+from envspec.build import BuildOptions, RecordingEngine  # noqa: E402
+from envspec.build import build as _build  # noqa: E402
+from envspec.build.fetch import Cache  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
+
+
+def build(lock, *, engine, cache_dir, mirrors, **options):
+    return _build(make_plan(lock), engine, Cache(cache_dir), mirrors, options=BuildOptions(**options))
 
 WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"), ("teampkg", "1.0", "team")]
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path

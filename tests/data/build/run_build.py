@@ -8,13 +8,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
 
 from envspec import lock as lockmod  # noqa: E402
-from envspec.build import BuildahEngine, build  # noqa: E402
+from envspec import sources  # noqa: E402
+from envspec.build import BuildahEngine, BuildOptions, build  # noqa: E402
+from envspec.build.fetch import Cache  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
 from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
 
 def main() -> int:
     try:
-        img = build(lockmod.load(sys.argv[1]), engine=BuildahEngine(), cache_dir=sys.argv[2],
-                    no_cache="--no-cache" in sys.argv)
+        img = build(make_plan(lockmod.load(sys.argv[1])), BuildahEngine(), Cache(sys.argv[2]),
+                    sources.discover().mirrors, options=BuildOptions(no_cache="--no-cache" in sys.argv))
     except EnvspecError as e:
         print(e.message, file=sys.stderr)
         return e.exit_code
