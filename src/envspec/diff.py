@@ -7,24 +7,27 @@ What a reviewer wants first is what changes on the GPU hosts (torch, its CUDA va
 NCCL, the driver floor, the compiled arch list), then the package changes, then what the
 change costs (which image layers are rebuilt and re-pushed). Layers come from the build plan
 (``envspec.plan.make_plan``): a layer whose content key is unchanged is byte-identical and
-is neither rebuilt nor pushed. Where the plan cannot be made (a lock that cannot be built,
-or plan.py missing), the layer view falls back to the wheels' ``group`` fields and says so.
+is neither rebuilt nor pushed. Where the plan cannot be made (a host-only lock that cannot be
+built), the layer view falls back to the wheels' ``group`` fields and says so.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
 
+from debian.debian_support import version_compare
 from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel
 
-from envspec.lock import as_dict as _as_dict
+from envspec.errors import PlanError
+from envspec.lock import DebPin, Lockfile, Wheel, load, short_hash
+from envspec.plan import LAYER_ORDER, make_plan
 
 ChangeKind = Literal["added", "removed", "upgraded", "downgraded", "rebuilt"]
-
-# Order of the layers in an image (plan.py's LAYER_ORDER), used when plan.py is not importable.
-_LAYER_ORDER = ("base", "cuda", "torch", "deps", "team", "envspec")
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,6 @@ class LockDiff:
         }
 
 
-# --- reading either a Lockfile model or the dict tomllib gives ------------------------------------
-
-def _sub(d: dict, key: str) -> dict:
-    v = d.get(key)
-    return v if isinstance(v, dict) else {}
-
-
 # --- versions ----------------------------------------------------------------------------------
 
 def _pep440_cmp(a: str, b: str) -> int:
@@ -123,57 +119,57 @@ def _pep440_cmp(a: str, b: str) -> int:
 def deb_version_cmp(a: str, b: str) -> int:
     """-1, 0 or 1 as Debian version ``a`` sorts before, with or after ``b`` (dpkg's rules, deb-version(7),
     as python-debian implements them)."""
-    from debian.debian_support import version_compare
-
     r = version_compare(a, b)
     return (r > 0) - (r < 0)
 
 
 # --- packages ----------------------------------------------------------------------------------
 
-def _package_changes(old: list[dict], new: list[dict], key, cmp, group_of) -> tuple[PackageChange, ...]:
-    def index(pkgs: list[dict]) -> dict[tuple, list[dict]]:
-        out: dict[tuple, list[dict]] = {}
+Pin = Wheel | DebPin
+
+
+def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin], tuple[str, ...]],
+                     cmp: Callable[[str, str], int], group_of: Callable[[Pin], str]) -> tuple[PackageChange, ...]:
+    def index(pkgs: Sequence[Pin]) -> dict[tuple[str, ...], list[Pin]]:
+        out: dict[tuple[str, ...], list[Pin]] = {}
         for p in pkgs:
             out.setdefault(key(p), []).append(p)
         return out
 
     a, b = index(old), index(new)
+    by_version = functools.cmp_to_key(lambda p, q: cmp(p.version, q.version))
     changes: list[PackageChange] = []
     for k in sorted(set(a) | set(b)):
         pa, pb = a.get(k, []), b.get(k, [])
         name = k[0]
         if not pa:
-            for p in pb:
-                changes.append(PackageChange(name, "added", "", str(p.get("version", "")), group_of(p),
-                                             int(p.get("size", 0) or 0)))
+            changes += [PackageChange(name, "added", "", p.version, group_of(p), p.size) for p in pb]
             continue
         if not pb:
-            for p in pa:
-                changes.append(PackageChange(name, "removed", str(p.get("version", "")), "", group_of(p),
-                                             -int(p.get("size", 0) or 0)))
+            changes += [PackageChange(name, "removed", p.version, "", group_of(p), -p.size) for p in pa]
             continue
         # one pin per key is the norm; several (a wheel twice) compare the newest of each side
-        x = max(pa, key=_cmp_key(cmp))
-        y = max(pb, key=_cmp_key(cmp))
-        vx, vy = str(x.get("version", "")), str(y.get("version", ""))
-        delta = int(y.get("size", 0) or 0) - int(x.get("size", 0) or 0)
-        c = cmp(vx, vy)
+        x, y = max(pa, key=by_version), max(pb, key=by_version)
+        delta = y.size - x.size
+        c = cmp(x.version, y.version)
         if c < 0:
-            changes.append(PackageChange(name, "upgraded", vx, vy, group_of(y), delta))
+            changes.append(PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta))
         elif c > 0:
-            changes.append(PackageChange(name, "downgraded", vx, vy, group_of(y), delta))
-        elif (x.get("sha256"), x.get("filename")) != (y.get("sha256"), y.get("filename")):
-            changes.append(PackageChange(name, "rebuilt", vx, vy, group_of(y), delta))
+            changes.append(PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta))
+        elif (x.sha256, x.filename) != (y.sha256, y.filename):
+            changes.append(PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta))
         elif group_of(x) != group_of(y):
-            changes.append(PackageChange(name, "rebuilt", vx, vy, f"{group_of(x)} -> {group_of(y)}", delta))
+            changes.append(PackageChange(name, "rebuilt", x.version, y.version, f"{group_of(x)} -> {group_of(y)}",
+                                         delta))
     return tuple(changes)
 
 
-def _cmp_key(cmp):
-    import functools
+def _wheel_group(p: Pin) -> str:
+    return p.group if isinstance(p, Wheel) else ""
 
-    return functools.cmp_to_key(lambda p, q: cmp(str(p.get("version", "")), str(q.get("version", ""))))
+
+def _deb_arch(p: Pin) -> str:
+    return p.architecture if isinstance(p, DebPin) else ""
 
 
 # --- scalar fields -----------------------------------------------------------------------------
@@ -193,15 +189,16 @@ _FIELDS: tuple[str, ...] = (
 _ABSENT = "(absent)"
 
 
-def _get_path(d: dict, path: str) -> Any:
+def _get_path(lock: Lockfile, path: str) -> Any:
+    """The value at a lockfile path as the lockfile writes it (tables as dicts), or ``_ABSENT``."""
     table, _, key = path.partition(".")
-    t = d.get(table)
-    if not isinstance(t, dict):
-        return _ABSENT
-    return t.get(key, _ABSENT)
+    v = getattr(getattr(lock, table), key, None)
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json", exclude_none=True)
+    return _ABSENT if v is None else v
 
 
-def _field_changes(a: dict, b: dict) -> tuple[FieldChange, ...]:
+def _field_changes(a: Lockfile, b: Lockfile) -> tuple[FieldChange, ...]:
     out = []
     for path in _FIELDS:
         x, y = _get_path(a, path), _get_path(b, path)
@@ -212,9 +209,7 @@ def _field_changes(a: dict, b: dict) -> tuple[FieldChange, ...]:
 
 # --- layers ------------------------------------------------------------------------------------
 
-def _layers_from_plan(a: dict, b: dict) -> tuple[tuple[LayerChange, ...], list[str]]:
-    from envspec.plan import make_plan  # raises ImportError where plan.py is not there yet
-
+def _layers_from_plan(a: Lockfile, b: Lockfile) -> tuple[LayerChange, ...]:
     pa, pb = make_plan(a), make_plan(b)
     old = {lay.group: lay for lay in pa.layers}
     new = {lay.group: lay for lay in pb.layers}
@@ -234,19 +229,18 @@ def _layers_from_plan(a: dict, b: dict) -> tuple[tuple[LayerChange, ...], list[s
             oy = {(p.name, p.version, p.sha256) for p in y.pins}
             n = len({k[0] for k in ox ^ oy})
             out.append(LayerChange(g, "changed", x.key, y.key, n, _size(y.pins)))
-    return tuple(out), []
+    return tuple(out)
 
 
-def _size(pins) -> int:
-    sizes = [int(getattr(p, "size", 0) or 0) for p in pins]
+def _size(pins: Sequence[Pin]) -> int:
+    sizes = [p.size for p in pins]
     return sum(sizes) if sizes and all(sizes) else 0
 
 
-def _layers_from_groups(a: dict, b: dict, wheels: tuple[PackageChange, ...],
+def _layers_from_groups(a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, ...],
                         debs: tuple[PackageChange, ...]) -> tuple[LayerChange, ...]:
-    def groups(d: dict) -> set[str]:
-        g = {str(w.get("group", "deps")) for w in d.get("wheels", []) or []}
-        return g | {"base", "envspec"}
+    def groups(lock: Lockfile) -> set[str]:
+        return {w.group for w in lock.wheels} | {"base", "envspec"}
 
     ga, gb = groups(a), groups(b)
     changed: dict[str, int] = {}
@@ -257,7 +251,7 @@ def _layers_from_groups(a: dict, b: dict, wheels: tuple[PackageChange, ...],
                                      for p in ("platform.python", "platform.python_full", "platform.venv",
                                                "runtime.user", "runtime.workdir"))
     out = []
-    for g in _LAYER_ORDER:
+    for g in LAYER_ORDER:
         if g not in ga and g not in gb:
             continue
         if g not in ga:
@@ -276,40 +270,25 @@ def _layers_from_groups(a: dict, b: dict, wheels: tuple[PackageChange, ...],
 
 # --- entry point -------------------------------------------------------------------------------
 
-def diff_locks(old: Any, new: Any) -> LockDiff:
-    """Compare two locks (``envspec.lock.Lockfile`` models or the dicts ``tomllib`` reads)."""
-    a, b = _as_dict(old), _as_dict(new)
-    ha, hb = _sub(a, "hardware"), _sub(b, "hardware")
-    arch_a, arch_b = list(ha.get("arch_list", []) or []), list(hb.get("arch_list", []) or [])
-    gpu_a, gpu_b = list(ha.get("gpus", []) or []), list(hb.get("gpus", []) or [])
-
-    wheels = _package_changes(
-        list(a.get("wheels", []) or []), list(b.get("wheels", []) or []),
-        key=lambda p: (str(p.get("name", "")),), cmp=_pep440_cmp, group_of=lambda p: str(p.get("group", "")))
-    debs = _package_changes(
-        list(_sub(a, "debian").get("packages", []) or []), list(_sub(b, "debian").get("packages", []) or []),
-        key=lambda p: (str(p.get("name", "")), str(p.get("architecture", ""))), cmp=deb_version_cmp,
-        group_of=lambda p: str(p.get("architecture", "")))
-
+def diff_locks(old: Lockfile, new: Lockfile) -> LockDiff:
+    """Compare two locks."""
+    a, b = old, new
+    arch_a, arch_b = a.hardware.arch_list, b.hardware.arch_list
+    gpu_a, gpu_b = a.hardware.gpus, b.hardware.gpus
+    wheels = _package_changes(a.wheels, b.wheels, key=lambda p: (p.name,), cmp=_pep440_cmp, group_of=_wheel_group)
+    debs = _package_changes(a.debian.packages if a.debian else [], b.debian.packages if b.debian else [],
+                            key=lambda p: (p.name, _deb_arch(p)), cmp=deb_version_cmp, group_of=_deb_arch)
     notes: list[str] = []
     layers_from: Literal["plan", "groups"] = "plan"
     try:
-        layers, more = _layers_from_plan(a, b)
-        notes += more
-    except ImportError:
-        layers_from = "groups"
-        notes.append("envspec.plan is not available: layer changes are estimated from the wheels' groups")
-        layers = _layers_from_groups(a, b, wheels, debs)
-    except Exception as e:  # PlanError: a lock that cannot be built (base "none", missing hashes)
+        layers = _layers_from_plan(a, b)
+    except PlanError as e:  # a lock that cannot be built (base "none", missing hashes)
         layers_from = "groups"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         notes.append(f"no build plan ({first}): layer changes are estimated from the wheels' groups")
         layers = _layers_from_groups(a, b, wheels, debs)
-
-    ma, mb = _sub(a, "meta"), _sub(b, "meta")
     return LockDiff(
-        old_name=str(ma.get("name", "")), new_name=str(mb.get("name", "")),
-        old_hash=str(ma.get("content_hash", "")), new_hash=str(mb.get("content_hash", "")),
+        old_name=a.meta.name, new_name=b.meta.name, old_hash=a.meta.content_hash, new_hash=b.meta.content_hash,
         fields=_field_changes(a, b),
         archs_added=tuple(x for x in arch_b if x not in arch_a),
         archs_removed=tuple(x for x in arch_a if x not in arch_b),
@@ -319,17 +298,15 @@ def diff_locks(old: Any, new: Any) -> LockDiff:
     )
 
 
-def diff_files(old_path, new_path) -> LockDiff:
+def diff_files(old_path: str | Path, new_path: str | Path) -> LockDiff:
     """``diff_locks`` on two lockfiles read with ``envspec.lock.load`` (raises ``LockError``)."""
-    from envspec.lock import load
-
     return diff_locks(load(old_path), load(new_path))
 
 
 # --- words -------------------------------------------------------------------------------------
 
 def _short(h: str) -> str:
-    return h.split(":", 1)[-1][:12] if h else "?"
+    return short_hash(h) if h else "?"
 
 
 def _mb(n: int) -> str:
