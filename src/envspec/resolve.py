@@ -240,7 +240,7 @@ _CAUSE_KEYS = {"arch-missing": ("target", "gpus"), "driver-too-old": ("target", 
 
 def _where(spec: EnvSpec, cause: dict) -> str:
     """'[target].driver (specs/x.toml:7)' for the spec key behind a cause."""
-    path = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
+    path: tuple[str | int, ...] = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
     if cause["kind"] == "arch-missing":
         names = [g for g in spec.target.gpus]
         idx = next((i for i, n in enumerate(names) if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()), None)
@@ -327,6 +327,7 @@ def requirements(choice: Choice) -> tuple[list[str], list[str], set[str]]:
     torch_reqs: list[str] = []
     direct: set[str] = set()
     if choice.torch is not None:
+        assert spec.torch is not None  # choose() picks a torch build only for a [torch] table
         local = f"+{choice.torch.variant.local}" if choice.torch.variant.local else ""
         torch_reqs.append(f"torch=={choice.torch.release.version}{local}")
         torch_reqs += list(spec.torch.packages)

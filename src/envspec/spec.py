@@ -12,7 +12,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -21,6 +21,9 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from envspec.errors import Problem, SpecError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([kmgt]i?b?|b)?$", re.IGNORECASE)
@@ -391,7 +394,7 @@ _TYPE_WORDS = {
 }
 
 
-def _problem_from_pydantic(err: dict, lines: dict[tuple, int]) -> Problem:
+def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int]) -> Problem:
     loc = tuple(err["loc"])
     etype = err["type"]
     path = toml_path(loc)

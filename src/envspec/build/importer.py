@@ -69,12 +69,15 @@ class Importer:
                     made = lay.result(self.cancel)
                     want = made["diff_id"]
                     layer_id = chain_id(parent, want)
+
+                    def progress(n: int, g: str = lay.group) -> None:
+                        self.on_progress(g, n)
+
                     # a layer made in this build was hashed by its maker as it was written; one
                     # taken from the layer cache is hashed again on its way into the store
                     have, ours = self.store.put_layer(
                         layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
-                        check=bool(made.get("cached")), cancel=self.cancel,
-                        progress=lambda n, g=lay.group: self.on_progress(g, n))
+                        check=bool(made.get("cached")), cancel=self.cancel, progress=progress)
                     if have != want:
                         if ours:
                             self.store.delete_layer(layer_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -30,6 +31,14 @@ FILES = {
 
 class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    if TYPE_CHECKING:
+        # Every row type declares ``source`` itself, as its last field; said here for the type
+        # checker only, since a field declared here would move to the front of every row's
+        # fields (and of the order pydantic reports a row's problems in).
+        source: str
+
+
+_R = TypeVar("_R", bound=_Row)
 
 
 class _PypiRow(_Row):
@@ -109,8 +118,9 @@ def _read(root: Path, name: str, problems: _Problems) -> dict:
     return data
 
 
-def _rows(data: dict, key: str, model: type[_Row], file: str, problems: _Problems, label: str) -> list:
-    out = []
+def _rows(data: dict, key: str, model: type[_R], file: str, problems: _Problems,
+          label: str) -> list[tuple[str, _R]]:
+    out: list[tuple[str, _R]] = []
     raw = data.get(key, [])
     if not isinstance(raw, list):
         problems.add(file, key, "must be an array of tables")
@@ -164,55 +174,55 @@ def _build(root: Path) -> CompatDB:
 
     # -- CUDA toolkits
     toolkits: dict[str, CudaToolkit] = {}
-    for where, r in tk_rows:
-        ok = _version_ok(r.version, "cuda.toml", f"{where}.version", problems)
-        ok &= _version_ok(r.driver_strict, "cuda.toml", f"{where}.driver_strict", problems)
-        ok &= _version_ok(r.driver_compat, "cuda.toml", f"{where}.driver_compat", problems)
-        _arch_ok(r.archs, "cuda.toml", f"{where}.archs", problems)
+    for where, tk in tk_rows:
+        ok = _version_ok(tk.version, "cuda.toml", f"{where}.version", problems)
+        ok &= _version_ok(tk.driver_strict, "cuda.toml", f"{where}.driver_strict", problems)
+        ok &= _version_ok(tk.driver_compat, "cuda.toml", f"{where}.driver_compat", problems)
+        _arch_ok(tk.archs, "cuda.toml", f"{where}.archs", problems)
         if not ok:
             continue
-        if r.version in toolkits:
-            problems.add("cuda.toml", where, f"duplicate toolkit {r.version}")
+        if tk.version in toolkits:
+            problems.add("cuda.toml", where, f"duplicate toolkit {tk.version}")
         # a driver that meets the toolkit's own floor runs it natively, so the compat floor is never higher
-        compat = min(r.driver_compat, r.driver_strict, key=Version)
-        toolkits[r.version] = CudaToolkit(version=r.version, driver_strict=r.driver_strict,
-                                          driver_compat=compat, archs=r.archs, source=r.source)
+        compat = min(tk.driver_compat, tk.driver_strict, key=Version)
+        toolkits[tk.version] = CudaToolkit(version=tk.version, driver_strict=tk.driver_strict,
+                                          driver_compat=compat, archs=tk.archs, source=tk.source)
 
     # -- GPUs
     gpus: list[Gpu] = []
     seen_labels: dict[str, str] = {}
-    for where, r in gpu_rows:
+    for where, g in gpu_rows:
         try:
-            parse_cc(r.cc)
+            parse_cc(g.cc)
         except ValueError as exc:
             problems.add("gpus.toml", f"{where}.cc", str(exc))
             continue
-        for label in [r.name, *r.aliases]:
+        for label in [g.name, *g.aliases]:
             k = "".join(ch for ch in label.lower() if ch.isalnum())
-            if k in seen_labels and seen_labels[k] != r.name:
+            if k in seen_labels and seen_labels[k] != g.name:
                 problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
-            seen_labels[k] = r.name
-        gpus.append(Gpu(**r.model_dump()))
+            seen_labels[k] = g.name
+        gpus.append(Gpu(**g.model_dump()))
 
     # -- torch variants (curated) and releases (generated)
     builds: list[tuple[str, _BuildRow, SpecifierSet]] = []
-    for where, r in build_rows:
+    for where, b in build_rows:
         try:
-            spec = SpecifierSet(r.torch)
+            spec = SpecifierSet(b.torch)
         except InvalidSpecifier:
-            problems.add("torch_variants.toml", f"{where}.torch", f"{r.torch!r} is not a version specifier")
+            problems.add("torch_variants.toml", f"{where}.torch", f"{b.torch!r} is not a version specifier")
             continue
-        _arch_ok(r.arch_list, "torch_variants.toml", f"{where}.arch_list", problems)
-        if r.variant != "cpu":
-            if not r.cuda:
-                problems.add("torch_variants.toml", f"{where}.cuda", f"variant {r.variant} needs a CUDA version")
-            elif r.variant != "cu" + r.cuda.replace(".", ""):
-                problems.add("torch_variants.toml", f"{where}.cuda", f"{r.cuda} does not match variant {r.variant}")
-            elif r.cuda not in toolkits:
-                problems.add("torch_variants.toml", f"{where}.cuda", f"CUDA {r.cuda} is not in cuda.toml")
-            if not r.arch_list:
+        _arch_ok(b.arch_list, "torch_variants.toml", f"{where}.arch_list", problems)
+        if b.variant != "cpu":
+            if not b.cuda:
+                problems.add("torch_variants.toml", f"{where}.cuda", f"variant {b.variant} needs a CUDA version")
+            elif b.variant != "cu" + b.cuda.replace(".", ""):
+                problems.add("torch_variants.toml", f"{where}.cuda", f"{b.cuda} does not match variant {b.variant}")
+            elif b.cuda not in toolkits:
+                problems.add("torch_variants.toml", f"{where}.cuda", f"CUDA {b.cuda} is not in cuda.toml")
+            if not b.arch_list:
                 problems.add("torch_variants.toml", f"{where}.arch_list", "a CUDA variant needs its arch list")
-        builds.append((where, r, spec))
+        builds.append((where, b, spec))
 
     releases: list[TorchRelease] = []
     seen_versions: set[str] = set()

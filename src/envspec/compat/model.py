@@ -94,10 +94,10 @@ class CompatDB:
     cuda_toolkits: list[CudaToolkit]  # ascending by version
     gpus: list[Gpu]
     sources: dict[str, str] = field(default_factory=dict)  # data file -> what it holds
-    _releases: dict = field(default_factory=dict, repr=False, compare=False)
-    _toolkits: dict = field(default_factory=dict, repr=False, compare=False)
-    _gpu_keys: dict = field(default_factory=dict, repr=False, compare=False)
-    _gpu_labels: dict = field(default_factory=dict, repr=False, compare=False)
+    _releases: dict[str, TorchRelease] = field(default_factory=dict, repr=False, compare=False)
+    _toolkits: dict[str, CudaToolkit] = field(default_factory=dict, repr=False, compare=False)
+    _gpu_keys: dict[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
+    _gpu_labels: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for r in self.torch_releases:
@@ -157,7 +157,7 @@ class CompatDB:
             if key.startswith(p) and len(key) > len(p):
                 key = key[len(p):]
                 break
-        keys = {}
+        keys: dict[str, str] = {}
         for k, label in self._gpu_labels.items():
             keys.setdefault(k, label)
             for p in _PREFIXES:

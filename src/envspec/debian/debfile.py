@@ -103,7 +103,9 @@ class DebFile:
                 for ti in tf:
                     if ti.isfile():
                         name = ti.name.lstrip("./")
-                        out[name] = tf.extractfile(ti).read()
+                        f = tf.extractfile(ti)
+                        assert f is not None  # a regular file has its bytes
+                        out[name] = f.read()
             self._control_cache = out
         return self._control_cache
 

@@ -24,8 +24,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Protocol
 
 from envspec.errors import HashMismatch, SourceError
 
@@ -37,7 +38,14 @@ SNAPSHOT_ENV = "ENVSPEC_DEBIAN_SNAPSHOT"
 USER_AGENT = "envspec (+https://github.com/envspec)"
 CHUNK = 1 << 20
 
-Opener = Callable[[str, float], object]  # (url, timeout) -> a response with .read(n), context manager
+
+class Body(Protocol):
+    """What ``_download`` reads a response through."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+Opener = Callable[[str, float], AbstractContextManager[Body]]  # (url, timeout) -> a response to read
 
 
 def _urlopen(url: str, timeout: float):
@@ -54,10 +62,10 @@ class _Response:
     def read(self, n: int = -1) -> bytes:
         return self._resp.read(n)
 
-    def __enter__(self):
+    def __enter__(self) -> _Response:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._resp.isclosed() and exc[0] is None:
             self._pool[self._key] = self._conn
         else:
@@ -76,7 +84,7 @@ class KeepAliveOpener:
         self._local = threading.local()
         self.max_redirects = max_redirects
 
-    def __call__(self, url: str, timeout: float):
+    def __call__(self, url: str, timeout: float) -> AbstractContextManager[Body]:
         if urllib.request.getproxies():
             return _urlopen(url, timeout)
         pool = self._local.__dict__.setdefault("pool", {})
@@ -84,6 +92,7 @@ class KeepAliveOpener:
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("http", "https"):
                 raise urllib.error.URLError(f"unsupported URL scheme in {url}")
+            assert parts.hostname is not None, url  # ("http:///x" has none; http.client needs one too)
             key = (parts.scheme, parts.hostname, parts.port)
             conn = pool.pop(key, None)
             path = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -117,7 +126,7 @@ _DEFAULT_OPENER = KeepAliveOpener()
 
 
 def mirror_list(canonical: str = CANONICAL_MIRROR, *, snapshot: str | None = None,
-                mirrors: Iterable[str] = (), env: dict[str, str] | None = None) -> list[str]:
+                mirrors: Iterable[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
     """The mirrors to try, in order: the snapshot (argument, else $ENVSPEC_DEBIAN_SNAPSHOT),
     then configured mirrors, then the canonical archive; duplicates dropped."""
     env = os.environ if env is None else env
@@ -284,7 +293,7 @@ def fetch_debs(pins: list[DebPin], *, mirrors: list[str], cache_dir: Path, jobs:
     is the more serious).
     """
     results: dict[str, Path] = {}
-    errors: list[tuple[DebPin, Exception]] = []
+    errors: list[tuple[DebPin, SourceError | HashMismatch]] = []
 
     def one(pin: DebPin) -> None:
         try:

@@ -115,8 +115,9 @@ _SERVICES = {
 }
 
 
-def base_packages(suite: str, *, gpu: bool, services: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """The sorted Debian packages envspec always asks for, before the spec's [system] packages."""
+def base_packages(suite: str | None, *, gpu: bool, services: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The sorted Debian packages envspec always asks for, before the spec's [system] packages.
+    ValueError for a suite envspec does not know, or none (no Debian base)."""
     if suite not in SUITES:
         raise ValueError(f"unknown Debian suite {suite!r}; known: {', '.join(sorted(SUITES))}")
     unknown = set(services) - set(_SERVICES)

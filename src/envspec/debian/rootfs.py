@@ -318,6 +318,7 @@ class _Tree:
         self.owner[rel] = pin.name
         if ti.isreg():
             src = tf.extractfile(ti)
+            assert src is not None  # a regular file has its bytes
             data = src.read()
             with open(target, "xb") as out:
                 out.write(data)
