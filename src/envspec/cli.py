@@ -11,10 +11,14 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envspec import __version__
 from envspec.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EnvspecError,
                             ResolutionImpossible, UsageError)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 def _console(stderr: bool = False):
@@ -240,8 +244,8 @@ class _Progress:
                 outer._line(f"pushed {dest}@{digest}")
 
         self.reporter = R()
-        self.progress = None
-        self.tasks: dict[str, int] = {}
+        self.progress: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
         self.counts: dict[str, int] = {}
 
     def __enter__(self):

@@ -137,7 +137,10 @@ def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin]
         return out
 
     a, b = index(old), index(new)
-    by_version = functools.cmp_to_key(lambda p, q: cmp(p.version, q.version))
+    def version_order(p: Pin, q: Pin) -> int:
+        return cmp(p.version, q.version)
+
+    by_version = functools.cmp_to_key(version_order)
     changes: list[PackageChange] = []
     for k in sorted(set(a) | set(b)):
         pa, pb = a.get(k, []), b.get(k, [])
@@ -395,9 +398,9 @@ def diff_lines(d: LockDiff) -> list[str]:
     for title, changes in (("Python wheels", d.wheels), ("Debian packages", d.debs)):
         if not changes:
             continue
-        n = {k: sum(1 for c in changes if c.change == k) for k in
-             ("added", "removed", "upgraded", "downgraded", "rebuilt")}
-        summary = ", ".join(f"{v} {k}" for k, v in n.items() if v)
+        counts = {k: sum(1 for c in changes if c.change == k) for k in
+                  ("added", "removed", "upgraded", "downgraded", "rebuilt")}
+        summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
         lines += ["", f"{title} ({summary}):"]
         for c in changes:
             mark = {"added": "+", "removed": "-", "upgraded": "^", "downgraded": "v", "rebuilt": "~"}[c.change]

@@ -368,6 +368,4 @@ def stale_reasons(lock: Lockfile, spec: EnvSpec, *, debian_requested: list[str] 
         for i, pkg in enumerate(spec.system.packages):
             if pkg not in have:
                 reasons.append(f"Debian package {pkg} ([system].packages[{i}]) is not in the lock")
-    # de-duplicate while keeping order; the spec-hash line alone when nothing specific was found
-    seen: set[str] = set()
-    return [r for r in reasons if not (r in seen or seen.add(r))]
+    return list(dict.fromkeys(reasons))  # de-duplicated, in order

@@ -35,7 +35,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Protocol, Sequence
+from typing import IO, Callable, Protocol, Sequence
 
 from envspec.errors import BuildError, HashMismatch, HostError
 
@@ -333,7 +333,7 @@ def find_put_layer() -> str | None:
     return shutil.which(PUT_LAYER)
 
 
-def _feed(pipe: BinaryIO, tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None],
+def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None],
           want: str = "") -> None:
     """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe``, checking ``cancel``
     between chunks. Without ``want``: ``sendfile``, no copy through Python. With ``want`` (a
@@ -424,7 +424,7 @@ class StorageCLI:
             self.delete_layer(layer_id)
         cancel = cancel or threading.Event()
         given = bool(self.put_tool and diff_id)  # the store takes our digest
-        if given:
+        if self.put_tool and diff_id:
             argv = [self.put_tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
                     "--id", layer_id, "--parent", parent, "--diff-digest", diff_id]
         else:

@@ -21,7 +21,7 @@ import io
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
@@ -42,14 +42,14 @@ INSTALLER_NAME = b"envspec\n"
 
 # --- wheels ------------------------------------------------------------------------------------
 
-def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> BinaryIO:
+def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> IO[bytes]:
     """zipfile's reader of one member (its CRC-32 check, its handling of the stream's end), with
     ISA-L inflating where the member is deflated. zipfile makes its zlib decompressor when the
     member is opened and only calls decompress/unconsumed_tail/eof/flush on it, which isal's
     has too; nothing has been read yet, so the swap is whole."""
     stream = zf.open(item)
     if item.compress_type == zipfile.ZIP_DEFLATED and hasattr(stream, "_decompressor"):
-        stream._decompressor = isal_zlib.decompressobj(-15)  # type: ignore[attr-defined]
+        stream._decompressor = isal_zlib.decompressobj(-15)
     return stream
 
 
@@ -57,7 +57,7 @@ class _SortedWheelFile(WheelFile):
     """installer's WheelFile, members in name order, each stream carrying its size and the
     hash the wheel's RECORD gives it."""
 
-    def get_contents(self):  # type: ignore[override]
+    def get_contents(self):
         import stat as _stat
 
         records = {r[0]: r for r in parse_record_file(self.read_dist_info("RECORD").splitlines())}
@@ -90,7 +90,7 @@ class TarDestination(SchemeDictionaryDestination):
     writer: TarWriter | None = None
     duplicates: list[str] = field(default_factory=list)
 
-    def write_to_fs(self, scheme, path, stream, is_executable):  # type: ignore[override]
+    def write_to_fs(self, scheme, path, stream, is_executable):
         assert self.writer is not None
         target = str(self._path_with_destdir(scheme, path))
         # A member written as the wheel has it keeps the hash its RECORD gives (as pip does; the
@@ -120,7 +120,7 @@ class TarDestination(SchemeDictionaryDestination):
         digest = base64.urlsafe_b64encode(h.digest()).decode("ascii").rstrip("=")
         return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
 
-    def write_script(self, name, module, attr, section):  # type: ignore[override]
+    def write_script(self, name, module, attr, section):
         script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
         return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
 

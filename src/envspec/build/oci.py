@@ -210,7 +210,7 @@ def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
     if ref_name:
         for m in new:
             m.setdefault("annotations", {})["org.opencontainers.image.ref.name"] = ref_name
-    index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []}
+    index: dict[str, Any] = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []}
     if (dest / "index.json").is_file():
         index = json.loads((dest / "index.json").read_bytes())
     names = {m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in new} - {None}
