@@ -115,12 +115,12 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
                              base="none", gpus=[], compute_capabilities=[], driver_policy="compat")
     res = SimpleNamespace(choice=choice, debs=[], deb_requested=[], wheels=[])
     lk = lockmod.from_resolution(res, spec_path=str(spec_path), db_version="test")
-    assert lk.services["ssh"]["authorized_keys_sha256"] == lockmod.keys_sha256(pub)
+    assert lk.services.ssh is not None and lk.services.ssh.authorized_keys_sha256 == lockmod.keys_sha256(pub)
     assert lockmod.stale_reasons(lk, spec) == []
     (tmp_path / "keys.pub").write_text(pub.replace("test", "other"))
     assert any("keys.pub changed" in r for r in lockmod.stale_reasons(lk, spec))
     with pytest.raises(PlanError) as ei:
-        render_service_files(lk.model_dump(mode="json"), spec_dir=tmp_path)
+        render_service_files(lk, spec_dir=tmp_path)
     assert ei.value.reference == "lock-out-of-date"
 
 

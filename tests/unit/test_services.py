@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from envspec.errors import PlanError, SpecError
+from envspec.lock import Lockfile
 from envspec.services import AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, check_authorized_keys, render_service_files
 from envspec.spec import parse_spec
 
@@ -21,7 +22,7 @@ EXAMPLE_KEYS = Path(__file__).resolve().parents[2] / "examples" / "workstation" 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBkP1F5JmVxKs7mZAKq5Ck1zb7yV8pS0uEo2a5gG9bY4 ada@laptop"
 
 
-def _lock(jupyter=True, ssh=True, keys="") -> dict:
+def _data(jupyter=True, ssh=True, keys="") -> dict:
     d = tomllib.loads((GOLDEN / "diff" / "new.lock").read_text())
     d["services"] = {}
     if jupyter:
@@ -29,6 +30,10 @@ def _lock(jupyter=True, ssh=True, keys="") -> dict:
     if ssh:
         d["services"]["ssh"] = {"enabled": True, "port": 2222, "authorized_keys": keys}
     return d
+
+
+def _lock(jupyter=True, ssh=True, keys="") -> Lockfile:
+    return Lockfile.model_validate(_data(jupyter, ssh, keys)).with_hash()
 
 
 def test_files_and_modes():
@@ -51,9 +56,9 @@ def test_no_services_only_entrypoint():
 
 
 def test_disabled_service_is_not_rendered():
-    lock = _lock()
+    lock = _data()
     lock["services"]["ssh"]["enabled"] = False
-    files = render_service_files(lock)
+    files = render_service_files(Lockfile.model_validate(lock))
     assert "/opt/envspec/services/ssh.sh" not in files
     assert "ssh.sh" not in files[ENTRYPOINT_IN_IMAGE][0]
 
