@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from .models import DebPin
 
 log = logging.getLogger("envspec.debian")
 
@@ -31,13 +33,13 @@ class DebianReporter:
     def command(self, argv: list[str]) -> None:
         """An external command is about to run (logged for -v)."""
 
-    def fetching(self, pin: Any, url: str) -> None:
+    def fetching(self, pin: DebPin, url: str) -> None:
         """A .deb download starts."""
 
-    def fetched(self, pin: Any, path: Path, cached: bool) -> None:
+    def fetched(self, pin: DebPin, path: Path, cached: bool) -> None:
         """A .deb is in the cache and checked (cached=True: no download was needed)."""
 
-    def unpacking(self, pin: Any) -> None:
+    def unpacking(self, pin: DebPin) -> None:
         """A .deb's data is being laid into the root filesystem."""
 
     def fixup(self, what: str) -> None:
@@ -48,14 +50,14 @@ class RecordingReporter(DebianReporter):
     """Keeps every event as (hook name, args) for tests."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, tuple]] = []
+        self.events: list[tuple[str, tuple[Any, ...]]] = []
 
     def names(self) -> list[str]:
         return [e[0] for e in self.events]
 
 
-def _recorder(hook: str):
-    def record(self: RecordingReporter, *args) -> None:
+def _recorder(hook: str) -> Callable[..., None]:
+    def record(self: RecordingReporter, *args: Any) -> None:
         self.events.append((hook, args))
 
     return record
