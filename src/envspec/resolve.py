@@ -23,13 +23,31 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_arch
+from envspec.debian.models import SUITES as DEBIAN_SUITES
 from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
 
-SUITES = {"3.11": ("bookworm", "2_36"), "3.13": ("trixie", "2_40")}  # Debian's python3 per suite, glibc
 HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
+# The newest manylinux target uv resolves for: `uv pip compile --help` (uv 0.13.9) lists
+# --python-platform x86_64-manylinux_2_17 ... x86_64-manylinux_2_40 and nothing later. A suite
+# whose glibc is newer (trixie ships 2.41) locks for manylinux_2_40: every wheel tagged for 2_40
+# or older runs on it, and no wheel is published for a newer glibc yet.
+UV_MAX_MANYLINUX = (2, 40)
+
+
+def manylinux_glibc(glibc: str) -> str:
+    """The manylinux glibc part of the platform tag for a base's glibc: "2.36" -> "2_36", capped at
+    ``UV_MAX_MANYLINUX`` ("2.41" -> "2_40")."""
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    major, minor = min((major, minor), UV_MAX_MANYLINUX)
+    return f"{major}_{minor}"
+
+
+# Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
+SUITES: dict[str, tuple[str, str]] = {facts["python"]: (suite, manylinux_glibc(facts["glibc"]))
+                                      for suite, facts in DEBIAN_SUITES.items()}
 
 
 # ---------------------------------------------------------------------------------------

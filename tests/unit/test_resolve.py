@@ -101,3 +101,47 @@ def test_explain_json_when_nothing_fits(capsys):
     assert set(out["error"]) >= {"reference", "message", "causes"}
     assert any("torch >= 2.7" in c for c in out["error"]["causes"])
     assert out["candidates"]
+
+
+# ---- the glibc of a base: one source (debian.models.SUITES), capped at uv's newest manylinux ------
+
+def test_suites_come_from_debian_models():
+    from envspec.debian.models import SUITES as DEBIAN
+    from envspec.resolve import SUITES
+
+    assert {py: suite for py, (suite, _) in SUITES.items()} == {f["python"]: s for s, f in DEBIAN.items()}
+    assert DEBIAN["trixie"]["glibc"] == "2.41"  # newer than uv's newest manylinux target
+
+
+@pytest.mark.parametrize("glibc, tag", [("2.28", "2_28"), ("2.36", "2_36"), ("2.40", "2_40"), ("2.41", "2_40"),
+                                        ("3.0", "2_40")])
+def test_manylinux_glibc_is_capped_at_uvs_newest_target(glibc, tag):
+    from envspec.resolve import manylinux_glibc
+
+    assert manylinux_glibc(glibc) == tag
+
+
+@pytest.mark.parametrize("body, tag", [
+    ('[python]\nversion = "3.11"\n', "manylinux_2_36_x86_64"),
+    ('[python]\nversion = "3.13"\n', "manylinux_2_40_x86_64"),
+    ('[python]\nversion = "3.11"\n[system]\nbase = "debian:bookworm"\n', "manylinux_2_36_x86_64"),
+    ('[python]\nversion = "3.13"\n[system]\nbase = "debian:trixie"\n', "manylinux_2_40_x86_64"),
+    ('[python]\nversion = "3.12"\n[system]\nbase = "none"\n', "manylinux_2_28_x86_64"),
+])
+def test_platform_tags_per_base(db, body, tag):
+    assert choose(spec(body), db).platform_tag == tag
+
+
+def test_uv_knows_the_newest_manylinux_target():
+    import subprocess
+
+    from envspec.errors import SourceError
+    from envspec.resolve import UV_MAX_MANYLINUX, _uv
+
+    try:
+        uv = _uv()
+    except SourceError:
+        pytest.skip("uv is not installed")
+    target = "x86_64-manylinux_{}_{}".format(*UV_MAX_MANYLINUX)
+    help_text = subprocess.run([uv, "pip", "compile", "--help"], capture_output=True, text=True, check=True).stdout
+    assert target in help_text
