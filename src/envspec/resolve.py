@@ -65,7 +65,7 @@ class Candidate:
 @dataclass(frozen=True)
 class TorchChoice:
     release: TorchRelease
-    variant: Variant
+    variant: Variant  # the chosen build, its PyTorch-index URLs on the spec's [sources].torch_index
     min_driver: str
     candidates: list[Candidate]
 
@@ -237,7 +237,10 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
             first_candidates = cands
         if pick is not None:
             floor = driver_floor(db, pick, spec.target.driver_policy) or ""
-            return TorchChoice(release=rel, variant=pick, min_driver=floor, candidates=cands)
+            # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
+            # torch pin, uv's index arguments and the wheels' attribution all take it from here
+            return TorchChoice(release=rel, variant=pick.served_from(spec.sources.torch_index), min_driver=floor,
+                               candidates=cands)
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,
@@ -451,7 +454,8 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
             return idx
     if parsed.hostname == "files.pythonhosted.org":
         return sources.index
-    if choice.torch is not None and parsed.hostname and "pytorch.org" in parsed.hostname:
+    on_torch_index = url.startswith(sources.torch_index.rstrip("/") + "/")
+    if choice.torch is not None and (on_torch_index or (parsed.hostname and "pytorch.org" in parsed.hostname)):
         return choice.torch.variant.index
     return sources.index  # a mirror's copy of the canonical index's file
 
