@@ -261,7 +261,7 @@ _CAUSE_KEYS = {"arch-missing": ("target", "gpus"), "driver-too-old": ("target", 
 
 def _where(spec: EnvSpec, cause: dict) -> str:
     """'[target].driver (specs/x.toml:7)' for the spec key behind a cause."""
-    path = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
+    path: tuple[str | int, ...] = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
     if cause["kind"] == "arch-missing":
         names = [g for g in spec.target.gpus]
         idx = next((i for i, n in enumerate(names) if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()), None)
@@ -347,7 +347,7 @@ def requirements(choice: Choice) -> tuple[list[str], list[str], set[str]]:
     spec = choice.spec
     torch_reqs: list[str] = []
     direct: set[str] = set()
-    if choice.torch is not None:
+    if choice.torch is not None and spec.torch is not None:  # one implies the other
         local = f"+{choice.torch.variant.local}" if choice.torch.variant.local else ""
         torch_reqs.append(f"torch=={choice.torch.release.version}{local}")
         torch_reqs += list(spec.torch.packages)
@@ -523,6 +523,8 @@ def debian_request(choice: Choice) -> list[str]:
     from envspec import debian
 
     spec = choice.spec
+    if choice.suite is None:
+        raise ValueError("a lock without a Debian base ([system].base = \"none\") asks for no Debian packages")
     services = {k for k in ("jupyter", "ssh") if getattr(spec.services, k) and getattr(spec.services, k).enabled}
     # torch.compile needs a compiler at run time: Triton builds a C helper (gcc + Python headers) on
     # GPUs, Inductor emits C++ (g++) on CPUs; torch itself links libstdc++. A spec can opt out.

@@ -168,7 +168,7 @@ class CompatDB:
             if key.startswith(p) and len(key) > len(p):
                 key = key[len(p):]
                 break
-        keys = {}
+        keys: dict[str, str] = {}
         for k, label in self._gpu_labels.items():
             keys.setdefault(k, label)
             for p in _PREFIXES:
