@@ -142,18 +142,37 @@ def cmd_lock(args) -> int:
     return EXIT_OK
 
 
-def cmd_db(args) -> int:
+def cmd_db(args: argparse.Namespace) -> int:
     from envspec.compat import load_db
 
     if args.db_cmd == "refresh":
         from envspec.compat import DATA_DIR, refresh
+        from envspec.errors import EXIT_SOURCE
 
         report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
+        # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
+        code = EXIT_SOURCE if report.source_errors else EXIT_CHECK_FAILED if report.problems else EXIT_OK
         if args.json:
-            _print_json(report.to_json() if hasattr(report, "to_json") else {"ok": True})
-        else:
-            _console().print(str(report), markup=False)
-        return EXIT_OK
+            _print_json(report.to_json())
+            return code
+        con = _console()
+        n = len(report.releases)
+        counts = ", ".join(f"{len(names)} {what}" for what, names in (
+            ("added", report.added), ("changed", report.changed), ("unchanged", report.unchanged),
+            ("kept", report.kept), ("removed", report.removed)))
+        con.print(f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
+                  f"{n} release{'s' if n != 1 else ''} ({counts})", markup=False)
+        for what, names in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
+            if names:
+                con.print(f"  {what}: {', '.join(names)}", markup=False)
+        if report.problems:
+            err = _console(stderr=True)
+            for problem in report.problems:
+                err.print(f"problem: {problem}", markup=False)
+            err.print("hint: " + ("an index did not answer: check the network and run it again; "
+                                  if report.source_errors else "")
+                      + "a release that could not be read keeps its old row, if the file had one", markup=False)
+        return code
     db = load_db()
     if args.json:
         _print_json(db.to_json())
@@ -456,7 +475,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("verify", help="check the live machine against a lock (see `envspec verify --help`)")
     sub.add_parser("cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)")
-
     return p
 
 

@@ -5,9 +5,11 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
 
 ====  ==========================================================================
  0    success
- 1    a check failed: ``lock --check`` found the lock stale, ``verify`` found a failure
+ 1    a check failed: ``lock --check`` found the lock stale, ``verify`` found a failure,
+      ``db refresh`` could not read a release
  2    bad input: the spec, a lockfile, arguments, or a spec that cannot be satisfied
  3    a source could not give what was asked: index, mirror, Debian archive, network
+      (``db refresh``: an index did not answer for a release)
  4    the build failed (a tool returned non-zero, a hash did not match)
  5    the host lacks something envspec needs (buildah, podman, a GPU driver)
 130   interrupted (Ctrl-C); nothing was half-written

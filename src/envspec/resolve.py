@@ -23,13 +23,31 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_arch
+from envspec.debian.models import SUITES as DEBIAN_SUITES
 from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
 
-SUITES = {"3.11": ("bookworm", "2_36"), "3.13": ("trixie", "2_40")}  # Debian's python3 per suite, glibc
 HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
+# The newest manylinux target uv resolves for: `uv pip compile --help` (uv 0.13.9) lists
+# --python-platform x86_64-manylinux_2_17 ... x86_64-manylinux_2_40 and nothing later. A suite
+# whose glibc is newer (trixie ships 2.41) locks for manylinux_2_40: every wheel tagged for 2_40
+# or older runs on it, and no wheel is published for a newer glibc yet.
+UV_MAX_MANYLINUX = (2, 40)
+
+
+def manylinux_glibc(glibc: str) -> str:
+    """The manylinux glibc part of the platform tag for a base's glibc: "2.36" -> "2_36", capped at
+    ``UV_MAX_MANYLINUX`` ("2.41" -> "2_40")."""
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    major, minor = min((major, minor), UV_MAX_MANYLINUX)
+    return f"{major}_{minor}"
+
+
+# Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
+SUITES: dict[str, tuple[str, str]] = {facts["python"]: (suite, manylinux_glibc(facts["glibc"]))
+                                      for suite, facts in DEBIAN_SUITES.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,7 +65,7 @@ class Candidate:
 @dataclass(frozen=True)
 class TorchChoice:
     release: TorchRelease
-    variant: Variant
+    variant: Variant  # the chosen build, its PyTorch-index URLs on the spec's [sources].torch_index
     min_driver: str
     candidates: list[Candidate]
 
@@ -219,7 +237,10 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
             first_candidates = cands
         if pick is not None:
             floor = driver_floor(db, pick, spec.target.driver_policy) or ""
-            return TorchChoice(release=rel, variant=pick, min_driver=floor, candidates=cands)
+            # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
+            # torch pin, uv's index arguments and the wheels' attribution all take it from here
+            return TorchChoice(release=rel, variant=pick.served_from(spec.sources.torch_index), min_driver=floor,
+                               candidates=cands)
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,
@@ -434,7 +455,8 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
             return idx
     if parsed.hostname == "files.pythonhosted.org":
         return sources.index
-    if choice.torch is not None and parsed.hostname and "pytorch.org" in parsed.hostname:
+    on_torch_index = url.startswith(sources.torch_index.rstrip("/") + "/")
+    if choice.torch is not None and (on_torch_index or (parsed.hostname and "pytorch.org" in parsed.hostname)):
         return choice.torch.variant.index
     return sources.index  # a mirror's copy of the canonical index's file
 
@@ -502,6 +524,8 @@ def debian_request(choice: Choice) -> list[str]:
     from envspec import debian
 
     spec = choice.spec
+    if choice.suite is None:
+        raise ValueError("a lock without a Debian base ([system].base = \"none\") asks for no Debian packages")
     services = {k for k in ("jupyter", "ssh") if getattr(spec.services, k) and getattr(spec.services, k).enabled}
     # torch.compile needs a compiler at run time: Triton builds a C helper (gcc + Python headers) on
     # GPUs, Inductor emits C++ (g++) on CPUs; torch itself links libstdc++. A spec can opt out.

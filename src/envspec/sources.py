@@ -53,9 +53,6 @@ class Sources:
     debian_snapshot: str = ""
     notes: tuple[str, ...] = field(default=())
 
-    def torch_variant_index(self, variant: str) -> str:
-        return f"{self.torch_index.rstrip('/')}/{variant}"
-
 
 def _split(value: str) -> list[str]:
     return [v for v in re.split(r"[\s,]+", value.strip()) if v]

@@ -7,9 +7,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from packaging.version import Version
 
+from envspec.cli import main
 from envspec.compat import DATA_DIR, load_db, refresh
 from envspec.compat import pypi
+from envspec.errors import EXIT_CHECK_FAILED, EXIT_SOURCE, SourceError
 
 REC = Path(__file__).parents[1] / "data" / "compat"
 METADATA = {p.name[: -len(".metadata")]: p.read_bytes() for p in (REC / "metadata").glob("*.metadata")}
@@ -205,3 +208,96 @@ def test_pythons_from_file_names():
              "torch-2.0.0-cp311-cp311-win_amd64.whl", "torch-2.9.1-cp313-cp313t-manylinux_2_28_x86_64.whl",
              "torch-2.9.1-cp310-cp310-manylinux_2_28_x86_64.whl", "torch-2.0.0.tar.gz", "garbage.whl"]
     assert pypi.linux_x86_64_pythons(files) == (["3.8", "3.10"], ["3.13"])
+
+
+# ---- what the report says, and `envspec db refresh` (--json) with its exit codes ----------------
+
+class UnansweringIndex(RecordedIndex):
+    """The recorded index, but the wheel of ``silent`` does not answer (as urllib's fetchers fail)."""
+
+    def __init__(self, silent: str, **kw) -> None:
+        super().__init__(**kw)
+        self.silent = silent
+
+    def fetch_range(self, url: str, start: int, end: int) -> bytes:
+        if f"torch-{self.silent}-" in url:
+            raise SourceError(f"cannot read {url}: timed out", hint="check the network")
+        return super().fetch_range(url, start, end)
+
+
+def test_report_partitions_the_releases(tmp_path):
+    out, rep = _refresh(tmp_path, RecordedIndex(), since="1.13.0")
+    assert rep.written and rep.added == rep.releases and rep.unchanged == rep.changed == rep.kept == []
+    out.write_text(out.read_text().replace('nccl = "2.30.7"', 'nccl = "2.30.6"', 1))
+    _, rep = _refresh(tmp_path, RecordedIndex(broken={"2.9.1"}), since="2.0.0")
+    assert (rep.added, rep.changed, rep.unchanged, rep.kept, rep.removed) == (
+        [], ["2.14.1"], ["2.0.0", "2.15.0"], ["1.13.1", "2.9.1"], [])
+    assert sorted(rep.added + rep.changed + rep.unchanged + rep.kept, key=Version) == rep.releases
+    assert rep.source_errors == [] and len(rep.problems) == 1
+    assert rep.to_json() == {
+        "ok": False, "output": str(out), "written": True, "releases": rep.releases, "added": [],
+        "changed": ["2.14.1"], "unchanged": ["2.0.0", "2.15.0"], "kept": ["1.13.1", "2.9.1"], "removed": [],
+        "problems": rep.problems, "source_errors": []}
+
+
+def test_an_index_that_does_not_answer_is_a_source_error(tmp_path):
+    _, rep = _refresh(tmp_path, UnansweringIndex("2.9.1"))
+    assert len(rep.problems) == 1 and rep.source_errors == rep.problems
+    assert rep.source_errors[0].startswith("2.9.1: cannot read the metadata") and "timed out" in rep.source_errors[0]
+
+
+def _cli(monkeypatch, capsys, idx, out, *extra):
+    monkeypatch.setattr(pypi, "default_fetch", idx.fetch)
+    monkeypatch.setattr(pypi, "default_fetch_range", idx.fetch_range)
+    code = main(["db", "refresh", "-o", str(out), *extra])
+    return code, capsys.readouterr()
+
+
+def test_cli_refresh_json_says_what_it_did(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "torch_pypi.toml"
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(), out, "--json")
+    rep = json.loads(cap.out)
+    assert code == 0 and rep["ok"] is True and rep["written"] is True and rep["output"] == str(out)
+    assert rep["added"] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"] and rep["problems"] == []
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(), out, "--json")
+    rep = json.loads(cap.out)
+    assert code == 0 and rep["added"] == [] and rep["unchanged"] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"]
+
+
+def test_cli_refresh_exits_1_when_a_release_cannot_be_read(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "torch_pypi.toml"
+    _cli(monkeypatch, capsys, RecordedIndex(), out, "--json")
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(broken={"2.9.1"}), out, "--json")
+    rep = json.loads(cap.out)
+    assert code == EXIT_CHECK_FAILED == 1
+    assert rep["ok"] is False and rep["kept"] == ["2.9.1"] and rep["problems"][0].startswith("2.9.1: cannot read")
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(broken={"2.9.1"}), out)  # the words, same code
+    assert code == 1 and "4 releases (0 added, 0 changed, 3 unchanged, 1 kept, 0 removed)" in cap.out
+    assert "problem: 2.9.1: cannot read the metadata" in cap.err and "hint:" in cap.err
+
+
+def test_cli_refresh_exits_3_when_an_index_does_not_answer(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "torch_pypi.toml"
+    code, cap = _cli(monkeypatch, capsys, UnansweringIndex("2.9.1"), out, "--json")
+    rep = json.loads(cap.out)
+    assert code == EXIT_SOURCE == 3
+    assert rep["ok"] is False and rep["written"] is True and len(rep["source_errors"]) == 1
+
+
+def test_cli_refresh_exits_3_when_pypi_does_not_answer_at_all(tmp_path, monkeypatch, capsys):
+    def down(url: str) -> bytes:
+        raise SourceError(f"cannot read {url}: connection refused")
+
+    monkeypatch.setattr(pypi, "default_fetch", down)
+    out = tmp_path / "torch_pypi.toml"
+    code = main(["db", "refresh", "-o", str(out), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 3 and rep["ok"] is False and rep["error"]["reference"] == "source-unavailable"
+    assert not out.exists()
+
+
+def test_cli_refresh_words(tmp_path, monkeypatch, capsys):
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(), tmp_path / "torch_pypi.toml")
+    assert code == 0 and cap.err == ""
+    assert f"wrote {tmp_path / 'torch_pypi.toml'}: 4 releases (4 added, 0 changed, 0 unchanged" in cap.out
+    assert "added: 2.0.0, 2.9.1, 2.14.1, 2.15.0" in cap.out

@@ -101,3 +101,126 @@ def test_explain_json_when_nothing_fits(capsys):
     assert set(out["error"]) >= {"reference", "message", "causes"}
     assert any("torch >= 2.7" in c for c in out["error"]["causes"])
     assert out["candidates"]
+
+
+# ---- [sources].torch_index: the base of the PyTorch-index variants ------------------------------
+
+MIRROR = "https://mirror.example/whl"
+
+
+def test_torch_index_is_the_base_of_the_chosen_variants_index(db):
+    body = '[torch]\nversion = "2.14.*"\ncuda = "12.6"\n'
+    default = choose(spec(body), db).torch.variant
+    mirrored = choose(spec(body + f'[sources]\ntorch_index = "{MIRROR}/"\n'), db).torch.variant
+    assert default.index == default.pytorch_index == "https://download.pytorch.org/whl/cu126"
+    assert mirrored.index == mirrored.pytorch_index == f"{MIRROR}/cu126"
+    assert mirrored.local == default.local == "cu126"
+    # the default changes nothing: the choice carries the DB's own variant
+    assert default == db.torch_release("2.14.1").variants["cu126"]
+
+
+def test_torch_index_leaves_pypis_build_on_pypi(db):
+    body = f'[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\n[sources]\ntorch_index = "{MIRROR}"\n'
+    v = choose(spec(body), db).torch.variant
+    assert v.pypi and v.index == "https://pypi.org/simple" and v.local == ""
+    assert v.pytorch_index == f"{MIRROR}/{v.name}"
+
+
+def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
+    from envspec import lock as lockmod
+    from envspec.resolve import Resolution, _attribute_index
+    from envspec.sources import Sources
+
+    s = spec(f'[torch]\nversion = "2.14.*"\ncuda = "cpu"\n[sources]\ntorch_index = "{MIRROR}"\n')
+    ch = choose(s, db)
+    lk = lockmod.from_resolution(Resolution(choice=ch, wheels=[], debs=[], deb_requested=[]), spec_path="t.toml",
+                                 db_version=db.version)
+    assert lk.torch is not None and lk.torch.index == f"{MIRROR}/cpu"
+    src = Sources(torch_index=MIRROR)
+    fn = "filelock-3.20.0-py3-none-any.whl"
+    assert _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src) == f"{MIRROR}/cpu"  # served by the mirror
+    assert _attribute_index(f"{MIRROR}/cpu/torch-2.14.1.whl", "torch", ch, src) == f"{MIRROR}/cpu"
+    assert _attribute_index(f"https://files.pythonhosted.org/x/{fn}", "filelock", ch, src) == "https://pypi.org/simple"
+
+
+def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
+    from envspec.resolve import _index_args
+    from envspec.sources import Sources
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # no socket: file:// indexes answer when their folder exists
+    base = (tmp_path / "whl").as_uri()
+    (tmp_path / "whl" / "cu126").mkdir(parents=True)
+    ch = choose(spec(f'[torch]\nversion = "2.14.*"\ncuda = "12.6"\n[sources]\ntorch_index = "{base}"\n'), db)
+    args, _ = _index_args(Sources(torch_index=base), ch)
+    assert args[:2] == ["--extra-index-url", f"{base}/cu126"]
+    assert "https://download.pytorch.org/whl/cu126" not in args
+
+
+def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monkeypatch):
+    """The committed locks, re-made offline from the choice and their own pins, are their own bytes."""
+    from pathlib import Path
+
+    from envspec import lock as lockmod
+    from envspec.resolve import Resolution, WheelCandidate
+    from envspec.spec import load_spec
+
+    repo = Path(__file__).parents[2]
+    roots = [repo, repo / "examples" / "team"]
+    checked = 0
+    for root in roots:
+        monkeypatch.chdir(root)
+        for spec_path in sorted(Path("specs").glob("*.toml")):
+            s = load_spec(spec_path)
+            path = lockmod.default_path(s.name)
+            old = lockmod.load(path)
+            res = Resolution(choice=choose(s, db), wheels=[WheelCandidate(**w.model_dump()) for w in old.wheels],
+                             debs=list(old.debian.packages) if old.debian else [],
+                             deb_requested=list(old.debian.requested) if old.debian else [])
+            new = lockmod.from_resolution(res, spec_path=str(spec_path), db_version=old.meta.db_version)
+            assert lockmod.dumps(new) == path.read_text(encoding="utf-8"), root / path
+            checked += 1
+    assert checked >= 7
+
+
+# ---- the glibc of a base: one source (debian.models.SUITES), capped at uv's newest manylinux ------
+
+def test_suites_come_from_debian_models():
+    from envspec.debian.models import SUITES as DEBIAN
+    from envspec.resolve import SUITES
+
+    assert {py: suite for py, (suite, _) in SUITES.items()} == {f["python"]: s for s, f in DEBIAN.items()}
+    assert DEBIAN["trixie"]["glibc"] == "2.41"  # newer than uv's newest manylinux target
+
+
+@pytest.mark.parametrize("glibc, tag", [("2.28", "2_28"), ("2.36", "2_36"), ("2.40", "2_40"), ("2.41", "2_40"),
+                                        ("3.0", "2_40")])
+def test_manylinux_glibc_is_capped_at_uvs_newest_target(glibc, tag):
+    from envspec.resolve import manylinux_glibc
+
+    assert manylinux_glibc(glibc) == tag
+
+
+@pytest.mark.parametrize("body, tag", [
+    ('[python]\nversion = "3.11"\n', "manylinux_2_36_x86_64"),
+    ('[python]\nversion = "3.13"\n', "manylinux_2_40_x86_64"),
+    ('[python]\nversion = "3.11"\n[system]\nbase = "debian:bookworm"\n', "manylinux_2_36_x86_64"),
+    ('[python]\nversion = "3.13"\n[system]\nbase = "debian:trixie"\n', "manylinux_2_40_x86_64"),
+    ('[python]\nversion = "3.12"\n[system]\nbase = "none"\n', "manylinux_2_28_x86_64"),
+])
+def test_platform_tags_per_base(db, body, tag):
+    assert choose(spec(body), db).platform_tag == tag
+
+
+def test_uv_knows_the_newest_manylinux_target():
+    import subprocess
+
+    from envspec.errors import SourceError
+    from envspec.resolve import UV_MAX_MANYLINUX, _uv
+
+    try:
+        uv = _uv()
+    except SourceError:
+        pytest.skip("uv is not installed")
+    target = "x86_64-manylinux_{}_{}".format(*UV_MAX_MANYLINUX)
+    help_text = subprocess.run([uv, "pip", "compile", "--help"], capture_output=True, text=True, check=True).stdout
+    assert target in help_text

@@ -32,6 +32,17 @@ class Variant(BaseModel):
     pytorch_index: str = ""  # the download.pytorch.org index that also serves this build
     pytorch_local: str = ""  # its local label there ("cu130" even for PyPI's build)
 
+    def served_from(self, torch_index: str) -> Variant:
+        """This build with ``torch_index`` (a spec's ``[sources].torch_index``: download.pytorch.org/whl
+        or a mirror laid out like it) as the base of its PyTorch-index URLs: ``index`` when the build
+        comes from there (``local`` is set) and ``pytorch_index``. PyPI's build keeps PyPI as ``index``.
+        With the default base the result equals this variant."""
+        base = torch_index.rstrip("/")
+        update = {"pytorch_index": f"{base}/{self.pytorch_local}" if self.pytorch_local else self.pytorch_index}
+        if self.local:
+            update["index"] = f"{base}/{self.local}"
+        return self.model_copy(update=update)
+
 
 class TorchRelease(BaseModel):
     model_config = ConfigDict(frozen=True)

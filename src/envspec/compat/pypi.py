@@ -48,18 +48,39 @@ FetchRange = Callable[[str, int, int], bytes]  # (url, first byte, last byte inc
 
 @dataclass
 class RefreshReport:
-    """What a refresh did: releases written, which were new or changed, and what it could not read."""
+    """What a refresh did: releases written, which were new, changed or the same, and what it could
+    not read. Every release of ``releases`` is in exactly one of added, changed, unchanged, kept."""
 
     out_path: Path
-    releases: list[str] = field(default_factory=list)
-    added: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)  # every release in the written file
+    added: list[str] = field(default_factory=list)  # read now, not in the old file
+    changed: list[str] = field(default_factory=list)  # read now, different from the old row
+    unchanged: list[str] = field(default_factory=list)  # read now, the same as the old row
+    kept: list[str] = field(default_factory=list)  # not read now (older than `since`, or a problem): old row kept
+    removed: list[str] = field(default_factory=list)  # in the old file, not in the new one
     problems: list[str] = field(default_factory=list)  # "2.3.0: no Linux x86_64 wheel"
+    source_errors: list[str] = field(default_factory=list)  # the problems where an index did not answer
+    written: bool = False  # whether out_path was (re)written
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def to_json(self) -> dict[str, object]:
+        """The report as plain JSON data (`envspec db refresh --json`)."""
+        return {
+            "ok": self.ok,
+            "output": str(self.out_path),
+            "written": self.written,
+            "releases": list(self.releases),
+            "added": list(self.added),
+            "changed": list(self.changed),
+            "unchanged": list(self.unchanged),
+            "kept": list(self.kept),
+            "removed": list(self.removed),
+            "problems": list(self.problems),
+            "source_errors": list(self.source_errors),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,8 +286,11 @@ def _wheel_metadata(f: dict, fetch: Fetch, fetch_range: FetchRange | None) -> by
     return read_zip_member(f["url"], size, ".dist-info/METADATA", fetch_range)
 
 
-def collect(fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0") -> tuple[list[dict], list[str]]:
-    """Rows for torch_pypi.toml (sorted) and the problems met; pure given its fetchers."""
+def collect(fetch: Fetch, fetch_range: FetchRange | None,
+            since: str = "2.0.0") -> tuple[list[dict], list[str], list[str]]:
+    """Rows for torch_pypi.toml (sorted), the problems met, and those of them where an index did not
+    answer (``SourceError`` from a fetcher); pure given its fetchers. The release list and the
+    file list are needed at all: a ``SourceError`` reading them propagates."""
     floor = Version(since)
     api = json.loads(fetch(JSON_API))
     simple = json.loads(fetch(SIMPLE_API))
@@ -288,6 +312,7 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0") 
         files_by_version.setdefault(str(ver), []).append(f)
     rows: list[dict] = []
     problems: list[str] = []
+    source_errors: list[str] = []
     for pv in versions:
         v = str(pv)
         files = files_by_version.get(v, [])
@@ -302,7 +327,12 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0") 
                                                  if linux_x86_64_pythons([f["filename"]])[0] else "0"))
         try:
             meta = _wheel_metadata(pick, fetch, fetch_range)
-        except (ValueError, struct.error, zlib.error, SourceError) as exc:
+        except SourceError as exc:
+            problem = f"{v}: cannot read the metadata of {pick['filename']}: {exc.message}"
+            problems.append(problem)
+            source_errors.append(problem)
+            continue
+        except (ValueError, struct.error, zlib.error) as exc:
             problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
             continue
         pins = pins_from_metadata(meta)
@@ -319,7 +349,7 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0") 
             "source": f"pypi-metadata: Requires-Dist of {pick['filename']}; Python versions from "
                       f"{SIMPLE_API} file names",
         })
-    return rows, problems
+    return rows, problems, source_errors
 
 
 def _q(s: str) -> str:
@@ -372,8 +402,8 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     if out_path.exists():
         old = tomllib.loads(out_path.read_text())
         old_rows = {r["version"]: r for r in old.get("release", [])}
-    rows, problems = collect(fetch, fetch_range, since)
-    report = RefreshReport(out_path=out_path, problems=problems)
+    rows, problems, source_errors = collect(fetch, fetch_range, since)
+    report = RefreshReport(out_path=out_path, problems=problems, source_errors=source_errors)
     if not rows:
         return report
     new = {r["version"]: r for r in rows}
@@ -382,11 +412,16 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     for v, r in old_rows.items():
         if v not in merged and (Version(v) < Version(since) or v in failed):
             merged[v] = r  # keep what we could not (or were not asked to) re-read
+            report.kept.append(v)
     for v in new:
         if v not in old_rows:
             report.added.append(v)
         elif {k: old_rows[v].get(k) for k in new[v]} != new[v]:
             report.changed.append(v)
+        else:
+            report.unchanged.append(v)
+    for names in (report.added, report.changed, report.unchanged, report.kept):
+        names.sort(key=Version)
     report.removed = sorted((set(old_rows) - set(merged)), key=Version)
     report.releases = sorted(merged, key=Version)
     today = date or datetime.date.today().isoformat()
@@ -394,6 +429,7 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, out_path)
+    report.written = True
     from envspec.compat.load import _load_cached
 
     _load_cached.cache_clear()  # a DB loaded earlier in this process is stale now
