@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from envspec.build import layers as layer_makers
-from envspec.build.engine import BuildahEngine, Engine, HostInfo, RecordingEngine, detect_host
+from envspec.build.engine import BuildahEngine, Engine, RecordingEngine
 from envspec.build.fetch import Cache, WheelFetcher, default_cache_dir
 from envspec.build.importer import Importer, LayerFile
 from envspec.build.oci import LayerBlob, export_layout, write_layout
@@ -34,7 +34,7 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 
 __all__ = [
     "build", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine", "RecordingEngine", "Engine",
-    "HostInfo", "detect_host", "default_cache_dir",
+    "default_cache_dir",
 ]
 
 
