@@ -39,11 +39,13 @@ def cpu_image(tmp_path_factory):
 
     from envspec.build import BuildahEngine, build
     from envspec.lock import load
+    from envspec.run import podman_args
 
     base = tmp_path_factory.mktemp("verify-image")
     with private_storage(base / "storage") as host:
         built = build(load(ROOT / "lockfiles" / "cpu.lock"), engine=BuildahEngine(host), cache_dir=base / "cache")
-        _IMAGE.update(image=built.image, podman=host.storage_args(), run=host.podman_run_args())
+        glob, run = podman_args(host)
+        _IMAGE.update(image=built.image, podman=glob, run=run)
         yield
 
 
