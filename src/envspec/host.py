@@ -510,7 +510,8 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         for name in VERSIONED:
             if name in tools:
                 rc, out, err = run([name, "--version"])
-                tools[name] = Tool(tools[name].path, out.strip(), "" if rc == 0 else (err.strip()[:200] or f"exit {rc}"))
+                error = "" if rc == 0 else (err.strip()[:200] or f"exit status {rc}")
+                tools[name] = Tool(tools[name].path, out.strip(), error)
 
     status = _read(root, "/proc/self/status") or ""
     uids = _status_field(status, "Uid")

@@ -136,8 +136,8 @@ def _podman_global(host: Host) -> list[str]:
 
 
 def _runtime(host: Host, warnings: list[str]) -> list[str]:
-    if host.runtime:
-        return ["--runtime", host.runtime]  # crun rejects cgroup v1/hybrid hierarchies on this project's Debian 12 hosts
+    if host.runtime:  # crun rejects cgroup v1/hybrid hierarchies on this project's Debian 12 hosts
+        return ["--runtime", host.runtime]
     if host.cgroup != "v2":
         warnings.append(f"cgroup {host.cgroup} host without runc: crun may refuse to start the container "
                         "(apt-get install -y runc)")

@@ -79,7 +79,8 @@ def image(tmp_path_factory):
                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1800)
     assert cp.returncode == 0, f"envspec lock {SPEC} failed:\n{cp.stdout}\n{cp.stderr}"
     lock = lockmod.load(out)
-    assert lock.services.enabled() == ["jupyter", "ssh"], f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
+    assert lock.services.enabled() == ["jupyter", "ssh"], \
+        f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
     built = build(lock, engine=BuildahEngine())
     ls = _sh_in_image(built.image, "ls /opt/envspec/services/")
     if "jupyter.sh" not in ls.stdout or "ssh.sh" not in ls.stdout:
