@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
 from envspec.build import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
-from envspec.build.engine import detect_host  # noqa: E402
+from envspec.host import detect_host  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
@@ -112,7 +112,7 @@ def timed(fn, settle: bool = True, phases: "Phases | None" = None):
 
 
 def podman_size(engine, ref: str) -> int:
-    cp = subprocess.run(["podman", *engine.host.storage_args(), "image", "inspect", ref], capture_output=True,
+    cp = subprocess.run(["podman", *engine.host.storage.args(), "image", "inspect", ref], capture_output=True,
                         text=True, check=True)
     return int(json.loads(cp.stdout)[0]["Size"])
 
@@ -231,13 +231,13 @@ def main() -> int:
         if not args.skip_containerfile:
             res.update(containerfile(engine, plan, paths, cache, work))
     finally:
-        subprocess.run(["podman", *engine.host.storage_args(), "system", "reset", "--force"], capture_output=True)
+        subprocess.run(["podman", *engine.host.storage.args(), "system", "reset", "--force"], capture_output=True)
         mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
         for m in sorted((m for m in mounts if m.startswith(str(work))), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(detect_host().storage_runroot, ignore_errors=True)
+            shutil.rmtree(detect_host(ask=()).storage.runroot, ignore_errors=True)
     text = json.dumps(res, indent=1)
     print(text)
     if args.json:
@@ -246,11 +246,11 @@ def main() -> int:
 
 
 def reset_storage(engine, under: Path) -> None:
-    subprocess.run(["podman", *engine.host.storage_args(), "system", "reset", "--force"], capture_output=True)
+    subprocess.run(["podman", *engine.host.storage.args(), "system", "reset", "--force"], capture_output=True)
     mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(str(under))), reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True)
-    shutil.rmtree(engine.host.storage_runroot, ignore_errors=True)
+    shutil.rmtree(engine.host.storage.runroot, ignore_errors=True)
 
 
 def untar_layers(plan, paths, mirrors, work: Path, dest: Path) -> float:
@@ -294,7 +294,7 @@ def containerfile(engine, plan, paths, cache, work) -> dict:
     out = {}
     digests = []
     for i in (1, 2):
-        argv = ["buildah", *engine.host.storage_args(), "bud", "--isolation", "chroot", "--layers=false",
+        argv = ["buildah", *engine.host.storage.args(), "bud", "--isolation", "chroot", "--layers=false",
                 "-v", f"{wheels}:/wheels:ro", "-t", f"localhost/bench/containerfile:{i}", "-f",
                 str(work / "Containerfile"), str(work)]
         t, cp = timed(lambda: subprocess.run(argv, capture_output=True, text=True))
@@ -302,14 +302,14 @@ def containerfile(engine, plan, paths, cache, work) -> dict:
             out["containerfile_error"] = cp.stderr[-2000:]
             return out
         out.setdefault("containerfile_s", []).append(round(t, 1))
-        insp = subprocess.run(["skopeo", "inspect", "--raw", engine.host.storage_ref(f"localhost/bench/containerfile:{i}")],
+        insp = subprocess.run(["skopeo", "inspect", "--raw", engine.host.storage.ref(f"localhost/bench/containerfile:{i}")],
                               capture_output=True, check=True).stdout
         import hashlib
 
         digests.append("sha256:" + hashlib.sha256(insp).hexdigest())
         if i == 1:
             out["containerfile_size"] = podman_size(engine, "localhost/bench/containerfile:1")
-            subprocess.run(["buildah", *engine.host.storage_args(), "rmi", "localhost/bench/containerfile:1"],
+            subprocess.run(["buildah", *engine.host.storage.args(), "rmi", "localhost/bench/containerfile:1"],
                            capture_output=True)
     out["containerfile_reproducible"] = digests[0] == digests[1]
     return out

@@ -43,6 +43,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from envspec.compat import load_db
+    from envspec.host import cache_dir_for
     from envspec.resolve import _index_args, _uv, choose, requirements
     from envspec.sources import discover
     from envspec.spec import load_spec
@@ -64,7 +65,7 @@ def main() -> None:
     _, reqs, _ = requirements(choice)
     (tmp / "r.in").write_text("\n".join(reqs) + "\n")
     idx, _ = _index_args(discover(spec.sources), choice)
-    uv_env = dict(env, UV_CACHE_DIR=str(Path(os.environ.get("ENVSPEC_CACHE", Path.home() / ".cache" / "envspec")) / "uv"),
+    uv_env = dict(env, UV_CACHE_DIR=str(cache_dir_for(os.environ) / "uv"),
                   UV_NO_CONFIG="1")
     uv = timed([_uv(), "pip", "compile", str(tmp / "r.in"), "--format", "pylock.toml", "-o", str(tmp / "pylock.toml"),
                 "--quiet", "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",

@@ -27,10 +27,6 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ENVSPEC_CACHE") or Path.home() / ".cache" / "envspec")
-
-
 def _print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
@@ -109,6 +105,7 @@ def cmd_lock(args) -> int:
             _console().print(f"{out} is up to date with {args.spec}", markup=False)
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
     from envspec.compat import load_db
+    from envspec.host import cache_dir_for
     from envspec.resolve import choose, resolve
     from envspec.sources import discover
 
@@ -126,7 +123,7 @@ def cmd_lock(args) -> int:
         t = choice.torch
         con.print(f"resolving {spec.name}: " + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
                   markup=False)
-    res = resolve(choice, sources, cache_dir=cache_dir(), keep=keep, upgrade=args.upgrade_package or [])
+    res = resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep, upgrade=args.upgrade_package or [])
     lock = lockmod.from_resolution(res, spec_path=_rel(Path(args.spec)), db_version=db.version)
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
@@ -308,8 +305,8 @@ class _Progress:
 def cmd_build(args) -> int:
     from envspec import sources
     from envspec.build import BuildahEngine, BuildOptions, build, preview
-    from envspec.build.engine import detect_host
     from envspec.build.fetch import Cache
+    from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
@@ -322,11 +319,12 @@ def cmd_build(args) -> int:
             os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     plan = make_plan(lock)
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache)
-    cache = Cache(cache_dir())
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
-        _print_json(preview(plan, cache, options=options))
+        _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
         return EXIT_OK
-    engine = BuildahEngine(detect_host())
+    host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
+    cache = Cache(host.cache_dir)
+    engine = BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
@@ -358,43 +356,50 @@ def cmd_diff(args) -> int:
 
 def cmd_doctor(args) -> int:
     from envspec.doctor import doctor_exit_code, doctor_json, doctor_lines, run_doctor
+    from envspec.host import detect_host
+    from envspec.lock import load
 
-    findings = run_doctor(args.lock)
+    lock = load(args.lock) if args.lock else None
+    diagnoses = run_doctor(detect_host(), lock)
     if args.json:
-        _print_json(doctor_json(findings))
+        _print_json(doctor_json(diagnoses))
     else:
         con = _console()
-        for line in doctor_lines(findings):
+        for line in doctor_lines(diagnoses):
             con.print(line, markup=False)
-    return doctor_exit_code(findings)
+    return doctor_exit_code(diagnoses)
 
 
 def cmd_run(args) -> int:
-    from envspec.run import plan_run, run_lines
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import plan_run, resolve_runnable, run_lines
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
     for p in args.port or []:
-        host, _, container = p.partition(":")
-        if not (host.isdigit() and container.isdigit()):
+        outside, _, inside = p.partition(":")
+        if not (outside.isdigit() and inside.isdigit()):
             raise UsageError(f"--port {p!r} is not HOST:CONTAINER", hint="e.g. --port 18888:8888")
-        ports[int(container)] = int(host)
-    plan = plan_run(args.target, cmd, engine=args.engine, bind=args.bind, detach=args.detach, name=args.name,
-                    mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports, image=args.image)
+        ports[int(inside)] = int(outside)
+    runnable = resolve_runnable(args.target)
+    host = detect_host(ask=ASK_NONE)  # file checks only: --print stays fast
+    command = plan_run(runnable, cmd, host=host, engine=args.engine, bind=args.bind, detach=args.detach,
+                       name=args.name, mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports,
+                       image=args.image)
     if args.json:
-        _print_json(plan.to_json())
+        _print_json(command.to_json())
         return EXIT_OK
     if args.print:
-        sys.stdout.write("\n".join(run_lines(plan)) + "\n")
+        sys.stdout.write("\n".join(run_lines(command)) + "\n")
         return EXIT_OK
     con = _console(stderr=True)
-    for w in plan.warnings:
+    for w in command.warnings:
         con.print(f"warning: {w}", markup=False)
-    for n in plan.notes:
+    for n in command.notes:
         con.print(f"note: {n}", markup=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp(plan.argv[0], plan.argv)
+    os.execvp(command.argv[0], command.argv)
     return EXIT_OK  # not reached
 
 

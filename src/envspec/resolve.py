@@ -26,6 +26,7 @@ from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_
 from envspec.debian.models import SUITES as DEBIAN_SUITES
 from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
+from envspec.host import cache_dir_for
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
 
@@ -418,7 +419,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     for u in upgrade:
         argv += ["--upgrade-package", u]
     env = dict(os.environ)
-    env.setdefault("UV_CACHE_DIR", str(Path(env.get("ENVSPEC_CACHE", Path.home() / ".cache" / "envspec")) / "uv"))
+    env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:

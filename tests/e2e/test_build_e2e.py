@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import lock as lockmod  # noqa: E402
-from envspec.build.engine import find_put_layer  # noqa: E402
+from envspec.host import find_put_layer  # noqa: E402
+from envspec.run import podman_args  # noqa: E402
 from envspec.errors import HashMismatch, SourceError  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
@@ -78,7 +79,7 @@ def do_build(lock, engine, cache, **kw):
 
 
 def podman(engine, *args, check=True):
-    return subprocess.run(["podman", *engine.host.storage_args(), *args], capture_output=True, text=True,
+    return subprocess.run(["podman", *engine.host.storage.args(), *args], capture_output=True, text=True,
                           check=check, timeout=300)
 
 
@@ -118,11 +119,11 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
     # which is why `envspec build --push` sends envspec's own layout)
     out = tmp_path / "from-storage"
     subprocess.run(["skopeo", "copy", "--quiet", "--dest-oci-accept-uncompressed-layers",
-                    engine.host.storage_ref(a.image), f"oci:{out}"], check=True, capture_output=True, timeout=300)
+                    engine.host.storage.ref(a.image), f"oci:{out}"], check=True, capture_output=True, timeout=300)
     mdigest = json.loads((out / "index.json").read_text())["manifests"][0]["digest"]
     manifest = json.loads((out / "blobs" / "sha256" / mdigest.split(":")[1]).read_text())
     assert [lay["digest"] for lay in manifest["layers"]] == [lay.digest for lay in a.layers]
-    assert podman(engine, "run", *engine.host.podman_run_args(), "--rm", "--network", "none", a.image,
+    assert podman(engine, "run", *podman_args(engine.host)[1], "--rm", "--network", "none", a.image,
                   "python", "-c", "print(6 * 7)").stdout.split()[-1] == "42"
 
     # the layers containers-storage holds are the ones we made, whatever tool put them there
@@ -326,7 +327,7 @@ def test_two_concurrent_builds_of_one_lock_agree(engine, tmp_path, debs):
 def test_image_runs_under_podman_with_labels_lock_and_sbom(engine, tmp_path, debs):
     lock = small_debian()
     img = do_build(lock, engine, new_cache(tmp_path, debs))
-    run = ["run", "--rm", *engine.host.podman_run_args(), img.image]
+    run = ["run", "--rm", *podman_args(engine.host)[1], img.image]
     out = podman(engine, *run, "python", "-c",
                  "import six, idna, sys, os; print(sys.prefix, six.__version__, idna.__version__, os.getuid(), os.getcwd())")
     assert out.stdout.split() == ["/opt/venv", "1.17.0", "3.20", "1000", "/workspace"]
@@ -431,5 +432,5 @@ def test_smoke_lock_two_no_cache_builds_one_digest_and_it_runs(engine, tmp_path,
     assert a.digest == b.digest and a.image == f"localhost/envspec/smoke:{lock.short_hash}"
     wanted = {w.name: w.version for w in lock.wheels}
     code = "import importlib.metadata as m, json; print(json.dumps({d: m.version(d) for d in %r}))" % sorted(wanted)
-    out = podman(engine, "run", "--rm", *engine.host.podman_run_args(), a.image, "python", "-c", code)
+    out = podman(engine, "run", "--rm", *podman_args(engine.host)[1], a.image, "python", "-c", code)
     assert json.loads(out.stdout) == wanted

@@ -45,27 +45,29 @@ def _free_port() -> int:
 
 
 def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    from envspec.run import detect_host_facts
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import podman_args
 
-    facts = detect_host_facts()
-    glob = list(facts.storage_args) + ([] if facts.systemd else ["--cgroup-manager", "cgroupfs"])
+    glob, _run = podman_args(detect_host(ask=ASK_NONE))
     return subprocess.run(["podman", *glob, *args], capture_output=True, text=True, check=check, timeout=timeout)
 
 
 def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
     """``sh -c script`` in a fresh container of ``ref``, bypassing the entrypoint (no services),
     with the host quirks plan_run handles (runtime, ulimits)."""
-    from envspec.run import Target, detect_host_facts, plan_run
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import Runnable, plan_run
 
-    plan = plan_run(Target(ref, None), facts=replace(detect_host_facts(), tty=False), mount_cwd=False, gpus=False)
-    i = plan.argv.index(ref)
-    argv = plan.argv[:i] + ["--entrypoint", "/bin/sh"] + plan.argv[i:] + ["-c", script]
+    command = plan_run(Runnable(ref, None), host=replace(detect_host(ask=ASK_NONE), tty=False), mount_cwd=False,
+                       gpus=False)
+    i = command.argv.index(ref)
+    argv = command.argv[:i] + ["--entrypoint", "/bin/sh"] + command.argv[i:] + ["-c", script]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    """(lock dict, image ref): the spec locked into a temporary lockfile and built."""
+    """(lock, image ref): the spec locked into a temporary lockfile and built."""
     from envspec import lock as lockmod
     from envspec import sources
     from envspec.build import BuildahEngine, build
@@ -77,14 +79,14 @@ def image(tmp_path_factory):
                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1800)
     assert cp.returncode == 0, f"envspec lock {SPEC} failed:\n{cp.stdout}\n{cp.stderr}"
     lock = lockmod.load(out)
-    assert lock.services.enabled() == ["jupyter", "ssh"], f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
+    assert lock.services.enabled() == ["jupyter", "ssh"], \
+        f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
     built = build(make_plan(lock), BuildahEngine(), Cache(), sources.discover().mirrors)
-    d = lock.model_dump(mode="json", exclude_none=True)
     ls = _sh_in_image(built.image, "ls /opt/envspec/services/")
     if "jupyter.sh" not in ls.stdout or "ssh.sh" not in ls.stdout:
         pytest.fail(f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "
                     f"include envspec.services.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})")
-    return d, built.image
+    return lock, built.image
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +100,13 @@ def client_key(tmp_path_factory):
 @pytest.fixture(scope="module")
 def containers(image, client_key, tmp_path_factory):
     """Two containers of the image, started with plan_run's argv; each on its own loopback ports."""
-    from envspec.run import Target, detect_host_facts, plan_run
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import Runnable, plan_run
 
     lock, ref = image
-    uid = int(lock["runtime"]["uid"])
-    jport, sport = int(lock["services"]["jupyter"]["port"]), int(lock["services"]["ssh"]["port"])
+    uid = lock.runtime.uid
+    assert lock.services.jupyter is not None and lock.services.ssh is not None
+    jport, sport = lock.services.jupyter.port, lock.services.ssh.port
     started = []
     out = {}
     for n, token in (("a", "e2e-token-0123456789abcdef"), ("b", "")):
@@ -113,16 +117,16 @@ def containers(image, client_key, tmp_path_factory):
         env.pop("JUPYTER_TOKEN", None)
         if token:
             env["JUPYTER_TOKEN"] = token
-        facts = replace(detect_host_facts(env=env, cwd=str(ws)), tty=False)
+        host = replace(detect_host(env=env, ask=ASK_NONE, cwd=str(ws)), tty=False)
         hj, hs = _free_port(), _free_port()
         name = f"envspec-e2e-services-{n}-{os.getpid()}"
-        plan = plan_run(Target(ref, lock), facts=facts, detach=True, name=name, host_ports={jport: hj, sport: hs})
-        assert f"127.0.0.1:{hj}:{jport}" in plan.argv and f"127.0.0.1:{hs}:{sport}" in plan.argv
-        assert not token or token not in plan.shell()  # the token travels in the environment only
-        cp = subprocess.run(plan.argv, capture_output=True, text=True, env=env, timeout=300)
-        assert cp.returncode == 0, f"{plan.shell()}\n{cp.stderr}"
+        command = plan_run(Runnable(ref, lock), host=host, detach=True, name=name, host_ports={jport: hj, sport: hs})
+        assert f"127.0.0.1:{hj}:{jport}" in command.argv and f"127.0.0.1:{hs}:{sport}" in command.argv
+        assert not token or token not in command.shell()  # the token travels in the environment only
+        cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
+        assert cp.returncode == 0, f"{command.shell()}\n{cp.stderr}"
         started.append(name)
-        out[n] = {"name": name, "jupyter": hj, "ssh": hs, "token": token, "user": lock["runtime"]["user"]}
+        out[n] = {"name": name, "jupyter": hj, "ssh": hs, "token": token, "user": lock.runtime.user}
     try:
         for c in out.values():
             _wait_port(c["jupyter"], c["name"], "http")

@@ -42,12 +42,14 @@ def cpu_image(tmp_path_factory):
     from envspec.build.fetch import Cache
     from envspec.lock import load
     from envspec.plan import make_plan
+    from envspec.run import podman_args
 
     base = tmp_path_factory.mktemp("verify-image")
     with private_storage(base / "storage") as host:
         built = build(make_plan(load(ROOT / "lockfiles" / "cpu.lock")), BuildahEngine(host), Cache(base / "cache"),
                       sources.discover().mirrors)
-        _IMAGE.update(image=built.image, podman=host.storage_args(), run=host.podman_run_args())
+        glob, run = podman_args(host)
+        _IMAGE.update(image=built.image, podman=glob, run=run)
         yield
 
 

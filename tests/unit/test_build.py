@@ -15,10 +15,10 @@ import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
 from envspec.build import BuildOptions, Reporter, RecordingEngine, build, preview  # noqa: E402
-from envspec.build.engine import HostInfo, detect_host  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.build.oci import nvidia_require_cuda  # noqa: E402
 from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
+from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402
 from envspec.lock import Wheel  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
@@ -257,16 +257,19 @@ def test_nvidia_require_cuda_follows_the_policy():
 
 
 def test_host_detection_uses_the_storage_root_and_hard_limits(tmp_path):
-    h = detect_host({"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s")})
-    assert h.storage_args()[:2] == ["--root", str(tmp_path / "s")]
-    assert len(h.storage_runroot) <= 50  # podman's limit
-    assert h.storage_ref("a:b").startswith(f"containers-storage:[{h.storage_driver}@{tmp_path / 's'}+")
+    from envspec.run import podman_args
+
+    h = detect_host(env={"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s"), "PATH": os.environ.get("PATH", "")}, ask=ASK_NONE)
+    st = h.storage
+    assert st.args()[:2] == ["--root", str(tmp_path / "s")]
+    assert len(st.runroot) <= 50  # podman's limit
+    assert st.ref("a:b").startswith(f"containers-storage:[{st.driver}@{tmp_path / 's'}+")
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 1048576:
-        assert any(u.startswith("nofile=") and u.endswith(f":{hard}") for u in h.ulimits)
-    assert HostInfo().storage_ref("x") == "containers-storage:x"
+    if hard != resource.RLIM_INFINITY and hard < 1048576 and not h.cap_sys_resource:
+        assert f"nofile={hard}:{hard}" in podman_args(h)[1]  # podman's default capped to the hard limit
+    assert Storage().ref("x") == "containers-storage:x"
 
 
 def test_stale_work_dirs_of_dead_builds_are_removed(tmp_path):

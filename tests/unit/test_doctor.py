@@ -1,114 +1,58 @@
-"""envspec doctor: each check against a fake host, and once on this real host."""
+"""envspec doctor: each check against a fake ``Host``, and once on this real host."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from envspec.compat import best_arch
-from envspec.doctor import (Finding, SystemProbe, doctor_exit_code, doctor_json, doctor_lines,
-                            driver_version, run_doctor)
+from envspec.doctor import Diagnosis, doctor_exit_code, doctor_json, doctor_lines, run_doctor
+from envspec.host import FROM_BUILDAH, DiskFree, Gpu, Host, Storage, Tool, detect_host
 from envspec.lock import load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 GPU_LOCK = GOLDEN / "diff" / "new.lock"  # cu130, floor 580.65.06, H100
-
-
-@dataclass
-class FakeProbe:
-    tools: dict[str, str] = field(default_factory=dict)  # name -> path
-    commands: dict[tuple, tuple[int, str, str]] = field(default_factory=dict)  # argv prefix -> result
-    files: dict[str, str] = field(default_factory=dict)
-    free: dict[str, tuple[int, int]] = field(default_factory=dict)  # path prefix -> (free, dev)
-    limits: dict[str, int] = field(default_factory=lambda: {"nofile": 1048576, "nproc": -1, "memlock": -1,
-                                                              "stack": -1})
-    environ: dict[str, str] = field(default_factory=lambda: {"HOME": "/root"})
-    uid: int = 0
-    cap: bool = True
-    ran: list = field(default_factory=list)
-
-    def which(self, name):
-        return self.tools.get(name)
-
-    def run(self, argv, timeout=20):
-        self.ran.append(tuple(argv))
-        for prefix, res in self.commands.items():
-            if tuple(argv[:len(prefix)]) == prefix:
-                return res
-        return 127, "", "not found"
-
-    def read(self, path):
-        return self.files.get(path)
-
-    def exists(self, path):
-        return path in self.files or any(f.startswith(path.rstrip("/") + "/") for f in self.files)
-
-    def listdir(self, path):
-        pre = path.rstrip("/") + "/"
-        return sorted({f[len(pre):].split("/")[0] for f in self.files if f.startswith(pre)})
-
-    def free_bytes(self, path):
-        best = max((p for p in self.free if path.startswith(p)), key=len, default=None)
-        return self.free[best] if best else None
-
-    def hard_limit(self, name):
-        return self.limits.get(name, -1)
-
-    def env(self):
-        return self.environ
-
-    def euid(self):
-        return self.uid
-
-    def cap_sys_resource(self):
-        return self.cap
-
-
-BUILDAH_INFO = json.dumps({"store": {"GraphRoot": "/var/lib/containers/storage", "GraphDriverName": "overlay"}})
 GIB = 1 << 30
+VERSIONS = {"podman": "podman version 4.3.1", "buildah": "buildah version 1.28.2", "skopeo": "skopeo version 1.9.3"}
 
 
-def build_host(**kw) -> FakeProbe:
+def _tools(*names: str, **paths: str) -> dict[str, Tool]:
+    out = {n: Tool(f"/usr/bin/{n}", VERSIONS.get(n, "")) for n in names}
+    out.update({n.replace("_", "-"): Tool(p) for n, p in paths.items()})
+    return out
+
+
+def build_host(**kw) -> Host:
     """This project's machines: podman, runc, buildah, skopeo, hybrid cgroups, no GPU."""
-    p = FakeProbe(
-        tools={t: f"/usr/bin/{t}" for t in ("podman", "buildah", "skopeo", "runc")},
-        commands={("podman", "--version"): (0, "podman version 4.3.1\n", ""),
-                  ("buildah", "--version"): (0, "buildah version 1.28.2\n", ""),
-                  ("skopeo", "--version"): (0, "skopeo version 1.9.3\n", ""),
-                  ("buildah", "info"): (0, BUILDAH_INFO, "")},
-        files={"/sys/fs/cgroup/unified/cgroup.procs": "", "/proc/sys/kernel/osrelease": "6.1.0-28-amd64\n",
-               "/proc/filesystems": "nodev\toverlay\n\text4\n"},
-        free={"/": (80 * GIB, 1)},
-        limits={"nofile": 20000, "nproc": 96365, "memlock": 8 << 20, "stack": -1}, cap=False,
+    h = Host(
+        tools=_tools("podman", "buildah", "skopeo", "runc"),
+        cgroup="hybrid", kernel="6.1.0-28-amd64", overlay=True, bridge="podman0",
+        storage=Storage("/var/lib/containers/storage", "/run/containers/storage", "overlay", FROM_BUILDAH),
+        storage_free=DiskFree(80 * GIB, 1), cache_dir=Path("/root/.cache/envspec"), cache_free=DiskFree(80 * GIB, 1),
+        rlimits={"nofile": (20000, 20000), "nproc": (96365, 96365), "memlock": (8 << 20, 8 << 20), "stack": (-1, -1)},
+        euid=0, cap_sys_resource=False, pid_max=32768,
     )
-    for k, v in kw.items():
-        setattr(p, k, v)
-    return p
+    return replace(h, **kw)
 
 
-def gpu_host(driver="580.82.07", gpus="NVIDIA H100 80GB HBM3, 9.0\n" * 2, cdi=True) -> FakeProbe:
-    p = build_host()
-    p.files = {**p.files, "/sys/fs/cgroup/cgroup.controllers": "cpu memory\n",
-               "/proc/driver/nvidia/version": f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Tue Jul 8 2025\n"}
-    del p.files["/sys/fs/cgroup/unified/cgroup.procs"]
-    p.tools["nvidia-smi"] = "/usr/bin/nvidia-smi"
-    p.commands[("nvidia-smi", "--query-gpu=name,compute_cap")] = (0, gpus, "")
+def gpu_host(driver="580.82.07", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2, cdi=True) -> Host:
+    h = build_host()
+    tools = dict(h.tools) | _tools("nvidia-smi", "crun")
     if cdi:
-        p.files["/etc/cdi/nvidia.yaml"] = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n"
-        p.tools["nvidia-ctk"] = "/usr/bin/nvidia-ctk"
-    p.tools["crun"] = "/usr/bin/crun"
-    return p
+        tools |= _tools("nvidia-ctk")
+    return replace(h, cgroup="v2", driver_version=driver, driver_source="/proc/driver/nvidia/version", gpus=gpus,
+                   tools=tools, cdi_gpu_specs=("/etc/cdi/nvidia.yaml",) if cdi else ())
 
 
-def by(findings, check) -> list[Finding]:
-    return [f for f in findings if f.check == check]
+def by(diagnoses, check) -> list[Diagnosis]:
+    return [d for d in diagnoses if d.check == check]
 
 
 def test_build_host_without_gpu_is_fine():
-    f = run_doctor(load(GPU_LOCK), probe=build_host())
+    f = run_doctor(build_host(), load(GPU_LOCK))
     assert doctor_exit_code(f) == 0
     d = by(f, "driver")[0]
     assert d.status == "warn" and "no NVIDIA GPU driver" in d.what and "580.65.06" in d.what
@@ -120,37 +64,41 @@ def test_build_host_without_gpu_is_fine():
 
 
 def test_no_lock_no_gpu_is_info():
-    f = run_doctor(None, probe=build_host())
+    f = run_doctor(build_host(), None)
     assert by(f, "driver")[0].status == "info"
     assert doctor_exit_code(f) == 0
 
 
 def test_missing_build_tools_block():
-    p = build_host()
-    del p.tools["buildah"]
-    del p.tools["skopeo"]
-    f = run_doctor(None, probe=p)
+    h = build_host(tools=_tools("podman", "runc"))
+    f = run_doctor(h, None)
     assert doctor_exit_code(f) == 1
     bad = [x for x in f if x.status == "fail"]
     assert {x.check for x in bad} == {"buildah", "skopeo"}
     assert all("apt-get install" in x.fix for x in bad)
 
 
+def test_broken_build_tool_blocks():
+    tools = _tools("podman", "buildah", "runc") | {"skopeo": Tool("/usr/bin/skopeo", "", "exec format error")}
+    f = by(run_doctor(build_host(tools=tools), None), "skopeo")[0]
+    assert f.status == "fail" and "exec format error" in f.what and "--reinstall" in f.fix
+
+
 def test_disk_too_small_blocks():
-    f = run_doctor(load(GPU_LOCK), probe=build_host(free={"/": (3 * GIB, 1)}))
+    f = run_doctor(build_host(storage_free=DiskFree(3 * GIB, 1), cache_free=DiskFree(3 * GIB, 1)), load(GPU_LOCK))
     disk = by(f, "disk")[0]
     assert disk.status == "fail" and disk.detail["need"] > 3 * GIB
     assert doctor_exit_code(f) == 1
 
 
 def test_disk_cache_on_another_fs():
-    p = build_host(free={"/": (100 * GIB, 1), "/root/.cache": (1 * GIB, 2)})
-    disk = by(run_doctor(load(GPU_LOCK), probe=p), "disk")
+    h = build_host(storage_free=DiskFree(100 * GIB, 1), cache_free=DiskFree(1 * GIB, 2))
+    disk = by(run_doctor(h, load(GPU_LOCK)), "disk")
     assert [x.status for x in disk] == ["ok", "fail"]
 
 
 def test_gpu_host_ok():
-    f = run_doctor(load(GPU_LOCK), probe=gpu_host())
+    f = run_doctor(gpu_host(), load(GPU_LOCK))
     assert doctor_exit_code(f) == 0, doctor_lines(f)
     assert by(f, "driver")[0].status == "ok"
     g = by(f, "gpus")[0]
@@ -159,31 +107,28 @@ def test_gpu_host_ok():
 
 
 def test_old_driver_blocks():
-    f = run_doctor(load(GPU_LOCK), probe=gpu_host(driver="570.172.08"))
+    f = run_doctor(gpu_host(driver="570.172.08"), load(GPU_LOCK))
     d = by(f, "driver")[0]
     assert d.status == "fail" and "older than" in d.what and "580.65.06" in d.fix
     assert doctor_exit_code(f) == 1
 
 
 def test_gpu_without_kernels_blocks():
-    f = run_doctor(load(GPU_LOCK), probe=gpu_host(gpus="Tesla T4, 7.5\n"))
+    f = run_doctor(gpu_host(gpus=(Gpu("Tesla T4", "7.5"),)), load(GPU_LOCK))
     assert by(f, "gpus")[0].status == "fail"  # the new lock dropped sm_75 and has no older PTX
 
 
 def test_gpu_without_toolkit_blocks():
-    f = run_doctor(load(GPU_LOCK), probe=gpu_host(cdi=False))
+    f = run_doctor(gpu_host(cdi=False), load(GPU_LOCK))
     t = by(f, "toolkit")[0]
     assert t.status == "fail" and "nvidia-ctk cdi generate" in t.fix
 
 
-def test_driver_version_sources():
-    p = FakeProbe(tools={"nvidia-smi": "x"},
-                  commands={("nvidia-smi", "--query-gpu=driver_version"): (0, "575.57.08\n575.57.08\n", "")})
-    assert driver_version(p) == ("575.57.08", "nvidia-smi")
-    p = FakeProbe(files={"/proc/driver/nvidia/version":
-                         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n"})
-    assert driver_version(p)[0] == "580.65.06"
-    assert driver_version(FakeProbe()) == ("", "")
+def test_nvidia_smi_failing_or_listing_nothing_warns():
+    g = by(run_doctor(replace(gpu_host(), gpus=(), gpu_error="NVIDIA-SMI has failed"), load(GPU_LOCK)), "gpus")[0]
+    assert g.status == "warn" and "NVIDIA-SMI has failed" in g.what
+    g = by(run_doctor(replace(gpu_host(), gpus=()), load(GPU_LOCK)), "gpus")[0]
+    assert g.status == "warn" and "lists no GPU" in g.what
 
 
 @pytest.mark.parametrize("cc,archs,want", [
@@ -199,19 +144,23 @@ def test_runs_on(cc, archs, want):
 
 
 def test_engine_and_runtime_missing_are_warnings():
-    p = build_host()
-    del p.tools["podman"]
-    f = run_doctor(None, probe=p)
+    f = run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc")), None)
     assert by(f, "engine")[0].status == "warn" and doctor_exit_code(f) == 0
-    p = build_host()
-    del p.tools["runc"]
-    p.tools["crun"] = "/usr/bin/crun"
-    r = by(run_doctor(None, probe=p), "runtime")[0]
+    r = by(run_doctor(build_host(tools=_tools("podman", "buildah", "skopeo", "crun")), None), "runtime")[0]
     assert r.status == "warn" and "apt-get install -y runc" in r.fix
 
 
+def test_docker_without_daemon_or_podman_shim_is_no_engine():
+    for docker in ("client", "podman"):
+        f = by(run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker=docker), None),
+               "engine")
+        assert [x.status for x in f] == ["info", "warn"]
+    f = by(run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon"), None), "engine")
+    assert f[0].status == "ok" and "reachable daemon" in f[0].what
+
+
 def test_json_shape():
-    j = doctor_json(run_doctor(None, probe=build_host()))
+    j = doctor_json(run_doctor(build_host(), None))
     assert j["exit_code"] == 0
     assert {"check", "status", "what", "fix", "detail"} <= set(j["findings"][0])
     json.dumps(j)
@@ -221,7 +170,7 @@ def test_real_host():
     """On this machine: no GPU reported plainly; exit 0 where buildah, skopeo and disk are fine."""
     import shutil
 
-    f = run_doctor(load(GPU_LOCK), probe=SystemProbe())
+    f = run_doctor(detect_host(), load(GPU_LOCK))
     lines = doctor_lines(f)
     assert lines and all(isinstance(x, str) for x in lines)
     drivers = by(f, "driver")
@@ -234,25 +183,30 @@ def test_real_host():
 
 
 def test_network_conflict():
-    routes = ("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
-              "cni-podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
-    p = build_host()
-    p.files = {**p.files, "/proc/net/route": routes, "/usr/lib/podman/netavark": ""}
-    n = by(run_doctor(None, probe=p), "network")[0]
+    n = by(run_doctor(build_host(bridge_conflict="cni-podman0"), None), "network")[0]
     assert n.status == "warn" and "ip link delete cni-podman0" in n.fix
-    p.files["/proc/net/route"] = routes.splitlines()[0] + "\n"
-    assert by(run_doctor(None, probe=p), "network")[0].status == "ok"
+    assert by(run_doctor(build_host(), None), "network")[0].status == "ok"
 
 
 def test_containers_storage_tool_present_or_warned():
-    p = build_host()
-    p.tools["containers-storage"] = "/usr/bin/containers-storage"
-    p.tools["envspec-put-layer"] = "/opt/envspec/bin/envspec-put-layer"
-    f = by(run_doctor(None, probe=p), "import")[0]
+    tools = _tools("podman", "buildah", "skopeo", "runc", "containers-storage",
+                   envspec_put_layer="/opt/envspec/bin/envspec-put-layer")
+    f = by(run_doctor(build_host(tools=tools), None), "import")[0]
     assert f.status == "ok" and f.detail["put_layer"] == "/opt/envspec/bin/envspec-put-layer"
-    del p.tools["envspec-put-layer"]
-    f = by(run_doctor(None, probe=p), "import")[0]
+    del tools["envspec-put-layer"]
+    f = by(run_doctor(build_host(tools=tools), None), "import")[0]
     assert f.status == "warn" and "scripts/dev.sh setup" in f.fix and "twice" in f.what
-    del p.tools["containers-storage"]
-    f = by(run_doctor(None, probe=p), "import")[0]
+    del tools["containers-storage"]
+    f = by(run_doctor(build_host(tools=tools), None), "import")[0]
     assert f.status == "warn" and "apt-get install -y containers-storage" in f.fix
+
+
+def test_rootless_needs_a_subuid_range_and_newuidmap():
+    r = by(run_doctor(build_host(euid=1000, user="ada"), None), "rootless")[0]
+    assert r.status == "warn" and "usermod --add-subuids" in r.fix
+    r = by(run_doctor(build_host(euid=1000, user="ada", subuid=True), None), "rootless")[0]
+    assert r.status == "warn" and "uidmap" in r.fix
+    h = build_host(euid=1000, user="ada", subuid=True)
+    r = by(run_doctor(replace(h, tools=dict(h.tools) | _tools("newuidmap")), None), "rootless")[0]
+    assert r.status == "ok"
+    assert by(run_doctor(build_host(), None), "rootless") == []

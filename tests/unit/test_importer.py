@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from envspec import host as host_mod
 from envspec.build import engine as eng_mod
 from envspec.build.engine import Cancelled, chain_id
 from envspec.build.importer import Importer, LayerFile
@@ -90,17 +91,17 @@ def test_put_layer_tool_is_found_by_env_beside_python_or_on_path(tmp_path, monke
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
     monkeypatch.setenv("ENVSPEC_PUT_LAYER", str(tool))
-    assert eng_mod.find_put_layer() == str(tool)
+    assert host_mod.find_put_layer() == str(tool)
     monkeypatch.setenv("ENVSPEC_PUT_LAYER", "off")
-    assert eng_mod.find_put_layer() is None
+    assert host_mod.find_put_layer() is None
     monkeypatch.delenv("ENVSPEC_PUT_LAYER")
-    monkeypatch.setattr(eng_mod.sys, "executable", str(tmp_path / "bin" / "python"))
-    assert eng_mod.find_put_layer() == str(tool)
-    monkeypatch.setattr(eng_mod.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(host_mod.sys, "executable", str(tmp_path / "bin" / "python"))
+    assert host_mod.find_put_layer() == str(tool)
+    monkeypatch.setattr(host_mod.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    assert eng_mod.find_put_layer() == str(tool)
+    assert host_mod.find_put_layer() == str(tool)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert eng_mod.find_put_layer() is None
+    assert host_mod.find_put_layer() is None
 
 
 def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""envspec run: the argv for docker and podman hosts as golden files, from injected host facts.
+"""envspec run: the argv for docker and podman hosts as golden files, from fake ``Host``s.
 
 Regenerate the golden outputs (then review them like code):
     ENVSPEC_REGEN_GOLDEN=1 python -m pytest tests/unit/test_run.py
@@ -9,48 +9,52 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from envspec.errors import HostError, UsageError
-from envspec.run import (HostFacts, Target, bridge_conflict, cgroup_layout, detect_host_facts, image_ref, plan_run, resolve_target,
-                         run_lines)
+from envspec.host import Host, Tool, bridge_conflict, detect_host
+from envspec.lock import Jupyter, Lockfile, Services, Ssh, load
+from envspec.run import Runnable, plan_run, podman_args, resolve_runnable, run_lines
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
 
 
-def _lock() -> dict:
+def _lock() -> Lockfile:
     """The golden diff's new lock, with Jupyter and SSH enabled (a GPU lock: cu130)."""
-    d = tomllib.loads((GOLDEN / "diff" / "new.lock").read_text())
-    d["services"] = {"jupyter": {"enabled": True, "port": 8888, "extensions": []},
-                     "ssh": {"enabled": True, "port": 2222, "authorized_keys": ""}}
-    return d
+    lk = load(GOLDEN / "diff" / "new.lock")
+    return lk.model_copy(update={"services": Services(jupyter=Jupyter(enabled=True, port=8888),
+                                                      ssh=Ssh(enabled=True, port=2222, authorized_keys=""))})
+
+
+def _tools(*names: str) -> dict[str, Tool]:
+    return {n: Tool(f"/usr/bin/{n}") for n in names}
 
 
 # This project's Debian 12 machines: rootful podman, hybrid cgroups, no crun, no systemd, no
 # CAP_SYS_RESOURCE, nofile hard limit 20000, no GPU.
-DEBIAN_HYBRID = HostFacts(
-    engines=("podman",), cgroup="hybrid", runtimes=("runc",), systemd=False, rootless=False,
+DEBIAN_HYBRID = Host(
+    tools=_tools("podman", "runc", "slirp4netns"), cgroup="hybrid", systemd=False, euid=0,
     cap_sys_resource=False,
-    hard_limits=(("nofile", 20000), ("nproc", 96365), ("memlock", 8388608), ("stack", -1)),
+    rlimits={"nofile": (20000, 20000), "nproc": (96365, 96365), "memlock": (8388608, 8388608), "stack": (-1, -1)},
     cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini", pid_max=32768,
     bridge_conflict="cni-podman0",
 )
 # A GPU workstation: rootless podman on cgroup v2 with a CDI spec, a token in the environment.
-PODMAN_CDI = HostFacts(
-    engines=("podman", "docker"), cdi_gpu_specs=("/etc/cdi/nvidia.yaml",), nvidia_toolkit=True, cgroup="v2",
-    runtimes=("crun", "runc"), systemd=True, rootless=True, cap_sys_resource=False,
-    hard_limits=(("nofile", 524288), ("nproc", 1028000), ("memlock", -1), ("stack", -1)),
-    cwd="/home/ada/project", cwd_uid=1000, tty=True, env=(("ENVSPEC_VERIFY", "warn"), ("JUPYTER_TOKEN", "s3cret")),
+PODMAN_CDI = Host(
+    tools=_tools("podman", "docker", "crun", "runc", "slirp4netns", "nvidia-ctk"), docker="daemon",
+    cdi_gpu_specs=("/etc/cdi/nvidia.yaml",), cgroup="v2", systemd=True, euid=1000, cap_sys_resource=False,
+    rlimits={"nofile": (1024, 524288), "nproc": (1028000, 1028000), "memlock": (-1, -1), "stack": (-1, -1)},
+    cwd="/home/ada/project", cwd_uid=1000, tty=True,
+    env_names=frozenset({"ENVSPEC_VERIFY", "JUPYTER_TOKEN", "HOME", "PATH"}),
 )
 # A docker host with the NVIDIA container toolkit.
-DOCKER = HostFacts(
-    engines=("docker",), nvidia_toolkit=True, cgroup="v2", runtimes=("runc",), systemd=True,
-    hard_limits=(("nofile", 1048576), ("nproc", -1), ("memlock", -1), ("stack", -1)),
+DOCKER = Host(
+    tools=_tools("docker", "runc", "nvidia-container-toolkit"), docker="daemon", cgroup="v2", systemd=True,
+    rlimits={"nofile": (1048576, 1048576), "nproc": (-1, -1), "memlock": (-1, -1), "stack": (-1, -1)},
     cwd="/home/ada/my project", cwd_uid=1000, tty=True,
 )
 
@@ -71,14 +75,14 @@ def _check_golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden(case):
-    facts, kw, cmd = CASES[case]
-    plan = plan_run(_lock(), cmd, facts=facts, **kw)
-    _check_golden(f"{case}.txt", "\n".join(run_lines(plan)) + "\n")
-    assert shlex.split(plan.shell()) == plan.argv
+    host, kw, cmd = CASES[case]
+    command = plan_run(_lock(), cmd, host=host, **kw)
+    _check_golden(f"{case}.txt", "\n".join(run_lines(command)) + "\n")
+    assert shlex.split(command.shell()) == command.argv
 
 
 def test_debian_hybrid_quirks():
-    argv = plan_run(_lock(), facts=DEBIAN_HYBRID).argv
+    argv = plan_run(_lock(), host=DEBIAN_HYBRID).argv
     assert argv[:3] == ["podman", "--cgroup-manager", "cgroupfs"]
     assert argv[argv.index("--runtime") + 1] == "runc"
     uls = [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"]
@@ -88,95 +92,99 @@ def test_debian_hybrid_quirks():
     assert "--init" not in argv  # the image has tini
     assert "-p" in argv and "127.0.0.1:8888:8888" in argv and "127.0.0.1:2222:2222" in argv
     assert "--device" not in argv and "--gpus" not in argv
-    assert argv[-1] == "localhost/envspec/h100-train:" + _lock()["meta"]["content_hash"][7:19]
+    assert argv[-1] == "localhost/envspec/h100-train:" + _lock().meta.content_hash[7:19]
 
 
 def test_gpu_flags():
-    assert "nvidia.com/gpu=all" in plan_run(_lock(), facts=PODMAN_CDI).argv
-    p = plan_run(_lock(), facts=DEBIAN_HYBRID)
+    assert "nvidia.com/gpu=all" in plan_run(_lock(), host=PODMAN_CDI).argv
+    p = plan_run(_lock(), host=DEBIAN_HYBRID)
     assert any("no CDI spec" in w for w in p.warnings)
-    d = plan_run(_lock(), facts=DOCKER).argv
+    d = plan_run(_lock(), host=DOCKER).argv
     assert d[d.index("--gpus") + 1] == "all"
-    cpu = _lock()
-    cpu["torch"]["variant"] = "cpu"
-    p = plan_run(cpu, facts=DEBIAN_HYBRID)
+    lk = _lock()
+    assert lk.torch is not None
+    cpu = lk.model_copy(update={"torch": lk.torch.model_copy(update={"variant": "cpu"})})
+    p = plan_run(cpu, host=DEBIAN_HYBRID)
     assert not any("CDI" in w for w in p.warnings) and "--device" not in p.argv
 
 
 def test_secrets_never_in_argv():
-    plan = plan_run(_lock(), facts=PODMAN_CDI)
-    assert "s3cret" not in plan.shell()
-    assert ["-e", "JUPYTER_TOKEN"] == plan.argv[plan.argv.index("JUPYTER_TOKEN") - 1:plan.argv.index("JUPYTER_TOKEN") + 1]
+    command = plan_run(_lock(), host=PODMAN_CDI)
+    assert "s3cret" not in command.shell()
+    assert ["-e", "JUPYTER_TOKEN"] == command.argv[command.argv.index("JUPYTER_TOKEN") - 1:
+                                                   command.argv.index("JUPYTER_TOKEN") + 1]
+    assert "s3cret" not in repr(detect_host(env={"JUPYTER_TOKEN": "s3cret", "PATH": ""}, ask=()))  # names only
 
 
 def test_bind_elsewhere_warns():
-    plan = plan_run(_lock(), facts=DEBIAN_HYBRID, bind="0.0.0.0")
-    assert "0.0.0.0:8888:8888" in plan.argv
-    assert any("not loopback" in w for w in plan.warnings)
+    command = plan_run(_lock(), host=DEBIAN_HYBRID, bind="0.0.0.0")
+    assert "0.0.0.0:8888:8888" in command.argv
+    assert any("not loopback" in w for w in command.warnings)
 
 
 def test_no_init_in_image():
-    lock = _lock()
-    lock["debian"]["packages"] = [p for p in lock["debian"]["packages"] if p["name"] != "tini"]
-    argv = plan_run(lock, facts=DEBIAN_HYBRID).argv
+    lk = _lock()
+    assert lk.debian is not None
+    debian = lk.debian.model_copy(update={"packages": [p for p in lk.debian.packages if p.name != "tini"]})
+    lock = lk.model_copy(update={"debian": debian})
+    argv = plan_run(lock, host=DEBIAN_HYBRID).argv
     assert argv[argv.index("--init") + 1:argv.index("--init") + 3] == ["--init-path", "/usr/bin/tini"]
-    assert "--init" in plan_run(lock, facts=DOCKER).argv
+    assert "--init" in plan_run(lock, host=DOCKER).argv
 
 
 def test_root_dir_not_mounted_and_selinux_label():
-    p = plan_run(_lock(), facts=replace(DEBIAN_HYBRID, cwd="/"))
+    p = plan_run(_lock(), host=replace(DEBIAN_HYBRID, cwd="/"))
     assert "-v" not in p.argv and any("current directory is /" in w for w in p.warnings)
-    p = plan_run(_lock(), facts=replace(DEBIAN_HYBRID, selinux=True))
+    p = plan_run(_lock(), host=replace(DEBIAN_HYBRID, selinux=True))
     assert "/srv/project:/workspace:z" in p.argv
 
 
 def test_no_engine():
     with pytest.raises(HostError):
-        plan_run(_lock(), facts=replace(DEBIAN_HYBRID, engines=()))
+        plan_run(_lock(), host=replace(DEBIAN_HYBRID, tools={}, docker=""))
+    with pytest.raises(HostError):  # a docker client without a daemon, or podman's shim, is no engine
+        plan_run(_lock(), host=replace(DEBIAN_HYBRID, tools=_tools("docker"), docker="client"))
     with pytest.raises(UsageError):
-        plan_run(_lock(), facts=DEBIAN_HYBRID, engine="lxc")
+        plan_run(_lock(), host=DEBIAN_HYBRID, engine="lxc")
 
 
 def test_image_target_and_missing_files(tmp_path):
-    t = resolve_target("docker.io/library/debian:bookworm")
+    t = resolve_runnable("docker.io/library/debian:bookworm")
     assert t.lock is None and t.image == "docker.io/library/debian:bookworm"
-    p = plan_run(t, ["true"], facts=DEBIAN_HYBRID)
+    p = plan_run(t, ["true"], host=DEBIAN_HYBRID)
     assert p.argv[-2:] == ["docker.io/library/debian:bookworm", "true"]
     assert "--init" in p.argv  # unknown image: podman injects an init
     with pytest.raises(UsageError):
-        resolve_target(str(tmp_path / "nope.lock"))
+        resolve_runnable(str(tmp_path / "nope.lock"))
 
 
 def test_lock_and_spec_targets(tmp_path, monkeypatch):
     lockfile = GOLDEN / "diff" / "new.lock"
-    t = resolve_target(str(lockfile))
-    assert t.image == image_ref(t.lock) and t.image.startswith("localhost/envspec/h100-train:")
+    t = resolve_runnable(str(lockfile))
+    assert t.lock is not None and t.image == t.lock.image_tag and t.image.startswith("localhost/envspec/h100-train:")
     spec = tmp_path / "specs" / "s.toml"
     spec.parent.mkdir()
     spec.write_text('name = "h100-train"\n[python]\nversion = "3.11"\n')
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError) as e:
-        resolve_target(str(spec))
+        resolve_runnable(str(spec))
     assert e.value.reference == "lock-not-found"
     (tmp_path / "lockfiles").mkdir()
     (tmp_path / "lockfiles" / "h100-train.lock").write_text(lockfile.read_text())
-    t = resolve_target(str(spec))
+    t = resolve_runnable(str(spec))
     assert t.image.startswith("localhost/envspec/h100-train:")
     assert t.warnings and "out of date" in t.warnings[0]  # the spec is not the one locked
+    with pytest.raises(UsageError) as e:  # a lock without a content hash names no image
+        resolve_runnable(_lock().model_copy(update={"meta": _lock().meta.model_copy(update={"content_hash": ""})}))
+    assert e.value.reference == "invalid-lock"
 
 
-def test_cgroup_layout(tmp_path):
-    assert cgroup_layout(str(tmp_path)) == "v1"
-    (tmp_path / "unified").mkdir()
-    assert cgroup_layout(str(tmp_path)) == "hybrid"
-    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
-    assert cgroup_layout(str(tmp_path)) == "v2"
-
-
-def test_detect_host_facts_runs_here():
-    f = detect_host_facts()
-    assert f.cgroup in ("v1", "v2", "hybrid")
-    assert all(e in ("podman", "docker") for e in f.engines)
+def test_podman_args_are_what_plan_run_gives():
+    glob, run = podman_args(DEBIAN_HYBRID)
+    assert glob == ["--cgroup-manager", "cgroupfs"]
+    assert run == ["--runtime", "runc", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
+    argv = plan_run(Runnable("docker.io/library/debian:bookworm"), host=DEBIAN_HYBRID).argv
+    assert argv[1:3] == glob and all(a in argv for a in run)
 
 
 def _envspec_images() -> list[str]:
@@ -199,10 +207,10 @@ def test_real_podman_run():
     images = _envspec_images()
     if not images:
         pytest.skip("no localhost/envspec/* image in containers-storage")
-    facts = detect_host_facts()
-    plan = plan_run(Target(images[0], None, source="image"), ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
-                    facts=replace(facts, tty=False), engine="podman")
-    argv = [a for a in plan.argv if a != "-i"]
+    host = detect_host(ask=())
+    command = plan_run(Runnable(images[0], None, source="image"), ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
+                       host=replace(host, tty=False), engine="podman")
+    argv = [a for a in command.argv if a != "-i"]
     env = {**os.environ, "ENVSPEC_VERIFY": "off"}
     cp = subprocess.run(argv[:argv.index(images[0])] + ["-e", "ENVSPEC_VERIFY"] + argv[argv.index(images[0]):],
                         capture_output=True, text=True, timeout=300, env=env)
@@ -211,10 +219,10 @@ def test_real_podman_run():
 
 
 def test_host_ports():
-    argv = plan_run(_lock(), facts=DEBIAN_HYBRID, host_ports={8888: 18888}).argv
+    argv = plan_run(_lock(), host=DEBIAN_HYBRID, host_ports={8888: 18888}).argv
     assert "127.0.0.1:18888:8888" in argv and "127.0.0.1:2222:2222" in argv
     with pytest.raises(UsageError):
-        plan_run(_lock(), facts=DEBIAN_HYBRID, host_ports={9999: 1})
+        plan_run(_lock(), host=DEBIAN_HYBRID, host_ports={9999: 1})
 
 
 ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
@@ -230,14 +238,14 @@ def test_bridge_conflict():
     clean = "\n".join(ln for ln in ROUTES.splitlines() if not ln.startswith("cni-"))
     assert bridge_conflict(clean) == ""
     assert bridge_conflict(ROUTES, bridge="cni-podman0") == "podman0"
-    p = plan_run(_lock(), facts=DEBIAN_HYBRID)
+    p = plan_run(_lock(), host=DEBIAN_HYBRID)
     assert p.argv[p.argv.index("--network") + 1] == "slirp4netns"
     assert any("ip link delete cni-podman0" in w for w in p.warnings)
-    assert "--network" not in plan_run(_lock(), facts=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
+    assert "--network" not in plan_run(_lock(), host=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
 
 
 def test_image_override_keeps_the_lock_settings():
     ref = "ghcr.io/acme/ml/train@sha256:" + "ab" * 32
-    p = plan_run(_lock(), ["envspec", "verify"], facts=DEBIAN_HYBRID, image=ref)
+    p = plan_run(_lock(), ["envspec", "verify"], host=DEBIAN_HYBRID, image=ref)
     assert p.argv[-3:] == [ref, "envspec", "verify"] and "--shm-size" in p.argv and "16g" in p.argv
     assert not any("containers-storage" in w for w in p.warnings)

@@ -6,15 +6,8 @@ archive. Every command is logged (logger ``envspec.build.engine``), dies with en
 ``PR_SET_PDEATHSIG``, so a killed build cannot finish tagging behind our back), and a non-zero
 exit becomes ``BuildError(step, argv, returncode, stderr tail)``.
 
-Host facts found here (``HostInfo``), so users pass no flags:
-- the storage root (``ENVSPEC_STORAGE_ROOT``, e.g. for tests; else the system's), its run root
-  and driver (overlay where the kernel has it and the root is not itself on overlayfs, else vfs);
-- the OCI runtime for ``podman run``: runc where crun is absent or the cgroup hierarchy is v1 or
-  hybrid (crun rejects such hosts: seen on this project's Debian 12 machines);
-- ``--ulimit`` values no larger than this process's hard limits (podman's default nofile of
-  1048576 exceeds the hard limit here, and the container then fails to start), nproc no larger
-  than kernel.pid_max;
-- ``--isolation chroot`` for ``buildah run``/``bud`` where no user namespaces are available.
+The host (where containers-storage is, which tools are here) is an ``envspec.host.Host``,
+found once by ``detect_host`` and given to the engine; the engine does not look again.
 """
 
 from __future__ import annotations
@@ -25,11 +18,8 @@ import hashlib
 import json
 import logging
 import os
-import resource
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import urllib.parse
@@ -38,6 +28,7 @@ from pathlib import Path
 from typing import IO, Callable, Protocol, Sequence
 
 from envspec.errors import BuildError, HashMismatch, HostError
+from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
 log = logging.getLogger("envspec.build.engine")
 
@@ -53,102 +44,10 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-@dataclass(frozen=True)
-class HostInfo:
-    storage_root: str = ""  # "" = the system's default storage
-    storage_runroot: str = ""
-    storage_driver: str = ""
-    runtime: str = ""  # for podman run; "" = podman's default
-    isolation: str = "chroot"
-    ulimits: tuple[str, ...] = ()
-    cgroup: str = "v2"
-
-    def storage_args(self) -> list[str]:
-        args = []
-        if self.storage_root:
-            args += ["--root", self.storage_root, "--runroot", self.storage_runroot]
-        if self.storage_driver:
-            args += ["--storage-driver", self.storage_driver]
-        return args
-
-    def storage_ref(self, ref: str) -> str:
-        """A skopeo ``containers-storage:`` reference on this storage."""
-        if self.storage_root:
-            return f"containers-storage:[{self.storage_driver or 'overlay'}@{self.storage_root}+{self.storage_runroot}]{ref}"
-        return f"containers-storage:{ref}"
-
-    def podman_run_args(self) -> list[str]:
-        args = []
-        if self.runtime:
-            args += ["--runtime", self.runtime]
-        for u in self.ulimits:
-            args += ["--ulimit", u]
-        return args
-
-
-def _fs_type(path: str) -> str:
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and path.startswith(parts[1]) and len(parts[1]) >= len(best):
-                    best, kind = parts[1], parts[2]
-    except OSError:
-        pass
-    return kind
-
-
-def _read_int(path: str) -> int:
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-def _short_runroot(root: str) -> str:
-    """A run root for a custom storage root. podman refuses run roots longer than 50 characters
-    ("the specified runroot is longer than 50 characters": it puts sockets there), so it is a
-    short path named by a hash of the root, not a folder inside it."""
-    import hashlib
-
-    tag = hashlib.sha256(str(Path(root).absolute()).encode()).hexdigest()[:12]
-    base = "/run" if os.access("/run", os.W_OK) else "/tmp"
-    return f"{base}/envspec-{tag}"
-
-
-def detect_host(env: dict[str, str] | None = None) -> HostInfo:
-    env = dict(os.environ) if env is None else env
-    root = env.get("ENVSPEC_STORAGE_ROOT", "")
-    runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or (_short_runroot(root) if root else "")
-    driver = env.get("ENVSPEC_STORAGE_DRIVER", "")
-    if root and not driver:
-        try:
-            has_overlay = "overlay" in Path("/proc/filesystems").read_text()
-        except OSError:
-            has_overlay = False
-        driver = "overlay" if has_overlay and _fs_type(str(Path(root).absolute())) != "overlay" else "vfs"
-    cgroup = "v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "v1"
-    runtime = env.get("ENVSPEC_RUNTIME", "")
-    if not runtime:
-        if shutil.which("crun") is None or cgroup == "v1":
-            runtime = "runc" if shutil.which("runc") else ""
-    ulimits = []
-    # podman asks for nofile=1048576 and nproc=4194304 by default; where the hard limits are lower
-    # the container fails to start ("error setting rlimits ... operation not permitted"), and on
-    # this project's machines runc also refuses an nproc above kernel.pid_max (seen: 32769 fails,
-    # 32768 works, with a hard limit of 96365). So: no more than the hard limit, nproc no more
-    # than pid_max.
-    pid_max = _read_int("/proc/sys/kernel/pid_max")
-    for name, res, want in (("nofile", resource.RLIMIT_NOFILE, 1048576), ("nproc", resource.RLIMIT_NPROC, 4194304)):
-        soft, hard = resource.getrlimit(res)
-        if hard == resource.RLIM_INFINITY or hard >= want:
-            continue
-        cap = hard if name != "nproc" or not pid_max else min(hard, pid_max)
-        soft = cap if soft == resource.RLIM_INFINITY else min(soft, cap)
-        ulimits.append(f"{name}={soft}:{cap}")
-    return HostInfo(storage_root=root, storage_runroot=runroot, storage_driver=driver, runtime=runtime,
-                    isolation="chroot", ulimits=tuple(ulimits), cgroup=cgroup)
+def _host_for_build() -> Host:
+    """The host as the build needs it: its tools and storage (``buildah info``, unless
+    ENVSPEC_STORAGE_ROOT says), nothing that needs a GPU."""
+    return detect_host(ask=ASK_STORAGE)
 
 
 class Engine(Protocol):
@@ -184,12 +83,12 @@ def _docker_ref(dest: str) -> str:
 class BuildahEngine:
     """buildah/skopeo/podman behind the Engine verbs."""
 
-    host: HostInfo = field(default_factory=detect_host)
+    host: Host = field(default_factory=_host_for_build)
     timeout: float = 3600
     _store: object = field(default=_UNSET, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        missing = [t for t in ("skopeo", "buildah") if shutil.which(t) is None]
+        missing = [t for t in ("skopeo", "buildah") if not self.host.which(t)]
         if missing:
             raise HostError(f"{' and '.join(missing)} not found on PATH; envspec build needs them",
                             hint=APT_HINT)
@@ -231,7 +130,7 @@ class BuildahEngine:
         return ["skopeo", *args]
 
     def _podman(self, *args: str) -> list[str]:
-        return ["podman", *self.host.storage_args(), *args]
+        return ["podman", *self.host.storage.args(), *args]
 
     def import_image(self, oci_dir: Path, ref: str) -> None:
         """Copy the OCI layout into containers-storage with skopeo, naming it ``ref``; the name
@@ -239,7 +138,7 @@ class BuildahEngine:
         one: skopeo first copies every blob to a temporary file and hashes it twice more."""
         tmp = Path(oci_dir).parent / "engine-tmp"
         self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
-                                        self.host.storage_ref(ref), tmpdir=tmp), tmpdir=tmp)
+                                        self.host.storage.ref(ref), tmpdir=tmp), tmpdir=tmp)
 
     def storage_cli(self) -> "StorageCLI | None":
         """containers/storage's own tool (Debian package ``containers-storage``, or the binary
@@ -248,29 +147,32 @@ class BuildahEngine:
         ``ENVSPEC_IMPORT=skopeo`` asks for skopeo."""
         if self._store is _UNSET:
             store = None
-            tool = shutil.which(os.environ.get("ENVSPEC_CONTAINERS_STORAGE", "") or "containers-storage")
-            if tool and os.geteuid() == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
-                store = StorageCLI(self, *self._store_location(), tool=tool, put_tool=find_put_layer())
+            tool = self.host.which("containers-storage")
+            if tool and self.host.euid == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
+                store = StorageCLI(self, *self._store_location(), tool=tool, put_tool=self.host.put_layer or None)
             self._store = store
         return self._store  # type: ignore[return-value]
 
     def _store_location(self) -> tuple[str, str, str]:
         """(graph root, run root, driver) of the store buildah uses: ours when a root is set,
-        else what ``buildah info`` reports (storage.conf, rootless defaults)."""
-        h = self.host
-        if h.storage_root:
-            return h.storage_root, h.storage_runroot, h.storage_driver or "overlay"
+        else what ``buildah info`` reported (storage.conf, rootless defaults); asked here only
+        when the host was found without it (its failure is then a BuildError)."""
+        st = self.host.storage
+        if st.custom:
+            return st.root, st.runroot, st.driver or "overlay"
+        if st.source == FROM_BUILDAH and st.root and st.runroot and st.driver:
+            return st.root, st.runroot, st.driver
         info = json.loads(self.run("info", ["buildah", "info"]).stdout)["store"]
         return info["GraphRoot"], info["RunRoot"], info["GraphDriverName"]
 
     def exists(self, ref: str) -> bool:
-        return self.run("exists", ["buildah", *self.host.storage_args(), "inspect", "--type", "image",
+        return self.run("exists", ["buildah", *self.host.storage.args(), "inspect", "--type", "image",
                                    "--format", "{{.FromImageID}}", ref], check=False).returncode == 0
 
     def image_digest(self, ref: str) -> str:
         if not self.exists(ref):
             return ""
-        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage_ref(ref)], check=False)
+        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage.ref(ref)], check=False)
         return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
 
     def push(self, oci_dir: Path, dest: str) -> None:
@@ -296,7 +198,7 @@ class BuildahEngine:
 
     def containers(self) -> list[str]:
         """buildah working containers on this storage (a clean build leaves none)."""
-        cp = self.run("containers", ["buildah", *self.host.storage_args(), "containers", "--quiet"], check=False)
+        cp = self.run("containers", ["buildah", *self.host.storage.args(), "containers", "--quiet"], check=False)
         return [ln for ln in cp.stdout.split() if ln]
 
 
@@ -304,7 +206,7 @@ def chain_id(parent: str, token: str) -> str:
     """A layer ID in containers-storage as containers/image makes it: the bottom layer's diff_id
     hex, then sha256(parent ID + "+" + diff_id hex). With the same IDs, `podman pull` of an
     envspec image into the store it was built in finds its layers and its image."""
-    import hashlib
+
 
     hexd = token.split(":", 1)[-1]
     return hashlib.sha256(f"{parent}+{hexd}".encode()).hexdigest() if parent else hexd
@@ -317,29 +219,13 @@ class Cancelled(Exception):
 FEED_CHUNK = 1 << 20
 
 
-PUT_LAYER = "envspec-put-layer"
-
-
-def find_put_layer() -> str | None:
-    """envspec's own layer import tool (``putlayer/main.go``, built by ``scripts/dev.sh setup``):
-    ``ENVSPEC_PUT_LAYER`` (a path; empty or ``off`` for none), else next to this Python (the
-    venv's bin), else on PATH."""
-    env = os.environ.get("ENVSPEC_PUT_LAYER")
-    if env is not None:
-        return None if env in ("", "off") else shutil.which(env)
-    beside = Path(sys.executable).parent / PUT_LAYER
-    if os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(PUT_LAYER)
-
-
 def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None],
           want: str = "") -> None:
     """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe``, checking ``cancel``
     between chunks. Without ``want``: ``sendfile``, no copy through Python. With ``want`` (a
     cached file): read and hashed on the way, raising HashMismatch before the end of input when
     the bytes are not ``want``, so the tool never sees a complete layer."""
-    import hashlib
+
 
     h = hashlib.sha256() if want else None
     view = memoryview(bytearray(FEED_CHUNK)) if want else None
@@ -460,7 +346,7 @@ class StorageCLI:
         """Make (or complete) the image whose ID is the config's digest, store the config and
         the manifest under containers/image's names for them, and last give it the name ``ref``
         (taking it from any other image)."""
-        import hashlib
+
 
         image_id = hashlib.sha256(config).hexdigest()
         mdigest = "sha256:" + hashlib.sha256(manifest).hexdigest()

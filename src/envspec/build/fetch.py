@@ -1,6 +1,7 @@
 """The content-addressed cache and fetching of pinned files into it.
 
-Layout under the cache root (``ENVSPEC_CACHE`` or ``~/.cache/envspec``)::
+Layout under the cache root (``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``, else
+``~/.cache/envspec``: ``envspec.host.cache_dir_for``)::
 
     blobs/sha256/<hex>         fetched wheels, named by their verified sha256
     debs/                      what envspec.debian.fetch_deb keeps
@@ -33,17 +34,15 @@ from typing import Callable, Iterator, Sequence
 
 from envspec import sources
 from envspec.errors import HashMismatch, SourceError
+from envspec.host import cache_dir_for
 from envspec.lock import Wheel as WheelPin
 
 CHUNK = 1 << 20
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("ENVSPEC_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "envspec"
+    """The cache of this environment, by envspec.host's one rule (``cache_dir_for``)."""
+    return cache_dir_for(os.environ)
 
 
 def _pid_alive(pid: int) -> bool:
