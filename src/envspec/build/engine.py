@@ -207,7 +207,6 @@ def chain_id(parent: str, token: str) -> str:
     hex, then sha256(parent ID + "+" + diff_id hex). With the same IDs, `podman pull` of an
     envspec image into the store it was built in finds its layers and its image."""
 
-
     hexd = token.split(":", 1)[-1]
     return hashlib.sha256(f"{parent}+{hexd}".encode()).hexdigest() if parent else hexd
 
@@ -225,7 +224,6 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
     between chunks. Without ``want``: ``sendfile``, no copy through Python. With ``want`` (a
     cached file): read and hashed on the way, raising HashMismatch before the end of input when
     the bytes are not ``want``, so the tool never sees a complete layer."""
-
 
     h = hashlib.sha256() if want else None
     view = memoryview(bytearray(FEED_CHUNK)) if want else None
@@ -346,7 +344,6 @@ class StorageCLI:
         """Make (or complete) the image whose ID is the config's digest, store the config and
         the manifest under containers/image's names for them, and last give it the name ``ref``
         (taking it from any other image)."""
-
 
         image_id = hashlib.sha256(config).hexdigest()
         mdigest = "sha256:" + hashlib.sha256(manifest).hexdigest()
