@@ -127,3 +127,27 @@ def test_committed_locks_of_one_torch_variant_share_every_layer_below_the_team()
     assert a.lock.torch == b.lock.torch
     below = [lay.group for lay in a.layers if lay.group not in ("team", "envspec")]
     assert below and all(keys(a)[g] == keys(b)[g] for g in below)
+
+
+GOLDEN_PLANS = Path(__file__).resolve().parents[1] / "data" / "golden" / "plans"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN_PLANS.glob("*.json")))
+def test_committed_locks_keep_their_layer_keys(name):
+    """The plan of every committed, buildable lock, as `envspec build --dry-run --json` printed it
+    before the lock model was reworked (session 4): image name, layers, content keys, pins. A
+    changed key means other layer bytes: bump the maker version in MAKER_VERSIONS on purpose,
+    then regenerate with ENVSPEC_REGEN_GOLDEN=1 and review."""
+    import json
+    import os
+
+    got = json.dumps(make_plan(lockmod.load(LOCKS / f"{name}.lock")).to_json(), indent=1, sort_keys=True) + "\n"
+    golden = GOLDEN_PLANS / f"{name}.json"
+    if os.environ.get("ENVSPEC_REGEN_GOLDEN"):
+        golden.write_text(got)
+    assert got == golden.read_text()
+
+
+def test_every_buildable_committed_lock_has_a_golden_plan():
+    buildable = {p.stem for p in LOCKS.glob("*.lock") if lockmod.load(p).platform.base != "none"}
+    assert buildable == {p.stem for p in GOLDEN_PLANS.glob("*.json")}
