@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Sequence
 from envspec import sources
 from envspec.errors import HashMismatch, SourceError
 from envspec.host import cache_dir_for
-from envspec.lock import Wheel as WheelPin
+from envspec.lock import Wheel
 
 CHUNK = 1 << 20
 
@@ -165,7 +165,7 @@ class WheelFetcher:
                 self._listing_errors[key] = f"{url}: {getattr(e, 'reason', None) or e}"
         return self._listing[key]
 
-    def candidates(self, pin: WheelPin) -> Iterator[tuple[str, str]]:
+    def candidates(self, pin: Wheel) -> Iterator[tuple[str, str]]:
         """(where, URL) in the order tried: mirrors first, then the canonical index."""
         for m in self.mirrors:
             url = self._files(m.kind, m.url, pin.name).get(pin.filename)
@@ -176,7 +176,7 @@ class WheelFetcher:
             if url:
                 yield f"index {pin.index}", url
 
-    def fetch(self, pin: WheelPin) -> Path:
+    def fetch(self, pin: Wheel) -> Path:
         dest = self.cache.blob(pin.sha256)
         if dest.is_file():
             if _sha256_file(dest) == pin.sha256:  # checked before each use, not only on entry
@@ -216,13 +216,13 @@ class WheelFetcher:
             reference="file-not-found",
         )
 
-    def fetch_all(self, pins: Sequence[WheelPin], *, on_start: Callable[[WheelPin], None] | None = None,
-                  on_done: Callable[[WheelPin, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
+    def fetch_all(self, pins: Sequence[Wheel], *, on_start: Callable[[Wheel], None] | None = None,
+                  on_done: Callable[[Wheel, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
         """Fetch every pin (parallel downloads); raises the first error after the rest stop."""
         out: dict[str, Path] = {}
         todo = list({p.sha256: p for p in pins}.values())
 
-        def one(p: WheelPin) -> tuple[WheelPin, Path, bool]:
+        def one(p: Wheel) -> tuple[Wheel, Path, bool]:
             cached = self.cache.has_blob(p.sha256)
             if on_start and not cached:
                 on_start(p)
