@@ -192,6 +192,21 @@ def _enabled_services(lock: Lockfile | None) -> list[tuple[str, int]]:
     return [(n, p.port) for n in s.enabled() if (p := s.jupyter if n == "jupyter" else s.ssh) is not None]
 
 
+@dataclass
+class _Argv:
+    """The command being put together, with what the user should read beside it."""
+
+    argv: list[str]
+    warnings: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *args: str) -> None:
+        self.argv += args
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+
 def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), *, host: Host,
              engine: str | None = None, bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
              mount_cwd: bool = True, gpus: bool = True, host_ports: Mapping[int, int] | None = None,
@@ -205,124 +220,126 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
     t = target if isinstance(target, Runnable) else resolve_runnable(target)
     lock = t.lock
     image = image or t.image
-    warnings = list(t.warnings)
-    notes: list[str] = []
+    out = _Argv([], list(t.warnings))
+    engine = _engine(host, engine, out)
+    out.add(engine, *(_podman_global(host) if engine == "podman" else []), "run", "--rm")
+    out.add("-d" if detach else "-it" if host.tty else "-i")
+    if name:
+        out.add("--name", name)
+    if engine == "podman":
+        out.add(*_runtime(host, out.warnings))
+        _podman_network(host, lock, out)
+    _init(host, engine, _has_init(lock, image), out)
+    if gpus and (lock is None or lock.wants_gpu):  # an image we know nothing about: offer the GPUs
+        _gpus(host, engine, out)
+    if lock is None:
+        out.add("--shm-size", "16g")
+        out.warn("no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead")
+    elif lock.runtime.shm_size:
+        out.add("--shm-size", lock.runtime.shm_size)
+    out.add(*_ulimits(lock, engine, host, out.warnings))
+    _ports(lock, bind, dict(host_ports or {}), out)
+    if mount_cwd:
+        _mount_cwd(host, lock, out)
+    for k in PASSTHROUGH_ENV:
+        if k in host.env_names:
+            out.add("-e", k)  # the name only: the value comes from this environment, never the argv
+    out.add(image, *cmd)
+    if engine == "docker" and image.startswith("localhost/envspec/"):
+        out.warn(f"envspec builds into containers-storage, which docker does not read: load it with "
+                 f"skopeo copy containers-storage:{image} docker-daemon:{image}")
+    return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes)
 
-    if engine is None:
+
+def _engine(host: Host, asked: str | None, out: _Argv) -> str:
+    if asked is None:
         if not host.engines:
             raise HostError("no container engine: neither podman nor a reachable docker daemon",
                             hint="apt-get install -y podman runc", reference="no-container-engine")
-        engine = host.engines[0]
-    elif engine not in ("podman", "docker"):
-        raise UsageError(f"unknown engine {engine!r}", hint="use --engine podman or --engine docker")
-    elif engine not in host.engines:
-        warnings.append(f"{engine} does not look usable on this host"
-                        + (" (no daemon socket)" if engine == "docker" else " (not on PATH)"))
+        return host.engines[0]
+    if asked not in ("podman", "docker"):
+        raise UsageError(f"unknown engine {asked!r}", hint="use --engine podman or --engine docker")
+    if asked not in host.engines:
+        out.warn(f"{asked} does not look usable on this host"
+                 + (" (no daemon socket)" if asked == "docker" else " (not on PATH)"))
+    return asked
 
-    argv: list[str] = [engine]
-    if engine == "podman":
-        argv += _podman_global(host)
-    argv += ["run", "--rm"]
-    if detach:
-        argv.append("-d")
-    elif host.tty:
-        argv.append("-it")
+
+def _podman_network(host: Host, lock: Lockfile | None, out: _Argv) -> None:
+    if host.bridge_conflict and not host.rootless:
+        if host.which("slirp4netns"):
+            out.add("--network", "slirp4netns")
+            out.warn(f"the interface {host.bridge_conflict} has a route over podman's bridge subnet, so "
+                     "bridge networking would time out: using --network slirp4netns (user-mode, slower). "
+                     f"Fix the host: ip link delete {host.bridge_conflict} (when no buildah container uses it)")
+        else:
+            out.warn(f"the interface {host.bridge_conflict} has a route over podman's bridge subnet: "
+                     "published ports will time out (apt-get install -y slirp4netns, or "
+                     f"ip link delete {host.bridge_conflict})")
+    if host.rootless and lock is not None:
+        uid = lock.runtime.uid
+        # Your files in /workspace stay yours: the image's user is you on the host.
+        out.add("--userns", f"keep-id:uid={uid},gid={uid}")
+
+
+def _init(host: Host, engine: str, has_init: bool | None, out: _Argv) -> None:
+    """An init as PID 1 where the image has none (or may have none): reaps DataLoader workers."""
+    if has_init:
+        return
+    if engine == "docker" or host.podman_init:
+        out.add("--init")
+    elif host.host_init:
+        out.add("--init", "--init-path", host.host_init)
     else:
-        argv.append("-i")
-    if name:
-        argv += ["--name", name]
+        out.warn("the image has no init and podman's (catatonit) is not installed: zombie processes of "
+                 "DataLoader workers will not be reaped (apt-get install -y catatonit)")
 
+
+def _gpus(host: Host, engine: str, out: _Argv) -> None:
     if engine == "podman":
-        argv += _runtime(host, warnings)
-        if host.bridge_conflict and not host.rootless:
-            if host.which("slirp4netns"):
-                argv += ["--network", "slirp4netns"]
-                warnings.append(f"the interface {host.bridge_conflict} has a route over podman's bridge subnet, so "
-                                "bridge networking would time out: using --network slirp4netns (user-mode, slower). "
-                                f"Fix the host: ip link delete {host.bridge_conflict} (when no buildah container "
-                                "uses it)")
-            else:
-                warnings.append(f"the interface {host.bridge_conflict} has a route over podman's bridge subnet: "
-                                "published ports will time out (apt-get install -y slirp4netns, or "
-                                f"ip link delete {host.bridge_conflict})")
-        if host.rootless and lock is not None:
-            uid = lock.runtime.uid
-            # Your files in /workspace stay yours: the image's user is you on the host.
-            argv += ["--userns", f"keep-id:uid={uid},gid={uid}"]
-
-    has_init = _has_init(lock, image)
-    if has_init is False or has_init is None:
-        if engine == "docker":
-            argv.append("--init")
-        elif host.podman_init:
-            argv.append("--init")
-        elif host.host_init:
-            argv += ["--init", "--init-path", host.host_init]
+        if host.cdi_gpu_specs:
+            out.add("--device", "nvidia.com/gpu=all")
         else:
-            warnings.append("the image has no init and podman's (catatonit) is not installed: zombie processes of "
-                            "DataLoader workers will not be reaped (apt-get install -y catatonit)")
+            out.warn("no CDI spec names nvidia.com/gpu (looked in /etc/cdi, /var/run/cdi): the container "
+                     "gets no GPU. Make one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml "
+                     "(package nvidia-container-toolkit)")
+    else:
+        out.add("--gpus", "all")
+        if not host.nvidia_toolkit:
+            out.warn("docker's --gpus needs the NVIDIA container toolkit, which is not installed here "
+                     "(apt-get install -y nvidia-container-toolkit)")
 
-    # an image we know nothing about: offer the GPUs
-    if gpus and (lock is None or lock.wants_gpu):
-        if engine == "podman":
-            if host.cdi_gpu_specs:
-                argv += ["--device", "nvidia.com/gpu=all"]
-            else:
-                warnings.append("no CDI spec names nvidia.com/gpu (looked in /etc/cdi, /var/run/cdi): the container "
-                                "gets no GPU. Make one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml "
-                                "(package nvidia-container-toolkit)")
-        else:
-            argv += ["--gpus", "all"]
-            if not host.nvidia_toolkit:
-                warnings.append("docker's --gpus needs the NVIDIA container toolkit, which is not installed here "
-                                "(apt-get install -y nvidia-container-toolkit)")
 
-    if lock is None:
-        argv += ["--shm-size", "16g"]
-        warnings.append("no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead")
-    elif lock.runtime.shm_size:
-        argv += ["--shm-size", lock.runtime.shm_size]
-    argv += _ulimits(lock, engine, host, warnings)
-
+def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv) -> None:
+    """The services' ports, on ``bind`` (loopback by default); ``host_ports`` is used up."""
     services = _enabled_services(lock)
-    host_ports = dict(host_ports or {})
     for svc, port in services:
         hp = int(host_ports.pop(port, port))
-        argv += ["-p", f"{bind}:{hp}:{port}" if bind else f"{hp}:{port}"]
+        out.add("-p", f"{bind}:{hp}:{port}" if bind else f"{hp}:{port}")
         addr = bind if bind and bind != "0.0.0.0" else "127.0.0.1"
         if svc == "jupyter":
-            notes.append(f"Jupyter: http://{addr}:{hp}/lab?token=<JUPYTER_TOKEN, or the token the container prints>")
+            out.notes.append(f"Jupyter: http://{addr}:{hp}/lab?token=<JUPYTER_TOKEN, or the token the container "
+                             "prints>")
         elif lock is not None:
-            notes.append(f"SSH: ssh -p {hp} {lock.runtime.user}@{addr}")
+            out.notes.append(f"SSH: ssh -p {hp} {lock.runtime.user}@{addr}")
     if host_ports:
         raise UsageError(f"no service of the image listens on port {', '.join(map(str, sorted(host_ports)))}",
                          hint=("map a service's port: " + ", ".join(f"{p}" for _s, p in services)) if services
                          else "the image has no services", reference="bad-usage")
     if bind and bind not in ("127.0.0.1", "::1", "localhost") and services:
-        warnings.append(f"services are published on {bind}, not loopback only: anyone who can reach this host "
-                        "can reach them (they still need the token or a key)")
+        out.warn(f"services are published on {bind}, not loopback only: anyone who can reach this host "
+                 "can reach them (they still need the token or a key)")
 
-    if mount_cwd:
-        cwd = os.path.normpath(host.cwd)
-        if cwd == "/":
-            warnings.append("the current directory is /: not mounting it on /workspace")
-        else:
-            opts = ":z" if host.selinux else ""  # shared label: several containers may mount it
-            argv += ["-v", f"{cwd}:{WORKSPACE}{opts}"]
-            if lock is not None and not host.rootless and host.cwd_uid != lock.runtime.uid:
-                uid = lock.runtime.uid
-                warnings.append(f"{cwd} belongs to uid {host.cwd_uid} on the host; the image's user is uid {uid}: "
-                                f"it can read but maybe not write /workspace (chown -R {uid}:{uid} the directory, "
-                                "or run rootless podman)")
 
-    for k in PASSTHROUGH_ENV:
-        if k in host.env_names:
-            argv += ["-e", k]  # the name only: the value comes from this environment, never the argv
-
-    argv.append(image)
-    argv += list(cmd)
-
-    if engine == "docker" and image.startswith("localhost/envspec/"):
-        warnings.append(f"envspec builds into containers-storage, which docker does not read: load it with "
-                        f"skopeo copy containers-storage:{image} docker-daemon:{image}")
-    return RunCommand(argv=argv, warnings=warnings, engine=engine, image=image, notes=notes)
+def _mount_cwd(host: Host, lock: Lockfile | None, out: _Argv) -> None:
+    cwd = os.path.normpath(host.cwd)
+    if cwd == "/":
+        out.warn("the current directory is /: not mounting it on /workspace")
+        return
+    opts = ":z" if host.selinux else ""  # shared label: several containers may mount it
+    out.add("-v", f"{cwd}:{WORKSPACE}{opts}")
+    if lock is not None and not host.rootless and host.cwd_uid != lock.runtime.uid:
+        uid = lock.runtime.uid
+        out.warn(f"{cwd} belongs to uid {host.cwd_uid} on the host; the image's user is uid {uid}: "
+                 f"it can read but maybe not write /workspace (chown -R {uid}:{uid} the directory, "
+                 "or run rootless podman)")
