@@ -69,6 +69,7 @@ class _ToolkitRow(_Row):
     driver_strict: str
     driver_compat: str
     archs: list[str]
+    estimated: list[str] = []
     source: str
 
 
@@ -80,7 +81,15 @@ class _GpuRow(_Row):
     bf16_tflops: float | None = None
     tf32_tflops: float | None = None
     mem_bw_gbs: float | None = None
+    min_driver: str = ""
+    min_driver_source: str = ""
+    host_arch: list[str]
+    host_arch_source: str = ""
     source: str
+
+
+HOST_ARCHS = ("x86_64", "aarch64")
+TOOLKIT_FIELDS = ("driver_strict", "driver_compat", "archs")
 
 
 class _Problems:
@@ -179,6 +188,9 @@ def _build(root: Path) -> CompatDB:
         ok &= _version_ok(tk.driver_strict, "cuda.toml", f"{where}.driver_strict", problems)
         ok &= _version_ok(tk.driver_compat, "cuda.toml", f"{where}.driver_compat", problems)
         _arch_ok(tk.archs, "cuda.toml", f"{where}.archs", problems)
+        for j, f in enumerate(tk.estimated):
+            if f not in TOOLKIT_FIELDS:
+                problems.add("cuda.toml", f"{where}.estimated[{j}]", f"{f!r} is not one of {', '.join(TOOLKIT_FIELDS)}")
         if not ok:
             continue
         if tk.version in toolkits:
@@ -186,7 +198,8 @@ def _build(root: Path) -> CompatDB:
         # a driver that meets the toolkit's own floor runs it natively, so the compat floor is never higher
         compat = min(tk.driver_compat, tk.driver_strict, key=Version)
         toolkits[tk.version] = CudaToolkit(version=tk.version, driver_strict=tk.driver_strict,
-                                          driver_compat=compat, archs=tk.archs, source=tk.source)
+                                          driver_compat=compat, archs=tk.archs, source=tk.source,
+                                          estimated=list(tk.estimated))
 
     # -- GPUs
     gpus: list[Gpu] = []
@@ -197,6 +210,15 @@ def _build(root: Path) -> CompatDB:
         except ValueError as exc:
             problems.add("gpus.toml", f"{where}.cc", str(exc))
             continue
+        if g.min_driver:
+            if not g.min_driver.isdigit():
+                problems.add("gpus.toml", f"{where}.min_driver", f"{g.min_driver!r} is not a driver branch (\"520\")")
+            if not g.min_driver_source.strip():
+                problems.add("gpus.toml", f"{where}.min_driver_source", "empty: a driver floor needs its source")
+        if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
+            problems.add("gpus.toml", f"{where}.host_arch", f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}")
+        elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
+            problems.add("gpus.toml", f"{where}.host_arch_source", "empty: say where the GPU ships on Arm hosts")
         for label in [g.name, *g.aliases]:
             k = "".join(ch for ch in label.lower() if ch.isalnum())
             if k in seen_labels and seen_labels[k] != g.name:

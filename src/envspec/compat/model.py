@@ -66,6 +66,7 @@ class CudaToolkit(BaseModel):
     driver_compat: str  # minimum driver under CUDA minor-version compatibility
     archs: list[str]  # sm_ targets nvcc accepts, including a/f variants
     source: str
+    estimated: list[str] = []  # the fields that are estimates, not read from a source ("driver_strict", "archs")
 
 
 class Gpu(BaseModel):
@@ -79,11 +80,37 @@ class Gpu(BaseModel):
     tf32_tflops: float | None = None  # dense
     mem_bw_gbs: float | None = None
     source: str = ""
+    min_driver: str = ""  # the first driver branch that drives this GPU ("520"); "" where none applies
+    min_driver_source: str = ""
+    host_arch: list[str] = ["x86_64", "aarch64"]  # CPU architectures of the servers it ships in
+    host_arch_source: str = ""
+
+    @property
+    def short(self) -> str:
+        """The name users type: the first alias, else the nvidia-smi name."""
+        return self.aliases[0] if self.aliases else self.name
+
+    @property
+    def grace_only(self) -> bool:
+        """Ships only in Arm (aarch64) hosts: Grace systems, DGX Spark, Jetson."""
+        return self.host_arch == ["aarch64"]
+
+    def driver_too_old(self, driver: str) -> bool:
+        """Whether ``driver`` ("470.82.01") is of an older branch than this GPU's first one."""
+        return bool(self.min_driver) and driver_branch(driver) < driver_branch(self.min_driver)
 
     @property
     def sm(self) -> str:
         major, minor = parse_cc(self.cc)
         return f"sm_{major}{minor}"
+
+
+def driver_branch(version: str) -> int:
+    """The branch of a driver version: "570.86.16" -> 570, "615" -> 615."""
+    return int(str(version).strip().split(".", 1)[0])
+
+
+PLATFORMS = {"x86_64": "linux-x86_64", "aarch64": "linux-aarch64"}
 
 
 def _norm(name: str) -> str:
