@@ -50,8 +50,11 @@ def choice_json(choice) -> dict:
         "driver_policy": choice.driver_policy,
         "python": choice.python,
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
-        "gpus": [{"name": g.name, "cc": g.cc} for g in choice.gpus],
+        "gpus": [{"name": g.name, "cc": g.cc, "min_driver": g.min_driver or None, "host_arch": list(g.host_arch)}
+                 for g in choice.gpus],
         "base": choice.base,
+        "platform": choice.platform,
+        "notes": list(choice.notes),
     }
     return out
 
@@ -80,9 +83,12 @@ def impossible_json(err: ResolutionImpossible) -> dict:
 def choice_lines(choice) -> list[str]:
     """Human form: what was chosen and why, and every candidate with its reason."""
     t = choice.torch
-    lines = [f"spec {choice.spec.name}: Python {choice.python} on {choice.base}"]
+    lines = [f"spec {choice.spec.name}: Python {choice.python} on {choice.base}, {choice.platform}"]
     if choice.gpus:
-        lines.append("targets: " + ", ".join(f"{g.name} (sm_{g.cc.replace('.', '')})" for g in choice.gpus))
+        lines.append("targets: " + ", ".join(f"{g.name} (sm_{g.cc.replace('.', '')}"
+                                             + (f", driver >= R{g.min_driver}" if g.min_driver else "") + ")"
+                                             for g in choice.gpus))
+    lines += [f"note: {n}" for n in choice.notes]
     if t is None:
         lines.append("no torch in this spec")
         return lines

@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from envspec.compat import CompatDB, Gpu, TorchRelease, Variant, arch_runs, why_arch
+from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
 from envspec.debian.models import SUITES as DEBIAN_SUITES
 from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
@@ -30,6 +30,7 @@ from envspec.host import cache_dir_for
 from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
 
+DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
 # The newest manylinux target uv resolves for: `uv pip compile --help` (uv 0.13.9) lists
 # --python-platform x86_64-manylinux_2_17 ... x86_64-manylinux_2_40 and nothing later. A suite
@@ -84,10 +85,20 @@ class Choice:
     torch: TorchChoice | None
     driver_policy: str
     notes: list[str] = field(default_factory=list)
+    arch: str = "x86_64"  # the CPU architecture of the hosts: "x86_64" | "aarch64" (from the GPUs)
+
+    @property
+    def platform(self) -> str:
+        """"linux-x86_64" or "linux-aarch64": what wheels, Python tags and Debian packages are for."""
+        return PLATFORMS[self.arch]
 
     @property
     def platform_tag(self) -> str:
-        return f"manylinux_{self.glibc}_x86_64"
+        return f"manylinux_{self.glibc}_{self.arch}"
+
+    @property
+    def debian_arch(self) -> str:
+        return DEBIAN_ARCH[self.arch]
 
     @property
     def compute_capabilities(self) -> list[str]:
@@ -138,6 +149,13 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
                                          reference="unknown-gpu"))
         else:
             gpus.append(g)
+    arch = "x86_64"
+    if len(gpus) == len(spec.target.gpus):
+        arch, problem = _platform(spec, gpus)
+        if problem is not None:
+            problems.append(problem)
+    if spec.target.driver:
+        problems += gpu_driver_problems(spec, gpus)
     py = spec.python.version
     base = spec.system.base
     suite, glibc = None, HOST_GLIBC
@@ -160,8 +178,70 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
     if problems:
         raise SpecError(spec.file, problems)
     torch = _choose_torch(spec, db, gpus) if spec.torch is not None else None
+    notes = []
+    if arch != "x86_64" and torch is not None:
+        notes.append("the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
+                     f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time")
     return Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
-                  driver_policy=spec.target.driver_policy)
+                  driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
+
+
+# Whether envspec can lock and build one spec for several platforms at once (an OCI image index per
+# lock). Not yet: the arm64 image building of issue 13 has not landed.
+MULTI_PLATFORM = False
+
+
+def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
+    """The CPU architecture every named GPU's hosts share: x86_64 where it can, aarch64 for Grace
+    systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem when the GPUs need hosts
+    of different architectures."""
+    common = {"x86_64", "aarch64"}
+    for g in gpus:
+        common &= set(g.host_arch)
+    if "x86_64" in common:
+        return "x86_64", None
+    if "aarch64" in common:
+        return "aarch64", None
+    arm = [g for g in gpus if "x86_64" not in g.host_arch]
+    x86 = [g for g in gpus if "aarch64" not in g.host_arch]
+    idx = next(i for i, g in enumerate(gpus) if g in arm)
+    return "x86_64", spec.problem(
+        ("target", "gpus", idx),
+        f"the GPUs need hosts of two CPU architectures: {', '.join(g.short for g in arm)} ship in linux-aarch64 "
+        f"(Grace/Arm) hosts only, {', '.join(g.short for g in x86)} in linux-x86_64 hosts; one lock per platform "
+        "needs arm64 image building (issue 13), which this envspec does not have",
+        hint="split the spec: one for the Grace systems, one for the x86 GPUs",
+        reference="mixed-platforms")
+
+
+def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
+    """[target].driver against each GPU's first driver branch: the rule holds under every driver
+    policy (CUDA's minor-version compatibility lets a runtime load on an older driver, it does not
+    teach an old driver a newer GPU)."""
+    driver = spec.target.driver or ""
+    out: list[Problem] = []
+    for g in gpus:
+        if driver and g.driver_too_old(driver):
+            out.append(spec.problem(
+                ("target", "driver"),
+                f"driver {driver} cannot drive {g.short} ({g.name}, sm_{g.cc.replace('.', '')}): it needs driver "
+                f"branch R{g.min_driver} or newer, whatever the driver policy (source: {g.min_driver_source})",
+                hint=f"upgrade the hosts' driver to R{g.min_driver} or newer; CUDA minor-version compatibility "
+                     "does not add GPU support to an older driver",
+                reference="driver-too-old-for-gpu"))
+    return out
+
+
+def gpu_driver_floor(gpus: list[Gpu]) -> str:
+    """The newest first-driver branch among the GPUs ("520"), or "" when none applies."""
+    branches = [g.min_driver for g in gpus if g.min_driver]
+    return max(branches, key=driver_branch) if branches else ""
+
+
+def _max_driver(a: str, b: str) -> str:
+    if not a or not b:
+        return a or b
+    return a if Version(a) >= Version(b) else b
 
 
 def driver_floor(db: CompatDB, variant: Variant, policy: str) -> str | None:
@@ -237,7 +317,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
         if first_candidates is None:
             first_candidates = cands
         if pick is not None:
-            floor = driver_floor(db, pick, spec.target.driver_policy) or ""
+            # the lock's floor: the CUDA runtime's (by policy) and, above it, the GPUs' first branches
+            floor = _max_driver(driver_floor(db, pick, spec.target.driver_policy) or "", gpu_driver_floor(gpus))
             # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
             # torch pin, uv's index arguments and the wheels' attribution all take it from here
             return TorchChoice(release=rel, variant=pick.served_from(spec.sources.torch_index), min_driver=floor,
@@ -410,7 +491,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
         out.unlink()
     idx, _ = _index_args(sources, choice)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
-            "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",
+            "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
             "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", "--no-header", *idx]
     if constraints:
         c = workdir / f"{name}.constraints.txt"
@@ -546,7 +627,8 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
 
     requested = debian_request(choice)
     pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
-                                  security_mirror=sources.debian_security_mirror, cache_dir=cache_dir)
+                                  security_mirror=sources.debian_security_mirror, cache_dir=cache_dir,
+                                  architecture=choice.debian_arch)
     return pins, requested
 
 
