@@ -131,8 +131,14 @@ def cmd_lock(args) -> int:
         lockmod.write_atomic(out, text)
     if args.json:
         _print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
-                     "wheels": len(lock.wheels), "debs": len(lock.debian.packages) if lock.debian else 0})
-    elif not args.quiet:
+                     "wheels": len(lock.wheels), "debs": len(lock.debian.packages) if lock.debian else 0,
+                     "platform": f"{lock.platform.os}-{lock.platform.arch}",
+                     "db_mismatch": list(lock.torch.db_mismatch or []) if lock.torch else []})
+    if lock.torch is not None and lock.torch.db_mismatch:
+        warn = _console(stderr=True)
+        for m in lock.torch.db_mismatch:
+            warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
+    if not args.json and not args.quiet:
         con.print(f"{'wrote' if changed else 'unchanged'} {out}: {len(lock.wheels)} wheels, "
                   f"{len(lock.debian.packages) if lock.debian else 0} Debian packages, "
                   f"lock {lock.meta.content_hash[:19]}…", markup=False)

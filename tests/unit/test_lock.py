@@ -111,7 +111,7 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
     spec_path = tmp_path / "s.toml"
     spec_path.write_text('name = "ws"\n[services.ssh]\nauthorized_keys = "keys.pub"\n')
     spec = parse_spec(spec_path.read_text(), spec_path)
-    choice = SimpleNamespace(spec=spec, torch=None, suite=None, python="3.11", platform_tag="manylinux_2_28_x86_64",
+    choice = SimpleNamespace(spec=spec, torch=None, suite=None, python="3.11", platform_tag="manylinux_2_28_x86_64", arch="x86_64", debian_arch="amd64",
                              base="none", gpus=[], compute_capabilities=[], driver_policy="compat")
     res = SimpleNamespace(choice=choice, debs=[], deb_requested=[], wheels=[])
     lk = lockmod.from_resolution(res, spec_path=str(spec_path), db_version="test")
