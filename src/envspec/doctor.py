@@ -94,6 +94,34 @@ def check_driver(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     return [Diagnosis("driver", "ok" if lock else "info", f"NVIDIA driver {ver}", detail=detail)]
 
 
+def check_driver_knows_gpus(host: Host) -> list[Diagnosis]:
+    """The driver's branch against each GPU's first one (the compat DB's gpus.toml, by nvidia-smi name,
+    else by compute capability): a driver older than that cannot drive the GPU under any policy."""
+    if not host.driver_version or not host.gpus:
+        return []
+    from envspec.compat import driver_branch, load_db
+
+    db = load_db()
+    out: list[Diagnosis] = []
+    for name, cc in sorted({(g.name, g.cc) for g in host.gpus}):
+        gpu = db.find_gpu(name)
+        if gpu is None or not gpu.min_driver:
+            gpu = next((g for g in db.gpus if g.cc == cc and g.min_driver), None)
+        if gpu is None or not gpu.min_driver:
+            continue
+        detail = {"name": name, "cc": cc, "driver": host.driver_version, "min_driver": gpu.min_driver,
+                  "source": gpu.min_driver_source}
+        if gpu.driver_too_old(host.driver_version):
+            out.append(Diagnosis("driver", "fail",
+                                 f"NVIDIA driver {host.driver_version} cannot drive {name}: it needs driver branch "
+                                 f"R{gpu.min_driver} or newer, whatever the CUDA policy (from: {gpu.min_driver_source})",
+                                 fix=f"upgrade the NVIDIA driver to R{gpu.min_driver} or newer", detail=detail))
+        else:
+            out.append(Diagnosis("driver", "ok", f"driver branch R{driver_branch(host.driver_version)} drives {name} "
+                                                 f"(needs R{gpu.min_driver} or newer)", detail=detail))
+    return out
+
+
 def check_gpus(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     if not host.which("nvidia-smi"):
         return []
@@ -348,6 +376,7 @@ def run_doctor(host: Host, lock: Lockfile | None = None) -> list[Diagnosis]:
     """Check ``host`` (what ``detect_host()`` found) against ``lock`` (or no lock)."""
     out: list[Diagnosis] = []
     out += check_driver(host, lock)
+    out += check_driver_knows_gpus(host)
     if host.driver_version:
         out += check_gpus(host, lock)
     out += check_toolkit(host, lock)

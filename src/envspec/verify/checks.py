@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import archrule, integrity, probes, rates, torchprobe
+from . import archrule, driverrule, integrity, probes, rates, torchprobe
 from .lockfile import lock_hash, table
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
@@ -334,10 +334,28 @@ class _Run:
             extra = f", supports CUDA {d.cuda}"
         self.add("driver", status, expected=f">= {floor} ({policy} policy)" if floor else "any",
                  observed=f"{d.version} (from {d.source}{extra})", hint=hint)
+        self.check_driver_knows_gpus(d)
         if "mismatch" in d.source or ("NVML" in d.source and "kernel" in d.source and "," in d.source):
             self.add("driver.userspace", FAIL, expected="the same version in kernel module and NVML",
                      observed=d.source, hint="driver/library version mismatch: reboot or reload the kernel module "
                                              "after a driver upgrade, or mount the host's matching libraries")
+
+    def check_driver_knows_gpus(self, d: probes.DriverInfo) -> None:
+        """Each GPU needs a driver branch that knows it, under every policy (driverrule.py)."""
+        seen: set[tuple[str, str]] = set()
+        for g in d.gpus:
+            name, cc = str(g.get("name", "")), str(g.get("cc", ""))
+            if not cc or (name, cc) in seen:
+                continue
+            seen.add((name, cc))
+            old, words = driverrule.too_old(d.version, cc)
+            need = driverrule.first_branch(cc)
+            if need is None:
+                continue
+            self.add("driver.gpu", FAIL if old else PASS, expected=f"driver branch >= R{need} for {name}: {words}",
+                     observed=f"driver {d.version} (branch R{driverrule.branch(d.version)})",
+                     hint=(f"a driver older than R{need} cannot drive {name}, whatever the CUDA compatibility policy: "
+                           "upgrade the host driver" if old else ""))
 
     # torch -------------------------------------------------------------------------------
     def check_torch(self) -> None:
