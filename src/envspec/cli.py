@@ -154,7 +154,9 @@ def cmd_db(args: argparse.Namespace) -> int:
 
         report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
         # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
-        code = EXIT_SOURCE if report.source_errors else EXIT_CHECK_FAILED if report.problems else EXIT_OK
+        # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
+        code = (EXIT_SOURCE if report.source_errors else
+                EXIT_CHECK_FAILED if report.problems or report.needs_review else EXIT_OK)
         if args.json:
             _print_json(report.to_json())
             return code
@@ -175,6 +177,14 @@ def cmd_db(args: argparse.Namespace) -> int:
             err.print("hint: " + ("an index did not answer: check the network and run it again; "
                                   if report.source_errors else "")
                       + "a release that could not be read keeps its old row, if the file had one", markup=False)
+        if report.needs_review:
+            err = _console(stderr=True)
+            for version, items in report.needs_review.items():
+                for item in items:
+                    err.print(f"needs review: torch {version}: {item}", markup=False)
+            err.print("hint: these releases were written with what their metadata says and are left out of "
+                      "resolution until cuda.toml / torch_variants.toml have the missing rows (docs/compat-db.md, "
+                      "Refreshing)", markup=False)
         return code
     db = load_db()
     if args.json:

@@ -30,6 +30,8 @@ def _sentence(c: dict) -> str:
         return f"driver >= {c['floor']} ({c['policy']})"
     if k == "cuda-not-offered":
         return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
+    if k == "release-needs-review":
+        return f"torch {c['torch']} needs review before it can be resolved: " + "; ".join(c.get("items", []))
     if k == "unknown-cuda":
         return f"CUDA {c['cuda']} is not in the compatibility DB"
     return c.get("text") or str(c)

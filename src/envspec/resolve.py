@@ -70,6 +70,7 @@ class TorchChoice:
     variant: Variant  # the chosen build, its PyTorch-index URLs on the spec's [sources].torch_index
     min_driver: str
     candidates: list[Candidate]
+    skipped: list[dict] = field(default_factory=list)  # newer releases left out: they need review
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,8 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
     if problems:
         raise SpecError(spec.file, problems)
     torch = _choose_torch(spec, db, gpus) if spec.torch is not None else None
-    notes = []
+    notes = [f"torch {c['torch']} is in the DB but needs review, so it was not considered: " + "; ".join(c["items"])
+             for c in (torch.skipped if torch else [])]
     if arch != "x86_64" and torch is not None:
         notes.append("the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
                      f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time")
@@ -303,6 +305,11 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
     all_causes: list[dict] = []
     first_candidates: list[Candidate] | None = None
     for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
+        if rel.needs_review:
+            # `db refresh` added it without the facts to judge its builds: not a candidate until curated
+            all_causes.append({"kind": "release-needs-review", "torch": rel.version, "items": list(rel.needs_review),
+                               "where": _where(spec, {"kind": "release-needs-review"})})
+            continue
         judged = []
         for v in sorted(rel.variants.values(), key=_cuda_key):
             ok, facts = _judge(spec, db, rel, v, gpus)
@@ -322,7 +329,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
             # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
             # torch pin, uv's index arguments and the wheels' attribution all take it from here
             return TorchChoice(release=rel, variant=pick.served_from(spec.sources.torch_index), min_driver=floor,
-                               candidates=cands)
+                               candidates=cands,
+                               skipped=[c for c in all_causes if c["kind"] == "release-needs-review"])
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,
@@ -375,7 +383,7 @@ def _dedupe(causes: list[dict]) -> list[dict]:
 def _main_reference(causes: list[dict]) -> str:
     kinds = [c["kind"] for c in causes]
     for k, ref in (("arch-missing", "no-kernels-for-gpu"), ("driver-too-old", "driver-too-old"),
-                   ("python-unsupported", "python-unsupported")):
+                   ("python-unsupported", "python-unsupported"), ("release-needs-review", "release-needs-review")):
         if k in kinds:
             return ref
     return "no-compatible-torch"

@@ -237,7 +237,10 @@ def test_report_partitions_the_releases(tmp_path):
     assert rep.to_json() == {
         "ok": False, "output": str(out), "written": True, "releases": rep.releases, "added": [],
         "changed": ["2.14.1"], "unchanged": ["2.0.0", "2.15.0"], "kept": ["1.13.1", "2.9.1"], "removed": [],
-        "problems": rep.problems, "source_errors": []}
+        "problems": rep.problems, "source_errors": [],
+        # 1.13.1 predates the curated rows: no cu117 row covers it, no older release carries one
+        "needs_review": {"1.13.1": [rep.needs_review["1.13.1"][0]]}}
+    assert rep.needs_review["1.13.1"][0].startswith("no cu117 row in torch_variants.toml")
 
 
 def test_an_index_that_does_not_answer_is_a_source_error(tmp_path):
@@ -301,3 +304,110 @@ def test_cli_refresh_words(tmp_path, monkeypatch, capsys):
     assert code == 0 and cap.err == ""
     assert f"wrote {tmp_path / 'torch_pypi.toml'}: 4 releases (4 added, 0 changed, 0 unchanged" in cap.out
     assert "added: 2.0.0, 2.9.1, 2.14.1, 2.15.0" in cap.out
+
+
+# ---- a release the DB does not know yet (tests/data/compat/next: fabricated 2.16.0 on CUDA 13.5,
+# 2.17.0 on CUDA 13.6) ---------------------------------------------------------------------------
+
+NEXT = REC / "next"
+
+
+class NextIndex:
+    """The fabricated next releases, served with PEP 658 metadata."""
+
+    def __init__(self) -> None:
+        self.simple = json.loads((NEXT / "simple_torch.json").read_text())
+        self.meta = {p.name[: -len(".metadata")]: p.read_bytes() for p in (NEXT / "metadata").glob("*.metadata")}
+        for f in self.simple["files"]:
+            if f["filename"] in self.meta:
+                f["core-metadata"] = {"sha256": "0" * 64}
+
+    def fetch(self, url: str) -> bytes:
+        if url == pypi.JSON_API:
+            return (NEXT / "pypi_torch.json").read_bytes()
+        if url == pypi.SIMPLE_API:
+            return json.dumps(self.simple).encode()
+        if url.endswith(".metadata"):
+            return self.meta[url.rsplit("/", 1)[1][: -len(".metadata")]]
+        raise AssertionError(f"unexpected fetch {url}")
+
+    def fetch_range(self, url: str, start: int, end: int) -> bytes:
+        raise AssertionError("PEP 658 metadata is served: no range requests")
+
+
+def _data_copy(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    shutil.copytree(DATA_DIR, d)
+    return d
+
+
+def test_refresh_adds_a_release_on_an_unknown_cuda_and_marks_it_for_review(tmp_path):
+    d = _data_copy(tmp_path)
+    out, rep = _refresh(d, NextIndex(), since="2.15.0")
+    assert rep.written and rep.added == ["2.16.0", "2.17.0"] and rep.problems == []
+    assert not rep.ok and sorted(rep.needs_review) == ["2.16.0", "2.17.0"]
+    assert any("no cu135 row in torch_variants.toml" in i for i in rep.needs_review["2.16.0"])
+    assert not any("cuda.toml" in i for i in rep.needs_review["2.16.0"])  # 13.5 has a (partly estimated) row
+    assert any(i.startswith("CUDA 13.6 is not in cuda.toml") for i in rep.needs_review["2.17.0"])
+    rows = _rows(out)
+    # what could be derived is kept: Python versions, variant, pins
+    r = rows["2.16.0"]
+    assert (r["pypi_variant"], r["cuda"], r["cuda_pin"], r["cudnn"], r["nccl"]) == (
+        "cu135", "13.5", "13.5.0", "9.28.0.30", "2.31.2")
+    assert r["python"] == ["3.11", "3.12", "3.13", "3.14", "3.15"] and r["needs_review"] == rep.needs_review["2.16.0"]
+    assert "needs_review" not in rows["2.15.0"] and "2.0.0" in rows  # older rows kept as they were
+    # the DB still loads; the releases carry what needs review and offer no build they cannot describe
+    db = load_db(d)
+    rel = db.torch_release("2.16.0")
+    assert rel is not None and rel.needs_review == r["needs_review"] and "cu135" not in rel.variants
+    assert db.torch_release("2.17.0").needs_review and db.torch_release("2.15.0").needs_review == []
+    # the reviewer adds the missing rows: the next refresh clears the marks
+    (d / "torch_variants.toml").write_text((d / "torch_variants.toml").read_text() + '''
+[[build]]
+torch = ">=2.16"
+variant = "cu135"
+cuda = "13.5"
+cudnn = "=pypi"
+nccl = "=pypi"
+arch_list = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+source = "test: curated after review"
+''')
+    _, rep = _refresh(d, NextIndex(), since="2.15.0")
+    assert list(rep.needs_review) == ["2.17.0"] and "needs_review" not in _rows(out)["2.16.0"]
+
+
+def test_resolution_skips_releases_that_need_review(tmp_path, monkeypatch, capsys):
+    from envspec.compat import load as loadmod
+    from envspec.resolve import choose
+    from envspec.errors import ResolutionImpossible
+    from envspec.spec import load_spec
+
+    d = _data_copy(tmp_path)
+    _refresh(d, NextIndex(), since="2.15.0")
+    db = load_db(d)
+    spec = tmp_path / "next.toml"
+    spec.write_text('name = "next"\n[target]\ngpus = ["B200"]\n[torch]\nversion = ">=2.15"\n')
+    choice = choose(load_spec(spec), db)
+    assert choice.torch is not None and choice.torch.release.version == "2.15.0"
+    assert any(n.startswith("torch 2.17.0 is in the DB but needs review") for n in choice.notes)
+    spec.write_text('name = "next"\n[target]\ngpus = ["B200"]\n[torch]\nversion = "2.16.*"\n')
+    try:
+        choose(load_spec(spec), db)
+    except ResolutionImpossible as e:
+        assert e.reference == "release-needs-review" and e.exit_code == 2
+        assert any(c["kind"] == "release-needs-review" and c["where"].startswith("[torch].version") for c in e.causes)
+    else:
+        raise AssertionError("a release that needs review was resolved")
+
+
+def test_cli_refresh_exits_1_and_lists_what_needs_review(tmp_path, monkeypatch, capsys):
+    d = _data_copy(tmp_path)
+    out = d / "torch_pypi.toml"
+    out.unlink()
+    code, cap = _cli(monkeypatch, capsys, NextIndex(), out, "--json")
+    rep = json.loads(cap.out)
+    assert code == EXIT_CHECK_FAILED and rep["ok"] is False and rep["written"] is True
+    assert rep["added"] == ["2.15.0", "2.16.0", "2.17.0"] and sorted(rep["needs_review"]) == ["2.16.0", "2.17.0"]
+    code, cap = _cli(monkeypatch, capsys, NextIndex(), out)
+    assert code == 1 and "needs review: torch 2.17.0: CUDA 13.6 is not in cuda.toml" in cap.err
+    assert "needs review: torch 2.16.0: no cu135 row" in cap.err

@@ -51,6 +51,7 @@ class _PypiRow(_Row):
     cudnn: str
     nccl: str
     wheel: str = ""
+    needs_review: list[str] = []
     source: str
 
 
@@ -286,9 +287,11 @@ def _build(root: Path) -> CompatDB:
             # a release newer than the curated rows: PyPI's build is known from its metadata, its arch
             # list is carried over from the newest older release with the same variant (said in source)
             prev = next((r.variants[p.pypi_variant] for r in reversed(releases) if p.pypi_variant in r.variants), None)
-            if p.cuda not in toolkits:
+            if p.needs_review and (p.cuda not in toolkits or prev is None):
+                pass  # refresh said what is missing (TorchRelease.needs_review); no such build until curated
+            elif p.cuda not in toolkits:
                 problems.add("torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml")
-            if prev is None:
+            elif prev is None:
                 problems.add("torch_variants.toml", "",
                              f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from")
             else:
@@ -300,7 +303,7 @@ def _build(root: Path) -> CompatDB:
         ordered = dict(sorted(variants.items(), key=lambda kv: _cuda_key(kv[1])))
         releases.append(TorchRelease(version=p.version, python=p.python, pypi_variant=p.pypi_variant or None,
                                      variants=ordered, source=p.source,
-                                     python_freethreaded=p.python_freethreaded))
+                                     python_freethreaded=p.python_freethreaded, needs_review=list(p.needs_review)))
     releases.sort(key=lambda r: Version(r.version))
 
     version, date = manifest.get("db_version", ""), manifest.get("date", "")

@@ -53,6 +53,7 @@ class TorchRelease(BaseModel):
     variants: dict[str, Variant]  # by name, ascending CUDA (cpu first)
     source: str
     python_freethreaded: list[str] = []  # "3.13" for cp313t wheels
+    needs_review: list[str] = []  # what `db refresh` could not derive: its PyPI build is left out until curated
 
     def variant(self, name: str) -> Variant | None:
         return self.variants.get(name)

@@ -60,11 +60,15 @@ class RefreshReport:
     removed: list[str] = field(default_factory=list)  # in the old file, not in the new one
     problems: list[str] = field(default_factory=list)  # "2.3.0: no Linux x86_64 wheel"
     source_errors: list[str] = field(default_factory=list)  # the problems where an index did not answer
+    # release -> what the refresh could not derive for it (an unknown CUDA toolkit, no arch list): the
+    # release is written with what could be derived, marked `needs_review`, and is not resolvable
+    # until the curated data has the missing facts
+    needs_review: dict[str, list[str]] = field(default_factory=dict)
     written: bool = False  # whether out_path was (re)written
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.needs_review
 
     def to_json(self) -> dict[str, object]:
         """The report as plain JSON data (`envspec db refresh --json`)."""
@@ -80,6 +84,7 @@ class RefreshReport:
             "removed": list(self.removed),
             "problems": list(self.problems),
             "source_errors": list(self.source_errors),
+            "needs_review": {v: list(items) for v, items in self.needs_review.items()},
         }
 
 
@@ -370,7 +375,9 @@ def render(rows: list[dict], db_version: str, date: str) -> str:
     for r in sorted(rows, key=lambda r: Version(r["version"])):
         out.append("[[release]]")
         for k in ("version", "python", "python_freethreaded", "pypi_variant", "cuda", "cuda_pin",
-                  "cudnn", "nccl", "wheel", "source"):
+                  "cudnn", "nccl", "wheel", "needs_review", "source"):
+            if k == "needs_review" and not r.get(k):
+                continue  # written only where there is something to review
             val = r[k]
             if isinstance(val, list):
                 out.append(f"{k} = [{', '.join(_q(x) for x in val)}]")
@@ -378,6 +385,50 @@ def render(rows: list[dict], db_version: str, date: str) -> str:
                 out.append(f"{k} = {_q(val)}")
         out.append("")
     return "\n".join(out)
+
+
+def _curated_dir(out_path: Path) -> Path:
+    """The curated data beside the generated file (a copy of the data directory), else the bundled one."""
+    from envspec.compat.load import DATA_DIR
+
+    return out_path.parent if (out_path.parent / "cuda.toml").is_file() else DATA_DIR
+
+
+def review_items(rows: dict[str, dict], curated: Path) -> dict[str, list[str]]:
+    """For each release row, what the curated data lacks to turn it into a usable variant: a CUDA
+    toolkit that cuda.toml does not know (no driver floor, no nvcc targets), or a PyPI variant with no
+    torch_variants.toml row and no older release to carry the arch list from."""
+    import tomllib
+
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    cuda = tomllib.loads((curated / "cuda.toml").read_text(encoding="utf-8"))
+    builds = tomllib.loads((curated / "torch_variants.toml").read_text(encoding="utf-8"))
+    toolkits = {str(t.get("version")) for t in cuda.get("toolkit", [])}
+    covered: list[tuple[str, SpecifierSet]] = []
+    for b in builds.get("build", []):
+        try:
+            covered.append((str(b.get("variant")), SpecifierSet(str(b.get("torch")))))
+        except InvalidSpecifier:
+            continue
+    out: dict[str, list[str]] = {}
+    seen_variants: set[str] = set()
+    for v in sorted(rows, key=Version):
+        r = rows[v]
+        variant, cu = r.get("pypi_variant") or "", r.get("cuda") or ""
+        items: list[str] = []
+        if cu and cu not in toolkits:
+            items.append(f"CUDA {cu} is not in cuda.toml: add its row (driver floors from the CUDA release notes' "
+                         "Tables 2 and 3, nvcc targets) before this release can be resolved")
+        has_row = any(name == variant and spec.contains(Version(v), prereleases=True) for name, spec in covered)
+        if variant and variant != "cpu" and not has_row and variant not in seen_variants:
+            items.append(f"no {variant} row in torch_variants.toml and no older release with {variant} to carry "
+                         "the arch list from: add the row (arch list from the release's build scripts)")
+        if variant and not items:
+            seen_variants.add(variant)  # a later release can carry this one's arch list
+        if items:
+            out[v] = items
+    return out
 
 
 def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
@@ -422,6 +473,12 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
             report.unchanged.append(v)
     for names in (report.added, report.changed, report.unchanged, report.kept):
         names.sort(key=Version)
+    for v, items in review_items(merged, _curated_dir(out_path)).items():
+        merged[v] = dict(merged[v], needs_review=items)
+        report.needs_review[v] = items
+    for v in list(merged):
+        if v not in report.needs_review:
+            merged[v].pop("needs_review", None)
     report.removed = sorted((set(old_rows) - set(merged)), key=Version)
     report.releases = sorted(merged, key=Version)
     today = date or datetime.date.today().isoformat()
