@@ -210,3 +210,22 @@ def test_rootless_needs_a_subuid_range_and_newuidmap():
     r = by(run_doctor(replace(h, tools=dict(h.tools) | _tools("newuidmap")), None), "rootless")[0]
     assert r.status == "ok"
     assert by(run_doctor(build_host(), None), "rootless") == []
+
+
+def test_a_driver_older_than_the_gpus_first_branch_fails_without_a_lock():
+    # no lock, no CUDA floor: the GPU rule alone (gpus.toml: H100 needs R520, RTX 5090 R570)
+    f = run_doctor(gpu_host(driver="470.82.01"))
+    d = [x for x in by(f, "driver") if x.detail.get("min_driver")]
+    assert len(d) == 1 and d[0].status == "fail" and doctor_exit_code(f) != 0
+    assert "cannot drive NVIDIA H100 80GB HBM3" in d[0].what and "R520" in d[0].what and "R520" in d[0].fix
+    f = run_doctor(gpu_host(driver="565.57.01", gpus=(Gpu("NVIDIA GeForce RTX 5090", "12.0"),)))
+    assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "570"] == ["fail"]
+    # a GPU the DB does not name is judged by its compute capability
+    f = run_doctor(gpu_host(driver="515.65.01", gpus=(Gpu("NVIDIA L4 Rev B", "8.9"),)))
+    assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "520"] == ["fail"]
+
+
+def test_a_driver_that_knows_the_gpu_says_so():
+    f = run_doctor(gpu_host(driver="580.82.07"), load(GPU_LOCK))
+    d = [x for x in by(f, "driver") if x.detail.get("min_driver")]
+    assert [x.status for x in d] == ["ok"] and "needs R520 or newer" in d[0].what

@@ -131,3 +131,47 @@ def test_a_changed_debian_base_set_makes_the_lock_stale():
     assert lockmod.stale_reasons(lk, spec, debian_requested=["python3", "bash"]) == []
     reasons = lockmod.stale_reasons(lk, spec, debian_requested=["bash", "g++", "python3"])
     assert reasons == ["the Debian packages asked for changed: + g++"]
+
+
+def test_pins_come_from_the_resolved_wheels_and_a_db_disagreement_is_recorded():
+    from types import SimpleNamespace
+
+    from envspec.compat import load_db
+    from envspec.lock import torch_pin, wheel_pins
+
+    rel = load_db().torch_release("2.14.1")
+    t = SimpleNamespace(release=rel, variant=rel.variants["cu130"])
+    W = lambda n, v: SimpleNamespace(name=n, version=v)  # noqa: E731
+    same = [W("nvidia-cuda-runtime", "13.0.96"), W("nvidia-cudnn-cu13", "9.24.0.43"), W("nvidia-nccl-cu13", "2.30.7"),
+            W("nvidia-cublas", "13.1.0.3")]
+    assert wheel_pins(same) == {"cuda": ("13.0", "nvidia-cuda-runtime"), "cudnn": ("9.24.0.43", "nvidia-cudnn-cu13"),
+                                "nccl": ("2.30.7", "nvidia-nccl-cu13")}
+    pin = torch_pin(t, same, "https://pypi.org/simple")
+    assert (pin.cuda, pin.cudnn, pin.nccl, pin.db_mismatch) == ("13.0", "9.24.0.43", "2.30.7", None)
+    # the DB row is wrong about NCCL: the lock pins what the image will load, and says so
+    other = [w if w.name != "nvidia-nccl-cu13" else W("nvidia-nccl-cu13", "2.30.4") for w in same]
+    pin = torch_pin(t, other, "https://pypi.org/simple")
+    assert pin.nccl == "2.30.4" and pin.cudnn == "9.24.0.43"
+    assert pin.db_mismatch == ["nccl: the compatibility DB says 2.30.7 for torch 2.14.1 cu130, "
+                               "the resolved wheel nvidia-nccl-cu13 is 2.30.4"]
+    # CUDA 12 wheel names, and a build without an NCCL wheel keeps the DB's value
+    rel = load_db().torch_release("2.9.1")
+    t = SimpleNamespace(release=rel, variant=rel.variants["cu128"])
+    pin = torch_pin(t, [W("nvidia-cuda-runtime-cu12", "12.8.90"), W("nvidia-cudnn-cu12", "9.10.2.21")], "x")
+    assert (pin.cuda, pin.cudnn, pin.nccl, pin.db_mismatch) == ("12.8", "9.10.2.21", "2.27.5", None)
+
+
+def test_a_lock_with_a_db_mismatch_is_revision_1_and_reads_back():
+    from pathlib import Path
+
+    from envspec.lock import dumps, loads
+
+    lock = loads((Path(__file__).parents[2] / "lockfiles" / "h100-train.lock").read_text())
+    assert lock.revision == 0 and lock.torch is not None and lock.torch.db_mismatch is None
+    assert "db_mismatch" not in dumps(lock)
+    bumped = lock.model_copy(update={"revision": 1, "torch": lock.torch.model_copy(
+        update={"nccl": "2.30.4", "db_mismatch": ["nccl: the compatibility DB says 2.30.7 ..."]})}).with_hash()
+    text = dumps(bumped)
+    assert "revision = 1" in text and "db_mismatch = [" in text
+    again = loads(text)
+    assert again == bumped and again.torch.db_mismatch == ["nccl: the compatibility DB says 2.30.7 ..."]

@@ -212,3 +212,15 @@ def test_compile_failure_hints():
     f = one({"ok": False, "timeout": True, "error": "did not finish within 1 s"})
     assert f.status == "warn"
     assert one({"ok": True, "device": "cuda", "seconds": 2.0}).status == "pass"
+
+
+def test_driver_older_than_the_gpus_first_branch_fails_whatever_the_floor():
+    # a lock with a low floor (cu118 under compat) on a Hopper GPU with a 470 driver
+    lock = make_lock(hardware={"gpus": ["NVIDIA H100 80GB HBM3"], "compute_capabilities": ["9.0"],
+                               "arch_list": ["sm_90"], "driver_floor": "450.80.02", "driver_policy": "compat"})
+    drv = DriverInfo("470.82.01", "11.4", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}])
+    f = by_check(run(lock, torch=FakeTorch(), driver=drv))
+    g = f["driver.gpu.0"]
+    assert g.status == "fail" and "R520" in g.expected and "470.82.01" in g.observed and "upgrade" in g.hint
+    drv = DriverInfo("580.95.05", "13.0", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}])
+    assert by_check(run(torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"

@@ -342,17 +342,13 @@ class _Run:
 
     def check_driver_knows_gpus(self, d: probes.DriverInfo) -> None:
         """Each GPU needs a driver branch that knows it, under every policy (driverrule.py)."""
-        seen: set[tuple[str, str]] = set()
-        for g in d.gpus:
-            name, cc = str(g.get("name", "")), str(g.get("cc", ""))
-            if not cc or (name, cc) in seen:
-                continue
-            seen.add((name, cc))
+        kinds = sorted({(str(g.get("name", "")), str(g.get("cc", ""))) for g in d.gpus if g.get("cc")})
+        for i, (name, cc) in enumerate(kinds):
             old, words = driverrule.too_old(d.version, cc)
             need = driverrule.first_branch(cc)
             if need is None:
                 continue
-            self.add("driver.gpu", FAIL if old else PASS, expected=f"driver branch >= R{need} for {name}: {words}",
+            self.add(f"driver.gpu.{i}", FAIL if old else PASS, expected=f"driver branch >= R{need} for {name}: {words}",
                      observed=f"driver {d.version} (branch R{driverrule.branch(d.version)})",
                      hint=(f"a driver older than R{need} cannot drive {name}, whatever the CUDA compatibility policy: "
                            "upgrade the host driver" if old else ""))

@@ -1,0 +1,36 @@
+"""The two copies of the GPU driver-branch rule agree: the compat DB's gpus.toml (`min_driver` per GPU,
+with sources; the resolver and doctor use it) and the stdlib-only verify/driverrule.py (by compute
+capability; the verifier inside images uses it). Exhaustive over the DB's GPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from envspec.compat import driver_branch, load_db
+from envspec.verify import driverrule
+
+DB = load_db()
+
+
+@pytest.mark.parametrize("gpu", DB.gpus, ids=[g.name for g in DB.gpus])
+def test_each_gpu_has_the_same_first_branch_in_both(gpu):
+    want = driverrule.first_branch(gpu.cc)
+    if not gpu.min_driver:
+        assert want is None, f"{gpu.name}: verify knows R{want} for cc {gpu.cc}, gpus.toml has none"
+        return
+    assert want == driver_branch(gpu.min_driver), (gpu.name, gpu.cc, gpu.min_driver, want)
+    for driver, too_old in ((f"{want - 1}.99.99", True), (f"{want}.00.01", False), (f"{want + 100}.1", False)):
+        assert gpu.driver_too_old(driver) is too_old
+        assert driverrule.too_old(driver, gpu.cc)[0] is too_old
+
+
+def test_verify_knows_no_capability_the_db_lacks():
+    assert set(driverrule.FIRST_BRANCH) == {g.cc for g in DB.gpus if g.min_driver}
+
+
+def test_every_floor_has_a_source_and_grace_systems_are_arm():
+    for g in DB.gpus:
+        assert not g.min_driver or g.min_driver_source.strip(), g.name
+    arm_only = {g.short for g in DB.gpus if g.host_arch == ["aarch64"]}
+    assert {"GH200", "GB200", "GB300", "GB10"} <= arm_only
+    assert DB.find_gpu("H100").host_arch == ["x86_64"] and "aarch64" in DB.find_gpu("T4").host_arch
