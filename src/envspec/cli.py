@@ -190,6 +190,14 @@ def cmd_db(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(db.to_json())
         return EXIT_OK
+    if args.html:
+        from envspec import explain
+        from envspec.lock import write_atomic
+
+        write_atomic(args.html, explain.db_html(db))
+        _console().print(f"wrote {args.html}: the GPU x torch x CUDA-variant matrix of DB {db.version} "
+                         "(one self-contained page)", markup=False)
+        return EXIT_OK
     from rich.table import Table
 
     con = _console()
@@ -449,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True)
     d = dsub.add_parser("show", help="print the DB")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--html", metavar="FILE", help="write one self-contained HTML page: the GPU x torch x CUDA-variant "
+                                                  "matrix with driver floors, filterable, each cell linked to its source")
     d = dsub.add_parser("refresh", help="regenerate the PyPI-derived part from the package index")
     d.add_argument("-o", "--output", help="where to write (default: the bundled data file)")
     d.add_argument("--json", action="store_true")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup, escape
+
 from envspec.errors import ResolutionImpossible
 
 
@@ -117,3 +123,72 @@ def impossible_lines(err: ResolutionImpossible) -> list[str]:
         lines.append("what would fit:")
         lines += ["  " + s for s in sugg]
     return lines
+
+
+# ---------------------------------------------------------------------------------------
+# the DB as one page (`envspec db show --html FILE`)
+
+def db_matrix(db) -> dict:
+    """The GPU x torch x CUDA-variant matrix, as plain data for templates/db_matrix.html.j2: for each
+    CUDA build of each release (newest first) and each GPU, whether a kernel of the build runs on it
+    (and which), and the driver floor under each policy (the CUDA runtime's, raised to the GPU's first
+    branch), each cell pointing at its build's sources. Sorted, no timestamps: the page is a function
+    of the DB."""
+    from packaging.version import Version
+
+    from envspec.compat import best_arch
+
+    def floor(a: str, b: str) -> str:
+        return a if not b or Version(a) >= Version(b) else b
+
+    gpus = []
+    for i, g in enumerate(db.gpus):
+        gpus.append({"id": f"g{i}", "name": g.name, "short": g.short, "cc": g.cc, "min_driver": g.min_driver,
+                     "host_arch": " ".join(g.host_arch), "sources": [s for s in (g.source, g.min_driver_source,
+                                                                                   g.host_arch_source) if s]})
+    builds = []
+    for rel in sorted(db.torch_releases, key=lambda r: Version(r.version), reverse=True):
+        for v in rel.variants.values():
+            if not v.cuda:
+                continue
+            tk = db.cuda_toolkit(v.cuda)
+            if tk is None:
+                continue
+            bid = f"b-{rel.version}-{v.name}".replace(".", "_")
+            cells = []
+            for g, gd in zip(db.gpus, gpus):
+                arch = best_arch(g.cc, v.arch_list)
+                compat = floor(tk.driver_compat, g.min_driver)
+                strict = floor(tk.driver_strict, g.min_driver)
+                cells.append({"gpu": gd["id"], "runs": bool(arch), "arch": arch, "compat": compat, "strict": strict,
+                              "estimated": "driver_strict" in tk.estimated})
+            builds.append({"id": bid, "torch": rel.version, "variant": v.name, "cuda": v.cuda, "cudnn": v.cudnn or "",
+                           "nccl": v.nccl or "", "pypi": v.pypi, "index": v.index,
+                           "arch_list": " ".join(v.arch_list), "cells": cells,
+                           "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"]})
+    return {"db_version": db.version, "date": db.date, "gpus": gpus, "builds": builds}
+
+
+_URL = re.compile(r"https?://[^\s,;()]+[^\s,;().]")
+
+
+def _linkify(text: str) -> Markup:
+    """Escaped text with its http(s) addresses as links."""
+    out, last = [], 0
+    for m in _URL.finditer(text):
+        out.append(str(escape(text[last:m.start()])))
+        url = str(escape(m.group(0)))
+        out.append(f'<a href="{url}">{url}</a>')
+        last = m.end()
+    out.append(str(escape(text[last:])))
+    return Markup("".join(out))
+
+
+def db_html(db) -> str:
+    """One self-contained HTML page of the DB (no server, no external assets): the matrix of
+    ``db_matrix``, filterable by GPU and driver (also from ``?gpu=H100&driver=535.104.05``)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
+                             undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["linkify"] = _linkify
+    return env.get_template("db_matrix.html.j2").render(**db_matrix(db))
