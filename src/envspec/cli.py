@@ -74,14 +74,21 @@ def _rel(p: Path) -> str:
 
 def _debian_request(spec) -> list[str] | None:
     """The Debian packages a lock of this spec would ask for now (offline), or None when unknown."""
+    from envspec.resolve import debian_request
+
+    choice = _offline_choice(spec)
+    return debian_request(choice) if choice is not None and choice.suite else None
+
+
+def _offline_choice(spec):
+    """What `explain` would choose for the spec now, or None when it cannot choose."""
     from envspec.compat import load_db
-    from envspec.resolve import choose, debian_request
+    from envspec.resolve import choose
 
     try:
-        choice = choose(spec, load_db())
+        return choose(spec, load_db())
     except EnvspecError:
         return None
-    return debian_request(choice) if choice.suite else None
 
 
 def cmd_lock(args) -> int:
@@ -92,7 +99,9 @@ def cmd_lock(args) -> int:
     out = Path(args.output) if args.output else lockmod.default_path(spec.name)
     if args.check:
         old = lockmod.load(out)
-        reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec))
+        now = _offline_choice(spec)
+        reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
+                                        arch=now.arch if now is not None else None)
         if args.json:
             _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
         elif reasons:
@@ -228,7 +237,9 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
     out = lockmod.default_path(spec.name)
     con = _console(stderr=True)
     if out.exists():
-        reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec))
+        now = _offline_choice(spec)
+        reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec),
+                                        arch=now.arch if now is not None else None)
         if not reasons:
             return lockmod.load(out), out
         if locked:

@@ -175,3 +175,17 @@ def test_a_lock_with_a_db_mismatch_is_revision_1_and_reads_back():
     assert "revision = 1" in text and "db_mismatch = [" in text
     again = loads(text)
     assert again == bumped and again.torch.db_mismatch == ["nccl: the compatibility DB says 2.30.7 ..."]
+
+
+def test_a_lock_made_for_another_platform_is_stale():
+    from pathlib import Path
+
+    from envspec.lock import loads, stale_reasons
+    from envspec.spec import load_spec
+
+    root = Path(__file__).parents[2]
+    lock = loads((root / "lockfiles" / "h100-train.lock").read_text())
+    spec = load_spec(root / "specs" / "h100.toml")
+    assert stale_reasons(lock, spec, arch="x86_64") == []
+    assert stale_reasons(lock, spec, arch="aarch64") == [
+        "the spec's GPUs need linux-aarch64 hosts, the lock was made for linux-x86_64"]
