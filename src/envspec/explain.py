@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import jinja2
-from markupsafe import Markup, escape
+from typing import TYPE_CHECKING
 
 from envspec.errors import ResolutionImpossible
+
+if TYPE_CHECKING:
+    from markupsafe import Markup
 
 
 def cause_sentence(c: dict) -> str:
@@ -174,6 +175,8 @@ _URL = re.compile(r"https?://[^\s,;()]+[^\s,;().]")
 
 def _linkify(text: str) -> Markup:
     """Escaped text with its http(s) addresses as links."""
+    from markupsafe import Markup, escape
+
     out, last = [], 0
     for m in _URL.finditer(text):
         out.append(str(escape(text[last:m.start()])))
@@ -187,6 +190,8 @@ def _linkify(text: str) -> Markup:
 def db_html(db) -> str:
     """One self-contained HTML page of the DB (no server, no external assets): the matrix of
     ``db_matrix``, filterable by GPU and driver (also from ``?gpu=H100&driver=535.104.05``)."""
+    import jinja2  # only here: `explain` itself stays light to import
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
                              undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
