@@ -188,15 +188,11 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
                   driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
 
 
-# Whether envspec can lock and build one spec for several platforms at once (an OCI image index per
-# lock). Not yet: the arm64 image building of issue 13 has not landed.
-MULTI_PLATFORM = False
-
-
 def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
     """The CPU architecture every named GPU's hosts share: x86_64 where it can, aarch64 for Grace
     systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem when the GPUs need hosts
-    of different architectures."""
+    of different architectures (a lock per platform, joined by an image index, waits for the arm64
+    image building of issue 13)."""
     common = {"x86_64", "aarch64"}
     for g in gpus:
         common &= set(g.host_arch)
@@ -222,7 +218,7 @@ def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
     teach an old driver a newer GPU)."""
     driver = spec.target.driver or ""
     out: list[Problem] = []
-    for g in gpus:
+    for g in {g.name: g for g in gpus}.values():  # each GPU once, in the spec's order
         if driver and g.driver_too_old(driver):
             out.append(spec.problem(
                 ("target", "driver"),
