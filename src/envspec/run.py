@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from envspec.errors import HostError, UsageError
-from envspec.host import UNLIMITED, Host
+from envspec.host import UNLIMITED, Host, docker_address
 from envspec.lock import Lockfile
 from envspec.services import WORKSPACE
 
@@ -263,6 +263,44 @@ def _engine(host: Host, asked: str | None, out: _Argv) -> str:
         out.warn(f"{asked} does not look usable on this host"
                  + (" (no daemon socket)" if asked == "docker" else " (not on PATH)"))
     return asked
+
+
+ENGINE_FAILED = 125  # podman's and docker's exit status when the engine itself failed, not the command
+
+
+def check_engine_ready(host: Host, engine: str) -> None:
+    """Before starting a container: the engine can be reached. For docker, ``host`` must have been
+    detected with ``ask`` including "docker info" (``host.ASK_DOCKER``). Raises ``HostError``
+    naming the engine, the daemon's address and the step."""
+    if engine != "docker":
+        return
+    address = host.docker_daemon.address if host.docker_daemon else docker_address({})
+    if host.docker in ("", "podman"):
+        raise HostError("docker: no docker client here (step: connect to the daemon)" if not host.docker else
+                        "docker: `docker` is podman's shim, not a docker client (step: connect to the daemon)",
+                        hint="use --engine podman, or apt-get install -y docker.io", reference="docker-unreachable")
+    if host.docker == "client":
+        raise HostError(f"docker: no daemon socket at {address} (step: connect to the daemon, before docker run)",
+                        hint="start the daemon (systemctl start docker, or dockerd), or set DOCKER_HOST to one "
+                             "that runs; or use --engine podman", reference="docker-unreachable")
+    d = host.docker_daemon
+    if d is not None and not d.answered:
+        raise HostError(f"docker: the daemon at {d.address} did not answer `docker info` (step: connect to the "
+                        f"daemon, before docker run): {d.error}",
+                        hint="start the daemon, or check who may use its socket (the docker group); "
+                             "or use --engine podman", reference="docker-unreachable")
+
+
+def start_failed(command: RunCommand, returncode: int) -> HostError:
+    """``ENGINE_FAILED`` from ``podman run``/``docker run``: the engine (a daemon that refused, an
+    image it does not have, a runtime that failed) stopped before the command ran."""
+    where = ""
+    if command.engine == "docker":
+        where = " (docker's daemon refused or failed: its message is above)"
+    return HostError(f"{command.engine} run could not start the container of {command.image} "
+                     f"(step: start the container, exit status {returncode}){where}",
+                     hint=f"the lines above are {command.engine}'s own; `envspec run --print` shows the command, "
+                          "`envspec doctor` checks this host", reference="container-start-failed")
 
 
 def _podman_network(host: Host, lock: Lockfile | None, out: _Argv) -> None:

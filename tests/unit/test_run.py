@@ -249,3 +249,23 @@ def test_image_override_keeps_the_lock_settings():
     p = plan_run(_lock(), ["envspec", "verify"], host=DEBIAN_HYBRID, image=ref)
     assert p.argv[-3:] == [ref, "envspec", "verify"] and "--shm-size" in p.argv and "16g" in p.argv
     assert not any("containers-storage" in w for w in p.warnings)
+
+
+def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
+    from envspec.errors import HostError
+    from envspec.host import DockerDaemon
+    from envspec.run import RunCommand, check_engine_ready, start_failed
+
+    base = Host(tools={"docker": Tool("/usr/bin/docker")})
+    with pytest.raises(HostError, match=r"no daemon socket at unix:///var/run/docker.sock \(step: connect") as e:
+        check_engine_ready(replace(base, docker="client"), "docker")
+    assert e.value.reference == "docker-unreachable" and e.value.exit_code == 5
+    gone = DockerDaemon("unix:///srv/d.sock", error="Cannot connect to the Docker daemon at unix:///srv/d.sock.")
+    with pytest.raises(HostError, match=r"daemon at unix:///srv/d.sock did not answer .*Cannot connect"):
+        check_engine_ready(replace(base, docker="daemon", docker_daemon=gone), "docker")
+    check_engine_ready(replace(base, docker="daemon", docker_daemon=DockerDaemon("unix:///srv/d.sock",
+                                                                                 version="20.10.24")), "docker")
+    check_engine_ready(base, "podman")  # podman has no daemon to ask
+    err = start_failed(RunCommand(["docker", "run", "x"], engine="docker", image="x"), 125)
+    assert "docker run could not start the container of x (step: start the container" in err.message
+    assert err.reference == "container-start-failed"
