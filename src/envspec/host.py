@@ -201,6 +201,7 @@ class Host:
     tools: Mapping[str, Tool] = field(default_factory=dict)  # found tools only
     docker: Literal["", "daemon", "client", "podman"] = ""  # a docker with a daemon, one without, podman's shim
     docker_daemon: DockerDaemon | None = None  # what ``docker info`` said (None: not asked, or no daemon socket)
+    docker_host: str = "unix:///var/run/docker.sock"  # the daemon docker talks to (DOCKER_HOST, else the system's)
     runtime_override: str = ""  # ENVSPEC_RUNTIME
     host_init: str = ""  # an init podman can inject (--init-path) when an image has none
     podman_init: bool = True  # podman's own --init binary (catatonit) is installed
@@ -232,6 +233,11 @@ class Host:
         whose socket is there and, when ``docker info`` was asked, that answered)."""
         docker = self.docker == "daemon" and (self.docker_daemon is None or self.docker_daemon.answered)
         return tuple(e for e, ok in (("podman", bool(self.which("podman"))), ("docker", docker)) if ok)
+
+    @property
+    def docker_remote(self) -> bool:
+        """DOCKER_HOST names a daemon on another machine (tcp://, ssh://)."""
+        return not self.docker_host.startswith("unix://")
 
     @property
     def runtimes(self) -> tuple[str, ...]:
@@ -477,6 +483,13 @@ def _fs_type(root: Path, path: str) -> str:
     return kind
 
 
+def storage_driver_for(path: str | Path, overlay: bool, root: Path = Path("/")) -> Literal["overlay", "vfs"]:
+    """The storage driver for a store at ``path``: overlay where the kernel has it (``overlay``)
+    and ``path`` is not itself on overlayfs (overlay on overlay fails), else vfs. envspec's own
+    storage root follows it, and so does a dockerd started by the tests (overlay2)."""
+    return "overlay" if overlay and _fs_type(root, str(Path(path).absolute())) != "overlay" else "vfs"
+
+
 def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, euid: int, buildah: bool) -> Storage:
     """ENVSPEC_STORAGE_ROOT (its run root a short path; overlay where the kernel has it and the
     root is not itself on overlayfs, else vfs), else what ``buildah info`` reports, else the
@@ -485,8 +498,7 @@ def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, eui
     given = env.get("ENVSPEC_STORAGE_ROOT", "")
     if given:
         runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or short_runroot(given, root)
-        driver = driver_env or ("overlay" if overlay and _fs_type(root, str(Path(given).absolute())) != "overlay"
-                                else "vfs")
+        driver = driver_env or storage_driver_for(given, overlay, root)
         return Storage(given, runroot, driver, FROM_ENV, driver_from_env=bool(driver_env))
     if buildah:
         rc, out, _ = run(["buildah", "info"])
@@ -613,6 +625,7 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         tools=tools,
         docker=docker,
         docker_daemon=daemon,
+        docker_host=docker_address(env),
         runtime_override=env.get("ENVSPEC_RUNTIME", ""),
         host_init=next((p for p in HOST_INITS if _under(root, p).exists()), ""),
         podman_init=any(_under(root, p).exists() for p in PODMAN_INITS),

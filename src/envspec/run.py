@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from envspec.errors import HostError, UsageError
-from envspec.host import UNLIMITED, Host, docker_address
+from envspec.host import UNLIMITED, Host
 from envspec.lock import Lockfile
 from envspec.services import WORKSPACE
 
@@ -146,11 +146,20 @@ def _runtime(host: Host, warnings: list[str]) -> list[str]:
 
 def _ulimits(lock: Lockfile | None, engine: str, host: Host, warnings: list[str]) -> list[str]:
     """``--ulimit`` flags: the lock's, plus podman's defaults made explicit where they would exceed
-    the host's hard limits; each capped to the hard limit where podman could not raise it."""
+    the host's hard limits; each capped to the hard limit where the engine could not raise it.
+
+    docker: a local daemon started on a host whose capability bounding set lacks CAP_SYS_RESOURCE
+    (this project's Debian 12 machines: PID 1 has it in CapEff but not in CapBnd, so no process
+    gets it) cannot raise limits either, and runc fails the start ("error setting rlimit type 8:
+    operation not permitted" for memlock=-1). Its containers inherit the daemon's own limits, so
+    docker gets no podman defaults, only the lock's values capped."""
     asked = dict(lock.runtime.ulimits) if lock else {}
     wanted = dict(asked)
-    capped = engine == "podman" and (host.rootless or not host.cap_sys_resource)
-    if capped:
+    if engine == "podman":
+        capped = host.rootless or not host.cap_sys_resource
+    else:
+        capped = not host.cap_sys_resource and not host.docker_remote
+    if capped and engine == "podman":
         for name, default in PODMAN_DEFAULT_LIMITS.items():
             h = host.ceiling(name)
             if name not in wanted and h != UNLIMITED and h < default:
@@ -162,7 +171,7 @@ def _ulimits(lock: Lockfile | None, engine: str, host: Host, warnings: list[str]
             h = host.ceiling(name)
             if h != UNLIMITED and (v == UNLIMITED or v > h):
                 if name in asked:
-                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; podman "
+                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; {engine} "
                                     f"cannot give more than {h} here: using {h}")
                 v = h
         flags += ["--ulimit", f"{name}={v}:{v}"]
@@ -246,8 +255,9 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
             out.add("-e", k)  # the name only: the value comes from this environment, never the argv
     out.add(image, *cmd)
     if engine == "docker" and image.startswith("localhost/envspec/"):
-        out.warn(f"envspec builds into containers-storage, which docker does not read: load it with "
-                 f"skopeo copy containers-storage:{image} docker-daemon:{image}")
+        out.warn(f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
+                 f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
+                 f"skopeo copy containers-storage:{image} docker-daemon:{image})")
     return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes)
 
 
@@ -274,7 +284,7 @@ def check_engine_ready(host: Host, engine: str) -> None:
     naming the engine, the daemon's address and the step."""
     if engine != "docker":
         return
-    address = host.docker_daemon.address if host.docker_daemon else docker_address({})
+    address = host.docker_host
     if host.docker in ("", "podman"):
         raise HostError("docker: no docker client here (step: connect to the daemon)" if not host.docker else
                         "docker: `docker` is podman's shim, not a docker client (step: connect to the daemon)",

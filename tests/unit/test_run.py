@@ -259,6 +259,8 @@ def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
     base = Host(tools={"docker": Tool("/usr/bin/docker")})
     with pytest.raises(HostError, match=r"no daemon socket at unix:///var/run/docker.sock \(step: connect") as e:
         check_engine_ready(replace(base, docker="client"), "docker")
+    with pytest.raises(HostError, match=r"no daemon socket at unix:///srv/d.sock \(step: connect"):
+        check_engine_ready(replace(base, docker="client", docker_host="unix:///srv/d.sock"), "docker")
     assert e.value.reference == "docker-unreachable" and e.value.exit_code == 5
     gone = DockerDaemon("unix:///srv/d.sock", error="Cannot connect to the Docker daemon at unix:///srv/d.sock.")
     with pytest.raises(HostError, match=r"daemon at unix:///srv/d.sock did not answer .*Cannot connect"):
@@ -269,3 +271,12 @@ def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
     err = start_failed(RunCommand(["docker", "run", "x"], engine="docker", image="x"), 125)
     assert "docker run could not start the container of x (step: start the container" in err.message
     assert err.reference == "container-start-failed"
+
+
+def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
+    lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
+    host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
+    argv = plan_run(lock, host=host, engine="docker", mount_cwd=False).argv
+    assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(argv)  # no podman defaults
+    remote = replace(host, docker_host="tcp://10.0.0.2:2376")  # another machine's limits: not ours to cap
+    assert "memlock=-1:-1" in " ".join(plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv)
