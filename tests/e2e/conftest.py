@@ -148,3 +148,125 @@ def start_registry(base: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# --- Slurm: Debian's munged, slurmctld and slurmd on loopback -----------------------------------
+
+SLURM_CONF = """\
+# Written by tests/e2e/conftest.py: a throw-away cluster on loopback, everything under {base}.
+ClusterName=envspec-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={base}/munge.sock
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool/%n
+SlurmctldPidFile={base}/slurmctld.pid
+SlurmdPidFile={base}/slurmd-%n.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd-%n.log
+# no cgroup plugins: this project's hosts have a hybrid hierarchy and no systemd
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+{nodes}
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class Slurm:
+    """A running test cluster: ``env`` carries SLURM_CONF for sbatch, srun, scontrol."""
+
+    def __init__(self, base: Path, nodes: list[str]) -> None:
+        self.base, self.nodes = base, nodes
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.base / "slurm.conf")}
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                         for p in sorted((self.base / "log").glob("*.log")))
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextlib.contextmanager
+def start_slurm(nodes: int = 2):
+    """munged (its own key and socket), slurmctld and one slurmd per node name, all on this host
+    (Debian's slurmd runs several on one host when each node has its own port), in the
+    foreground under this process; stopped and removed after the block."""
+    import tempfile
+    import time
+
+    base = Path(tempfile.mkdtemp(prefix="ess-", dir="/tmp"))  # short: the munge socket path
+    base.chmod(0o755)  # munged wants its socket's directory reachable by everyone
+    for d in ("state", "spool", "log"):
+        (base / d).mkdir()
+    key = base / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    ctld_port, *node_ports = _free_ports(1 + nodes)
+    names = [f"node{i + 1}" for i in range(nodes)]
+    lines = [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1"
+             for n, p in zip(names, node_ports)]
+    (base / "slurm.conf").write_text(SLURM_CONF.format(base=base, ctld_port=ctld_port, nodes="\n".join(lines)))
+    cluster = Slurm(base, names)
+    procs: list[subprocess.Popen] = []
+
+    def daemon(*argv: str) -> None:
+        procs.append(subprocess.Popen(list(argv), env=cluster.env, stdout=subprocess.DEVNULL,
+                                      stderr=(base / "log" / f"{argv[0]}-{len(procs)}.err").open("w")))
+
+    try:
+        daemon("munged", "-F", "-f", f"--socket={base}/munge.sock", f"--key-file={key}",
+               f"--log-file={base}/log/munged.log", f"--pid-file={base}/munged.pid", f"--seed-file={base}/munged.seed")
+        end = time.monotonic() + 20
+        while not (base / "munge.sock").exists():
+            if time.monotonic() > end:
+                raise AssertionError(f"munged did not start:\n{cluster.logs()}")
+            time.sleep(0.1)
+        daemon("slurmctld", "-D", "-i")
+        for n in names:
+            daemon("slurmd", "-D", "-N", n)
+        end = time.monotonic() + 60
+        while True:
+            cp = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                                env=cluster.env, timeout=20)
+            states = dict(ln.split() for ln in cp.stdout.splitlines() if len(ln.split()) == 2)
+            if sorted(states) == names and all(s == "idle" for s in states.values()):
+                break
+            if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                raise AssertionError(f"the test cluster did not come up ({cp.stdout}{cp.stderr}):\n{cluster.logs()}")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(base, ignore_errors=True)
