@@ -351,11 +351,12 @@ def _gpus(host: Host, engine: str, out: _Argv) -> None:
             out.warn("no CDI spec names nvidia.com/gpu (looked in /etc/cdi, /var/run/cdi): the container "
                      "gets no GPU. Make one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml "
                      "(package nvidia-container-toolkit)")
-    else:
+    elif host.nvidia_toolkit or host.docker_remote or (host.docker_daemon and host.docker_daemon.nvidia_runtime):
         out.add("--gpus", "all")
-        if not host.nvidia_toolkit:
-            out.warn("docker's --gpus needs the NVIDIA container toolkit, which is not installed here "
-                     "(apt-get install -y nvidia-container-toolkit)")
+    else:  # the daemon refuses --gpus without it ('could not select device driver "" with capabilities: [[gpu]]')
+        out.warn("docker's --gpus needs the NVIDIA container toolkit, which is not installed here: the container "
+                 "gets no GPU (apt-get install -y nvidia-container-toolkit, from NVIDIA's apt repository; then "
+                 "nvidia-ctk runtime configure --runtime=docker)")
 
 
 def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv) -> None:

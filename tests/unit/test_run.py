@@ -280,3 +280,16 @@ def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
     assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(argv)  # no podman defaults
     remote = replace(host, docker_host="tcp://10.0.0.2:2376")  # another machine's limits: not ours to cap
     assert "memlock=-1:-1" in " ".join(plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv)
+
+
+def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
+    from envspec.host import DockerDaemon
+
+    lock = load(GOLDEN / "diff" / "new.lock")  # a GPU lock
+    bare = replace(DOCKER, tools=_tools("docker", "runc"))
+    cmd = plan_run(lock, host=bare, engine="docker")
+    assert "--gpus" not in cmd.argv  # the daemon would refuse it: could not select device driver "" ...
+    assert any("the container gets no GPU" in w for w in cmd.warnings)
+    nvidia = DockerDaemon("unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc"))
+    assert "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
+    assert "--gpus" in plan_run(lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker").argv
