@@ -48,7 +48,9 @@ def lock_settings(path: str) -> tuple[dict[str, str], str]:
     except LockReadError as e:
         raise RenderError(f"--lock {path}: {e.message}", hint=e.hint or "give the lockfile of the image") from e
     runtime = table(lock, "runtime")
-    env = runtime.get("env") if isinstance(runtime.get("env"), dict) else {}
+    env = runtime.get("env")
+    if not isinstance(env, dict):
+        env = {}
     nccl = {str(k): str(v) for k, v in sorted(env.items()) if str(k).startswith(NCCL_PREFIXES)}
     bad = [k for k in nccl if not _ENV_NAME.match(k)]
     if bad:
