@@ -406,8 +406,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from envspec.host import ASK_NONE, detect_host
-    from envspec.run import plan_run, resolve_runnable, run_lines
+    from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
+    from envspec.run import ENGINE_FAILED, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
@@ -432,10 +432,34 @@ def cmd_run(args) -> int:
         con.print(f"warning: {w}", markup=False)
     for n in command.notes:
         con.print(f"note: {n}", markup=False)
+    if command.engine == "docker":
+        check_engine_ready(detect_host(ask=ASK_DOCKER), "docker")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp(command.argv[0], command.argv)
-    return EXIT_OK  # not reached
+    rc = _run_foreground(command.argv)
+    if rc == ENGINE_FAILED:
+        raise start_failed(command, rc)
+    return rc
+
+
+def _run_foreground(argv: list[str]) -> int:
+    """Run ``argv`` with this process's terminal and return its exit status (not exec: an engine
+    that fails to start the container is then named, with the step). Ctrl-C reaches the child
+    through the terminal; SIGTERM and SIGHUP sent to envspec are passed on."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(argv)
+    forward = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:  # the child got the same SIGINT: wait for it to finish
+                continue
+    finally:
+        for sig, old in forward.items():
+            signal.signal(sig, old)
 
 
 def _n(v) -> str:

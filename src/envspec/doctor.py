@@ -177,15 +177,14 @@ def check_toolkit(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
                                          "containers cannot see them", fix=TOOLKIT_FIX, detail=detail)]
 
 
-def check_engine(host: Host) -> list[Diagnosis]:
+def check_engine(host: Host, lock: Lockfile | None = None) -> list[Diagnosis]:
     found = []
     podman = host.tools.get("podman")
     if podman:
         found.append(Diagnosis("engine", "ok", (podman.version or "podman") + " (envspec run uses it)",
                                detail={"engine": "podman", "version": podman.version}))
     if host.docker == "daemon":
-        found.append(Diagnosis("engine", "ok" if not found else "info", "docker with a reachable daemon socket",
-                               detail={"engine": "docker"}))
+        found += _docker_daemon(host, lock, primary=not found)
     elif host.docker == "client":
         found.append(Diagnosis("engine", "info", "a docker client without a daemon (no /var/run/docker.sock): "
                                                  "not usable; envspec uses podman", detail={"engine": "docker-client"}))
@@ -197,6 +196,43 @@ def check_engine(host: Host) -> list[Diagnosis]:
         found.append(Diagnosis("engine", "warn", "no container engine: images can be built (buildah) but not started "
                                                  "here", fix="apt-get install -y podman runc"))
     return found
+
+
+def _docker_daemon(host: Host, lock: Lockfile | None, primary: bool) -> list[Diagnosis]:
+    """A docker daemon socket is there: what ``docker info`` said about the daemon behind it."""
+    d = host.docker_daemon
+    if d is None:  # not asked: the socket alone
+        return [Diagnosis("engine", "ok" if primary else "info", "docker with a reachable daemon socket",
+                          detail={"engine": "docker"})]
+    if not d.answered:
+        return [Diagnosis("engine", "warn", f"docker: a daemon socket is at {d.address} but `docker info` got no "
+                                            f"answer: {d.error}",
+                          fix="start the daemon (systemctl start docker, or dockerd), or point DOCKER_HOST at one",
+                          detail={"engine": "docker", "address": d.address, "error": d.error})]
+    detail = {"engine": "docker", "address": d.address, "version": d.version, "storage_driver": d.storage_driver,
+              "cgroup_driver": d.cgroup_driver, "cgroup_version": d.cgroup_version, "runtimes": list(d.runtimes),
+              "default_runtime": d.default_runtime, "root_dir": d.root_dir, "nvidia_runtime": d.nvidia_runtime}
+    out = [Diagnosis("engine", "ok" if primary else "info",
+                     f"docker {d.version} at {d.address}: storage driver {d.storage_driver or '?'}, cgroup driver "
+                     f"{d.cgroup_driver or '?'} (cgroup v{d.cgroup_version or '?'}), runtimes "
+                     f"{', '.join(d.runtimes) or 'none'} (default {d.default_runtime or '?'})", detail=detail)]
+    if d.storage_driver == "vfs":
+        out.append(Diagnosis("docker-storage", "warn", "docker stores images with vfs: every layer is a full copy "
+                                                       "(an envspec GPU image takes several times its size, and "
+                                                       "starts slowly)",
+                             fix="use overlay2 on a file system that supports it (dockerd --storage-driver overlay2)",
+                             detail=detail))
+    if host.driver_version or _wants_gpu(lock):
+        if d.nvidia_runtime or host.nvidia_toolkit:
+            how = "the daemon's nvidia runtime" if d.nvidia_runtime else f"the NVIDIA toolkit ({host.nvidia_toolkit})"
+            out.append(Diagnosis("docker-gpu", "ok", f"docker --gpus all works through {how}", detail=detail))
+        else:
+            # blocks only where docker is the one engine that could run the lock's GPU code here
+            status: Status = "fail" if host.driver_version and _wants_gpu(lock) and not host.which("podman") else "warn"
+            out.append(Diagnosis("docker-gpu", status, "docker has no nvidia runtime and the NVIDIA container toolkit "
+                                                       "is not installed: `docker run --gpus all` will fail",
+                                 fix=TOOLKIT_FIX + "; then nvidia-ctk runtime configure --runtime=docker", detail=detail))
+    return out
 
 
 def check_runtime(host: Host) -> list[Diagnosis]:
@@ -380,7 +416,7 @@ def run_doctor(host: Host, lock: Lockfile | None = None) -> list[Diagnosis]:
     if host.driver_version:
         out += check_gpus(host, lock)
     out += check_toolkit(host, lock)
-    out += check_engine(host)
+    out += check_engine(host, lock)
     out += check_runtime(host)
     out += check_network(host)
     out += check_build_tools(host)

@@ -8,8 +8,9 @@ directory tree, an environment and a fake runner, or build a ``Host`` directly.
 
 Cheap by default: file checks and PATH look-ups. The facts that need a command are asked for
 in ``ask``: ``buildah info`` (where containers-storage is, when ``ENVSPEC_STORAGE_ROOT`` does not
-say), ``versions`` (``--version`` of podman, buildah and skopeo) and ``nvidia-smi`` (the GPUs;
-the driver version where /proc does not have it). ``envspec run --print`` asks for none of them.
+say), ``versions`` (``--version`` of podman, buildah and skopeo), ``nvidia-smi`` (the GPUs;
+the driver version where /proc does not have it) and ``docker info`` (the daemon's storage
+driver, cgroup driver and runtimes, where a daemon socket is found). ``envspec run --print`` asks for none of them.
 
 The host quirks these facts feed were seen on this project's Debian 12 machines: cgroup v1 and
 hybrid hierarchies (crun rejects them), no systemd as PID 1, no CAP_SYS_RESOURCE with hard
@@ -33,8 +34,9 @@ from types import MappingProxyType
 from typing import Collection, Literal, Mapping, Protocol, Sequence
 
 Cgroup = Literal["v2", "hybrid", "v1"]
-Ask = Literal["buildah info", "versions", "nvidia-smi"]
-ASK_ALL: frozenset[Ask] = frozenset({"buildah info", "versions", "nvidia-smi"})  # what doctor reports
+Ask = Literal["buildah info", "versions", "nvidia-smi", "docker info"]
+ASK_ALL: frozenset[Ask] = frozenset({"buildah info", "versions", "nvidia-smi", "docker info"})  # what doctor reports
+ASK_DOCKER: frozenset[Ask] = frozenset({"docker info"})  # what `envspec run --engine docker` checks first
 ASK_STORAGE: frozenset[Ask] = frozenset({"buildah info"})  # what a build needs
 ASK_NONE: frozenset[Ask] = frozenset()  # file checks only: what `envspec run` needs
 
@@ -131,6 +133,30 @@ class Storage:
 
 
 @dataclass(frozen=True)
+class DockerDaemon:
+    """What ``docker info`` said about the daemon the client talks to (``DOCKER_HOST``, else
+    /var/run/docker.sock). ``error`` is what the client said when the daemon did not answer."""
+
+    address: str  # DOCKER_HOST, or unix:///var/run/docker.sock
+    error: str = ""  # "" when the daemon answered
+    version: str = ""  # the daemon's (the client may be newer: they agree on an API version)
+    storage_driver: str = ""  # overlay2, vfs, fuse-overlayfs, ...
+    cgroup_driver: str = ""  # cgroupfs or systemd
+    cgroup_version: str = ""  # "1" or "2"
+    runtimes: tuple[str, ...] = ()  # registered OCI runtimes (``nvidia`` where the NVIDIA toolkit configured one)
+    default_runtime: str = ""
+    root_dir: str = ""  # DockerRootDir
+
+    @property
+    def answered(self) -> bool:
+        return not self.error
+
+    @property
+    def nvidia_runtime(self) -> bool:
+        return "nvidia" in self.runtimes
+
+
+@dataclass(frozen=True)
 class DiskFree:
     free: int  # bytes available to us
     device: int  # st_dev of the file system (two paths on one device share their free space)
@@ -174,6 +200,8 @@ class Host:
     # tools and engines
     tools: Mapping[str, Tool] = field(default_factory=dict)  # found tools only
     docker: Literal["", "daemon", "client", "podman"] = ""  # a docker with a daemon, one without, podman's shim
+    docker_daemon: DockerDaemon | None = None  # what ``docker info`` said (None: not asked, or no daemon socket)
+    docker_host: str = "unix:///var/run/docker.sock"  # the daemon docker talks to (DOCKER_HOST, else the system's)
     runtime_override: str = ""  # ENVSPEC_RUNTIME
     host_init: str = ""  # an init podman can inject (--init-path) when an image has none
     podman_init: bool = True  # podman's own --init binary (catatonit) is installed
@@ -201,8 +229,15 @@ class Host:
 
     @property
     def engines(self) -> tuple[str, ...]:
-        """Usable container engines, preferred first: podman, docker with a reachable daemon."""
-        return tuple(e for e, ok in (("podman", bool(self.which("podman"))), ("docker", self.docker == "daemon")) if ok)
+        """Usable container engines, preferred first: podman, docker with a reachable daemon (one
+        whose socket is there and, when ``docker info`` was asked, that answered)."""
+        docker = self.docker == "daemon" and (self.docker_daemon is None or self.docker_daemon.answered)
+        return tuple(e for e, ok in (("podman", bool(self.which("podman"))), ("docker", docker)) if ok)
+
+    @property
+    def docker_remote(self) -> bool:
+        """DOCKER_HOST names a daemon on another machine (tcp://, ssh://)."""
+        return not self.docker_host.startswith("unix://")
 
     @property
     def runtimes(self) -> tuple[str, ...]:
@@ -381,6 +416,31 @@ def _docker(exe: str, env: Mapping[str, str], root: Path) -> Literal["", "daemon
     return "daemon" if _under(root, sock).exists() else "client"  # a client without a daemon (seen here) runs nothing
 
 
+def docker_address(env: Mapping[str, str]) -> str:
+    """The daemon the docker client talks to: ``DOCKER_HOST``, else the system socket."""
+    return env.get("DOCKER_HOST", "") or "unix:///var/run/docker.sock"
+
+
+def _docker_daemon(run: Runner, env: Mapping[str, str]) -> DockerDaemon:
+    """``docker info`` as JSON. The client prints its own half even when the daemon does not
+    answer (exit 1, "Cannot connect to the Docker daemon at ..."), so the daemon's half is
+    read only from an answer with a ServerVersion."""
+    address = docker_address(env)
+    rc, out, err = run(["docker", "info", "--format", "{{json .}}"])
+    try:
+        d = json.loads(out) if out.strip().startswith("{") else {}
+    except ValueError:
+        d = {}
+    if not isinstance(d, dict) or not d.get("ServerVersion"):
+        said = " ".join((err or out).split())[:300] or f"exit status {rc}"
+        return DockerDaemon(address, error=said)
+    runtimes = d.get("Runtimes") or {}
+    return DockerDaemon(address, version=str(d.get("ServerVersion", "")), storage_driver=str(d.get("Driver", "")),
+                        cgroup_driver=str(d.get("CgroupDriver", "")), cgroup_version=str(d.get("CgroupVersion", "")),
+                        runtimes=tuple(sorted(runtimes)) if isinstance(runtimes, dict) else (),
+                        default_runtime=str(d.get("DefaultRuntime", "")), root_dir=str(d.get("DockerRootDir", "")))
+
+
 def _cdi_gpu_specs(root: Path) -> tuple[str, ...]:
     found = []
     for d in CDI_DIRS:
@@ -423,6 +483,13 @@ def _fs_type(root: Path, path: str) -> str:
     return kind
 
 
+def storage_driver_for(path: str | Path, overlay: bool, root: Path = Path("/")) -> Literal["overlay", "vfs"]:
+    """The storage driver for a store at ``path``: overlay where the kernel has it (``overlay``)
+    and ``path`` is not itself on overlayfs (overlay on overlay fails), else vfs. envspec's own
+    storage root follows it, and so does a dockerd started by the tests (overlay2)."""
+    return "overlay" if overlay and _fs_type(root, str(Path(path).absolute())) != "overlay" else "vfs"
+
+
 def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, euid: int, buildah: bool) -> Storage:
     """ENVSPEC_STORAGE_ROOT (its run root a short path; overlay where the kernel has it and the
     root is not itself on overlayfs, else vfs), else what ``buildah info`` reports, else the
@@ -431,8 +498,7 @@ def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, eui
     given = env.get("ENVSPEC_STORAGE_ROOT", "")
     if given:
         runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or short_runroot(given, root)
-        driver = driver_env or ("overlay" if overlay and _fs_type(root, str(Path(given).absolute())) != "overlay"
-                                else "vfs")
+        driver = driver_env or storage_driver_for(given, overlay, root)
         return Storage(given, runroot, driver, FROM_ENV, driver_from_env=bool(driver_env))
     if buildah:
         rc, out, _ = run(["buildah", "info"])
@@ -531,6 +597,8 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
     smi = tools["nvidia-smi"].path if "nvidia-smi" in tools else ""
     driver, driver_source = _driver_version(root, run, smi, ask)
     gpus, gpu_error = _gpus(run) if smi and driver and "nvidia-smi" in ask else ((), "")
+    docker = _docker(tools["docker"].path if "docker" in tools else "", env, root)
+    daemon = _docker_daemon(run, env) if docker == "daemon" and "docker info" in ask else None
     try:
         cwd_uid = os.stat(cwd).st_uid
     except OSError:
@@ -555,7 +623,9 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         tty=bool(sys.stdin and sys.stdin.isatty() and sys.stdout and sys.stdout.isatty()),
         env_names=frozenset(env),
         tools=tools,
-        docker=_docker(tools["docker"].path if "docker" in tools else "", env, root),
+        docker=docker,
+        docker_daemon=daemon,
+        docker_host=docker_address(env),
         runtime_override=env.get("ENVSPEC_RUNTIME", ""),
         host_init=next((p for p in HOST_INITS if _under(root, p).exists()), ""),
         podman_init=any(_under(root, p).exists() for p in PODMAN_INITS),

@@ -146,11 +146,20 @@ def _runtime(host: Host, warnings: list[str]) -> list[str]:
 
 def _ulimits(lock: Lockfile | None, engine: str, host: Host, warnings: list[str]) -> list[str]:
     """``--ulimit`` flags: the lock's, plus podman's defaults made explicit where they would exceed
-    the host's hard limits; each capped to the hard limit where podman could not raise it."""
+    the host's hard limits; each capped to the hard limit where the engine could not raise it.
+
+    docker: a local daemon started on a host whose capability bounding set lacks CAP_SYS_RESOURCE
+    (this project's Debian 12 machines: PID 1 has it in CapEff but not in CapBnd, so no process
+    gets it) cannot raise limits either, and runc fails the start ("error setting rlimit type 8:
+    operation not permitted" for memlock=-1). Its containers inherit the daemon's own limits, so
+    docker gets no podman defaults, only the lock's values capped."""
     asked = dict(lock.runtime.ulimits) if lock else {}
     wanted = dict(asked)
-    capped = engine == "podman" and (host.rootless or not host.cap_sys_resource)
-    if capped:
+    if engine == "podman":
+        capped = host.rootless or not host.cap_sys_resource
+    else:
+        capped = not host.cap_sys_resource and not host.docker_remote
+    if capped and engine == "podman":
         for name, default in PODMAN_DEFAULT_LIMITS.items():
             h = host.ceiling(name)
             if name not in wanted and h != UNLIMITED and h < default:
@@ -162,7 +171,7 @@ def _ulimits(lock: Lockfile | None, engine: str, host: Host, warnings: list[str]
             h = host.ceiling(name)
             if h != UNLIMITED and (v == UNLIMITED or v > h):
                 if name in asked:
-                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; podman "
+                    warnings.append(f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; {engine} "
                                     f"cannot give more than {h} here: using {h}")
                 v = h
         flags += ["--ulimit", f"{name}={v}:{v}"]
@@ -246,8 +255,9 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
             out.add("-e", k)  # the name only: the value comes from this environment, never the argv
     out.add(image, *cmd)
     if engine == "docker" and image.startswith("localhost/envspec/"):
-        out.warn(f"envspec builds into containers-storage, which docker does not read: load it with "
-                 f"skopeo copy containers-storage:{image} docker-daemon:{image}")
+        out.warn(f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
+                 f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
+                 f"skopeo copy containers-storage:{image} docker-daemon:{image})")
     return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes)
 
 
@@ -263,6 +273,44 @@ def _engine(host: Host, asked: str | None, out: _Argv) -> str:
         out.warn(f"{asked} does not look usable on this host"
                  + (" (no daemon socket)" if asked == "docker" else " (not on PATH)"))
     return asked
+
+
+ENGINE_FAILED = 125  # podman's and docker's exit status when the engine itself failed, not the command
+
+
+def check_engine_ready(host: Host, engine: str) -> None:
+    """Before starting a container: the engine can be reached. For docker, ``host`` must have been
+    detected with ``ask`` including "docker info" (``host.ASK_DOCKER``). Raises ``HostError``
+    naming the engine, the daemon's address and the step."""
+    if engine != "docker":
+        return
+    address = host.docker_host
+    if host.docker in ("", "podman"):
+        raise HostError("docker: no docker client here (step: connect to the daemon)" if not host.docker else
+                        "docker: `docker` is podman's shim, not a docker client (step: connect to the daemon)",
+                        hint="use --engine podman, or apt-get install -y docker.io", reference="docker-unreachable")
+    if host.docker == "client":
+        raise HostError(f"docker: no daemon socket at {address} (step: connect to the daemon, before docker run)",
+                        hint="start the daemon (systemctl start docker, or dockerd), or set DOCKER_HOST to one "
+                             "that runs; or use --engine podman", reference="docker-unreachable")
+    d = host.docker_daemon
+    if d is not None and not d.answered:
+        raise HostError(f"docker: the daemon at {d.address} did not answer `docker info` (step: connect to the "
+                        f"daemon, before docker run): {d.error}",
+                        hint="start the daemon, or check who may use its socket (the docker group); "
+                             "or use --engine podman", reference="docker-unreachable")
+
+
+def start_failed(command: RunCommand, returncode: int) -> HostError:
+    """``ENGINE_FAILED`` from ``podman run``/``docker run``: the engine (a daemon that refused, an
+    image it does not have, a runtime that failed) stopped before the command ran."""
+    where = ""
+    if command.engine == "docker":
+        where = " (docker's daemon refused or failed: its message is above)"
+    return HostError(f"{command.engine} run could not start the container of {command.image} "
+                     f"(step: start the container, exit status {returncode}){where}",
+                     hint=f"the lines above are {command.engine}'s own; `envspec run --print` shows the command, "
+                          "`envspec doctor` checks this host", reference="container-start-failed")
 
 
 def _podman_network(host: Host, lock: Lockfile | None, out: _Argv) -> None:
@@ -303,11 +351,12 @@ def _gpus(host: Host, engine: str, out: _Argv) -> None:
             out.warn("no CDI spec names nvidia.com/gpu (looked in /etc/cdi, /var/run/cdi): the container "
                      "gets no GPU. Make one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml "
                      "(package nvidia-container-toolkit)")
-    else:
+    elif host.nvidia_toolkit or host.docker_remote or (host.docker_daemon and host.docker_daemon.nvidia_runtime):
         out.add("--gpus", "all")
-        if not host.nvidia_toolkit:
-            out.warn("docker's --gpus needs the NVIDIA container toolkit, which is not installed here "
-                     "(apt-get install -y nvidia-container-toolkit)")
+    else:  # the daemon refuses --gpus without it ('could not select device driver "" with capabilities: [[gpu]]')
+        out.warn("docker's --gpus needs the NVIDIA container toolkit, which is not installed here: the container "
+                 "gets no GPU (apt-get install -y nvidia-container-toolkit, from NVIDIA's apt repository; then "
+                 "nvidia-ctk runtime configure --runtime=docker)")
 
 
 def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv) -> None:

@@ -33,3 +33,240 @@ def private_storage(root: Path):
             os.environ.pop("ENVSPEC_STORAGE_ROOT", None)
         else:
             os.environ["ENVSPEC_STORAGE_ROOT"] = old
+
+
+# --- docker: Debian's dockerd, started by a test on its own -------------------------------------
+
+class Dockerd:
+    """A dockerd of our own: its data root, exec root, socket and bridge under one short temp
+    directory (a unix socket path must fit in 108 bytes), reached through ``env`` (DOCKER_HOST)."""
+
+    def __init__(self, base: Path, address: str, bridge: str, args: list[str], proc: subprocess.Popen) -> None:
+        self.base, self.address, self.bridge, self.args, self.proc = base, address, bridge, args, proc
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "DOCKER_HOST": self.address}
+
+    def docker(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        cp = subprocess.run(["docker", *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+        if check and cp.returncode != 0:
+            raise AssertionError(f"docker {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
+        return cp
+
+    def log(self) -> str:
+        return (self.base / "dockerd.log").read_text(errors="replace")
+
+
+def dockerd_args(base: Path, host, bridge: str) -> list[str]:
+    """dockerd's options on this host, from the same facts envspec's ``Host`` gives podman:
+    - storage: overlay2 where the kernel has overlay and ``base`` is not itself on overlayfs
+      (overlay on overlay fails), else vfs: the rule ``host._storage`` applies to ENVSPEC_STORAGE_ROOT;
+    - cgroups: ``Host.cgroup_manager`` (cgroupfs without systemd as PID 1, as on this project's hosts);
+    - runtime: runc (``Host.runtime``: crun rejects the hybrid hierarchy; Debian's dockerd uses runc anyway);
+    - network: our own bridge (``bridge``: two test daemons on one machine would fight over docker0),
+      no iptables/NAT/forwarding (published ports go through docker-proxy on loopback; a test must not
+      change the host's firewall)."""
+    from envspec.host import storage_driver_for
+
+    overlay = storage_driver_for(base, host.overlay) == "overlay"
+    return ["--data-root", str(base / "data"), "--exec-root", str(base / "exec"), "--pidfile", str(base / "d.pid"),
+            "--host", f"unix://{base}/d.sock", "--storage-driver", "overlay2" if overlay else "vfs",
+            "--exec-opt", f"native.cgroupdriver={host.cgroup_manager}", "--default-runtime", "runc",
+            "--bridge", bridge, "--iptables=false", "--ip-masq=false", "--ip-forward=false"]
+
+
+@contextlib.contextmanager
+def start_dockerd(subnet: str = "172.29.0.1/24"):
+    """Start Debian's dockerd for the block and stop it after, removing its bridge and files."""
+    import tempfile
+    import time
+
+    from envspec.host import ASK_NONE, detect_host
+
+    host = detect_host(ask=ASK_NONE)
+    base = Path(tempfile.mkdtemp(prefix="esd-", dir="/tmp"))
+    bridge = "esd" + base.name[4:12].replace("_", "")
+    for argv in (["ip", "link", "add", bridge, "type", "bridge"], ["ip", "addr", "add", subnet, "dev", bridge],
+                 ["ip", "link", "set", bridge, "up"]):
+        subprocess.run(argv, check=True, capture_output=True)
+    args = dockerd_args(base, host, bridge)
+    log = (base / "dockerd.log").open("w")
+    proc = subprocess.Popen(["dockerd", *args], stdout=log, stderr=subprocess.STDOUT)
+    d = Dockerd(base, f"unix://{base}/d.sock", bridge, args, proc)
+    try:
+        end = time.monotonic() + 60
+        while d.docker("version", check=False, timeout=20).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > end:
+                raise AssertionError(f"dockerd {' '.join(args)} did not start:\n{d.log()[-3000:]}")
+            time.sleep(0.5)
+        yield d
+    finally:
+        cp = d.docker("ps", "-aq", check=False)
+        if cp.stdout.split():
+            d.docker("rm", "-f", *cp.stdout.split(), check=False)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+        mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+        for m in sorted((m for m in mounts if m.startswith(str(base))), reverse=True):
+            subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def start_registry(base: Path):
+    """Debian's docker-registry on a free loopback port; yields "127.0.0.1:PORT"."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = base / "registry.yml"
+    cfg.write_text("version: 0.1\nlog:\n  level: error\n"
+                   f"storage:\n  filesystem:\n    rootdirectory: {base / 'registry-data'}\n"
+                   f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise AssertionError("docker-registry did not start") from None
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# --- Slurm: Debian's munged, slurmctld and slurmd on loopback -----------------------------------
+
+SLURM_CONF = """\
+# Written by tests/e2e/conftest.py: a throw-away cluster on loopback, everything under {base}.
+ClusterName=envspec-test
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={base}/munge.sock
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool/%n
+SlurmctldPidFile={base}/slurmctld.pid
+SlurmdPidFile={base}/slurmd-%n.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd-%n.log
+# no cgroup plugins: this project's hosts have a hybrid hierarchy and no systemd
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+{nodes}
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class Slurm:
+    """A running test cluster: ``env`` carries SLURM_CONF for sbatch, srun, scontrol."""
+
+    def __init__(self, base: Path, nodes: list[str]) -> None:
+        self.base, self.nodes = base, nodes
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.base / "slurm.conf")}
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                         for p in sorted((self.base / "log").glob("*.log")))
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextlib.contextmanager
+def start_slurm(nodes: int = 2):
+    """munged (its own key and socket), slurmctld and one slurmd per node name, all on this host
+    (Debian's slurmd runs several on one host when each node has its own port), in the
+    foreground under this process; stopped and removed after the block."""
+    import tempfile
+    import time
+
+    base = Path(tempfile.mkdtemp(prefix="ess-", dir="/tmp"))  # short: the munge socket path
+    base.chmod(0o755)  # munged wants its socket's directory reachable by everyone
+    for d in ("state", "spool", "log"):
+        (base / d).mkdir()
+    key = base / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    ctld_port, *node_ports = _free_ports(1 + nodes)
+    names = [f"node{i + 1}" for i in range(nodes)]
+    lines = [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1"
+             for n, p in zip(names, node_ports)]
+    (base / "slurm.conf").write_text(SLURM_CONF.format(base=base, ctld_port=ctld_port, nodes="\n".join(lines)))
+    cluster = Slurm(base, names)
+    procs: list[subprocess.Popen] = []
+
+    def daemon(*argv: str) -> None:
+        procs.append(subprocess.Popen(list(argv), env=cluster.env, stdout=subprocess.DEVNULL,
+                                      stderr=(base / "log" / f"{argv[0]}-{len(procs)}.err").open("w")))
+
+    try:
+        daemon("munged", "-F", "-f", f"--socket={base}/munge.sock", f"--key-file={key}",
+               f"--log-file={base}/log/munged.log", f"--pid-file={base}/munged.pid", f"--seed-file={base}/munged.seed")
+        end = time.monotonic() + 20
+        while not (base / "munge.sock").exists():
+            if time.monotonic() > end:
+                raise AssertionError(f"munged did not start:\n{cluster.logs()}")
+            time.sleep(0.1)
+        daemon("slurmctld", "-D", "-i")
+        for n in names:
+            daemon("slurmd", "-D", "-N", n)
+        end = time.monotonic() + 60
+        while True:
+            cp = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
+                                env=cluster.env, timeout=20)
+            states = dict(ln.split() for ln in cp.stdout.splitlines() if len(ln.split()) == 2)
+            if sorted(states) == names and all(s == "idle" for s in states.values()):
+                break
+            if time.monotonic() > end or any(p.poll() is not None for p in procs):
+                raise AssertionError(f"the test cluster did not come up ({cp.stdout}{cp.stderr}):\n{cluster.logs()}")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(base, ignore_errors=True)

@@ -10,6 +10,9 @@ second run reuses it. ENVSPEC_E2E_SERVICES_SPEC=path/to/spec.toml builds another
 (any spec with both services). The containers run with ENVSPEC_VERIFY=warn (the startup check
 reports and goes on): on a host without a GPU a GPU lock's services must still be testable.
 
+The docker case (the same image copied into a dockerd of our own, started with
+``envspec run --engine docker -d``) skips where docker.io is absent.
+
 Skips only where buildah, skopeo or podman are absent.
 """
 
@@ -65,6 +68,9 @@ def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
+_LOCKFILE: dict[str, Path] = {}  # the lockfile the image fixture wrote
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     """(lock, image ref): the spec locked into a temporary lockfile and built."""
@@ -79,6 +85,7 @@ def image(tmp_path_factory):
                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1800)
     assert cp.returncode == 0, f"envspec lock {SPEC} failed:\n{cp.stdout}\n{cp.stderr}"
     lock = lockmod.load(out)
+    _LOCKFILE["path"] = out
     assert lock.services.enabled() == ["jupyter", "ssh"], \
         f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
     built = build(make_plan(lock), BuildahEngine(), Cache(), sources.discover().mirrors)
@@ -137,7 +144,7 @@ def containers(image, client_key, tmp_path_factory):
             _podman("rm", "-f", "-t", "5", name, check=False)
 
 
-def _wait_port(port: int, name: str, kind: str, timeout: float = 180) -> None:
+def _wait_port(port: int, name: str, kind: str, timeout: float = 180, logs=None) -> None:
     """Wait until ``port`` answers HTTP (kind "http": any status) or an SSH banner (kind "ssh")."""
     end = time.time() + timeout
     while time.time() < end:
@@ -155,10 +162,11 @@ def _wait_port(port: int, name: str, kind: str, timeout: float = 180) -> None:
                         return
         except (OSError, http.client.HTTPException):
             pass
-        if "Traceback (most recent call last)" in _logs(name):  # a service died: no use waiting
+        if "Traceback (most recent call last)" in (logs() if logs else _logs(name)):  # a service died
             break
         time.sleep(2)
-    pytest.fail(f"port {port} ({kind}) of {name} did not answer; logs:\n{_logs(name)[-4000:]}")
+    said = logs() if logs else _logs(name)
+    pytest.fail(f"port {port} ({kind}) of {name} did not answer; logs:\n{said[-4000:]}")
 
 
 def _status(url: str) -> int:
@@ -239,3 +247,78 @@ def test_no_host_key_in_the_image(image):
     cp = _sh_in_image(ref, "ls -d /etc/ssh/ssh_host_* /tmp/envspec-* 2>/dev/null; true")
     assert cp.returncode == 0, cp.stderr
     assert "ssh_host_" not in cp.stdout and "/tmp/envspec-" not in cp.stdout
+
+
+# --- the same services under docker ----------------------------------------------------------------
+# Debian's dockerd of our own (conftest.start_dockerd), the image copied into it from
+# containers-storage, the container started by the `envspec run --engine docker -d` command line.
+
+@pytest.fixture(scope="module")
+def docker_services(image, client_key, tmp_path_factory):
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        pytest.skip("docker.io is not installed (apt-get install -y docker.io), or not root (our own dockerd)")
+    from conftest import start_dockerd
+
+    lock, ref = image
+    assert lock.services.jupyter is not None and lock.services.ssh is not None
+    work = tmp_path_factory.mktemp("docker-services")
+    ws = work / "ws"
+    ws.mkdir()
+    os.chown(ws, lock.runtime.uid, lock.runtime.uid)
+    with start_dockerd(subnet="172.29.1.1/24") as d:
+        from envspec.host import ASK_NONE, detect_host
+
+        src = detect_host(ask=ASK_NONE).storage.ref(ref)
+        cp = subprocess.run(["skopeo", "copy", "--quiet", "--dest-daemon-host", d.address, src,
+                             f"docker-daemon:{ref}"], capture_output=True, text=True, timeout=900)
+        assert cp.returncode == 0, cp.stderr
+        hj, hs = _free_port(), _free_port()
+        token = "e2e-docker-token-0123456789abcdef"
+        name = f"envspec-e2e-docker-{os.getpid()}"
+        env = {**d.env, "ENVSPEC_VERIFY": "warn", "ENVSPEC_AUTHORIZED_KEYS": client_key[1], "JUPYTER_TOKEN": token,
+               "PYTHONPATH": str(ROOT / "src")}
+        cp = subprocess.run([sys.executable, "-m", "envspec", "run", "--engine", "docker", "-d", "--name", name,
+                             "--image", ref, "--port", f"{hj}:{lock.services.jupyter.port}",
+                             "--port", f"{hs}:{lock.services.ssh.port}", str(_LOCKFILE["path"])],
+                            capture_output=True, text=True, env=env, cwd=ws, timeout=300)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        assert token not in cp.stdout + cp.stderr
+
+        def logs() -> str:
+            out = d.docker("logs", name, check=False)
+            return out.stdout + out.stderr
+
+        try:
+            _wait_port(hj, name, "http", logs=logs)
+            _wait_port(hs, name, "ssh", logs=logs)
+            yield {"name": name, "jupyter": hj, "ssh": hs, "token": token, "user": lock.runtime.user, "logs": logs}
+        finally:
+            d.docker("rm", "-f", name, check=False)
+
+
+def test_docker_jupyter_needs_the_token(docker_services):
+    c = docker_services
+    base = f"http://127.0.0.1:{c['jupyter']}/api/status"
+    assert _status(f"{base}?token={c['token']}") == 200
+    assert _status(base) == 403
+    assert _status(f"{base}?token=wrong") == 403
+    assert c["token"] not in c["logs"]()
+
+
+def test_docker_ssh_takes_the_key_and_refuses_a_password(docker_services, client_key):
+    import paramiko
+
+    c = docker_services
+    cl = paramiko.SSHClient()
+    cl.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    cl.connect("127.0.0.1", port=c["ssh"], username=c["user"], pkey=client_key[0], allow_agent=False,
+               look_for_keys=False, timeout=20)
+    _, out, _ = cl.exec_command("id -un; pwd")
+    assert out.read().decode().split() == [c["user"], "/workspace"]
+    cl.close()
+    t = paramiko.Transport(("127.0.0.1", c["ssh"]))
+    t.start_client(timeout=20)
+    with pytest.raises(paramiko.AuthenticationException) as e:
+        t.auth_password(c["user"], c["user"])
+    assert getattr(e.value, "allowed_types", ["publickey"]) == ["publickey"]
+    t.close()

@@ -406,3 +406,13 @@ def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path)
     events.fetched(pin, tmp_path / "x", False)
     events.fetched(cached, tmp_path / "y", True)  # in the cache already: no download, no event
     assert rep.events == [("fetching", "tzdata", 7), ("fetched", "tzdata")]
+
+
+def test_docker_archive_output_carries_the_image_name():
+    from envspec.build import docker_archive_named
+
+    tag = "localhost/envspec/cpu:4d31fdd8ed3c"
+    assert docker_archive_named("docker-archive:/tmp/cpu.tar", tag) == f"docker-archive:/tmp/cpu.tar:{tag}"
+    assert docker_archive_named("docker-archive:/tmp/cpu.tar:acme/cpu:1", tag) == "docker-archive:/tmp/cpu.tar:acme/cpu:1"
+    assert docker_archive_named("oci-archive:/tmp/cpu.tar", tag) == "oci-archive:/tmp/cpu.tar"
+    assert docker_archive_named("docker-archive:/tmp/cpu.tar", "") == "docker-archive:/tmp/cpu.tar"

@@ -10,7 +10,7 @@ import pytest
 
 from envspec.compat import best_arch
 from envspec.doctor import Diagnosis, doctor_exit_code, doctor_json, doctor_lines, run_doctor
-from envspec.host import FROM_BUILDAH, DiskFree, Gpu, Host, Storage, Tool, detect_host
+from envspec.host import FROM_BUILDAH, DiskFree, DockerDaemon, Gpu, Host, Storage, Tool, detect_host
 from envspec.lock import load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -157,6 +157,49 @@ def test_docker_without_daemon_or_podman_shim_is_no_engine():
         assert [x.status for x in f] == ["info", "warn"]
     f = by(run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon"), None), "engine")
     assert f[0].status == "ok" and "reachable daemon" in f[0].what
+
+
+DAEMON = DockerDaemon("unix:///srv/d.sock", version="20.10.24+dfsg1", storage_driver="overlay2",
+                      cgroup_driver="cgroupfs", cgroup_version="1", runtimes=("io.containerd.runc.v2", "runc"),
+                      default_runtime="runc", root_dir="/srv/docker")
+
+
+def docker_host(daemon: DockerDaemon, **kw) -> Host:
+    return build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon", docker_daemon=daemon, **kw)
+
+
+def test_docker_daemon_facts_are_reported():
+    f = by(run_doctor(docker_host(DAEMON), None), "engine")
+    assert [x.status for x in f] == ["ok"]
+    for fact in ("20.10.24+dfsg1", "unix:///srv/d.sock", "overlay2", "cgroupfs", "cgroup v1", "default runc"):
+        assert fact in f[0].what, (fact, f[0].what)
+    assert f[0].detail["storage_driver"] == "overlay2" and f[0].detail["nvidia_runtime"] is False
+    assert not by(run_doctor(docker_host(DAEMON), None), "docker-gpu")  # no GPU, no GPU lock: nothing to say
+
+
+def test_docker_daemon_that_does_not_answer_is_a_warning_naming_the_address():
+    d = DockerDaemon("unix:///var/run/docker.sock", error="Cannot connect to the Docker daemon at unix:///var/run/"
+                                                          "docker.sock. Is the docker daemon running?")
+    f = by(run_doctor(docker_host(d), None), "engine")
+    assert f[0].status == "warn" and "unix:///var/run/docker.sock" in f[0].what and "Cannot connect" in f[0].what
+    assert "dockerd" in f[0].fix and f[-1].status == "warn"  # and no engine at all
+
+
+def test_docker_vfs_storage_is_a_warning():
+    f = by(run_doctor(docker_host(replace(DAEMON, storage_driver="vfs")), None), "docker-storage")
+    assert f[0].status == "warn" and "overlay2" in f[0].fix
+
+
+def test_docker_gpus_need_the_nvidia_runtime_or_toolkit():
+    lock = load(GPU_LOCK)
+    gpu = dict(driver_version="580.65.06", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),))
+    f = by(run_doctor(docker_host(DAEMON, **gpu), lock), "docker-gpu")
+    assert f[0].status == "fail" and "nvidia-ctk runtime configure" in f[0].fix  # docker is the only engine
+    with_podman = docker_host(DAEMON, **gpu)
+    with_podman = replace(with_podman, tools={**with_podman.tools, **_tools("podman")})
+    assert by(run_doctor(with_podman, lock), "docker-gpu")[0].status == "warn"
+    f = by(run_doctor(docker_host(replace(DAEMON, runtimes=("nvidia", "runc")), **gpu), lock), "docker-gpu")
+    assert f[0].status == "ok" and "nvidia runtime" in f[0].what
 
 
 def test_json_shape():

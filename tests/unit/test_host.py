@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envspec.host import (ASK_ALL, ASK_NONE, FROM_BUILDAH, FROM_DEFAULT, FROM_ENV, UNLIMITED, Gpu, Host, Storage,
+from envspec.host import (ASK_ALL, ASK_DOCKER, ASK_NONE, FROM_BUILDAH, FROM_DEFAULT, FROM_ENV, UNLIMITED, Gpu, Host, Storage,
                           cache_dir_for, detect_host)
 from envspec.run import plan_run, podman_args
 
@@ -156,6 +156,44 @@ def test_docker_needs_a_reachable_daemon(tmp_path):
     shim = tools(tmp_path / "shim", "docker", script='#!/bin/sh\nexec podman "$@"\n')
     h = host_of(tmp_path, {"PATH": f"{shim}:{path}"})
     assert h.docker == "podman" and h.engines == ("podman",)  # podman-docker's shim is podman
+
+
+DOCKER_INFO = json.dumps({  # `docker info --format '{{json .}}'` of Debian's dockerd 20.10 on this project's hosts
+    "ServerVersion": "20.10.24+dfsg1", "Driver": "overlay2", "CgroupDriver": "cgroupfs", "CgroupVersion": "1",
+    "Runtimes": {"runc": {"path": "runc"}, "io.containerd.runc.v2": {"path": "runc"}}, "DefaultRuntime": "runc",
+    "DockerRootDir": "/srv/docker", "ClientInfo": {"Version": "28.2.2"}})
+
+
+def test_docker_info_gives_the_daemons_facts_only_when_asked(tmp_path):
+    root = debian_tree(tmp_path / "root")
+    path = tools(tmp_path / "bin", "docker")
+    put(root, "/srv/d.sock")
+    env = {"PATH": path, "DOCKER_HOST": "unix:///srv/d.sock"}
+    assert host_of(tmp_path, env).docker_daemon is None  # not asked: no command runs (refuse)
+    run = Runner({("docker", "info"): (0, DOCKER_INFO + "\n", "")})
+    d = host_of(tmp_path, env, run=run, ask=ASK_DOCKER).docker_daemon
+    assert d is not None and d.answered
+    assert (d.version, d.storage_driver, d.cgroup_driver, d.cgroup_version) == ("20.10.24+dfsg1", "overlay2",
+                                                                                 "cgroupfs", "1")
+    assert d.runtimes == ("io.containerd.runc.v2", "runc") and d.default_runtime == "runc"
+    assert not d.nvidia_runtime and d.address == "unix:///srv/d.sock"
+    with_nvidia = json.loads(DOCKER_INFO)
+    with_nvidia["Runtimes"]["nvidia"] = {"path": "nvidia-container-runtime"}
+    run = Runner({("docker", "info"): (0, json.dumps(with_nvidia), "")})
+    assert host_of(tmp_path, env, run=run, ask=ASK_DOCKER).docker_daemon.nvidia_runtime
+
+
+def test_a_daemon_socket_that_does_not_answer_is_no_engine(tmp_path):
+    root = debian_tree(tmp_path / "root")
+    path = tools(tmp_path / "bin", "docker")
+    put(root, "/var/run/docker.sock")  # left behind by a daemon that is gone
+    client_half = json.dumps({"ServerVersion": "", "Driver": "", "ClientInfo": {"Version": "28.2.2"}})
+    said = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+    h = host_of(tmp_path, {"PATH": path}, run=Runner({("docker", "info"): (1, client_half, said)}), ask=ASK_DOCKER)
+    assert h.docker == "daemon" and h.docker_daemon is not None
+    assert not h.docker_daemon.answered and "Cannot connect" in h.docker_daemon.error
+    assert h.engines == ()
+    assert host_of(tmp_path, {"PATH": path}).engines == ("docker",)  # not asked: the socket is trusted
 
 
 def test_cache_dir_rule(tmp_path, monkeypatch):

@@ -249,3 +249,47 @@ def test_image_override_keeps_the_lock_settings():
     p = plan_run(_lock(), ["envspec", "verify"], host=DEBIAN_HYBRID, image=ref)
     assert p.argv[-3:] == [ref, "envspec", "verify"] and "--shm-size" in p.argv and "16g" in p.argv
     assert not any("containers-storage" in w for w in p.warnings)
+
+
+def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
+    from envspec.errors import HostError
+    from envspec.host import DockerDaemon
+    from envspec.run import RunCommand, check_engine_ready, start_failed
+
+    base = Host(tools={"docker": Tool("/usr/bin/docker")})
+    with pytest.raises(HostError, match=r"no daemon socket at unix:///var/run/docker.sock \(step: connect") as e:
+        check_engine_ready(replace(base, docker="client"), "docker")
+    with pytest.raises(HostError, match=r"no daemon socket at unix:///srv/d.sock \(step: connect"):
+        check_engine_ready(replace(base, docker="client", docker_host="unix:///srv/d.sock"), "docker")
+    assert e.value.reference == "docker-unreachable" and e.value.exit_code == 5
+    gone = DockerDaemon("unix:///srv/d.sock", error="Cannot connect to the Docker daemon at unix:///srv/d.sock.")
+    with pytest.raises(HostError, match=r"daemon at unix:///srv/d.sock did not answer .*Cannot connect"):
+        check_engine_ready(replace(base, docker="daemon", docker_daemon=gone), "docker")
+    check_engine_ready(replace(base, docker="daemon", docker_daemon=DockerDaemon("unix:///srv/d.sock",
+                                                                                 version="20.10.24")), "docker")
+    check_engine_ready(base, "podman")  # podman has no daemon to ask
+    err = start_failed(RunCommand(["docker", "run", "x"], engine="docker", image="x"), 125)
+    assert "docker run could not start the container of x (step: start the container" in err.message
+    assert err.reference == "container-start-failed"
+
+
+def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
+    lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
+    host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
+    argv = plan_run(lock, host=host, engine="docker", mount_cwd=False).argv
+    assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(argv)  # no podman defaults
+    remote = replace(host, docker_host="tcp://10.0.0.2:2376")  # another machine's limits: not ours to cap
+    assert "memlock=-1:-1" in " ".join(plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv)
+
+
+def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
+    from envspec.host import DockerDaemon
+
+    lock = load(GOLDEN / "diff" / "new.lock")  # a GPU lock
+    bare = replace(DOCKER, tools=_tools("docker", "runc"))
+    cmd = plan_run(lock, host=bare, engine="docker")
+    assert "--gpus" not in cmd.argv  # the daemon would refuse it: could not select device driver "" ...
+    assert any("the container gets no GPU" in w for w in cmd.warnings)
+    nvidia = DockerDaemon("unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc"))
+    assert "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
+    assert "--gpus" in plan_run(lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker").argv

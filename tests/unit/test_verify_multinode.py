@@ -30,6 +30,9 @@ def test_fake_hook_parses_both_forms():
     assert apply_fake(fp, {"ENVSPEC_FAKE_FINGERPRINT": "driver=2, gpu=x"}) and fp == {"driver": "2", "gpu": "x"}
     assert apply_fake(fp, {"ENVSPEC_FAKE_FINGERPRINT": '{"driver": 3}'}) and fp["driver"] == "3"
     assert not apply_fake(fp, {})
+    one_task = {"ENVSPEC_FAKE_FINGERPRINT": "driver=470.00.00", "ENVSPEC_FAKE_FINGERPRINT_TASK": "1"}
+    assert not apply_fake(fp, {**one_task, "SLURM_PROCID": "0"}) and fp["driver"] == "3"
+    assert apply_fake(fp, {**one_task, "SLURM_PROCID": "1"}) and fp["driver"] == "470.00.00"
 
 
 def test_torchrun_argv_passes_rendezvous_and_drops_launch_options():

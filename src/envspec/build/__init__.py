@@ -116,7 +116,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             layers.finish(pending)
         layers.make_top(options.verify_dir)
         image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
-        outputs, pushed = deliver(engine, image, options, reporter)
+        outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
         if ref:
             reporter.committing(ref, image.digest)
             if importer is None and store is not None and engine.image_digest(ref) != image.digest:
@@ -147,7 +147,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     engine = RecordingEngine()
     ref = plan.tag if options.tag is None else options.tag
     image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
-    deliver(engine, image, options, Reporter(), export=False)
+    deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
     if ref:
         engine.import_image(image.layout, ref)
     summary = plan.to_json()
@@ -329,9 +329,19 @@ def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], path
                  manifest=(layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes())
 
 
+def docker_archive_named(dest: str, tag: str) -> str:
+    """``docker-archive:FILE`` names no image, and ``docker load`` of it gives an image with no
+    name (only its ID): name it ``tag`` (the lock's, ``localhost/envspec/<name>:<hash>``), so
+    ``envspec run --engine docker LOCK`` finds it after the load. ``docker-archive:FILE:REF`` stays."""
+    if not dest.startswith("docker-archive:") or not tag or ":" in dest[len("docker-archive:"):]:
+        return dest
+    return f"{dest}:{tag}"
+
+
 def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Reporter, *,
-            export: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The image to ``options.outputs`` and ``options.push``: (outputs written, references pushed)."""
+            export: bool = True, tag: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The image to ``options.outputs`` and ``options.push``: (outputs written, references pushed).
+    ``tag``: the name a docker-archive carries when its destination gives none."""
     for dest in options.outputs:
         if dest.startswith("oci:"):  # ours to write: hardlinks, no copy of gigabytes
             path, _, name = dest[4:].partition(":")
@@ -341,7 +351,7 @@ def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Repor
                 except OSError as e:
                     raise BuildError(f"cannot write {dest}: {e}", step="output") from e
         else:
-            engine.copy(image.layout, dest)
+            engine.copy(image.layout, docker_archive_named(dest, tag))
     if options.push:
         engine.push(image.layout, options.push)
         reporter.pushed(options.push, image.digest)

@@ -1,22 +1,70 @@
 """`envspec cluster render`: an sbatch script or a Kubernetes Indexed Job that runs
 `envspec verify --nnodes N` in an image pinned by digest. Runs outside images, so it may use
-jinja2 (imported lazily, StrictUndefined); the templates are in envspec/templates/cluster/."""
+jinja2 (imported lazily, StrictUndefined); the templates are in envspec/templates/cluster/.
+
+Slurm jobs start the image one of three ways (``--container``): ``pyxis`` (``srun
+--container-image=...@sha256:...``, NVIDIA's pyxis/enroot plugin, what DGX clusters run),
+``podman`` (``srun podman run`` per task, for clusters without pyxis) or ``none`` (the node's own
+envspec against ``--lock``: host mode). With ``--lock``, the lock's NCCL settings
+(``[runtime].env``'s NCCL_*) are exported to every task and its ``[runtime].shm_size`` is the
+containers' /dev/shm."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "cluster"
 KINDS = {"slurm": "slurm.sbatch.j2", "kubernetes": "kubernetes-job.yaml.j2"}
+CONTAINERS = ("pyxis", "podman", "none")  # how a Slurm task starts the image
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_SIZE = re.compile(r"^(?P<n>[0-9]+)(?P<unit>[kmgtKMGT]?)(?:i?[bB])?$")
+DIGEST_HINT = ("push the image and use the digest `envspec build --push` printed, or look it up: "
+               "skopeo inspect --format '{{.Digest}}' docker://REF")
 _DIGEST_REF = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@(?P<digest>sha256:[0-9a-f]{64})$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 
 
 class RenderError(ValueError):
-    """Bad arguments to render (exit code 2 at the CLI)."""
+    """Bad arguments to render (exit code 2 at the CLI), with what to do about it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def lock_settings(path: str) -> tuple[dict[str, str], str]:
+    """(NCCL environment, shm size) of a lock: ``[runtime].env``'s NCCL_* and TORCH_NCCL_* entries,
+    and ``[runtime].shm_size`` ("" when unset). Read with the verifier's own stdlib reader."""
+    from .lockfile import LockReadError, load_lock, table  # noqa: PLC0415
+
+    try:
+        lock = load_lock(path)
+    except LockReadError as e:
+        raise RenderError(f"--lock {path}: {e.message}", hint=e.hint or "give the lockfile of the image") from e
+    runtime = table(lock, "runtime")
+    env = runtime.get("env")
+    if not isinstance(env, dict):
+        env = {}
+    nccl = {str(k): str(v) for k, v in sorted(env.items()) if str(k).startswith(NCCL_PREFIXES)}
+    bad = [k for k in nccl if not _ENV_NAME.match(k)]
+    if bad:
+        raise RenderError(f"--lock {path}: [runtime].env has names a shell cannot export: {', '.join(bad)}")
+    return nccl, str(runtime.get("shm_size", "") or "")
+
+
+def k8s_quantity(size: str) -> str:
+    """A podman/docker size ("16g", "512m") as a Kubernetes quantity ("16Gi", "512Mi"): both are binary."""
+    m = _SIZE.match(size.strip())
+    if not m:
+        raise RenderError(f"shm size {size!r} is not a size like 16g or 512m")
+    unit = m.group("unit").upper()
+    return m.group("n") + (f"{unit}i" if unit else "")
 
 
 def enroot_ref(repo: str, digest: str) -> str:
@@ -30,14 +78,28 @@ def enroot_ref(repo: str, digest: str) -> str:
 
 def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str = "full",
            job_name: str = "envspec-verify", namespace: str = "default", rdzv_port: int = 29400,
-           partition: str = "", time_limit: str = "00:15:00", shm_size: str = "16Gi",
-           extra_args: tuple[str, ...] = ()) -> str:
+           partition: str = "", time_limit: str = "00:15:00", shm_size: str = "",
+           extra_args: tuple[str, ...] = (), container: str = "pyxis", lock: str = "") -> str:
+    """The job file. ``shm_size``: the containers' /dev/shm (default: the lock's, else 16g);
+    ``container``: how Slurm tasks start the image (``CONTAINERS``); ``lock``: a lockfile whose
+    NCCL settings and shm size the job takes (required for ``container="none"``: the node's
+    envspec verifies against it)."""
     if kind not in KINDS:
         raise RenderError(f"unknown cluster kind {kind!r}: one of {', '.join(sorted(KINDS))}")
     m = _DIGEST_REF.match(image)
     if not m:
         raise RenderError(f"--image {image!r} is not pinned by digest: give REF@sha256:<64 hex> "
-                          "(a tag can move between nodes, which is what verify looks for)")
+                          "(a tag can move between nodes, which is what verify looks for)", hint=DIGEST_HINT)
+    if container not in CONTAINERS:
+        raise RenderError(f"--container must be one of {', '.join(CONTAINERS)}, not {container!r}")
+    if kind != "slurm" and container != "pyxis":
+        raise RenderError("--container is for --slurm (a Kubernetes pod is the container)")
+    if container == "none" and not lock:
+        raise RenderError("--container none runs the node's own envspec: it needs --lock LOCK to verify against",
+                          hint="give the lockfile the image was built from (a path every node can read)")
+    nccl, lock_shm = lock_settings(lock) if lock else ({}, "")
+    shm = shm_size or lock_shm or "16g"
+    k8s_quantity(shm)  # a size either way
     if nnodes < 1 or gpus_per_node < 0:
         raise RenderError("--nnodes must be >= 1 and --gpus-per-node >= 0")
     if not _NAME.match(job_name):
@@ -51,8 +113,10 @@ def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str
     text = env.get_template(KINDS[kind]).render(
         image=image, digest=m.group("digest"), enroot_image=enroot_ref(m.group("repo"), m.group("digest")),
         nnodes=nnodes, gpus_per_node=gpus_per_node, level=level, job_name=job_name, namespace=namespace,
-        rdzv_port=rdzv_port, partition=partition, time_limit=time_limit, shm_size=shm_size,
-        extra_args=list(extra_args))
+        rdzv_port=rdzv_port, partition=partition, time_limit=time_limit,
+        shm_size=k8s_quantity(shm) if kind == "kubernetes" else shm.lower(), extra_args=[shlex.quote(a) for a in extra_args],
+        container=container, lock=shlex.quote(lock), nccl=[(k, shlex.quote(v)) for k, v in nccl.items()],
+        nccl_yaml=[(k, json.dumps(v)) for k, v in nccl.items()])
     return text if text.endswith("\n") else text + "\n"
 
 
@@ -72,8 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-port", type=int, default=29400)
     p.add_argument("--partition", default="")
     p.add_argument("--time", dest="time_limit", default="00:15:00")
-    p.add_argument("--shm-size", default="16Gi")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--shm-size", default="", help="the containers' /dev/shm (default: the lock's, else 16g)")
+    p.add_argument("--container", choices=CONTAINERS, default="pyxis",
+                   help="Slurm: how each task starts the image: pyxis (srun --container-image, the default), "
+                        "podman (srun podman run), none (the node's envspec against --lock)")
+    p.add_argument("--lock", default="", metavar="LOCK",
+                   help="the image's lockfile: its NCCL settings and shm size go into the job")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
+    p.add_argument("verify_args", nargs="*", metavar="-- VERIFY-ARGS",
+                   help="more arguments for `envspec verify` (after --)")
     return p
 
 
@@ -87,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         text = render(args.kind, image=args.image, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
                       level=args.level, job_name=args.job_name, namespace=args.namespace,
                       rdzv_port=args.rdzv_port, partition=args.partition, time_limit=args.time_limit,
-                      shm_size=args.shm_size)
+                      shm_size=args.shm_size, container=args.container, lock=args.lock,
+                      extra_args=tuple(args.verify_args))
     except RenderError as e:
-        sys.stderr.write(f"envspec cluster render: error: {e}\n")
+        sys.stderr.write(f"envspec cluster render: error: {e}\n" + (f"hint: {e.hint}\n" if e.hint else ""))
         return 2
     if args.output:
         from .render import write_atomic  # noqa: PLC0415

@@ -22,6 +22,9 @@ COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
 # rank's fingerprint so a CPU test can make one "node" differ. A finding says it was used.
 FAKE_ENV = "ENVSPEC_FAKE_FINGERPRINT"
+# With it, only the Slurm task whose SLURM_PROCID equals this value fakes (a job's tasks share one
+# environment, so a Slurm test cannot give one task its own ENVSPEC_FAKE_FINGERPRINT).
+FAKE_TASK_ENV = "ENVSPEC_FAKE_FINGERPRINT_TASK"
 RESULT_DIR_ENV = "ENVSPEC_VERIFY_RESULT_DIR"  # set by launch(): where ranks leave their exit codes
 
 # Options consumed by the launcher (not forwarded to the ranks); value-taking ones.
@@ -96,6 +99,9 @@ def apply_fake(fp: dict[str, str], env: Mapping[str, str]) -> bool:
     raw = env.get(FAKE_ENV, "")
     if not raw:
         return False
+    task = env.get(FAKE_TASK_ENV, "")
+    if task and env.get("SLURM_PROCID", "") != task:
+        return False
     if raw.lstrip().startswith("{"):
         fp.update({k: str(v) for k, v in json.loads(raw).items()})
     else:
@@ -149,13 +155,14 @@ def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.enviro
     local_rank = int(env.get("LOCAL_RANK", "0"))
     node_rank = int(env.get("GROUP_RANK", env.get("NODE_RANK", "0")))
     fp = dict(report.fingerprint)
-    if apply_fake(fp, env):  # rank 0 reports it as cluster.test_hook
+    faked = apply_fake(fp, env)
+    if faked:  # rank 0 reports it as cluster.test_hook
         report.fingerprint = fp
     t0 = time.perf_counter()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     entry = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank, "fingerprint": fp,
-             "test_hook": bool(env.get(FAKE_ENV)),
+             "test_hook": faked,
              "ok": report.ok, "failed": [f.check for f in report.findings if f.status == FAIL]}
     entries = gather_json(dist, torch, entry, world)
     report.timings["cluster.gather"] = time.perf_counter() - t0
