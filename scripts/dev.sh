@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES="buildah podman skopeo containers-storage runc mmdebstrap docker-registry uidmap fuse-overlayfs openssh-client tini ca-certificates"
 # the engines teams run, for tests/e2e/test_docker_e2e.py and test_slurm_e2e.py (each test starts its own daemons)
-APT_PACKAGES="$APT_PACKAGES docker.io slurm-wlm munge"
+APT_PACKAGES="$APT_PACKAGES docker.io slurm-wlm munge chromium"  # engines tested end to end; the DB page checked in a browser
 # to compile envspec-put-layer (src/envspec/build/putlayer/main.go) against Debian's containers/storage
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev"
 VENV="${ENVSPEC_VENV:-.venv}"
