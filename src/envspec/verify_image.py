@@ -262,11 +262,12 @@ def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfi
     label = json.loads(config or b"{}").get("config", {}).get("Labels", {}).get("io.envspec.lock-hash", "") \
         if cdigest == manifest.get("config", {}).get("digest") else ""
     annotation = manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
-    want = expected_lock or prov_lock
-    ok = bool(label) and label == annotation and (not want or label == want)
-    report.add(Finding("image.lock-hash", PASS if ok else FAIL, want or "the same lock hash in labels and annotations",
+    wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, and the one the provenance names
+    ok = bool(label) and label == annotation and wants <= {label}
+    report.add(Finding("image.lock-hash", PASS if ok else FAIL,
+                       " = ".join(sorted(wants)) or "the same lock hash in labels and annotations",
                        f"label {label or '(none)'}, annotation {annotation or '(none)'}",
-                       hint="" if ok else "the image's config does not name the expected lock"))
+                       hint="" if ok else "the image's config, the provenance and the expected lock do not agree"))
     report.lock_hash = label or prov_lock
     if lock is None:
         report.add(Finding("lock", SKIP, "--lock LOCK", "not given: the lock hash is not compared",
