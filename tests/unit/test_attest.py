@@ -220,3 +220,38 @@ def test_registry_reader_says_not_found_and_unreachable_apart():
     RegistryReader(run=lambda argv, **kw: seen.append(argv) or subprocess.CompletedProcess(argv, 0, b"{}", b"")
                    ).manifest("127.0.0.1:1/a:b")
     assert "--tls-verify=false" in seen[1]
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "attest"
+
+
+def test_provenance_bytes_are_golden(plan):
+    """The exact bytes pushed for tests/data/build/small-debian.lock (regenerate with
+    ENVSPEC_REGEN_GOLDEN=1 python -m pytest tests/unit/test_attest.py, and review the diff)."""
+    import os
+
+    got = canonical_json(attest.provenance(plan, DIGEST, lock_path="tests/data/build/small-debian.lock",
+                                           tool_version="0.0.0-golden")) + b"\n"
+    golden = GOLDEN / "small-debian.provenance.json"
+    if os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_bytes(got)
+    assert golden.is_file(), f"{golden} is missing; run with ENVSPEC_REGEN_GOLDEN=1"
+    assert got == golden.read_bytes(), "the provenance changed; regenerate if intended"
+
+
+def test_cli_refuses_signing_without_push_and_check_digest_with_push(tmp_path, capsys):
+    from envspec.cli import main
+
+    lock = str(DATA / "small.lock")
+    key = tmp_path / "k.pem"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    assert main(["build", lock, "--sign-by-sigstore-private-key", str(key)]) == 2
+    assert "sign-without-push" in capsys.readouterr().err
+    assert main(["build", lock, "--push", "127.0.0.1:1/a:b", "--check-digest", "127.0.0.1:1/a:b"]) == 2
+    assert main(["build", lock, "--push", "127.0.0.1:1/a:b", "--sign-by-sigstore-private-key",
+                 str(tmp_path / "nope.pem")]) == 2
+    assert "signing-key-unreadable" in capsys.readouterr().err
+    assert main(["verify-image", "127.0.0.1:1/a:b", "--key", str(key)]) == 2  # a private key is no public key
+    assert "public-key-unreadable" in capsys.readouterr().err
