@@ -409,7 +409,10 @@ def _signing_key(args):
 def _check_digest(args, built) -> int:
     from envspec.verify_image import RegistryReader, manifest_digest
 
-    reader = RegistryReader(authfile=os.environ.get("REGISTRY_AUTH_FILE", ""))
+    # the push's registry options where build has them (--authfile, --cert-dir, --tls-verify)
+    reader = RegistryReader(authfile=getattr(args, "authfile", None) or os.environ.get("REGISTRY_AUTH_FILE", ""),
+                            cert_dir=getattr(args, "cert_dir", None) or "",
+                            tls_verify=_bool_flag("--tls-verify", getattr(args, "tls_verify", None)))
     pushed = manifest_digest(reader, args.check_digest)
     same = pushed == built.digest
     if args.json:
@@ -427,6 +430,16 @@ def _check_digest(args, built) -> int:
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
+def _bool_flag(flag: str, value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{flag}={value}: expected true or false", hint=f"e.g. {flag}=false")
+
+
 def cmd_verify_image(args) -> int:
     from envspec.verify.render import table
     from envspec.verify_image import RegistryReader, load_public_key, verify_image
@@ -437,9 +450,8 @@ def cmd_verify_image(args) -> int:
         from envspec.lock import load
 
         lock = load(args.lock)
-    tls = None if args.tls_verify is None else args.tls_verify.lower() in ("true", "1", "yes")
     reader = RegistryReader(authfile=args.authfile or os.environ.get("REGISTRY_AUTH_FILE", ""),
-                            cert_dir=args.cert_dir or "", tls_verify=tls)
+                            cert_dir=args.cert_dir or "", tls_verify=_bool_flag("--tls-verify", args.tls_verify))
     report = verify_image(args.ref, key, reader, lock)
     report.lock_name = args.ref
     if args.json:

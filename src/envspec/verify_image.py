@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envspec.build import attest
-from envspec.errors import SourceError, UsageError
+from envspec.errors import HostError, SourceError, UsageError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
@@ -71,7 +71,11 @@ class RegistryReader:
         return args
 
     def _skopeo(self, ref: str, argv: list[str]) -> bytes | None:
-        cp = self.run(["skopeo", *argv], capture_output=True, timeout=600)
+        try:
+            cp = self.run(["skopeo", *argv], capture_output=True, timeout=600)
+        except FileNotFoundError:
+            raise HostError("skopeo not found on PATH; verify-image and --check-digest read registries with it",
+                            hint="apt-get install -y skopeo") from None
         if cp.returncode == 0:
             return bytes(cp.stdout)
         err = cp.stderr.decode("utf-8", "replace") if isinstance(cp.stderr, bytes) else str(cp.stderr)
