@@ -353,7 +353,12 @@ def cmd_build(args) -> int:
         if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
             os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     plan = make_plan(lock)
-    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache)
+    sign_key = _signing_key(args)
+    if args.check_digest and args.push:
+        raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
+                         "image pushed before; push from one build, check from another")
+    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
+                           sign_key=sign_key, lock_path=_rel(lock_path))
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
         return EXIT_OK
@@ -363,6 +368,8 @@ def cmd_build(args) -> int:
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+    if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
+        return _check_digest(args, built)
     if args.json:
         _print_json(built.to_json() | {"lock": str(lock_path)})
     elif not args.quiet:
@@ -371,9 +378,87 @@ def cmd_build(args) -> int:
         con.print(f"digest {built.digest}", markup=False)
         for dest in built.pushed:
             con.print(f"pushed {dest}@{built.digest}", markup=False)
+        for ref in built.attached:
+            con.print(f"attached {ref}", markup=False)
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
+
+
+def _signing_key(args):
+    """The key of --sign-by-sigstore-private-key (with --sign-passphrase-file), or None."""
+    if not args.sign_by_sigstore_private_key:
+        if args.sign_passphrase_file:
+            raise UsageError("--sign-passphrase-file without --sign-by-sigstore-private-key",
+                             hint="name the key to sign with: --sign-by-sigstore-private-key PATH")
+        return None
+    if not args.push:
+        raise UsageError("--sign-by-sigstore-private-key without --push", reference="sign-without-push",
+                         hint="signatures and attestations are pushed beside the image: add --push REF")
+    from envspec.build.attest import SigningKey
+
+    passphrase = None
+    if args.sign_passphrase_file:
+        try:
+            passphrase = Path(args.sign_passphrase_file).read_bytes().rstrip(b"\r\n")
+        except OSError as e:
+            raise UsageError(f"--sign-passphrase-file {args.sign_passphrase_file}: {e.strerror}") from e
+    return SigningKey.load(args.sign_by_sigstore_private_key, passphrase)
+
+
+def _check_digest(args, built) -> int:
+    from envspec.verify_image import RegistryReader, manifest_digest
+
+    # the push's registry options where build has them (--authfile, --cert-dir, --tls-verify)
+    reader = RegistryReader(authfile=getattr(args, "authfile", None) or os.environ.get("REGISTRY_AUTH_FILE", ""),
+                            cert_dir=getattr(args, "cert_dir", None) or "",
+                            tls_verify=_bool_flag("--tls-verify", getattr(args, "tls_verify", None)))
+    pushed = manifest_digest(reader, args.check_digest)
+    same = pushed == built.digest
+    if args.json:
+        _print_json(built.to_json() | {"check_digest": {"ref": args.check_digest, "pushed": pushed,
+                                                         "built": built.digest, "same": same}})
+    else:
+        con = _console(stderr=not same)
+        if same:
+            con.print(f"same digest: {args.check_digest} is {pushed}, and so is this rebuild", markup=False)
+        else:
+            con.print(f"different digest: {args.check_digest} is {pushed or '(no such image)'}, this rebuild is "
+                      f"{built.digest}", markup=False)
+            con.print("hint: the pushed image was not built from this lock by this envspec (or with other "
+                      "layer options); `envspec verify-image` shows what its provenance says", markup=False)
+    return EXIT_OK if same else EXIT_CHECK_FAILED
+
+
+def _bool_flag(flag: str, value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{flag}={value}: expected true or false", hint=f"e.g. {flag}=false")
+
+
+def cmd_verify_image(args) -> int:
+    from envspec.verify.render import table
+    from envspec.verify_image import RegistryReader, load_public_key, verify_image
+
+    key = load_public_key(args.key)
+    lock = None
+    if args.lock:
+        from envspec.lock import load
+
+        lock = load(args.lock)
+    reader = RegistryReader(authfile=args.authfile or os.environ.get("REGISTRY_AUTH_FILE", ""),
+                            cert_dir=args.cert_dir or "", tls_verify=_bool_flag("--tls-verify", args.tls_verify))
+    report = verify_image(args.ref, key, reader, lock)
+    report.lock_name = args.ref
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        sys.stdout.write(table(report))
+    return report.exit_code
 
 
 def cmd_diff(args) -> int:
@@ -505,6 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
                    help="also write the image here (repeatable)")
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--sign-by-sigstore-private-key", metavar="PATH",
+                   help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)")
+    s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")
+    s.add_argument("--check-digest", metavar="REF",
+                   help="rebuild, then compare the digest with the image pushed as REF (exit 1 when they differ)")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
@@ -513,6 +603,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("verify-image", help="check a pushed image's signature, provenance and lock in its registry")
+    s.add_argument("ref", metavar="REF", help="HOST/REPO:TAG or HOST/REPO@sha256:...")
+    s.add_argument("--key", required=True, metavar="PUB", help="the signer's public key (PEM)")
+    s.add_argument("--lock", metavar="LOCK", help="the lock the image must have been built from")
+    s.add_argument("--authfile", metavar="PATH", help="registry credentials (default: $REGISTRY_AUTH_FILE)")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR")
+    s.add_argument("--tls-verify", metavar="true|false", help="verify TLS (default: yes, except on loopback)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_verify_image)
 
     s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
     s.add_argument("target", metavar="SPEC|LOCK|IMAGE")

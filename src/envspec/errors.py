@@ -5,11 +5,12 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
 
 ====  ==========================================================================
  0    success
- 1    a check failed: ``lock --check`` found the lock stale, ``verify`` found a failure,
-      ``db refresh`` could not read a release
+ 1    a check failed: ``lock --check`` found the lock stale, ``verify`` or ``verify-image``
+      found a failure, ``build --check-digest`` built another digest, ``db refresh`` could not
+      read a release
  2    bad input: the spec, a lockfile, arguments, or a spec that cannot be satisfied
  3    a source could not give what was asked: index, mirror, Debian archive, network
-      (``db refresh``: an index did not answer for a release)
+      (``db refresh``: an index did not answer for a release; ``verify-image``: the registry)
  4    the build failed (a tool returned non-zero, a hash did not match)
  5    the host lacks something envspec needs (buildah, podman, a GPU driver)
 130   interrupted (Ctrl-C); nothing was half-written

@@ -124,8 +124,10 @@ def test_outputs_and_push_happen_before_the_tag(env):
     lock, mirrors, tmp = env
     img, eng, _ = _build(lock, mirrors, tmp / "cache", outputs=["oci-archive:/x.tar"], push="127.0.0.1:1/a/b:c")
     verbs = [c[0] for c in eng.calls if c[0] != "image_digest"]
-    assert verbs == ["copy", "push", "import_image"]
-    assert img.pushed == ("127.0.0.1:1/a/b:c",) and img.outputs == ("oci-archive:/x.tar",)
+    assert verbs == ["copy", "push", "push", "import_image"]  # the image, then its attestations (no key: no .sig)
+    att = f"127.0.0.1:1/a/b:{img.digest.replace(':', '-')}.att"
+    assert [c[2] for c in eng.calls if c[0] == "push"] == ["127.0.0.1:1/a/b:c", att]
+    assert img.pushed == ("127.0.0.1:1/a/b:c",) and img.attached == (att,) and img.outputs == ("oci-archive:/x.tar",)
 
 
 def test_oci_output_is_written_by_envspec_and_merges_into_a_layout(env):
@@ -345,7 +347,8 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
     assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == \
         [(lay.group, lay.key, False) for lay in plan.layers]
     assert before["image"] == plan.tag and before["fetch"]["wheels"] == len(lock.wheels)
-    assert [c[0] for c in before["engine"]] == ["copy", "push", "import_image"]
+    assert [c[0] for c in before["engine"]] == ["copy", "push", "push", "import_image"]
+    assert before["engine"][2][2] == "127.0.0.1:1/a/b:sha256-(digest).att"
     assert not list((tmp / "cache" / "layers").iterdir()) and not cache.has_blob(lock.wheels[0].sha256)
     _build(lock, mirrors, tmp / "cache")
     after = preview(plan, cache)

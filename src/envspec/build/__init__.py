@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from envspec import debian
 from envspec.build import layers as layer_makers
+from envspec.build.attest import SigningKey, att_tag, attach, repository, sig_tag
 from envspec.build.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
 from envspec.build.fetch import Cache, WheelFetcher, _pid_alive
 from envspec.build.importer import Importer, LayerFile
@@ -49,6 +50,8 @@ class BuildOptions:
     no_cache: bool = False
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
+    sign_key: SigningKey | None = None  # signs the pushed image and its attestations (build/attest.py)
+    lock_path: str = ""  # the lock's path as the provenance names it
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class BuiltImage:
     config_digest: str = ""
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    attached: tuple[str, ...] = ()  # the attestations and signature pushed beside the image
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +83,7 @@ class BuiltImage:
             "config": self.config_digest,
             "layers": [asdict(lay) for lay in self.layers],
             "pushed": list(self.pushed),
+            "attached": list(self.attached),
             "outputs": list(self.outputs),
         }
 
@@ -117,6 +122,14 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         layers.make_top(options.verify_dir)
         image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
         outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
+        attached: tuple[str, ...] = ()
+        if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
+            att = attach(engine.push, work, plan, image.digest, options.push, make_sbom(plan), options.sign_key,
+                         lock_path=options.lock_path)
+            for r, d in ((att.attestations, att.attestation_digest), (att.signature, att.signature_digest)):
+                if r:
+                    attached += (r,)
+                    reporter.pushed(r, d)
         if ref:
             reporter.committing(ref, image.digest)
             if importer is None and store is not None and engine.image_digest(ref) != image.digest:
@@ -134,7 +147,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltImage(image=ref, digest=image.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
-                      pushed=pushed, outputs=outputs)
+                      pushed=pushed, outputs=outputs, attached=attached)
 
 
 def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
@@ -148,6 +161,11 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     ref = plan.tag if options.tag is None else options.tag
     image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
     deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
+    if options.push:
+        repo = repository(options.push)
+        engine.push(Path("(attestations)"), f"{repo}:{att_tag('sha256:(digest)')}")
+        if options.sign_key is not None:
+            engine.push(Path("(signature)"), f"{repo}:{sig_tag('sha256:(digest)')}")
     if ref:
         engine.import_image(image.layout, ref)
     summary = plan.to_json()

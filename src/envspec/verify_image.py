@@ -1,0 +1,309 @@
+"""``envspec verify-image REF --key PUB [--lock LOCK]``: check a pushed image in its registry,
+without pulling its layers or running it (docs/usage.md, "verify-image").
+
+What is read (through skopeo, so credentials and TLS follow the containers conventions): the
+image's manifest (its digest is the image's identity), its config, and the two artifacts that
+``envspec build --push`` attaches by cosign's tag scheme (``build/attest.py``): the signature
+``sha256-<hex>.sig`` and the attestations ``sha256-<hex>.att``. What is checked, each a verifier
+``Finding`` (check, status, expected, observed, hint):
+
+- ``signature``: a simple-signing payload whose signature verifies with the public key, naming
+  this manifest digest and this repository (what containers/image's ``sigstoreSigned`` policy
+  with ``matchRepository`` checks; Debian's skopeo is built without it, so envspec checks it
+  with ``cryptography``);
+- ``provenance.*`` and ``sbom.*``: each DSSE envelope's signature, each statement's subject
+  (this digest), the builder, and with ``--lock`` the lock's content hash and the materials
+  (every .deb and wheel sha256 of the lock, no more, no fewer);
+- ``image.lock-hash``: the lock hash the image's config labels and manifest annotations carry
+  (covered by the signed digest) is the provenance's and the expected one.
+
+The lock file in the image's top layer is not read (that would need the registry's blob API
+beyond skopeo); the labels that name it are in the signed config.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from envspec.build import attest
+from envspec.errors import HostError, SourceError, UsageError
+from envspec.lock import Lockfile
+from envspec.plan import make_plan
+from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
+
+_NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
+_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is unreachable", "no route to host",
+                "dial tcp", "server misbehaving", "connection reset", "eof")
+
+
+def _is_local(ref: str) -> bool:
+    import urllib.parse
+
+    host = ref.removeprefix("docker://").split("/", 1)[0]
+    name = urllib.parse.urlsplit("//" + host).hostname or ""
+    return name in ("localhost", "::1") or name.startswith("127.")
+
+
+@dataclass
+class RegistryReader:
+    """Read-only registry access with skopeo. ``tls_verify`` None: verify, except for a loopback
+    registry without ``cert_dir`` (the same rule as ``build --push``)."""
+
+    authfile: str = ""
+    cert_dir: str = ""
+    tls_verify: bool | None = None
+    run: Callable[..., subprocess.CompletedProcess] = field(default=subprocess.run, repr=False)
+
+    def _opts(self, ref: str, prefix: str = "") -> list[str]:
+        verify = self.tls_verify if self.tls_verify is not None else (bool(self.cert_dir) or not _is_local(ref))
+        args = [] if verify else [f"--{prefix}tls-verify=false"]
+        if self.cert_dir:
+            args += [f"--{prefix}cert-dir", self.cert_dir]
+        if self.authfile:
+            args += [f"--{prefix}authfile", self.authfile]
+        return args
+
+    def _skopeo(self, ref: str, argv: list[str]) -> bytes | None:
+        try:
+            cp = self.run(["skopeo", *argv], capture_output=True, timeout=600)
+        except FileNotFoundError:
+            raise HostError("skopeo not found on PATH; verify-image and --check-digest read registries with it",
+                            hint="apt-get install -y skopeo") from None
+        if cp.returncode == 0:
+            return bytes(cp.stdout)
+        err = cp.stderr.decode("utf-8", "replace") if isinstance(cp.stderr, bytes) else str(cp.stderr)
+        low = err.lower()
+        if any(k in low for k in _NOT_FOUND) and not any(k in low for k in ("connection refused", "no such host")):
+            return None
+        tail = "\n".join(err.strip().splitlines()[-3:])
+        registry = ref.removeprefix("docker://").split("/", 1)[0]
+        if any(k in low for k in _UNREACHABLE):
+            raise SourceError(f"the registry {registry} could not be reached ({tail})", reference="registry-unreachable",
+                              hint=f"check that a registry listens on {registry} and that this machine reaches it")
+        raise SourceError(f"reading {ref} failed: {tail}", reference="registry-read-failed",
+                          hint="check the credentials (--authfile) and TLS (--cert-dir, --tls-verify)")
+
+    def manifest(self, ref: str) -> bytes | None:
+        """The manifest's bytes as the registry serves them (their sha256 is the digest), or None."""
+        return self._skopeo(ref, ["inspect", "--raw", *self._opts(ref), _docker(ref)])
+
+    def config(self, ref: str) -> bytes | None:
+        return self._skopeo(ref, ["inspect", "--config", "--raw", *self._opts(ref), _docker(ref)])
+
+    def artifact(self, ref: str) -> tuple[bytes, dict[str, bytes]] | None:
+        """A small artifact (signature, attestations): its manifest bytes and its blobs by digest,
+        or None where the tag does not exist. The blobs are as the registry gave them; the caller
+        checks them against the manifest."""
+        with tempfile.TemporaryDirectory(prefix="envspec-artifact-") as td:
+            out = Path(td) / "a"
+            got = self._skopeo(ref, ["--tmpdir", td, "copy", "--quiet", "--preserve-digests",
+                                     *self._opts(ref, "src-"), _docker(ref), f"oci:{out}"])
+            if got is None:
+                return None
+            index = json.loads((out / "index.json").read_bytes())
+            mdigest = index["manifests"][0]["digest"]
+            blobs = {"sha256:" + p.name: p.read_bytes() for p in (out / "blobs" / "sha256").iterdir()}
+            return blobs[mdigest], blobs
+
+
+def _docker(ref: str) -> str:
+    return ref if ref.startswith("docker://") else "docker://" + ref
+
+
+def manifest_digest(reader: RegistryReader, ref: str) -> str:
+    """The digest of the manifest ``ref`` names in its registry ("" when there is none)."""
+    raw = reader.manifest(ref)
+    return "sha256:" + hashlib.sha256(raw).hexdigest() if raw is not None else ""
+
+
+# --- signatures -----------------------------------------------------------------------------------
+
+def load_public_key(path: str | Path) -> Any:
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        return serialization.load_pem_public_key(Path(path).read_bytes())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--key {path}: not a PEM public key ({e})", reference="public-key-unreadable",
+                         hint="the public half of the signing key (cosign.pub, or `openssl pkey -pubout`)") from e
+
+
+def verify_bytes(public_key: Any, signature: bytes, data: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+
+    try:
+        if isinstance(public_key, ec.EllipticCurvePublicKey):
+            public_key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+        elif isinstance(public_key, ed25519.Ed25519PublicKey):
+            public_key.verify(signature, data)
+        elif isinstance(public_key, rsa.RSAPublicKey):
+            public_key.verify(signature, data, padding.PKCS1v15(), hashes.SHA256())
+        else:
+            return False
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def _layers(manifest: bytes, blobs: dict[str, bytes], media_type: str) -> list[tuple[dict, bytes]]:
+    """The manifest's layers of ``media_type`` with their bytes, each checked against its digest."""
+    out = []
+    for lay in json.loads(manifest).get("layers", []):
+        data = blobs.get(lay.get("digest", ""))
+        if lay.get("mediaType") == media_type and data is not None \
+                and "sha256:" + hashlib.sha256(data).hexdigest() == lay["digest"]:
+            out.append((lay, data))
+    return out
+
+
+def check_signature(public_key: Any, artifact: tuple[bytes, dict[str, bytes]] | None, digest: str,
+                    repo: str) -> Finding:
+    expected = f"a signature by the key of {digest[:19]}… in {repo}"
+    if artifact is None:
+        return Finding("signature", FAIL, expected, f"no signature ({attest.sig_tag(digest)} is not in {repo})",
+                       hint="the image was pushed without a key: push with --sign-by-sigstore-private-key")
+    seen = []
+    for lay, payload in _layers(*artifact, attest.MT_SIMPLESIGNING):
+        sig = base64.b64decode(lay.get("annotations", {}).get(attest.SIG_ANNOTATION, "") or b"")
+        if not verify_bytes(public_key, sig, payload):
+            seen.append("a signature that does not verify with this key")
+            continue
+        crit = json.loads(payload).get("critical", {})
+        signed = crit.get("image", {}).get("docker-manifest-digest", "")
+        signed_repo = attest.repository(crit.get("identity", {}).get("docker-reference", ""))
+        if crit.get("type") != attest.SIGNATURE_TYPE or signed != digest:
+            seen.append(f"a signature of another image ({signed[:19]}…)")
+        elif signed_repo != repo:
+            seen.append(f"a signature of this digest for another repository ({signed_repo})")
+        else:
+            return Finding("signature", PASS, expected, f"signed, key verifies ({digest[:19]}…)")
+    return Finding("signature", FAIL, expected, "; ".join(seen) or "no usable signature layer",
+                   hint="this is not the image that was signed with this key: do not trust it")
+
+
+def open_envelope(public_key: Any, data: bytes) -> tuple[dict | None, bool]:
+    """(the statement, whether a signature in the envelope verifies with the key)."""
+    try:
+        env = json.loads(data)
+        payload = base64.b64decode(env["payload"])
+        statement = json.loads(payload)
+    except (ValueError, KeyError, TypeError):
+        return None, False
+    pae = attest.pae(env.get("payloadType", ""), payload)
+    ok = env.get("payloadType") == attest.IN_TOTO_PAYLOAD and any(
+        verify_bytes(public_key, base64.b64decode(s.get("sig", "")), pae) for s in env.get("signatures", []))
+    return statement, ok
+
+
+# --- the checks -----------------------------------------------------------------------------------
+
+def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfile | None = None) -> Report:
+    """The findings for the pushed image ``ref``. Raises SourceError (3) when the registry
+    cannot be read."""
+    report = Report(level="image", mode="registry", lock_path=ref)
+    repo = attest.repository(ref)
+    raw = reader.manifest(ref)
+    if raw is None:
+        report.add(Finding("image", FAIL, f"an image at {ref}", "no such image in the registry",
+                           hint="check the reference; `skopeo inspect docker://REF` lists what is there"))
+        return report
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    wanted = ref.split("@", 1)[1] if "@" in ref else ""
+    report.add(Finding("image", PASS if not wanted or wanted == digest else FAIL, wanted or "a manifest",
+                       digest, hint="" if not wanted or wanted == digest else "the registry served another manifest"))
+    report.fingerprint["digest"] = digest
+    manifest = json.loads(raw)
+    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo))
+
+    att = reader.artifact(f"{repo}:{attest.att_tag(digest)}")
+    statements: dict[str, dict] = {}
+    if att is None:
+        report.add(Finding("attestations", FAIL, f"{attest.att_tag(digest)} in {repo}", "none",
+                           hint="push the image with `envspec build --push` (it attaches provenance and SBOM)"))
+    else:
+        for lay, data in _layers(*att, attest.MT_DSSE):
+            st, signed = open_envelope(public_key, data)
+            kind = {attest.SLSA_PROVENANCE: "provenance", attest.SPDX_PREDICATE: "sbom"}.get(
+                (st or {}).get("predicateType", ""), "")
+            if not kind or kind in statements:
+                continue
+            statements[kind] = st or {}
+            report.add(Finding(f"{kind}.signature", PASS if signed else FAIL, "signed by the key",
+                               "verifies" if signed else "no signature that verifies with this key",
+                               hint="" if signed else "the attestation was altered or made without the key"))
+            subjects = [s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])]
+            ok = digest.split(":", 1)[1] in subjects
+            report.add(Finding(f"{kind}.subject", PASS if ok else FAIL, digest,
+                               ", ".join("sha256:" + s for s in subjects) or "(none)",
+                               hint="" if ok else "the attestation is about another image"))
+        for kind in ("provenance", "sbom"):
+            if kind not in statements:
+                report.add(Finding(f"{kind}.present", FAIL, f"a {kind} attestation", "none in the attestations"))
+    prov = statements.get("provenance", {}).get("predicate", {})
+    if prov:
+        builder = prov.get("runDetails", {}).get("builder", {})
+        report.add(Finding("provenance.builder", PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
+                           attest.BUILDER_ID, f"{builder.get('id', '')} {builder.get('version', {})}".strip()))
+    prov_lock = prov.get("buildDefinition", {}).get("externalParameters", {}).get("lock", {}).get("content_hash", "")
+    expected_lock = lock.meta.content_hash if lock is not None else ""
+    if lock is not None:
+        ok = bool(prov_lock) and prov_lock == expected_lock
+        report.add(Finding("provenance.lock", PASS if ok else FAIL, expected_lock, prov_lock or "(none)",
+                           hint="" if ok else "the image was built from another lock"))
+        report.add(_materials(prov, lock))
+        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock))
+    config = reader.config(f"{repo}@{digest}")
+    cdigest = "sha256:" + hashlib.sha256(config).hexdigest() if config is not None else ""
+    label = json.loads(config or b"{}").get("config", {}).get("Labels", {}).get("io.envspec.lock-hash", "") \
+        if cdigest == manifest.get("config", {}).get("digest") else ""
+    annotation = manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
+    wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, and the one the provenance names
+    ok = bool(label) and label == annotation and wants <= {label}
+    report.add(Finding("image.lock-hash", PASS if ok else FAIL,
+                       " = ".join(sorted(wants)) or "the same lock hash in labels and annotations",
+                       f"label {label or '(none)'}, annotation {annotation or '(none)'}",
+                       hint="" if ok else "the image's config, the provenance and the expected lock do not agree"))
+    report.lock_hash = label or prov_lock
+    if lock is None:
+        report.add(Finding("lock", SKIP, "--lock LOCK", "not given: the lock hash is not compared",
+                           hint="pass --lock LOCK to check the image was built from it"))
+    return report
+
+
+def _materials(prov: dict, lock: Lockfile) -> Finding:
+    plan = make_plan(lock)
+    want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels} | {lock.meta.content_hash.split(":")[-1]}
+    got = {d.get("digest", {}).get("sha256", "") for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])}
+    missing, extra = want - got, got - want
+    status = PASS if not missing and not extra else FAIL
+    return Finding("provenance.materials", status, f"{len(want)} materials: the lock, its .debs and wheels",
+                   f"{len(got)}" + (f"; {len(missing)} missing" if missing else "") + (f"; {len(extra)} extra" if extra else ""),
+                   hint="" if status == PASS else "the provenance lists other files than the lock pins")
+
+
+def _sbom_packages(sbom: dict, lock: Lockfile) -> Finding:
+    plan = make_plan(lock)
+    want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels}
+    got = {c.get("checksumValue", "") for p in sbom.get("packages", []) for c in p.get("checksums", [])}
+    if not sbom:
+        return Finding("sbom.packages", FAIL, f"{len(want)} packages", "no SBOM")
+    ok = want == got
+    return Finding("sbom.packages", PASS if ok else FAIL, f"{len(want)} packages of the lock",
+                   f"{len(got)} with these sha256" if ok else f"{len(got & want)} of them, {len(got - want)} others",
+                   hint="" if ok else "the SBOM does not describe the lock's packages")
+
+
+def exit_code(report: Report) -> int:
+    return report.exit_code
+
+
+__all__ = ["RegistryReader", "verify_image", "manifest_digest", "load_public_key", "exit_code", "WARN"]
