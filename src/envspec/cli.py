@@ -340,10 +340,12 @@ class _Progress:
 def cmd_build(args) -> int:
     from envspec import sources
     from envspec.build import BuildahEngine, BuildOptions, build, preview
+    from envspec.build.engine import registry_access
     from envspec.build.fetch import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
+    access = registry_access(args.authfile, args.cert_dir, _tls_verify(args.tls_verify))  # checked before building
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     spec_sources = None
     if Path(args.target).suffix == ".toml":
@@ -359,7 +361,7 @@ def cmd_build(args) -> int:
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
-    engine = BuildahEngine(host)
+    engine = BuildahEngine(host, registry=access)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
@@ -374,6 +376,16 @@ def cmd_build(args) -> int:
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
+
+
+def _tls_verify(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"--tls-verify={value}: expected true or false", hint="e.g. --tls-verify=false")
 
 
 def cmd_diff(args) -> int:
@@ -505,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
                    help="also write the image here (repeatable)")
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--authfile", metavar="PATH",
+                   help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
+                        "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push")
+    s.add_argument("--tls-verify", metavar="true|false",
+                   help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
+                        "without --cert-dir)")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
