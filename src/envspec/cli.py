@@ -378,6 +378,67 @@ def cmd_build(args) -> int:
     return EXIT_OK
 
 
+def cmd_cache(args) -> int:
+    from envspec.build import cachegc
+    from envspec.build.fetch import Cache
+    from envspec.host import cache_dir_for
+
+    cache = Cache(cache_dir_for(os.environ))
+    if args.cache_cmd != "gc":
+        entries = cachegc.scan(cache)
+        info = cachegc.summary(cache, entries)
+        if args.json:
+            _print_json(info | {"entries": [e.to_json() for e in entries]})
+            return EXIT_OK
+        con = _console()
+        con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
+        for kind, row in info["kinds"].items():
+            con.print(f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}", markup=False)
+        for name, size in info["other"].items():
+            con.print(f"  {name:<24} {cachegc.human(size):>11}  (not collected)", markup=False)
+        for e in (e for e in entries if e.kind == "layer"):
+            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}", markup=False)
+        return EXIT_OK
+    if args.locks:
+        paths = [Path(p) for p in args.locks]
+        from envspec import lock as lockmod
+
+        for p in paths:  # a lock named here that cannot be read stops the collection (exit 2)
+            lockmod.load(p)
+    else:
+        paths = cachegc.default_locks(Path.cwd())
+    needed, bad = cachegc.load_needed(paths)
+    keep_size = cachegc.parse_size(args.keep_size) if args.keep_size is not None else None
+    err = _console(stderr=True)
+    for b in bad:
+        err.print(f"warning: skipped {b}: what it needs may be removed", markup=False)
+    if not paths and not args.json:
+        err.print(f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
+                  markup=False)
+    plan = cachegc.collect(cache, needed, keep_size=keep_size, dry_run=args.dry_run,
+                           on_wait=lambda: err.print("waiting for the builds using the cache to finish", markup=False))
+    if args.json:
+        _print_json({"ok": True, "cache": str(cache.root), "dry_run": args.dry_run,
+                     "locks": [str(p) for p in paths], "skipped_locks": bad} | plan.to_json())
+        return EXIT_OK
+    con = _console()
+    verb = "would remove" if args.dry_run else "removed"
+    for e in plan.remove:
+        con.print(f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
+                  markup=False)
+    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {k}s" for k in cachegc.KINDS)
+    kept = plan.to_json()["kept"]
+    con.print(f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
+              f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
+              f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
+              + (f", {kept['budget']} within --keep-size {args.keep_size}" if keep_size is not None else ""),
+              markup=False)
+    if plan.over_budget:
+        err.print(f"note: what the locks need exceeds --keep-size {args.keep_size} by "
+                  f"{cachegc.human(plan.over_budget)}; it is kept", markup=False)
+    return EXIT_OK
+
+
 def _tls_verify(value: str | None) -> bool | None:
     if value is None:
         return None
@@ -532,6 +593,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("cache", help="what envspec's cache holds; `cache gc` removes what no lock needs")
+    s.add_argument("--json", action="store_true")
+    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION")
+    c = csub.add_parser("gc", help="remove the wheels, .debs and layers that the locks do not need")
+    c.add_argument("locks", nargs="*", metavar="LOCK",
+                   help="keep what these locks need (default: every envspec *.lock in this repository)")
+    c.add_argument("--keep-size", metavar="SIZE",
+                   help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
+    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    c.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_cache, cache_cmd=None)
 
     s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
     s.add_argument("target", metavar="SPEC|LOCK|IMAGE")
