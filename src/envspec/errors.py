@@ -205,6 +205,9 @@ class RegistryError(EnvspecError):
         super().__init__(message, hint=hint, reference=reference)
         self.registry = registry
 
+    def to_json(self) -> dict:
+        return super().to_json() | {"registry": self.registry}
+
 
 class HostError(EnvspecError):
     """The host lacks a tool or capability envspec needs."""

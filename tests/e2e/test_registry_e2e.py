@@ -138,7 +138,7 @@ def test_unreachable_registry_exit_3(env, tmp_path):
     address = f"127.0.0.1:{tlsregistry.free_port()}"  # nothing listens there
     cp = envspec(env, "build", str(LOCK), "--push", f"{address}/envspec/smoke:x", "--json")
     err = failed(cp, "registry-unreachable")
-    assert address in err["message"]
+    assert address in err["message"] and err["registry"] == address
 
 
 def test_missing_authfile_is_bad_input_before_building(env, tmp_path):

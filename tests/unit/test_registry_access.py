@@ -54,4 +54,4 @@ def test_skopeo_failures_become_registry_errors(stderr, reference):
     e = registry_error(RegistryAccess(), DEST, stderr)
     assert e.reference == reference and e.exit_code == EXIT_SOURCE
     assert e.registry == "127.0.0.1:5000" and DEST in e.message and e.hint
-    assert "skopeo said" in e.message
+    assert "skopeo said" in e.message and e.to_json()["registry"] == "127.0.0.1:5000"
