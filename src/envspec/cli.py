@@ -345,7 +345,8 @@ def cmd_build(args) -> int:
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
-    access = registry_access(args.authfile, args.cert_dir, _tls_verify(args.tls_verify))  # checked before building
+    # checked before building; only for a push (a stale REGISTRY_AUTH_FILE does not stop a local build)
+    access = registry_access(args.authfile, args.cert_dir, _tls_verify(args.tls_verify)) if args.push else None
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     spec_sources = None
     if Path(args.target).suffix == ".toml":
@@ -361,7 +362,7 @@ def cmd_build(args) -> int:
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
-    engine = BuildahEngine(host, registry=access)
+    engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)

@@ -55,3 +55,17 @@ def test_skopeo_failures_become_registry_errors(stderr, reference):
     assert e.reference == reference and e.exit_code == EXIT_SOURCE
     assert e.registry == "127.0.0.1:5000" and DEST in e.message and e.hint
     assert "skopeo said" in e.message and e.to_json()["registry"] == "127.0.0.1:5000"
+
+
+def test_a_stale_registry_auth_file_only_matters_for_a_push(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from envspec.cli import main
+
+    lock = str(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke.lock")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(tmp_path / "gone.json"))
+    assert main(["build", lock, "--dry-run"]) == 0
+    capsys.readouterr()
+    assert main(["build", lock, "--dry-run", "--push", DEST, "--json"]) == 2
+    assert '"authfile-not-found"' in capsys.readouterr().out
