@@ -340,10 +340,13 @@ class _Progress:
 def cmd_build(args) -> int:
     from envspec import sources
     from envspec.build import BuildahEngine, BuildOptions, build, preview
+    from envspec.build.engine import registry_access
     from envspec.build.fetch import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
+    # checked before building; only for a push (a stale REGISTRY_AUTH_FILE does not stop a local build)
+    access = registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)) if args.push else None
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     spec_sources = None
     if Path(args.target).suffix == ".toml":
@@ -364,7 +367,7 @@ def cmd_build(args) -> int:
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
-    engine = BuildahEngine(host)
+    engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
@@ -409,10 +412,9 @@ def _signing_key(args):
 def _check_digest(args, built) -> int:
     from envspec.verify_image import RegistryReader, manifest_digest
 
-    # the push's registry options where build has them (--authfile, --cert-dir, --tls-verify)
-    reader = RegistryReader(authfile=getattr(args, "authfile", None) or os.environ.get("REGISTRY_AUTH_FILE", ""),
-                            cert_dir=getattr(args, "cert_dir", None) or "",
-                            tls_verify=_bool_flag("--tls-verify", getattr(args, "tls_verify", None)))
+    # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
+    reader = RegistryReader(authfile=args.authfile or os.environ.get("REGISTRY_AUTH_FILE", ""),
+                            cert_dir=args.cert_dir or "", tls_verify=_bool_flag("--tls-verify", args.tls_verify))
     pushed = manifest_digest(reader, args.check_digest)
     same = pushed == built.digest
     if args.json:
@@ -428,6 +430,67 @@ def _check_digest(args, built) -> int:
             con.print("hint: the pushed image was not built from this lock by this envspec (or with other "
                       "layer options); `envspec verify-image` shows what its provenance says", markup=False)
     return EXIT_OK if same else EXIT_CHECK_FAILED
+
+
+def cmd_cache(args) -> int:
+    from envspec.build import cachegc
+    from envspec.build.fetch import Cache
+    from envspec.host import cache_dir_for
+
+    cache = Cache(cache_dir_for(os.environ))
+    if args.cache_cmd != "gc":
+        entries = cachegc.scan(cache)
+        info = cachegc.summary(cache, entries)
+        if args.json:
+            _print_json(info | {"entries": [e.to_json() for e in entries]})
+            return EXIT_OK
+        con = _console()
+        con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
+        for kind, row in info["kinds"].items():
+            con.print(f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}", markup=False)
+        for name, size in info["other"].items():
+            con.print(f"  {name:<24} {cachegc.human(size):>11}  (not collected)", markup=False)
+        for e in (e for e in entries if e.kind == "layer"):
+            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}", markup=False)
+        return EXIT_OK
+    if args.locks:
+        paths = [Path(p) for p in args.locks]
+        from envspec import lock as lockmod
+
+        for p in paths:  # a lock named here that cannot be read stops the collection (exit 2)
+            lockmod.load(p)
+    else:
+        paths = cachegc.default_locks(Path.cwd())
+    needed, bad = cachegc.load_needed(paths)
+    keep_size = cachegc.parse_size(args.keep_size) if args.keep_size is not None else None
+    err = _console(stderr=True)
+    for b in bad:
+        err.print(f"warning: skipped {b}: what it needs may be removed", markup=False)
+    if not paths and not args.json:
+        err.print(f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
+                  markup=False)
+    plan = cachegc.collect(cache, needed, keep_size=keep_size, dry_run=args.dry_run,
+                           on_wait=lambda: err.print("waiting for the builds using the cache to finish", markup=False))
+    if args.json:
+        _print_json({"ok": True, "cache": str(cache.root), "dry_run": args.dry_run,
+                     "locks": [str(p) for p in paths], "skipped_locks": bad} | plan.to_json())
+        return EXIT_OK
+    con = _console()
+    verb = "would remove" if args.dry_run else "removed"
+    for e in plan.remove:
+        con.print(f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
+                  markup=False)
+    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {k}s" for k in cachegc.KINDS)
+    kept = plan.to_json()["kept"]
+    con.print(f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
+              f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
+              f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
+              + (f", {kept['budget']} within --keep-size {args.keep_size}" if keep_size is not None else ""),
+              markup=False)
+    if plan.over_budget:
+        err.print(f"note: what the locks need exceeds --keep-size {args.keep_size} by "
+                  f"{cachegc.human(plan.over_budget)}; it is kept", markup=False)
+    return EXIT_OK
 
 
 def _bool_flag(flag: str, value: str | None) -> bool | None:

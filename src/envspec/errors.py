@@ -10,7 +10,8 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
       read a release
  2    bad input: the spec, a lockfile, arguments, or a spec that cannot be satisfied
  3    a source could not give what was asked: index, mirror, Debian archive, network
-      (``db refresh``: an index did not answer for a release; ``verify-image``: the registry)
+      (``db refresh``: an index did not answer for a release; ``verify-image``: the registry); a registry
+      refused a push, could not be reached, or dropped it half-way
  4    the build failed (a tool returned non-zero, a hash did not match)
  5    the host lacks something envspec needs (buildah, podman, a GPU driver)
 130   interrupted (Ctrl-C); nothing was half-written
@@ -189,6 +190,26 @@ class HashMismatch(BuildError):
     reference = "hash-mismatch"
 
 
+class RegistryError(EnvspecError):
+    """A registry refused the credentials, could not be reached or trusted, or dropped a push.
+    ``registry`` is the host[:port] named in the destination; the reference says which
+    (``registry-auth-failed``, ``registry-unreachable``, ``registry-tls-failed``,
+    ``push-interrupted``, else ``push-failed``)."""
+
+    reference = "push-failed"
+    exit_code = EXIT_SOURCE
+
+    def __init__(self, message: str, *, registry: str = "", detail: str = "", hint: str = "",
+                 reference: str | None = None) -> None:
+        if detail:
+            message += "\n  skopeo said:\n" + "\n".join("    " + ln for ln in detail.rstrip().splitlines()[-10:])
+        super().__init__(message, hint=hint, reference=reference)
+        self.registry = registry
+
+    def to_json(self) -> dict:
+        return super().to_json() | {"registry": self.registry}
+
+
 class HostError(EnvspecError):
     """The host lacks a tool or capability envspec needs."""
 
@@ -198,5 +219,5 @@ class HostError(EnvspecError):
 
 ALL_ERRORS: tuple[type[EnvspecError], ...] = (
     UsageError, SpecError, CompatDBError, ResolutionImpossible, SourceError, LockError,
-    StaleLock, PlanError, BuildError, HashMismatch, HostError,
+    StaleLock, PlanError, BuildError, HashMismatch, RegistryError, HostError,
 )

@@ -106,6 +106,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5)."""
     reporter = reporter or Reporter()
     ref = plan.tag if options.tag is None else options.tag
+    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (build/cachegc.py)
     cache.clean_stale()
     _clean_stale_scratch()
     work = cache.workdir()
@@ -146,6 +147,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        in_use.release()
     return BuiltImage(image=ref, digest=image.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
                       pushed=pushed, outputs=outputs, attached=attached)
 

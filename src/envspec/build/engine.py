@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Protocol, Sequence
 
-from envspec.errors import BuildError, HashMismatch, HostError
+from envspec.errors import BuildError, HashMismatch, HostError, RegistryError, UsageError
 from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
 log = logging.getLogger("envspec.build.engine")
@@ -79,12 +79,108 @@ def _docker_ref(dest: str) -> str:
     return dest if dest.startswith("docker://") else "docker://" + dest
 
 
+# --- registry access: credentials, TLS, and what a failed push means ------------------------------
+
+@dataclass(frozen=True)
+class RegistryAccess:
+    """How a push reaches its registry, in the containers conventions (containers-auth.json(5),
+    containers-certs.d(5)), passed to ``skopeo copy`` as its ``--dest-*`` options.
+
+    ``authfile``: the credentials file (``--authfile``, else ``REGISTRY_AUTH_FILE``; empty: skopeo's
+    own defaults, ``${XDG_RUNTIME_DIR}/containers/auth.json``, then ``~/.docker/config.json``).
+    ``cert_dir``: a directory with the CA certificates (``*.crt``) to trust for this registry, in
+    place of /etc/containers/certs.d/HOST:PORT. ``tls_verify``: None verifies TLS, except for a
+    loopback registry when no ``cert_dir`` is given (a test registry on 127.0.0.1 speaks plain HTTP
+    or has a certificate nobody signed); True or False says so for every registry."""
+
+    authfile: str = ""
+    cert_dir: str = ""
+    tls_verify: bool | None = None
+    authfile_from: str = ""  # where ``authfile`` came from, for messages: "--authfile", "REGISTRY_AUTH_FILE"
+
+
+def registry_access(authfile: str | None = None, cert_dir: str | None = None, tls_verify: bool | None = None,
+                    env: dict[str, str] | None = None) -> RegistryAccess:
+    """The ``RegistryAccess`` of ``build --push``'s options, checked: an authfile or cert dir that
+    is named must exist (skopeo would ignore a missing authfile and fail later with "unauthorized")."""
+    env = dict(os.environ) if env is None else env
+    where = "--authfile" if authfile else ("REGISTRY_AUTH_FILE" if env.get("REGISTRY_AUTH_FILE") else "")
+    path = authfile or env.get("REGISTRY_AUTH_FILE", "")
+    if path and not Path(path).is_file():
+        raise UsageError(f"{where} {path}: no such file", reference="authfile-not-found",
+                         hint="write it with `skopeo login --authfile FILE REGISTRY` (or `podman login`), "
+                              "or leave it out to use ${XDG_RUNTIME_DIR}/containers/auth.json")
+    if cert_dir and not Path(cert_dir).is_dir():
+        raise UsageError(f"--cert-dir {cert_dir}: no such directory", reference="cert-dir-not-found",
+                         hint="a directory holding the registry's CA certificate as ca.crt (or any *.crt)")
+    return RegistryAccess(authfile=path, cert_dir=cert_dir or "", tls_verify=tls_verify, authfile_from=where)
+
+
+def push_args(access: RegistryAccess, dest: str) -> list[str]:
+    """skopeo copy's ``--dest-*`` options for pushing to ``dest`` (HOST[:PORT]/REPO[:TAG])."""
+    args: list[str] = []
+    verify = access.tls_verify
+    if verify is None:
+        verify = bool(access.cert_dir) or not _is_local_registry(dest.removeprefix("docker://"))
+    if not verify:
+        args.append("--dest-tls-verify=false")
+    if access.cert_dir:
+        args += ["--dest-cert-dir", access.cert_dir]
+    if access.authfile:
+        args += ["--dest-authfile", access.authfile]
+    return args
+
+
+_AUTH = ("unauthorized", "authentication required", "requested access to the resource is denied", "incorrect username or password",
+         "invalid username/password", "401 unauthorized", "403 forbidden")
+_TLS = ("x509:", "certificate signed by unknown authority", "tls: ", "certificate is not valid",
+        "server gave http response to https client")
+_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is unreachable",
+                "no route to host", "dial tcp", "server misbehaving")
+_CUT = ("broken pipe", "connection reset", "unexpected eof", ": eof", "eof\"", "server closed",
+        "use of closed network connection", "http2: ", "context deadline exceeded")
+
+
+def registry_error(access: RegistryAccess, dest: str, stderr: str) -> RegistryError:
+    """The ``RegistryError`` a failed ``skopeo copy`` to ``dest`` means, from what skopeo said:
+    the credentials were refused, the registry was not there or not trusted, or the connection
+    broke during the upload (the registry tags an image only when its manifest is stored, and
+    refuses a manifest whose blobs are missing: a push cut off tags nothing)."""
+    registry = dest.removeprefix("docker://").split("/", 1)[0]
+    text = stderr.lower()
+    tail = "\n".join(ln.strip() for ln in stderr.strip().splitlines()[-5:])
+    creds = (f"{access.authfile} ({access.authfile_from})" if access.authfile
+             else "skopeo's default auth.json (${XDG_RUNTIME_DIR}/containers/auth.json, ~/.docker/config.json)")
+    if any(k in text for k in _AUTH):
+        return RegistryError(f"push to {dest}: the registry {registry} refused the credentials (or has none for it)",
+                             registry=registry, detail=tail, reference="registry-auth-failed",
+                             hint=f"credentials came from {creds}; log in with `skopeo login --authfile FILE "
+                                  f"{registry}` and pass --authfile FILE (or set REGISTRY_AUTH_FILE)")
+    if any(k in text for k in _TLS):
+        return RegistryError(f"push to {dest}: the TLS connection to {registry} could not be trusted",
+                             registry=registry, detail=tail, reference="registry-tls-failed",
+                             hint="pass --cert-dir DIR with the registry's CA certificate as DIR/ca.crt "
+                                  "(or --tls-verify=false for a registry you trust without TLS)")
+    if any(k in text for k in ("writing blob", "writing manifest", "uploading", "blobs/uploads")) and \
+            any(k in text for k in _CUT + _UNREACHABLE):
+        return RegistryError(f"push to {dest}: the connection to {registry} broke during the upload; "
+                             "nothing was tagged", registry=registry, detail=tail, reference="push-interrupted",
+                             hint="run the same build --push again: blobs the registry has are not sent twice")
+    if any(k in text for k in _UNREACHABLE + _CUT):
+        return RegistryError(f"push to {dest}: the registry {registry} could not be reached", registry=registry,
+                             detail=tail, reference="registry-unreachable",
+                             hint=f"check that a registry listens on {registry} and that this machine reaches it")
+    return RegistryError(f"push to {dest} failed", registry=registry, detail=tail,
+                         hint="see what skopeo said above; `skopeo copy --debug` shows every request")
+
+
 @dataclass
 class BuildahEngine:
     """buildah/skopeo/podman behind the Engine verbs."""
 
     host: Host = field(default_factory=_host_for_build)
     timeout: float = 3600
+    registry: RegistryAccess = field(default_factory=RegistryAccess)  # credentials and TLS of ``push``
     _store: object = field(default=_UNSET, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -176,11 +272,14 @@ class BuildahEngine:
         return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
 
     def push(self, oci_dir: Path, dest: str) -> None:
-        args = ["copy", "--quiet", "--preserve-digests"]
-        if _is_local_registry(dest.removeprefix("docker://")):
-            args.append("--dest-tls-verify=false")
+        """Push with the credentials and TLS of ``self.registry``; a refusal, an unreachable registry
+        or a connection cut off is a ``RegistryError`` (``registry_error``)."""
+        args = ["copy", "--quiet", "--preserve-digests", *push_args(self.registry, dest)]
         tmp = Path(oci_dir).parent / "engine-tmp"
-        self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp), tmpdir=tmp)
+        cp = self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp), tmpdir=tmp,
+                      check=False)
+        if cp.returncode != 0:
+            raise registry_error(self.registry, dest, cp.stderr)
 
     def copy(self, oci_dir: Path, dest: str) -> None:
         """Write the image as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""

@@ -8,7 +8,8 @@ Layout under the cache root (``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``
     layers/<key>.tar           finished layer tars, named by the plan's content key
     layers/<key>.json          their diff_id, size, entries (written after the tar: its presence
                                means the tar is complete)
-    locks/                     flock files: one per layer key, one for importing into storage
+    locks/                     flock files: one per layer key, one for importing into storage,
+                               cache.lock (shared by running builds, exclusive for ``cache gc``)
     tmp/<pid>-<random>/        work directories; a dead pid's are removed by the next build
 
 Only bytes whose sha256 the lock knows are fetched; each is checked before it enters the cache
@@ -65,6 +66,25 @@ def flocked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+class SharedUse:
+    """A held shared flock on the cache's ``locks/cache.lock``: a build is using the cache
+    (``envspec cache gc`` takes it exclusively). Released by ``release()``, or by the kernel when
+    the process dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class Cache:
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = Path(root) if root else default_cache_dir()
@@ -89,6 +109,26 @@ class Cache:
     def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
         """An exclusive flock; released by the kernel if this process dies."""
         return flocked(self.root / "locks" / (name.replace("/", "_").replace(":", "_") + ".lock"))
+
+    def in_use(self) -> SharedUse:
+        """Mark the cache as used by a build until ``release()`` (a shared flock)."""
+        return SharedUse(self.root / "locks" / "cache.lock")
+
+    @contextlib.contextmanager
+    def exclusive(self, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+        """The cache to ourselves: no build runs while this is held (``cache gc``). Calls
+        ``on_wait`` once if a build holds the cache and we wait for it."""
+        fd = os.open(self.root / "locks" / "cache.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def workdir(self) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))

@@ -1,0 +1,333 @@
+"""What the cache holds (``envspec cache``) and its garbage collection (``envspec cache gc``).
+
+The cache's entries (layout in ``envspec.build.fetch``):
+
+- ``wheel``: ``blobs/sha256/<hex>``, a wheel named by its sha256;
+- ``deb``: ``debs/sha256/<hex>``, a .deb named by its sha256;
+- ``layer``: ``layers/<key>.tar`` with ``layers/<key>.json``, a finished layer named by its content key.
+
+Anything else (``apt/``, ``uv/``: the resolver's index caches, which ``envspec lock`` manages;
+``locks/``; ``tmp/``, the work directories of builds; files whose names are not those above, such
+as a .deb being downloaded) is listed as ``other`` and never removed here.
+
+A collection keeps what the given locks need (each lock's wheels and .debs by sha256, and the keys
+of its plan's cacheable layers, ``envspec.plan.make_plan``), and removes the rest; with a size
+budget (``keep_size``) it keeps, beside what the locks need, the most recently used other entries
+while the whole stays within the budget. What a lock needs is never removed, even beyond the
+budget. An entry used (read or written: the newest of its files' atime and mtime) less than
+``grace`` seconds before the collection started is kept too: a build or a download of another
+process may be about to use it.
+
+The collection holds the cache's exclusive lock (``Cache.exclusive``); every build holds the
+shared one while it runs (``Cache.in_use``), so a collection waits for running builds and a build
+started meanwhile waits for it. A layer goes ``.json`` first, then ``.tar``, under its own layer
+lock, so a reader never finds a ``.json`` without its tar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from envspec.build.fetch import Cache
+from envspec.errors import PlanError, UsageError
+
+GRACE_S = 15 * 60  # entries used this recently are kept whatever the plan says
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+KINDS = ("wheel", "deb", "layer")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # "wheel" | "deb" | "layer"
+    name: str  # the sha256 hex (wheel, deb) or the layer key's hex
+    paths: tuple[Path, ...]
+    size: int
+    used: float  # the newest atime/mtime of its files (seconds since the epoch)
+    group: str = ""  # a layer's group, from its .json
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "size": self.size, "used": round(self.used),
+                **({"group": self.group} if self.group else {}), "paths": [str(p) for p in self.paths]}
+
+
+def _stat(paths: Iterable[Path]) -> tuple[int, float] | None:
+    size, used = 0, 0.0
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        size += st.st_size
+        used = max(used, st.st_atime, st.st_mtime)
+    return size, used
+
+
+def scan(cache: Cache) -> list[Entry]:
+    """Every wheel, .deb and layer in the cache (sorted by kind, then name)."""
+    out: list[Entry] = []
+    for kind, d in (("wheel", cache.root / "blobs" / "sha256"), ("deb", cache.root / "debs" / "sha256")):
+        for p in sorted(d.iterdir()) if d.is_dir() else ():
+            if _HEX.match(p.name) and p.is_file():
+                st = _stat([p])
+                if st:
+                    out.append(Entry(kind, p.name, (p,), *st))
+    layers = cache.root / "layers"
+    for p in sorted(layers.glob("*.tar")) if layers.is_dir() else ():
+        if not _HEX.match(p.stem):
+            continue
+        meta = p.with_suffix(".json")
+        paths = (meta, p) if meta.is_file() else (p,)
+        st = _stat(paths)
+        if st is None:
+            continue
+        group = str(_read_json(meta).get("group", "")) if meta.is_file() else ""
+        out.append(Entry("layer", p.stem, paths, *st, group=group))
+    for p in sorted(layers.glob("*.json")) if layers.is_dir() else ():  # a .json whose tar is gone
+        if _HEX.match(p.stem) and not p.with_suffix(".tar").exists():
+            st = _stat([p])
+            if st:
+                out.append(Entry("layer", p.stem, (p,), *st))
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A layer's .json, read without making it look used (O_NOATIME where we own it)."""
+    try:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+        except PermissionError:
+            fd = os.open(path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _tree_size(d: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(d):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def summary(cache: Cache, entries: Sequence[Entry] | None = None) -> dict[str, Any]:
+    """``envspec cache``: counts and bytes per kind, and the other directories' sizes."""
+    entries = scan(cache) if entries is None else entries
+    kinds = {k: {"count": 0, "bytes": 0} for k in KINDS}
+    for e in entries:
+        kinds[e.kind]["count"] += 1
+        kinds[e.kind]["bytes"] += e.size
+    counted = {p for e in entries for p in e.paths}
+    other: dict[str, int] = {}
+    for p in sorted(cache.root.iterdir()):
+        if p.name in ("blobs", "debs", "layers"):
+            loose = sum(q.stat().st_size for q in p.rglob("*") if q.is_file() and q not in counted)
+            if loose:
+                other[f"{p.name}/ (not entries)"] = loose
+        elif p.is_dir():
+            other[p.name + "/"] = _tree_size(p)
+        elif p.is_file():
+            other[p.name] = p.stat().st_size
+    return {"cache": str(cache.root), "kinds": kinds, "other": other,
+            "total_bytes": sum(v["bytes"] for v in kinds.values()) + sum(other.values())}
+
+
+# --- what locks need -------------------------------------------------------------------------------
+
+@dataclass
+class Needed:
+    """What the kept locks need: wheel and .deb sha256s, layer key hexes; and which lock needs each."""
+
+    wheels: set[str] = field(default_factory=set)
+    debs: set[str] = field(default_factory=set)
+    layers: set[str] = field(default_factory=set)
+    by: dict[str, list[str]] = field(default_factory=dict)  # "kind:name" -> lock paths
+
+    def add(self, lock_path: str, lock: Any) -> None:
+        from envspec.plan import make_plan
+
+        def note(kind: str, name: str) -> None:
+            self.by.setdefault(f"{kind}:{name}", []).append(lock_path)
+
+        for w in lock.wheels:
+            self.wheels.add(w.sha256)
+            note("wheel", w.sha256)
+        for d in (lock.debian.packages if lock.debian else ()):
+            self.debs.add(d.sha256)
+            note("deb", d.sha256)
+        try:
+            plan = make_plan(lock)
+        except PlanError:  # a host-mode lock (``[runtime] mode = "host"``): no image, no layers
+            return
+        for lay in plan.layers:
+            if lay.cacheable:
+                hexkey = lay.key.split(":", 1)[-1]
+                self.layers.add(hexkey)
+                note("layer", hexkey)
+
+    def needs(self, e: Entry) -> bool:
+        return e.name in {"wheel": self.wheels, "deb": self.debs, "layer": self.layers}[e.kind]
+
+
+def repository_root(start: Path) -> Path:
+    """The git work tree holding ``start`` (its top, with a ``.git``), else ``start`` itself."""
+    start = start.resolve()
+    for d in (start, *start.parents):
+        if (d / ".git").exists():
+            return d
+    return start
+
+
+_SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".mypy_cache", ".pytest_cache"}
+
+
+def default_locks(start: Path) -> list[Path]:
+    """The envspec locks of the repository holding ``start``: every ``*.lock`` under it (not in
+    .git, virtual environments, node_modules, caches) that is an envspec lockfile (its first line
+    says so), sorted. Other tools' ``*.lock`` files (uv.lock, Cargo.lock, ...) are not."""
+    root = repository_root(start)
+    found: list[Path] = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        for f in sorted(files):
+            if f.endswith(".lock"):
+                p = Path(dirpath) / f
+                try:
+                    with open(p, encoding="utf-8", errors="replace") as fh:
+                        head = fh.readline()
+                except OSError:
+                    continue
+                if head.startswith("# envspec lockfile"):
+                    found.append(p)
+    return sorted(found)
+
+
+def load_needed(paths: Sequence[Path]) -> tuple[Needed, list[str]]:
+    """What the locks at ``paths`` need, and the locks that could not be read ("path: why").
+    A lock named on the command line that cannot be read is the caller's to refuse."""
+    from envspec import lock as lockmod
+    from envspec.errors import EnvspecError
+
+    needed, bad = Needed(), []
+    for p in paths:
+        try:
+            needed.add(str(p), lockmod.load(p))
+        except EnvspecError as e:
+            bad.append(f"{p}: {e.message.splitlines()[0].rstrip(':')}")
+    return needed, bad
+
+
+# --- the collection -------------------------------------------------------------------------------
+
+@dataclass
+class GcPlan:
+    keep: list[tuple[Entry, str]]  # (entry, why: "needed" | "recent" | "budget")
+    remove: list[Entry]
+    keep_size: int | None = None
+    over_budget: int = 0  # bytes the needed (and recent) entries alone exceed the budget by
+
+    @property
+    def freed(self) -> int:
+        return sum(e.size for e in self.remove)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "keep_size": self.keep_size,
+            "kept": {"count": len(self.keep), "bytes": sum(e.size for e, _ in self.keep),
+                     "needed": sum(1 for _, why in self.keep if why == "needed"),
+                     "recent": sum(1 for _, why in self.keep if why == "recent"),
+                     "budget": sum(1 for _, why in self.keep if why == "budget")},
+            "removed": [e.to_json() for e in self.remove],
+            "freed_bytes": self.freed,
+            "over_budget_bytes": self.over_budget,
+        }
+
+
+def plan_gc(entries: Sequence[Entry], needed: Needed, *, keep_size: int | None = None, now: float | None = None,
+            grace: float = GRACE_S) -> GcPlan:
+    """Which entries stay and which go (pure: nothing is touched)."""
+    now = time.time() if now is None else now
+    keep: list[tuple[Entry, str]] = []
+    rest: list[Entry] = []
+    for e in entries:
+        if needed.needs(e):
+            keep.append((e, "needed"))
+        elif e.used > now - grace:
+            keep.append((e, "recent"))
+        else:
+            rest.append(e)
+    remove: list[Entry] = []
+    over = 0
+    if keep_size is None:
+        remove = rest
+    else:
+        total = sum(e.size for e, _ in keep)
+        over = max(0, total - keep_size)
+        for e in sorted(rest, key=lambda e: -e.used):  # most recently used first
+            if total + e.size <= keep_size:
+                keep.append((e, "budget"))
+                total += e.size
+            else:
+                remove.append(e)
+    return GcPlan(keep=keep, remove=sorted(remove, key=lambda e: (e.kind, e.name)), keep_size=keep_size,
+                  over_budget=over)
+
+
+def collect(cache: Cache, needed: Needed, *, keep_size: int | None = None, dry_run: bool = False,
+            grace: float = GRACE_S, on_wait: Callable[[], None] = lambda: None) -> GcPlan:
+    """Plan and (unless ``dry_run``) carry out a collection under the cache's exclusive lock.
+    ``on_wait`` is called once when running builds hold the cache and the collection waits."""
+    started = time.time()
+    with cache.exclusive(on_wait=on_wait):
+        plan = plan_gc(scan(cache), needed, keep_size=keep_size, now=started, grace=grace)
+        if not dry_run:
+            for e in plan.remove:
+                _remove(cache, e)
+    return plan
+
+
+def _remove(cache: Cache, e: Entry) -> None:
+    if e.kind == "layer":
+        with cache.locked("layer-" + e.name):
+            for p in sorted(e.paths, key=lambda p: p.suffix != ".json"):  # the .json first
+                p.unlink(missing_ok=True)
+    else:
+        for p in e.paths:
+            p.unlink(missing_ok=True)
+
+
+# --- sizes -----------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 10**3, "KIB": 1 << 10, "M": 1 << 20, "MB": 10**6, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 10**9, "GIB": 1 << 30, "T": 1 << 40, "TB": 10**12, "TIB": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"500M"``, ``"10G"``, ``"1.5GiB"``, ``"20GB"``, ``"0"`` -> bytes (K/M/G/T and KiB..TiB are
+    powers of 1024, KB..TB of 1000)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if not m or unit not in _UNITS:
+        raise UsageError(f"--keep-size {text!r} is not a size", reference="bad-size",
+                         hint="a number with K, M, G or T (powers of 1024) or KB, MB, GB, TB (of 1000), e.g. 20G")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+

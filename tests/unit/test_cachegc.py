@@ -1,0 +1,200 @@
+"""envspec cache / cache gc on a temp cache with fake entries (build/cachegc.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from envspec.build import cachegc
+from envspec.build.fetch import Cache
+from envspec.errors import UsageError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "build"
+OLD = time.time() - 10 * 24 * 3600  # ten days ago: out of the grace period
+
+
+def hexof(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def put(path: Path, size: int, used: float = OLD) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    os.utime(path, (used, used))
+    return path
+
+
+def fake_cache(tmp_path: Path) -> tuple[Cache, dict[str, str]]:
+    c = Cache(tmp_path / "cache")
+    names = {k: hexof(k) for k in ("wheel-a", "wheel-b", "deb-a", "deb-b", "layer-a", "layer-b")}
+    put(c.blob(names["wheel-a"]), 100)
+    put(c.blob(names["wheel-b"]), 200)
+    put(c.root / "debs" / "sha256" / names["deb-a"], 300)
+    put(c.root / "debs" / "sha256" / names["deb-b"], 400)
+    for k in ("layer-a", "layer-b"):
+        put(c.layer_tar(names[k]), 1000)
+        c.layer_meta(names[k]).write_text(json.dumps({"group": k, "size": 1000}))
+        os.utime(c.layer_meta(names[k]), (OLD, OLD))
+    # not entries: a .deb being downloaded, a build's work directory, the resolver's caches
+    put(c.root / "debs" / "sha256" / f".{names['deb-a']}.123.456.abcd.part", 50, used=time.time())
+    put(c.root / "tmp" / "999999-x" / "base.tar", 70)
+    put(c.root / "uv" / "wheels" / "w.whl", 80)
+    put(c.root / "layers" / "junk.tmp", 10)
+    return c, names
+
+
+def needed_of(names: dict[str, str], *keys: str) -> cachegc.Needed:
+    n = cachegc.Needed()
+    for k in keys:
+        {"wheel": n.wheels, "deb": n.debs, "layer": n.layers}[k.split("-")[0]].add(names[k])
+    return n
+
+
+def test_scan_finds_wheels_debs_layers_and_nothing_else(tmp_path):
+    c, names = fake_cache(tmp_path)
+    entries = cachegc.scan(c)
+    assert sorted((e.kind, e.name) for e in entries) == sorted(
+        [("wheel", names["wheel-a"]), ("wheel", names["wheel-b"]), ("deb", names["deb-a"]), ("deb", names["deb-b"]),
+         ("layer", names["layer-a"]), ("layer", names["layer-b"])])
+    layer = next(e for e in entries if e.name == names["layer-a"])
+    assert layer.group == "layer-a" and layer.size == 1000 + c.layer_meta(names["layer-a"]).stat().st_size
+    info = cachegc.summary(c, entries)
+    assert info["kinds"]["wheel"] == {"count": 2, "bytes": 300}
+    assert info["kinds"]["deb"] == {"count": 2, "bytes": 700}
+    assert info["other"]["uv/"] == 80 and info["other"]["tmp/"] == 70
+    assert info["other"]["debs/ (not entries)"] == 50 and info["other"]["layers/ (not entries)"] == 10
+
+
+def test_gc_keeps_what_locks_need_and_removes_the_rest(tmp_path):
+    c, names = fake_cache(tmp_path)
+    needed = needed_of(names, "wheel-a", "deb-b", "layer-a")
+    plan = cachegc.collect(c, needed)
+    assert sorted(e.name for e in plan.remove) == sorted([names["wheel-b"], names["deb-a"], names["layer-b"]])
+    assert plan.freed == 200 + 300 + sum(e.size for e in plan.remove if e.kind == "layer")
+    assert c.blob(names["wheel-a"]).exists() and not c.blob(names["wheel-b"]).exists()
+    assert not (c.root / "debs" / "sha256" / names["deb-a"]).exists()
+    assert (c.root / "debs" / "sha256" / names["deb-b"]).exists()
+    assert c.layer_tar(names["layer-a"]).exists() and c.layer_meta(names["layer-a"]).exists()
+    assert not c.layer_tar(names["layer-b"]).exists() and not c.layer_meta(names["layer-b"]).exists()
+    # what is not an entry is left alone
+    assert list((c.root / "debs" / "sha256").glob(".*.part")) and (c.root / "tmp" / "999999-x" / "base.tar").exists()
+    assert (c.root / "uv" / "wheels" / "w.whl").exists() and (c.root / "layers" / "junk.tmp").exists()
+    assert cachegc.collect(c, needed).remove == []  # a second run has nothing to do
+
+
+def test_dry_run_removes_nothing(tmp_path):
+    c, names = fake_cache(tmp_path)
+    def files():
+        return sorted(str(p) for p in c.root.rglob("*") if p.is_file() and p.parent.name != "locks")
+
+    before = files()
+    plan = cachegc.collect(c, cachegc.Needed(), dry_run=True)
+    assert len(plan.remove) == 6
+    assert files() == before
+
+
+def test_recently_used_entries_are_kept(tmp_path):
+    c, names = fake_cache(tmp_path)
+    now = time.time()
+    os.utime(c.blob(names["wheel-b"]), (now, OLD))  # read a minute ago (atime), written long ago
+    plan = cachegc.collect(c, cachegc.Needed())
+    assert [e.name for e in plan.remove if e.kind == "wheel"] == [names["wheel-a"]]
+    assert ("wheel", names["wheel-b"]) in {(e.kind, e.name) for e, why in plan.keep if why == "recent"}
+    assert c.blob(names["wheel-b"]).exists()
+
+
+def test_size_budget_keeps_the_most_recently_used_and_never_what_a_lock_needs(tmp_path):
+    c, names = fake_cache(tmp_path)
+    for i, k in enumerate(("wheel-b", "deb-a", "deb-b")):  # wheel-b oldest ... deb-b newest
+        os.utime(c.root / ("blobs" if k.startswith("wheel") else "debs") / "sha256" / names[k], (OLD + i, OLD + i))
+    needed = needed_of(names, "wheel-a", "layer-a", "layer-b")
+    entries = cachegc.scan(c)
+    base = sum(e.size for e in entries if needed.needs(e))
+    plan = cachegc.plan_gc(entries, needed, keep_size=base + 750)  # room for deb-b (400) and deb-a (300)
+    assert [e.name for e in plan.remove] == [names["wheel-b"]]
+    assert {e.name for e, why in plan.keep if why == "budget"} == {names["deb-a"], names["deb-b"]}
+    assert plan.over_budget == 0
+    plan = cachegc.plan_gc(entries, needed, keep_size=base + 450)  # deb-b only; deb-a does not fit, wheel-b does
+    assert {e.name for e, why in plan.keep if why == "budget"} == {names["deb-b"]}
+    assert {e.name for e in plan.remove} == {names["deb-a"], names["wheel-b"]}
+    plan = cachegc.plan_gc(entries, needed, keep_size=10)  # less than the locks need: they are kept anyway
+    assert {e.name for e, _ in plan.keep} == {names["wheel-a"], names["layer-a"], names["layer-b"]}
+    assert plan.over_budget == base - 10
+
+
+def test_needed_from_a_real_lock_is_its_wheels_and_plan_layers():
+    from envspec import lock as lockmod
+    from envspec.plan import make_plan
+
+    lock = lockmod.load(DATA / "small.lock")
+    needed, bad = cachegc.load_needed([DATA / "small.lock"])
+    assert bad == []
+    assert needed.wheels == {w.sha256 for w in lock.wheels}
+    assert needed.layers == {lay.key.split(":", 1)[1] for lay in make_plan(lock).layers if lay.cacheable}
+    assert needed.layers  # the test means something
+
+
+def test_gc_waits_for_a_running_build(tmp_path):
+    c, names = fake_cache(tmp_path)
+    build = c.in_use()  # what build() holds while it runs
+    waiting, done = threading.Event(), threading.Event()
+
+    def gc():
+        cachegc.collect(c, cachegc.Needed(), on_wait=waiting.set)
+        done.set()
+
+    t = threading.Thread(target=gc)
+    t.start()
+    assert waiting.wait(30)
+    assert not done.is_set() and c.blob(names["wheel-a"]).exists()  # blocked on the build's lock
+    build.release()
+    t.join(30)
+    assert done.is_set() and not c.blob(names["wheel-a"]).exists()
+
+
+def test_default_locks_are_the_envspec_locks_of_the_repository(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    text = (DATA / "small.lock").read_text()
+    for rel in ("lockfiles/a.lock", "examples/team/lockfiles/b.lock"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (repo / "uv.lock").write_text("version = 1\n")  # another tool's
+    (repo / ".venv" / "x").mkdir(parents=True)
+    (repo / ".venv" / "x" / "c.lock").write_text(text)
+    (repo / "sub").mkdir()
+    found = cachegc.default_locks(repo / "sub")
+    assert found == sorted([repo / "examples/team/lockfiles/b.lock", repo / "lockfiles/a.lock"])
+
+
+def test_parse_size():
+    assert cachegc.parse_size("0") == 0
+    assert cachegc.parse_size("20G") == 20 << 30
+    assert cachegc.parse_size("1.5GiB") == 3 << 29
+    assert cachegc.parse_size("500MB") == 500 * 10**6
+    with pytest.raises(UsageError) as e:
+        cachegc.parse_size("lots")
+    assert e.value.reference == "bad-size"
+
+
+def test_cli_cache_and_gc(tmp_path, monkeypatch, capsys):
+    from envspec.cli import main
+
+    c, names = fake_cache(tmp_path)
+    monkeypatch.setenv("ENVSPEC_CACHE", str(c.root))
+    assert main(["cache", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kinds"]["layer"]["count"] == 2 and len(out["entries"]) == 6
+    assert main(["cache", "gc", str(DATA / "small.lock"), "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dry_run"] and len(out["removed"]) == 6 and c.blob(names["wheel-a"]).exists()
+    assert main(["cache", "gc", str(DATA / "small.lock")]) == 0
+    assert "removed 6 entries" in capsys.readouterr().out
+    assert cachegc.scan(c) == []
+    assert main(["cache", "gc", str(tmp_path / "missing.lock")]) == 2
