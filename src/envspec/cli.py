@@ -658,6 +658,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")
     s.add_argument("--check-digest", metavar="REF",
                    help="rebuild, then compare the digest with the image pushed as REF (exit 1 when they differ)")
+    s.add_argument("--authfile", metavar="PATH",
+                   help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
+                        "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push")
+    s.add_argument("--tls-verify", metavar="true|false",
+                   help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
+                        "without --cert-dir)")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
@@ -676,6 +683,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-verify", metavar="true|false", help="verify TLS (default: yes, except on loopback)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_verify_image)
+
+    s = sub.add_parser("cache", help="what envspec's cache holds; `cache gc` removes what no lock needs")
+    s.add_argument("--json", action="store_true")
+    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION")
+    c = csub.add_parser("gc", help="remove the wheels, .debs and layers that the locks do not need")
+    c.add_argument("locks", nargs="*", metavar="LOCK",
+                   help="keep what these locks need (default: every envspec *.lock in this repository)")
+    c.add_argument("--keep-size", metavar="SIZE",
+                   help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
+    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    c.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_cache, cache_cmd=None)
 
     s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
     s.add_argument("target", metavar="SPEC|LOCK|IMAGE")
