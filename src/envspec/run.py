@@ -13,7 +13,9 @@ What the argv carries, and why:
 - ``--shm-size`` and ``--ulimit`` from the lock's ``[runtime]``: PyTorch's DataLoader workers
   pass tensors through /dev/shm, whose container default (64 MB) is far too small.
 - the services' ports on loopback only (``-p 127.0.0.1:P:P``): Jupyter and SSH need a token or
-  a key, but a workstation's services are still not the whole network's business.
+  a key, but a workstation's services are still not the whole network's business. With a
+  command the image starts no service unless ``ENVSPEC_SERVICES`` asks (the entrypoint's rule),
+  so then no port is published either.
 - the current directory on ``/workspace``; relabelled (``:z``) only where SELinux is on.
 - host quirks (seen on this project's Debian 12 machines): crun rejects cgroup v1 and hybrid
   hierarchies, so podman gets ``--runtime runc`` there (``Host.runtime``); without
@@ -40,7 +42,7 @@ from envspec.services import WORKSPACE
 
 # podman's default rlimits for a rootful container (containers.conf "default_ulimits" unset).
 PODMAN_DEFAULT_LIMITS = {"nofile": 1048576, "nproc": 4194304}
-PASSTHROUGH_ENV = ("ENVSPEC_VERIFY", "JUPYTER_TOKEN", "ENVSPEC_AUTHORIZED_KEYS")
+PASSTHROUGH_ENV = ("ENVSPEC_VERIFY", "ENVSPEC_SERVICES", "JUPYTER_TOKEN", "ENVSPEC_AUTHORIZED_KEYS")
 INIT_PACKAGES = ("tini", "dumb-init")
 
 
@@ -247,7 +249,8 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
     elif lock.runtime.shm_size:
         out.add("--shm-size", lock.runtime.shm_size)
     out.add(*_ulimits(lock, engine, host, out.warnings))
-    _ports(lock, bind, dict(host_ports or {}), out)
+    # the entrypoint starts the services without a command, or when ENVSPEC_SERVICES names them
+    _ports(lock, bind, dict(host_ports or {}), out, started=not cmd or "ENVSPEC_SERVICES" in host.env_names)
     if mount_cwd:
         _mount_cwd(host, lock, out)
     for k in PASSTHROUGH_ENV:
@@ -359,9 +362,21 @@ def _gpus(host: Host, engine: str, out: _Argv) -> None:
                  "nvidia-ctk runtime configure --runtime=docker)")
 
 
-def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv) -> None:
-    """The services' ports, on ``bind`` (loopback by default); ``host_ports`` is used up."""
+def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv, *, started: bool = True) -> None:
+    """The services' ports, on ``bind`` (loopback by default); ``host_ports`` is used up.
+    ``started``: whether the entrypoint will start the services (not beside a command, unless
+    ENVSPEC_SERVICES asks)."""
     services = _enabled_services(lock)
+    if services and not started:
+        names = ", ".join(s for s, _p in services)
+        if host_ports:
+            raise UsageError(f"--port maps a service's port, but beside a command the image starts no service "
+                             f"({names})", hint="set ENVSPEC_SERVICES=all (or some of: "
+                             + ",".join(s for s, _p in services) + ") to start them beside the command, "
+                             "or give no command", reference="bad-usage")
+        out.notes.append(f"the services ({names}) do not start beside a command; ENVSPEC_SERVICES=all in this "
+                         "environment starts them too (docs/usage.md)")
+        return
     for svc, port in services:
         hp = int(host_ports.pop(port, port))
         out.add("-p", f"{bind}:{hp}:{port}" if bind else f"{hp}:{port}")

@@ -2,7 +2,9 @@
 
 What it shows (issue 5): Jupyter answers 200 with the token and 403 without, on loopback; SSH
 accepts the key and refuses a password and root; two containers of one image have different SSH
-host keys; the generated Jupyter token is printed once.
+host keys; the generated Jupyter token is printed once. Issue 15: a command given runs alone (no
+Jupyter, no sshd, nothing printed about them), and ENVSPEC_SERVICES=jupyter starts Jupyter beside
+a command.
 
 The image is built from examples/workstation/workstation.toml (a GPU lock: ~3 GB of wheels on
 the first run, cached after) into the system's containers-storage under its default tag, so a
@@ -240,6 +242,68 @@ def test_two_containers_have_different_host_keys(containers):
         keys.append(t.get_remote_server_key().get_fingerprint())
         t.close()
     assert keys[0] != keys[1]
+
+
+_PROCESSES = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null")
+
+
+def _run_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ENVSPEC_SERVICES", "JUPYTER_TOKEN")}
+    return {**env, "ENVSPEC_VERIFY": "warn", **extra}
+
+
+def test_a_command_runs_alone(image, tmp_path):
+    """`podman run IMAGE CMD` (as envspec run -- CMD plans it): the entrypoint starts no service."""
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import Runnable, plan_run
+
+    lock, ref = image
+    env = _run_env()
+    host = replace(detect_host(env=env, ask=ASK_NONE), tty=False)
+    # the services, had they been started, would be running by now: they are forked before the command
+    command = plan_run(Runnable(ref, lock), ["sh", "-c", f"sleep 3; {_PROCESSES}; echo command-ran"], host=host,
+                       mount_cwd=False)
+    assert not any(a.startswith("127.0.0.1:") for a in command.argv)  # no port published either
+    cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
+    assert cp.returncode == 0, f"{command.shell()}\n{cp.stdout}\n{cp.stderr}"
+    assert cp.stdout.rstrip().endswith("command-ran")
+    procs = cp.stdout.lower()
+    assert "jupyter" not in procs and "sshd" not in procs, cp.stdout
+    said = cp.stderr.lower()
+    assert "serverapp" not in said and "jupyter" not in said and "sshd" not in said and "services" not in said, \
+        cp.stderr
+
+
+def test_services_asked_for_beside_a_command(image, tmp_path):
+    """ENVSPEC_SERVICES=jupyter and a command: Jupyter answers (with the token), sshd is not started."""
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import Runnable, plan_run
+
+    lock, ref = image
+    assert lock.services.jupyter is not None and lock.services.ssh is not None
+    token = "e2e-beside-0123456789abcdef"
+    env = _run_env(ENVSPEC_SERVICES="jupyter", JUPYTER_TOKEN=token)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    if os.geteuid() == 0:
+        os.chown(ws, lock.runtime.uid, lock.runtime.uid)
+    host = replace(detect_host(env=env, ask=ASK_NONE, cwd=str(ws)), tty=False)
+    hj, hs = _free_port(), _free_port()
+    name = f"envspec-e2e-beside-{os.getpid()}"
+    command = plan_run(Runnable(ref, lock), ["sleep", "600"], host=host, detach=True, name=name,
+                       host_ports={lock.services.jupyter.port: hj, lock.services.ssh.port: hs})
+    assert "ENVSPEC_SERVICES" in command.argv and token not in command.shell()
+    cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
+    assert cp.returncode == 0, f"{command.shell()}\n{cp.stderr}"
+    try:
+        _wait_port(hj, name, "http")
+        assert _status(f"http://127.0.0.1:{hj}/api/status?token={token}") == 200
+        assert _status(f"http://127.0.0.1:{hj}/api/status") == 403
+        ps = _podman("exec", name, "sh", "-c", _PROCESSES, check=False)
+        assert "jupyter" in ps.stdout.lower() and "sshd" not in ps.stdout.lower(), ps.stdout + ps.stderr
+        assert "sleep 600" in ps.stdout  # the command itself runs beside it
+    finally:
+        _podman("rm", "-f", "-t", "5", name, check=False)
 
 
 def test_no_host_key_in_the_image(image):

@@ -98,3 +98,15 @@ def test_extra_package_fails_naming_it():
     assert p.returncode == 1
     f = {x["check"]: x for x in r["findings"]}["integrity.extra"]
     assert f["status"] == "fail" and "example 21.12" in f["observed"]
+
+
+def test_startup_hook_in_the_image_imports_no_torch():
+    # the image's own hook, as its entrypoint runs it, traced with -X importtime
+    p = podman_run("PYTHONPATH=/opt/envspec/lib ENVSPEC_VERIFY=strict python -X importtime -m envspec.verify "
+                   "--startup 2>&1; echo rc=$?")
+    assert p.stdout.rstrip().endswith("rc=0"), p.stdout + p.stderr
+    imported = [ln.rsplit("|", 1)[1].strip() for ln in p.stdout.splitlines() if ln.startswith("import time:")]
+    assert "envspec.verify.startup" in imported, p.stdout
+    assert not [m for m in imported if m == "torch" or m.startswith(("torch.", "envspec.verify.checks",
+                                                                      "envspec.verify.integrity"))], imported
+    assert "FAIL" not in p.stdout and "WARN" not in p.stdout  # a CPU lock on a machine without GPU: quiet

@@ -233,6 +233,22 @@ eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0
 """
 
 
+def test_a_command_publishes_no_service_port_unless_asked():
+    cmd = ("python", "train.py")
+    c = plan_run(_lock(), cmd, host=DEBIAN_HYBRID)
+    assert "-p" not in c.argv and "ENVSPEC_SERVICES" not in c.argv
+    assert any("do not start beside a command" in n for n in c.notes)
+    with pytest.raises(UsageError) as e:
+        plan_run(_lock(), cmd, host=DEBIAN_HYBRID, host_ports={8888: 18888})
+    assert "ENVSPEC_SERVICES" in e.value.hint
+    asked = replace(DEBIAN_HYBRID, env_names=frozenset({"ENVSPEC_SERVICES"}))
+    c = plan_run(_lock(), cmd, host=asked, host_ports={8888: 18888})
+    assert "127.0.0.1:18888:8888" in c.argv and "127.0.0.1:2222:2222" in c.argv
+    i = c.argv.index("ENVSPEC_SERVICES")
+    assert c.argv[i - 1] == "-e" and i < c.argv.index(c.image)  # the name only, the value stays here
+    assert "-p" in plan_run(_lock(), host=DEBIAN_HYBRID).argv  # no command: the services start
+
+
 def test_bridge_conflict():
     assert bridge_conflict(ROUTES) == "cni-podman0"
     clean = "\n".join(ln for ln in ROUTES.splitlines() if not ln.startswith("cni-"))

@@ -106,8 +106,76 @@ def test_entrypoint_verify_and_services():
     ep = render_service_files(_lock())[ENTRYPOINT_IN_IMAGE][0]
     assert "-m envspec.verify --startup" in ep and "PYTHONPATH=/opt/envspec/lib" in ep
     assert "off|OFF|0|no|false" in ep and '"${ENVSPEC_VERIFY:-warn}"' in ep
-    assert '"$SERVICES/jupyter.sh" &' in ep and '"$SERVICES/ssh.sh" &' in ep
+    assert '"$SERVICES/$s.sh" &' in ep and "jupyter|ssh)" in ep and 's="jupyter ssh"' in ep
     assert 'if [ "$(id -u)" = 0 ]' in ep  # services never as root
+
+
+def _run_entrypoint(tmp_path: Path, args: list[str], services_env: str | None, *, uid: int = 1000,
+                    jupyter: bool = True, ssh: bool = True) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The rendered entrypoint under sh, its services stubbed (each writes a file named after
+    itself), `id -u` answering ``uid``, the start-up check off. Returns (result, services started)."""
+    ep = render_service_files(_lock(jupyter, ssh))[ENTRYPOINT_IN_IMAGE][0]
+    svc = tmp_path / "services"
+    bin_ = tmp_path / "bin"
+    for d in (svc, bin_):
+        d.mkdir(exist_ok=True)
+    for name in ("jupyter", "ssh"):
+        stub = svc / f"{name}.sh"
+        stub.write_text(f"#!/bin/sh\necho started > {tmp_path}/{name}.started\n")
+        stub.chmod(0o755)
+    (bin_ / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+    (bin_ / "id").chmod(0o755)
+    script = tmp_path / "entrypoint.sh"
+    script.write_text(ep.replace("SERVICES=/opt/envspec/services", f"SERVICES={svc}"))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "ENVSPEC_VERIFY": "off", "HOME": str(tmp_path)}
+    if services_env is not None:
+        env["ENVSPEC_SERVICES"] = services_env
+    for f in tmp_path.glob("*.started"):
+        f.unlink()
+    # a command that waits (up to 5 s) for a service asked for to have started, then lists them
+    cp = subprocess.run(["sh", str(script), *args], capture_output=True, text=True, env=env, input="", timeout=60)
+    return cp, sorted(f.name.split(".")[0] for f in tmp_path.glob("*.started"))
+
+
+WAIT_CMD = ["sh", "-c", 'for i in 1 2 3 4 5 6 7 8 9 10; do [ -n "$(ls "$0"/*.started 2>/dev/null)" ] && break; '
+            'sleep 0.5; done; echo command ran']
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+def test_a_command_runs_alone(tmp_path):
+    cp, started = _run_entrypoint(tmp_path, [*WAIT_CMD, str(tmp_path)], None)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == "command ran\n" and started == []
+    assert "services" not in cp.stderr  # nothing said about services either
+    cp, started = _run_entrypoint(tmp_path, ["true"], "none")
+    assert cp.returncode == 0 and started == []
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+def test_services_start_without_a_command_or_when_asked(tmp_path):
+    cp, started = _run_entrypoint(tmp_path, [], None)
+    assert started == ["jupyter", "ssh"], cp.stderr
+    assert "services started (jupyter ssh)" in cp.stderr
+    cp, started = _run_entrypoint(tmp_path, [*WAIT_CMD, str(tmp_path)], "jupyter")
+    assert cp.stdout == "command ran\n" and started == ["jupyter"], cp.stderr
+    cp, started = _run_entrypoint(tmp_path, [*WAIT_CMD, str(tmp_path)], "all")
+    assert started == ["jupyter", "ssh"], cp.stderr
+    cp, started = _run_entrypoint(tmp_path, [], "ssh, jupyter,ssh")
+    assert started == ["jupyter", "ssh"] and "services started (ssh jupyter)" in cp.stderr
+    cp, started = _run_entrypoint(tmp_path, [], "none")  # no services: the shell (stdin empty) ends
+    assert cp.returncode == 0 and started == [] and "services started" not in cp.stderr
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+def test_services_asked_for_wrongly(tmp_path):
+    cp, started = _run_entrypoint(tmp_path, [*WAIT_CMD, str(tmp_path)], "jupyter,notebook,*")
+    assert started == ["jupyter"], cp.stderr
+    assert "this image has no service 'notebook' (it has jupyter, ssh; or all, none)" in cp.stderr
+    assert "no service '*'" in cp.stderr  # not globbed
+    cp, started = _run_entrypoint(tmp_path, ["true"], "all", uid=0)
+    assert cp.returncode == 0 and started == [] and "running as root: services (jupyter ssh)" in cp.stderr
+    cp, started = _run_entrypoint(tmp_path, ["true"], "jupyter", jupyter=False, ssh=False)
+    assert cp.returncode == 0 and "ENVSPEC_SERVICES=jupyter: this image has no services" in cp.stderr
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")

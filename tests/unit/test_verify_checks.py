@@ -161,11 +161,30 @@ def test_table_and_prometheus_text(tmp_path):
     assert out.read_text() == prom and [p.name for p in out.parent.iterdir()] == ["verify.prom"]
 
 
-def test_startup_level_does_no_gpu_work():
-    r = run(torch=FakeTorch(), level="startup", skip=("torch.compile",), sites=())
-    checks = {f.check for f in r.findings}
-    assert "gpu.0.arch" in checks and "tf32" in checks
-    assert not any(c.startswith(("numerics", "perf", "libs", "nccl", "integrity.files")) for c in checks)
+def test_startup_level_judges_nvml_gpus_without_torch():
+    class NoTorch(FakeSystem):
+        def torch(self):
+            raise AssertionError("the startup level asked for torch")
+
+    drv = DriverInfo("580.95.05", "13.0", "kernel module + NVML",
+                     gpus=[{"index": 0, "name": "NVIDIA H100 80GB HBM3", "cc": "9.0", "memory_total": 80 * 2**30}])
+    r = run_checks(make_lock(), level="startup", system=NoTorch(driver=drv))
+    f = by_check(r)
+    assert f["driver"].status == "pass" and f["gpu.count"].status == "pass"
+    assert f["gpu.0.arch"].status == "pass" and "sm_90" in f["gpu.0.arch"].observed
+    assert not any(c.startswith(("torch", "tf32", "numerics", "perf", "libs", "nccl", "integrity")) for c in f)
+    # a GPU the lock's arch list cannot run fails at start, as in the quick level
+    lock = make_lock(hardware={"gpus": ["NVIDIA H100 80GB HBM3"], "arch_list": ["sm_80"],
+                               "driver_floor": "580.65.06", "driver_policy": "compat"})
+    g = by_check(run_checks(lock, level="startup", system=NoTorch(driver=drv)))["gpu.0.arch"]
+    assert g.status == "fail" and "sm_90" in g.hint
+
+
+def test_startup_level_without_nvml_leaves_the_gpus_to_verify():
+    r = run(torch=FakeTorch(), level="startup")  # FakeSystem's driver: the kernel module only
+    f = by_check(r)
+    assert f["driver"].status == "pass"
+    assert f["gpu"].status == "skip" and "libnvidia-ml.so.1" in f["gpu"].observed
 
 
 def test_a_probe_that_raises_is_a_finding_not_a_crash():

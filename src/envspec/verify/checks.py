@@ -10,40 +10,15 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from . import archrule, driverrule, integrity, probes, rates, torchprobe
-from .lockfile import lock_hash, table
-from .model import FAIL, PASS, SKIP, WARN, Finding, Report
+from . import integrity, probes, rates, startup, torchprobe
+from .model import FAIL, PASS, SKIP, WARN, Report
 
 LEVELS = ("startup", "quick", "full")
-
-# Environment settings that cost speed or hide errors, with the reason (checked as "env.NAME").
-# value None: any value is flagged.
-BAD_ENV: tuple[tuple[str, str | None, str], ...] = (
-    ("NCCL_P2P_DISABLE", "1", "turns off NCCL's direct GPU-to-GPU (NVLink/PCIe peer) transport; "
-     "all-reduce goes through host memory at a fraction of the speed. Advice to set it is common "
-     "and wrong on NVLink machines; unset it"),
-    ("NCCL_SHM_DISABLE", "1", "turns off NCCL's shared-memory transport between processes of one node"),
-    ("CUDA_LAUNCH_BLOCKING", "1", "serializes every kernel launch (a debugging switch); training runs "
-     "several times slower"),
-    ("TORCH_CUDNN_V8_API_DISABLED", "1", "falls back to cuDNN's legacy API and loses the v8/v9 "
-     "engine heuristics (removed in recent torch; has no use in production)"),
-    ("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", "turns off PyTorch's caching allocator: every "
-     "allocation calls cudaMalloc, much slower (a debugging switch)"),
-    ("CUDA_CACHE_DISABLE", "1", "turns off the driver's JIT cache: PTX is recompiled on every start"),
-    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", "a failed collective hangs the job instead of "
-     "aborting it"),
-    ("NCCL_DEBUG", "TRACE", "logs every NCCL call; slows collectives and floods logs"),
-    ("TORCH_CUDA_SANITIZER", None, "runs the CUDA stream sanitizer on every kernel (debugging only)"),
-)
-IB_ENV = ("NCCL_IB_DISABLE", "1", "turns off InfiniBand/RoCE for NCCL on a machine that has IB "
-          "devices; cross-node traffic falls back to TCP sockets")
 
 # Host mode (a python that is not the lock's venv) holds these to the lock exactly and only
 # warns about the rest: torch, triton and the nvidia-* wheels that carry the CUDA libraries
@@ -53,41 +28,21 @@ HOST_STRICT = ("torch", "triton")
 ALWAYS_ALLOWED_EXTRA = ("pip",)  # `python -m venv` bootstraps pip into every venv
 
 
-class System:
-    """The machine as the verifier sees it. Every method is a probe; tests override them."""
+class System(startup.Machine):
+    """The machine as the verifier sees it: ``startup.Machine``'s probes plus those that need
+    torch or the installed files. Every method is a probe; tests override them."""
 
     def __init__(self) -> None:
-        self.env: Mapping[str, str] = os.environ
+        super().__init__()
         self._torch: tuple[Any, str] | None = None
 
     def hostname(self) -> str:
         return socket.gethostname()
 
-    def prefix(self) -> Path:
-        return Path(sys.prefix)
-
-    def executable(self) -> str:
-        return sys.executable
-
-    def driver(self) -> probes.DriverInfo | None:
-        return probes.probe_driver()
-
     def torch(self) -> tuple[Any, str]:
         if self._torch is None:
             self._torch = torchprobe.import_torch()
         return self._torch
-
-    def in_container(self) -> bool:
-        return probes.in_container()
-
-    def device_nodes(self) -> list[str]:
-        return probes.device_nodes()
-
-    def shm_bytes(self) -> int | None:
-        return probes.shm_bytes()
-
-    def infiniband(self) -> bool:
-        return probes.infiniband_present()
 
     def site_dirs(self) -> list[Path]:
         return integrity.site_dirs()
@@ -112,61 +67,24 @@ def _vprefix(v: str, n: int = 3) -> str:
     return ".".join(v.split(".")[:n])
 
 
-class _Run:
-    """State of one verification run (the checks share what they have probed)."""
+class _Run(startup.MachineChecks):
+    """State of one verification run (the checks share what they have probed). The checks that
+    need no torch (env, container, driver) are ``startup.MachineChecks``'s."""
 
     def __init__(self, lock: dict[str, Any], level: str, mode: str, system: System,
                  skip: tuple[str, ...], compile_timeout: float, allreduce: str = "inprocess") -> None:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
-        self.lock = lock
-        self.level = level
-        self.sys = system
-        self.skip = skip
+        super().__init__(lock, level, mode, system, skip)
+        self.sys: System = system
         self.compile_timeout = compile_timeout
         self.allreduce = allreduce
-        self.platform = table(lock, "platform")
-        self.hardware = table(lock, "hardware")
-        self.torch_lock = table(lock, "torch")
-        self.runtime = table(lock, "runtime")
         self.wheels = {integrity.normalize(w["name"]): w for w in lock.get("wheels", [])}
-        venv = self.platform.get("venv", "")
-        if mode == "auto":
-            same = bool(venv) and os.path.realpath(venv) == os.path.realpath(str(system.prefix()))
-            mode = "image" if same else "host"
-        self.mode = mode
-        self.report = Report(level=level, lock_path=lock.get("__path__", ""), lock_hash=lock_hash(lock),
-                             lock_name=table(lock, "meta").get("name", ""), mode=mode)
         self.torch: Any = None
         self.tinfo: dict[str, Any] = {}
-        self.driver: probes.DriverInfo | None = None
         self.hash_cache: dict[Path, str] = {}
         self.dists: dict[str, integrity.Dist] = {}
         self.libs: dict[str, list[str]] = {}
-
-    # helpers -----------------------------------------------------------------------------
-    def add(self, check: str, status: str, expected: str = "", observed: str = "", hint: str = "",
-            **data: Any) -> Finding:
-        return self.report.add(Finding(check, status, str(expected), str(observed), hint, data))
-
-    def wanted(self, name: str) -> bool:
-        return not any(name == s or name.startswith(s + ".") for s in self.skip)
-
-    def timed(self, name: str, fn) -> None:
-        if not self.wanted(name):
-            return
-        t0 = time.perf_counter()
-        try:
-            fn()
-        except Exception as e:  # a probe that breaks is a finding, never a crash
-            self.add(name, FAIL, observed=f"the check raised {type(e).__name__}: {e}",
-                     hint="a bug in the verifier or a broken library; -v (or the JSON's data.traceback) "
-                          "shows the traceback", traceback=traceback.format_exc()[-4000:])
-        self.report.timings[name] = self.report.timings.get(name, 0.0) + time.perf_counter() - t0
-
-    @property
-    def expects_gpu(self) -> bool:
-        return str(self.torch_lock.get("variant", "")).startswith("cu") or bool(self.hardware.get("gpus"))
 
     def is_torch_stack(self, name: str) -> bool:
         """The binary core of torch's stack: what host mode still holds to the lock exactly."""
@@ -175,13 +93,7 @@ class _Run:
     # the run -----------------------------------------------------------------------------
     def run(self) -> Report:
         t_start = time.perf_counter()
-        self.add("lock", PASS, expected="a lockfile of format version 1",
-                 observed=f"{self.report.lock_path or '(in memory)'}: {self.report.lock_name or '?'} "
-                          f"{self.report.lock_hash[:19]}")
-        py = self.sys.executable()
-        self.add("mode", PASS, expected=f"image: python of {self.platform.get('venv', '?')}",
-                 observed=f"{self.mode}: {py}" + (" (host mode: the lock's venv is not this python;"
-                                                   " see docs/verify.md for what is relaxed)" if self.mode == "host" else ""))
+        self.add_header()
         # start the slow, independent work first so that it overlaps the torch import
         compile_probe = None
         if self.level != "startup" and self.wanted("torch.compile") and self.lock.get("torch"):
@@ -220,138 +132,6 @@ class _Run:
         self.timed("fingerprint", self.make_fingerprint)
         self.report.timings["total"] = time.perf_counter() - t_start
         return self.report
-
-    # env and container -------------------------------------------------------------------
-    def check_env(self) -> None:
-        env = self.sys.env
-        rules = list(BAD_ENV)
-        if self.sys.infiniband():
-            rules.append(IB_ENV)
-        flagged = 0
-        for name, bad, why in rules:
-            v = env.get(name)
-            if v is None or (bad is not None and v.strip() != bad):
-                continue
-            flagged += 1
-            self.add(f"env.{name}", WARN, expected=f"{name} unset", observed=f"{name}={v}",
-                     hint=f"{why}. Unset {name} unless you are debugging.")
-        for k, v in sorted((self.runtime.get("env") or {}).items()):
-            got = env.get(k)
-            if got != str(v):
-                self.add(f"env.{k}", WARN if self.mode == "host" else FAIL, expected=f"{k}={v} ([runtime].env)",
-                         observed=f"{k}={got}" if got is not None else f"{k} unset",
-                         hint="the image sets it; a `-e`/`--env` at container start or the job file overrides it")
-                flagged += 1
-        if not flagged:
-            self.add("env", PASS, expected="no setting known to cost speed; [runtime].env as locked",
-                     observed="none found")
-
-    def check_container(self) -> None:
-        env = self.sys.env
-        nodes = self.sys.device_nodes()
-        driver_loaded = Path(probes.PROC_DRIVER).exists()
-        inside = self.sys.in_container()
-        if self.expects_gpu and not driver_loaded and not nodes:
-            self.add("container.gpu", SKIP, expected="GPU plumbing (NVIDIA_* variables, /dev/nvidia*)",
-                     observed="no NVIDIA kernel driver on this machine: no GPU to pass through, not checked")
-        elif inside and self.expects_gpu:
-            vis = env.get("NVIDIA_VISIBLE_DEVICES")
-            caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
-            if vis in (None, "", "void", "none"):
-                self.add("container.nvidia_visible_devices", WARN, expected="NVIDIA_VISIBLE_DEVICES=all (or GPU ids)",
-                         observed=f"NVIDIA_VISIBLE_DEVICES={vis}" if vis is not None else "unset",
-                         hint="with the NVIDIA container toolkit's legacy hook no GPU is injected; "
-                              "envspec images set it to all; pass --gpus all or a CDI device")
-            elif caps and not ({"compute", "utility"} <= set(caps.split(",")) or "all" in caps.split(",")):
-                self.add("container.nvidia_driver_capabilities", WARN, expected="compute,utility (or all)",
-                         observed=caps, hint="without 'compute' the CUDA driver library is not mounted; "
-                                             "without 'utility' nvidia-smi and NVML are missing")
-            else:
-                self.add("container.nvidia_env", PASS, expected="NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES",
-                         observed=f"NVIDIA_VISIBLE_DEVICES={vis} NVIDIA_DRIVER_CAPABILITIES={caps or '(default)'}")
-        if self.expects_gpu and (driver_loaded or nodes):
-            gpu_nodes = [n for n in nodes if n[len("nvidia"):].isdigit()]
-            if not nodes and driver_loaded:
-                self.add("container.devices", FAIL, expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
-                         observed="the kernel driver is loaded but no /dev/nvidia* node is present",
-                         hint="the container was started without GPUs: podman/docker --gpus all, "
-                              "or --device nvidia.com/gpu=all (CDI)")
-            elif nodes:
-                missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in nodes]
-                self.add("container.devices", FAIL if missing else PASS,
-                         expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
-                         observed=f"{len(gpu_nodes)} GPU node(s); " + ", ".join(f"/dev/{n}" for n in nodes[:6])
-                                  + (f" (missing {', '.join(missing)})" if missing else ""),
-                         hint="CUDA needs nvidia-uvm for managed memory and nvidiactl for any context; "
-                              "load the nvidia-uvm module (nvidia-modprobe -u -c=0)" if missing else "")
-        want = self.runtime.get("shm_size")
-        have = self.sys.shm_bytes()
-        if want:
-            try:
-                want_b = probes.parse_size(want)
-            except ValueError:
-                self.add("container.shm", WARN, expected=str(want), observed="unparseable [runtime].shm_size")
-                return
-            if have is None:
-                self.add("container.shm", WARN, expected=f">= {want}", observed="/dev/shm is missing",
-                         hint="DataLoader workers and NCCL's shared-memory transport need /dev/shm")
-            elif have + (1 << 20) < want_b:
-                self.add("container.shm", WARN, expected=f">= {want} ([runtime].shm_size)",
-                         observed=f"/dev/shm is {probes.human_bytes(have)}",
-                         hint=f"start the container with --shm-size={want} (docker/podman default is 64m; "
-                              "DataLoader workers die with 'bus error' and NCCL falls back)")
-            else:
-                self.add("container.shm", PASS, expected=f">= {want}", observed=f"/dev/shm is {probes.human_bytes(have)}")
-
-    # driver ------------------------------------------------------------------------------
-    def check_driver(self) -> None:
-        floor = str(self.hardware.get("driver_floor", ""))
-        policy = str(self.hardware.get("driver_policy", "compat"))
-        self.driver = d = self.sys.driver()
-        if d is None or not d.version:
-            if self.expects_gpu:
-                self.add("driver", SKIP, expected=f">= {floor} ({policy} policy)" if floor else "an NVIDIA driver",
-                         observed="no NVIDIA driver found (no /proc/driver/nvidia/version, no libnvidia-ml.so.1, "
-                                  "no nvidia-smi): this machine has no usable GPU, GPU checks are skipped")
-            else:
-                self.add("driver", SKIP, expected="none (CPU lock)", observed="no NVIDIA driver; none needed")
-            return
-        have = probes.version_tuple(d.version)
-        status, hint = PASS, ""
-        if floor and have < probes.version_tuple(floor):
-            status = FAIL
-            hint = (f"this lock needs driver >= {floor} under the '{policy}' policy; upgrade the host "
-                    "driver, or lock for an older CUDA (a lower floor)")
-        tcuda = str(self.torch_lock.get("cuda", ""))
-        extra = ""
-        if d.cuda and tcuda:
-            dc, tc = probes.version_tuple(d.cuda), probes.version_tuple(tcuda)
-            if policy == "strict" and dc < tc:
-                status, hint = FAIL, f"strict policy: the driver supports CUDA {d.cuda}, the lock's runtime is {tcuda}"
-            elif dc[:1] < tc[:1]:
-                status, hint = FAIL, (f"the driver supports CUDA {d.cuda}; a CUDA {tcuda} runtime needs a "
-                                      f"{tc[0]}.x driver at least")
-            extra = f", supports CUDA {d.cuda}"
-        self.add("driver", status, expected=f">= {floor} ({policy} policy)" if floor else "any",
-                 observed=f"{d.version} (from {d.source}{extra})", hint=hint)
-        self.check_driver_knows_gpus(d)
-        if "mismatch" in d.source or ("NVML" in d.source and "kernel" in d.source and "," in d.source):
-            self.add("driver.userspace", FAIL, expected="the same version in kernel module and NVML",
-                     observed=d.source, hint="driver/library version mismatch: reboot or reload the kernel module "
-                                             "after a driver upgrade, or mount the host's matching libraries")
-
-    def check_driver_knows_gpus(self, d: probes.DriverInfo) -> None:
-        """Each GPU needs a driver branch that knows it, under every policy (driverrule.py)."""
-        kinds = sorted({(str(g.get("name", "")), str(g.get("cc", ""))) for g in d.gpus if g.get("cc")})
-        for i, (name, cc) in enumerate(kinds):
-            old, words = driverrule.too_old(d.version, cc)
-            need = driverrule.first_branch(cc)
-            if need is None:
-                continue
-            self.add(f"driver.gpu.{i}", FAIL if old else PASS, expected=f"driver branch >= R{need} for {name}: {words}",
-                     observed=f"driver {d.version} (branch R{driverrule.branch(d.version)})",
-                     hint=(f"a driver older than R{need} cannot drive {name}, whatever the CUDA compatibility policy: "
-                           "upgrade the host driver" if old else ""))
 
     # torch -------------------------------------------------------------------------------
     def check_torch(self) -> None:
@@ -438,33 +218,7 @@ class _Run:
             self.add("torch.arch_list", PASS, expected=" ".join(arch_list) or "(not locked)", observed=" ".join(torch_arch))
         for d in devices:
             i, cc = d["index"], d["cc"]
-            usable, kind = archrule.runnable_by(arch_list, cc)
-            t_usable, t_kind = archrule.runnable_by(torch_arch, cc) if torch_arch else ([], "?")
-            status, hint = PASS, ""
-            if kind == "none":
-                status = FAIL
-                major, minor = archrule.parse_cc(cc)
-                hint = (f"no entry of the lock's arch list runs on compute capability {cc}: it needs SASS "
-                        f"sm_{major}Z with Z <= {minor}, or PTX compute_XY with XY <= {major}{minor}. Lock for a "
-                        f"torch that includes sm_{major}{minor} (add {d['name']!r} to [target].gpus)")
-            elif t_kind == "none":
-                status = FAIL
-                hint = f"the loaded torch has no kernels for cc {cc} ({' '.join(torch_arch)})"
-            elif kind == "ptx":
-                status = WARN
-                hint = (f"only PTX ({', '.join(usable)}) runs on cc {cc}: the driver JIT-compiles every kernel at "
-                        "first use (minutes) and newer instructions go unused")
-            elif declared and cc not in declared:
-                status = WARN
-                hint = f"cc {cc} is not a declared target ({', '.join(declared)}) but the locked kernels run on it"
-            elif names and d["name"] not in names:
-                status = WARN
-                hint = f"{d['name']} is not a declared target ({', '.join(names)}) but the locked kernels run on it"
-            self.add(f"gpu.{i}.arch", status,
-                     expected=f"runnable by {' '.join(arch_list) or '(empty arch list)'}"
-                              + (f"; cc in {', '.join(declared)}" if declared else ""),
-                     observed=f"{d['name']}, cc {cc}: " + (f"runs {', '.join(usable)}" if usable else "no locked kernel runs"),
-                     hint=hint, name=d["name"], cc=cc)
+            self.add_arch(i, d["name"], cc, arch_list, declared=declared, names=names, torch_arch=torch_arch)
             # at start-up no CUDA context is made (one per GPU costs seconds on 8 GPUs)
             free = torchprobe.memory_free(self.torch, i) if self.level != "startup" else None
             total = d["memory_total"]
@@ -754,11 +508,13 @@ def run_checks(lock: dict[str, Any], *, level: str = "quick", mode: str = "auto"
                allreduce: str = "inprocess") -> Report:
     """Verify the machine against ``lock`` (a dict as read by ``lockfile.load_lock``).
 
-    level: "startup" (cheap subset for container start), "quick" (no heavy GPU work), "full"
+    level: "startup" (the container start-up hook's torch-free checks, ``startup.run_startup``), "quick" (no heavy GPU work), "full"
     (adds GEMM speed and the all-reduce). mode: "auto" | "image" | "host". skip: check names
     or prefixes to leave out (e.g. "torch.compile", "integrity"). allreduce: "inprocess" (one
     process, torch.cuda.nccl) or "processes" (one process a GPU under torchrun).
     """
+    if level == "startup":  # the torch-free checks only (startup.py)
+        return startup.run_startup(lock, mode=mode, strict=strict, system=system, skip=tuple(skip))
     r = _Run(lock, level, mode, system or System(), tuple(skip), compile_timeout, allreduce)
     r.report.strict = strict
     return r.run()

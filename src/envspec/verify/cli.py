@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from typing import TextIO
 
-from . import multinode, render
+from . import multinode, render, startup
 from .checks import System, run_checks
 from .lockfile import LockReadError, find_lock, load_lock
 from .model import FAIL, WARN
@@ -47,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full level: all-reduce in this process over torch.cuda.nccl (default) or with one "
                         "process a GPU (torch.distributed, as training runs)")
     p.add_argument("--startup", action="store_true",
-                   help="the container start-up hook: a cheap subset, mode from $ENVSPEC_VERIFY=off|warn|strict")
+                   help="the container start-up hook: the checks that need no torch (driver, GPUs through NVML, "
+                        "environment, /dev/shm), mode from $ENVSPEC_VERIFY=off|warn|strict")
     p.add_argument("-v", "--verbose", action="store_true", help="show every hint and tracebacks")
     g = p.add_argument_group("across nodes (re-launches under torchrun unless already under it)")
     g.add_argument("--nnodes", type=int, metavar="N", help="number of nodes; every node runs the same command")
@@ -115,44 +115,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def startup_check(mode: str | None = None, *, lock_path: str | None = None, stream: TextIO | None = None) -> int:
-    """The container start-up hook. mode (default $ENVSPEC_VERIFY, else "warn"):
+    """The container start-up hook (``startup.hook``). mode (default $ENVSPEC_VERIFY, else "warn"):
     off: nothing; warn: print warnings and failures, return 0; strict: return 1 on a failure.
 
-    Runs the "startup" level: lock, environment, container plumbing, driver, torch versions and
-    the GPUs' architectures against the lock, the set of installed packages (no file hashing,
-    no GPU work, no compile), so it costs about one torch import.
+    Runs the "startup" level: lock, environment, container plumbing and /dev/shm, the driver and
+    the GPUs' models and compute capabilities against the lock, read from /proc, /dev and NVML.
+    No torch, no hashing, no GPU work (docs/verify.md, "The start-up hook").
     """
-    mode = (mode or os.environ.get("ENVSPEC_VERIFY", "warn")).strip().lower() or "warn"
-    mode = {"0": "off", "no": "off", "false": "off", "on": "strict", "1": "strict", "yes": "strict",
-            "true": "strict"}.get(mode, mode)
-    out = stream or sys.stderr
-    if mode == "off":
-        return EXIT_OK
-    if mode not in ("warn", "strict"):
-        _print(f"envspec verify: ENVSPEC_VERIFY={mode!r} is not off, warn or strict; using warn\n", out)
-        mode = "warn"
-    path, source = find_lock(lock_path)
-    try:
-        lock = load_lock(path)
-    except LockReadError as e:
-        _print(f"envspec verify: {e.message} (lock from {source})\n", out)
-        return EXIT_BAD_INPUT if mode == "strict" else EXIT_OK
-    try:
-        report = run_checks(lock, level="startup", skip=("torch.compile",))
-    except Exception:  # the hook must never keep a container from starting in warn mode
-        _print("envspec verify: the start-up check crashed:\n" + traceback.format_exc(), out)
-        return EXIT_FAILED if mode == "strict" else EXIT_OK
-    for f in report.findings:
-        if f.status in (WARN, FAIL):
-            _print(f"envspec verify: {f.status.upper()} {f.check}: {f.observed} (expected {f.expected})"
-                   + (f"; {f.hint}" if f.hint else "") + "\n", out)
-    c = report.counts()
-    if c[FAIL] or c[WARN]:
-        _print(f"envspec verify: {c[FAIL]} fail, {c[WARN]} warn at start-up (ENVSPEC_VERIFY={mode}); "
-               "run `envspec verify` for the full report\n", out)
-    if mode == "strict" and c[FAIL]:
-        return EXIT_FAILED
-    return EXIT_OK
+    return startup.hook(mode, lock_path=lock_path, stream=stream)
 
 
 def launcher(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,28 @@ def find_lock(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str
     return Path(DEFAULT_LOCK), "default image path"
 
 
-def load_lock(path: str | os.PathLike[str]) -> dict[str, Any]:
+# a top-level table header at the start of a line: [name], [name.sub], [[name]], [[name.sub]]
+_HEADER = re.compile(r"^\[\[?\s*([A-Za-z0-9_-]+)[^\n]*$", re.MULTILINE)
+
+
+def _only_tables(text: str, tables: tuple[str, ...]) -> str:
+    """The lock's text cut down to its top-level keys and the tables whose first name is in
+    ``tables`` (with their sub-tables): TOML that parses to the same values for those tables,
+    in a fraction of the time (a lock's [[wheels]] and [[debian.packages]] are most of it)."""
+    keep, pos, name = [], 0, ""
+    for m in _HEADER.finditer(text):
+        if not name or name in tables:
+            keep.append(text[pos:m.start()])
+        pos, name = m.start(), m.group(1)
+    if not name or name in tables:
+        keep.append(text[pos:])
+    return "".join(keep)
+
+
+def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The lock as a dict. ``tables``: read only these top-level tables (and the top-level
+    keys), e.g. the start-up hook's ("meta", "platform", "hardware", "torch", "runtime"); the
+    others are absent from the dict and not checked."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -49,7 +71,15 @@ def load_lock(path: str | os.PathLike[str]) -> dict[str, Any]:
     except OSError as e:
         raise LockReadError(f"cannot read lockfile {p}: {e.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = None
+        if tables is not None:
+            try:
+                data = tomllib.loads(_only_tables(text, tables))
+            except tomllib.TOMLDecodeError:
+                data = None  # a cut in an odd place: the whole file says what is wrong
+        if data is None:
+            data = tomllib.loads(text)
     except UnicodeDecodeError as e:
         raise LockReadError(f"{p} is not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:

@@ -1,7 +1,9 @@
 """Probes of the machine that need no torch: driver, GPUs through NVML, container plumbing.
 
 Each probe returns plain data (or None when the source is absent) and never raises for a
-missing driver; the checks in ``checks.py`` turn the data into findings. Standard library only.
+missing driver; the checks in ``startup.py`` and ``checks.py`` turn the data into findings.
+Standard library only, and cheap to import (the container start-up hook imports this module):
+``shutil`` and ``subprocess`` are imported only when nvidia-smi is asked.
 """
 
 from __future__ import annotations
@@ -9,12 +11,11 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PROC_DRIVER = "/proc/driver/nvidia/version"
+NVML_LIB = "libnvidia-ml.so.1"
 
 
 @dataclass
@@ -44,10 +45,11 @@ class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
-def probe_nvml() -> DriverInfo | None:
-    """The driver and GPUs through libnvidia-ml.so.1 (ctypes), or None when NVML is absent."""
+def probe_nvml(lib: str = NVML_LIB) -> DriverInfo | None:
+    """The driver and GPUs through libnvidia-ml.so.1 (ctypes), or None when NVML is absent.
+    ``lib``: the library's name (found by the dynamic loader) or a path."""
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        nvml = ctypes.CDLL(lib)
     except OSError:
         return None
     try:
@@ -84,6 +86,9 @@ def probe_nvml() -> DriverInfo | None:
 
 
 def probe_nvidia_smi() -> DriverInfo | None:
+    import shutil  # noqa: PLC0415 (lazy: the start-up hook never runs nvidia-smi)
+    import subprocess  # noqa: PLC0415
+
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
@@ -107,9 +112,11 @@ def probe_nvidia_smi() -> DriverInfo | None:
     return info
 
 
-def probe_driver(proc_path: str = PROC_DRIVER) -> DriverInfo | None:
-    """The driver version: the kernel module's file first, then NVML, then nvidia-smi."""
-    info = probe_nvml()
+def probe_driver(proc_path: str = PROC_DRIVER, *, nvml_lib: str = NVML_LIB,
+                 nvidia_smi: bool = True) -> DriverInfo | None:
+    """The driver version: the kernel module's file first, then NVML, then (``nvidia_smi``)
+    nvidia-smi. The GPUs (name, compute capability, memory) come from NVML or nvidia-smi."""
+    info = probe_nvml(nvml_lib)
     try:
         v = parse_proc_version(Path(proc_path).read_text())
     except OSError:
@@ -126,17 +133,18 @@ def probe_driver(proc_path: str = PROC_DRIVER) -> DriverInfo | None:
         return info
     if info is not None and info.version:
         return info
-    return probe_nvidia_smi()
+    return probe_nvidia_smi() if nvidia_smi else None
 
 
 # -- container plumbing --------------------------------------------------------------------
 
 
-def in_container() -> bool:
-    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+def in_container(root: str = "/") -> bool:
+    r = Path(root)
+    if (r / ".dockerenv").exists() or (r / "run/.containerenv").exists():
         return True
     try:
-        return any(k in Path("/proc/1/cgroup").read_text() for k in ("docker", "kubepods", "libpod"))
+        return any(k in (r / "proc/1/cgroup").read_text() for k in ("docker", "kubepods", "libpod"))
     except OSError:
         return False
 
