@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Measure `envspec explain` and a warm `envspec lock` of a spec, beside uv alone on the same requirements.
 
-    python bench/lock.py [specs/h100.toml] [--runs 5]
+    python bench/lock.py [specs/h100.toml] [--runs 5] [--bytecode]
 
 Each figure is the median wall time of N runs of the command as a user runs it (a new process
-each time, so imports count). "uv alone" runs `uv pip compile` with the same requirements,
-platform, Python and indexes that envspec passes it, so the difference is envspec's own cost.
+each time, so imports count). Where the environment sets PYTHONDONTWRITEBYTECODE (this project's
+development VM does) and the source tree has no __pycache__, every run compiles envspec's modules
+again, which an installed envspec (pip writes the .pyc files) never does; ``--bytecode`` measures
+as installed: the children may write their bytecode, into a private PYTHONPYCACHEPREFIX, that one
+untimed explain run fills (and the lock's first run, reported apart, fills for the rest). The
+first output line says which, and the load average. "uv alone" runs `uv pip compile` with the same
+requirements, platform, Python and indexes that envspec passes it, so the difference is envspec's
+own cost.
 Prints a Markdown table for docs/benchmarks.md.
 """
 
@@ -40,6 +46,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec", nargs="?", default=str(ROOT / "specs" / "h100.toml"))
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--bytecode", action="store_true",
+                    help="let the measured processes use a bytecode cache (a private PYTHONPYCACHEPREFIX), "
+                         "filled by one untimed run")
     a = ap.parse_args()
 
     from envspec.compat import load_db
@@ -53,6 +62,12 @@ def main() -> None:
     spec = load_spec(a.spec)
     choice = choose(spec, load_db())
     tmp = Path(tempfile.mkdtemp(prefix="envspec-bench-"))
+    if a.bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+        subprocess.run([py, "-m", "envspec", "explain", a.spec], capture_output=True, env=env)
+    bytecode = "cached (--bytecode)" if a.bytecode else \
+        ("compiled each run (PYTHONDONTWRITEBYTECODE)" if env.get("PYTHONDONTWRITEBYTECODE") else "as the tree has it")
     lockpath = tmp / "bench.lock"
     rows = []
     explain = timed([py, "-m", "envspec", "explain", a.spec], a.runs, env)
@@ -73,7 +88,8 @@ def main() -> None:
     rows.append(("uv pip compile alone (same requirements, warm)", uv, "the resolver's own floor"))
     shutil.rmtree(tmp)
 
-    print(f"spec: {a.spec}; runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}")
+    print(f"spec: {a.spec}; runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}; "
+          f"bytecode: {bytecode}; load average: {os.getloadavg()[0]:.1f}")
     print()
     print("| what | median s | min s | max s | note |")
     print("| --- | --- | --- | --- | --- |")

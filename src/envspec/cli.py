@@ -27,6 +27,15 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
+def _say(text: str, stderr: bool = False) -> None:
+    """One line (or several) of plain text, as it is: no markup, no emoji codes, no wrapping. Used
+    where start-up time counts (`explain`, errors), so that rich (tens of ms to import) is not
+    needed there. Flushed, as rich does, so that it interleaves with the other stream as before."""
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def _print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
@@ -48,20 +57,18 @@ def cmd_explain(args) -> int:
         if args.json:
             _print_json(explain.impossible_json(e))
         else:
-            con = _console(stderr=True)
             for line in explain.impossible_lines(e):
-                con.print(line, markup=False)
+                _say(line, stderr=True)
             if e.candidates:
-                con.print("candidates of the newest matching release:", markup=False)
+                _say("candidates of the newest matching release:", stderr=True)
                 for c in e.candidates:
-                    con.print(f"  - {c.variant:<7} {explain.candidate_reason(c)}", markup=False)
+                    _say(f"  - {c.variant:<7} {explain.candidate_reason(c)}", stderr=True)
         return e.exit_code
     if args.json:
         _print_json(explain.choice_json(choice))
     else:
-        con = _console()
         for line in explain.choice_lines(choice):
-            con.print(line, markup=False)
+            _say(line)
     return EXIT_OK
 
 
@@ -758,16 +765,15 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):
             _print_json(explain.impossible_json(e) if isinstance(e, ResolutionImpossible)
                         else {"ok": False, "error": e.to_json()})
-        con = _console(stderr=True)
         if args.verbose:
-            con.print(traceback.format_exc(), markup=False)
+            _say(traceback.format_exc(), stderr=True)
         if isinstance(e, ResolutionImpossible):
             lines = explain.impossible_lines(e)
-            con.print(f"error[{e.reference}]: " + "\n".join(lines), markup=False)
+            _say(f"error[{e.reference}]: " + "\n".join(lines), stderr=True)
         else:
-            con.print(f"error[{e.reference}]: {e.message}", markup=False)
+            _say(f"error[{e.reference}]: {e.message}", stderr=True)
         if e.hint:
-            con.print(f"hint: {e.hint}", markup=False)
+            _say(f"hint: {e.hint}", stderr=True)
         return e.exit_code
     except KeyboardInterrupt:
         _console(stderr=True).print("interrupted; nothing was half-written", markup=False)

@@ -15,7 +15,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 from urllib.parse import unquote, urlparse
 
 from packaging.requirements import Requirement
@@ -24,11 +24,12 @@ from packaging.version import Version
 
 from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
 from envspec.debian.models import SUITES as DEBIAN_SUITES
-from envspec.debian.models import DebPin
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
-from envspec.host import cache_dir_for
-from envspec.sources import Sources, reachable
 from envspec.spec import EnvSpec
+
+if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
+    from envspec.debian.models import DebPin
+    from envspec.sources import Sources
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
@@ -460,6 +461,8 @@ def _uv() -> str:
 
 def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]:
     """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer."""
+    from envspec.sources import reachable
+
     args: list[str] = []
     notes: list[str] = []
     for m in sources.mirrors:
@@ -503,6 +506,8 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
         argv += ["--constraint", str(c)]
     for u in upgrade:
         argv += ["--upgrade-package", u]
+    from envspec.host import cache_dir_for
+
     env = dict(os.environ)
     env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"

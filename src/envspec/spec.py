@@ -6,7 +6,6 @@ Every problem is reported at once, each with its TOML path and line (pydantic gi
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -405,6 +404,8 @@ def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int]) -> Proble
         parent = _model_at(loc[:-1])
         key = str(loc[-1])
         known = sorted(parent.model_fields) if parent else []
+        import difflib  # only for a bad spec's suggestion: kept off the path of a good one
+
         close = difflib.get_close_matches(key, known, n=1)
         msg = f"unknown key '{key}'"
         hint = f"did you mean '{close[0]}'?" if close else (f"known keys here: {', '.join(known)}" if known else "")

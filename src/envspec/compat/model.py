@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 
@@ -202,6 +201,8 @@ class CompatDB:
             for p in _PREFIXES:
                 if k.startswith(p) and len(k) > len(p):
                     keys.setdefault(k[len(p):], label)
+        import difflib  # only for an unknown GPU's suggestions: kept off the path of a known one
+
         close = difflib.get_close_matches(key, list(keys), n=n * 3, cutoff=0.5)
         out: list[str] = []
         for k in close:

@@ -1,17 +1,46 @@
 """The Debian part of envspec: the closure at lock time (``resolve_closure``), the .debs and
 the root filesystem at build time (``fetch_deb``/``fetch_debs``, ``make_rootfs``).
-See docs/debian.md."""
+See docs/debian.md.
 
-from .closure import resolve_closure, security_mirror_for
-from .fetch import SNAPSHOT_ENV, candidate_urls, fetch_deb, fetch_debs, mirror_list
-from .models import (CANONICAL_MIRROR, SUITES, DebPin, base_packages, glibc_version,
-                     python_full_version, sorted_pins, suite_for_python)
-from .reporter import DebianReporter, RecordingReporter
-from .rootfs import make_rootfs
+The names below are loaded on first use (PEP 562), so that ``envspec explain``, which needs only
+``models``, does not import the fetcher, the closure or the root-filesystem builder (urllib, ssl,
+sqlite3, multiprocessing, tarfile)."""
 
-__all__ = [
-    "CANONICAL_MIRROR", "SNAPSHOT_ENV", "SUITES", "DebPin", "DebianReporter", "RecordingReporter",
-    "base_packages", "candidate_urls", "fetch_deb", "fetch_debs", "glibc_version", "make_rootfs",
-    "mirror_list", "python_full_version", "resolve_closure", "security_mirror_for", "sorted_pins",
-    "suite_for_python",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .closure import resolve_closure, security_mirror_for
+    from .fetch import SNAPSHOT_ENV, candidate_urls, fetch_deb, fetch_debs, mirror_list
+    from .models import (CANONICAL_MIRROR, SUITES, DebPin, base_packages, glibc_version,
+                         python_full_version, sorted_pins, suite_for_python)
+    from .reporter import DebianReporter, RecordingReporter
+    from .rootfs import make_rootfs
+
+_WHERE = {
+    "resolve_closure": "closure", "security_mirror_for": "closure",
+    "SNAPSHOT_ENV": "fetch", "candidate_urls": "fetch", "fetch_deb": "fetch", "fetch_debs": "fetch",
+    "mirror_list": "fetch",
+    "CANONICAL_MIRROR": "models", "SUITES": "models", "DebPin": "models", "base_packages": "models",
+    "glibc_version": "models", "python_full_version": "models", "sorted_pins": "models",
+    "suite_for_python": "models",
+    "DebianReporter": "reporter", "RecordingReporter": "reporter",
+    "make_rootfs": "rootfs",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value  # the next lookup finds it without this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -26,7 +26,9 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 class DebPin(BaseModel):
     """One .deb of the closure, exactly as the archive's Packages index describes it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # defer_build: the validator is built on first use, not at import (``envspec explain`` imports
+    # this module for SUITES and never makes a pin)
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
     version: str
