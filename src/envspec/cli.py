@@ -339,7 +339,7 @@ class _Progress:
 
 def cmd_build(args) -> int:
     from envspec import sources
-    from envspec.build import BuildahEngine, BuildOptions, build, preview
+    from envspec.build import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
     from envspec.build.fetch import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
@@ -353,7 +353,8 @@ def cmd_build(args) -> int:
         if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
             os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     plan = make_plan(lock)
-    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache)
+    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
+                           compression=args.compression or DEFAULT_COMPRESSION)
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
         return EXIT_OK
@@ -370,7 +371,7 @@ def cmd_build(args) -> int:
         con.print(f"built {built.image or '(untagged)'}", markup=False)
         con.print(f"digest {built.digest}", markup=False)
         for dest in built.pushed:
-            con.print(f"pushed {dest}@{built.digest}", markup=False)
+            con.print(f"pushed {dest}@{built.digest}", markup=False)  # the compressed manifest's digest
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
@@ -505,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
                    help="also write the image here (repeatable)")
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--compression", choices=("zstd", "gzip", "none"), 
+                   help="of the layers that --push and --output oci:/oci-archive: carry (default zstd; gzip for "
+                        "docker < 23; docs/build.md)")
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
