@@ -149,15 +149,28 @@ class ZstdSink(Sink):
         self.out = _HashedFile(path)
         cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=threads(), write_checksum=True,
                                         write_content_size=False)
-        self._w = cctx.stream_writer(self.out, closefd=False)  # type: ignore[arg-type]
+        self._w: "zstandard.ZstdCompressionWriter | None" = cctx.stream_writer(self.out, closefd=False)  # type: ignore[arg-type]
 
     def write(self, b: bytes | bytearray | memoryview) -> None:
+        assert self._w is not None
         self._w.write(b)
 
     def _finish(self) -> None:
         import zstandard
 
+        assert self._w is not None
         self._w.flush(zstandard.FLUSH_FRAME)
+        self._release()
+
+    def _release(self) -> None:
+        # Free the compressor and its worker threads now, not whenever a cycle is collected: a
+        # process forked later (the layer makers' pool) would inherit it, and freeing it there
+        # joins threads that do not exist in the child, which hangs the child for ever.
+        self._w = None
+
+    def abort(self) -> None:
+        self._release()
+        super().abort()
 
 
 class GzipSink(Sink):
