@@ -122,7 +122,7 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
                     engine.host.storage.ref(a.image), f"oci:{out}"], check=True, capture_output=True, timeout=300)
     mdigest = json.loads((out / "index.json").read_text())["manifests"][0]["digest"]
     manifest = json.loads((out / "blobs" / "sha256" / mdigest.split(":")[1]).read_text())
-    assert [lay["digest"] for lay in manifest["layers"]] == [lay.digest for lay in a.layers]
+    assert [lay["digest"] for lay in manifest["layers"]] == [lay.diff_id for lay in a.layers]  # uncompressed
     assert podman(engine, "run", *podman_args(engine.host)[1], "--rm", "--network", "none", a.image,
                   "python", "-c", "print(6 * 7)").stdout.split()[-1] == "42"
 
@@ -159,12 +159,12 @@ def test_a_cached_layer_damaged_on_disk_stops_the_import_into_a_new_store(engine
     lock = small_debian()
     cache = new_cache(tmp_path, debs)
     a = do_build(lock, engine, cache)
-    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.size)
-    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.size)
+    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.diff_size)
+    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.diff_size)
     with open(tar, "r+b") as f:  # one byte of file content, same size: only a hash can tell
-        f.seek(biggest.size // 2)
+        f.seek(biggest.diff_size // 2)
         b = f.read(1)
-        f.seek(biggest.size // 2)
+        f.seek(biggest.diff_size // 2)
         f.write(bytes([b[0] ^ 0xFF]))
     with private_storage(tmp_path / "storage2"):
         other = BuildahEngine()
