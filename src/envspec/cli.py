@@ -346,7 +346,7 @@ class _Progress:
 
 def cmd_build(args) -> int:
     from envspec import sources
-    from envspec.build import BuildahEngine, BuildOptions, build, preview
+    from envspec.build import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
     from envspec.build.engine import registry_access
     from envspec.build.fetch import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
@@ -368,7 +368,8 @@ def cmd_build(args) -> int:
         raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
                          "image pushed before; push from one build, check from another")
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
-                           sign_key=sign_key, lock_path=_rel(lock_path))
+                           sign_key=sign_key, lock_path=_rel(lock_path),
+                           compression=args.compression or DEFAULT_COMPRESSION)
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
         return EXIT_OK
@@ -387,7 +388,7 @@ def cmd_build(args) -> int:
         con.print(f"built {built.image or '(untagged)'}", markup=False)
         con.print(f"digest {built.digest}", markup=False)
         for dest in built.pushed:
-            con.print(f"pushed {dest}@{built.digest}", markup=False)
+            con.print(f"pushed {dest}@{built.digest}", markup=False)  # the compressed manifest's digest
         for ref in built.attached:
             con.print(f"attached {ref}", markup=False)
     else:
@@ -660,6 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
                    help="also write the image here (repeatable)")
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--compression", choices=("zstd", "gzip", "none"),
+                   help="of the layers that --push and --output oci:/oci-archive: carry (default zstd; gzip for "
+                        "docker < 23; docs/build.md)")
     s.add_argument("--sign-by-sigstore-private-key", metavar="PATH",
                    help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)")
     s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")

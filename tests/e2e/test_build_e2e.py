@@ -96,7 +96,7 @@ def test_two_no_cache_builds_at_different_times_give_one_digest(engine, tmp_path
     b = do_build(lock, engine, new_cache(tmp_path, debs, "c2"), no_cache=True)
     assert a.digest == b.digest
     assert [lay.digest for lay in a.layers] == [lay.digest for lay in b.layers]
-    assert engine.image_digest(a.image) == a.digest  # storage keeps our manifest bytes
+    assert engine.image_digest(a.image) == a.store_digest  # storage keeps our manifest bytes (uncompressed layers)
 
 
 needs_store_tools = pytest.mark.skipif(
@@ -113,7 +113,7 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
     lock = small_debian()
     assert engine.storage_cli() is not None and engine.storage_cli().put_tool == find_put_layer()
     a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"))
-    assert engine.image_digest(a.image) == a.digest
+    assert engine.image_digest(a.image) == a.store_digest
     # out of containers-storage again (as `podman push` reads it): the very layer bytes we made
     # (containers/image rewrites the manifest on the way out, dropping the layers' annotations,
     # which is why `envspec build --push` sends envspec's own layout)
@@ -122,7 +122,7 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
                     engine.host.storage.ref(a.image), f"oci:{out}"], check=True, capture_output=True, timeout=300)
     mdigest = json.loads((out / "index.json").read_text())["manifests"][0]["digest"]
     manifest = json.loads((out / "blobs" / "sha256" / mdigest.split(":")[1]).read_text())
-    assert [lay["digest"] for lay in manifest["layers"]] == [lay.digest for lay in a.layers]
+    assert [lay["digest"] for lay in manifest["layers"]] == [lay.diff_id for lay in a.layers]  # uncompressed
     assert podman(engine, "run", *podman_args(engine.host)[1], "--rm", "--network", "none", a.image,
                   "python", "-c", "print(6 * 7)").stdout.split()[-1] == "42"
 
@@ -141,14 +141,14 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
         cli = BuildahEngine()
         assert cli.storage_cli() is not None and cli.storage_cli().put_tool is None
         c = do_build(lock, cli, new_cache(tmp_path, debs, "c3"))
-        assert c.digest == a.digest and cli.image_digest(c.image) == a.digest
+        assert c.digest == a.digest and cli.image_digest(c.image) == a.store_digest
 
     monkeypatch.setenv("ENVSPEC_IMPORT", "skopeo")
     with private_storage(tmp_path / "storage-skopeo"):
         other = BuildahEngine()
         assert other.storage_cli() is None
         b = do_build(lock, other, new_cache(tmp_path, debs, "c2"))
-        assert b.digest == a.digest and other.image_digest(b.image) == a.digest
+        assert b.digest == a.digest and other.image_digest(b.image) == a.store_digest
 
 
 @needs_store_tools
@@ -159,12 +159,12 @@ def test_a_cached_layer_damaged_on_disk_stops_the_import_into_a_new_store(engine
     lock = small_debian()
     cache = new_cache(tmp_path, debs)
     a = do_build(lock, engine, cache)
-    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.size)
-    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.size)
+    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.diff_size)
+    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.diff_size)
     with open(tar, "r+b") as f:  # one byte of file content, same size: only a hash can tell
-        f.seek(biggest.size // 2)
+        f.seek(biggest.diff_size // 2)
         b = f.read(1)
-        f.seek(biggest.size // 2)
+        f.seek(biggest.diff_size // 2)
         f.write(bytes([b[0] ^ 0xFF]))
     with private_storage(tmp_path / "storage2"):
         other = BuildahEngine()
@@ -316,7 +316,7 @@ def test_two_concurrent_builds_of_one_lock_agree(engine, tmp_path, debs):
     procs = [_spawn(lock_path, cache) for _ in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    digests = {json.loads(o[0])["digest"] for o in outs}
+    digests = {json.loads(o[0])["store_digest"] for o in outs}
     assert len(digests) == 1
     assert len(podman(engine, "images", "--all", "--quiet", "--no-trunc").stdout.split()) == 1
     assert engine.image_digest(json.loads(outs[0][0])["image"]) == digests.pop()

@@ -60,9 +60,19 @@ def test_build_makes_every_layer_then_tags_last(env):
     assert [lay.group for lay in img.layers] == ["base", "cuda", "torch", "deps", "team", "envspec"]
     assert not any(lay.cached for lay in img.layers)
     assert eng.calls[-1][0] == "import_image" and eng.calls[-1][2] == img.image
-    assert eng.images[img.image] == img.digest
+    assert eng.images[img.image] == img.store_digest  # the store holds the uncompressed layers
     assert ("committing", img.image) in rep.events
-    assert all(lay.digest == lay.diff_id for lay in img.layers)  # uncompressed
+    assert img.compression == "zstd" and img.digest != img.store_digest  # pushes carry zstd blobs
+    assert all(lay.digest != lay.diff_id and lay.size < lay.diff_size for lay in img.layers)
+
+
+def test_compression_none_keeps_the_uncompressed_layers(env):
+    lock, mirrors, tmp = env
+    img, eng, _ = _build(lock, mirrors, tmp / "cache", compression="none")
+    assert img.digest == img.store_digest == eng.images[img.image]
+    assert all(lay.digest == lay.diff_id and lay.size == lay.diff_size for lay in img.layers)
+    zst, _, _ = _build(lock, mirrors, tmp / "cache")
+    assert zst.store_digest == img.store_digest  # the same image in the store, whatever is pushed
 
 
 def test_unchanged_lock_rebuilds_nothing(env):
@@ -166,9 +176,9 @@ def test_layout_config_and_labels(env):
     lock, mirrors, tmp = env
     img, layout = _layout(tmp, lock, mirrors)
     index = json.loads((layout / "index.json").read_text())
-    assert index["manifests"][0]["digest"] == img.digest
-    mbytes = _blob(layout, img.digest)
-    assert "sha256:" + hashlib.sha256(mbytes).hexdigest() == img.digest
+    assert index["manifests"][0]["digest"] == img.store_digest  # the store's layout: uncompressed layers
+    mbytes = _blob(layout, img.store_digest)
+    assert "sha256:" + hashlib.sha256(mbytes).hexdigest() == img.store_digest
     assert mbytes == json.dumps(json.loads(mbytes), sort_keys=True, separators=(",", ":")).encode()
     manifest = json.loads(mbytes)
     assert [lay["mediaType"] for lay in manifest["layers"]] == ["application/vnd.oci.image.layer.v1.tar"] * 6
@@ -193,7 +203,7 @@ def test_layout_config_and_labels(env):
 def test_envspec_layer_carries_lock_sbom_verifier(env):
     lock, mirrors, tmp = env
     img, layout = _layout(tmp, lock, mirrors)
-    top = layout / "blobs" / "sha256" / img.layers[-1].digest.split(":")[1]
+    top = layout / "blobs" / "sha256" / img.layers[-1].diff_id.split(":")[1]
     with tarfile.open(top) as tf:
         names = tf.getnames()
         lock_text = tf.extractfile("opt/envspec/envspec.lock").read().decode()
@@ -212,7 +222,7 @@ def test_envspec_layer_carries_lock_sbom_verifier(env):
 def test_wheel_layer_contents(env):
     lock, mirrors, tmp = env
     img, layout = _layout(tmp, lock, mirrors)
-    team = layout / "blobs" / "sha256" / img.layers[4].digest.split(":")[1]
+    team = layout / "blobs" / "sha256" / img.layers[4].diff_id.split(":")[1]
     with tarfile.open(team) as tf:
         names = tf.getnames()
         record = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/RECORD").read().decode()
@@ -229,7 +239,7 @@ def test_entry_point_scripts_get_the_venv_shebang(tmp_path):
     lock["wheels"] = [{"name": "tool", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
                        "size": 0, "group": "team", "direct": True}]
     img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
-    team = layout / "blobs" / "sha256" / img.layers[1].digest.split(":")[1]
+    team = layout / "blobs" / "sha256" / img.layers[1].diff_id.split(":")[1]
     with tarfile.open(team) as tf:
         script = tf.getmember("opt/venv/bin/tool")
         body = tf.extractfile(script).read().decode()
@@ -314,7 +324,7 @@ def test_installed_record_matches_every_file_written_rewritten_script_included(t
     lock["wheels"] = [{"name": "recpkg", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
                        "size": 0, "group": "team", "direct": True}]
     img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
-    team = layout / "blobs" / "sha256" / img.layers[1].digest.split(":")[1]
+    team = layout / "blobs" / "sha256" / img.layers[1].diff_id.split(":")[1]
     site = "opt/venv/lib/python3.11/site-packages/"
     with tarfile.open(team) as tf:
         record = tf.extractfile(site + "recpkg-1.0.dist-info/RECORD").read().decode()

@@ -262,7 +262,7 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
     img = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
     puts = [c for c in eng.store.calls if c[0] == "put"]
     assert [c[3] for c in puts] == [lay.group for lay in img.layers]
-    assert eng.images[img.image] == img.digest
+    assert eng.images[img.image] == img.store_digest
     assert not [c for c in eng.calls if c[0] == "import_image"]  # skopeo not used
     stored = {c[1]: eng.store.layers[c[1]][1] for c in puts}
     assert sorted(stored.values()) == sorted(lay.diff_id for lay in img.layers)
@@ -273,7 +273,7 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
     new = build(lock, engine=eng, cache_dir=tmp_path / "cache2", mirrors=mirrors, no_cache=True,
                 tag="localhost/envspec/again:1")  # made again, same bytes: only the name is new
     assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
-    assert eng.images["localhost/envspec/again:1"] == img.digest
+    assert eng.images["localhost/envspec/again:1"] == img.store_digest
     # made in this build: the maker's digest is trusted, the file is not hashed again on its way
     assert eng.store.checked == {lay.group: False for lay in img.layers}
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from envspec import debian
 from envspec.build import layers as layer_makers
 from envspec.build.attest import SigningKey, att_tag, attach, repository, sig_tag
+from envspec.build.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
 from envspec.build.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
 from envspec.build.fetch import Cache, WheelFetcher, _pid_alive
 from envspec.build.importer import Importer, LayerFile
@@ -38,7 +39,7 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
-__all__ = ["build", "preview", "BuildOptions", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine",
+__all__ = ["build", "preview", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
 
 
@@ -48,6 +49,7 @@ class BuildOptions:
     outputs: tuple[str, ...] = ()  # oci:DIR, oci-archive:FILE, docker-archive:FILE
     push: str | None = None
     no_cache: bool = False
+    compression: str = DEFAULT_COMPRESSION  # of the layers that outputs and pushes carry: zstd, gzip, none
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
     sign_key: SigningKey | None = None  # signs the pushed image and its attestations (build/attest.py)
@@ -58,28 +60,34 @@ class BuildOptions:
 class LayerInfo:
     """A made (or cached) layer: ``plan.Layer`` turned into bytes."""
 
-    digest: str  # the blob digest; layers are uncompressed, so it equals diff_id
-    diff_id: str
-    size: int
+    digest: str  # the blob digest as pushed (compressed; == diff_id with compression "none")
+    diff_id: str  # the uncompressed tar's
+    size: int  # the blob's size
     group: str
     cached: bool
     key: str = ""
+    diff_size: int = 0  # the uncompressed tar's size
+    media_type: str = ""
 
 
 @dataclass(frozen=True)
 class BuiltImage:
     image: str  # the tag in containers-storage ("" when not tagged)
-    digest: str  # manifest digest: the image's identity
+    digest: str  # the manifest digest of what pushes and OCI outputs carry: the image's identity
     layers: tuple[LayerInfo, ...]
     config_digest: str = ""
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     attached: tuple[str, ...] = ()  # the attestations and signature pushed beside the image
+    store_digest: str = ""  # the manifest digest in containers-storage (uncompressed layers)
+    compression: str = "none"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "image": self.image,
             "digest": self.digest,
+            "store_digest": self.store_digest or self.digest,
+            "compression": self.compression,
             "config": self.config_digest,
             "layers": [asdict(lay) for lay in self.layers],
             "pushed": list(self.pushed),
@@ -109,8 +117,9 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (build/cachegc.py)
     cache.clean_stale()
     _clean_stale_scratch()
+    comp = compression(options.compression)
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache)
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp)
     store = engine.storage_cli() if ref else None
     importer = Importer(store, layers.files(), on_progress=reporter.importing) if store and layers.todo else None
     try:
@@ -121,11 +130,13 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             layers.make_base()
             layers.finish(pending)
         layers.make_top(options.verify_dir)
-        image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
+        layers.compress_cached()
+        image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers],
+                            comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
         outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
         attached: tuple[str, ...] = ()
         if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
-            att = attach(engine.push, work, plan, image.digest, options.push, make_sbom(plan), options.sign_key,
+            att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan), options.sign_key,
                          lock_path=options.lock_path)
             for r, d in ((att.attestations, att.attestation_digest), (att.signature, att.signature_digest)):
                 if r:
@@ -148,20 +159,26 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     finally:
         shutil.rmtree(work, ignore_errors=True)
         in_use.release()
-    return BuiltImage(image=ref, digest=image.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
-                      pushed=pushed, outputs=outputs, attached=attached)
+    return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
+                      pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
+                      compression=comp.name)
 
 
 def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
     """``build --dry-run``: the plan, which layers are cached and which would be made, what would
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
-    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache)
+    comp = compression(options.compression)
+    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp)
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
     debs = [d for lay in layers.todo for d in lay.debs]
     engine = RecordingEngine()
     ref = plan.tag if options.tag is None else options.tag
     image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
+    if comp.name != "none":
+        image = Image(layout=image.layout, digest=image.digest, config=b"", manifest=b"",
+                      compressed=Image(layout=Path(f"(oci layout, {comp.name})"), digest="(digest)", config=b"",
+                                       manifest=b""))
     deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
     if options.push:
         repo = repository(options.push)
@@ -174,8 +191,10 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     todo = {lay.key for lay in layers.todo}
     for row, lay in zip(summary["layers"], plan.layers):
         row["cached"] = lay.key not in todo and lay.cacheable
+        row["compressed"] = lay.key not in todo and lay.cacheable and lay.key not in layers.to_compress
     summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
                         "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
+    summary["compression"] = comp.name
     summary["engine"] = [[str(a) for a in call] for call in engine.calls]
     return summary
 
@@ -186,15 +205,22 @@ class Layers:
     """The plan's layers on their way to tar files: found in the cache or made here, each with a
     future that the importer waits on."""
 
-    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool) -> None:
-        self.plan, self.cache, self.work, self.reporter = plan, cache, work, reporter
+    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
+                 comp: Compression = Compression("none")) -> None:
+        self.plan, self.cache, self.work, self.reporter, self.comp = plan, cache, work, reporter, comp
         self.metas: dict[str, dict[str, Any]] = {}
         self.futures: dict[str, Future[dict[str, Any]]] = {}
         self.todo: list[Layer] = []  # cacheable layers not in the cache
+        self.to_compress: set[str] = set()  # keys of cached layers without this compressor's blob
         for lay in plan.layers:
             self.futures[lay.key] = Future()
             meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
             if meta is not None:
+                blob = _cached_blob(cache, lay, comp)
+                if blob is not None:
+                    meta["blob"] = blob
+                elif comp.name != "none":
+                    self.to_compress.add(lay.key)
                 self._done(lay, {**meta, "cached": True})
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
@@ -202,6 +228,27 @@ class Layers:
 
     def path(self, lay: Layer) -> Path:
         return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
+
+    def blob_path(self, lay: Layer) -> Path:
+        """The layer's blob as pushed: its compressed file, or its tar."""
+        if self.comp.name == "none":
+            return self.path(lay)
+        if lay.group == "envspec":
+            return self.work / ("envspec-layer.tar" + self.comp.suffix)
+        return self.cache.layer_blob(lay.key, self.comp.id, self.comp.suffix)
+
+    def compress_cached(self) -> None:
+        """Compress the cached layers that have no blob of this compressor yet (made before, or
+        with another compression); a rebuild with the same compression finds them."""
+        for lay in self.plan.layers:
+            if lay.key not in self.to_compress:
+                continue
+            tmp = self.work / f"{lay.group}.tar{self.comp.suffix}"
+            digest, size = compress_file(self.path(lay), tmp, self.comp)
+            with self.cache.locked("layer-" + lay.key.split(":", 1)[-1]):
+                self.metas[lay.key]["blob"] = _store_blob(self.cache, lay, self.comp,
+                                                          {"digest": digest, "size": size, "path": str(tmp)})
+        self.to_compress.clear()
 
     def files(self) -> list[LayerFile]:
         return [LayerFile(lay.group, self.path(lay), self.futures[lay.key]) for lay in self.plan.layers]
@@ -226,6 +273,9 @@ class Layers:
             self.futures[lay.key].set_exception(e)
             raise
         self._done(lay, {**meta, "cached": False})
+
+    def _comp(self) -> Compression | None:
+        return None if self.comp.name == "none" else self.comp
 
     def fetch_wheels(self, mirrors: Sequence[Mirror]) -> None:
         """Every wheel the layers to make need, into the cache (checked), one event per wheel."""
@@ -252,7 +302,8 @@ class Layers:
             try:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.work / "base.tar"
-                return _store_layer(self.cache, base, out, layer_makers.make_base_layer(self.plan, rootfs, out))
+                res = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp())
+                return _store_layer(self.cache, base, out, res, self.comp)
             finally:
                 shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
 
@@ -280,7 +331,7 @@ class Layers:
                 except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
                     raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
                                      hint="the wheel may be broken or not for this platform; re-lock") from e
-                return _store_layer(self.cache, lay, out, res)
+                return _store_layer(self.cache, lay, out, res, self.comp)
 
             self._make(lay, done)
 
@@ -292,9 +343,15 @@ class Layers:
         def make() -> dict[str, Any]:
             out = self.work / "envspec.tar"
             res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
-                                                  service_files=render_service_files(self.plan.lock))
+                                                  service_files=render_service_files(self.plan.lock),
+                                                  compression=self._comp())
             os.replace(out, self.path(top))
-            return {"diff_id": res["diff_id"], "size": res["size"]}
+            meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
+            if "blob" in res:
+                os.replace(res["blob"]["path"], self.blob_path(top))
+                meta["blob"] = {"digest": res["blob"]["digest"], "size": res["blob"]["size"], "compressor": self.comp.id,
+                                "media_type": self.comp.media_type}
+            return meta
 
         self._make(top, make)
 
@@ -318,7 +375,8 @@ class WheelMakers:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.work / f"{lay.group}.tar"
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
-            self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, (files, platform_json, str(out)))))
+            job = (files, platform_json, str(out), self.layers.comp.name)
+            self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, job)))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -328,25 +386,48 @@ class WheelMakers:
 
 @dataclass(frozen=True)
 class Image:
-    layout: Path  # an OCI image layout holding the image
+    layout: Path  # an OCI image layout holding the image, its layers uncompressed (for the store)
     digest: str  # the manifest's
     config: bytes
     manifest: bytes
+    compressed: "Image | None" = None  # the same image with compressed layers (for pushes and outputs)
+
+    @property
+    def dist(self) -> "Image":
+        """The image as pushes and OCI outputs carry it."""
+        return self.compressed or self
 
 
-def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path]) -> Image:
-    """The OCI layout of the plan's image from its made layers (``paths``: their tar files)."""
-    blobs = [LayerBlob(group=info.group, key=info.key, path=path, digest=info.diff_id, size=info.size,
-                       description=f"{len(lay.pins)} pins" if lay.pins else "")
-             for lay, info, path in zip(plan.layers, layers, paths)]
+def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path], *,
+                comp: Compression = Compression("none"), blobs: Sequence[Path] = ()) -> Image:
+    """The OCI layout of the plan's image from its made layers (``paths``: their tar files), and
+    with a compression a second layout ``<layout>-<name>`` whose layers are the compressed
+    ``blobs``. The config is the same in both (diff_ids); the manifests differ."""
     debs = {d.name for d in plan.debs}
     rt = plan.lock.runtime
     entrypoint = ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE]) if debs else []
     user = rt.user if debs else f"{rt.uid}:{rt.uid}"  # no passwd file without Debian packages
-    digest, _size, config = write_layout(layout, plan, blobs, entrypoint=entrypoint, cmd=[], user=user,
-                                         ref_name=plan.lock.short_hash or "latest")
-    return Image(layout=layout, digest=digest, config=config,
-                 manifest=(layout / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes())
+
+    def one(dest: Path, layer_blobs: list[LayerBlob]) -> Image:
+        digest, _size, config = write_layout(dest, plan, layer_blobs, entrypoint=entrypoint, cmd=[], user=user,
+                                             ref_name=plan.lock.short_hash or "latest")
+        return Image(layout=dest, digest=digest, config=config,
+                     manifest=(dest / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes())
+
+    def desc(lay: Layer) -> str:
+        return f"{len(lay.pins)} pins" if lay.pins else ""
+
+    plain = one(layout, [LayerBlob(group=info.group, key=info.key, path=path, digest=info.diff_id,
+                                   size=info.diff_size or info.size, description=desc(lay))
+                         for lay, info, path in zip(plan.layers, layers, paths)])
+    if comp.name == "none":
+        return plain
+    packed = one(layout.with_name(f"{layout.name}-{comp.name}"),
+                 [LayerBlob(group=info.group, key=info.key, path=blob, digest=info.digest, size=info.size,
+                            description=desc(lay), diff_id=info.diff_id, media_type=comp.media_type)
+                  for lay, info, blob in zip(plan.layers, layers, blobs)])
+    return Image(layout=plain.layout, digest=plain.digest, config=plain.config, manifest=plain.manifest,
+                 compressed=packed)
 
 
 def docker_archive_named(dest: str, tag: str) -> str:
@@ -361,28 +442,35 @@ def docker_archive_named(dest: str, tag: str) -> str:
 def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Reporter, *,
             export: bool = True, tag: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The image to ``options.outputs`` and ``options.push``: (outputs written, references pushed).
-    ``tag``: the name a docker-archive carries when its destination gives none."""
+    ``tag``: the name a docker-archive carries when its destination gives none. OCI outputs and
+    pushes carry the compressed layers (``image.dist``); a docker archive the tars, as docker
+    loads them."""
+    dist = image.dist
     for dest in options.outputs:
         if dest.startswith("oci:"):  # ours to write: hardlinks, no copy of gigabytes
             path, _, name = dest[4:].partition(":")
             if export:
                 try:
-                    export_layout(image.layout, Path(path), name)
+                    export_layout(dist.layout, Path(path), name)
                 except OSError as e:
                     raise BuildError(f"cannot write {dest}: {e}", step="output") from e
-        else:
+        elif dest.startswith("docker-archive:"):
             engine.copy(image.layout, docker_archive_named(dest, tag))
+        else:
+            engine.copy(dist.layout, dest)
     if options.push:
-        engine.push(image.layout, options.push)
-        reporter.pushed(options.push, image.digest)
+        engine.push(dist.layout, options.push)
+        reporter.pushed(options.push, dist.digest)
     return tuple(options.outputs), ((options.push,) if options.push else ())
 
 
 # --- helpers --------------------------------------------------------------------------------------
 
 def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
-    return LayerInfo(digest=meta["diff_id"], diff_id=meta["diff_id"], size=meta["size"], group=lay.group,
-                     cached=bool(meta["cached"]), key=lay.key)
+    blob = meta.get("blob")
+    return LayerInfo(digest=blob["digest"] if blob else meta["diff_id"], diff_id=meta["diff_id"],
+                     size=blob["size"] if blob else meta["size"], group=lay.group, cached=bool(meta["cached"]),
+                     key=lay.key, diff_size=meta["size"], media_type=blob["media_type"] if blob else MT_LAYER)
 
 
 class _DebEvents(debian.DebianReporter):
@@ -423,7 +511,33 @@ def _cached_meta(cache: Cache, lay: Layer) -> dict[str, Any] | None:
     return None
 
 
-def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any]) -> dict[str, Any]:
+def _cached_blob(cache: Cache, lay: Layer, comp: Compression) -> dict[str, Any] | None:
+    """The cached layer's blob of this compressor (its version in the name), or None."""
+    if comp.name == "none":
+        return None
+    try:
+        meta: dict[str, Any] = json.loads(cache.layer_blob_meta(lay.key, comp.id).read_text())
+        if meta["compressor"] == comp.id and cache.layer_blob(lay.key, comp.id, comp.suffix).stat().st_size == meta["size"]:
+            return meta
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any]) -> dict[str, Any]:
+    """Move a layer's compressed blob into the cache beside its tar; its meta last."""
+    meta = {"key": lay.key, "compressor": comp.id, "media_type": comp.media_type, "digest": blob["digest"],
+            "size": blob["size"]}
+    tmp = Path(blob["path"])
+    os.replace(tmp, cache.layer_blob(lay.key, comp.id, comp.suffix))
+    tmp_meta = tmp.with_name(tmp.name + ".json")
+    tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
+    os.replace(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
+    return meta
+
+
+def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any],
+                 comp: Compression = Compression("none")) -> dict[str, Any]:
     pins: Sequence[Wheel | DebPin] = lay.pins
     meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
             "size": result["size"], "entries": result["entries"],
@@ -433,6 +547,8 @@ def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any]
         tmp_meta = tmp_tar.with_suffix(".json")
         tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
         os.replace(tmp_meta, cache.layer_meta(lay.key))
+        if "blob" in result:
+            meta["blob"] = _store_blob(cache, lay, comp, result["blob"])
     return meta
 
 

@@ -8,6 +8,8 @@ Layout under the cache root (``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``
     layers/<key>.tar           finished layer tars, named by the plan's content key
     layers/<key>.json          their diff_id, size, entries (written after the tar: its presence
                                means the tar is complete)
+    layers/<key>.<id>.tar.zst  the layer compressed by compressor ``id`` (``build/compress.py``),
+    layers/<key>.<id>.json     and its blob digest and size (written after the blob)
     locks/                     flock files: one per layer key, one for importing into storage,
                                cache.lock (shared by running builds, exclusive for ``cache gc``)
     tmp/<pid>-<random>/        work directories; a dead pid's are removed by the next build
@@ -104,6 +106,13 @@ class Cache:
 
     def layer_meta(self, key: str) -> Path:
         return self.root / "layers" / (key.split(":", 1)[-1] + ".json")
+
+    def layer_blob(self, key: str, compressor: str, suffix: str) -> Path:
+        """The layer compressed by ``compressor`` (a ``Compression.id``): its version is in the name."""
+        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.tar{suffix}"
+
+    def layer_blob_meta(self, key: str, compressor: str) -> Path:
+        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.json"
 
     # -- locks and work dirs ----------------------------------------------------------------------
     def locked(self, name: str) -> contextlib.AbstractContextManager[None]:

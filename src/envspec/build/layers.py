@@ -32,7 +32,8 @@ from installer.records import parse_record_file
 
 from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
-from envspec.build.tarball import TarWriter
+from envspec.build.compress import Compression
+from envspec.build.tarball import TarResult, TarWriter
 from envspec.lock import Platform
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
 from envspec.services import ENVSPEC_LIB
@@ -136,10 +137,12 @@ def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
     }
 
 
-def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path) -> dict:
+def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path,
+                     compression: Compression | None = None) -> dict:
     """Install wheels ``[(filename, path), ...]`` (already in layer order) into a layer tar at
-    ``out``. Returns a JSON-able dict: diff_id, size, entries, duplicates. Runs in a worker process."""
-    with TarWriter(out) as w:
+    ``out`` (and its compressed blob beside it, with ``compression``). Returns a JSON-able dict:
+    diff_id, size, entries, duplicates, blob. Runs in a worker process."""
+    with TarWriter(out, compression=compression) as w:
         duplicates: list[str] = []
         for filename, path in wheel_files:
             # The cache names files by sha256; installer reads name and version off the filename.
@@ -155,7 +158,14 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
                 install(source, dest, {"INSTALLER": INSTALLER_NAME})
                 duplicates += dest.duplicates
         res = w.close()
-    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": duplicates}
+    return _result(res, duplicates)
+
+
+def _result(res: TarResult, duplicates: list[str]) -> dict:
+    out = {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": duplicates}
+    if res.blob_path is not None:
+        out["blob"] = {"digest": res.blob_digest, "size": res.blob_size, "path": str(res.blob_path)}
+    return out
 
 
 # --- base --------------------------------------------------------------------------------------
@@ -182,12 +192,13 @@ def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
     w.add_symlink(f"{v}/bin/python", f"python{py}")
 
 
-def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path) -> dict:
+def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
+                    compression: Compression | None = None) -> dict:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
     without Debian packages), the venv skeleton, and /workspace owned by the non-root user."""
     rt = plan.lock.runtime
     ws = "/" + rt.workdir.strip("/")
-    with TarWriter(out) as w:
+    with TarWriter(out, compression=compression) as w:
         if rootfs is not None:
             root = Path(rootfs)
             for name in sorted(p.name for p in root.iterdir()):
@@ -201,7 +212,7 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path)
         if not w.has(ws):
             w.add_dir(ws, mode=0o755, uid=rt.uid, gid=rt.uid)
         res = w.close()
-    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": []}
+    return _result(res, [])
 
 
 def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, int]]) -> None:
@@ -250,7 +261,7 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
 
 
 def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service_files: dict[str, tuple[str, int]],
-                       verify_dir: Path | None = None) -> dict:
+                       verify_dir: Path | None = None, compression: Compression | None = None) -> dict:
     """The top layer: the lock, the SBOM, the verifier (``verify_dir``, default envspec's own) and
     its launcher, and ``service_files`` ({image path: (text, mode)}: the entrypoint and the
     services' files that ``envspec.services.render_service_files`` renders from the lock)."""
@@ -269,14 +280,15 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service
     files += [(f"{ENVSPEC_LIB}/envspec/verify/{rel}", data, 0o644) for rel, data in vfiles]
     files.append((f"{v}/bin/envspec", LAUNCHER.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(), 0o755))
     files.sort(key=lambda t: t[0])
-    with TarWriter(out) as w:
+    with TarWriter(out, compression=compression) as w:
         for path, data, mode in files:
             w.add_file(path, None, len(data), data=data, mode=mode)
         res = w.close()
-    return {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": []}
+    return _result(res, [])
 
 
 def wheel_layer_job(args: tuple) -> dict:
     """Process-pool entry point (picklable)."""
-    wheel_files, platform_json, out = args
-    return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out)
+    wheel_files, platform_json, out, comp = args
+    return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out,
+                            Compression(comp) if comp != "none" else None)

@@ -1,11 +1,11 @@
 """OCI image layout writing: config, manifest, index, all as deterministic JSON.
 
 Deterministic JSON = sorted keys, no spaces, UTF-8. ``created`` is SOURCE_DATE_EPOCH or 1970.
-Layers are stored uncompressed (``application/vnd.oci.image.layer.v1.tar``): gzip would cost
-minutes on 5 GB with two cores, and gzip bytes depend on the zlib build (docs/build.md), so the
-digest would no longer be a function of the lock alone. Uncompressed, a layer's digest is its
-diff_id, and ``skopeo copy --preserve-digests`` keeps it on the way to a registry.
-The manifest digest is the image's identity.
+A layout's layers are either the uncompressed tars (``application/vnd.oci.image.layer.v1.tar``:
+what goes into containers-storage and docker archives; a layer's digest is its diff_id) or
+their compressed blobs (``+zstd``/``+gzip``, ``build/compress.py``: what pushes and OCI outputs
+carry); ``skopeo copy --preserve-digests`` keeps the blobs as they are on the way to a registry.
+The config (diff_ids) is the same for both; the manifest digest is the image's identity.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def created_at() -> str:
 class LayerBlob:
     group: str
     key: str
-    path: Path  # the uncompressed tar (in the cache)
-    digest: str  # == diff_id, uncompressed
-    size: int
+    path: Path  # the blob: the uncompressed tar or its compressed file (in the cache)
+    digest: str  # the blob's digest (== diff_id when uncompressed)
+    size: int  # the blob's size
     description: str = ""
+    diff_id: str = ""  # the uncompressed tar's digest ("": == digest)
+    media_type: str = MT_LAYER
 
 
 def nvidia_require_cuda(plan: BuildPlan) -> str:
@@ -133,7 +135,7 @@ def image_config(plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[s
         "created": when,
         "author": "envspec",
         "config": cfg,
-        "rootfs": {"type": "layers", "diff_ids": [lay.digest for lay in layers]},
+        "rootfs": {"type": "layers", "diff_ids": [lay.diff_id or lay.digest for lay in layers]},
         "history": [{"created": when, "created_by": f"envspec {lay.group} layer",
                      "comment": lay.description or lay.key} for lay in layers],
     }
@@ -171,7 +173,7 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
         "schemaVersion": 2,
         "mediaType": MT_MANIFEST,
         "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": MT_LAYER, "digest": lay.digest, "size": lay.size,
+        "layers": [{"mediaType": lay.media_type, "digest": lay.digest, "size": lay.size,
                     "annotations": {"io.envspec.layer.group": lay.group, "io.envspec.layer.key": lay.key}}
                    for lay in layers],
         "annotations": {

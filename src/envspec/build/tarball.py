@@ -5,7 +5,8 @@ headers would carry times), every mtime fixed (``SOURCE_DATE_EPOCH`` or 0), owne
 no user or group names, modes normalised (0755 for directories and executables, 0644 otherwise,
 unless a rootfs tree gives its own), parents written before children and each directory once,
 two zero blocks at the end and no padding to tarfile's 10 KiB records. The archive is hashed
-while it is written, so its diff_id costs no second read.
+while it is written, so its diff_id costs no second read; with a ``compression`` its bytes are
+also compressed as they are written (``build/compress.py``), into ``<path><suffix>``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from envspec.build.compress import Compression, Sink
 
 BLOCK = 512
 COPY_CHUNK = 1 << 20
@@ -35,17 +39,23 @@ class TarResult:
     diff_id: str  # "sha256:<hex>" of the uncompressed tar
     size: int
     entries: int
+    blob_digest: str = ""  # "sha256:<hex>" of the compressed blob ("": no compression)
+    blob_size: int = 0
+    blob_path: Path | None = None
 
 
 class _HashingFile:
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, sink: "Sink | None" = None) -> None:
         self.f = f
         self.h = hashlib.sha256()
         self.n = 0
+        self.sink = sink
 
     def write(self, b: bytes | memoryview) -> None:
         self.h.update(b)
         self.f.write(b)
+        if self.sink is not None:
+            self.sink.write(b)
         self.n += len(b)
 
 
@@ -53,10 +63,12 @@ class TarWriter:
     """Append entries in a caller-decided, deterministic order. Paths are absolute image paths
     ("/opt/venv/bin/python") or relative ones; both are stored relative ("opt/venv/bin/python")."""
 
-    def __init__(self, path: str | Path, *, mtime: int | None = None) -> None:
+    def __init__(self, path: str | Path, *, mtime: int | None = None, compression: "Compression | None" = None) -> None:
         self.path = Path(path)
         self._raw = open(self.path, "wb")
-        self._out = _HashingFile(self._raw)
+        self._sink = compression.sink(self.path.with_name(self.path.name + compression.suffix)) if compression else None
+        self._out = _HashingFile(self._raw, self._sink)
+        self._blob: tuple[str, int] = ("", 0)
         self.mtime = source_date_epoch() if mtime is None else mtime
         self._dirs: set[str] = set()
         self._files: set[str] = set()
@@ -228,12 +240,18 @@ class TarWriter:
             # No fsync: the cache records each layer's size and diff_id and checks the size on
             # reuse; an fsync of a 3 GB layer costs seconds on every cold build.
             self._raw.close()
+            if self._sink is not None:
+                self._blob = self._sink.close()
             self._closed = True
-        return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries)
+        return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries,
+                         blob_digest=self._blob[0], blob_size=self._blob[1],
+                         blob_path=self._sink.path if self._sink is not None else None)
 
     def abort(self) -> None:
         if not self._closed:
             self._raw.close()
+            if self._sink is not None:
+                self._sink.abort()
             self._closed = True
         try:
             self.path.unlink()
