@@ -50,6 +50,13 @@ class System(startup.Machine):
     def loaded_libraries(self) -> dict[str, list[str]]:
         return torchprobe.loaded_libraries()
 
+    def compile_probe(self, timeout: float) -> torchprobe.CompileProbe:
+        """Start the torch.compile child (full level); tests start another command instead."""
+        return torchprobe.CompileProbe(timeout)
+
+    def compile_toolchain(self, gpu: bool) -> probes.Toolchain:
+        return probes.compile_toolchain(gpu, self.env)
+
 
 def version_matches(locked: str, installed: str) -> bool:
     """PEP 440 ``==`` for a pin: a locked version without a local label ("2.11.0") is met by
@@ -82,7 +89,8 @@ class _Run(startup.MachineChecks):
         self.wheels = {integrity.normalize(w["name"]): w for w in lock.get("wheels", [])}
         self.torch: Any = None
         self.tinfo: dict[str, Any] = {}
-        self.hash_cache: dict[Path, str] = {}
+        self.hash_cache = integrity.HashCache()
+        self.compile_probe: torchprobe.CompileProbe | None = None
         self.dists: dict[str, integrity.Dist] = {}
         self.libs: dict[str, list[str]] = {}
 
@@ -92,12 +100,21 @@ class _Run(startup.MachineChecks):
 
     # the run -----------------------------------------------------------------------------
     def run(self) -> Report:
+        try:
+            return self._run_all()
+        finally:  # also on SIGTERM (cli.py turns it into SystemExit) and Ctrl-C
+            if self.compile_probe is not None:
+                self.compile_probe.close()  # its whole process group: nothing outlives the verifier
+
+    def _run_all(self) -> Report:
         t_start = time.perf_counter()
         self.add_header()
         # start the slow, independent work first so that it overlaps the torch import
+        # the real torch.compile is the full level's (a cold compile on 2 cores: 20-90+ s); the
+        # quick level checks the toolchain it needs (check_compile_toolchain)
         compile_probe = None
-        if self.level != "startup" and self.wanted("torch.compile") and self.lock.get("torch"):
-            compile_probe = torchprobe.CompileProbe(self.compile_timeout)
+        if self.level == "full" and self.wanted("torch.compile") and self.lock.get("torch"):
+            self.compile_probe = compile_probe = self.sys.compile_probe(self.compile_timeout)
         hasher = None
         if self.wanted("integrity"):
             self.dists = integrity.find_dists(self.sys.site_dirs())
@@ -121,14 +138,21 @@ class _Run(startup.MachineChecks):
             self.timed("integrity", self.check_dist_set)
             if hasher is not None:
                 t0 = time.perf_counter()
-                problems, nfiles, nbytes = hasher.join()
+                checked = hasher.join()
                 self.report.timings["integrity.wait"] = time.perf_counter() - t0
-                self.report_files(problems, nfiles, nbytes, hasher.seconds)
+                self.report_files(checked, hasher.seconds)
         if self.level == "full" and self.torch is not None and self.tinfo.get("cuda_available"):
             self.timed("perf", self.check_perf)
             self.timed("nccl", self.check_allreduce)
-        if compile_probe is not None:
-            self.timed("torch.compile", lambda: self.check_compile(compile_probe))
+        if self.level != "startup" and self.lock.get("torch"):
+            self.timed("torch.compile.toolchain", self.check_compile_toolchain)
+            if compile_probe is not None:
+                self.timed("torch.compile", lambda: self.check_compile(compile_probe))
+            elif self.level == "quick" and self.wanted("torch.compile"):
+                self.add("torch.compile", SKIP, expected="torch.compile of a small function runs (--level full)",
+                         observed="not run at the quick level (a cold compile takes 20-90 s or more on a few "
+                                  "cores); torch.compile.toolchain checked what it needs",
+                         hint="envspec verify --level full runs it")
         self.timed("fingerprint", self.make_fingerprint)
         self.report.timings["total"] = time.perf_counter() - t_start
         return self.report
@@ -327,8 +351,8 @@ class _Run(startup.MachineChecks):
     def _locked_installed(self) -> list[integrity.Dist]:
         return [d for n, d in sorted(self.dists.items()) if n in self.wheels]
 
-    def _hash_locked_files(self):
-        return integrity.check_files(self._locked_installed(), self.hash_cache)
+    def _hash_locked_files(self) -> integrity.FileCheck:
+        return integrity.check_files(self._locked_installed(), self.hash_cache, hash_all=self.level == "full")
 
     def check_dist_set(self) -> None:
         host = self.mode == "host"
@@ -362,20 +386,31 @@ class _Run(startup.MachineChecks):
             self.add("integrity.packages", PASS, expected=f"{len(self.wheels)} locked packages, no others",
                      observed=f"{len(self.dists)} installed, all as locked")
 
-    def report_files(self, problems: list[integrity.FileProblem], nfiles: int, nbytes: int, seconds: float) -> None:
+    def report_files(self, checked: integrity.FileCheck, seconds: float) -> None:
         host = self.mode == "host"
+        problems = checked.problems
         hard = [p for p in problems if not (host and not self.is_torch_stack(p.dist))]
-        listed = [f"{p.path} ({p.problem}, {p.dist})" for p in problems]
+        listed = [f"{p.path} ({p.problem}{': ' + p.detail if p.detail else ''}, {p.dist})" for p in problems]
         if not self._locked_installed():
             self.add("integrity.files", SKIP, expected="RECORD hashes of locked packages",
                      observed="no locked package is installed in this python")
             return
-        self.add("integrity.files", (FAIL if hard else WARN) if problems else PASS,
-                 expected="every file of every locked package as its RECORD says (sha256)",
+        nfiles = checked.hashed + checked.sized
+        if self.level == "full":
+            expected = "every file of every locked package as its RECORD says (sha256)"
+            did = f"{checked.hashed} files, {probes.human_bytes(checked.hashed_bytes)} hashed"
+        else:
+            expected = ("every locked package's shared objects (*.so*) as its RECORD says (sha256), every other "
+                        "file present at its RECORD size (--level full hashes every file)")
+            did = (f"{checked.hashed} shared objects, {probes.human_bytes(checked.hashed_bytes)} hashed; "
+                   f"{checked.sized} other files, {probes.human_bytes(checked.sized_bytes)} size-checked")
+        self.add("integrity.files", (FAIL if hard else WARN) if problems else PASS, expected=expected,
                  observed=(f"{len(problems)} of {nfiles} files differ: " + _short(listed, 5)) if problems else
-                          f"{nfiles} files, {probes.human_bytes(nbytes)}, unchanged ({seconds:.1f} s)",
+                          f"{did}; unchanged ({seconds:.1f} s, {checked.workers} threads)",
                  hint="files of locked packages were edited or deleted after install; reinstall them or rebuild"
-                      if problems else "", files=[p.path for p in problems])
+                      if problems else "", files=[p.path for p in problems],
+                 hashed_files=checked.hashed, hashed_bytes=checked.hashed_bytes, sized_files=checked.sized,
+                 sized_bytes=checked.sized_bytes, seconds=round(seconds, 3), threads=checked.workers)
 
     # speed -------------------------------------------------------------------------------
     def check_perf(self) -> None:
@@ -455,6 +490,25 @@ class _Run(startup.MachineChecks):
             hint = "torch.compile failed; run the program with TORCH_LOGS=+dynamo for details"
             status = FAIL
         self.add("torch.compile", status, expected="torch.compile of a small function runs", observed=err, hint=hint)
+
+    def check_compile_toolchain(self) -> None:
+        """What torch.compile calls at run time, without compiling: Inductor's C++ compiler on CPU,
+        Triton's C compiler on GPUs, and the Python headers both include (torch-free, microseconds)."""
+        gpu = bool(self.tinfo.get("cuda_available"))
+        tc = self.sys.compile_toolchain(gpu)
+        who = "Triton (GPU)" if gpu else "Inductor's C++ backend (CPU)"
+        want = f"{tc.compiler_role} for {who} and Python.h"
+        missing = []
+        if not tc.compiler_path:
+            missing.append(f"no {tc.compiler_role} ({tc.compiler_wanted})")
+        if not tc.python_h:
+            missing.append(f"no Python.h in {tc.include_dir}")
+        self.add("torch.compile.toolchain", FAIL if missing else PASS, expected=want,
+                 observed="; ".join(missing) if missing else f"{tc.compiler_path}, {tc.include_dir}/Python.h",
+                 hint=("torch.compile builds code at run time: Inductor's CPU backend needs a C++ compiler (g++), "
+                       "Triton on GPUs a C compiler (gcc), both the Python headers (python3-dev / libpython3.X-dev); "
+                       "add them to the spec's system packages, or set CXX / CC") if missing else "",
+                 compiler=tc.compiler_path, python_h=tc.python_h)
 
     # fingerprint -------------------------------------------------------------------------
     def make_fingerprint(self) -> None:

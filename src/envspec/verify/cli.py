@@ -8,8 +8,13 @@ Exit codes: 0 nothing failed, 1 a check failed (a warning too with --strict), 2 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
+import traceback
+from collections.abc import Iterator
 from typing import TextIO
 
 from . import multinode, render, startup
@@ -29,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock", metavar="PATH", help="the lockfile (default: $ENVSPEC_LOCK, else "
                    "/opt/envspec/envspec.lock, the path baked into images)")
     p.add_argument("--level", choices=("quick", "full"), default="quick",
-                   help="quick: no heavy GPU work (default); full: adds GEMM TFLOPS and the NCCL all-reduce")
+                   help="quick (default): shared objects hashed, other files checked by size, no compile, no "
+                        "heavy GPU work; full: adds hashing every file, a real torch.compile, GEMM TFLOPS and "
+                        "the NCCL all-reduce (docs/verify.md, Levels)")
     p.add_argument("--mode", choices=("auto", "image", "host"), default="auto",
                    help="image: this python is the lock's venv; host: any other python (relaxed, see "
                         "docs/verify.md); auto (default) decides by comparing sys.prefix with [platform].venv")
@@ -41,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out a check or a group (prefix), e.g. torch.compile, integrity; repeatable, "
                         "comma-separated")
     p.add_argument("--compile-timeout", type=float, default=90.0, metavar="S",
-                   help="seconds the torch.compile child may take (default 90)")
+                   help="full level: seconds the torch.compile child may take (default 90); on a timeout "
+                        "its whole process group is killed")
     p.add_argument("--allreduce", choices=("inprocess", "processes"), default="inprocess",
                    help="full level: all-reduce in this process over torch.cuda.nccl (default) or with one "
                         "process a GPU (torch.distributed, as training runs)")
@@ -67,7 +75,27 @@ def _print(text: str, stream: TextIO | None = None) -> None:
     (stream or sys.stdout).flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM (docker/podman stop, Slurm's kill, a timeout) raises SystemExit(143) while the
+    checks run, so that they unwind and the compile probe's process group is killed. Python's
+    default would end this process at once and leave the probe's children running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def main(argv: list[str] | None = None, *, system: System | None = None) -> int:
+    """The CLI. ``system`` replaces the machine's probes (tests)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "verify":  # the image's `envspec verify ...` launcher passes it through
         argv = argv[1:]
@@ -90,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             _print(f"  hint: {e.hint}\n", sys.stderr)
         return EXIT_BAD_INPUT
-    system = System()
-    report = run_checks(lock, level=args.level, mode=args.mode, strict=args.strict, system=system, skip=skip,
-                        compile_timeout=args.compile_timeout, allreduce=args.allreduce)
+    system = system or System()
+    with _sigterm_exits():
+        report = run_checks(lock, level=args.level, mode=args.mode, strict=args.strict, system=system, skip=skip,
+                            compile_timeout=args.compile_timeout, allreduce=args.allreduce)
     rank0 = True
     if distributed:
         torch, err = system.torch()

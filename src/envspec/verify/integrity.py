@@ -2,7 +2,7 @@
 
 The lock names every wheel; the installer wrote each wheel's RECORD (path, ``sha256=`` urlsafe
 base64 digest without padding, size) into its ``.dist-info``. The verifier re-hashes the files
-to find edits, reads the set of ``.dist-info`` directories to find packages the lock does not
+(at the quick level only the shared objects, the rest by size) to find edits, reads the set of ``.dist-info`` directories to find packages the lock does not
 name, and maps a loaded shared library back to the distribution whose RECORD lists it.
 """
 
@@ -15,7 +15,8 @@ import os
 import re
 import sys
 import sysconfig
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -110,17 +111,61 @@ def find_dists(sites: list[Path]) -> dict[str, Dist]:
     return dists
 
 
-def b64_sha256_file(path: Path, cache: dict[Path, str] | None = None) -> str:
-    if cache is not None and path in cache:
-        return cache[path]
+# The quick level's rule (docs/verify.md, "Levels"): a file whose name is a shared object
+# (``*.so``, ``*.so.<digits>...``: torch/lib, nvidia/*/lib, triton, every C extension module)
+# decides what code runs and is hashed in full; every other file is checked for presence and
+# size. The full level hashes every file.
+_NATIVE = re.compile(r"\.so(\.\d+)*$")
+
+
+def is_native(rel: str) -> bool:
+    """A shared object (ELF library or Python extension module), by its file name."""
+    return bool(_NATIVE.search(rel.rsplit("/", 1)[-1]))
+
+
+class HashCache:
+    """sha256 digests by path, shared by the threads of one run: a file two checks want (a loaded
+    library and the same file in RECORD) is read once, the second caller waits for the first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: dict[Path, Future[str]] = {}
+
+    def __contains__(self, path: Path) -> bool:
+        with self._lock:
+            f = self._futures.get(path)
+        return f is not None and f.done() and f.exception() is None
+
+    def digest(self, path: Path) -> str:
+        with self._lock:
+            fut = self._futures.get(path)
+            mine = fut is None
+            if fut is None:
+                fut = self._futures[path] = Future()
+        if mine:
+            try:
+                fut.set_result(_sha256_b64(path))
+            except BaseException as e:  # the waiters see the same error
+                fut.set_exception(e)
+        return fut.result()
+
+
+def _sha256_b64(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    value = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-    if cache is not None:
-        cache[path] = value
-    return value
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        try:  # sequential read-ahead: most of a quick run's bytes are a few large libraries
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        while n := f.readinto(buf):
+            h.update(view[:n])  # hashlib releases the GIL on buffers this large
+    return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def b64_sha256_file(path: Path, cache: HashCache | None = None) -> str:
+    return cache.digest(path) if cache is not None else _sha256_b64(path)
 
 
 def hex_to_b64(hexdigest: str) -> str:
@@ -136,45 +181,102 @@ class FileProblem:
     dist: str
     path: str  # absolute path of the file
     problem: str  # "changed" | "missing" | "unreadable"
+    detail: str = ""  # e.g. "size 1204 B, RECORD says 1203 B"
+
+
+@dataclass
+class FileCheck:
+    """What ``check_files`` did: problems found, files and bytes hashed, files checked by size."""
+
+    problems: list[FileProblem] = field(default_factory=list)
+    hashed: int = 0
+    hashed_bytes: int = 0
+    sized: int = 0
+    sized_bytes: int = 0
+    workers: int = 0
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, bounded by a cgroup v2 CPU quota
+    (``podman run --cpus 2`` writes ``200000 100000`` to cpu.max)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
 
 
 def _hash_workers() -> int:
-    return max(4, min(32, (os.cpu_count() or 2) * 2))
+    # one thread a core (hashing is CPU-bound once the page cache holds the file), at least two so
+    # that one thread's read overlaps another's hashing on a cold cache
+    return max(2, min(32, usable_cpus()))
 
 
-def check_files(dists: list[Dist], cache: dict[Path, str] | None = None) -> tuple[list[FileProblem], int, int]:
-    """Re-hash every RECORD entry with a hash. Returns (problems, files checked, bytes read).
+def check_files(dists: list[Dist], cache: HashCache | None = None, *, hash_all: bool = True) -> FileCheck:
+    """Check every RECORD entry that has a hash.
 
-    Files are hashed on a thread pool (hashlib releases the GIL on large buffers); the biggest
-    first so that the pool drains evenly.
+    ``hash_all`` (the full level): re-hash every file. Otherwise (the quick level) hash the
+    shared objects (``is_native``) and check every other file's presence and size against
+    RECORD; an entry without a size is hashed. A file whose size differs is reported without
+    being read. Hashing runs on a thread pool of one thread a usable core (hashlib releases the
+    GIL), the biggest files first so that the pool drains evenly; the size checks run in the
+    calling thread meanwhile.
     """
-    jobs: list[tuple[Dist, RecordEntry]] = []
+    hash_jobs: list[tuple[Dist, RecordEntry]] = []
+    size_jobs: list[tuple[Dist, RecordEntry]] = []
     for d in dists:
         for e in d.record:
-            if e.sha256:
-                jobs.append((d, e))
-    jobs.sort(key=lambda j: -(j[1].size or 0))
-    problems: list[FileProblem] = []
-    total = 0
+            if not e.sha256:
+                continue
+            if hash_all or e.size is None or is_native(e.rel):
+                hash_jobs.append((d, e))
+            else:
+                size_jobs.append((d, e))
+    hash_jobs.sort(key=lambda j: -(j[1].size or 0))
+    out = FileCheck(workers=_hash_workers())
+
+    def stat(d: Dist, e: RecordEntry) -> FileProblem | None:
+        try:
+            size = os.stat(e.path).st_size
+        except FileNotFoundError:
+            return FileProblem(d.name, str(e.path), "missing")
+        except OSError:
+            return FileProblem(d.name, str(e.path), "unreadable")
+        if e.size is not None and size != e.size:
+            return FileProblem(d.name, str(e.path), "changed", f"size {size} B, RECORD says {e.size} B")
+        return None
 
     def one(job: tuple[Dist, RecordEntry]) -> FileProblem | None:
         d, e = job
+        bad = stat(d, e)
+        if bad is not None:
+            return bad
         try:
             got = b64_sha256_file(e.path, cache)
         except FileNotFoundError:
             return FileProblem(d.name, str(e.path), "missing")
         except OSError:
             return FileProblem(d.name, str(e.path), "unreadable")
-        return None if got == e.sha256 else FileProblem(d.name, str(e.path), "changed")
+        return None if got == e.sha256 else FileProblem(d.name, str(e.path), "changed", "sha256 differs")
 
-    with ThreadPoolExecutor(_hash_workers()) as pool:
-        for res in pool.map(one, jobs):
+    with ThreadPoolExecutor(out.workers, thread_name_prefix="envspec-verify-sha256") as pool:
+        hashed = pool.map(one, hash_jobs)
+        for d, e in size_jobs:
+            res = stat(d, e)
             if res is not None:
-                problems.append(res)
-    for _, e in jobs:
-        total += e.size or 0
-    problems.sort(key=lambda p: (p.dist, p.path))
-    return problems, len(jobs), total
+                out.problems.append(res)
+        out.problems.extend(r for r in hashed if r is not None)
+    out.hashed, out.sized = len(hash_jobs), len(size_jobs)
+    out.hashed_bytes = sum(e.size or 0 for _, e in hash_jobs)
+    out.sized_bytes = sum(e.size or 0 for _, e in size_jobs)
+    out.problems.sort(key=lambda p: (p.dist, p.path))
+    return out
 
 
 def owner_index(dists: dict[str, Dist], wanted: list[Path]) -> dict[Path, tuple[Dist, RecordEntry]]:
@@ -191,7 +293,7 @@ def owner_index(dists: dict[str, Dist], wanted: list[Path]) -> dict[Path, tuple[
     return found
 
 
-def hash_many(paths: list[Path], cache: dict[Path, str]) -> None:
+def hash_many(paths: list[Path], cache: HashCache) -> None:
     """Fill ``cache`` for ``paths`` on a thread pool (big shared libraries: seconds, not minutes)."""
     todo = [p for p in dict.fromkeys(paths) if p not in cache]
 

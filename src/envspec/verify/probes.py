@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,3 +191,42 @@ def infiniband_present(sysfs: str = "/sys/class/infiniband") -> bool:
         return any(Path(sysfs).iterdir())
     except OSError:
         return False
+
+
+# -- what torch.compile needs at run time ----------------------------------------------------
+
+
+@dataclass
+class Toolchain:
+    compiler_role: str  # "C++ compiler" | "C compiler"
+    compiler_wanted: str  # what was looked for, e.g. "$CXX or g++"
+    compiler_path: str  # "" when none was found
+    include_dir: str
+    python_h: bool
+
+
+def compile_toolchain(gpu: bool, env: Mapping[str, str] | None = None) -> Toolchain:
+    """The compiler and headers torch.compile would call, found the way they find them.
+
+    CPU: Inductor's C++ backend runs ``$CXX``, else ``g++`` (torch/_inductor/config.py,
+    ``cpp.cxx``). GPU: Triton builds its launcher with ``$CC``, else ``gcc``, else ``clang``
+    (triton/runtime/build.py). Both include ``Python.h`` from ``sysconfig``'s include directory.
+    """
+    import shutil
+    import sysconfig
+
+    env = os.environ if env is None else env
+    if gpu:
+        role, names = "C compiler", [env["CC"]] if env.get("CC") else ["gcc", "clang"]
+        wanted = "$CC, else gcc or clang"
+    else:
+        role, names = "C++ compiler", [env["CXX"]] if env.get("CXX") else ["g++"]
+        wanted = "$CXX, else g++"
+    path = ""
+    for n in names:
+        found = shutil.which(n, path=env.get("PATH"))
+        if found:
+            path = found
+            break
+    include = sysconfig.get_paths().get("include", "")
+    return Toolchain(role, wanted, path, include, bool(include) and Path(include, "Python.h").is_file())

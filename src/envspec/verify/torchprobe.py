@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,7 +340,12 @@ except BaseException as e:
 
 
 class CompileProbe:
-    def __init__(self, timeout: float) -> None:
+    """torch.compile in a child process that leads its own process group (session), so that a
+    timeout or the verifier's end kills the child and everything it started (Inductor's C++
+    compiler, Triton's gcc, worker pools): nothing outlives the verifier, and a container whose
+    main process is the verifier ends when it does. ``argv`` replaces the child's command (tests)."""
+
+    def __init__(self, timeout: float, argv: list[str] | None = None) -> None:
         self.timeout = timeout
         self.t0 = time.monotonic()
         env = dict(os.environ)
@@ -347,18 +353,37 @@ class CompileProbe:
         # one kernel to build: compiling in-process is faster than starting Inductor's worker pool
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _COMPILE_SCRIPT],
+            argv or [sys.executable, "-c", _COMPILE_SCRIPT],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,  # setsid(): the child's pid is its process group's id
         )
+        self.pgid = self.proc.pid
+
+    def kill_group(self) -> None:
+        """SIGKILL every process of the child's group (the child itself included, if alive)."""
+        try:
+            os.killpg(self.pgid, signal.SIGKILL)
+        except OSError:  # ProcessLookupError: the group is empty
+            pass
+
+    def _reap(self) -> tuple[str, str]:
+        try:  # every writer of the pipes is dead now, so EOF comes at once
+            return self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a grandchild that left the group (setsid) holds a pipe
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            self.proc.wait()  # the child itself is dead (SIGKILL above)
+            return "", ""
 
     def result(self) -> dict[str, Any]:
         left = max(1.0, self.timeout - (time.monotonic() - self.t0))
         try:
             out, err = self.proc.communicate(timeout=left)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
+            self.close()
             return {"ok": False, "timeout": True, "error": f"did not finish within {self.timeout:.0f} s"}
+        self.kill_group()  # what a finished child left behind
         for line in reversed(out.splitlines()):
             if line.startswith("{"):
                 try:
@@ -366,3 +391,10 @@ class CompileProbe:
                 except ValueError:
                     break
         return {"ok": False, "error": f"child exited {self.proc.returncode}: {err.strip()[-800:]}"}
+
+    def close(self) -> None:
+        """Kill the group and reap the child, unless ``result`` already did; safe to call twice."""
+        if self.proc.returncode is None:
+            self.kill_group()
+            self.proc.kill()  # the child itself, should it have left its group
+            self._reap()
