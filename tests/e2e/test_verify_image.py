@@ -89,6 +89,32 @@ def test_one_changed_byte_fails_naming_the_file():
     assert f["status"] == "fail" and changed in f["observed"]
 
 
+def test_torch_comes_from_the_built_pyc_and_a_changed_pyc_fails_naming_it():
+    """torch is imported from the layer's .pyc (no source read: an import with the sources made
+    unreadable still works), and one changed byte of a .pyc fails the integrity check."""
+    script = ("python - <<'EOF'\n"
+              "import os, pathlib, sysconfig\n"
+              "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+              "for p in (site / 'torch').rglob('*.py'): os.chmod(p, 0)\n"
+              "EOF\n"
+              "python -c 'import os; os.setgid(65534); os.setuid(65534); import torch; print(torch.__cached__)' 2>&1"
+              " | tail -1\n"
+              "python - <<'EOF'\n"
+              "import pathlib, sysconfig\n"
+              "p = pathlib.Path(sysconfig.get_paths()['purelib']) / 'torch' / '__pycache__' / 'version.cpython-311.pyc'\n"
+              "b = bytearray(p.read_bytes()); b[-1] ^= 1; p.write_bytes(bytes(b)); print(p)\n"
+              "EOF\n"
+              "envspec verify --json")
+    p = podman_run(script)
+    lines = p.stdout.splitlines()
+    assert lines[0] == "/opt/venv/lib/python3.11/site-packages/torch/__pycache__/__init__.cpython-311.pyc", p.stdout + p.stderr
+    changed = lines[1]
+    r = report(p)
+    assert p.returncode == 1
+    f = {x["check"]: x for x in r["findings"]}["integrity.files"]
+    assert f["status"] == "fail" and changed in f["observed"]
+
+
 def test_extra_package_fails_naming_it():
     install = ("(python -m pip install --no-deps --no-index /w/example-21.12-py3-none-any.whl || "
                "python -c \"import sysconfig, zipfile; zipfile.ZipFile('/w/example-21.12-py3-none-any.whl')"
