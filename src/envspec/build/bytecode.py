@@ -1,8 +1,8 @@
 """Byte-compiled Python for the wheel layers: reproducible PEP 552 ``.pyc`` files.
 
 Each wheel's ``.py`` files under site-packages get ``__pycache__/NAME.cpython-3XY.pyc`` beside
-them in the layer tar, written right after their source while the layer is made (the source is
-already in memory: nothing is read twice). Rules (docs/build.md, "Byte-compiled Python"):
+them in the layer tar: each source is sent to the compiler as it is written (it is in memory:
+nothing is read twice), and the wheel's .pyc follow its other files. Rules (docs/build.md, "Byte-compiled Python"):
 
 - **unchecked-hash** invalidation (flags ``0b01``): the header carries the source's hash, no
   mtime, and the image's Python loads the file without reading or hashing the source. The image
@@ -13,8 +13,9 @@ already in memory: nothing is read twice). Rules (docs/build.md, "Byte-compiled 
   whose ``major.minor.micro`` equals the lock's ``[platform].python_full`` is used: the builder's
   own python when it is that version, else ``pythonX.Y`` on PATH or in /usr/bin and
   /usr/local/bin that reports it (a Debian builder has the image's python3.11 as its own). It
-  runs as a child of each layer worker (``python -I -S``, fixed hash seed), fed sources over a
-  pipe. No such interpreter: no ``.pyc`` (a warning event) and other layer keys (``plan``).
+  runs as children of each layer worker (``python -I -S``, fixed hash seed, two where there are
+  two cores), fed sources over pipes while the worker goes on inflating; a wheel's .pyc follow
+  its other files in the tar. No such interpreter: no ``.pyc`` (a warning event) and other layer keys (``plan``).
 - **Canonical bytes.** ``marshal`` output depends on the compiling process's state: whether a
   one-character string is interned, whether equal constant tuples/frozensets are one object.
   The compiler interns every one-character (Latin-1) string and the empty string first, and
@@ -28,13 +29,13 @@ already in memory: nothing is read twice). Rules (docs/build.md, "Byte-compiled 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
-from typing import IO
-
 from envspec.lock import Platform
 
 INVALIDATION = "unchecked-hash"
@@ -163,48 +164,93 @@ def pyc_path(py_path: str, cache_tag: str) -> str:
 
 
 class Compiler:
-    """The compiler child of one layer worker (a context)."""
+    """The compiler children of one layer worker (a context). ``submit`` sends a source to the
+    next child, round robin, and returns at once; ``result`` waits for that source's .pyc. So
+    the worker keeps inflating while its children compile, on as many cores as are free. Each
+    compile is independent of the others (canonical bytes), so which child made one does not
+    show in its bytes."""
 
-    def __init__(self, python: str, cache_tag: str) -> None:
+    def __init__(self, python: str, cache_tag: str, children: int = 0) -> None:
         self.python, self.cache_tag = python, cache_tag
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.children = children or max(1, min(2, os.cpu_count() or 1))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.answers: list[queue.Queue[bytes | None]] = []
+        self.readers: list[threading.Thread] = []
+        self.sent = 0
         self.compiled = 0
         self.failed = 0
 
     def __enter__(self) -> "Compiler":
         env = {"PYTHONHASHSEED": "0", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
-        self.proc = subprocess.Popen([self.python, "-I", "-S", "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+        for _ in range(self.children):
+            proc = subprocess.Popen([self.python, "-I", "-S", "-c", _SERVER], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=env)
+            answers: queue.Queue[bytes | None] = queue.Queue()
+            reader = threading.Thread(target=_read_answers, args=(proc, answers), daemon=True)
+            reader.start()
+            self.procs.append(proc)
+            self.answers.append(answers)
+            self.readers.append(reader)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
+        for proc in self.procs:
+            assert proc.stdin is not None
             try:
-                self.proc.wait(timeout=30)
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc, reader in zip(self.procs, self.readers):
+            try:
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+                proc.kill()
+                proc.wait()
+            reader.join(timeout=30)
+        self.procs, self.answers, self.readers = [], [], []
 
-    def compile(self, in_image_path: str, source: bytes) -> bytes | None:
-        """The .pyc bytes for ``source`` (its code objects naming ``in_image_path``), or None."""
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+    def submit(self, in_image_path: str, source: bytes) -> int:
+        """Send ``source`` (its code objects naming ``in_image_path``) to be compiled; a ticket."""
+        ticket = self.sent
+        proc = self.procs[ticket % len(self.procs)]
+        assert proc.stdin is not None
         p = in_image_path.encode("utf-8", "surrogateescape")
-        w: IO[bytes] = self.proc.stdin
-        w.write(struct.pack(">I", len(p)) + p + struct.pack(">I", len(source)))
-        w.write(source)
-        w.flush()
-        head = self.proc.stdout.read(4)
-        if len(head) != 4:
+        try:
+            proc.stdin.write(struct.pack(">I", len(p)) + p + struct.pack(">I", len(source)))
+            proc.stdin.write(source)
+            proc.stdin.flush()
+        except OSError as e:
+            raise RuntimeError(f"the bytecode compiler ({self.python}) ended unexpectedly") from e
+        self.sent += 1
+        return ticket
+
+    def result(self, ticket: int) -> bytes | None:
+        """The .pyc of a submitted source, or None where it does not compile. Tickets are
+        redeemed in the order they were given."""
+        data = self.answers[ticket % len(self.answers)].get()
+        if data is None:
             raise RuntimeError(f"the bytecode compiler ({self.python}) ended unexpectedly")
-        (n,) = struct.unpack(">I", head)
-        if not n:
+        if not data:
             self.failed += 1
             return None
-        data = self.proc.stdout.read(n)
-        if len(data) != n:
-            raise RuntimeError(f"the bytecode compiler ({self.python}) ended unexpectedly")
         self.compiled += 1
         return data
+
+    def compile(self, in_image_path: str, source: bytes) -> bytes | None:
+        return self.result(self.submit(in_image_path, source))
+
+
+def _read_answers(proc: subprocess.Popen[bytes], answers: "queue.Queue[bytes | None]") -> None:
+    out = proc.stdout
+    assert out is not None
+    while True:
+        head = out.read(4)
+        if len(head) != 4:
+            answers.put(None)  # ended: a waiting ``result`` raises
+            return
+        (n,) = struct.unpack(">I", head)
+        data = out.read(n) if n else b""
+        if len(data) != n:
+            answers.put(None)
+            return
+        answers.put(data)

@@ -9,8 +9,8 @@ that a second wheel of the same layer also ships (namespace ``__init__.py`` file
 nvidia-* wheels) is kept from the first wheel and noted.
 
 Each ``.py`` under site-packages gets its ``__pycache__/NAME.cpython-3XY.pyc`` (PEP 552,
-unchecked-hash, made by the image's exact CPython: ``envspec.build.bytecode``) right after it,
-compiled from the bytes in memory; each ``.pyc`` is listed in its wheel's RECORD with its sha256
+unchecked-hash, made by the image's exact CPython: ``envspec.build.bytecode``), compiled from
+the bytes in memory while the wheel's other members are written and added after them; each ``.pyc`` is listed in its wheel's RECORD with its sha256
 and size, as pip lists the files it compiles. The venv belongs to root, so a running container
 writes no .pyc of its own.
 """
@@ -28,6 +28,7 @@ from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.records import Hash, RecordEntry
 from installer.scripts import Script
+from installer.utils import Scheme
 from installer.sources import WheelFile
 from installer.records import parse_record_file
 
@@ -92,7 +93,8 @@ class TarDestination(SchemeDictionaryDestination):
     writer: TarWriter | None = None
     duplicates: list[str] = field(default_factory=list)
     compiler: Compiler | None = None
-    compiled: list[tuple[str, RecordEntry]] = field(default_factory=list)  # (scheme, .pyc entry)
+    compiled: list[tuple[Scheme, RecordEntry]] = field(default_factory=list)  # (scheme, .pyc entry)
+    pending: list[tuple[Scheme, str, int]] = field(default_factory=list)  # (scheme, .py path, compile ticket)
 
     def write_to_fs(self, scheme, path, stream, is_executable):
         assert self.writer is not None
@@ -128,7 +130,7 @@ class TarDestination(SchemeDictionaryDestination):
         return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
 
     def _write_py(self, scheme, path, target, stream, is_executable):
-        """A module and, right after it, its .pyc (compiled from the bytes just written)."""
+        """A module, sent to the compiler from the bytes just written (its .pyc: ``finalize_installation``)."""
         assert self.writer is not None and self.compiler is not None
         size, stream = _stream_size(stream)
         source = stream.read(size)
@@ -139,17 +141,25 @@ class TarDestination(SchemeDictionaryDestination):
         if not (value and algo == self.hash_algorithm):
             value = _b64digest(self.hash_algorithm, source)
         self.writer.add_file(target, None, size, data=source, mode=0o755 if is_executable else 0o644)
-        pyc = self.compiler.compile(target, source)
-        if pyc is not None:
-            rel = pyc_path(path, self.compiler.cache_tag)
-            self.writer.add_file(str(self._path_with_destdir(scheme, rel)), None, len(pyc), data=pyc)
-            self.compiled.append((scheme, RecordEntry(rel, Hash(self.hash_algorithm,
-                                                               _b64digest(self.hash_algorithm, pyc)), len(pyc))))
+        self.pending.append((scheme, path, self.compiler.submit(target, source)))
         return RecordEntry(path, Hash(self.hash_algorithm, value), size)
 
     def finalize_installation(self, scheme, record_file_path, records):
-        # The .pyc after the files installer wrote, in the order they were made (pip appends its
-        # compiled files too); RECORD itself last, without a hash, as installer writes it.
+        # The wheel's .pyc after the files installer wrote, in their sources' order (compiled
+        # meanwhile by the compiler's children), listed after them as pip appends the files it
+        # compiles; RECORD itself last, without a hash, as installer writes it.
+        assert self.writer is not None
+        for py_scheme, path, ticket in self.pending:
+            pyc = self.compiler.result(ticket) if self.compiler is not None else None
+            if pyc is None:
+                continue
+            rel = pyc_path(path, self.compiler.cache_tag)  # type: ignore[union-attr]
+            if self.writer.has(str(self._path_with_destdir(py_scheme, rel))):  # the wheel ships its own
+                continue
+            self.writer.add_file(str(self._path_with_destdir(py_scheme, rel)), None, len(pyc), data=pyc)
+            self.compiled.append((py_scheme, RecordEntry(rel, Hash(self.hash_algorithm,
+                                                                  _b64digest(self.hash_algorithm, pyc)), len(pyc))))
+        self.pending.clear()
         super().finalize_installation(scheme, record_file_path, [*records, *self.compiled])
 
     def write_script(self, name, module, attr, section):
@@ -184,7 +194,7 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
 
     with TarWriter(out) as w, (Compiler(*compiler) if compiler else contextlib.nullcontext()) as comp:
         duplicates: list[str] = []
-        pyc: list[tuple[str, RecordEntry]] = []
+        pyc: list[tuple[Scheme, RecordEntry]] = []
         for filename, path in wheel_files:
             # The cache names files by sha256; installer reads name and version off the filename.
             with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
