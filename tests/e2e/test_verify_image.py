@@ -104,7 +104,7 @@ def test_torch_comes_from_the_built_pyc_and_a_changed_pyc_fails_naming_it():
               "p = pathlib.Path(sysconfig.get_paths()['purelib']) / 'torch' / '__pycache__' / 'version.cpython-311.pyc'\n"
               "b = bytearray(p.read_bytes()); b[-1] ^= 1; p.write_bytes(bytes(b)); print(p)\n"
               "EOF\n"
-              "envspec verify --json")
+              "envspec verify --json --skip torch.compile")  # the probe is not what is tested here
     p = podman_run(script)
     lines = p.stdout.splitlines()
     assert lines[0] == "/opt/venv/lib/python3.11/site-packages/torch/__pycache__/__init__.cpython-311.pyc", p.stdout + p.stderr
