@@ -301,6 +301,9 @@ class _Progress:
             def pushed(self, dest, digest):
                 outer._line(f"pushed {dest}@{digest}")
 
+            def warning(self, message):  # printed even with --quiet
+                (outer.progress.console if outer.progress else outer.con).print(f"warning: {message}", markup=False)
+
         self.reporter = R()
         self.progress: Progress | None = None
         self.tasks: dict[str, TaskID] = {}

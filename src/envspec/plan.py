@@ -14,7 +14,10 @@ high up rebuilds little:
 
 A layer's *content key* is the sha256 of the canonical JSON of (layer kind, maker version, the
 sorted hashes of its pins, the platform fields its maker reads). Equal keys mean byte-identical
-layer tars, which is what lets two locks that share a torch variant share layers.
+layer tars, which is what lets two locks that share a torch variant share layers. A wheel
+layer's key also names its byte-compiled Python (``"pyc"``: the recipe, the invalidation mode
+and the image's exact CPython, which compiles them; ``"none"`` when the build makes none,
+``make_plan(lock, bytecode=False)``), so a layer without .pyc is never taken for one with.
 A group with no pins makes no layer (except ``base`` and ``envspec``, always present).
 
 The plan carries the lock itself and the lock's own pins (``lock.Wheel``, ``DebPin``): the
@@ -35,13 +38,17 @@ from envspec.lock import WHEEL_GROUPS, DebPin, Lockfile, Platform, Wheel, dumps
 # Bump a kind's maker version whenever its maker's output bytes change for the same pins.
 MAKER_VERSIONS: dict[str, str] = {
     "base": "1",
-    "cuda": "1",
-    "torch": "1",
-    "deps": "1",
-    "team": "1",
+    "cuda": "2",  # 2: .pyc files (envspec.build.bytecode)
+    "torch": "2",
+    "deps": "2",
+    "team": "2",
     "envspec": "1",
 }
 LAYER_ORDER: tuple[str, ...] = ("base", *WHEEL_GROUPS, "envspec")
+
+# The wheel layers' .pyc recipe (envspec.build.bytecode): bump its number when the bytes made for
+# the same source by the same compiler change.
+BYTECODE_RECIPE = "pyc-1 unchecked-hash opt0"
 
 LOCK_PATH_IN_IMAGE = "/opt/envspec/envspec.lock"
 SBOM_PATH_IN_IMAGE = "/opt/envspec/sbom.spdx.json"
@@ -68,6 +75,7 @@ class BuildPlan:
     lock: Lockfile
     layers: tuple[Layer, ...]
     lock_text: str = field(repr=False)  # the canonical lock text the image carries
+    bytecode: bool = True  # the wheel layers carry .pyc (their keys say so)
 
     @property
     def platform(self) -> Platform:
@@ -131,9 +139,11 @@ def _problems(lock: Lockfile) -> list[str]:
     return problems
 
 
-def make_plan(lock: Lockfile) -> BuildPlan:
+def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
     """Order the lock's pins into layers and give each a content key. Raises ``PlanError``
-    listing every problem (a lock that cannot be built: no base, wheels without hashes, ...)."""
+    listing every problem (a lock that cannot be built: no base, wheels without hashes, ...).
+    ``bytecode``: the wheel layers carry .pyc (the build turns it off where no interpreter of the
+    image's version can compile them)."""
     problems = _problems(lock)
     if problems:
         raise PlanError("the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),
@@ -150,13 +160,15 @@ def make_plan(lock: Lockfile) -> BuildPlan:
         }),
         debs=debs,
     )]
+    pyc = f"{BYTECODE_RECIPE} cpython-{platform.python_full}" if bytecode and platform.python_full else "none"
     for group in WHEEL_GROUPS:
         pins = tuple(sorted((w for w in lock.wheels if w.group == group), key=lambda w: (w.name, w.version, w.filename)))
         if pins:
             layers.append(Layer(
                 group=group,
                 key=_key(group, {"wheels": sorted(w.sha256 for w in pins),
-                                 "venv": platform.venv, "python": platform.python, "arch": platform.arch}),
+                                 "venv": platform.venv, "python": platform.python, "arch": platform.arch,
+                                 "pyc": pyc}),
                 wheels=pins,
             ))
     layers.append(Layer(
@@ -164,4 +176,4 @@ def make_plan(lock: Lockfile) -> BuildPlan:
         key=_key("envspec", {"lock": lock.meta.content_hash, "venv": platform.venv, "python": platform.python}),
         cacheable=False,
     ))
-    return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock))
+    return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")

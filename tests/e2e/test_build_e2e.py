@@ -434,3 +434,32 @@ def test_smoke_lock_two_no_cache_builds_one_digest_and_it_runs(engine, tmp_path,
     code = "import importlib.metadata as m, json; print(json.dumps({d: m.version(d) for d in %r}))" % sorted(wanted)
     out = podman(engine, "run", "--rm", *podman_args(engine.host)[1], a.image, "python", "-c", code)
     assert json.loads(out.stdout) == wanted
+
+
+@pytest.mark.skipif(not SMOKE.exists(), reason="lockfiles/smoke.lock is not there")
+def test_smoke_image_python_runs_the_built_pyc_and_writes_none(engine, tmp_path, debs):
+    """The image's python imports each wheel module from the .pyc the build wrote (unchecked-hash:
+    with the source changed inside the container, the module is still the built one), and an
+    import as root, in a writable venv, writes no .pyc of its own."""
+    from envspec.build.bytecode import find_compiler
+
+    lock = lockmod.load(SMOKE)
+    if not find_compiler(lock.platform).python:
+        pytest.skip(f"no CPython {lock.platform.python_full} on this host: the build makes no .pyc")
+    img = do_build(lock, engine, new_cache(tmp_path, debs))
+    script = (
+        "import importlib.util, pathlib, sys, sysconfig\n"
+        "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+        "before = sorted(str(p) for p in site.rglob('*'))\n"
+        "src = site / 'six.py'\n"
+        "src.write_text(src.read_text() + '\\nraise SystemExit(\"the source ran\")\\n')\n"
+        "import six, idna\n"
+        "data = pathlib.Path(six.__cached__).read_bytes()\n"
+        "print(six.__cached__, idna.__cached__, data[:4] == importlib.util.MAGIC_NUMBER, data[4:8].hex())\n"
+        "print(sorted(str(p) for p in site.rglob('*')) == before)\n"
+    )
+    out = podman(engine, "run", "--rm", "--user", "0", *podman_args(engine.host)[1], img.image,
+                 "python", "-c", script).stdout.split()
+    assert out == [f"/opt/venv/lib/python{lock.platform.python}/site-packages/__pycache__/six.cpython-311.pyc",
+                   f"/opt/venv/lib/python{lock.platform.python}/site-packages/idna/__pycache__/__init__.cpython-311.pyc",
+                   "True", "01000000", "True"]

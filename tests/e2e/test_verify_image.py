@@ -189,6 +189,36 @@ def test_a_timed_out_compile_probe_leaves_no_process_in_the_container():
     assert res["left"] == {}, res["left"]
 
 
+def test_torch_comes_from_the_built_pyc_and_a_changed_pyc_fails_naming_it():
+    """torch runs from the layer's .pyc (unchecked-hash: a source changed inside the container is
+    not what runs) and an import writes no .pyc; one changed byte of a .pyc fails the integrity check."""
+    script = ("python - <<'EOF'\n"
+              "import pathlib, sysconfig\n"
+              "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+              "p = site / 'torch' / 'version.py'\n"
+              "p.write_text(p.read_text() + '\\nraise SystemExit(\"the source ran\")\\n')\n"
+              "pathlib.Path('/tmp/before').write_text(str(len(list(site.rglob('*')))))\n"
+              "EOF\n"
+              "python -c 'import torch, torch.version; print(torch.version.__cached__)' 2>/dev/null | tail -1\n"
+              "python - <<'EOF'\n"
+              "import pathlib, sysconfig\n"
+              "site = pathlib.Path(sysconfig.get_paths()['purelib'])\n"
+              "print(len(list(site.rglob('*'))) == int(pathlib.Path('/tmp/before').read_text()))\n"
+              "p = sorted((site / 'torch' / 'utils').rglob('*.cpython-311.pyc'))[-1]\n"
+              "b = bytearray(p.read_bytes()); b[-1] ^= 1; p.write_bytes(bytes(b)); print(p)\n"
+              "EOF\n"
+              "envspec verify --json --skip torch.compile")  # the probe is not what is tested here
+    p = podman_run(script)
+    lines = p.stdout.splitlines()
+    assert len(lines) > 3, p.stdout + p.stderr
+    assert lines[:2] == ["/opt/venv/lib/python3.11/site-packages/torch/__pycache__/version.cpython-311.pyc", "True"]
+    changed = lines[2]
+    r = report(p)
+    assert p.returncode == 1, p.stdout + p.stderr
+    f = {x["check"]: x for x in r["findings"]}["integrity.files"]
+    assert f["status"] == "fail" and changed in f["data"]["files"]
+
+
 def test_extra_package_fails_naming_it():
     install = ("(python -m pip install --no-deps --no-index /w/example-21.12-py3-none-any.whl || "
                "python -c \"import sysconfig, zipfile; zipfile.ZipFile('/w/example-21.12-py3-none-any.whl')"

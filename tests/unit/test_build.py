@@ -228,8 +228,9 @@ def test_wheel_layer_contents(env):
         record = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/RECORD").read().decode()
         installer = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/INSTALLER").read()
     assert "opt/venv/lib/python3.11/site-packages/teampkg/__init__.py" in names
-    assert not [n for n in names if n.endswith(".pyc")]
+    assert "opt/venv/lib/python3.11/site-packages/teampkg/__pycache__/__init__.cpython-311.pyc" in names
     assert "teampkg/__init__.py,sha256=" in record and installer == b"envspec\n"
+    assert "teampkg/__pycache__/__init__.cpython-311.pyc,sha256=" in record
 
 
 def test_entry_point_scripts_get_the_venv_shebang(tmp_path):

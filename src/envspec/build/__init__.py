@@ -28,6 +28,7 @@ from envspec import debian
 from envspec.build import layers as layer_makers
 from envspec.build.attest import SigningKey, att_tag, attach, repository, sig_tag
 from envspec.build.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
+from envspec.build.bytecode import find_compiler
 from envspec.build.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
 from envspec.build.fetch import Cache, WheelFetcher, _pid_alive
 from envspec.build.importer import Importer, LayerFile
@@ -35,7 +36,7 @@ from envspec.build.oci import LayerBlob, export_layout, sha256_bytes, write_layo
 from envspec.build.sbom import make_sbom
 from envspec.errors import BuildError
 from envspec.lock import DebPin, Wheel
-from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer
+from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
@@ -107,6 +108,7 @@ class Reporter:
     def importing(self, group: str, sent: int) -> None: ...  # bytes of the layer sent to the store so far
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
+    def warning(self, message: str) -> None: ...  # something the user should know (no .pyc, ...)
 
 
 def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
@@ -115,11 +117,13 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     reporter = reporter or Reporter()
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (build/cachegc.py)
+    plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
     _clean_stale_scratch()
     comp = compression(options.compression)
     work = cache.workdir()
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp)
+    layers.compiler = compiler
     store = engine.storage_cli() if ref else None
     importer = Importer(store, layers.files(), on_progress=reporter.importing) if store and layers.todo else None
     try:
@@ -168,6 +172,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     """``build --dry-run``: the plan, which layers are cached and which would be made, what would
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
+    plan, _ = _bytecode_compiler(plan, Reporter())
     comp = compression(options.compression)
     layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp)
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
@@ -225,6 +230,7 @@ class Layers:
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
         self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
+        self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
 
     def path(self, lay: Layer) -> Path:
         return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
@@ -375,7 +381,7 @@ class WheelMakers:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.work / f"{lay.group}.tar"
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
-            job = (files, platform_json, str(out), self.layers.comp.name)
+            job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler)
             self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, job)))
         return self
 
@@ -466,6 +472,19 @@ def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Repor
 
 # --- helpers --------------------------------------------------------------------------------------
 
+def _bytecode_compiler(plan: BuildPlan, reporter: Reporter) -> tuple[BuildPlan, tuple[str, str] | None]:
+    """The interpreter that compiles the wheel layers' .pyc (``bytecode.find_compiler``), or the
+    plan re-keyed without .pyc (and a warning) where this host has none of the image's version."""
+    if not plan.bytecode or not any(lay.wheels for lay in plan.layers):
+        return plan, None
+    choice = find_compiler(plan.platform)
+    if choice.python:
+        return plan, (choice.python, choice.cache_tag)
+    reporter.warning(f"no .pyc in the image: {choice.reason}; Python will compile each module in memory at "
+                     f"every start (install python{plan.platform.python} {plan.platform.python_full} to get them)")
+    return make_plan(plan.lock, bytecode=False), None
+
+
 def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
     blob = meta.get("blob")
     return LayerInfo(digest=blob["digest"] if blob else meta["diff_id"], diff_id=meta["diff_id"],
@@ -541,7 +560,8 @@ def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any]
     pins: Sequence[Wheel | DebPin] = lay.pins
     meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
             "size": result["size"], "entries": result["entries"],
-            "pins": [f"{p.name}=={p.version}" for p in pins], "duplicates": result.get("duplicates", [])}
+            "pins": [f"{p.name}=={p.version}" for p in pins], "duplicates": result.get("duplicates", []),
+            "pyc": result.get("pyc", {"files": 0, "bytes": 0})}
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         os.replace(tmp_tar, cache.layer_tar(lay.key))
         tmp_meta = tmp_tar.with_suffix(".json")
