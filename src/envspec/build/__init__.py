@@ -14,15 +14,17 @@ are safe: files enter the cache by atomic rename, and equal keys mean equal byte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from envspec import debian
 from envspec.build import layers as layer_makers
@@ -37,7 +39,7 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
-__all__ = ["build", "preview", "BuildOptions", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine",
+__all__ = ["build", "preview", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
 
 
@@ -64,6 +66,50 @@ class LayerInfo:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One step of a build and when it ran, in seconds since the build began (the monotonic
+    clock, which the layer makers' processes share): ``fetch`` (the wheels), ``debs`` (the
+    .debs), ``rootfs`` (the Debian tree laid down), ``layer GROUP`` (a layer's tar made),
+    ``import GROUP`` (a layer untarred into containers-storage), ``layout`` (config, manifest,
+    OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
+    store). Phases overlap: layers are made in parallel and imported beside the makers."""
+
+    name: str
+    start: float
+    end: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "start_s": round(self.start, 3), "end_s": round(self.end, 3),
+                "s": round(self.end - self.start, 3)}
+
+
+class Clock:
+    """The phases of one build as they end, each also sent to the reporter."""
+
+    def __init__(self, reporter: "Reporter") -> None:
+        self.t0 = time.monotonic()
+        self.reporter = reporter
+        self.phases: list[Phase] = []
+        self._guard = threading.Lock()  # the importer's thread adds phases too
+
+    def add(self, name: str, start: float, end: float) -> None:
+        """A phase that ran from ``start`` to ``end`` (``time.monotonic()`` values)."""
+        phase = Phase(name, start - self.t0, end - self.t0)
+        with self._guard:
+            self.phases.append(phase)
+        self.reporter.phase(phase)
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        yield
+        self.add(name, start, time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+@dataclass(frozen=True)
 class BuiltImage:
     image: str  # the tag in containers-storage ("" when not tagged)
     digest: str  # manifest digest: the image's identity
@@ -71,6 +117,8 @@ class BuiltImage:
     config_digest: str = ""
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    phases: tuple[Phase, ...] = ()  # what the build spent its time on, in the order the phases ended
+    seconds: float = 0.0  # the whole build
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +128,8 @@ class BuiltImage:
             "layers": [asdict(lay) for lay in self.layers],
             "pushed": list(self.pushed),
             "outputs": list(self.outputs),
+            "seconds": round(self.seconds, 3),
+            "phases": [p.to_json() for p in self.phases],
         }
 
 
@@ -94,38 +144,50 @@ class Reporter:
     def importing(self, group: str, sent: int) -> None: ...  # bytes of the layer sent to the store so far
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
+    def phase(self, phase: Phase) -> None: ...  # a step of the build ended (``BuiltImage.phases``)
 
 
 def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
           options: BuildOptions = BuildOptions(), reporter: Reporter | None = None) -> BuiltImage:
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5)."""
     reporter = reporter or Reporter()
+    clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
     cache.clean_stale()
     _clean_stale_scratch()
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache)
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, clock=clock)
     store = engine.storage_cli() if ref else None
-    importer = Importer(store, layers.files(), on_progress=reporter.importing) if store and layers.todo else None
+
+    def new_importer() -> Importer:
+        assert store is not None
+        return Importer(store, layers.files(), on_progress=reporter.importing,
+                        on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
+
+    importer = new_importer() if store and layers.todo else None
     try:
-        layers.fetch_wheels(mirrors)
+        with clock.span("fetch"):
+            layers.fetch_wheels(mirrors)
         with layers.wheel_makers(options.workers) as pending:
             if importer is not None:  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
             layers.make_base()
             layers.finish(pending)
         layers.make_top(options.verify_dir)
-        image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
-        outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
+        with clock.span("layout"):
+            image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers])
+        with clock.span("deliver"):
+            outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
         if ref:
             reporter.committing(ref, image.digest)
-            if importer is None and store is not None and engine.image_digest(ref) != image.digest:
-                importer = Importer(store, layers.files(), on_progress=reporter.importing).start()
-            if importer is not None:
-                importer.finish(image.config, image.manifest, ref)
-            elif store is None and engine.image_digest(ref) != image.digest:
-                with cache.locked("import"):
-                    engine.import_image(image.layout, ref)
+            with clock.span("commit"):
+                if importer is None and store is not None and engine.image_digest(ref) != image.digest:
+                    importer = new_importer().start()
+                if importer is not None:
+                    importer.finish(image.config, image.manifest, ref)
+                elif store is None and engine.image_digest(ref) != image.digest:
+                    with cache.locked("import"):
+                        engine.import_image(image.layout, ref)
     except BaseException as e:
         layers.fail(e)
         if importer is not None:
@@ -134,7 +196,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltImage(image=ref, digest=image.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
-                      pushed=pushed, outputs=outputs)
+                      pushed=pushed, outputs=outputs, phases=tuple(clock.phases), seconds=clock.elapsed())
 
 
 def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
@@ -166,8 +228,10 @@ class Layers:
     """The plan's layers on their way to tar files: found in the cache or made here, each with a
     future that the importer waits on."""
 
-    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool) -> None:
+    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
+                 clock: Clock | None = None) -> None:
         self.plan, self.cache, self.work, self.reporter = plan, cache, work, reporter
+        self.clock = clock or Clock(reporter)
         self.metas: dict[str, dict[str, Any]] = {}
         self.futures: dict[str, Future[dict[str, Any]]] = {}
         self.todo: list[Layer] = []  # cacheable layers not in the cache
@@ -232,7 +296,9 @@ class Layers:
             try:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.work / "base.tar"
-                return _store_layer(self.cache, base, out, layer_makers.make_base_layer(self.plan, rootfs, out))
+                with self.clock.span("layer base"):
+                    made = layer_makers.make_base_layer(self.plan, rootfs, out)
+                return _store_layer(self.cache, base, out, made)
             finally:
                 shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
 
@@ -247,9 +313,11 @@ class Layers:
         extra = os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")
         mirrors = debian.mirror_list((lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
                                      mirrors=[extra] if extra else [])
-        paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
-                                  reporter=_DebEvents(self.reporter))
-        debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
+        with self.clock.span("debs"):
+            paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
+                                      reporter=_DebEvents(self.reporter))
+        with self.clock.span("rootfs"):
+            debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
         return dest
 
     def finish(self, pending: "WheelMakers") -> None:
@@ -260,6 +328,8 @@ class Layers:
                 except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
                     raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
                                      hint="the wheel may be broken or not for this platform; re-lock") from e
+                start, end = res.pop("ran")
+                self.clock.add(f"layer {lay.group}", start, end)
                 return _store_layer(self.cache, lay, out, res)
 
             self._make(lay, done)
@@ -271,8 +341,9 @@ class Layers:
 
         def make() -> dict[str, Any]:
             out = self.work / "envspec.tar"
-            res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
-                                                  service_files=render_service_files(self.plan.lock))
+            with self.clock.span("layer envspec"):
+                res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
+                                                      service_files=render_service_files(self.plan.lock))
             os.replace(out, self.path(top))
             return {"diff_id": res["diff_id"], "size": res["size"]}
 
@@ -298,7 +369,7 @@ class WheelMakers:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.work / f"{lay.group}.tar"
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
-            self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, (files, platform_json, str(out)))))
+            self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, (files, platform_json, str(out)))))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -384,6 +455,14 @@ class _DebEvents(debian.DebianReporter):
     def fetched(self, pin: DebPin, path: Path, cached: bool) -> None:
         if not cached:
             self.reporter.fetched(pin.name, pin.filename, path)
+
+
+def _timed_wheel_job(args: tuple) -> dict[str, Any]:
+    """``layers.wheel_layer_job`` in a worker, with when it ran (``time.monotonic`` is one clock
+    for every process of the machine)."""
+    start = time.monotonic()
+    res = layer_makers.wheel_layer_job(args)
+    return {**res, "ran": (start, time.monotonic())}
 
 
 def _worker_init(niceness: int = 0) -> None:
