@@ -2,6 +2,23 @@
 installs the same pins with `buildah bud`, on this machine.
 
     .venv/bin/python bench/build.py [--lock lockfiles/h100-train.lock] [--skip-containerfile] [--json OUT]
+    .venv/bin/python bench/build.py --cli [--lock LOCK] [--json OUT]
+
+--cli times the command a user runs, `envspec build LOCK --no-cache`, as a subprocess in a
+terminal (a pty, so rich draws its progress as it does for a person), each run in a new storage
+root, after the same sync and settle wait (see timed()), next to the unzip floor of this run:
+  unzip floor        as below
+  warm cache         every wheel and .deb already in the cache, an empty storage root
+  empty cache        an empty cache too (wheels from the configured mirrors, .debs from Debian's)
+  ... each twice: as typed, and with --json added (no progress drawn), whose output carries the
+  build's phases (fetch, debs, rootfs, layer GROUP, import GROUP, layout, commit: `seconds` and
+  `phases` of `envspec build --json`, docs/build.md); the process's wall time less the build's
+  own `seconds` is what the CLI spends around build() (start-up, imports, host detection, exit)
+  in-process    build() called here with the same cache and flags (what the suite below times),
+                for the difference between the two ways
+CPU seconds (user, sys) and MB read from and written to the disk by each run's process tree come
+from getrusage; --evict drops the cached wheels and .debs from the page cache before each
+warm-cache run (as on a machine where they were fetched long ago).
 
 Measures (each in its own storage root and cache under a temp dir, removed at the end):
   unzip floor     unzip of the same wheels (`unzip -q`, one after another) into a temp dir
@@ -28,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +112,7 @@ class Phases(Reporter):
 
 
 SETTLE = 61.0  # --settle
+EVICT = False  # --evict
 
 
 def timed(fn, settle: bool = True, phases: "Phases | None" = None):
@@ -118,7 +137,7 @@ def podman_size(engine, ref: str) -> int:
 
 
 def main() -> int:
-    global SETTLE
+    global SETTLE, EVICT
     ap = argparse.ArgumentParser()
     ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100-train.lock"))
     ap.add_argument("--skip-containerfile", action="store_true")
@@ -127,8 +146,17 @@ def main() -> int:
     ap.add_argument("--containers-storage", default="", help="also a cold build with this containers-storage binary")
     ap.add_argument("--settle", type=float, default=SETTLE,
                     help="seconds to wait (after a sync) before each big phase; 0: none (see timed())")
+    ap.add_argument("--cli", action="store_true",
+                    help="time `envspec build LOCK --no-cache` as a user runs it (a subprocess in a pty), warm and "
+                         "empty cache, with its phases, against the unzip floor and build() in-process")
+    ap.add_argument("--skip-empty-cache", action="store_true", help="--cli: only the warm-cache runs")
+    ap.add_argument("--evict", action="store_true",
+                    help="--cli: drop the cache's wheels and .debs from the page cache before each warm-cache run")
     args = ap.parse_args()
     SETTLE = args.settle
+    EVICT = args.evict
+    if args.cli:
+        return main_cli(args)
 
     lock_path = Path(args.lock)
     if not lock_path.exists():
@@ -313,6 +341,235 @@ def containerfile(engine, plan, paths, cache, work) -> dict:
                            capture_output=True)
     out["containerfile_reproducible"] = digests[0] == digests[1]
     return out
+
+
+# --- --cli: the command as users run it --------------------------------------------------------------
+
+def envspec_argv() -> list[str]:
+    """The envspec command of this venv (its console script, as a user types it), on this checkout's code."""
+    script = Path(sys.executable).parent / "envspec"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "envspec"]
+
+
+def cli_env(cache: Path, storage: Path) -> dict[str, str]:
+    # PYTHONPATH: this checkout's code, as the in-process suite imports it
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ENVSPEC_CACHE": str(cache),
+            "ENVSPEC_STORAGE_ROOT": str(storage)}
+
+
+def usage(with_self: bool = False) -> tuple[float, float, float, float]:
+    """(user s, sys s, MB read from the disk, MB written) of the finished children, and of this
+    process too with ``with_self`` (getrusage's block counts are in 512-byte units: reads the page
+    cache served are not counted)."""
+    import resource
+
+    rows = [resource.getrusage(resource.RUSAGE_CHILDREN)]
+    if with_self:
+        rows.append(resource.getrusage(resource.RUSAGE_SELF))
+    return (sum(r.ru_utime for r in rows), sum(r.ru_stime for r in rows),
+            sum(r.ru_inblock for r in rows) * 512 / 1e6, sum(r.ru_oublock for r in rows) * 512 / 1e6)
+
+
+def usage_row(before: tuple[float, ...], after: tuple[float, ...]) -> dict:
+    d = [b - a for a, b in zip(before, after)]
+    return {"cpu_user_s": round(d[0], 1), "cpu_sys_s": round(d[1], 1), "disk_read_mb": round(d[2]),
+            "disk_write_mb": round(d[3])}
+
+
+def evict(cache: Path) -> None:
+    """Drop the cache's wheels and .debs from the page cache (POSIX_FADV_DONTNEED on each file,
+    nothing else on the machine): a build that reads them from the disk, as on a machine where
+    they were fetched long ago."""
+    for f in [*cache.glob("blobs/sha256/*"), *cache.glob("debs/**/*.deb")]:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 120, rows: int = 40) -> tuple[int, str]:
+    """Run ``argv`` with a terminal of ``cols`` x ``rows`` on stdin, stdout and stderr (so rich draws
+    its live progress as it does for a person); its exit status and what it wrote."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {**env, "TERM": env.get("TERM", "xterm-256color")}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, cwd=ROOT)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # a terminal reads what is written, or the writer blocks
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: the last writer closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    rc = proc.wait()
+    reader.join(5)
+    os.close(master)
+    return rc, b"".join(chunks).decode("utf-8", "replace")
+
+
+def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, extra: tuple[str, ...] = ()) -> dict:
+    """One `envspec build LOCK --no-cache` in a new storage root, timed (after the settle wait)."""
+    argv = [*envspec_argv(), "build", str(lock_path), "--no-cache", *extra, *(["--json"] if as_json else [])]
+    env = cli_env(cache, storage)
+    if SETTLE:
+        os.sync()
+        time.sleep(SETTLE)
+    if EVICT:
+        evict(cache)
+    u0 = usage()
+    t = time.monotonic()
+    if as_json:  # --json draws nothing: no terminal needed, and stdout is the JSON
+        cp = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+        rc, out = cp.returncode, cp.stdout + cp.stderr
+    else:
+        rc, out = run_in_pty(argv, env)
+    wall = time.monotonic() - t
+    row: dict = {"command": " ".join(["envspec", *argv[len(envspec_argv()):]]), "wall_s": round(wall, 1),
+                 **usage_row(u0, usage()), "rc": rc}
+    if rc != 0:
+        row["output_tail"] = out[-3000:]
+        return row
+    if as_json:
+        built = json.loads(cp.stdout)
+        row["digest"] = built["digest"]
+        row["build_s"] = built["seconds"]
+        row["outside_build_s"] = round(wall - built["seconds"], 2)
+        row["phases"] = phase_table(built["phases"])
+    else:
+        text = ANSI.sub("", out.replace("\r", "\n"))
+        row["last_lines"] = [ln.strip() for ln in text.splitlines() if ln.strip()][-8:]
+    return row
+
+
+def phase_table(phases: list[dict]) -> dict[str, list[float]]:
+    """{phase: [start s, end s]} since the build began."""
+    return {p["name"]: [round(p["start_s"], 1), round(p["end_s"], 1)] for p in phases}
+
+
+def in_process_build(lock, cache: Path, storage: Path) -> dict:
+    """build() called here, with the CLI's flags (--no-cache), the same cache, a new storage root."""
+    old = os.environ.get("ENVSPEC_STORAGE_ROOT")
+    os.environ["ENVSPEC_STORAGE_ROOT"] = str(storage)
+    try:
+        engine = BuildahEngine()
+        if SETTLE:
+            os.sync()
+            time.sleep(SETTLE)
+        if EVICT:
+            evict(cache)
+        u0 = usage(with_self=True)
+        t = time.monotonic()
+        img = run_build(lock, engine, cache, no_cache=True)
+        wall = time.monotonic() - t
+        u1 = usage(with_self=True)
+    finally:
+        if old is None:
+            os.environ.pop("ENVSPEC_STORAGE_ROOT", None)
+        else:
+            os.environ["ENVSPEC_STORAGE_ROOT"] = old
+    return {"wall_s": round(wall, 1), **usage_row(u0, u1), "digest": img.digest, "build_s": round(img.seconds, 1),
+            "phases": phase_table([p.to_json() for p in img.phases])}
+
+
+def drop_storage(storage: Path) -> None:
+    """A storage root and its run root (detect_host's rule for ENVSPEC_STORAGE_ROOT), unmounted and removed."""
+    env = {**os.environ, "ENVSPEC_STORAGE_ROOT": str(storage)}
+    st = detect_host(ask=(), env=env).storage
+    subprocess.run(["podman", *st.args(), "system", "reset", "--force"], capture_output=True, env=env)
+    mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(storage))), reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True)
+    shutil.rmtree(storage, ignore_errors=True)
+    shutil.rmtree(st.runroot, ignore_errors=True)
+
+
+def main_cli(args) -> int:
+    lock_path = Path(args.lock).resolve()
+    lock = lockmod.load(lock_path)
+    plan = make_plan(lock)
+    work = Path(tempfile.mkdtemp(prefix="envspec-bench-cli-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
+    res: dict = {"mode": "cli", "lock": str(lock_path.relative_to(ROOT) if lock_path.is_relative_to(ROOT) else lock_path),
+                 "settle_s": SETTLE, "evict": EVICT, "wheels": len(plan.wheels), "debs": len(plan.debs),
+                 "wheel_bytes": sum(w.size for w in plan.wheels), "envspec": " ".join(envspec_argv())}
+    storages: list[Path] = []
+
+    def storage() -> Path:
+        storages.append(work / f"storage-{len(storages)}")
+        return storages[-1]
+
+    try:
+        # the warm cache: every wheel and .deb fetched (untimed), as after a first build
+        cache = work / "cache"
+        mirrors = sources.discover().mirrors
+        t, paths = timed(lambda: WheelFetcher(Cache(cache), mirrors).fetch_all(plan.wheels), settle=False)
+        res["fetch_wheels_s"] = round(t, 1)
+        base = plan.layer("base")
+        if base.debs:
+            from envspec import debian
+
+            lk = plan.lock
+            debian.fetch_debs(list(base.debs), cache_dir=cache / "debs",
+                              mirrors=debian.mirror_list((lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR))
+        floor = work / "unzipped"
+
+        def unzip_all():
+            for w in plan.wheels:
+                subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(floor)], check=True)
+
+        t, _ = timed(unzip_all)
+        res["unzip_floor_s"] = round(t, 1)
+        shutil.rmtree(floor)
+
+        runs: dict = {}
+        for name, as_json in (("warm_cache", False), ("warm_cache_json", True)):
+            st = storage()
+            runs[name] = cli_build(lock_path, cache, st, as_json=as_json)
+            drop_storage(st)
+        st = storage()
+        runs["warm_cache_in_process"] = in_process_build(lock, cache, st)
+        drop_storage(st)
+        if not args.skip_empty_cache:
+            for name, as_json in (("empty_cache", False), ("empty_cache_json", True)):
+                st, empty = storage(), work / f"cache-{name}"
+                runs[name] = cli_build(lock_path, empty, st, as_json=as_json)
+                drop_storage(st)
+                shutil.rmtree(empty, ignore_errors=True)
+        for row in runs.values():
+            if res["unzip_floor_s"] and "wall_s" in row:
+                row["x_unzip_floor"] = round(row["wall_s"] / res["unzip_floor_s"], 2)
+        res["runs"] = runs
+        digests = {r.get("digest") for r in runs.values() if r.get("digest")}
+        res["one_digest"] = len(digests) == 1
+    finally:
+        for st in storages:
+            if st.exists():
+                drop_storage(st)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # envspec's own set-up and jobs, safe to run twice.
 #   scripts/dev.sh setup   install system tools (apt-get) and envspec with its test deps (.venv)
-#   scripts/dev.sh main    setup, then lock + build specs/h100.toml (or $ENVSPEC_SPEC) and run its verifier
+#   scripts/dev.sh main    setup, then lock + build specs/h100.toml (or $ENVSPEC_SPEC), run its verifier, say where the image is
 #   scripts/dev.sh test    setup, then the test suite (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,8 +55,18 @@ case "${1:-}" in
     setup
     spec="${ENVSPEC_SPEC:-specs/h100.toml}"
     "$VENV/bin/envspec" lock "$spec"
-    "$VENV/bin/envspec" build "$spec"
-    "$VENV/bin/envspec" run "$spec" -- envspec verify
+    # the build ends by saying what it built, where the image is and how to start it (stdout);
+    # kept to be said again as the last words, after the verifier's report
+    summary="$(mktemp)"
+    trap 'rm -f "$summary"' EXIT
+    "$VENV/bin/envspec" build "$spec" | tee "$summary"
+    rc=0
+    "$VENV/bin/envspec" run "$spec" -- envspec verify || rc=$?
+    echo
+    if [ "$rc" = 0 ]; then echo "== done: the image's verifier passed on this machine"; else
+      echo "== the image's verifier failed on this machine (exit $rc, report above)"; fi
+    cat "$summary"
+    exit "$rc"
     ;;
   test)
     setup

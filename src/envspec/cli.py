@@ -385,15 +385,11 @@ def cmd_build(args) -> int:
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
     if args.json:
-        _print_json(built.to_json() | {"lock": str(lock_path)})
+        _print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host)})
     elif not args.quiet:
         con = _console()
-        con.print(f"built {built.image or '(untagged)'}", markup=False)
-        con.print(f"digest {built.digest}", markup=False)
-        for dest in built.pushed:
-            con.print(f"pushed {dest}@{built.digest}", markup=False)  # the compressed manifest's digest
-        for ref in built.attached:
-            con.print(f"attached {ref}", markup=False)
+        for line in _built_lines(built, host, lock, target=args.target):
+            con.print(line, markup=False)
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
@@ -533,6 +529,37 @@ def cmd_verify_image(args) -> int:
     else:
         sys.stdout.write(table(report))
     return report.exit_code
+
+
+def _storage_json(host) -> dict[str, str]:
+    st = host.storage
+    return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
+
+
+def _built_lines(built, host, lock, *, target: str) -> list[str]:
+    """What `envspec build` says at its end: the image, its digest, where it is kept, and how to
+    start it (with its services, with a command)."""
+    import shlex
+
+    from envspec.run import start_lines
+
+    name = built.image or "(not named in containers-storage: --tag '')"
+    cached = sum(lay.cached for lay in built.layers)
+    lines = [f"built {name} in {built.seconds:.1f} s ({len(built.layers) - cached} of {len(built.layers)} layers made"
+             + (f", {cached} from the cache)" if cached else ")"),
+             f"digest {built.digest}"]
+    lines += [f"written to {dest}" for dest in built.outputs]
+    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]  # the compressed manifest's digest
+    lines += [f"attached {ref}" for ref in built.attached]
+    if not built.image:
+        return lines
+    st = host.storage
+    where = f"containers-storage at {st.root}" if st.root else "podman's containers-storage"
+    if st.custom:
+        where += " (ENVSPEC_STORAGE_ROOT: keep it set for envspec run)"
+    repo = built.image.rsplit(":", 1)[0] if ":" in built.image.rsplit("/", 1)[-1] else built.image
+    lines += [f"stored in {where}", f"  list it: {shlex.join(['podman', *st.args(), 'images', repo])}"]
+    return lines + start_lines(target, lock, image=built.image)
 
 
 def cmd_diff(args) -> int:

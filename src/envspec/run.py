@@ -362,6 +362,32 @@ def _gpus(host: Host, engine: str, out: _Argv) -> None:
                  "nvidia-ctk runtime configure --runtime=docker)")
 
 
+def _service_note(svc: str, lock: Lockfile, addr: str, port: int) -> str:
+    """Where a started service is reached from this host."""
+    if svc == "jupyter":
+        return f"Jupyter: http://{addr}:{port}/lab?token=<JUPYTER_TOKEN, or the token the container prints>"
+    return f"SSH: ssh -p {port} {lock.runtime.user}@{addr}"
+
+
+def start_lines(target: str, lock: Lockfile, *, image: str = "") -> list[str]:
+    """How to start the image of ``lock`` (built as ``image``, default the lock's tag) with
+    ``envspec run``: with its services, with a command, with its verifier. ``target``: the spec or
+    lockfile the user named (what ``envspec run`` takes)."""
+    run = f"envspec run {shlex.quote(target)}" + (f" --image {shlex.quote(image)}" if image and image != lock.image_tag
+                                                 else "")
+    services = _enabled_services(lock)
+    if services:
+        names = " and ".join("JupyterLab" if s == "jupyter" else "SSH" for s, _ in services)
+        lines = [f"start it with {names}: {run}"]
+        lines += [f"  {_service_note(s, lock, '127.0.0.1', p)}" for s, p in services]
+    else:
+        lines = [f"start a shell in it: {run}",
+                 "  (no services in this image: add [services.jupyter] or [services.ssh] to the spec for JupyterLab "
+                 "or SSH, docs/usage.md)"]
+    lines += [f"run a command: {run} -- python train.py", f"check this machine against the lock: {run} -- envspec verify"]
+    return lines
+
+
 def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _Argv, *, started: bool = True) -> None:
     """The services' ports, on ``bind`` (loopback by default); ``host_ports`` is used up.
     ``started``: whether the entrypoint will start the services (not beside a command, unless
@@ -381,11 +407,8 @@ def _ports(lock: Lockfile | None, bind: str, host_ports: dict[int, int], out: _A
         hp = int(host_ports.pop(port, port))
         out.add("-p", f"{bind}:{hp}:{port}" if bind else f"{hp}:{port}")
         addr = bind if bind and bind != "0.0.0.0" else "127.0.0.1"
-        if svc == "jupyter":
-            out.notes.append(f"Jupyter: http://{addr}:{hp}/lab?token=<JUPYTER_TOKEN, or the token the container "
-                             "prints>")
-        elif lock is not None:
-            out.notes.append(f"SSH: ssh -p {hp} {lock.runtime.user}@{addr}")
+        if lock is not None:
+            out.notes.append(_service_note(svc, lock, addr, hp))
     if host_ports:
         raise UsageError(f"no service of the image listens on port {', '.join(map(str, sorted(host_ports)))}",
                          hint=("map a service's port: " + ", ".join(f"{p}" for _s, p in services)) if services

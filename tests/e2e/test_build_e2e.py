@@ -463,3 +463,35 @@ def test_smoke_image_python_runs_the_built_pyc_and_writes_none(engine, tmp_path,
     assert out == [f"/opt/venv/lib/python{lock.platform.python}/site-packages/__pycache__/six.cpython-311.pyc",
                    f"/opt/venv/lib/python{lock.platform.python}/site-packages/idna/__pycache__/__init__.cpython-311.pyc",
                    "True", "01000000", "True"]
+
+
+@needs_store_tools
+def test_cli_build_reports_its_phases_and_ends_saying_where_the_image_is_and_how_to_start_it(storage, tmp_path, debs):
+    """`envspec build` as a user runs it: `--json` carries the phases (each layer made and imported);
+    the plain command ends with the image, its digest, the store it is in (the printed podman
+    command finds it there) and the `envspec run` lines."""
+    import shlex
+
+    env = {**os.environ, "ENVSPEC_CACHE": str(new_cache(tmp_path, debs)),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    lock = DATA / "small-debian.lock"
+    cp = subprocess.run([sys.executable, "-m", "envspec", "build", str(lock), "--no-cache", "--json"], env=env,
+                        capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stderr
+    built = json.loads(cp.stdout)
+    phases = {p["name"]: p for p in built["phases"]}
+    for lay in built["layers"]:
+        made, imported = phases[f"layer {lay['group']}"], phases[f"import {lay['group']}"]
+        assert made["end_s"] <= imported["start_s"] + 0.01 <= imported["end_s"] + 0.01 <= built["seconds"] + 0.01
+    assert built["storage"]["root"] == str(storage)
+
+    cp = subprocess.run([sys.executable, "-m", "envspec", "build", str(lock)], env=env, capture_output=True,
+                        text=True, timeout=600)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert lines[0].startswith(f"built {built['image']} in ") and lines[1] == f"digest {built['digest']}"
+    assert lines[2].startswith(f"stored in containers-storage at {storage}")
+    listed = subprocess.run(shlex.split(lines[3].removeprefix("  list it: ")), capture_output=True, text=True,
+                            timeout=120)
+    assert built["image"].rsplit(":", 1)[1] in listed.stdout
+    assert f"envspec run {lock}" in cp.stdout and f"envspec run {lock} -- envspec verify" in cp.stdout

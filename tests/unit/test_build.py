@@ -430,3 +430,32 @@ def test_docker_archive_output_carries_the_image_name():
     assert docker_archive_named("docker-archive:/tmp/cpu.tar:acme/cpu:1", tag) == "docker-archive:/tmp/cpu.tar:acme/cpu:1"
     assert docker_archive_named("oci-archive:/tmp/cpu.tar", tag) == "oci-archive:/tmp/cpu.tar"
     assert docker_archive_named("docker-archive:/tmp/cpu.tar", "") == "docker-archive:/tmp/cpu.tar"
+
+
+def test_phases_say_what_the_build_spent_its_time_on_as_each_ends(env):
+    lock, mirrors, tmp = env
+
+    class Phases(Reporter):
+        def __init__(self):
+            self.phases = []
+
+        def phase(self, phase):
+            self.phases.append(phase)
+
+    rep = Phases()
+    img = build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors, reporter=rep)
+    names = [p.name for p in img.phases]
+    made = [f"layer {lay.group}" for lay in img.layers]
+    assert set(made) <= set(names) and {"fetch", "layout", "deliver", "commit"} <= set(names)
+    assert list(img.phases) == rep.phases  # each sent to the reporter as it ended
+    for p in img.phases:
+        assert 0 <= p.start <= p.end <= img.seconds, p
+    at = {p.name: p for p in img.phases}
+    assert at["fetch"].end <= min(at[m].start for m in made if m != "layer base")  # wheels first
+    assert max(at[m].end for m in made) <= at["layout"].start <= at["commit"].start
+    j = img.to_json()
+    assert j["seconds"] == round(img.seconds, 3) and [p["name"] for p in j["phases"]] == names
+    assert all(set(p) == {"name", "start_s", "end_s", "s"} for p in j["phases"])
+
+    again = build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors)
+    assert [p.name for p in again.phases if p.name.startswith("layer ")] == ["layer envspec"]  # the rest cached

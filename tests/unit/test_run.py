@@ -17,7 +17,7 @@ import pytest
 from envspec.errors import HostError, UsageError
 from envspec.host import Host, Tool, bridge_conflict, detect_host
 from envspec.lock import Jupyter, Lockfile, Services, Ssh, load
-from envspec.run import Runnable, plan_run, podman_args, resolve_runnable, run_lines
+from envspec.run import Runnable, plan_run, podman_args, resolve_runnable, run_lines, start_lines
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
@@ -309,3 +309,19 @@ def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
     nvidia = DockerDaemon("unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc"))
     assert "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
     assert "--gpus" in plan_run(lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker").argv
+
+
+def test_start_lines_name_the_services_their_addresses_and_a_command(tmp_path):
+    lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke.lock")
+    plain = start_lines("specs/smoke.toml", lock)
+    assert plain[0] == "start a shell in it: envspec run specs/smoke.toml" and "no services" in plain[1]
+    assert "envspec run specs/smoke.toml -- python train.py" in "\n".join(plain)
+    with_services = lock.model_copy(update={"services": Services(jupyter=Jupyter(port=8888), ssh=Ssh(port=2222))})
+    lines = start_lines("lockfiles/x.lock", with_services, image="registry.example/x@sha256:ab")
+    assert lines[0] == ("start it with JupyterLab and SSH: envspec run lockfiles/x.lock --image "
+                        "registry.example/x@sha256:ab")
+    assert any("http://127.0.0.1:8888/lab" in ln for ln in lines)
+    assert any(f"ssh -p 2222 {lock.runtime.user}@127.0.0.1" in ln for ln in lines)
+    # the same addresses `envspec run` prints when it starts them
+    notes = plan_run(Runnable.of_lock(with_services), [], host=DEBIAN_HYBRID).notes
+    assert all(any(n in ln for ln in lines) for n in notes) and notes

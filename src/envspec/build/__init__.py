@@ -14,15 +14,17 @@ are safe: files enter the cache by atomic rename, and equal keys mean equal byte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from envspec import debian
 from envspec.build import layers as layer_makers
@@ -40,7 +42,7 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
-__all__ = ["build", "preview", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Reporter", "BuildahEngine",
+__all__ = ["build", "preview", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
 
 
@@ -72,6 +74,50 @@ class LayerInfo:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One step of a build and when it ran, in seconds since the build began (the monotonic
+    clock, which the layer makers' processes share): ``fetch`` (the wheels), ``debs`` (the
+    .debs), ``rootfs`` (the Debian tree laid down), ``layer GROUP`` (a layer's tar made),
+    ``import GROUP`` (a layer untarred into containers-storage), ``layout`` (config, manifest,
+    OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
+    store). Phases overlap: layers are made in parallel and imported beside the makers."""
+
+    name: str
+    start: float
+    end: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "start_s": round(self.start, 3), "end_s": round(self.end, 3),
+                "s": round(self.end - self.start, 3)}
+
+
+class Clock:
+    """The phases of one build as they end, each also sent to the reporter."""
+
+    def __init__(self, reporter: "Reporter") -> None:
+        self.t0 = time.monotonic()
+        self.reporter = reporter
+        self.phases: list[Phase] = []
+        self._guard = threading.Lock()  # the importer's thread adds phases too
+
+    def add(self, name: str, start: float, end: float) -> None:
+        """A phase that ran from ``start`` to ``end`` (``time.monotonic()`` values)."""
+        phase = Phase(name, start - self.t0, end - self.t0)
+        with self._guard:
+            self.phases.append(phase)
+        self.reporter.phase(phase)
+
+    @contextlib.contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        yield
+        self.add(name, start, time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+@dataclass(frozen=True)
 class BuiltImage:
     image: str  # the tag in containers-storage ("" when not tagged)
     digest: str  # the manifest digest of what pushes and OCI outputs carry: the image's identity
@@ -82,6 +128,8 @@ class BuiltImage:
     attached: tuple[str, ...] = ()  # the attestations and signature pushed beside the image
     store_digest: str = ""  # the manifest digest in containers-storage (uncompressed layers)
     compression: str = "none"
+    phases: tuple[Phase, ...] = ()  # what the build spent its time on, in the order the phases ended
+    seconds: float = 0.0  # the whole build
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +142,8 @@ class BuiltImage:
             "pushed": list(self.pushed),
             "attached": list(self.attached),
             "outputs": list(self.outputs),
+            "seconds": round(self.seconds, 3),
+            "phases": [p.to_json() for p in self.phases],
         }
 
 
@@ -109,12 +159,14 @@ class Reporter:
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
     def warning(self, message: str) -> None: ...  # something the user should know (no .pyc, ...)
+    def phase(self, phase: Phase) -> None: ...  # a step of the build ended (``BuiltImage.phases``)
 
 
 def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
           options: BuildOptions = BuildOptions(), reporter: Reporter | None = None) -> BuiltImage:
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5)."""
     reporter = reporter or Reporter()
+    clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (build/cachegc.py)
     plan, compiler = _bytecode_compiler(plan, reporter)
@@ -122,12 +174,19 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     _clean_stale_scratch()
     comp = compression(options.compression)
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp)
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock)
     layers.compiler = compiler
     store = engine.storage_cli() if ref else None
-    importer = Importer(store, layers.files(), on_progress=reporter.importing) if store and layers.todo else None
+
+    def new_importer() -> Importer:
+        assert store is not None
+        return Importer(store, layers.files(), on_progress=reporter.importing,
+                        on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
+
+    importer = new_importer() if store and layers.todo else None
     try:
-        layers.fetch_wheels(mirrors)
+        with clock.span("fetch"):
+            layers.fetch_wheels(mirrors)
         with layers.wheel_makers(options.workers) as pending:
             if importer is not None:  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
@@ -135,26 +194,29 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             layers.finish(pending)
         layers.make_top(options.verify_dir)
         layers.compress_cached()
-        image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers],
-                            comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
-        outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
-        attached: tuple[str, ...] = ()
-        if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
-            att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan), options.sign_key,
-                         lock_path=options.lock_path)
-            for r, d in ((att.attestations, att.attestation_digest), (att.signature, att.signature_digest)):
-                if r:
-                    attached += (r,)
-                    reporter.pushed(r, d)
+        with clock.span("layout"):
+            image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers],
+                                comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
+        with clock.span("deliver"):
+            outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
+            attached: tuple[str, ...] = ()
+            if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
+                att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan),
+                             options.sign_key, lock_path=options.lock_path)
+                for r, d in ((att.attestations, att.attestation_digest), (att.signature, att.signature_digest)):
+                    if r:
+                        attached += (r,)
+                        reporter.pushed(r, d)
         if ref:
             reporter.committing(ref, image.digest)
-            if importer is None and store is not None and engine.image_digest(ref) != image.digest:
-                importer = Importer(store, layers.files(), on_progress=reporter.importing).start()
-            if importer is not None:
-                importer.finish(image.config, image.manifest, ref)
-            elif store is None and engine.image_digest(ref) != image.digest:
-                with cache.locked("import"):
-                    engine.import_image(image.layout, ref)
+            with clock.span("commit"):
+                if importer is None and store is not None and engine.image_digest(ref) != image.digest:
+                    importer = new_importer().start()
+                if importer is not None:
+                    importer.finish(image.config, image.manifest, ref)
+                elif store is None and engine.image_digest(ref) != image.digest:
+                    with cache.locked("import"):
+                        engine.import_image(image.layout, ref)
     except BaseException as e:
         layers.fail(e)
         if importer is not None:
@@ -165,7 +227,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         in_use.release()
     return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
                       pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
-                      compression=comp.name)
+                      compression=comp.name, phases=tuple(clock.phases), seconds=clock.elapsed())
 
 
 def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
@@ -211,8 +273,9 @@ class Layers:
     future that the importer waits on."""
 
     def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
-                 comp: Compression = Compression("none")) -> None:
+                 comp: Compression = Compression("none"), clock: Clock | None = None) -> None:
         self.plan, self.cache, self.work, self.reporter, self.comp = plan, cache, work, reporter, comp
+        self.clock = clock or Clock(reporter)
         self.metas: dict[str, dict[str, Any]] = {}
         self.futures: dict[str, Future[dict[str, Any]]] = {}
         self.todo: list[Layer] = []  # cacheable layers not in the cache
@@ -308,8 +371,9 @@ class Layers:
             try:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.work / "base.tar"
-                res = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp())
-                return _store_layer(self.cache, base, out, res, self.comp)
+                with self.clock.span("layer base"):
+                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp())
+                return _store_layer(self.cache, base, out, made, self.comp)
             finally:
                 shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
 
@@ -324,9 +388,11 @@ class Layers:
         extra = os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")
         mirrors = debian.mirror_list((lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
                                      mirrors=[extra] if extra else [])
-        paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
-                                  reporter=_DebEvents(self.reporter))
-        debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
+        with self.clock.span("debs"):
+            paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
+                                      reporter=_DebEvents(self.reporter))
+        with self.clock.span("rootfs"):
+            debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
         return dest
 
     def finish(self, pending: "WheelMakers") -> None:
@@ -337,6 +403,8 @@ class Layers:
                 except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
                     raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
                                      hint="the wheel may be broken or not for this platform; re-lock") from e
+                start, end = res.pop("ran")
+                self.clock.add(f"layer {lay.group}", start, end)
                 return _store_layer(self.cache, lay, out, res, self.comp)
 
             self._make(lay, done)
@@ -348,9 +416,10 @@ class Layers:
 
         def make() -> dict[str, Any]:
             out = self.work / "envspec.tar"
-            res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
-                                                  service_files=render_service_files(self.plan.lock),
-                                                  compression=self._comp())
+            with self.clock.span("layer envspec"):
+                res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
+                                                      service_files=render_service_files(self.plan.lock),
+                                                      compression=self._comp())
             os.replace(out, self.path(top))
             meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
             if "blob" in res:
@@ -382,7 +451,7 @@ class WheelMakers:
             out = self.layers.work / f"{lay.group}.tar"
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler)
-            self.jobs.append((lay, out, self.pool.submit(layer_makers.wheel_layer_job, job)))
+            self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job)))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -511,6 +580,14 @@ class _DebEvents(debian.DebianReporter):
     def fetched(self, pin: DebPin, path: Path, cached: bool) -> None:
         if not cached:
             self.reporter.fetched(pin.name, pin.filename, path)
+
+
+def _timed_wheel_job(args: tuple) -> dict[str, Any]:
+    """``layers.wheel_layer_job`` in a worker, with when it ran (``time.monotonic`` is one clock
+    for every process of the machine)."""
+    start = time.monotonic()
+    res = layer_makers.wheel_layer_job(args)
+    return {**res, "ran": (start, time.monotonic())}
 
 
 def _worker_init(niceness: int = 0) -> None:

@@ -12,6 +12,7 @@ only after every layer is in, by ``finish``. Nothing here decides what a layer h
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class Importer:
     store: StorageCLI
     layers: Sequence[LayerFile]
     on_progress: Callable[[str, int], None] = lambda group, sent: None
+    on_stored: Callable[[str, float, float], None] = lambda group, start, end: None  # a layer this import stored, when
     cancel: threading.Event = field(default_factory=threading.Event)
     top: str = ""
     stored: list[str] = field(default_factory=list)  # groups this import stored (the others were there)
@@ -75,6 +77,7 @@ class Importer:
 
                     # a layer made in this build was hashed by its maker as it was written; one
                     # taken from the layer cache is hashed again on its way into the store
+                    start = time.monotonic()
                     have, ours = self.store.put_layer(
                         layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
                         check=bool(made.get("cached")), cancel=self.cancel, progress=progress)
@@ -89,6 +92,7 @@ class Importer:
                                   "the images using it (`podman rmi`) and build again"))
                     if ours:
                         self.stored.append(lay.group)
+                        self.on_stored(lay.group, start, time.monotonic())
                     parent = layer_id
                 self.top = parent
         except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
