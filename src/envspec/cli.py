@@ -417,11 +417,11 @@ def _signing_key(args):
 
 
 def _check_digest(args, built) -> int:
+    from envspec.build.engine import registry_access
     from envspec.verify_image import RegistryReader, manifest_digest
 
     # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
-    reader = RegistryReader(authfile=args.authfile or os.environ.get("REGISTRY_AUTH_FILE", ""),
-                            cert_dir=args.cert_dir or "", tls_verify=_bool_flag("--tls-verify", args.tls_verify))
+    reader = RegistryReader(registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)))
     pushed = manifest_digest(reader, args.check_digest)
     same = pushed == built.digest
     if args.json:
@@ -512,6 +512,7 @@ def _bool_flag(flag: str, value: str | None) -> bool | None:
 
 def cmd_verify_image(args) -> int:
     from envspec.verify.render import table
+    from envspec.build.engine import registry_access
     from envspec.verify_image import RegistryReader, load_public_key, verify_image
 
     key = load_public_key(args.key)
@@ -520,8 +521,7 @@ def cmd_verify_image(args) -> int:
         from envspec.lock import load
 
         lock = load(args.lock)
-    reader = RegistryReader(authfile=args.authfile or os.environ.get("REGISTRY_AUTH_FILE", ""),
-                            cert_dir=args.cert_dir or "", tls_verify=_bool_flag("--tls-verify", args.tls_verify))
+    reader = RegistryReader(registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)))
     report = verify_image(args.ref, key, reader, lock)
     report.lock_name = args.ref
     if args.json:

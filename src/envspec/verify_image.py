@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envspec.build import attest
+from envspec.build.engine import RegistryAccess, skopeo_registry_args
 from envspec.errors import HostError, SourceError, UsageError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
@@ -43,32 +44,16 @@ _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is
                 "dial tcp", "server misbehaving", "connection reset", "eof")
 
 
-def _is_local(ref: str) -> bool:
-    import urllib.parse
-
-    host = ref.removeprefix("docker://").split("/", 1)[0]
-    name = urllib.parse.urlsplit("//" + host).hostname or ""
-    return name in ("localhost", "::1") or name.startswith("127.")
-
-
 @dataclass
 class RegistryReader:
-    """Read-only registry access with skopeo. ``tls_verify`` None: verify, except for a loopback
-    registry without ``cert_dir`` (the same rule as ``build --push``)."""
+    """Read-only registry access with skopeo, by the push's rules (``build.engine.RegistryAccess``:
+    credentials, CA, TLS verified except for a loopback registry without a cert dir)."""
 
-    authfile: str = ""
-    cert_dir: str = ""
-    tls_verify: bool | None = None
+    access: RegistryAccess = field(default_factory=RegistryAccess)
     run: Callable[..., subprocess.CompletedProcess] = field(default=subprocess.run, repr=False)
 
     def _opts(self, ref: str, prefix: str = "") -> list[str]:
-        verify = self.tls_verify if self.tls_verify is not None else (bool(self.cert_dir) or not _is_local(ref))
-        args = [] if verify else [f"--{prefix}tls-verify=false"]
-        if self.cert_dir:
-            args += [f"--{prefix}cert-dir", self.cert_dir]
-        if self.authfile:
-            args += [f"--{prefix}authfile", self.authfile]
-        return args
+        return skopeo_registry_args(self.access, ref, prefix)
 
     def _skopeo(self, ref: str, argv: list[str]) -> bytes | None:
         try:

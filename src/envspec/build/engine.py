@@ -118,16 +118,22 @@ def registry_access(authfile: str | None = None, cert_dir: str | None = None, tl
 
 def push_args(access: RegistryAccess, dest: str) -> list[str]:
     """skopeo copy's ``--dest-*`` options for pushing to ``dest`` (HOST[:PORT]/REPO[:TAG])."""
+    return skopeo_registry_args(access, dest, "dest-")
+
+
+def skopeo_registry_args(access: RegistryAccess, ref: str, prefix: str = "") -> list[str]:
+    """skopeo's options for reaching ``ref``'s registry: ``--{prefix}tls-verify``, ``cert-dir`` and
+    ``authfile`` (prefix ``dest-`` for a push, ``src-`` for a copy from it, none for inspect)."""
     args: list[str] = []
     verify = access.tls_verify
     if verify is None:
-        verify = bool(access.cert_dir) or not _is_local_registry(dest.removeprefix("docker://"))
+        verify = bool(access.cert_dir) or not _is_local_registry(ref.removeprefix("docker://"))
     if not verify:
-        args.append("--dest-tls-verify=false")
+        args.append(f"--{prefix}tls-verify=false")
     if access.cert_dir:
-        args += ["--dest-cert-dir", access.cert_dir]
+        args += [f"--{prefix}cert-dir", access.cert_dir]
     if access.authfile:
-        args += ["--dest-authfile", access.authfile]
+        args += [f"--{prefix}authfile", access.authfile]
     return args
 
 
