@@ -142,8 +142,8 @@ def _problems(lock: Lockfile) -> list[str]:
 def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
     """Order the lock's pins into layers and give each a content key. Raises ``PlanError``
     listing every problem (a lock that cannot be built: no base, wheels without hashes, ...).
-    ``bytecode``: the wheel layers carry .pyc (the build turns it off where no interpreter of the
-    image's version can compile them)."""
+    ``bytecode``: the layers carry .pyc (the wheels', the Debian Python modules', the verifier's;
+    the build turns it off where no interpreter of the image's version can compile them)."""
     problems = _problems(lock)
     if problems:
         raise PlanError("the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),

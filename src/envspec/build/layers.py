@@ -266,8 +266,10 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
         if rootfs is not None:
             root = Path(rootfs)
             # sent to the compiler's children first: they compile while the rootfs is written
-            tickets = [(img, comp.submit(img, (root / img.lstrip("/")).read_bytes()))
-                       for img in (rootfs_py_files(root) if comp is not None else [])]
+            tickets: list[tuple[str, int]] = []
+            if comp is not None:
+                for img in rootfs_py_files(root):
+                    tickets.append((img, comp.submit(img, (root / img.lstrip("/")).read_bytes())))
             for name in sorted(p.name for p in root.iterdir()):
                 full = root / name
                 if name in _SKIP_CONTENTS and full.is_dir() and not full.is_symlink():
