@@ -15,8 +15,9 @@ high up rebuilds little:
 A layer's *content key* is the sha256 of the canonical JSON of (layer kind, maker version, the
 sorted hashes of its pins, the platform fields its maker reads). Equal keys mean byte-identical
 layer tars, which is what lets two locks that share a torch variant share layers. A wheel
-layer's key (and the base layer's, with Debian packages, and the envspec layer's) also names its byte-compiled Python (``"pyc"``: the recipe, the invalidation mode
-and the image's exact CPython, which compiles them; ``"none"`` when the build makes none,
+layer's key (and the base layer's, with Debian packages, and the envspec layer's) also names
+its byte-compiled Python (``"pyc"``: the recipe, the invalidation mode and the image's exact
+CPython, which compiles them; ``"none"`` when the build makes none,
 ``make_plan(lock, bytecode=False)``), so a layer without .pyc is never taken for one with.
 A group with no pins makes no layer (except ``base`` and ``envspec``, always present).
 
