@@ -93,7 +93,7 @@ def _base(plan, cache: Cache, compiler: tuple[str, str], json_out: str | None) -
         rootfs = Path(tmp) / "rootfs"
         debian.make_rootfs(list(base.debs), paths, rootfs, user=lock.runtime.user, uid=lock.runtime.uid)
         row: dict = {"group": "base", "debs": len(base.debs),
-                     "modules": len(layers.rootfs_py_files(rootfs))}
+                     "modules": len(layers.rootfs_py_files(rootfs, plan.platform.python))}
         for mode, comp in (("plain", None), ("pyc", compiler)):
             out = Path(tmp) / f"base-{mode}.tar"
             (s0, c0), t0 = _cpu(), time.perf_counter()

@@ -202,6 +202,7 @@ STDLIB = {
     "usr/lib/python3.11/lib2to3/tests/data/py2.py": b"print 'x'\n",
     "usr/lib/python3.11/bad.py": b"def (:\n",  # does not compile: no .pyc
     "usr/lib/python3/dist-packages/deb_mod.py": b"Y = 2\n",
+    "usr/lib/python3.12/other.py": b"W = 4\n",  # another Python's: not the image's compiler's to make
     "usr/lib/python3.11/notes.txt": b"not a module\n",
     "usr/share/doc/x.py": b"Z = 3\n",  # outside the Python directories
 }
@@ -222,7 +223,7 @@ def _make_base(tmp_path, out):
 
 
 def test_rootfs_py_files_rule(tmp_path):
-    assert layers.rootfs_py_files(_rootfs(tmp_path)) == [
+    assert layers.rootfs_py_files(_rootfs(tmp_path), LOCK.platform.python) == [
         "/usr/lib/python3.11/bad.py", "/usr/lib/python3.11/foo.py", "/usr/lib/python3.11/pkg/__init__.py",
         "/usr/lib/python3.11/pkg/tricky.py", "/usr/lib/python3/dist-packages/deb_mod.py"]
 

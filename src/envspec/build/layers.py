@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,7 +267,7 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
             # sent to the compiler's children first: they compile while the rootfs is written
             tickets: list[tuple[str, int]] = []
             if comp is not None:
-                for img in rootfs_py_files(root):
+                for img in rootfs_py_files(root, plan.platform.python):
                     tickets.append((img, comp.submit(img, (root / img.lstrip("/")).read_bytes())))
             for name in sorted(p.name for p in root.iterdir()):
                 full = root / name
@@ -292,21 +291,19 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
 _NO_PYC_DIRS = frozenset({"test", "tests", "idle_test"})
 
 
-def rootfs_py_files(root: Path) -> list[str]:
+def rootfs_py_files(root: Path, python: str) -> list[str]:
     """The in-image paths (sorted, bytes order) of the rootfs's Python modules that get a .pyc:
-    every regular ``.py`` file (not a symlink) under ``usr/lib/python3.X/`` and
-    ``usr/lib/python3/dist-packages/``, outside directories named ``test``, ``tests`` and
+    every regular ``.py`` file (not a symlink) under ``usr/lib/python{python}/`` (the image's
+    Python's; another version's directory is left alone: its .pyc would need its own compiler)
+    and ``usr/lib/python3/dist-packages/``, outside directories named ``test``, ``tests`` and
     ``idle_test`` and outside ``site-packages``/``__pycache__``."""
     import os
     import stat
 
     lib = root / "usr" / "lib"
-    tops = []
-    if lib.is_dir() and not lib.is_symlink():
-        for name in sorted(os.listdir(lib), key=os.fsencode):
-            if re.fullmatch(r"python3\.\d+", name):
-                tops.append(f"usr/lib/{name}")
-        tops.append("usr/lib/python3/dist-packages")
+    tops = [f"usr/lib/python{python}", "usr/lib/python3/dist-packages"]
+    if not lib.is_dir() or lib.is_symlink():
+        return []
     out: list[str] = []
 
     def walk(rel: str) -> None:
