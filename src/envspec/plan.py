@@ -15,8 +15,9 @@ high up rebuilds little:
 A layer's *content key* is the sha256 of the canonical JSON of (layer kind, maker version, the
 sorted hashes of its pins, the platform fields its maker reads). Equal keys mean byte-identical
 layer tars, which is what lets two locks that share a torch variant share layers. A wheel
-layer's key also names its byte-compiled Python (``"pyc"``: the recipe, the invalidation mode
-and the image's exact CPython, which compiles them; ``"none"`` when the build makes none,
+layer's key (and the base layer's, with Debian packages, and the envspec layer's) also names
+its byte-compiled Python (``"pyc"``: the recipe, the invalidation mode and the image's exact
+CPython, which compiles them; ``"none"`` when the build makes none,
 ``make_plan(lock, bytecode=False)``), so a layer without .pyc is never taken for one with.
 A group with no pins makes no layer (except ``base`` and ``envspec``, always present).
 
@@ -37,16 +38,16 @@ from envspec.lock import WHEEL_GROUPS, DebPin, Lockfile, Platform, Wheel, dumps
 
 # Bump a kind's maker version whenever its maker's output bytes change for the same pins.
 MAKER_VERSIONS: dict[str, str] = {
-    "base": "1",
+    "base": "2",  # 2: .pyc of the Debian Python modules
     "cuda": "2",  # 2: .pyc files (envspec.build.bytecode)
     "torch": "2",
     "deps": "2",
     "team": "2",
-    "envspec": "1",
+    "envspec": "2",  # 2: .pyc of the verifier
 }
 LAYER_ORDER: tuple[str, ...] = ("base", *WHEEL_GROUPS, "envspec")
 
-# The wheel layers' .pyc recipe (envspec.build.bytecode): bump its number when the bytes made for
+# The layers' .pyc recipe (envspec.build.bytecode): bump its number when the bytes made for
 # the same source by the same compiler change.
 BYTECODE_RECIPE = "pyc-1 unchecked-hash opt0"
 
@@ -75,7 +76,7 @@ class BuildPlan:
     lock: Lockfile
     layers: tuple[Layer, ...]
     lock_text: str = field(repr=False)  # the canonical lock text the image carries
-    bytecode: bool = True  # the wheel layers carry .pyc (their keys say so)
+    bytecode: bool = True  # the layers carry .pyc (their keys say so)
 
     @property
     def platform(self) -> Platform:
@@ -142,8 +143,8 @@ def _problems(lock: Lockfile) -> list[str]:
 def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
     """Order the lock's pins into layers and give each a content key. Raises ``PlanError``
     listing every problem (a lock that cannot be built: no base, wheels without hashes, ...).
-    ``bytecode``: the wheel layers carry .pyc (the build turns it off where no interpreter of the
-    image's version can compile them)."""
+    ``bytecode``: the layers carry .pyc (the wheels', the Debian Python modules', the verifier's;
+    the build turns it off where no interpreter of the image's version can compile them)."""
     problems = _problems(lock)
     if problems:
         raise PlanError("the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),
@@ -151,16 +152,17 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
     platform, rt = lock.platform, lock.runtime
     debs = tuple(sorted(lock.debian.packages if lock.debian else (),
                         key=lambda d: (d.name, d.version, d.architecture, d.filename)))
+    pyc = f"{BYTECODE_RECIPE} cpython-{platform.python_full}" if bytecode and platform.python_full else "none"
     layers = [Layer(
         group="base",
         key=_key("base", {
             "debs": [d.sha256 for d in debs],
             "venv": platform.venv, "python": platform.python, "python_full": platform.python_full,
             "arch": platform.arch, "user": rt.user, "uid": rt.uid, "workdir": rt.workdir,
+            "pyc": pyc if debs else "none",
         }),
         debs=debs,
     )]
-    pyc = f"{BYTECODE_RECIPE} cpython-{platform.python_full}" if bytecode and platform.python_full else "none"
     for group in WHEEL_GROUPS:
         pins = tuple(sorted((w for w in lock.wheels if w.group == group), key=lambda w: (w.name, w.version, w.filename)))
         if pins:
@@ -173,7 +175,8 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
             ))
     layers.append(Layer(
         group="envspec",
-        key=_key("envspec", {"lock": lock.meta.content_hash, "venv": platform.venv, "python": platform.python}),
+        key=_key("envspec", {"lock": lock.meta.content_hash, "venv": platform.venv, "python": platform.python,
+                             "pyc": pyc}),
         cacheable=False,
     ))
     return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")

@@ -440,7 +440,8 @@ def test_smoke_lock_two_no_cache_builds_one_digest_and_it_runs(engine, tmp_path,
 def test_smoke_image_python_runs_the_built_pyc_and_writes_none(engine, tmp_path, debs):
     """The image's python imports each wheel module from the .pyc the build wrote (unchecked-hash:
     with the source changed inside the container, the module is still the built one), and an
-    import as root, in a writable venv, writes no .pyc of its own."""
+    import as root, in a writable venv, writes no .pyc of its own; so do the Debian standard
+    library (base layer) and the verifier's start-up hook (envspec layer)."""
     from envspec.build.bytecode import find_compiler
 
     lock = lockmod.load(SMOKE)
@@ -463,6 +464,28 @@ def test_smoke_image_python_runs_the_built_pyc_and_writes_none(engine, tmp_path,
     assert out == [f"/opt/venv/lib/python{lock.platform.python}/site-packages/__pycache__/six.cpython-311.pyc",
                    f"/opt/venv/lib/python{lock.platform.python}/site-packages/idna/__pycache__/__init__.cpython-311.pyc",
                    "True", "01000000", "True"]
+    # the Debian standard library and the verifier (root's, under /opt/envspec/lib) come with their
+    # .pyc too: a start imports them from the built files and, as root, writes none
+    script = (
+        "import os, subprocess, sys\n"
+        "roots = ['/usr/lib/python3.11', '/usr/lib/python3/dist-packages', '/opt/envspec/lib']\n"
+        "def listing():\n"
+        "    return sorted(os.path.join(d, f) for r in roots for d, _, fs in os.walk(r) for f in fs)\n"
+        "before = listing()\n"
+        "import dataclasses, typing, pathlib, tomllib, ctypes, json\n"
+        "data = open(dataclasses.__cached__, 'rb').read()\n"
+        "p = subprocess.run([sys.executable, '-m', 'envspec.verify', '--startup'], capture_output=True, text=True,\n"
+        "                   env={**os.environ, 'PYTHONPATH': '/opt/envspec/lib'})\n"
+        "print(p.stdout, p.stderr, file=sys.stderr)\n"
+        "hook = open('/opt/envspec/lib/envspec/verify/__pycache__/startup.cpython-311.pyc', 'rb').read()\n"
+        "print(dataclasses.__cached__, dataclasses.__cached__ in before, data[4:8].hex(), p.returncode,\n"
+        "      hook[4:8].hex(), listing() == before)\n"
+    )
+    # flags 01 (unchecked-hash): the build's, not one Python wrote at run time (timestamp, 00), as the
+    # entrypoint's own start-up hook, run as root before the script, would have
+    cp = podman(engine, "run", "--rm", "--user", "0", *podman_args(engine.host)[1], img.image, "python", "-c", script)
+    assert cp.stdout.split() == [f"/usr/lib/python{lock.platform.python}/__pycache__/dataclasses.cpython-311.pyc",
+                                 "True", "01000000", "0", "01000000", "True"], cp.stderr
 
 
 @needs_store_tools

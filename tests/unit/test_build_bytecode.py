@@ -185,9 +185,101 @@ def test_without_a_compiler_of_the_images_version_no_pyc_a_warning_and_other_key
 
 def test_layer_keys_name_the_pyc_recipe():
     with_pyc, without = make_plan(LOCK), make_plan(LOCK, bytecode=False)
+    assert not LOCK.debian  # no Debian packages: a base layer without Python modules, one key
     for a, b in zip(with_pyc.layers, without.layers):
-        assert (a.key == b.key) == (a.group in ("base", "envspec")), a.group
+        assert (a.key == b.key) == (a.group == "base"), a.group
     assert with_pyc.bytecode and not without.bytecode
+    smoke = helpers.load(str(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke.lock"))
+    assert smoke.debian and smoke.debian.packages
+    assert make_plan(smoke).layer("base").key != make_plan(smoke, bytecode=False).layer("base").key
+
+
+STDLIB = {
+    "usr/lib/python3.11/foo.py": b"import os\nFOO = 'from source'\n",
+    "usr/lib/python3.11/pkg/__init__.py": b"",
+    "usr/lib/python3.11/pkg/tricky.py": TRICKY,
+    "usr/lib/python3.11/test/test_foo.py": b"X = 1\n",  # test suites: no .pyc
+    "usr/lib/python3.11/lib2to3/tests/data/py2.py": b"print 'x'\n",
+    "usr/lib/python3.11/bad.py": b"def (:\n",  # does not compile: no .pyc
+    "usr/lib/python3/dist-packages/deb_mod.py": b"Y = 2\n",
+    "usr/lib/python3.12/other.py": b"W = 4\n",  # another Python's: not the image's compiler's to make
+    "usr/lib/python3.11/notes.txt": b"not a module\n",
+    "usr/share/doc/x.py": b"Z = 3\n",  # outside the Python directories
+}
+
+
+def _rootfs(tmp_path):
+    root = tmp_path / "rootfs"
+    for rel, data in STDLIB.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (root / "usr/lib/python3.11/link.py").symlink_to("foo.py")  # a symlink: its target's .pyc only
+    return root
+
+
+def _make_base(tmp_path, out):
+    plan = make_plan(LOCK)
+    return layers.make_base_layer(plan, _rootfs(tmp_path), out, compiler=(CHOICE.python, CHOICE.cache_tag))
+
+
+def test_rootfs_py_files_rule(tmp_path):
+    assert layers.rootfs_py_files(_rootfs(tmp_path), LOCK.platform.python) == [
+        "/usr/lib/python3.11/bad.py", "/usr/lib/python3.11/foo.py", "/usr/lib/python3.11/pkg/__init__.py",
+        "/usr/lib/python3.11/pkg/tricky.py", "/usr/lib/python3/dist-packages/deb_mod.py"]
+
+
+@needs_compiler
+def test_base_layer_carries_the_debian_python_modules_pyc(tmp_path):
+    a = _make_base(tmp_path / "a", tmp_path / "a.tar")
+    b = _make_base(tmp_path / "b", tmp_path / "b.tar")
+    assert a == b and (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+    assert a["pyc"]["files"] == 4 and a["pyc"]["bytes"] > 0
+    with tarfile.open(tmp_path / "a.tar") as tf:
+        pycs = sorted(n for n in tf.getnames() if n.endswith(".pyc"))
+        assert pycs == ["usr/lib/python3.11/__pycache__/foo.cpython-311.pyc",
+                        "usr/lib/python3.11/pkg/__pycache__/__init__.cpython-311.pyc",
+                        "usr/lib/python3.11/pkg/__pycache__/tricky.cpython-311.pyc",
+                        "usr/lib/python3/dist-packages/__pycache__/deb_mod.cpython-311.pyc"]
+        m = tf.getmember("usr/lib/python3.11/__pycache__/foo.cpython-311.pyc")
+        assert (m.mode, m.uid, m.gid) == (0o644, 0, 0)
+        assert tf.getmember("usr/lib/python3.11/__pycache__").isdir()
+        data = tf.extractfile(m).read()
+    source = STDLIB["usr/lib/python3.11/foo.py"]
+    assert data[4:8] == (0b01).to_bytes(4, "little")  # unchecked-hash
+    hashed = subprocess.run([CHOICE.python, "-I", "-S", "-c",
+                             "import importlib.util,sys;sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER"
+                             "+importlib.util.source_hash(sys.stdin.buffer.read()))"],
+                            input=source, capture_output=True, check=True).stdout
+    assert data[:4] == hashed[:4] and data[8:16] == hashed[4:]
+    filename = subprocess.run([CHOICE.python, "-I", "-S", "-c",
+                               "import marshal,sys;print(marshal.loads(sys.stdin.buffer.read()[16:]).co_filename)"],
+                              input=data, capture_output=True, check=True).stdout.decode().strip()
+    assert filename == "/usr/lib/python3.11/foo.py"
+
+
+def test_base_layer_without_a_compiler_has_no_pyc(tmp_path):
+    made = layers.make_base_layer(make_plan(LOCK), _rootfs(tmp_path), tmp_path / "l.tar")
+    with tarfile.open(tmp_path / "l.tar") as tf:
+        assert not [n for n in tf.getnames() if n.endswith(".pyc")] and made["pyc"]["files"] == 0
+
+
+@needs_compiler
+def test_envspec_layer_carries_the_verifiers_pyc(tmp_path):
+    from envspec.services import ENVSPEC_LIB
+
+    plan = make_plan(LOCK)
+    made = layers.make_envspec_layer(plan, b"{}", tmp_path / "e.tar", service_files={},
+                                     compiler=(CHOICE.python, CHOICE.cache_tag))
+    lib = ENVSPEC_LIB.strip("/")
+    with tarfile.open(tmp_path / "e.tar") as tf:
+        names = tf.getnames()
+        sources = [n for n in names if n.startswith(lib + "/") and n.endswith(".py")]
+        data = tf.extractfile(f"{lib}/envspec/verify/__pycache__/__init__.cpython-311.pyc").read()
+    assert "envspec/verify/__main__.py" in "\n".join(sources)
+    for src in sources:
+        assert pyc_path(src, "cpython-311") in names, src
+    assert made["pyc"]["files"] == len(sources)
+    assert data[4:8] == (0b01).to_bytes(4, "little")
 
 
 def test_pyc_path_follows_importlib():

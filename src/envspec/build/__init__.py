@@ -372,7 +372,7 @@ class Layers:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.work / "base.tar"
                 with self.clock.span("layer base"):
-                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp())
+                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp(), self.compiler)
                 return _store_layer(self.cache, base, out, made, self.comp)
             finally:
                 shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
@@ -419,7 +419,7 @@ class Layers:
             with self.clock.span("layer envspec"):
                 res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
                                                       service_files=render_service_files(self.plan.lock),
-                                                      compression=self._comp())
+                                                      compression=self._comp(), compiler=self.compiler)
             os.replace(out, self.path(top))
             meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
             if "blob" in res:
@@ -542,9 +542,10 @@ def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Repor
 # --- helpers --------------------------------------------------------------------------------------
 
 def _bytecode_compiler(plan: BuildPlan, reporter: Reporter) -> tuple[BuildPlan, tuple[str, str] | None]:
-    """The interpreter that compiles the wheel layers' .pyc (``bytecode.find_compiler``), or the
-    plan re-keyed without .pyc (and a warning) where this host has none of the image's version."""
-    if not plan.bytecode or not any(lay.wheels for lay in plan.layers):
+    """The interpreter that compiles the layers' .pyc (``bytecode.find_compiler``): the wheels',
+    the Debian standard library's and the verifier's; or the plan re-keyed without .pyc (and a
+    warning) where this host has none of the image's version."""
+    if not plan.bytecode:
         return plan, None
     choice = find_compiler(plan.platform)
     if choice.python:

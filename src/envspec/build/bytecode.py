@@ -1,4 +1,5 @@
-"""Byte-compiled Python for the wheel layers: reproducible PEP 552 ``.pyc`` files.
+"""Byte-compiled Python for the layers: reproducible PEP 552 ``.pyc`` files (the wheels', the
+Debian Python modules' in the base layer, the verifier's: ``layers.add_pyc``).
 
 Each wheel's ``.py`` files under site-packages get ``__pycache__/NAME.cpython-3XY.pyc`` beside
 them in the layer tar: each source is sent to the compiler as it is written (it is in memory:

@@ -12,11 +12,13 @@ Each ``.py`` under site-packages gets its ``__pycache__/NAME.cpython-3XY.pyc`` (
 unchecked-hash, made by the image's exact CPython: ``envspec.build.bytecode``), compiled from
 the bytes in memory while the wheel's other members are written and added after them; each ``.pyc`` is listed in its wheel's RECORD with its sha256
 and size, as pip lists the files it compiles. The venv belongs to root, so a running container
-writes no .pyc of its own.
+writes no .pyc of its own. The base layer's Debian Python modules (``rootfs_py_files``) and the
+envspec layer's verifier get theirs the same way (``add_pyc``), after the layer's other files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import zipfile
@@ -250,14 +252,23 @@ def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
 
 
 def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
-                    compression: Compression | None = None) -> dict:
+                    compression: Compression | None = None, compiler: tuple[str, str] | None = None) -> dict:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
-    without Debian packages), the venv skeleton, and /workspace owned by the non-root user."""
+    without Debian packages), the venv skeleton, and /workspace owned by the non-root user.
+    ``compiler`` ``(python, cache tag)`` adds the .pyc of the rootfs's Python modules
+    (``rootfs_py_files``) after the rootfs's files."""
     rt = plan.lock.runtime
     ws = "/" + rt.workdir.strip("/")
-    with TarWriter(out, compression=compression) as w:
+    pyc = {"files": 0, "bytes": 0}
+    with TarWriter(out, compression=compression) as w, \
+            (Compiler(*compiler) if compiler and rootfs is not None else contextlib.nullcontext()) as comp:
         if rootfs is not None:
             root = Path(rootfs)
+            # sent to the compiler's children first: they compile while the rootfs is written
+            tickets: list[tuple[str, int]] = []
+            if comp is not None:
+                for img in rootfs_py_files(root, plan.platform.python):
+                    tickets.append((img, comp.submit(img, (root / img.lstrip("/")).read_bytes())))
             for name in sorted(p.name for p in root.iterdir()):
                 full = root / name
                 if name in _SKIP_CONTENTS and full.is_dir() and not full.is_symlink():
@@ -265,11 +276,72 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
                     w.add_dir(name, mode=st.st_mode, uid=st.st_uid, gid=st.st_gid)
                     continue
                 _add_one(w, full, "/" + name, owners={ws: (rt.uid, rt.uid)})
+            if comp is not None:
+                pyc = _add_compiled(w, comp, tickets)
         add_venv_skeleton(w, plan.platform)
         if not w.has(ws):
             w.add_dir(ws, mode=0o755, uid=rt.uid, gid=rt.uid)
         res = w.close()
-    return _result(res, [])
+    made = _result(res, [])
+    made["pyc"] = pyc
+    return made
+
+
+# Directories whose modules get no .pyc in the base layer: test suites, never imported at start.
+_NO_PYC_DIRS = frozenset({"test", "tests", "idle_test"})
+
+
+def rootfs_py_files(root: Path, python: str) -> list[str]:
+    """The in-image paths (sorted, bytes order) of the rootfs's Python modules that get a .pyc:
+    every regular ``.py`` file (not a symlink) under ``usr/lib/python{python}/`` (the image's
+    Python's; another version's directory is left alone: its .pyc would need its own compiler)
+    and ``usr/lib/python3/dist-packages/``, outside directories named ``test``, ``tests`` and
+    ``idle_test`` and outside ``site-packages``/``__pycache__``."""
+    import os
+    import stat
+
+    lib = root / "usr" / "lib"
+    tops = [f"usr/lib/python{python}", "usr/lib/python3/dist-packages"]
+    if not lib.is_dir() or lib.is_symlink():
+        return []
+    out: list[str] = []
+
+    def walk(rel: str) -> None:
+        full = root / rel
+        for name in sorted(os.listdir(full), key=os.fsencode):
+            st = os.lstat(full / name)
+            if stat.S_ISDIR(st.st_mode):
+                if name not in _NO_PYC_DIRS and name not in ("__pycache__", "site-packages"):
+                    walk(f"{rel}/{name}")
+            elif stat.S_ISREG(st.st_mode) and name.endswith(".py"):
+                out.append(f"/{rel}/{name}")
+
+    for top in tops:
+        full = root / top
+        if full.is_dir() and not full.is_symlink():
+            walk(top)
+    return out
+
+
+def add_pyc(w: TarWriter, sources: list[tuple[str, bytes]], compiler: tuple[str, str]) -> dict[str, int]:
+    """Compile ``sources`` ((in-image path, bytes), in the order given) with the image's CPython
+    (``bytecode.Compiler``) and add each one's ``__pycache__`` .pyc (0644 root:root) unless the
+    tar has it already; a source that does not compile gets none. Returns the count and bytes."""
+    with Compiler(*compiler) as comp:
+        return _add_compiled(w, comp, [(path, comp.submit(path, data)) for path, data in sources])
+
+
+def _add_compiled(w: TarWriter, comp: Compiler, tickets: list[tuple[str, int]]) -> dict[str, int]:
+    files = size = 0
+    for path, ticket in tickets:
+        data = comp.result(ticket)
+        target = pyc_path(path, comp.cache_tag)
+        if data is None or w.has(target):
+            continue
+        w.add_file(target, None, len(data), data=data, mode=0o644)
+        files += 1
+        size += len(data)
+    return {"files": files, "bytes": size}
 
 
 def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, int]]) -> None:
@@ -318,10 +390,13 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
 
 
 def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service_files: dict[str, tuple[str, int]],
-                       verify_dir: Path | None = None, compression: Compression | None = None) -> dict:
+                       verify_dir: Path | None = None, compression: Compression | None = None,
+                       compiler: tuple[str, str] | None = None) -> dict:
     """The top layer: the lock, the SBOM, the verifier (``verify_dir``, default envspec's own) and
     its launcher, and ``service_files`` ({image path: (text, mode)}: the entrypoint and the
-    services' files that ``envspec.services.render_service_files`` renders from the lock)."""
+    services' files that ``envspec.services.render_service_files`` renders from the lock).
+    ``compiler`` ``(python, cache tag)`` adds the .pyc of the verifier's modules (under
+    ``ENVSPEC_LIB``, which belongs to root: Python could never write them at run time)."""
     if verify_dir is None:
         verify_dir = Path(__file__).resolve().parent.parent / "verify"
     v = plan.platform.venv
@@ -340,8 +415,14 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service
     with TarWriter(out, compression=compression) as w:
         for path, data, mode in files:
             w.add_file(path, None, len(data), data=data, mode=mode)
+        pyc = {"files": 0, "bytes": 0}
+        if compiler is not None:
+            pyc = add_pyc(w, [(path, data) for path, data, _ in files
+                              if path.startswith(f"{ENVSPEC_LIB}/") and path.endswith(".py")], compiler)
         res = w.close()
-    return _result(res, [])
+    made = _result(res, [])
+    made["pyc"] = pyc
+    return made
 
 
 def wheel_layer_job(args: tuple) -> dict:
