@@ -298,8 +298,11 @@ def untar_layers(plan, paths, mirrors, work: Path, dest: Path) -> float:
     return t
 
 
-def containerfile(engine, plan, paths, cache, work) -> dict:
-    """The plain way: one RUN pip install of the same files on top of the same Debian base."""
+def peer_containerfile(engine, plan, paths, cache, work) -> Path:
+    """The plain way's inputs: envspec's Debian base layer (from the layer cache ``cache``) as
+    localhost/bench/base:1 (no other base can be reached here), the lock's wheel files hardlinked
+    into ``work/wheels`` (bind-mounted as /wheels), and a Containerfile with one RUN pip install of
+    them. Returns the Containerfile's path. Also used by bench/startup.py."""
     from envspec.build.oci import LayerBlob, write_layout
 
     base = plan.layer("base")
@@ -318,7 +321,15 @@ def containerfile(engine, plan, paths, cache, work) -> dict:
         "FROM localhost/bench/base:1\n"
         "RUN /opt/venv/bin/python -m ensurepip --default-pip && "
         f"/opt/venv/bin/python -m pip install --no-deps --no-index --no-cache-dir {names}\n"
+        "ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
     )
+    return work / "Containerfile"
+
+
+def containerfile(engine, plan, paths, cache, work) -> dict:
+    """The plain way: one RUN pip install of the same files on top of the same Debian base."""
+    peer_containerfile(engine, plan, paths, cache, work)
+    wheels = work / "wheels"
     out = {}
     digests = []
     for i in (1, 2):

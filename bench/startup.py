@@ -24,6 +24,7 @@ Medians and the ratios the issue sets goals for go into the JSON. The store is t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -40,7 +41,6 @@ sys.path.insert(0, str(ROOT / "src"))
 from envspec import lock as lockmod, sources  # noqa: E402
 from envspec.build import BuildahEngine  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
-from envspec.build.oci import LayerBlob, write_layout  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 ENVSPEC = [sys.executable, "-m", "envspec"]
@@ -75,29 +75,16 @@ def timed_runs(argv: list[str], runs: int) -> dict:
 
 
 def build_peer(lock: lockmod.Lockfile, engine: BuildahEngine, work: Path) -> tuple[str, float]:
-    """The plain Containerfile way on envspec's own base layer (taken from the layer cache)."""
+    """The plain Containerfile way on envspec's own base layer (bench/build.py's peer)."""
+    spec = importlib.util.spec_from_file_location("bench_build", Path(__file__).with_name("build.py"))
+    bench_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_build)
     plan = make_plan(lock)
     cache = Cache()
-    base = plan.layer("base")
-    meta = json.loads(cache.layer_meta(base.key).read_text())
-    blob = LayerBlob("base", base.key, cache.layer_tar(base.key), meta["diff_id"], meta["size"])
-    layout = work / "base-oci"
-    write_layout(layout, plan, [blob], entrypoint=[], cmd=[], user="root", ref_name="base")
-    engine.import_image(layout, "localhost/bench/base:1")
     paths = WheelFetcher(cache, sources.discover().mirrors).fetch_all(plan.wheels)
-    wheels = work / "wheels"
-    wheels.mkdir()
-    for w in plan.wheels:
-        os.link(paths[w.sha256], wheels / w.filename)
-    names = " ".join(f"/wheels/{w.filename}" for w in plan.wheels)
-    (work / "Containerfile").write_text(
-        "FROM localhost/bench/base:1\n"
-        "RUN /opt/venv/bin/python -m ensurepip --default-pip && "
-        f"/opt/venv/bin/python -m pip install --no-deps --no-index --no-cache-dir {names}\n"
-        'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n'
-    )
+    containerfile = bench_build.peer_containerfile(engine, plan, paths, cache.root, work)
     argv = ["buildah", *engine.host.storage.args(), "bud", "--isolation", "chroot", "--layers=false",
-            "-v", f"{wheels}:/wheels:ro", "-t", PEER_REF, "-f", str(work / "Containerfile"), str(work)]
+            "-v", f"{work / 'wheels'}:/wheels:ro", "-t", PEER_REF, "-f", str(containerfile), str(work)]
     t0 = time.monotonic()
     subprocess.run(argv, check=True, capture_output=True)
     return PEER_REF, time.monotonic() - t0
