@@ -90,6 +90,12 @@ def not_tagged_locally(env) -> bool:
     return FAILED_TAG not in cp.stdout.split()
 
 
+def image_tags(registry, repo: str) -> list[str]:
+    """The repository's tags less the attestation and signature tags a push adds beside the image
+    (``sha256-<hex>.att``/``.sig``, build/attest.py)."""
+    return sorted(t for t in registry.tags(repo) if not (t.startswith("sha256-") and t.endswith((".att", ".sig"))))
+
+
 def test_push_with_authfile_and_ca_keeps_the_digest(env, registry):
     dest = f"{registry.address}/envspec/smoke:{lock_hash()}"
     cp = envspec(env, "build", str(LOCK), "--push", dest, "--authfile", str(registry.authfile),
@@ -97,9 +103,10 @@ def test_push_with_authfile_and_ca_keeps_the_digest(env, registry):
     assert cp.returncode == 0, cp.stderr[-3000:]
     out = json.loads(cp.stdout)
     assert out["pushed"] == [dest]
-    assert registry.tags("envspec/smoke") == [lock_hash()]
+    assert image_tags(registry, "envspec/smoke") == [lock_hash()]
     status, manifest = registry.manifest("envspec/smoke", lock_hash())
     assert status == 200 and "sha256:" + hashlib.sha256(manifest).hexdigest() == out["digest"]
+    assert "sha256-" + out["digest"].split(":")[1] + ".att" in registry.tags("envspec/smoke")  # through the same access
     for layer in json.loads(manifest)["layers"]:
         assert registry.blob_status("envspec/smoke", layer["digest"]) == 200
 
@@ -108,7 +115,7 @@ def test_push_with_authfile_and_ca_keeps_the_digest(env, registry):
                  "--cert-dir", str(registry.cert_dir), "--tls-verify=true", "--json",
                  extra_env={"REGISTRY_AUTH_FILE": str(registry.authfile)})
     assert cp.returncode == 0, cp.stderr[-3000:]
-    assert sorted(registry.tags("envspec/smoke")) == sorted([lock_hash(), "again"])
+    assert image_tags(registry, "envspec/smoke") == sorted([lock_hash(), "again"])
 
 
 def test_wrong_credentials_exit_3_and_push_nothing(env, registry, tmp_path):
@@ -176,4 +183,4 @@ def test_push_cut_off_half_way_tags_nothing(env, registry, tmp_path):
     cp = envspec(env, "build", str(LOCK), "--push", f"{registry.address}/envspec/smoke:{tag}", "--authfile",
                  str(registry.authfile), "--cert-dir", str(registry.cert_dir), "--json")
     assert cp.returncode == 0, cp.stderr[-3000:]
-    assert registry.tags("envspec/smoke") == [tag]
+    assert image_tags(registry, "envspec/smoke") == [tag]
