@@ -3,8 +3,10 @@
     python3 bench/verify_h200.py --out "$OUT" [--lock L] [--wrong-lock W]
 
 Runs, in order: quick and full on GPU 0 alone (CUDA_VISIBLE_DEVICES=0), quick and full on both
-GPUs, the wrong lock (must fail), quick again with warm caches, the start-up hook, and a bare
-`import torch` for the baseline. Writes results.json (every report, exit code, wall time) and
+GPUs, the wrong lock (must fail), quick again with warm caches, the start-up hook (as is, with a
+torch that raises on import, and strict against the wrong lock: must fail), and a bare
+`import torch` for the baseline. On one GPU (`--gpus 1`, or what nvidia-smi lists) the 2-GPU and
+two-node runs are left out and the wrong lock runs on the one GPU. Writes results.json (every report, exit code, wall time) and
 report.txt (every table) under --out, plus env.json (what the machine is).
 """
 
@@ -59,6 +61,8 @@ def main() -> int:
     ap.add_argument("--lock", default="")
     ap.add_argument("--wrong-lock", default="tests/data/verify/h200-wrong-a100.lock")  # run from the repo root
     ap.add_argument("--timeout", type=float, default=150)
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: all that nvidia-smi -L lists); "
+                    "with 1 the 2-GPU and two-node runs are left out")
     a = ap.parse_args()
     os.chdir(ROOT)
     out = Path(a.out)
@@ -69,6 +73,12 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="verify-h200-"))  # at most 8 files may come back from $OUT
     base_env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **SAFE_ENV)
     verify = [sys.executable, "-m", "envspec.verify"]
+    gpus = a.gpus or sh(["nvidia-smi", "-L"]).count("GPU ")
+    # a torch that cannot be imported: the start-up hook must judge the driver and GPU without it
+    no_torch = work / "no-torch"
+    (no_torch / "torch").mkdir(parents=True)
+    (no_torch / "torch" / "__init__.py").write_text("raise ImportError('the start-up hook imported torch')\n")
+    hook_env = {"ENVSPEC_LOCK": lock, "ENVSPEC_VERIFY": "warn"}
     runs = [
         ("quick-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "quick"]),
         ("full-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "full"]),
@@ -78,9 +88,14 @@ def main() -> int:
                                                    "--skip", "integrity,torch.compile,numerics,perf,libs"]),
         ("wrong-lock-2gpu", {}, verify + ["--lock", a.wrong_lock, "--level", "quick"]),
         ("quick-2gpu-warm", {}, verify + ["--lock", lock, "--level", "quick"]),
-        ("startup-hook", {"ENVSPEC_LOCK": lock, "ENVSPEC_VERIFY": "warn"}, verify + ["--startup"]),
+        ("startup-hook", hook_env, verify + ["--startup"]),
+        ("startup-hook-no-torch", {**hook_env, "PYTHONPATH": f"{no_torch}:{ROOT / 'src'}"}, verify + ["--startup"]),
+        ("startup-hook-wrong-lock", {"ENVSPEC_LOCK": a.wrong_lock, "ENVSPEC_VERIFY": "strict"}, verify + ["--startup"]),
         ("import-torch", {}, [sys.executable, "-c", "import torch, torch.cuda; torch.cuda.is_available()"]),
     ]
+    if gpus < 2:
+        runs = [r for r in runs if "2gpu" not in r[0]]
+        runs.insert(2, ("wrong-lock-1gpu", {}, verify + ["--lock", a.wrong_lock, "--level", "quick"]))
     results, text = {}, []
     for name, env_over, cmd in runs:
         jpath = work / f"{name}.json"
@@ -99,10 +114,12 @@ def main() -> int:
         cmd_text = (shown + " " if shown else "") + " ".join(shown_cmd).replace(str(work) + "/", "")
         results[name] = {"cmd": cmd_text, "rc": rc, "wall_s": round(wall, 2), "report": rep,
                          "stderr_tail": se[-3000:]}
-        text.append(f"===== {name}: rc={rc} wall={wall:.1f}s\n$ {cmd_text}\n{so}\n{se[-1500:] if rc not in (0, 1) or name == 'startup-hook' else ''}")
+        text.append(f"===== {name}: rc={rc} wall={wall:.1f}s\n$ {cmd_text}\n{so}\n{se[-1500:] if rc not in (0, 1) or name.startswith('startup-hook') else ''}")
         print(f"{name}: rc={rc} wall={wall:.1f}s", flush=True)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         (out / "report.txt").write_text("\n".join(text))
+    if gpus < 2:
+        return 0
     # two "nodes" on this host, one GPU each, c10d on loopback: the cross-node path with NCCL
     t0 = time.perf_counter()
     procs = []

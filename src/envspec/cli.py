@@ -593,7 +593,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_run(args) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
-    from envspec.run import ENGINE_FAILED, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
+    from envspec.run import ENGINE_FAILED, check_docker_image, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
@@ -614,12 +614,14 @@ def cmd_run(args) -> int:
         sys.stdout.write("\n".join(run_lines(command)) + "\n")
         return EXIT_OK
     con = _console(stderr=True)
-    for w in command.warnings:
-        con.print(f"warning: {w}", markup=False)
-    for n in command.notes:
-        con.print(f"note: {n}", markup=False)
     if command.engine == "docker":
         check_engine_ready(detect_host(ask=ASK_DOCKER), "docker")
+        check_docker_image(command)  # the image is there: the hint how to load it is no warning now
+    for w in command.warnings:
+        if w != command.load_hint:
+            con.print(f"warning: {w}", markup=False)
+    for n in command.notes:
+        con.print(f"note: {n}", markup=False)
     sys.stdout.flush()
     sys.stderr.flush()
     rc = _run_foreground(command.argv)

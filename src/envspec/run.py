@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from envspec.errors import HostError, UsageError
-from envspec.host import UNLIMITED, Host
+from envspec.host import UNLIMITED, Host, Runner, run_command
 from envspec.lock import Lockfile
 from envspec.services import WORKSPACE
 
@@ -111,6 +111,7 @@ class RunCommand:
     engine: str = "podman"
     image: str = ""
     notes: list[str] = field(default_factory=list)  # what to do next: URLs, ssh line
+    load_hint: str = ""  # docker and an envspec-built image: how to load it (a warning until docker is asked)
 
     def shell(self) -> str:
         """The command, shell-quoted (what ``--print`` prints)."""
@@ -257,11 +258,15 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
         if k in host.env_names:
             out.add("-e", k)  # the name only: the value comes from this environment, never the argv
     out.add(image, *cmd)
+    load_hint = ""
     if engine == "docker" and image.startswith("localhost/envspec/"):
-        out.warn(f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
-                 f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
-                 f"skopeo copy containers-storage:{image} docker-daemon:{image})")
-    return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes)
+        load_hint = (f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
+                     f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
+                     f"skopeo copy containers-storage:{image} docker-daemon:{image}, then docker image inspect {image}"
+                     f": skopeo reports success even when the daemon failed to store the image)")
+        out.warn(load_hint)
+    return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes,
+                      load_hint=load_hint)
 
 
 def _engine(host: Host, asked: str | None, out: _Argv) -> str:
@@ -302,6 +307,24 @@ def check_engine_ready(host: Host, engine: str) -> None:
                         f"daemon, before docker run): {d.error}",
                         hint="start the daemon, or check who may use its socket (the docker group); "
                              "or use --engine podman", reference="docker-unreachable")
+
+
+def check_docker_image(command: RunCommand, run: Runner | None = None) -> None:
+    """Before ``docker run`` of an image envspec built: docker's daemon has it (``docker image
+    inspect``). Without this, docker tries to pull ``localhost/envspec/...`` from a registry on
+    localhost:80 and fails with a message about the network. Raises ``HostError``
+    (``docker-image-missing``) with the ways to load it. Other images are docker's business."""
+    if command.engine != "docker" or not command.load_hint:
+        return
+    rc, _out, err = (run or run_command)(["docker", "image", "inspect", "--format", "{{.Id}}", command.image])
+    if rc == 0:
+        return
+    said = " ".join(err.split())[:300]
+    raise HostError(f"docker's daemon has no image {command.image} (step: before docker run){': ' + said if said else ''}",
+                    hint=f"load it once: envspec build LOCK --output docker-archive:image.tar && docker load -i "
+                         f"image.tar (docker load reports a daemon that runs out of space; skopeo copy ... "
+                         f"docker-daemon: does not); or use --engine podman",
+                    reference="docker-image-missing")
 
 
 def start_failed(command: RunCommand, returncode: int) -> HostError:

@@ -336,6 +336,11 @@ def docker_services(image, client_key, tmp_path_factory):
         cp = subprocess.run(["skopeo", "copy", "--quiet", "--dest-daemon-host", d.address, src,
                              f"docker-daemon:{ref}"], capture_output=True, text=True, timeout=900)
         assert cp.returncode == 0, cp.stderr
+        # skopeo exits 0 even when the daemon failed to store the image (a full disk): ask docker
+        if d.docker("image", "inspect", ref, check=False).returncode != 0:
+            df = subprocess.run(["df", "-h", str(d.base)], capture_output=True, text=True).stdout
+            raise AssertionError(f"skopeo copy exited 0 but dockerd has no {ref}; free space:\n{df}\n"
+                                 f"dockerd's log:\n{d.log()[-3000:]}")
         hj, hs = _free_port(), _free_port()
         token = "e2e-docker-token-0123456789abcdef"
         name = f"envspec-e2e-docker-{os.getpid()}"

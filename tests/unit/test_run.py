@@ -289,6 +289,30 @@ def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
     assert err.reference == "container-start-failed"
 
 
+def test_an_envspec_image_docker_does_not_have_is_an_error_before_docker_run():
+    """docker would try to pull localhost/envspec/... from localhost:80; skopeo's docker-daemon:
+    copy exits 0 even when the daemon could not store the image. Ask docker first."""
+    from envspec.run import check_docker_image
+
+    host = Host(tools={"docker": Tool("/usr/bin/docker")}, docker="daemon")
+    cmd = plan_run(_lock(), host=host, engine="docker", mount_cwd=False)
+    assert cmd.load_hint and cmd.load_hint in cmd.warnings and cmd.image.startswith("localhost/envspec/")
+    asked: list[list[str]] = []
+
+    def missing(argv):
+        asked.append(list(argv))
+        return 1, "", f"Error: No such image: {cmd.image}"
+
+    with pytest.raises(HostError, match=r"docker's daemon has no image localhost/envspec/.*No such image") as e:
+        check_docker_image(cmd, run=missing)
+    assert e.value.reference == "docker-image-missing" and e.value.exit_code == 5
+    assert "docker load" in e.value.hint and asked == [["docker", "image", "inspect", "--format", "{{.Id}}", cmd.image]]
+    check_docker_image(cmd, run=lambda argv: (0, "sha256:ab\n", ""))  # there: nothing to say
+    other = plan_run(Runnable("docker.io/library/debian:bookworm"), host=host, engine="docker", mount_cwd=False)
+    check_docker_image(other, run=missing)  # not envspec's image: docker pulls it as usual
+    assert len(asked) == 1
+
+
 def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
     host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
