@@ -593,7 +593,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_run(args) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
-    from envspec.run import ENGINE_FAILED, check_docker_image, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
+    from envspec.run import ENGINE_FAILED, attached, check_docker_image, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
@@ -624,7 +624,14 @@ def cmd_run(args) -> int:
         con.print(f"note: {n}", markup=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    rc = _run_foreground(command.argv)
+    argv, remove = attached(command, f"{os.getpid()}-{os.urandom(3).hex()}")
+    try:
+        rc = _run_foreground(argv)
+    finally:
+        if remove:  # podman keeps the stopped container (and so its exit code) until this
+            import subprocess
+
+            subprocess.run(remove, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     if rc == ENGINE_FAILED:
         raise start_failed(command, rc)
     return rc

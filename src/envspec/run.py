@@ -122,6 +122,30 @@ class RunCommand:
                 "warnings": list(self.warnings), "notes": list(self.notes)}
 
 
+def attached(command: RunCommand, token: str) -> tuple[list[str], list[str]]:
+    """How ``envspec run`` starts a podman container it waits for: without ``--rm``, under a name
+    (the user's ``--name``, else ``envspec-run-TOKEN``), and the argv that removes it after.
+
+    podman 4.3 (Debian 12) races its own ``--rm``: the cleanup process conmon starts removes the
+    container while ``podman run`` still waits for it, and ``podman run`` then exits 127 with
+    "getting exit code of container ... from DB: no such exit code (container in state running)"
+    (seen here after a 27 s ``envspec verify``; fixed upstream in podman 5). A container that is
+    not auto-removed keeps its exit code, so podman reports the command's own status. Docker,
+    detached runs and ``--print`` keep ``--rm``."""
+    argv = list(command.argv)
+    if command.engine != "podman" or "-d" in argv or "--rm" not in argv:
+        return argv, []
+    at = argv.index("run")
+    argv.remove("--rm")
+    options = argv[at:argv.index(command.image, at)] if command.image in argv[at:] else argv[at:]
+    if "--name" in options:
+        name = options[options.index("--name") + 1]
+    else:
+        name = f"envspec-run-{token}"
+        argv[at + 1:at + 1] = ["--name", name]
+    return argv, [*argv[:at], "rm", "--force", "--ignore", name]
+
+
 def run_lines(command: RunCommand) -> list[str]:
     """``--print``: the command, then warnings and notes as shell comments (pasteable)."""
     lines = [command.shell()]

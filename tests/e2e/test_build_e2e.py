@@ -518,3 +518,14 @@ def test_cli_build_reports_its_phases_and_ends_saying_where_the_image_is_and_how
                             timeout=120)
     assert built["image"].rsplit(":", 1)[1] in listed.stdout
     assert f"envspec run {lock}" in cp.stdout and f"envspec run {lock} -- envspec verify" in cp.stdout
+
+    # `envspec run` as printed: the command's own exit status comes back, and no container stays
+    # (podman 4.3's --rm can lose the status: envspec runs it by name and removes it after)
+    cp = subprocess.run([sys.executable, "-m", "envspec", "run", str(lock), "--no-mount", "--", "sh", "-c", "exit 3"],
+                        env=env, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 3, cp.stdout + cp.stderr
+    from envspec.host import ASK_NONE, detect_host
+
+    ps = subprocess.run(["podman", *detect_host(ask=ASK_NONE).storage.args(), "ps", "-a", "--format", "{{.Names}}"],
+                        capture_output=True, text=True, timeout=120)
+    assert ps.returncode == 0 and "envspec-run-" not in ps.stdout, ps.stdout + ps.stderr

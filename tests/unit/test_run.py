@@ -313,6 +313,28 @@ def test_an_envspec_image_docker_does_not_have_is_an_error_before_docker_run():
     assert len(asked) == 1
 
 
+def test_podman_runs_that_envspec_waits_for_keep_their_exit_code():
+    """podman 4.3's --rm races the exit code away (exit 127 "no such exit code"): an attached
+    podman run goes without --rm, under a name, and is removed after; the rest keep --rm."""
+    from envspec.run import attached
+
+    cmd = plan_run(_lock(), ["python", "train.py", "--name", "not-podmans"], host=DEBIAN_HYBRID, mount_cwd=False)
+    assert "--rm" in cmd.argv  # --print and --json show the plain command
+    argv, remove = attached(cmd, "123-abcdef")
+    assert "--rm" not in argv and argv[-4:] == [cmd.image, "python", "train.py", "--name", "not-podmans"][-4:]
+    at = argv.index("run")
+    assert argv[at + 1:at + 3] == ["--name", "envspec-run-123-abcdef"]
+    assert remove == [*argv[:at], "rm", "--force", "--ignore", "envspec-run-123-abcdef"]
+    assert argv[:at] == cmd.argv[:cmd.argv.index("run")]  # the same storage and cgroup options
+    named = plan_run(_lock(), host=DEBIAN_HYBRID, name="mine", mount_cwd=False)
+    argv, remove = attached(named, "x")
+    assert argv.count("--name") == 1 and remove[-1] == "mine"
+    detached = plan_run(_lock(), host=DEBIAN_HYBRID, detach=True, mount_cwd=False)
+    assert attached(detached, "x") == (detached.argv, [])  # nobody waits: --rm stays
+    docker = plan_run(_lock(), host=DOCKER, engine="docker", mount_cwd=False)
+    assert attached(docker, "x") == (docker.argv, [])
+
+
 def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
     host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
