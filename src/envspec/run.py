@@ -242,6 +242,9 @@ class _Argv:
     def warn(self, text: str) -> None:
         self.warnings.append(text)
 
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
 
 def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), *, host: Host,
              engine: str | None = None, bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
@@ -273,7 +276,9 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
         out.warn("no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead")
     elif lock.runtime.shm_size:
         out.add("--shm-size", lock.runtime.shm_size)
-    out.add(*_ulimits(lock, engine, host, out.warnings))
+    # a capped memlock matters for pinned memory and RDMA on a GPU host; on a machine with no
+    # NVIDIA driver it is a fact to know, not a warning
+    out.add(*_ulimits(lock, engine, host, out.warnings if host.driver_version else out.notes))
     # the entrypoint starts the services without a command, or when ENVSPEC_SERVICES names them
     _ports(lock, bind, dict(host_ports or {}), out, started=not cmd or "ENVSPEC_SERVICES" in host.env_names)
     if mount_cwd:
@@ -394,6 +399,10 @@ def _init(host: Host, engine: str, has_init: bool | None, out: _Argv) -> None:
 
 
 def _gpus(host: Host, engine: str, out: _Argv) -> None:
+    if not host.driver_version and not (engine == "docker" and host.docker_remote):
+        # no kernel module, nothing to pass through: the container runs on the CPU, as the machine does
+        out.note("no NVIDIA driver on this machine (no /proc/driver/nvidia/version): the container gets no GPU")
+        return
     if engine == "podman":
         if host.cdi_gpu_specs:
             out.add("--device", "nvidia.com/gpu=all")
@@ -431,7 +440,7 @@ def start_lines(target: str, lock: Lockfile, *, image: str = "") -> list[str]:
         lines = [f"start a shell in it: {run}",
                  "  (no services in this image: add [services.jupyter] or [services.ssh] to the spec for JupyterLab "
                  "or SSH, docs/usage.md)"]
-    lines += [f"run a command: {run} -- python train.py", f"check this machine against the lock: {run} -- envspec verify"]
+    lines += [f"run a command: {run} -- python train.py", f"check this machine against the lock: {run} --no-mount -- envspec verify"]
     return lines
 
 

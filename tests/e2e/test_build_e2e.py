@@ -517,7 +517,7 @@ def test_cli_build_reports_its_phases_and_ends_saying_where_the_image_is_and_how
     listed = subprocess.run(shlex.split(lines[3].removeprefix("  list it: ")), capture_output=True, text=True,
                             timeout=120)
     assert built["image"].rsplit(":", 1)[1] in listed.stdout
-    assert f"envspec run {lock}" in cp.stdout and f"envspec run {lock} -- envspec verify" in cp.stdout
+    assert f"envspec run {lock}" in cp.stdout and f"envspec run {lock} --no-mount -- envspec verify" in cp.stdout
 
     # `envspec run` as printed: the command's own exit status comes back, and no container stays
     # (podman 4.3's --rm can lose the status: envspec runs it by name and removes it after)
