@@ -182,8 +182,9 @@ def _unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
     bh, th = hashlib.sha256(), hashlib.sha256()
     n_in = n_out = 0
     dec = _decompressor(comp)
-    try:
-        with open(blob, "rb") as src, open(tar, "wb") as out:
+    problem = ""
+    with open(blob, "rb") as src, open(tar, "wb") as out:
+        try:
             while chunk := src.read(CHUNK):
                 bh.update(chunk)
                 n_in += len(chunk)
@@ -197,12 +198,17 @@ def _unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
             th.update(data)
             out.write(data)
             n_out += len(data)
-    except (zlib.error, EOFError, _ZstdError) as e:
-        raise BadEntry(f"its blob does not decompress as {comp.name} ({e})") from None
+        except (zlib.error, EOFError, _ZstdError, BadEntry) as e:
+            problem = str(e) if isinstance(e, BadEntry) else f"its blob does not decompress as {comp.name} ({e})"
+            while chunk := src.read(CHUNK):  # the blob's digest says more than where the stream broke
+                bh.update(chunk)
+                n_in += len(chunk)
     blob_digest = "sha256:" + bh.hexdigest()
     if n_in != entry.size or blob_digest != entry.digest:
         raise BadEntry(f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({n_in} bytes), "
                        f"recorded {entry.digest} ({entry.size} bytes)")
+    if problem:
+        raise BadEntry(problem)
     diff_id = "sha256:" + th.hexdigest()
     if n_out != entry.diff_size or diff_id != entry.diff_id:
         raise BadEntry(f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
