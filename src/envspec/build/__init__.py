@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -190,8 +191,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock)
     layers.compiler = compiler
     rc = registry_cache or _registry_cache(engine, options)
-    if rc is not None and rc.cache_from and not options.no_cache:
-        layers.from_registry(rc)
+    entries = layers.lookup_registry(rc) if rc is not None and rc.cache_from and not options.no_cache else {}
     store = engine.storage_cli() if ref else None
 
     def new_importer() -> Importer:
@@ -200,11 +200,20 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                         on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
 
     importer = new_importer() if store and layers.todo else None
+    # every layer to make is in the registry cache: import each one as it arrives, beside the others'
+    # downloads (should an entry fail its checks, its layer is made by worker processes that are
+    # not forked from this one, whose import thread is then running)
+    early = importer is not None and bool(entries) and all(lay.key in entries for lay in layers.todo)
     try:
+        if early:
+            assert importer is not None
+            importer.start()
+        if entries:
+            layers.fetch_registry(rc, entries)  # type: ignore[arg-type]
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
-        with layers.wheel_makers(options.workers) as pending:
-            if importer is not None:  # after the fork of the worker processes: no thread of ours is copied
+        with layers.wheel_makers(options.workers, fork=not early) as pending:
+            if importer is not None and not early:  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
             layers.make_base()
             layers.finish(pending)
@@ -315,6 +324,7 @@ class Layers:
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
         self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
+        self._guard = threading.Lock()  # registry fetches finish on threads
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
 
     def path(self, lay: Layer) -> Path:
@@ -341,55 +351,75 @@ class Layers:
                                                           {"digest": digest, "size": size, "path": str(tmp)})
         self.to_compress.clear()
 
-    def from_registry(self, rc: "RegistryCache") -> None:
-        """The layers to make that ``rc.cache_from`` holds: fetched (a few at a time), checked
-        and put in the cache instead of being made (``regcache``). A bad entry is a warning and
-        its layer is made; an unreachable cache is one warning and every layer is made."""
-        from envspec.build.regcache import BadEntry, Unavailable, tag_for
+    def lookup_registry(self, rc: "RegistryCache") -> dict[str, "Entry"]:
+        """The entries ``rc.cache_from`` has of the layers to make, by key, their manifests
+        checked (``regcache.check_entry``); a few asked at a time. A bad entry is a warning (its
+        layer is made); an unreachable cache is one warning and every layer is made."""
+        from envspec.build.regcache import BadEntry, Entry, Unavailable
 
         wanted = [lay for lay in self.todo if lay.cacheable]
-        if not wanted:
-            return
         unavailable: list[str] = []
 
-        def one(lay: Layer) -> dict[str, Any] | None:
+        def one(lay: Layer) -> Entry | None:
             if unavailable:
                 return None
-            name = f"{rc.cache_from}:{tag_for(lay.key, self.comp)}"
-            start = time.monotonic()
             try:
-                entry = rc.lookup(lay.key, self.comp)
-                if entry is None:
-                    return None
-                d = Path(tempfile.mkdtemp(prefix="regcache-", dir=self.work))
-                try:
-                    blob = rc.fetch(entry, d, d / "layer.tar", self.comp)
-                    meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entry, self.comp)
-                finally:
-                    shutil.rmtree(d, ignore_errors=True)
+                return rc.lookup(lay.key, self.comp)
             except Unavailable as e:
                 unavailable.append(str(e))
-                return None
             except BadEntry as e:
-                self.reporter.warning(f"layer cache entry {name} not used: {e}; making the {lay.group} layer here")
-                return None
-            self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
-            return meta
+                self._bad_entry(rc, lay, e)
+            return None
 
-        self.work.mkdir(parents=True, exist_ok=True)
+        if not wanted:
+            return {}
         with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
             got = list(pool.map(one, wanted))
         if unavailable:
             rc.usable = False
             self.reporter.warning(f"the layer cache {rc.cache_from} could not be read ({unavailable[0]}); "
                                   "making the layers here")
-        for lay, meta in zip(wanted, got):
-            if meta is None:
-                continue
-            self.todo.remove(lay)
+            return {}
+        return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
+
+    def _bad_entry(self, rc: "RegistryCache", lay: Layer, e: Exception) -> None:
+        from envspec.build.regcache import tag_for
+
+        self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.comp)} not used: {e}; "
+                              f"making the {lay.group} layer here")
+
+    def fetch_registry(self, rc: "RegistryCache", entries: dict[str, "Entry"]) -> None:
+        """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
+        instead of being made (``regcache.RegistryCache.fetch``); each one is done (and can be
+        imported) as soon as it is in. One that fails a check is a warning and is made."""
+        from envspec.build.regcache import BadEntry
+
+        wanted = [lay for lay in self.todo if lay.key in entries]
+
+        def one(lay: Layer) -> bool:
+            start = time.monotonic()
+            d = Path(tempfile.mkdtemp(prefix="regcache-", dir=self.work))
+            try:
+                blob = rc.fetch(entries[lay.key], d, d / "layer.tar", self.comp)
+                meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entries[lay.key], self.comp)
+            except BadEntry as e:
+                self._bad_entry(rc, lay, e)
+                return False
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
             if "blob" not in meta and self.comp.name != "none":
-                self.to_compress.add(lay.key)
+                with self._guard:
+                    self.to_compress.add(lay.key)
             self._done(lay, {**meta, "cached": True, "source": "registry"})
+            return True
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        for lay, ok in zip(wanted, got):
+            if ok:
+                self.todo.remove(lay)
 
     def to_registry(self, rc: "RegistryCache") -> tuple[str, ...]:
         """Push the cacheable layers that ``rc.cache_to`` lacks; a failure is a warning (the
@@ -452,10 +482,11 @@ class Layers:
             need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
 
-    def wheel_makers(self, workers: int) -> "WheelMakers":
-        """Worker processes that make the wheel layers, largest first."""
+    def wheel_makers(self, workers: int, *, fork: bool = True) -> "WheelMakers":
+        """Worker processes that make the wheel layers, largest first; ``fork=False``: started
+        by a fork server (not forked from this process, whose other threads are running)."""
         todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
-        return WheelMakers(self, todo, workers)
+        return WheelMakers(self, todo, workers, fork=fork)
 
     def make_base(self) -> None:
         """The Debian root file system and the venv skeleton, here, while the wheel layers are made."""
@@ -532,8 +563,8 @@ class Layers:
 class WheelMakers:
     """The wheel layers' worker processes (a context: shut down on the way out)."""
 
-    def __init__(self, layers: Layers, todo: list[Layer], workers: int) -> None:
-        self.layers, self.todo, self.workers = layers, todo, workers
+    def __init__(self, layers: Layers, todo: list[Layer], workers: int, *, fork: bool = True) -> None:
+        self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
         self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
 
@@ -541,6 +572,7 @@ class WheelMakers:
         if not self.todo:
             return self
         self.pool = ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(self.todo))),
+                                        mp_context=None if self.fork else multiprocessing.get_context("forkserver"),
                                         initializer=_worker_init,
                                         initargs=(int(os.environ.get("ENVSPEC_MAKER_NICE", "0")),))
         platform_json = self.layers.plan.platform.model_dump_json()
