@@ -83,9 +83,12 @@ def main() -> int:
             def pull(n: int) -> dict:
                 with private_storage(base / f"storage-p{n}") as host:
                     t = time.monotonic()
-                    subprocess.run(["podman", *host.storage.args(), "pull", "--quiet", "--tls-verify=false",
-                                    f"docker://{addr}/bench/img@{a['digest']}"], check=True, capture_output=True)
-                    return {"what": "podman pull", "round": n, "seconds": time.monotonic() - t}
+                    cp = subprocess.run(["podman", *host.storage.args(), "pull", "--quiet", "--tls-verify=false",
+                                         f"docker://{addr}/bench/img@{a['digest']}"], capture_output=True, text=True)
+                    dt = time.monotonic() - t
+                    if cp.returncode != 0:
+                        raise SystemExit(f"podman pull failed:\n{cp.stderr[-3000:]}")
+                    return {"what": "podman pull", "round": n, "seconds": dt}
 
             for n in range(args.rounds):
                 order = (from_cache, pull) if n % 2 == 0 else (pull, from_cache)
