@@ -304,3 +304,21 @@ def test_precedence_flag_then_environment_then_spec(monkeypatch):
     with pytest.raises(UsageError, match=r"s.toml \[sources\] cache_from"):
         monkeypatch.delenv("ENVSPEC_CACHE_FROM")
         refs(sources=Sources(cache_from="no-registry"))
+
+
+def test_the_summary_says_where_the_layers_came_from():
+    from envspec.build import BuiltImage, LayerInfo
+    from envspec.cli import _built_lines
+
+    def lay(group, source):
+        return LayerInfo(digest="sha256:" + "1" * 64, diff_id="sha256:" + "2" * 64, size=1, group=group,
+                         cached=source != "made", source=source)
+
+    built = BuiltImage(image="", digest="sha256:" + "3" * 64, cache_from=REF, cache_to=REF, cached_to=(f"{REF}:t",),
+                       layers=(lay("base", "registry"), lay("torch", "registry"), lay("team", "local"),
+                               lay("envspec", "made")))
+    lines = _built_lines(built, None, None, target="x.lock")
+    assert lines[0].endswith(f"(1 of 4 layers made, 1 from the cache, 2 from the registry cache {REF})")
+    assert f"pushed 1 layers to the layer cache {REF}" in lines
+    assert built.to_json()["cache"] == {"from": REF, "to": REF, "pushed": [f"{REF}:t"]}
+    assert [row["source"] for row in built.to_json()["layers"]] == ["registry", "registry", "local", "made"]

@@ -87,7 +87,8 @@ class Phase:
     .debs), ``rootfs`` (the Debian tree laid down), ``layer GROUP`` (a layer's tar made),
     ``import GROUP`` (a layer untarred into containers-storage), ``layout`` (config, manifest,
     OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
-    store). Phases overlap: layers are made in parallel and imported beside the makers."""
+    store), ``cache fetch GROUP`` (a layer taken from the registry cache) and ``cache push`` (the
+    layers put into it). Phases overlap: layers are made in parallel and imported beside the makers."""
 
     name: str
     start: float
