@@ -192,7 +192,6 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock)
     layers.compiler = compiler
     rc = registry_cache or _registry_cache(engine, options)
-    entries = layers.lookup_registry(rc) if rc is not None and rc.cache_from and not options.no_cache else {}
     store = engine.storage_cli() if ref else None
 
     def new_importer() -> Importer:
@@ -201,16 +200,18 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                         on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
 
     importer = new_importer() if store and layers.todo else None
-    # every layer to make is in the registry cache: import each one as it arrives, beside the others'
-    # downloads (should an entry fail its checks, its layer is made by worker processes that are
-    # not forked from this one, whose import thread is then running)
-    early = importer is not None and bool(entries) and all(lay.key in entries for lay in layers.todo)
+    early = False
     try:
-        if early:
-            assert importer is not None
-            importer.start()
-        if entries:
-            layers.fetch_registry(rc, entries)  # type: ignore[arg-type]
+        if rc is not None and rc.cache_from and not options.no_cache:
+            entries = layers.lookup_registry(rc)
+            # every layer to make is in the registry cache: import each one as it arrives, beside the
+            # others' downloads (should an entry fail its checks, its layer is made by worker
+            # processes that are not forked from this one, whose import thread is then running)
+            early = importer is not None and bool(entries) and all(lay.key in entries for lay in layers.todo)
+            if early and importer is not None:
+                importer.start()
+            if entries:
+                layers.fetch_registry(rc, entries)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with layers.wheel_makers(options.workers, fork=not early) as pending:
