@@ -268,6 +268,9 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
     return lockmod.load(out), out
 
 
+_SOURCE_WORDS = {"made": "made", "local": "from the local cache", "registry": "from the registry cache"}
+
+
 class _Progress:
     """rich progress bars for the build's events (the core only reports events)."""
 
@@ -290,7 +293,7 @@ class _Progress:
 
             def layer_built(self, layer):
                 outer._line(f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
-                            f"  {'cached' if layer.cached else 'built'}")
+                            f"  {_SOURCE_WORDS.get(layer.source, layer.source)}")
 
             def importing(self, group, sent):
                 outer._bytes(f"into containers-storage: {group}", sent)
@@ -355,23 +358,26 @@ def cmd_build(args) -> int:
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
-    # checked before building; only for a push (a stale REGISTRY_AUTH_FILE does not stop a local build)
-    access = registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)) if args.push else None
-    lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     spec_sources = None
     if Path(args.target).suffix == ".toml":
         from envspec.spec import load_spec
 
         spec_sources = load_spec(args.target).sources
-        if spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
-            os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
+    cache_from, cache_to = _cache_refs(args, spec_sources)
+    # checked before building; only for a push or a registry cache (a stale REGISTRY_AUTH_FILE does
+    # not stop a local build)
+    access = (registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify))
+              if args.push or cache_from or cache_to else None)
+    lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
+    if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
+        os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     plan = make_plan(lock)
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
         raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
                          "image pushed before; push from one build, check from another")
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
-                           sign_key=sign_key, lock_path=_rel(lock_path),
+                           sign_key=sign_key, lock_path=_rel(lock_path), cache_from=cache_from, cache_to=cache_to,
                            compression=args.compression or DEFAULT_COMPRESSION)
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
@@ -393,6 +399,24 @@ def cmd_build(args) -> int:
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
+
+
+def _cache_refs(args, spec_sources) -> tuple[str, str]:
+    """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
+    ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
+    checked (a mistyped one is exit 2, cache-ref-invalid). "" (flag or variable) turns it off."""
+    from envspec.build.regcache import parse_ref
+
+    refs = []
+    for name in ("cache_from", "cache_to"):
+        flag, var = "--" + name.replace("_", "-"), "ENVSPEC_" + name.upper()
+        value, where = getattr(args, name), flag
+        if value is None and var in os.environ:
+            value, where = os.environ[var], var
+        if value is None and spec_sources is not None:
+            value, where = getattr(spec_sources, name), f"{args.target} [sources] {name}"
+        refs.append(parse_ref(value, where) if value else "")
+    return refs[0], refs[1]
 
 
 def _signing_key(args):
@@ -544,10 +568,15 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     from envspec.run import start_lines
 
     name = built.image or "(not named in containers-storage: --tag '')"
-    cached = sum(lay.cached for lay in built.layers)
-    lines = [f"built {name} in {built.seconds:.1f} s ({len(built.layers) - cached} of {len(built.layers)} layers made"
-             + (f", {cached} from the cache)" if cached else ")"),
+    local = sum(lay.source == "local" for lay in built.layers)
+    remote = sum(lay.source == "registry" for lay in built.layers)
+    made = len(built.layers) - local - remote
+    lines = [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
+             + (f", {local} from the cache" if local else "")
+             + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
              f"digest {built.digest}"]
+    if built.cached_to:
+        lines.append(f"pushed {len(built.cached_to)} layers to the layer cache {built.cache_to}")
     lines += [f"written to {dest}" for dest in built.outputs]
     lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]  # the compressed manifest's digest
     lines += [f"attached {ref}" for ref in built.attached]
@@ -711,11 +740,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--authfile", metavar="PATH",
                    help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
                         "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)")
-    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push and the registry cache")
     s.add_argument("--tls-verify", metavar="true|false",
                    help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
                         "without --cert-dir)")
-    s.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    s.add_argument("--cache-from", metavar="REF",
+                   help="take layers from the registry cache REF (HOST[:PORT]/REPO; default: $ENVSPEC_CACHE_FROM, "
+                        "else the spec's [sources] cache_from)")
+    s.add_argument("--cache-to", metavar="REF",
+                   help="push made layers to the registry cache REF (default: $ENVSPEC_CACHE_TO, else the spec's "
+                        "[sources] cache_to)")
+    s.add_argument("--no-cache", action="store_true", help="rebuild every layer (no local or registry cache is read)")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
                    help="print the plan (layers, pins, content keys, cached or not), what would be fetched, and "

@@ -192,6 +192,8 @@ class Sources(_Model):
     debian_mirror: str = "http://deb.debian.org/debian"
     debian_security_mirror: str = "http://deb.debian.org/debian-security"
     debian_snapshot: str = ""
+    cache_from: str = Field("", description="a registry repository to take layers from (build --cache-from)")
+    cache_to: str = Field("", description="a registry repository to push made layers to (build --cache-to)")
 
 
 class EnvSpec(_Model):

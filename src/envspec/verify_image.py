@@ -88,14 +88,21 @@ class RegistryReader:
         checks them against the manifest."""
         with tempfile.TemporaryDirectory(prefix="envspec-artifact-") as td:
             out = Path(td) / "a"
-            got = self._skopeo(ref, ["--tmpdir", td, "copy", "--quiet", "--preserve-digests",
-                                     *self._opts(ref, "src-"), _docker(ref), f"oci:{out}"])
-            if got is None:
+            if not self.copy_to(ref, out, Path(td)):
                 return None
             index = json.loads((out / "index.json").read_bytes())
             mdigest = index["manifests"][0]["digest"]
             blobs = {"sha256:" + p.name: p.read_bytes() for p in (out / "blobs" / "sha256").iterdir()}
             return blobs[mdigest], blobs
+
+
+    def copy_to(self, ref: str, dest: Path, tmpdir: Path) -> bool:
+        """Copy what ``ref`` names, unchanged (``--preserve-digests``), into the OCI layout ``dest``
+        (skopeo's big temporary files in ``tmpdir``); False where the registry does not have it.
+        skopeo checks each blob against its digest on the way (a damaged blob is a SourceError)."""
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        return self._skopeo(ref, ["--tmpdir", str(tmpdir), "copy", "--quiet", "--preserve-digests",
+                                  *self._opts(ref, "src-"), _docker(ref), f"oci:{dest}"]) is not None
 
 
 def _docker(ref: str) -> str:

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from envspec import debian
 from envspec.build import layers as layer_makers
@@ -42,6 +43,9 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
+if TYPE_CHECKING:
+    from envspec.build.regcache import Entry, RegistryCache
+
 __all__ = ["build", "preview", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
 
@@ -57,6 +61,8 @@ class BuildOptions:
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
     sign_key: SigningKey | None = None  # signs the pushed image and its attestations (build/attest.py)
     lock_path: str = ""  # the lock's path as the provenance names it
+    cache_from: str = ""  # a registry repository to take layers from (build/regcache.py)
+    cache_to: str = ""  # a registry repository to put the layers in
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class LayerInfo:
     key: str = ""
     diff_size: int = 0  # the uncompressed tar's size
     media_type: str = ""
+    source: str = "made"  # where it came from: "made" here, "local" (the layer cache), "registry" (--cache-from)
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,8 @@ class Phase:
     .debs), ``rootfs`` (the Debian tree laid down), ``layer GROUP`` (a layer's tar made),
     ``import GROUP`` (a layer untarred into containers-storage), ``layout`` (config, manifest,
     OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
-    store). Phases overlap: layers are made in parallel and imported beside the makers."""
+    store), ``cache fetch GROUP`` (a layer taken from the registry cache) and ``cache push`` (the
+    layers put into it). Phases overlap: layers are made in parallel and imported beside the makers."""
 
     name: str
     start: float
@@ -130,6 +138,9 @@ class BuiltImage:
     compression: str = "none"
     phases: tuple[Phase, ...] = ()  # what the build spent its time on, in the order the phases ended
     seconds: float = 0.0  # the whole build
+    cache_from: str = ""
+    cache_to: str = ""
+    cached_to: tuple[str, ...] = ()  # the cache entries this build pushed to ``cache_to``
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +155,7 @@ class BuiltImage:
             "outputs": list(self.outputs),
             "seconds": round(self.seconds, 3),
             "phases": [p.to_json() for p in self.phases],
+            "cache": {"from": self.cache_from, "to": self.cache_to, "pushed": list(self.cached_to)},
         }
 
 
@@ -163,8 +175,11 @@ class Reporter:
 
 
 def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
-          options: BuildOptions = BuildOptions(), reporter: Reporter | None = None) -> BuiltImage:
-    """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5)."""
+          options: BuildOptions = BuildOptions(), reporter: Reporter | None = None,
+          registry_cache: "RegistryCache | None" = None) -> BuiltImage:
+    """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5).
+    ``registry_cache``: the --cache-from/--cache-to registries (default: made from ``options``
+    with the engine's registry access)."""
     reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
@@ -176,6 +191,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     work = cache.workdir()
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock)
     layers.compiler = compiler
+    rc = registry_cache or _registry_cache(engine, options)
     store = engine.storage_cli() if ref else None
 
     def new_importer() -> Importer:
@@ -184,11 +200,22 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                         on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
 
     importer = new_importer() if store and layers.todo else None
+    early = False
     try:
+        if rc is not None and rc.cache_from and not options.no_cache:
+            entries = layers.lookup_registry(rc)
+            # every layer to make is in the registry cache: import each one as it arrives, beside the
+            # others' downloads (should an entry fail its checks, its layer is made by worker
+            # processes that are not forked from this one, whose import thread is then running)
+            early = importer is not None and bool(entries) and all(lay.key in entries for lay in layers.todo)
+            if early and importer is not None:
+                importer.start()
+            if entries:
+                layers.fetch_registry(rc, entries)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
-        with layers.wheel_makers(options.workers) as pending:
-            if importer is not None:  # after the fork of the worker processes: no thread of ours is copied
+        with layers.wheel_makers(options.workers, fork=not early) as pending:
+            if importer is not None and not early:  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
             layers.make_base()
             layers.finish(pending)
@@ -217,6 +244,10 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                 elif store is None and engine.image_digest(ref) != image.digest:
                     with cache.locked("import"):
                         engine.import_image(image.layout, ref)
+        cached_to: tuple[str, ...] = ()
+        if rc is not None and rc.cache_to:  # the image is good: a failed cache push only warns
+            with clock.span("cache push"):
+                cached_to = layers.to_registry(rc)
     except BaseException as e:
         layers.fail(e)
         if importer is not None:
@@ -227,7 +258,8 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         in_use.release()
     return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
                       pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
-                      compression=comp.name, phases=tuple(clock.phases), seconds=clock.elapsed())
+                      compression=comp.name, phases=tuple(clock.phases), seconds=clock.elapsed(),
+                      cache_from=rc.cache_from if rc else "", cache_to=rc.cache_to if rc else "", cached_to=cached_to)
 
 
 def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
@@ -262,6 +294,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
                         "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
     summary["compression"] = comp.name
+    summary["cache"] = {"from": options.cache_from, "to": options.cache_to}  # not asked in a dry run
     summary["engine"] = [[str(a) for a in call] for call in engine.calls]
     return summary
 
@@ -289,10 +322,11 @@ class Layers:
                     meta["blob"] = blob
                 elif comp.name != "none":
                     self.to_compress.add(lay.key)
-                self._done(lay, {**meta, "cached": True})
+                self._done(lay, {**meta, "cached": True, "source": "local"})
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
         self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
+        self._guard = threading.Lock()  # registry fetches finish on threads
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
 
     def path(self, lay: Layer) -> Path:
@@ -319,6 +353,102 @@ class Layers:
                                                           {"digest": digest, "size": size, "path": str(tmp)})
         self.to_compress.clear()
 
+    def lookup_registry(self, rc: "RegistryCache") -> dict[str, "Entry"]:
+        """The entries ``rc.cache_from`` has of the layers to make, by key, their manifests
+        checked (``regcache.check_entry``); a few asked at a time. A bad entry is a warning (its
+        layer is made); an unreachable cache is one warning and every layer is made."""
+        from envspec.build.regcache import BadEntry, Entry, Unavailable
+
+        wanted = [lay for lay in self.todo if lay.cacheable]
+        unavailable: list[str] = []
+
+        def one(lay: Layer) -> Entry | None:
+            if unavailable:
+                return None
+            try:
+                return rc.lookup(lay.key, self.comp)
+            except Unavailable as e:
+                unavailable.append(str(e))
+            except BadEntry as e:
+                self._bad_entry(rc, lay, e)
+            return None
+
+        if not wanted:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        if unavailable:
+            rc.usable = False
+            self.reporter.warning(f"the layer cache {rc.cache_from} could not be read ({unavailable[0]}); "
+                                  "making the layers here")
+            return {}
+        return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
+
+    def _bad_entry(self, rc: "RegistryCache", lay: Layer, e: Exception) -> None:
+        from envspec.build.regcache import tag_for
+
+        self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.comp)} not used: {e}; "
+                              f"making the {lay.group} layer here")
+
+    def fetch_registry(self, rc: "RegistryCache", entries: dict[str, "Entry"]) -> None:
+        """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
+        instead of being made (``regcache.RegistryCache.fetch``); each one is done (and can be
+        imported) as soon as it is in. One that fails a check is a warning and is made."""
+        from envspec.build.regcache import BadEntry
+
+        wanted = [lay for lay in self.todo if lay.key in entries]
+
+        def one(lay: Layer) -> bool:
+            start = time.monotonic()
+            d = Path(tempfile.mkdtemp(prefix="regcache-", dir=self.work))
+            try:
+                blob = rc.fetch(entries[lay.key], d, d / "layer.tar", self.comp)
+                meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entries[lay.key], self.comp)
+            except BadEntry as e:
+                self._bad_entry(rc, lay, e)
+                return False
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
+            if "blob" not in meta and self.comp.name != "none":
+                with self._guard:
+                    self.to_compress.add(lay.key)
+            self._done(lay, {**meta, "cached": True, "source": "registry"})
+            return True
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        for lay, ok in zip(wanted, got):
+            if ok:
+                self.todo.remove(lay)
+
+    def to_registry(self, rc: "RegistryCache") -> tuple[str, ...]:
+        """Push the cacheable layers that ``rc.cache_to`` lacks; a failure is a warning (the
+        image is built and good), and the first one ends the pushing."""
+        from envspec.errors import EnvspecError
+
+        pushed: list[str] = []
+        for lay in self.plan.layers:
+            meta = self.metas.get(lay.key)
+            if not lay.cacheable or lay.group == "envspec" or meta is None:
+                continue
+            if meta.get("source") == "registry" and rc.cache_to == rc.cache_from:
+                continue
+            if rc.has(lay.key, self.comp):
+                continue
+            blob = meta.get("blob")
+            try:
+                pushed.append(rc.store(self.work, self.blob_path(lay), key=lay.key, group=lay.group, comp=self.comp,
+                                       digest=blob["digest"] if blob else meta["diff_id"],
+                                       size=blob["size"] if blob else meta["size"], diff_id=meta["diff_id"],
+                                       diff_size=meta["size"], meta=meta))
+            except EnvspecError as e:
+                self.reporter.warning(f"pushing the {lay.group} layer to the layer cache {rc.cache_to} failed: "
+                                      f"{e.message}; the image is built, the cache lacks its layers")
+                break
+        return tuple(pushed)
+
     def files(self) -> list[LayerFile]:
         return [LayerFile(lay.group, self.path(lay), self.futures[lay.key]) for lay in self.plan.layers]
 
@@ -341,7 +471,7 @@ class Layers:
         except BaseException as e:
             self.futures[lay.key].set_exception(e)
             raise
-        self._done(lay, {**meta, "cached": False})
+        self._done(lay, {**meta, "cached": False, "source": "made"})
 
     def _comp(self) -> Compression | None:
         return None if self.comp.name == "none" else self.comp
@@ -354,10 +484,11 @@ class Layers:
             need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
 
-    def wheel_makers(self, workers: int) -> "WheelMakers":
-        """Worker processes that make the wheel layers, largest first."""
+    def wheel_makers(self, workers: int, *, fork: bool = True) -> "WheelMakers":
+        """Worker processes that make the wheel layers, largest first; ``fork=False``: started
+        by a fork server (not forked from this process, whose other threads are running)."""
         todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
-        return WheelMakers(self, todo, workers)
+        return WheelMakers(self, todo, workers, fork=fork)
 
     def make_base(self) -> None:
         """The Debian root file system and the venv skeleton, here, while the wheel layers are made."""
@@ -434,8 +565,8 @@ class Layers:
 class WheelMakers:
     """The wheel layers' worker processes (a context: shut down on the way out)."""
 
-    def __init__(self, layers: Layers, todo: list[Layer], workers: int) -> None:
-        self.layers, self.todo, self.workers = layers, todo, workers
+    def __init__(self, layers: Layers, todo: list[Layer], workers: int, *, fork: bool = True) -> None:
+        self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
         self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
 
@@ -443,6 +574,7 @@ class WheelMakers:
         if not self.todo:
             return self
         self.pool = ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(self.todo))),
+                                        mp_context=None if self.fork else multiprocessing.get_context("forkserver"),
                                         initializer=_worker_init,
                                         initargs=(int(os.environ.get("ENVSPEC_MAKER_NICE", "0")),))
         platform_json = self.layers.plan.platform.model_dump_json()
@@ -559,7 +691,8 @@ def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
     blob = meta.get("blob")
     return LayerInfo(digest=blob["digest"] if blob else meta["diff_id"], diff_id=meta["diff_id"],
                      size=blob["size"] if blob else meta["size"], group=lay.group, cached=bool(meta["cached"]),
-                     key=lay.key, diff_size=meta["size"], media_type=blob["media_type"] if blob else MT_LAYER)
+                     key=lay.key, diff_size=meta["size"], media_type=blob["media_type"] if blob else MT_LAYER,
+                     source=str(meta.get("source") or ("local" if meta["cached"] else "made")))
 
 
 class _DebEvents(debian.DebianReporter):
@@ -630,6 +763,34 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
     tmp_meta = tmp.with_name(tmp.name + ".json")
     tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
     os.replace(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
+    return meta
+
+
+def _registry_cache(engine: Engine, options: BuildOptions) -> "RegistryCache | None":
+    """The registries of ``options.cache_from``/``cache_to``, read and written with the engine's
+    registry access (credentials, TLS) and its push; None without either."""
+    if not (options.cache_from or options.cache_to):
+        return None
+    from envspec.build.engine import RegistryAccess
+    from envspec.build.regcache import RegistryCache
+    from envspec.verify_image import RegistryReader
+
+    access = getattr(engine, "registry", None) or RegistryAccess()
+    return RegistryCache(options.cache_from, options.cache_to, RegistryReader(access), engine.push)
+
+
+def _store_fetched(cache: Cache, lay: Layer, tar: Path, blob: Path, entry: "Entry", comp: Compression) -> dict[str, Any]:
+    """A layer fetched from the registry cache and checked (``regcache.unpack``) into the local
+    cache as a made one goes there: the tar, its record last; the blob too where it is this
+    build's compressor's (else ``compress_cached`` makes this machine's)."""
+    meta = entry.local_meta(lay.group)
+    with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
+        os.replace(tar, cache.layer_tar(lay.key))
+        tmp_meta = tar.with_suffix(".json")
+        tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
+        os.replace(tmp_meta, cache.layer_meta(lay.key))
+        if comp.name != "none" and entry.compressor == comp.id:
+            meta["blob"] = _store_blob(cache, lay, comp, {"digest": entry.digest, "size": entry.size, "path": str(blob)})
     return meta
 
 

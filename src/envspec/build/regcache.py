@@ -1,0 +1,335 @@
+"""The registry as a layer cache (``build --cache-from REF`` / ``--cache-to REF``; docs/build.md,
+"The registry as a layer cache").
+
+The key-to-blob index is the registry itself: one small OCI artifact per layer key in the cache
+repository REF, tagged ``layer-<key hex>-<compression>``, no side service. Its manifest is an OCI
+image manifest with ``artifactType`` ``application/vnd.envspec.layer-cache.v1``; its config is a
+one-layer image config whose ``rootfs.diff_ids`` names the layer's diff digest (so skopeo and
+every registry take it as they take cosign's artifacts); its one layer is the compressed blob
+itself, as a push of the image carries it; the manifest's annotations record the entry:
+
+- ``dev.envspec.cache.version``: ``1``
+- ``dev.envspec.cache.key``: the layer's content key (``plan.Layer.key``)
+- ``dev.envspec.cache.diff-id`` / ``dev.envspec.cache.diff-size``: the uncompressed tar's
+- ``dev.envspec.cache.compressor``: ``Compression.id`` (version and settings of the compressor)
+- ``dev.envspec.cache.group`` and ``dev.envspec.cache.meta``: the layer group and what the maker
+  recorded about the layer (entries, pins, .pyc counts), as the local cache keeps it
+
+An entry is used only when every check holds (``check_entry`` and ``fetch``): the manifest is
+one of ours, for the key asked, with the compression asked, one layer of the media type that
+compression has; the blob's size and sha256 are the ones the manifest records; the blob
+decompresses to a tar whose size and sha256 are the entry's diff size and diff_id (the layer's
+diff digest: what the image config and the store name the layer by). Anything else is a
+``BadEntry``: the build warns, naming the entry and what was wrong, and makes the layer itself;
+the fetched bytes go nowhere.
+
+Reading goes through skopeo with the push's ``RegistryAccess`` (``verify_image.RegistryReader``);
+writing is the engine's push of a small OCI layout whose blob is a hardlink to the local cache's.
+Concurrent writers of different keys touch different tags; writers of one key write equal bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from envspec.build.compress import MT_LAYER, Compression
+from envspec.build.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
+from envspec.errors import UsageError
+
+ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"
+VERSION = "1"
+A = "dev.envspec.cache."
+CHUNK = 1 << 20
+_HEX64 = re.compile(r"^sha256:[0-9a-f]{64}$")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF = re.compile(rf"^(?P<host>(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?)"
+                  rf"/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)$")
+
+
+def parse_ref(ref: str, where: str) -> str:
+    """A cache repository ``HOST[:PORT]/PATH`` (no tag, no digest; ``docker://`` allowed), as
+    given; else ``UsageError`` (exit 2) naming ``where`` the value came from."""
+    bare = ref.strip().removeprefix("docker://")
+    m = _REF.match(bare)
+    if not m or ("." not in m["host"] and ":" not in m["host"] and m["host"] != "localhost"):
+        raise UsageError(f"{where} {ref!r}: not a registry repository", reference="cache-ref-invalid",
+                         hint="a repository HOST[:PORT]/PATH without tag or digest, e.g. "
+                              "registry.example.com/team/envspec-cache or 127.0.0.1:5000/cache")
+    return bare
+
+
+def tag_for(key: str, comp: Compression) -> str:
+    """The entry's tag: ``layer-<key hex>-<compression>`` (tags allow 128 characters; this is 75 at most)."""
+    return f"layer-{key.split(':', 1)[-1]}-{comp.name}"
+
+
+class BadEntry(Exception):
+    """A cache entry that is there but must not be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A checked cache entry's manifest: what the blob must be and what it must decompress to."""
+
+    ref: str  # REPO:TAG
+    manifest_digest: str
+    key: str
+    diff_id: str
+    diff_size: int
+    compressor: str
+    media_type: str
+    digest: str  # the blob's
+    size: int
+    meta: dict[str, Any]
+
+    def local_meta(self, group: str) -> dict[str, Any]:
+        """The local cache's layer record (``build._store_layer``'s keys) of this entry."""
+        return {**self.meta, "key": self.key, "group": group, "diff_id": self.diff_id, "size": self.diff_size}
+
+
+# --- the entry format -----------------------------------------------------------------------------
+
+def entry_manifest(key: str, group: str, comp_id: str, media_type: str, digest: str, size: int, diff_id: str,
+                   diff_size: int, meta: dict[str, Any]) -> tuple[bytes, bytes]:
+    """(config, manifest) bytes of the entry for one layer; canonical JSON: equal layers give
+    equal bytes on every machine."""
+    config = canonical_json({"architecture": "", "os": "", "config": {},
+                             "rootfs": {"type": "layers", "diff_ids": [diff_id]}})
+    keep = {k: v for k, v in meta.items() if k not in ("key", "group", "diff_id", "size", "blob", "cached", "source")}
+    manifest = canonical_json({
+        "schemaVersion": 2, "mediaType": MT_MANIFEST, "artifactType": ARTIFACT_TYPE,
+        "config": {"mediaType": MT_CONFIG, "digest": sha256_bytes(config), "size": len(config)},
+        "layers": [{"mediaType": media_type, "digest": digest, "size": size}],
+        "annotations": {A + "version": VERSION, A + "key": key, A + "group": group, A + "diff-id": diff_id,
+                        A + "diff-size": str(diff_size), A + "compressor": comp_id,
+                        A + "meta": json.dumps(keep, sort_keys=True, separators=(",", ":"))}})
+    return config, manifest
+
+
+def write_entry(dest: Path, blob: Path, **fields: Any) -> str:
+    """An OCI layout at ``dest`` holding the entry (``entry_manifest``'s fields), its layer a
+    hardlink to ``blob`` (a copy across file systems). Returns the manifest digest."""
+    config, manifest = entry_manifest(**fields)
+    out = dest / "blobs" / "sha256"
+    out.mkdir(parents=True, exist_ok=True)
+    for data in (config, manifest):
+        (out / sha256_bytes(data).split(":", 1)[1]).write_bytes(data)
+    target = out / fields["digest"].split(":", 1)[1]
+    if not target.exists():
+        try:
+            os.link(blob, target)
+        except OSError:
+            shutil.copyfile(blob, target)
+    digest = sha256_bytes(manifest)
+    (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (dest / "index.json").write_bytes(canonical_json({
+        "schemaVersion": 2, "mediaType": MT_INDEX,
+        "manifests": [{"mediaType": MT_MANIFEST, "digest": digest, "size": len(manifest),
+                       "annotations": {"org.opencontainers.image.ref.name": "cache"}}]}))
+    return digest
+
+
+def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
+    """The entry a manifest describes, or ``BadEntry``: ours, for ``key``, of ``comp``'s media type."""
+    try:
+        m = json.loads(raw)
+        ann = m.get("annotations") or {}
+        if m.get("artifactType") != ARTIFACT_TYPE or ann.get(A + "version") != VERSION:
+            raise BadEntry(f"not an envspec layer-cache entry (artifactType {m.get('artifactType')!r})")
+        if ann.get(A + "key") != key:
+            raise BadEntry(f"it is the entry of key {ann.get(A + 'key')!r}, not of {key}")
+        layers = m.get("layers") or []
+        if len(layers) != 1:
+            raise BadEntry(f"{len(layers)} layers, not one")
+        lay = layers[0]
+        want = comp.media_type if comp.name != "none" else MT_LAYER
+        if lay.get("mediaType") != want:
+            raise BadEntry(f"its blob is {lay.get('mediaType')!r}, not {want}")
+        digest, diff_id = str(lay.get("digest", "")), str(ann.get(A + "diff-id", ""))
+        if not _HEX64.match(digest) or not _HEX64.match(diff_id):
+            raise BadEntry("its blob digest or diff_id is not a sha256 digest")
+        size, diff_size = int(lay["size"]), int(ann[A + "diff-size"])
+        meta = json.loads(ann.get(A + "meta") or "{}")
+        if not isinstance(meta, dict):
+            raise BadEntry("its meta annotation is not a JSON object")
+        if comp.name == "none" and digest != diff_id:
+            raise BadEntry(f"an uncompressed blob {digest} whose diff_id is said to be {diff_id}")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise BadEntry(f"its manifest cannot be read ({type(e).__name__}: {e})") from None
+    return Entry(ref=ref, manifest_digest=sha256_bytes(raw), key=key, diff_id=diff_id, diff_size=diff_size,
+                 compressor=str(ann.get(A + "compressor", "")), media_type=want, digest=digest, size=size, meta=meta)
+
+
+def unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
+    """Check the fetched ``blob`` against ``entry`` (size, sha256) while decompressing it to
+    ``tar``, then the tar (size, sha256 = diff_id); ``BadEntry`` (and no ``tar``) otherwise."""
+    try:
+        _unpack(blob, tar, entry, comp)
+    except BaseException:
+        tar.unlink(missing_ok=True)
+        raise
+
+
+def _unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
+    bh, th = hashlib.sha256(), hashlib.sha256()
+    n_in = n_out = 0
+    dec = _decompressor(comp)
+    problem = ""
+    with open(blob, "rb") as src, open(tar, "wb") as out:
+        try:
+            while chunk := src.read(CHUNK):
+                bh.update(chunk)
+                n_in += len(chunk)
+                data = dec(chunk)
+                th.update(data)
+                out.write(data)
+                n_out += len(data)
+                if n_out > entry.diff_size:
+                    raise BadEntry(f"its blob decompresses to more than the {entry.diff_size} bytes recorded")
+            data = dec(b"")
+            th.update(data)
+            out.write(data)
+            n_out += len(data)
+        except (zlib.error, EOFError, _ZstdError, BadEntry) as e:
+            problem = str(e) if isinstance(e, BadEntry) else f"its blob does not decompress as {comp.name} ({e})"
+            while chunk := src.read(CHUNK):  # the blob's digest says more than where the stream broke
+                bh.update(chunk)
+                n_in += len(chunk)
+    blob_digest = "sha256:" + bh.hexdigest()
+    if n_in != entry.size or blob_digest != entry.digest:
+        raise BadEntry(f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({n_in} bytes), "
+                       f"recorded {entry.digest} ({entry.size} bytes)")
+    if problem:
+        raise BadEntry(problem)
+    diff_id = "sha256:" + th.hexdigest()
+    if n_out != entry.diff_size or diff_id != entry.diff_id:
+        raise BadEntry(f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
+                       f"{entry.diff_id} ({entry.diff_size} bytes)")
+
+
+try:
+    import zstandard as _zstd
+
+    _ZstdError: type[Exception] = _zstd.ZstdError
+except ImportError:  # pragma: no cover (zstandard is a dependency)
+    _ZstdError = zlib.error
+
+
+def _decompressor(comp: Compression) -> Callable[[bytes], bytes]:
+    """chunk -> bytes; ``b""`` ends the stream (and raises where it is cut short)."""
+    if comp.name == "none":
+        return lambda b: b
+    if comp.name == "gzip":
+        z = zlib.decompressobj(wbits=31)
+
+        def gz(b: bytes) -> bytes:
+            if b:
+                return z.decompress(b)
+            if not z.eof:
+                raise EOFError("the gzip stream ends early")
+            return z.flush()
+
+        return gz
+    import zstandard
+
+    obj = zstandard.ZstdDecompressor().decompressobj()
+
+    def zs(b: bytes) -> bytes:
+        if b:
+            return bytes(obj.decompress(b))
+        if not obj.eof:
+            raise EOFError("the zstd stream ends early")
+        return b""
+
+    return zs
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+class Reader(Protocol):
+    """What the cache reads of a registry (``verify_image.RegistryReader``; fakes in unit tests)."""
+
+    def manifest(self, ref: str) -> bytes | None: ...
+    def copy_to(self, ref: str, dest: Path, tmpdir: Path) -> bool: ...
+
+
+class Unavailable(Exception):
+    """The cache registry could not be read at all (unreachable, credentials refused)."""
+
+
+@dataclass
+class RegistryCache:
+    """The cache repositories of one build: ``cache_from`` is read, ``cache_to`` is written."""
+
+    cache_from: str
+    cache_to: str
+    reader: Reader
+    push: Callable[[Path, str], None]  # the engine's push: credentials and TLS of the image's
+    usable: bool = True  # False once ``cache_from`` could not be reached: asked no more
+
+    def lookup(self, key: str, comp: Compression) -> Entry | None:
+        """The checked manifest of ``key``'s entry in ``cache_from``; None where there is none.
+        ``BadEntry`` where it is not usable, ``Unavailable`` where the registry cannot be read."""
+        from envspec.errors import EnvspecError
+
+        ref = f"{self.cache_from}:{tag_for(key, comp)}"
+        try:
+            raw = self.reader.manifest(ref)
+        except EnvspecError as e:
+            raise Unavailable(e.message) from None
+        return None if raw is None else check_entry(raw, ref=ref, key=key, comp=comp)
+
+    def fetch(self, entry: Entry, work: Path, tar: Path, comp: Compression) -> Path:
+        """The entry's blob, fetched into ``work`` and checked, with its tar at ``tar``; returns
+        the blob's path. ``BadEntry`` (nothing left at ``tar``) where a check fails."""
+        from envspec.errors import EnvspecError
+
+        repo = self.cache_from
+        layout = work / "layout"
+        try:
+            got = self.reader.copy_to(f"{repo}@{entry.manifest_digest}", layout, work / "tmp")
+        except EnvspecError as e:  # skopeo checks digests too: a damaged blob fails the copy
+            raise BadEntry(f"its blob could not be fetched: {e.message}") from None
+        if not got:
+            raise BadEntry("its manifest went away while it was fetched")
+        blob = layout / "blobs" / "sha256" / entry.digest.split(":", 1)[1]
+        if not blob.is_file():
+            raise BadEntry(f"the fetched entry lacks its blob {entry.digest}")
+        unpack(blob, tar, entry, comp)
+        return blob
+
+    def has(self, key: str, comp: Compression) -> bool:
+        """Whether ``cache_to`` holds ``key``'s entry already (any answer but "yes" is "no")."""
+        from envspec.errors import EnvspecError
+
+        try:
+            raw = self.reader.manifest(f"{self.cache_to}:{tag_for(key, comp)}")
+            if raw is None:
+                return False
+            check_entry(raw, ref=self.cache_to, key=key, comp=comp)
+            return True
+        except (EnvspecError, BadEntry):
+            return False
+
+    def store(self, work: Path, blob: Path, **fields: Any) -> str:
+        """Push one entry to ``cache_to``; returns its reference. Raises the push's errors."""
+        key = fields["key"]
+        comp: Compression = fields.pop("comp")
+        dest = work / f"cache-{key.split(':', 1)[-1][:16]}"
+        write_entry(dest, blob, key=key, comp_id=comp.id, media_type=comp.media_type if comp.name != "none" else MT_LAYER,
+                    **{k: v for k, v in fields.items() if k != "key"})
+        ref = f"{self.cache_to}:{tag_for(key, comp)}"
+        try:
+            self.push(dest, ref)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+        return ref
+
