@@ -109,3 +109,25 @@ def test_aarch64_auto_prefers_the_stable_cuda_from_the_pytorch_index(db):
     old = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "560.35.03"\ndriver_policy = "strict"\n'
                       '[torch]\nversion = "==2.9.1"\n'), db)
     assert old.torch.variant.name == "cu126" and old.torch.variant.index.endswith("/cu126")
+
+
+UV_NO_TORCH = ("  × No solution found when resolving dependencies:\n"
+               "  ╰─▶ Because there is no version of torch==2.14.1+cu126 and you require torch==2.14.1+cu126, we can "
+               "conclude that your requirements are unsatisfiable.\n")
+
+
+def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
+    from envspec.resolve import _platform_wheel_error
+
+    arm = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580"\n[torch]\nversion = ">=2.9"\n'), db)
+    err = _platform_wheel_error(UV_NO_TORCH, arm, ["https://download.pytorch.org/whl/cu126 is unreachable; its "
+                                                   "files must come from a mirror"])
+    assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
+    first = err.causes[0]
+    assert first["where"] == "[torch].version (t.toml:6)"
+    assert "torch==2.14.1+cu126" in first["text"] and "linux-aarch64" in first["text"]
+    assert "PyPI has no linux-aarch64 wheel of torch 2.14.1" in first["text"]
+    assert "unreachable" in err.causes[1]["text"] and "mirror" in err.hint
+    # on x86_64 the same uv answer stays uv's conflict (the resolver's words), not a platform error
+    x86 = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = ">=2.9"\n'), db)
+    assert _platform_wheel_error(UV_NO_TORCH, x86, []) is None
