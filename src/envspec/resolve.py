@@ -313,12 +313,9 @@ def _short(g: Gpu) -> str:
 def pypi_platform_build(torch_version: str, platform: str) -> PypiBuild | None:
     """Which build PyPI's ``platform`` wheel of this torch release is (None: none on record). For
     linux-x86_64 that is the DB's ``pypi_variant``; other platforms read data/torch_platforms.toml."""
-    from envspec.compat.platforms import PypiBuild, pypi_build
+    from envspec.compat.platforms import pypi_build
 
-    if platform == PLATFORMS["x86_64"]:
-        return None
-    row = pypi_build(torch_version, platform)
-    return row if isinstance(row, PypiBuild) else None
+    return None if platform == PLATFORMS["x86_64"] else pypi_build(torch_version, platform)
 
 
 def _pypi_variant(rel: TorchRelease, arch: str) -> str | None:
