@@ -575,11 +575,16 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
 
 
 _NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9._-]+)==([^ ,]+)")
+_NO_PLATFORM_WHEEL = re.compile(r"([A-Za-z0-9._-]+)==([^ ,]+) has no wheels with a matching platform tag")
+_WHEELS_FOR = re.compile(r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: (.*)")
 
 
 def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -> Exception | None:
     """On a platform other than linux-x86_64, a pinned torch build that no configured index serves
     for it: name the package, the platform and what it does have (exit 2), not a version conflict."""
+    p = _NO_PLATFORM_WHEEL.search(stderr)
+    if p is not None:
+        return _no_platform_wheel(choice, canonicalize_name(p.group(1)), p.group(2), _WHEELS_FOR.search(stderr))
     m = _NO_VERSION.search(stderr)
     if choice.arch == "x86_64" or m is None or choice.torch is None:
         return None
@@ -600,6 +605,28 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
                                       "or choose a release and build that has aarch64 wheels "
                                       "(PyPI: torch <= 2.9.1, CPU builds: [torch].cuda = \"cpu\")"),
                                 reference="no-wheel-for-platform")
+
+
+def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match[str] | None) -> Exception:
+    """A package whose resolved version has wheels, none of them for the lock's platform: named at
+    the spec's requirement for it (else at [python].packages), with the platforms it does have."""
+    spec = choice.spec
+    path: tuple[str | int, ...] = ("python", "packages")
+    for key in (("python", "packages"), ("torch", "packages")):
+        section = spec.python.packages if key[0] == "python" else (spec.torch.packages if spec.torch else [])
+        idx = next((i for i, r in enumerate(section) if canonicalize_name(Requirement(r).name) == name), None)
+        if idx is not None:
+            path = key + (idx,)
+            break
+    has = (f"it has wheels for {wheels.group(3).strip().rstrip('.')}" if wheels
+           else "it has wheels for other platforms only")
+    return ResolutionImpossible(
+        f"{name} {version} has no wheel for {choice.platform}",
+        causes=[{"kind": "no-wheel-for-platform", "where": spec.problem(path, "").where(spec.file),
+                 "text": f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}"}],
+        hint=f"pick a version of {name} with a wheel for {choice.platform}, drop it for this platform, or "
+             "lock for the platform it has wheels for ([target].platforms)",
+        reference="no-wheel-for-platform")
 
 
 def _uv_error(stderr: str, reqs: list[str]) -> Exception:

@@ -131,3 +131,24 @@ def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
     # on x86_64 the same uv answer stays uv's conflict (the resolver's words), not a platform error
     x86 = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = ">=2.9"\n'), db)
     assert _platform_wheel_error(UV_NO_TORCH, x86, []) is None
+
+
+UV_NO_AARCH64 = (
+    "error: No solution found when resolving dependencies\n"
+    "  cause: Because intel-openmp==2024.2.1 has no wheels with a matching platform tag (e.g., "
+    "`manylinux_2_36_aarch64`) and you require intel-openmp==2024.2.1, we can conclude that your requirements "
+    "are unsatisfiable.\n\n"
+    "hint: Wheels are available for `intel-openmp` (v2024.2.1) on the following platforms: `manylinux1_i686`, "
+    "`manylinux1_x86_64`, `win32`, `win_amd64`\n")  # uv 0.13's words (recorded 2026-12-01)
+
+
+def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(db):
+    from envspec.resolve import _platform_wheel_error
+
+    arm = choose(spec('[target]\nplatforms = ["linux-aarch64"]\n[python]\npackages = ["six", "intel-openmp==2024.2.1"]\n'),
+                 db)
+    err = _platform_wheel_error(UV_NO_AARCH64, arm, [])
+    assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
+    c = err.causes[0]
+    assert c["where"] == "[python].packages[1] (t.toml:5)", c
+    assert "intel-openmp==2024.2.1 has no linux-aarch64" in c["text"] and "`manylinux1_x86_64`" in c["text"]
