@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES="buildah podman skopeo containers-storage runc mmdebstrap docker-registry uidmap fuse-overlayfs openssh-client tini ca-certificates"
 # the engines teams run, for tests/e2e/test_docker_e2e.py and test_slurm_e2e.py (each test starts its own daemons)
 APT_PACKAGES="$APT_PACKAGES docker.io slurm-wlm munge chromium"  # engines tested end to end; the DB page checked in a browser
+# to run (and verify) arm64 images on an amd64 host: qemu-user-static registers its binfmt_misc entries
+# with the F flag, so a container's process finds the interpreter (tests/e2e/test_arm64_e2e.py)
+APT_PACKAGES="$APT_PACKAGES qemu-user-static binfmt-support"
 # to compile envspec-put-layer (src/envspec/build/putlayer/main.go) against Debian's containers/storage
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev"
 VENV="${ENVSPEC_VENV:-.venv}"
@@ -23,6 +26,19 @@ setup_system() {
     as_root apt-get update -q
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
+}
+
+# binfmt_misc: mounted and the qemu entries enabled, so `envspec run` starts images of the other CPU
+# architecture (a container, or a kernel without binfmt_misc, cannot: envspec doctor says so, tests skip)
+setup_binfmt() {
+  if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
+    as_root mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null ||
+      { echo "note: cannot mount binfmt_misc here; arm64 images build but do not run on this host"; return 0; }
+  fi
+  for e in qemu-aarch64 qemu-x86_64; do
+    [ "qemu-${e#qemu-}" = "qemu-$(uname -m)" ] && continue
+    as_root update-binfmts --enable "$e" 2>/dev/null || true
+  done
 }
 
 setup_python() {
@@ -47,7 +63,7 @@ setup_put_layer() {
   mv -f "$out.tmp" "$out"
 }
 
-setup() { setup_system; setup_python; setup_put_layer; }
+setup() { setup_system; setup_binfmt; setup_python; setup_put_layer; }
 
 case "${1:-}" in
   setup) setup ;;

@@ -354,6 +354,25 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     return out
 
 
+def check_arch(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
+    """The host's CPU architecture, whether the other one runs here under emulation, and whether
+    the lock's image starts here. An arm64 image is built on amd64 without emulation, so only
+    running it needs qemu-user-static."""
+    others = [a for a in ("x86_64", "aarch64") if a != host.machine]
+    emu = [a for a in others if a in host.binfmt]
+    what = f"linux-{host.machine}" + (f"; runs linux-{', linux-'.join(emu)} images under emulation (qemu-user-static, "
+                                      "binfmt_misc)" if emu else f"; no emulation for linux-{', linux-'.join(others)}")
+    detail = {"machine": host.machine, "emulation": list(emu)}
+    if lock is None or lock.platform.arch == host.machine:
+        return [Diagnosis("arch", "info", what, fix="" if emu else host.binfmt_note, detail=detail)]
+    if host.runs_arch(lock.platform.arch):
+        return [Diagnosis("arch", "warn", f"{what}: the lock's linux-{lock.platform.arch} image runs here under "
+                                          "emulation only (slow, no GPUs)", detail=detail)]
+    return [Diagnosis("arch", "fail", f"{what}: the lock's linux-{lock.platform.arch} image cannot start here "
+                                      "(it builds here all the same)",
+                      fix=host.binfmt_note or "apt-get install -y qemu-user-static binfmt-support", detail=detail)]
+
+
 def check_cgroup(host: Host) -> list[Diagnosis]:
     cg = host.cgroup
     what = {"v2": "cgroup v2 (unified)", "hybrid": "cgroup v1 controllers with a v2 mount (hybrid)",
@@ -423,6 +442,7 @@ def run_doctor(host: Host, lock: Lockfile | None = None) -> list[Diagnosis]:
     out += check_storage(host)
     out += check_disk(host, lock)
     out += check_cgroup(host)
+    out += check_arch(host, lock)
     out += check_rlimits(host, lock)
     out += check_rootless(host)
     return out

@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -179,6 +180,9 @@ class Host:
 
     # kernel
     kernel: str = ""  # /proc/sys/kernel/osrelease
+    machine: str = "x86_64"  # the CPU architecture (uname -m): "x86_64" | "aarch64"
+    binfmt: tuple[str, ...] = ()  # other architectures the kernel runs through qemu-user-static (binfmt_misc, F flag)
+    binfmt_note: str = ""  # why none is there, when another architecture cannot run: what to do
     overlay: bool = True  # the kernel has the overlay file system
     cgroup: Cgroup = "v2"  # "v2" (unified), "hybrid" (v1 controllers and a v2 mount) or "v1"
     systemd: bool = True  # booted with systemd (podman's default cgroup manager needs it)
@@ -220,6 +224,11 @@ class Host:
     def __post_init__(self) -> None:  # read-only views, so a Host stays what was found
         object.__setattr__(self, "rlimits", _frozen_map(self.rlimits))
         object.__setattr__(self, "tools", _frozen_map(self.tools))
+
+    def runs_arch(self, arch: str) -> bool:
+        """Whether containers of CPU architecture ``arch`` ("aarch64") start here: natively or
+        under emulation."""
+        return arch == self.machine or arch in self.binfmt
 
     # -- tools ------------------------------------------------------------------------------
     def which(self, name: str) -> str:
@@ -365,6 +374,38 @@ def _read(root: Path, path: str) -> str | None:
         return _under(root, path).read_text(errors="replace")
     except OSError:
         return None
+
+
+# binfmt_misc entries of Debian's qemu-user-static, by the architecture they run
+QEMU_BINFMT = {"aarch64": "qemu-aarch64", "x86_64": "qemu-x86_64"}
+
+
+def _binfmt(root: Path, machine: str) -> tuple[tuple[str, ...], str]:
+    """The other architectures binfmt_misc runs here (their qemu entry enabled, with the F flag:
+    the interpreter is opened at registration, so it works inside a container's root), and what
+    to do when the other one cannot run."""
+    if (_read(root, "/proc/sys/fs/binfmt_misc/status") or "").strip() != "enabled":
+        return (), ("binfmt_misc is not mounted or disabled: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc "
+                    "(scripts/dev.sh setup does), then update-binfmts --enable")
+    out = []
+    notes = []
+    for arch, name in sorted(QEMU_BINFMT.items()):
+        if arch == machine:
+            continue
+        entry = _read(root, f"/proc/sys/fs/binfmt_misc/{name}")
+        if entry is None:
+            notes.append(f"no binfmt_misc entry {name}: apt-get install -y qemu-user-static binfmt-support")
+            continue
+        lines = entry.splitlines()
+        flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags:")), "")
+        if not lines or lines[0].strip() != "enabled":
+            notes.append(f"binfmt_misc entry {name} is disabled: update-binfmts --enable {name}")
+        elif "F" not in flags:
+            notes.append(f"binfmt_misc entry {name} lacks the F flag (containers cannot reach its interpreter): "
+                         "use Debian's qemu-user-static, which registers it with F")
+        else:
+            out.append(arch)
+    return tuple(out), "; ".join(notes)
 
 
 def _int(text: str | None) -> int:
@@ -603,8 +644,13 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         cwd_uid = os.stat(cwd).st_uid
     except OSError:
         cwd_uid = euid
+    machine = platform.machine() or "x86_64"
+    binfmt, binfmt_note = _binfmt(root, machine)
     return Host(
         kernel=(_read(root, "/proc/sys/kernel/osrelease") or "").strip(),
+        machine=machine,
+        binfmt=binfmt,
+        binfmt_note=binfmt_note,
         overlay=overlay,
         cgroup=_cgroup(root),
         systemd=_under(root, "/run/systemd/system").is_dir(),

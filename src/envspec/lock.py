@@ -367,10 +367,11 @@ def stale_reasons(lock: Lockfile, spec: EnvSpec, *, debian_requested: list[str] 
                   arch: str | None = None) -> list[str]:
     """Why a lock no longer matches its spec, in words (empty when it does). ``debian_requested``:
     the Debian packages this envspec would ask for now (its base set changes between versions);
-    ``arch``: the CPU architecture the spec's GPUs resolve to now."""
+    ``arch``: the CPU architecture the spec resolves to now ([target].platforms, else its GPUs)."""
     reasons: list[str] = []
     if arch is not None and arch != lock.platform.arch:
-        reasons.append(f"the spec's GPUs need linux-{arch} hosts, the lock was made for linux-{lock.platform.arch}")
+        reasons.append(f"the spec resolves for linux-{arch} hosts ([target].platforms, else its GPUs), the lock was made "
+                       f"for linux-{lock.platform.arch}")
     if lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         reasons.append("the lock's content does not match its content_hash (edited by hand?)")
     if lock.meta.spec_hash != spec.spec_hash():

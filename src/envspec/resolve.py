@@ -9,6 +9,7 @@ uv's resolver for the Python closure and apt for the Debian closure. The core ra
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,11 +24,13 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
+from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
 from envspec.debian.models import SUITES as DEBIAN_SUITES
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.spec import EnvSpec
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
+    from envspec.compat.platforms import PypiBuild
     from envspec.debian.models import DebPin
     from envspec.sources import Sources
 
@@ -179,21 +182,39 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
         glibc = SUITES.get(want or "", (None, HOST_GLIBC))[1]
     if problems:
         raise SpecError(spec.file, problems)
-    torch = _choose_torch(spec, db, gpus) if spec.torch is not None else None
+    torch = _choose_torch(spec, db, gpus, arch) if spec.torch is not None else None
     notes = [f"torch {c['torch']} is in the DB but needs review, so it was not considered: " + "; ".join(c["items"])
              for c in (torch.skipped if torch else [])]
     if arch != "x86_64" and torch is not None:
         notes.append("the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
                      f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time")
+        row = pypi_platform_build(torch.release.version, PLATFORMS[arch])
+        notes.append(f"PyPI's {PLATFORMS[arch]} wheel of torch {torch.release.version} is the {row.variant} build "
+                     "(compat/data/torch_platforms.toml)" if row else
+                     f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
+                     f"every build of it comes from the PyTorch index ({torch.variant.index})")
     return Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
                   driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
 
 
 def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
-    """The CPU architecture every named GPU's hosts share: x86_64 where it can, aarch64 for Grace
-    systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem when the GPUs need hosts
-    of different architectures (a lock per platform, joined by an image index, waits for the arm64
-    image building of issue 13)."""
+    """The CPU architecture of the hosts: the one ``[target].platforms`` names (each GPU must ship
+    in such hosts), else the one every named GPU's hosts share: x86_64 where it can (and without
+    GPUs), aarch64 for Grace systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem
+    when the GPUs need hosts of different architectures (one lock covering both platforms, joined by
+    an image index, is a later slice of issue 13)."""
+    if spec.target.platforms:  # the spec stage allows one platform per lock
+        want = next(a for a, name in PLATFORMS.items() if name == spec.target.platforms[0])
+        for i, g in enumerate(gpus):
+            if want not in g.host_arch:
+                others = " and ".join(PLATFORMS[a] for a in g.host_arch)
+                return want, spec.problem(
+                    ("target", "gpus", i),
+                    f"{g.short} ({g.name}) ships in {others} hosts only, not in {PLATFORMS[want]} hosts as "
+                    f"[target].platforms says" + (f" (source: {g.host_arch_source})" if g.host_arch_source else ""),
+                    hint=f"set [target].platforms = [\"{others}\"] or drop the key, or target another GPU",
+                    reference="gpu-not-on-platform")
+        return want, None
     common = {"x86_64", "aarch64"}
     for g in gpus:
         common &= set(g.host_arch)
@@ -208,7 +229,7 @@ def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
         ("target", "gpus", idx),
         f"the GPUs need hosts of two CPU architectures: {', '.join(g.short for g in arm)} ship in linux-aarch64 "
         f"(Grace/Arm) hosts only, {', '.join(g.short for g in x86)} in linux-x86_64 hosts; one lock per platform "
-        "needs arm64 image building (issue 13), which this envspec does not have",
+        "is what this envspec makes (a lock with a section per platform is a later slice of issue 13)",
         hint="split the spec: one for the Grace systems, one for the x86 GPUs",
         reference="mixed-platforms")
 
@@ -289,7 +310,38 @@ def _short(g: Gpu) -> str:
     return g.aliases[0] if g.aliases else g.name
 
 
-def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
+def pypi_platform_build(torch_version: str, platform: str) -> PypiBuild | None:
+    """Which build PyPI's ``platform`` wheel of this torch release is (None: none on record). For
+    linux-x86_64 that is the DB's ``pypi_variant``; other platforms read data/torch_platforms.toml."""
+    from envspec.compat.platforms import pypi_build
+
+    return None if platform == PLATFORMS["x86_64"] else pypi_build(torch_version, platform)
+
+
+def _pypi_variant(rel: TorchRelease, arch: str) -> str | None:
+    """The variant PyPI's own wheel of ``rel`` is for ``arch``."""
+    if arch == "x86_64":
+        return rel.pypi_variant
+    row = pypi_platform_build(rel.version, PLATFORMS[arch])
+    return row.variant if row else None
+
+
+def on_platform(v: Variant, rel: TorchRelease, arch: str) -> Variant:
+    """``v`` as it is served for ``arch``: on linux-x86_64 as the DB says; elsewhere PyPI serves the
+    build data/torch_platforms.toml names (aarch64: the CPU build), and every other build, PyPI's
+    x86_64 one among them, comes from the PyTorch index under its local label (torch==2.9.1+cu128)."""
+    if arch == "x86_64":
+        return v
+    if v.name == _pypi_variant(rel, arch):
+        return v.model_copy(update={"index": PYPI_INDEX, "local": "", "pypi": True})
+    if v.pypi or not v.local:
+        local = v.pytorch_local or v.name
+        return v.model_copy(update={"index": v.pytorch_index or f"{PYTORCH_INDEX}/{local}", "local": local,
+                                    "pypi": False})
+    return v
+
+
+def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64") -> TorchChoice:
     assert spec.torch is not None
     spec_set = spec.torch.specifier()
     releases = [r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)]
@@ -315,7 +367,7 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
             all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for c in causes
                               if c["kind"] != "variant-not-requested")
         fits = [v for v, ok, _ in judged if ok]
-        pick = _prefer(rel, fits)
+        pick = _prefer(rel, fits, _pypi_variant(rel, arch))
         cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name))
                  for v, ok, facts in judged]
         if first_candidates is None:
@@ -325,7 +377,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> TorchChoice:
             floor = _max_driver(driver_floor(db, pick, spec.target.driver_policy) or "", gpu_driver_floor(gpus))
             # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
             # torch pin, uv's index arguments and the wheels' attribution all take it from here
-            return TorchChoice(release=rel, variant=pick.served_from(spec.sources.torch_index), min_driver=floor,
+            return TorchChoice(release=rel, variant=on_platform(pick, rel, arch).served_from(spec.sources.torch_index),
+                               min_driver=floor,
                                candidates=cands,
                                skipped=[c for c in all_causes if c["kind"] == "release-needs-review"])
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
@@ -357,13 +410,16 @@ def _where(spec: EnvSpec, cause: dict) -> str:
     return spec.problem(path, "").where(spec.file)
 
 
-def _prefer(rel: TorchRelease, fits: list[Variant]) -> Variant | None:
-    """The stated preference: the build PyPI serves when it fits, else the newest CUDA that fits."""
+def _prefer(rel: TorchRelease, fits: list[Variant], pypi_variant: str | None) -> Variant | None:
+    """The stated preference: the build PyPI serves for the platform when it fits, else the
+    release's stable CUDA (the build PyPI serves for linux-x86_64; on linux-aarch64 it comes from
+    the PyTorch index), else the newest CUDA that fits."""
     if not fits:
         return None
-    for v in fits:
-        if v.name == rel.pypi_variant:
-            return v
+    for name in (pypi_variant, rel.pypi_variant):
+        for v in fits:
+            if v.name == name:
+                return v
     return max(fits, key=_cuda_key)
 
 
@@ -496,7 +552,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     out = workdir / f"pylock.{name}.toml"
     if out.exists():
         out.unlink()
-    idx, _ = _index_args(sources, choice)
+    idx, idx_notes = _index_args(sources, choice)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
             "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
             "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", "--no-header", *idx]
@@ -513,9 +569,64 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     env["UV_NO_CONFIG"] = "1"
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise _uv_error(proc.stderr, reqs)
+        raise _platform_wheel_error(proc.stderr, choice, idx_notes) or _uv_error(proc.stderr, reqs)
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
+
+
+_NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9._-]+)==([^ ,]+)")
+_NO_PLATFORM_WHEEL = re.compile(r"([A-Za-z0-9._-]+)==([^ ,]+) has no wheels with a matching platform tag")
+_WHEELS_FOR = re.compile(r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: (.*)")
+
+
+def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -> Exception | None:
+    """On a platform other than linux-x86_64, a pinned torch build that no configured index serves
+    for it: name the package, the platform and what it does have (exit 2), not a version conflict."""
+    p = _NO_PLATFORM_WHEEL.search(stderr)
+    if p is not None:
+        return _no_platform_wheel(choice, canonicalize_name(p.group(1)), p.group(2), _WHEELS_FOR.search(stderr))
+    m = _NO_VERSION.search(stderr)
+    if choice.arch == "x86_64" or m is None or choice.torch is None:
+        return None
+    name, version = canonicalize_name(m.group(1)), m.group(2)
+    if name not in TORCH_FAMILY:
+        return None
+    spec, v = choice.spec, choice.torch.variant
+    row = pypi_platform_build(choice.torch.release.version, choice.platform)
+    has = (f"PyPI's {choice.platform} wheel of torch {choice.torch.release.version} is its {row.variant} build"
+           if row else f"PyPI has no {choice.platform} wheel of torch {choice.torch.release.version} on record")
+    causes = [{"kind": "no-wheel-for-platform", "where": spec.problem(("torch", "version"), "").where(spec.file),
+               "text": f"no {choice.platform} ({choice.platform_tag}) wheel of {name}=={version} on the configured "
+                       f"indexes ({v.index}); {has} "
+                       "(compat/data/torch_platforms.toml)"}]
+    causes += [{"kind": "no-wheel-for-platform", "text": n} for n in index_notes]
+    return ResolutionImpossible(f"{name} {version} has no wheel for {choice.platform}", causes=causes,
+                                hint=(f"serve {v.index} through a mirror ([sources].mirrors or pip's config), "
+                                      "or choose a release and build that has aarch64 wheels "
+                                      "(PyPI: torch <= 2.9.1, CPU builds: [torch].cuda = \"cpu\")"),
+                                reference="no-wheel-for-platform")
+
+
+def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match[str] | None) -> Exception:
+    """A package whose resolved version has wheels, none of them for the lock's platform: named at
+    the spec's requirement for it (else at [python].packages), with the platforms it does have."""
+    spec = choice.spec
+    path: tuple[str | int, ...] = ("python", "packages")
+    for key in (("python", "packages"), ("torch", "packages")):
+        section = spec.python.packages if key[0] == "python" else (spec.torch.packages if spec.torch else [])
+        idx = next((i for i, r in enumerate(section) if canonicalize_name(Requirement(r).name) == name), None)
+        if idx is not None:
+            path = key + (idx,)
+            break
+    has = (f"it has wheels for {wheels.group(3).strip().rstrip('.')}" if wheels
+           else "it has wheels for other platforms only")
+    return ResolutionImpossible(
+        f"{name} {version} has no wheel for {choice.platform}",
+        causes=[{"kind": "no-wheel-for-platform", "where": spec.problem(path, "").where(spec.file),
+                 "text": f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}"}],
+        hint=f"pick a version of {name} with a wheel for {choice.platform}, drop it for this platform, or "
+             "lock for the platform it has wheels for ([target].platforms)",
+        reference="no-wheel-for-platform")
 
 
 def _uv_error(stderr: str, reqs: list[str]) -> Exception:

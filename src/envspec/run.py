@@ -262,6 +262,8 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
     out = _Argv([], list(t.warnings))
     engine = _engine(host, engine, out)
     out.add(engine, *(_podman_global(host) if engine == "podman" else []), "run", "--rm")
+    if lock is not None and lock.platform.arch != host.machine:
+        _emulated(host, engine, lock, out)
     out.add("-d" if detach else "-it" if host.tty else "-i")
     if name:
         out.add("--name", name)
@@ -296,6 +298,20 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
         out.warn(load_hint)
     return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes,
                       load_hint=load_hint)
+
+
+def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv) -> None:
+    """An image of another CPU architecture (an arm64 image on an amd64 host): it starts under
+    qemu-user-static through binfmt_misc when the kernel has that, and not at all otherwise."""
+    arch, oci = lock.platform.arch, lock.platform.oci_arch
+    if not host.runs_arch(arch):
+        raise UsageError(f"the image is for linux-{arch} ({oci}) and this host is linux-{host.machine}, with no "
+                         f"emulation for {arch}", hint=(host.binfmt_note or "apt-get install -y qemu-user-static "
+                                                        "binfmt-support") + "; or run it on a linux-" + arch + " host",
+                         reference="arch-not-runnable")
+    out.add("--arch", oci) if engine == "podman" else out.add("--platform", f"linux/{oci}")
+    out.warn(f"the image is for linux-{arch}: it runs under emulation (qemu-{arch} through binfmt_misc), many times "
+             "slower than on its own hosts, and without GPUs")
 
 
 def _engine(host: Host, asked: str | None, out: _Argv) -> str:

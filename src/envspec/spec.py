@@ -28,6 +28,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _SIZE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([kmgt]i?b?|b)?$", re.IGNORECASE)
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PY_RE = re.compile(r"^3\.[0-9]{1,2}$")
+PLATFORM_NAMES = ("linux-x86_64", "linux-aarch64")  # what [target].platforms accepts
 
 
 class _Model(BaseModel):
@@ -50,6 +51,8 @@ class Target(_Model):
     gpus: list[str] = Field(default_factory=list, description="GPU models or sm_XY the image must run on")
     driver: str | None = Field(default=None, description="the oldest NVIDIA driver on the hosts")
     driver_policy: Literal["compat", "strict"] = "compat"
+    platforms: list[str] = Field(default_factory=list,
+                                 description="'linux-x86_64' or 'linux-aarch64'; default from the GPUs (x86_64 without GPUs)")
 
     @field_validator("driver")
     @classmethod
@@ -237,6 +240,8 @@ class EnvSpec(_Model):
         data = self.model_dump(mode="json", exclude={"description"})
         src = data.pop("sources")
         data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
+        if not data["target"]["platforms"]:  # unset: the hash of a spec written before the key existed
+            del data["target"]["platforms"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
@@ -464,6 +469,23 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
     if spec.torch is not None and spec.torch.cuda == "cpu" and spec.target.driver:
         out.append(spec.problem(("target", "driver"), "a driver floor is given for a CPU build of torch",
                                 hint="set [torch].cuda = \"auto\" or drop [target].driver", reference="impossible-combination"))
+    plats = spec.target.platforms
+    dup = next((i for i, p in enumerate(plats) if p in plats[:i]), None)
+    bad = next((i for i, p in enumerate(plats) if p not in PLATFORM_NAMES), None)
+    if bad is not None:
+        arm = any(w in plats[bad].lower() for w in ("arm", "aarch", "grace"))
+        out.append(spec.problem(("target", "platforms", bad), f"{plats[bad]!r} is not a platform envspec locks for; "
+                                "expected " + " or ".join(repr(n) for n in PLATFORM_NAMES),
+                                hint=f"did you mean '{PLATFORM_NAMES[1] if arm else PLATFORM_NAMES[0]}'?",
+                                reference="unknown-platform"))
+    elif dup is not None:
+        out.append(spec.problem(("target", "platforms", dup), f"{plats[dup]!r} is listed twice",
+                                hint="name each platform once", reference="invalid-value"))
+    elif len(set(plats)) > 1:
+        out.append(spec.problem(("target", "platforms"), "this envspec makes one lock per platform; the spec names "
+                                + " and ".join(plats),
+                                hint="write one spec per platform (a lock with a section per platform is planned, "
+                                     "docs/lockfile.md)", reference="one-platform-per-lock"))
     j, s = spec.services.jupyter, spec.services.ssh
     if j and s and j.enabled and s.enabled and j.port == s.port:
         out.append(spec.problem(("services", "ssh", "port"), f"port {s.port} is also [services.jupyter].port",

@@ -188,4 +188,4 @@ def test_a_lock_made_for_another_platform_is_stale():
     spec = load_spec(root / "specs" / "h100.toml")
     assert stale_reasons(lock, spec, arch="x86_64") == []
     assert stale_reasons(lock, spec, arch="aarch64") == [
-        "the spec's GPUs need linux-aarch64 hosts, the lock was made for linux-x86_64"]
+        "the spec resolves for linux-aarch64 hosts ([target].platforms, else its GPUs), the lock was made for linux-x86_64"]

@@ -9,7 +9,9 @@ the base set would have done are done here, from files the packages ship:
 - users and groups from base-passwd's passwd.master/group.master, sshd's user when
   openssh-server is there, and the image's non-root user with home /workspace;
 - /etc/ssl/certs/ca-certificates.crt and its per-certificate links (update-ca-certificates);
-- /etc/ld.so.cache, by the image's own (static) ldconfig run with -r;
+- /etc/ld.so.cache, by the image's own (static) ldconfig run with -r; for a tree of another
+  CPU architecture than the builder's (arm64 on amd64), which cannot run it without emulation,
+  written by ``ldcache`` in Python (no binary of the image runs at build time);
 - the alternatives symlinks of the set (cc -> gcc, awk -> mawk, ...), /etc/shells,
   /etc/nsswitch.conf, /etc/localtime (UTC), sshd_config, base-files' default dot files and
   directories, /tmp and /var/tmp with mode 1777.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import platform
 import posixpath
 import re
 import shutil
@@ -40,6 +43,10 @@ from .certs import subject_hash
 from .debfile import DebFile
 from .models import DebPin
 from .reporter import DebianReporter
+
+# The builder's own architecture, as Debian names it: a tree of another one gets its ld.so.cache
+# from ldcache.py (its ldconfig cannot run here without emulation).
+HOST_DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 # The top-level directories Debian's merged /usr turns into links to their /usr counterparts.
 USRMERGE = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libo32")
@@ -137,7 +144,11 @@ def make_rootfs(pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, *, u
     tree.fix_certificates()
     tree.fix_alternatives()
     tree.fix_misc()
-    tree.run_ldconfig()
+    arch = next((p.architecture for p in ordered if p.architecture != "all"), HOST_DEBIAN_ARCH)
+    if arch == HOST_DEBIAN_ARCH:
+        tree.run_ldconfig()
+    else:
+        tree.write_ldcache(arch)
     if tree.overwritten:
         shown = ", ".join(f"/{p} ({a} -> {b})" for p, a, b in tree.overwritten[:5])
         more = f" and {len(tree.overwritten) - 5} more" if len(tree.overwritten) > 5 else ""
@@ -495,6 +506,12 @@ class _Tree:
         for d in ("tmp", "var/tmp"):
             p = self.mkdirs(d)
             os.chmod(p, 0o1777)
+
+    def write_ldcache(self, architecture: str) -> None:
+        from .ldcache import write_cache
+
+        self.reporter.fixup("/etc/ld.so.cache")
+        write_cache(self.dest, architecture)
 
     def run_ldconfig(self) -> None:
         # The image's own ldconfig is static; running it (not the host's) keeps the cache's

@@ -1,0 +1,154 @@
+"""[target].platforms and the platform's torch build: the spec key, the default from the GPUs,
+and which build (and index) PyPI's wheel is on linux-aarch64 (compat/data/torch_platforms.toml)."""
+
+from __future__ import annotations
+
+import pytest
+
+from envspec.compat import load_db
+from envspec.compat.platforms import pypi_build
+from envspec.errors import SpecError
+from envspec.resolve import choose, requirements
+from envspec.spec import parse_spec
+
+
+def spec(body: str):
+    return parse_spec('name = "t"\n' + body, "t.toml")
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load_db()
+
+
+def test_no_gpus_default_to_linux_x86_64(db):
+    c = choose(spec('[python]\nversion = "3.11"\n'), db)
+    assert (c.arch, c.platform, c.debian_arch) == ("x86_64", "linux-x86_64", "amd64")
+
+
+def test_grace_gpus_default_to_linux_aarch64(db):
+    c = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580"\n[torch]\nversion = ">=2.9"\n'), db)
+    assert (c.arch, c.platform, c.debian_arch, c.platform_tag) == ("aarch64", "linux-aarch64", "arm64",
+                                                                    "manylinux_2_36_aarch64")
+
+
+def test_named_platform_wins_without_gpus(db):
+    c = choose(spec('[target]\nplatforms = ["linux-aarch64"]\n'), db)
+    assert (c.arch, c.debian_arch) == ("aarch64", "arm64")
+    c = choose(spec('[target]\nplatforms = ["linux-x86_64"]\n'), db)
+    assert c.arch == "x86_64"
+
+
+def test_named_platform_with_a_gpu_of_both_kinds_of_hosts(db):
+    # a T4 ships in x86 and in Arm servers (gpus.toml): the spec's word decides
+    c = choose(spec('[target]\nplatforms = ["linux-aarch64"]\ngpus = ["T4"]\n[torch]\nversion = "2.9.1"\n'), db)
+    assert c.arch == "aarch64"
+
+
+def test_a_grace_gpu_on_x86_is_a_spec_error_naming_the_gpu(db):
+    with pytest.raises(SpecError) as e:
+        choose(spec('[target]\nplatforms = ["linux-x86_64"]\ngpus = ["H100", "GH200"]\n[torch]\nversion = "2.14.*"\n'), db)
+    p = e.value.problems()[0]
+    assert (p.reference, p.path, p.line) == ("gpu-not-on-platform", "[target].gpus[1]", 4)
+    assert "GH200" in p.message and "linux-aarch64" in p.hint
+
+
+@pytest.mark.parametrize("body, ref, path", [
+    ('platforms = ["linux-arm64"]', "unknown-platform", "[target].platforms[0]"),
+    ('platforms = ["linux-x86_64", "linux-aarch64"]', "one-platform-per-lock", "[target].platforms"),
+    ('platforms = ["linux-aarch64", "linux-aarch64"]', "invalid-value", "[target].platforms[1]"),
+    ('platforms = "linux-aarch64"', "wrong-type", "[target].platforms"),
+])
+def test_bad_platforms_name_the_key_and_line(body, ref, path):
+    with pytest.raises(SpecError) as e:
+        spec("[target]\n" + body + "\n")
+    p = e.value.problems()[0]
+    assert (p.reference, p.path, p.line) == (ref, path, 3)
+
+
+def test_the_platform_key_is_in_the_spec_hash_only_when_set():
+    plain = spec('[python]\nversion = "3.11"\n')
+    x86 = spec('[target]\nplatforms = ["linux-x86_64"]\n[python]\nversion = "3.11"\n')
+    arm = spec('[target]\nplatforms = ["linux-aarch64"]\n[python]\nversion = "3.11"\n')
+    assert len({plain.spec_hash(), x86.spec_hash(), arm.spec_hash()}) == 3
+    # a spec without the key hashes as before the key existed: test_lock's committed locks stay fresh
+
+
+def test_pypis_aarch64_torch_is_the_cpu_build():
+    row = pypi_build("2.9.1", "linux-aarch64")
+    assert row is not None and row.variant == "cpu" and "libtorch_cuda" in row.source
+    assert pypi_build("2.14.1", "linux-aarch64") is None  # PyPI lists no such wheel
+    assert pypi_build("2.9.1", "linux-x86_64") is None  # x86's PyPI build is torch_pypi.toml's
+
+
+def test_aarch64_cpu_torch_comes_from_pypi_without_a_local_label(db):
+    c = choose(spec('[target]\nplatforms = ["linux-aarch64"]\n[torch]\nversion = "==2.9.1"\ncuda = "cpu"\n'), db)
+    v = c.torch.variant
+    assert (v.name, v.index, v.local, v.pypi) == ("cpu", "https://pypi.org/simple", "", True)
+    assert requirements(c)[0] == ["torch==2.9.1"]
+    x86 = choose(spec('[torch]\nversion = "==2.9.1"\ncuda = "cpu"\n'), db).torch.variant
+    assert (x86.index, x86.local) == ("https://download.pytorch.org/whl/cpu", "cpu")
+
+
+def test_aarch64_cuda_torch_never_takes_pypis_cpu_wheel(db):
+    # on x86 PyPI's 2.9.1 is cu128; on aarch64 PyPI's wheel is CPU, so a CUDA build needs its label
+    x86 = choose(spec('[target]\ngpus = ["H100"]\ndriver = "580.95.05"\n[torch]\nversion = "==2.9.1"\ncuda = "12.8"\n'), db)
+    assert (x86.torch.variant.name, x86.torch.variant.local) == ("cu128", "")
+    arm = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580.95.05"\n[torch]\nversion = "==2.9.1"\ncuda = "12.8"\n'), db)
+    v = arm.torch.variant
+    assert (v.name, v.local, v.index, v.pypi) == ("cu128", "cu128", "https://download.pytorch.org/whl/cu128", False)
+    assert requirements(arm)[0] == ["torch==2.9.1+cu128"]
+
+
+def test_aarch64_auto_prefers_the_stable_cuda_from_the_pytorch_index(db):
+    # 2.9.1's stable CUDA (PyPI's x86_64 build) is cu128: on aarch64 the same CUDA, with its label
+    arm = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580.95.05"\n[torch]\nversion = "==2.9.1"\n'), db)
+    assert (arm.torch.variant.name, arm.torch.variant.local) == ("cu128", "cu128")
+    assert [x.variant for x in arm.torch.candidates if x.preferred] == ["cu128"]
+    # a driver below 12.8's floor: the newest CUDA that fits
+    old = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "560.35.03"\ndriver_policy = "strict"\n'
+                      '[torch]\nversion = "==2.9.1"\n'), db)
+    assert old.torch.variant.name == "cu126" and old.torch.variant.index.endswith("/cu126")
+
+
+UV_NO_TORCH = ("  × No solution found when resolving dependencies:\n"
+               "  ╰─▶ Because there is no version of torch==2.14.1+cu126 and you require torch==2.14.1+cu126, we can "
+               "conclude that your requirements are unsatisfiable.\n")
+
+
+def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
+    from envspec.resolve import _platform_wheel_error
+
+    arm = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580"\n[torch]\nversion = ">=2.9"\n'), db)
+    err = _platform_wheel_error(UV_NO_TORCH, arm, ["https://download.pytorch.org/whl/cu126 is unreachable; its "
+                                                   "files must come from a mirror"])
+    assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
+    first = err.causes[0]
+    assert first["where"] == "[torch].version (t.toml:6)"
+    assert "torch==2.14.1+cu126" in first["text"] and "linux-aarch64" in first["text"]
+    assert "PyPI has no linux-aarch64 wheel of torch 2.14.1" in first["text"]
+    assert "unreachable" in err.causes[1]["text"] and "mirror" in err.hint
+    # on x86_64 the same uv answer stays uv's conflict (the resolver's words), not a platform error
+    x86 = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = ">=2.9"\n'), db)
+    assert _platform_wheel_error(UV_NO_TORCH, x86, []) is None
+
+
+UV_NO_AARCH64 = (
+    "error: No solution found when resolving dependencies\n"
+    "  cause: Because intel-openmp==2024.2.1 has no wheels with a matching platform tag (e.g., "
+    "`manylinux_2_36_aarch64`) and you require intel-openmp==2024.2.1, we can conclude that your requirements "
+    "are unsatisfiable.\n\n"
+    "hint: Wheels are available for `intel-openmp` (v2024.2.1) on the following platforms: `manylinux1_i686`, "
+    "`manylinux1_x86_64`, `win32`, `win_amd64`\n")  # uv 0.13's words (recorded 2026-12-01)
+
+
+def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(db):
+    from envspec.resolve import _platform_wheel_error
+
+    arm = choose(spec('[target]\nplatforms = ["linux-aarch64"]\n[python]\npackages = ["six", "intel-openmp==2024.2.1"]\n'),
+                 db)
+    err = _platform_wheel_error(UV_NO_AARCH64, arm, [])
+    assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
+    c = err.causes[0]
+    assert c["where"] == "[python].packages[1] (t.toml:5)", c
+    assert "intel-openmp==2024.2.1 has no linux-aarch64" in c["text"] and "`manylinux1_x86_64`" in c["text"]
