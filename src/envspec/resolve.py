@@ -25,7 +25,7 @@ from packaging.version import Version
 
 from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
-from envspec.debian.models import SUITES as DEBIAN_SUITES
+from envspec.debian.suites import SUITES as DEBIAN_SUITES
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.spec import EnvSpec
 

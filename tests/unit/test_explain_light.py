@@ -1,6 +1,7 @@
 """`envspec explain` is offline, pure and light: it starts no process, opens no connection, and does
 not import what only `lock`, `build` or `db refresh` need (the Debian fetcher, closure and root
-filesystem builder, the package-index client, host probes, rich, jinja2). Each case runs the real
+filesystem builder, the package-index client, host probes, rich, jinja2, the lock and Debian pin
+models). Each case runs the real
 command in a fresh interpreter, so the modules it leaves in ``sys.modules`` are the ones explain
 itself pulled in. Its speed is measured by bench/lock.py (docs/benchmarks.md), not here."""
 
@@ -22,6 +23,7 @@ KEPT_OFF = [
     "envspec.debian.debfile", "envspec.debian.reporter", "envspec.compat.pypi", "envspec.host",
     "envspec.sources", "rich", "jinja2", "markupsafe", "urllib.request", "http.client", "ssl", "sqlite3",
     "multiprocessing", "tarfile", "concurrent.futures", "configparser", "html.parser",
+    "envspec.debian.models", "envspec.lock",
 ]
 
 # Runs in the child: forbid processes and connections, run the CLI, write what was imported.

@@ -9,15 +9,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-CANONICAL_MIRROR = "http://deb.debian.org/debian"
+from envspec.debian.suites import SUITES
 
-# Debian releases envspec can build on, with the Python 3 each ships as `python3` and the
-# glibc it ships. Sources: packages.debian.org/bookworm/python3 (3.11.2),
-# packages.debian.org/trixie/python3 (3.13.5), libc6 2.36 (bookworm) and 2.41 (trixie).
-SUITES: dict[str, dict[str, str]] = {
-    "bookworm": {"python": "3.11", "glibc": "2.36", "version": "12"},
-    "trixie": {"python": "3.13", "glibc": "2.41", "version": "13"},
-}
+CANONICAL_MIRROR = "http://deb.debian.org/debian"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+.\-]+$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -26,8 +20,8 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 class DebPin(BaseModel):
     """One .deb of the closure, exactly as the archive's Packages index describes it."""
 
-    # defer_build: the validator is built on first use, not at import (``envspec explain`` imports
-    # this module for SUITES and never makes a pin)
+    # defer_build: the validator is built on first use, not at import (a command that reads a lock
+    # but makes no pin does not pay for it)
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str
