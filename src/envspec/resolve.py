@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -504,6 +501,8 @@ def requirements(choice: Choice) -> tuple[list[str], list[str], set[str]]:
 
 
 def _uv() -> str:
+    import shutil  # subprocess, shutil, tempfile: only the lock stage runs uv (explain stays light)
+
     found = shutil.which("uv")
     if found:
         return found
@@ -567,6 +566,8 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     env = dict(os.environ)
     env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"
+    import subprocess
+
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise _platform_wheel_error(proc.stderr, choice, idx_notes) or _uv_error(proc.stderr, reqs)
@@ -754,6 +755,8 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
 
 def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[str, str] | None = None,
             upgrade: list[str] | None = None) -> Resolution:
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="envspec-resolve-") as tmp:
         wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
     debs, requested = resolve_debian(choice, sources, cache_dir=cache_dir / "apt")

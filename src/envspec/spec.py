@@ -6,7 +6,6 @@ Every problem is reported at once, each with its TOML path and line (pydantic gi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import tomllib
@@ -237,6 +236,8 @@ class EnvSpec(_Model):
 
     def spec_hash(self) -> str:
         """sha256 of the resolution-relevant fields (docs/lockfile.md lists them)."""
+        import hashlib  # only the lock stage hashes a spec: OpenSSL's libcrypto stays off explain's path
+
         data = self.model_dump(mode="json", exclude={"description"})
         src = data.pop("sources")
         data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
