@@ -4,7 +4,7 @@
     python bench/lock.py [specs/h100.toml] [--runs 5] [--bytecode]
 
 Each figure is the median wall time of N runs of the command as a user runs it (a new process
-each time, so imports count). Where the environment sets PYTHONDONTWRITEBYTECODE (this project's
+each time, so imports count), with the median CPU time (user + system) of those processes. Where the environment sets PYTHONDONTWRITEBYTECODE (this project's
 development VM does) and the source tree has no __pycache__, every run compiles envspec's modules
 again, which an installed envspec (pip writes the .pyc files) never does; ``--bytecode`` measures
 as installed: the children may write their bytecode, into a private PYTHONPYCACHEPREFIX, that one
@@ -31,14 +31,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def timed(argv: list[str], runs: int, env: dict) -> list[float]:
-    out = []
+class Runs(list):
+    """The wall times of the runs, and in ``cpu`` the CPU time (user + system) of each."""
+
+    cpu: list[float]
+
+
+def timed(argv: list[str], runs: int, env: dict) -> Runs:
+    out, cpu = Runs(), []
     for _ in range(runs):
+        before = os.times()
         t = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
         out.append(time.perf_counter() - t)
+        after = os.times()
+        # the child's user + system time (with its own children: uv for a lock)
+        cpu.append(after.children_user - before.children_user + after.children_system - before.children_system)
         if proc.returncode != 0:
             sys.exit(f"failed: {' '.join(argv)}\n{proc.stderr}")
+    out.cpu = cpu
     return out
 
 
@@ -91,10 +102,11 @@ def main() -> None:
     print(f"spec: {a.spec}; runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}; "
           f"bytecode: {bytecode}; load average: {os.getloadavg()[0]:.1f}")
     print()
-    print("| what | median s | min s | max s | note |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| what | median s | min s | max s | CPU median s | note |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, xs, note in rows:
-        print(f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} | {note} |")
+        print(f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} | "
+              f"{statistics.median(xs.cpu):.3f} | {note} |")
 
 
 if __name__ == "__main__":
