@@ -159,11 +159,20 @@ def test_no_daemon_names_docker_the_address_and_the_step(tmp_path):
 
 
 def test_a_daemon_that_refuses_to_start_the_container_is_named(dockerd, loaded, tmp_path):
+    # an envspec image the daemon lacks: said before docker run, with the ways to load it (docker
+    # would try to pull localhost/envspec/... from a registry on localhost:80)
     cp = envspec("run", "--engine", "docker", "--no-mount", str(LOCK), "--image", "localhost/envspec/cpu:not-there",
                  "--", "true", env=dockerd.env, cwd=tmp_path)
     assert cp.returncode == 5, cp.stdout + cp.stderr
+    assert "docker-image-missing" in cp.stderr and "docker load" in cp.stderr
+    assert "docker's daemon has no image localhost/envspec/cpu:not-there (step: before docker run)" in cp.stderr
+    # an image docker must pull from a registry that is not there: the daemon refuses, docker exits 125
+    gone = "127.0.0.1:9/envspec-e2e/nothing:here"
+    cp = envspec("run", "--engine", "docker", "--no-mount", str(LOCK), "--image", gone,
+                 "--", "true", env=dockerd.env, cwd=tmp_path)
+    assert cp.returncode == 5, cp.stdout + cp.stderr
     assert "container-start-failed" in cp.stderr
-    assert "docker run could not start the container of localhost/envspec/cpu:not-there" in cp.stderr
+    assert f"docker run could not start the container of {gone}" in cp.stderr
     assert "step: start the container" in cp.stderr
 
 
