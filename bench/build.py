@@ -63,6 +63,8 @@ from envspec.host import detect_host  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
+from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
 
 def run_build(lock: lockmod.Lockfile, engine, cache_dir: Path, reporter: Reporter | None = None, **options):
     """One build as the CLI runs it: the lock's plan, this machine's mirrors."""
@@ -266,10 +268,7 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(detect_host(ask=()).storage.runroot, ignore_errors=True)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(res, args.json)
     return 0
 
 
@@ -576,10 +575,7 @@ def main_cli(args) -> int:
                 drop_storage(st)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(res, args.json)
     return 0
 
 

@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
 
+from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
 
 def envspec(lock: str, env: dict[str, str], *args: str) -> tuple[float, dict]:
     t = time.monotonic()
@@ -102,10 +104,7 @@ def main() -> int:
     res["median_podman_pull_s"] = theirs[len(theirs) // 2]
     res["ratio"] = round(res["median_envspec_s"] / res["median_podman_pull_s"], 3)
     res["goal_met"] = res["ratio"] <= 1.2
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(res, args.json)
     return 0
 
 

@@ -34,6 +34,8 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
 
+from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
 
 def du(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
@@ -96,10 +98,7 @@ def main() -> int:
                          "digest": again["digest"], "same_digest": again["digest"] == out["digest"]})
             print(json.dumps(rows[-1]), flush=True)
     res["load_after"] = os.getloadavg()
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(res, args.json)
     return 0
 
 

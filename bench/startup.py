@@ -43,6 +43,8 @@ from envspec.build import BuildahEngine  # noqa: E402
 from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
+from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
 ENVSPEC = [sys.executable, "-m", "envspec"]
 PEER_REF = "localhost/bench/peer-startup:1"
 
@@ -142,10 +144,7 @@ def main() -> int:
             for ref in (peer, "localhost/bench/base:1"):
                 subprocess.run(["podman", *engine.host.storage.args(), "rmi", "-f", ref], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(res, args.json)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tlsregistry  # noqa: E402
 
-pytestmark = [pytest.mark.e2e, pytest.mark.network]
-
-for tool in ("skopeo", "buildah", "podman", "docker-registry"):
-    if shutil.which(tool) is None:
-        pytestmark.append(pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)"))
-try:
-    import bcrypt  # noqa: F401
-    import cryptography  # noqa: F401
-except ImportError:  # pragma: no cover
-    pytestmark.append(pytest.mark.skip(reason="the test registry needs bcrypt and cryptography (pip install -e '.[test]')"))
+pytestmark = tlsregistry.pytest_marks()
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "lockfiles" / "smoke.lock"

@@ -37,6 +37,25 @@ USER = "envspec"
 PASSWORD = "s3cret-for-tests"
 
 
+def pytest_marks() -> list:
+    """The marks of a test module that uses this registry: e2e and network, and a skip naming what
+    is missing (skopeo, buildah, podman, docker-registry; bcrypt and cryptography)."""
+    import shutil
+
+    import pytest
+
+    marks = [pytest.mark.e2e, pytest.mark.network]
+    for tool in ("skopeo", "buildah", "podman", "docker-registry"):
+        if shutil.which(tool) is None:
+            marks.append(pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)"))
+    try:
+        import bcrypt  # noqa: F401
+        import cryptography  # noqa: F401
+    except ImportError:  # pragma: no cover
+        marks.append(pytest.mark.skip(reason="the test registry needs bcrypt and cryptography (pip install -e '.[test]')"))
+    return marks
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
