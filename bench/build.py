@@ -178,15 +178,7 @@ def main() -> int:
         wcache = Cache(work / "wheel-cache")
         t, paths = timed(lambda: WheelFetcher(wcache, mirrors).fetch_all(plan.wheels), settle=False)
         res["fetch_wheels_s"] = round(t, 1)
-        floor = work / "unzipped"
-
-        def unzip_all():
-            for w in plan.wheels:
-                subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(floor)], check=True)
-
-        t, _ = timed(unzip_all)
-        res["unzip_floor_s"] = round(t, 1)
-        shutil.rmtree(floor)
+        res["unzip_floor_s"] = unzip_floor(plan, paths, work / "unzipped")
 
         untar = work / "untarred"
         res["untar_floor_s"] = round(untar_layers(plan, paths, mirrors, work, untar), 1)
@@ -512,6 +504,17 @@ def drop_storage(storage: Path) -> None:
     shutil.rmtree(st.runroot, ignore_errors=True)
 
 
+def unzip_floor(plan, paths: dict, dest: Path) -> float:
+    """The floor: every wheel of the plan unzipped into ``dest`` (then removed), timed."""
+    def unzip_all():
+        for w in plan.wheels:
+            subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(dest)], check=True)
+
+    t, _ = timed(unzip_all)
+    shutil.rmtree(dest)
+    return round(t, 1)
+
+
 def main_cli(args) -> int:
     lock_path = Path(args.lock).resolve()
     lock = lockmod.load(lock_path)
@@ -539,20 +542,15 @@ def main_cli(args) -> int:
             lk = plan.lock
             debian.fetch_debs(list(base.debs), cache_dir=cache / "debs",
                               mirrors=debian.mirror_list((lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR))
-        floor = work / "unzipped"
-
-        def unzip_all():
-            for w in plan.wheels:
-                subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(floor)], check=True)
-
-        t, _ = timed(unzip_all)
-        res["unzip_floor_s"] = round(t, 1)
-        shutil.rmtree(floor)
+        res["unzip_floor_s"] = unzip_floor(plan, paths, work / "unzipped")
 
         runs: dict = {}
-        for name, as_json in (("warm_cache", False), ("warm_cache_json", True)):
+        # a local build keeps its layers uncompressed (docs/build.md, "Which digest"); the last run
+        # names --compression zstd, compressing them as a push would, for the comparison
+        for name, as_json, extra in (("warm_cache", False, ()), ("warm_cache_json", True, ()),
+                                     ("warm_cache_zstd_json", True, ("--compression", "zstd"))):
             st = storage()
-            runs[name] = cli_build(lock_path, cache, st, as_json=as_json)
+            runs[name] = cli_build(lock_path, cache, st, as_json=as_json, extra=extra)
             drop_storage(st)
         st = storage()
         runs["warm_cache_in_process"] = in_process_build(lock, cache, st)
@@ -567,7 +565,7 @@ def main_cli(args) -> int:
             if res["unzip_floor_s"] and "wall_s" in row:
                 row["x_unzip_floor"] = round(row["wall_s"] / res["unzip_floor_s"], 2)
         res["runs"] = runs
-        digests = {r.get("digest") for r in runs.values() if r.get("digest")}
+        digests = {r.get("digest") for name, r in runs.items() if r.get("digest") and "zstd" not in name}
         res["one_digest"] = len(digests) == 1
     finally:
         for st in storages:

@@ -11,6 +11,11 @@ In one storage root and one cache (under a temp dir, removed at the end):
   warm X          envspec build --push --compression X again, to another fresh registry: the
                   layers and their compressed blobs come from the cache, only the push is left
   build, none     envspec build --no-cache without push or compression: what the layers cost
+  after local     the users' flow since local builds keep their layers uncompressed (docs/build.md,
+                  "Which digest"): `envspec build LOCK` (nothing named: no compression), then
+                  `envspec build LOCK --push REF`, once with the background compression off (the
+                  push compresses what it carries) and once with it on, the push started after the
+                  background job ended (its seconds reported apart)
 Bytes stored: `du -sb` of each registry's data directory. Each run's seconds are wall-clock of
 the CLI as a user runs it. The machine's load is recorded: on a shared machine the numbers are noisy.
 """
@@ -34,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
 
-from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+from _common import emit, wait_gone  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
 
 
 def du(path: Path) -> int:
@@ -49,6 +54,40 @@ def envspec(lock: str, env: dict[str, str], *args: str) -> tuple[float, dict]:
     if cp.returncode != 0:
         raise SystemExit(f"envspec build {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
     return dt, json.loads(cp.stdout)
+
+
+def after_local(lock: str, env: dict[str, str], cache: Path, registry) -> list[dict]:
+    """A local build, then a push of it: with the background compression off, then on."""
+    from envspec.build.compress import Compression
+
+    rows = []
+    off = {**env, "ENVSPEC_BACKGROUND_COMPRESS": "off"}
+    dt, local = envspec(lock, off, "--no-cache")
+    assert local["compression"] == "none", local["compression"]
+    rows.append({"what": "envspec build --no-cache (local: layers kept uncompressed)", "seconds": dt,
+                 "digest": local["digest"]})
+    print(json.dumps(rows[-1]), flush=True)
+    addr, data = registry("after-local-off")
+    dt, out = envspec(lock, off, "--tag", "", "--push", f"{addr}/bench/img:after-local")
+    rows.append({"what": "envspec build --push after it, background compression off (compressed while pushing)",
+                 "seconds": dt, "bytes": du(data), "digest": out["digest"]})
+    print(json.dumps(rows[-1]), flush=True)
+    for p in (cache / "layers").glob(f"*.{Compression('zstd').id}.*"):  # the cache as that local build left it
+        p.unlink()
+    on = {**env, "ENVSPEC_BACKGROUND_COMPRESS": "on"}
+    t = time.monotonic()
+    dt, local = envspec(lock, on, "--no-cache")
+    bg = local["background_compress"]
+    wait_gone(bg["pid"])
+    rows.append({"what": "envspec build --no-cache, and the background compression it starts", "seconds": dt,
+                 "background_done_s": round(time.monotonic() - t, 1)})
+    print(json.dumps(rows[-1]), flush=True)
+    addr, data = registry("after-local-on")
+    dt, again = envspec(lock, on, "--tag", "", "--push", f"{addr}/bench/img:after-local")
+    rows.append({"what": "envspec build --push after it, the background compression done", "seconds": dt,
+                 "bytes": du(data), "digest": again["digest"], "same_digest": again["digest"] == out["digest"]})
+    print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def main() -> int:
@@ -77,6 +116,9 @@ def main() -> int:
 
         dt, _ = envspec(args.lock, env, "--compression", "none", "--no-cache", "--tag", "")
         rows.append({"what": "envspec build --no-cache, no push, none", "seconds": dt})
+
+        if "zstd" in args.compression.split(","):
+            rows.extend(after_local(args.lock, env, base / "cache", registry))
 
         addr, data = registry("podman")
         t = time.monotonic()

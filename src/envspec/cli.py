@@ -378,7 +378,9 @@ def cmd_build(args) -> int:
                          "image pushed before; push from one build, check from another")
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
                            sign_key=sign_key, lock_path=_rel(lock_path), cache_from=cache_from, cache_to=cache_to,
-                           compression=args.compression or DEFAULT_COMPRESSION)
+                           compression=args.compression or DEFAULT_COMPRESSION,
+                           # named, or for --check-digest's comparison with a pushed image: compressed now
+                           compress=True if (args.compression or args.check_digest) else None)
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
         return EXIT_OK
@@ -390,15 +392,49 @@ def cmd_build(args) -> int:
         built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
+    background = _compress_in_background(built, lock_path, host.cache_dir)
     if args.json:
-        _print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host)})
+        _print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host),
+                                       "background_compress": background})
     elif not args.quiet:
         con = _console()
         for line in _built_lines(built, host, lock, target=args.target):
             con.print(line, markup=False)
+        if background:
+            con.print(f"compressing its layers for a later push, in the background at the lowest priority (pid "
+                      f"{background['pid']}, log {background['log']}; ENVSPEC_BACKGROUND_COMPRESS=off: not)",
+                      markup=False)
     else:
         _console().print(built.digest, markup=False)
     return EXIT_OK
+
+
+def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
+    """After a build that kept its layers uncompressed (nothing carried them: ``build.compress_now``),
+    `envspec cache compress LOCK` in a process of its own, at the lowest CPU and I/O priority, so that
+    a later push or OCI output of the lock finds the compressed blobs; a push started before it
+    ends waits for the layer it is compressing, never compresses one twice. Off with
+    ENVSPEC_BACKGROUND_COMPRESS=off (or 0/no/false). Returns its pid, log and command, or None."""
+    import shutil
+    import subprocess
+
+    if not built.image or built.compression == built.carried_compression:
+        return None
+    if os.environ.get("ENVSPEC_BACKGROUND_COMPRESS", "on").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    argv = [sys.executable, "-m", "envspec", "cache", "compress", str(Path(lock_path).resolve()),
+            "--compression", built.carried_compression]
+    low = ([*(["ionice", "-c", "3"] if shutil.which("ionice") else []), "nice", "-n", "19"]
+           if shutil.which("nice") else [])
+    log = Path(cache_dir) / "compress.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([*low, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+    except OSError:  # a push then compresses them itself
+        return None
+    return {"pid": proc.pid, "log": str(log), "command": argv}
 
 
 def _cache_refs(args, spec_sources) -> tuple[str, str]:
@@ -463,12 +499,37 @@ def _check_digest(args, built) -> int:
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
+def _cache_compress(args, cache) -> int:
+    """`envspec cache compress LOCK`: the compressed blobs of the lock's cached layers, made now."""
+    from envspec import lock as lockmod
+    from envspec.build import compress_layers
+    from envspec.build.compress import compression
+    from envspec.plan import make_plan
+
+    import time
+    from dataclasses import asdict
+
+    started = time.monotonic()
+    made = compress_layers(make_plan(lockmod.load(Path(args.lock))), cache, compression(args.compression))
+    seconds = time.monotonic() - started
+    if args.json:
+        _print_json({"lock": args.lock, "compression": args.compression, "seconds": round(seconds, 3),
+                     "layers": [asdict(lay) for lay in made]})
+    else:
+        _console().print(f"compressed {len(made)} layers ({sum(lay.diff_size for lay in made) / 1e6:.1f} MB -> "
+                         f"{sum(lay.size for lay in made) / 1e6:.1f} MB {args.compression}) in {seconds:.1f} s",
+                         markup=False)
+    return EXIT_OK
+
+
 def cmd_cache(args) -> int:
     from envspec.build import cachegc
     from envspec.build.fetch import Cache
     from envspec.host import cache_dir_for
 
     cache = Cache(cache_dir_for(os.environ))
+    if args.cache_cmd == "compress":
+        return _cache_compress(args, cache)
     if args.cache_cmd != "gc":
         entries = cachegc.scan(cache)
         info = cachegc.summary(cache, entries)
@@ -574,7 +635,10 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     lines = [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
              + (f", {local} from the cache" if local else "")
              + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
-             f"digest {built.digest}"]
+             f"digest {built.digest}" + ("" if built.compression == built.carried_compression else
+                                          " (its layers uncompressed, as the store keeps them; a push carries them "
+                                          "compressed, under another digest: docs/build.md, \"Which digest\")"),
+             f"image id {built.config_digest}"]
     if built.cached_to:
         lines.append(f"pushed {len(built.cached_to)} layers to the layer cache {built.cache_to}")
     lines += [f"written to {dest}" for dest in built.outputs]
@@ -730,8 +794,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the image here (repeatable)")
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
     s.add_argument("--compression", choices=("zstd", "gzip", "none"),
-                   help="of the layers that --push and --output oci:/oci-archive: carry (default zstd; gzip for "
-                        "docker < 23; docs/build.md)")
+                   help="of the layers that --push, --output oci:/oci-archive: and --cache-to carry (default zstd; "
+                        "gzip for docker < 23); named, it also compresses a local build's layers, to report the digest "
+                        "a push would have (docs/build.md, \"Which digest\")")
     s.add_argument("--sign-by-sigstore-private-key", metavar="PATH",
                    help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)")
     s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")
@@ -778,6 +843,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-size", metavar="SIZE",
                    help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
     c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    c.add_argument("--json", action="store_true")
+    c = csub.add_parser("compress", help="make the compressed blobs of a lock's cached layers now, so that a push "
+                                         "need not (a local build starts this in the background)")
+    c.add_argument("lock", metavar="LOCK")
+    c.add_argument("--compression", choices=("zstd", "gzip"), default="zstd")
     c.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_cache, cache_cmd=None)
 

@@ -512,9 +512,13 @@ def test_cli_build_reports_its_phases_and_ends_saying_where_the_image_is_and_how
                         text=True, timeout=600)
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
-    assert lines[0].startswith(f"built {built['image']} in ") and lines[1] == f"digest {built['digest']}"
-    assert lines[2].startswith(f"stored in containers-storage at {storage}")
-    listed = subprocess.run(shlex.split(lines[3].removeprefix("  list it: ")), capture_output=True, text=True,
+    assert lines[0].startswith(f"built {built['image']} in ")
+    # only tagged in the store: the uncompressed image's digest, said so (docs/build.md, "Which digest")
+    assert built["compression"] == "none" and built["digest"] == built["store_digest"]
+    assert lines[1].startswith(f"digest {built['digest']} (its layers uncompressed")
+    assert lines[2] == f"image id {built['config']}"
+    assert lines[3].startswith(f"stored in containers-storage at {storage}")
+    listed = subprocess.run(shlex.split(lines[4].removeprefix("  list it: ")), capture_output=True, text=True,
                             timeout=120)
     assert built["image"].rsplit(":", 1)[1] in listed.stdout
     assert f"envspec run {lock}" in cp.stdout and f"envspec run {lock} --no-mount -- envspec verify" in cp.stdout

@@ -150,3 +150,54 @@ def test_cli_gzip_push_reports_the_pushed_digest(tmp_path, debs, registry):
         assert m["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip" == lay["media_type"]
         blob = _registry_blob(data_dir, m["digest"])
         assert blob[:3] == MAGIC["gzip"] and "sha256:" + hashlib.sha256(gzip.decompress(blob)).hexdigest() == lay["diff_id"]
+
+
+def _wait_gone(pid: int, timeout: float = 300) -> None:
+    import time
+
+    end = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
+        try:  # reaped by init once the CLI that started it is gone; a zombie counts as ended
+            if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists(), f"the background compression {pid} still runs after {timeout} s"
+
+
+def test_a_local_build_is_uncompressed_and_compresses_in_the_background_for_the_push_after_it(tmp_path, debs, registry):
+    from conftest import private_storage
+
+    addr, _ = registry
+    cache = _cache(tmp_path, debs, "cache")
+    with private_storage(tmp_path / "storage"):
+        env = {**os.environ, "ENVSPEC_CACHE": str(cache), "PYTHONPATH": str(REPO / "src"),
+               "ENVSPEC_BACKGROUND_COMPRESS": "on"}
+        cp = subprocess.run([sys.executable, "-m", "envspec", "build", str(LOCK), "--no-cache", "--json"],
+                            capture_output=True, text=True, env=env, timeout=900)
+        assert cp.returncode == 0, cp.stderr[-3000:]
+        local = json.loads(cp.stdout)
+        # only tagged in the store: no compression, the store's digest, and the layers' blobs made after it
+        assert (local["compression"], local["carried_compression"]) == ("none", "zstd")
+        assert local["digest"] == local["store_digest"]
+        assert all(lay["digest"] == lay["diff_id"] for lay in local["layers"])
+        bg = local["background_compress"]
+        assert bg["command"][-4:] == ["compress", str(LOCK.resolve()), "--compression", "zstd"]
+        _wait_gone(bg["pid"])
+        cacheable = [lay for lay in local["layers"] if lay["group"] != "envspec"]
+        assert f"compressed {len(cacheable)} layers" in Path(bg["log"]).read_text()
+        assert len(list((cache / "layers").glob("*.tar.zst"))) == len(cacheable)
+        dry = subprocess.run([sys.executable, "-m", "envspec", "build", str(LOCK), "--push", f"{addr}/envspec/small:bg",
+                              "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+        assert dry.returncode == 0, dry.stderr[-2000:]
+        rows = [r for r in json.loads(dry.stdout)["layers"] if r["group"] != "envspec"]
+        assert rows and all(r["cached"] and r["compressed"] for r in rows)
+        pushed = subprocess.run([sys.executable, "-m", "envspec", "build", str(LOCK), "--push", f"{addr}/envspec/small:bg",
+                                 "--json", "--tag", ""], capture_output=True, text=True, env=env, timeout=900)
+        assert pushed.returncode == 0, pushed.stderr[-3000:]
+        out = json.loads(pushed.stdout)
+        assert out["compression"] == "zstd" and out["store_digest"] == local["store_digest"]
+        assert out["background_compress"] is None and out["config"] == local["config"]
+    fresh = _build_in_own_store(tmp_path, debs, "fresh", compress=True)  # compressed while made, elsewhere
+    assert fresh.digest == out["digest"] == "sha256:" + hashlib.sha256(_raw(f"docker://{addr}/envspec/small:bg")).hexdigest()

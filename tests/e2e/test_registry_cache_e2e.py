@@ -90,7 +90,9 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
         env_b = {**machine(base, "b"), "ENVSPEC_CACHE_FROM": cache_ref}
         b = built(envspec(env_b, reg))
         assert sources(b) == {**{lay["group"]: "registry" for lay in cacheable}, "envspec": "made"}
-        assert b["digest"] == a["digest"] and b["store_digest"] == a["store_digest"]
+        # a local build: the image as the store holds it (uncompressed); A pushed the cache, so compressed
+        assert (b["compression"], a["compression"]) == ("none", "zstd")
+        assert b["digest"] == b["store_digest"] == a["store_digest"] and b["config"] == a["config"]
         assert b["cache"] == {"from": cache_ref, "to": "", "pushed": []}
         assert [lay["diff_id"] for lay in b["layers"]] == [lay["diff_id"] for lay in a["layers"]]
         run = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
@@ -121,7 +123,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     # machine C: both layers made here, with a warning naming each entry; the same digest still
     with private_storage(tmp_path / "storage-c"):
         env_c = machine(base, "c")
-        cp = envspec(env_c, reg, "--cache-from", cache_ref)
+        cp = envspec(env_c, reg, "--cache-from", cache_ref, "--compression", "zstd")  # named: compressed, as A's
         c = built(cp)
     assert sources(c)[damaged["group"]] == "made" and sources(c)[lying["group"]] == "made"
     assert c["digest"] == a["digest"]

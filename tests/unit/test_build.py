@@ -62,8 +62,12 @@ def test_build_makes_every_layer_then_tags_last(env):
     assert eng.calls[-1][0] == "import_image" and eng.calls[-1][2] == img.image
     assert eng.images[img.image] == img.store_digest  # the store holds the uncompressed layers
     assert ("committing", img.image) in rep.events
-    assert img.compression == "zstd" and img.digest != img.store_digest  # pushes carry zstd blobs
-    assert all(lay.digest != lay.diff_id and lay.size < lay.diff_size for lay in img.layers)
+    # only tagged in the store: its layers stay uncompressed, as the store keeps them (compress_now)
+    assert img.compression == "none" and img.digest == img.store_digest
+    assert all(lay.digest == lay.diff_id and lay.size == lay.diff_size for lay in img.layers)
+    pushed, _, _ = _build(lock, mirrors, tmp / "cache", push="registry.example/x:1")
+    assert pushed.compression == "zstd" and pushed.digest != pushed.store_digest == img.store_digest  # pushes carry zstd blobs
+    assert all(lay.digest != lay.diff_id and lay.size < lay.diff_size for lay in pushed.layers)
 
 
 def test_compression_none_keeps_the_uncompressed_layers(env):

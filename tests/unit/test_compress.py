@@ -131,15 +131,15 @@ def test_oci_output_carries_the_compressed_blobs(env, name):
 
 def test_two_caches_same_compressed_digest_and_a_rebuild_does_not_recompress(env, monkeypatch):
     lock, mirrors, tmp = env
-    a = _build(lock, mirrors, tmp / "c1", no_cache=True)
-    b = _build(lock, mirrors, tmp / "c2", no_cache=True)
+    a = _build(lock, mirrors, tmp / "c1", no_cache=True, compress=True)
+    b = _build(lock, mirrors, tmp / "c2", no_cache=True, compress=True)
     assert a.digest == b.digest and [lay.digest for lay in a.layers] == [lay.digest for lay in b.layers]
     blobs = sorted((tmp / "c1" / "layers").glob("*.tar.zst"))
     assert len(blobs) == 4  # every cached layer (not the envspec one, always made)
     before = {p: p.stat().st_ino for p in blobs}
     calls = []
     monkeypatch.setattr("envspec.build.compress_file", lambda *a: calls.append(a))
-    again = _build(lock, mirrors, tmp / "c1")
+    again = _build(lock, mirrors, tmp / "c1", compress=True)
     assert again.digest == a.digest and not calls
     assert {p: p.stat().st_ino for p in blobs} == before
 
@@ -148,10 +148,10 @@ def test_a_layer_cached_without_this_compressor_is_compressed_once(env):
     lock, mirrors, tmp = env
     plain = _build(lock, mirrors, tmp / "cache", compression="none")
     assert not list((tmp / "cache" / "layers").glob("*.tar.*"))
-    gz = _build(lock, mirrors, tmp / "cache", compression="gzip")
+    gz = _build(lock, mirrors, tmp / "cache", compression="gzip", compress=True)
     assert all(lay.cached for lay in gz.layers[:-1]) and gz.store_digest == plain.store_digest
     assert len(list((tmp / "cache" / "layers").glob("*.tar.gz"))) == 4
-    fresh = _build(lock, mirrors, tmp / "other", compression="gzip", no_cache=True)
+    fresh = _build(lock, mirrors, tmp / "other", compression="gzip", no_cache=True, compress=True)
     assert fresh.digest == gz.digest  # compressed after the fact or while made: the same bytes
     metas = [json.loads(p.read_text()) for p in (tmp / "cache" / "layers").glob("*.gzip-*.json")]
     assert {m["compressor"] for m in metas} == {Compression("gzip").id}
@@ -161,5 +161,71 @@ def test_dry_run_says_the_compression(env):
     from envspec.build import preview
 
     lock, mirrors, tmp = env
-    summary = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip"))
+    summary = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", compress=True))
     assert summary["compression"] == "gzip"
+    local = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip"))
+    assert (local["compression"], local["carried_compression"]) == ("none", "gzip")  # nothing carries it
+    pushed = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", push="r.example/x:1"))
+    assert pushed["compression"] == "gzip"
+
+
+@pytest.mark.parametrize("kw, now", [
+    ({}, False),  # a local build: the store keeps the tars
+    ({"outputs": ("docker-archive:/tmp/x.tar",)}, False),  # a docker archive carries tars
+    ({"outputs": ("oci:/tmp/x",)}, True),
+    ({"outputs": ("docker-archive:/tmp/x.tar", "oci-archive:/tmp/x.tar")}, True),
+    ({"push": "r.example/x:1"}, True),
+    ({"cache_to": "r.example/cache"}, True),
+    ({"cache_from": "r.example/cache"}, False),  # its entries' blobs are kept, not made
+    ({"compress": True}, True),
+    ({"compress": False, "push": "r.example/x:1"}, False),
+])
+def test_compress_now_only_where_something_carries_the_layers(kw, now):
+    from envspec.build import compress_now
+
+    assert compress_now(BuildOptions(**kw)) is now
+
+
+def test_a_local_build_keeps_its_layers_uncompressed_and_a_push_of_it_compresses_them_once(env, monkeypatch):
+    lock, mirrors, tmp = env
+    local = _build(lock, mirrors, tmp / "cache")
+    assert (local.compression, local.carried_compression) == ("none", "zstd") and local.digest == local.store_digest
+    assert all(lay.digest == lay.diff_id and lay.size == lay.diff_size for lay in local.layers)
+    assert not list((tmp / "cache" / "layers").glob("*.tar.*"))  # no compressed blob made
+    out = tmp / "out"
+    carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
+    assert carried.compression == "zstd" and carried.store_digest == local.store_digest != carried.digest
+    assert carried.config_digest == local.config_digest  # one image ID, whichever form
+    fresh = _build(lock, mirrors, tmp / "other", no_cache=True, compress=True)
+    assert fresh.digest == carried.digest  # compressed after the fact or while made: the same bytes
+
+
+def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(env, monkeypatch):
+    import threading
+
+    from envspec.build import compress_layers
+
+    lock, mirrors, tmp = env
+    local = _build(lock, mirrors, tmp / "cache")
+    assert not list((tmp / "cache" / "layers").glob("*.tar.zst"))
+    made: list = []
+    threads = [threading.Thread(target=lambda: made.extend(compress_layers(make_plan(lock), Cache(tmp / "cache"),
+                                                                           Compression("zstd"))))
+               for _ in range(2)]  # two at once (a background one and `cache compress`): each layer once
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cacheable = [lay for lay in local.layers if lay.group != "envspec"]
+    assert sorted(lay.group for lay in made) == sorted(lay.group for lay in cacheable)
+    assert len(list((tmp / "cache" / "layers").glob("*.tar.zst"))) == len(cacheable)
+    assert compress_layers(make_plan(lock), Cache(tmp / "cache"), Compression("zstd")) == []  # nothing left
+    calls = []
+    real = compress.compress_file
+    monkeypatch.setattr("envspec.build.compress_file", lambda *a: calls.append(a[0]) or real(*a))
+    out = tmp / "out"
+    carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
+    assert calls == []  # every cached layer's blob was there; only the envspec layer, made while written
+    fresh = _build(lock, mirrors, tmp / "other", no_cache=True, compress=True)
+    assert carried.digest == fresh.digest
+    assert {lay.group: lay.digest for lay in made} == {lay.group: lay.digest for lay in fresh.layers if lay.group != "envspec"}

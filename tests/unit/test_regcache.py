@@ -202,22 +202,23 @@ def test_a_second_machine_takes_every_layer_from_the_registry(env):
     again, _ = _build(env, reg, "a", cache_to=REF)  # the registry has them: nothing pushed twice
     assert again.cached_to == () and set(_sources(again).values()) == {"local", "made"}
 
-    b, warns = _build(env, reg, "b", cache_from=REF)
+    b, warns = _build(env, reg, "b", cache_from=REF)  # a local build: the image the store holds, uncompressed
     assert not warns
     assert _sources(b) == {**{lay.group: "registry" for lay in cacheable}, "envspec": "made"}
-    assert (b.digest, b.store_digest) == (a.digest, a.store_digest)
+    assert b.compression == "none" and b.digest == b.store_digest == a.store_digest
     assert b.to_json()["layers"][0]["source"] == "registry"
-    c, _ = _build(env, reg, "b", cache_from=REF)  # now in b's own cache
-    assert {lay.source for lay in c.layers if lay.group != "envspec"} == {"local"} and c.digest == a.digest
+    c, _ = _build(env, reg, "b", cache_from=REF, compress=True)  # now in b's own cache, with the fetched blobs
+    assert {lay.source for lay in c.layers if lay.group != "envspec"} == {"local"}
+    assert (c.compression, c.digest, c.store_digest) == ("zstd", a.digest, a.store_digest)
 
 
 def test_a_registry_entry_of_another_compressor_is_recompressed_here(env):
     reg = FakeRegistry()
     a, _ = _build(env, reg, "a", cache_to=REF, compression="gzip")
-    b, _ = _build(env, reg, "b", cache_from=REF, compression="zstd")  # gzip entries are not zstd ones
+    b, _ = _build(env, reg, "b", cache_from=REF, compression="zstd", compress=True)  # gzip entries are not zstd ones
     assert set(_sources(b).values()) == {"made"}
     z, _ = _build(env, reg, "z", cache_to=REF, compression="zstd")
-    b2, _ = _build(env, reg, "b2", cache_from=REF, compression="zstd")
+    b2, _ = _build(env, reg, "b2", cache_from=REF, compression="zstd", compress=True)
     assert b2.digest == z.digest and "registry" in _sources(b2).values()
 
 
@@ -237,7 +238,7 @@ def test_damaged_and_lying_entries_are_warned_about_and_the_layers_made(env):
     team = layers["team"]  # the entry of another key under this key's tag
     reg.tags[f"{REF}:{tag_for(team.key, Compression('zstd'))}"] = reg.tags[f"{REF}:{tag_for(layers['base'].key, Compression('zstd'))}"]
 
-    b, warns = _build(env, reg, "b", cache_from=REF)
+    b, warns = _build(env, reg, "b", cache_from=REF, compress=True)
     assert b.digest == a.digest
     assert _sources(b) == {"base": "registry", "torch": "made", "deps": "made", "team": "made", "envspec": "made"}
     assert len(warns) == 3
@@ -254,7 +255,7 @@ def test_damaged_and_lying_entries_are_warned_about_and_the_layers_made(env):
 def test_an_unreachable_cache_warns_once_and_a_failed_cache_push_leaves_a_good_image(env):
     reg = FakeRegistry()
     reg.down = True
-    a, warns = _build(env, reg, "a", cache_from=REF)
+    a, warns = _build(env, reg, "a", cache_from=REF, compress=True)
     assert set(_sources(a).values()) == {"made"}
     assert len(warns) == 1 and "could not be read" in warns[0] and REF in warns[0]
     reg.down, reg.refuse_push = False, True

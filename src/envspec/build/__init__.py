@@ -46,7 +46,7 @@ from envspec.sources import Mirror
 if TYPE_CHECKING:
     from envspec.build.regcache import Entry, RegistryCache
 
-__all__ = ["build", "preview", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
+__all__ = ["build", "preview", "compress_layers", "compress_now", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
 
 
@@ -57,6 +57,9 @@ class BuildOptions:
     push: str | None = None
     no_cache: bool = False
     compression: str = DEFAULT_COMPRESSION  # of the layers that outputs and pushes carry: zstd, gzip, none
+    # compress the layers in this build: None = only where something carries them (a push, an
+    # oci:/oci-archive: output, --cache-to); a local build keeps them as the store does, uncompressed
+    compress: bool | None = None
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
     sign_key: SigningKey | None = None  # signs the pushed image and its attestations (build/attest.py)
@@ -135,7 +138,8 @@ class BuiltImage:
     outputs: tuple[str, ...] = ()
     attached: tuple[str, ...] = ()  # the attestations and signature pushed beside the image
     store_digest: str = ""  # the manifest digest in containers-storage (uncompressed layers)
-    compression: str = "none"
+    compression: str = "none"  # of the layers ``digest`` names ("none": kept uncompressed, ``compress_now``)
+    carried_compression: str = ""  # of the layers a push or an OCI output of this lock carries
     phases: tuple[Phase, ...] = ()  # what the build spent its time on, in the order the phases ended
     seconds: float = 0.0  # the whole build
     cache_from: str = ""
@@ -148,6 +152,7 @@ class BuiltImage:
             "digest": self.digest,
             "store_digest": self.store_digest or self.digest,
             "compression": self.compression,
+            "carried_compression": self.carried_compression or self.compression,
             "config": self.config_digest,
             "layers": [asdict(lay) for lay in self.layers],
             "pushed": list(self.pushed),
@@ -187,9 +192,10 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
     _clean_stale_scratch()
-    comp = compression(options.compression)
+    wanted = compression(options.compression)
+    comp = wanted if compress_now(options) else compression("none")
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock)
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted)
     layers.compiler = compiler
     rc = registry_cache or _registry_cache(engine, options)
     store = engine.storage_cli() if ref else None
@@ -258,7 +264,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         in_use.release()
     return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
                       pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
-                      compression=comp.name, phases=tuple(clock.phases), seconds=clock.elapsed(),
+                      compression=comp.name, carried_compression=wanted.name, phases=tuple(clock.phases), seconds=clock.elapsed(),
                       cache_from=rc.cache_from if rc else "", cache_to=rc.cache_to if rc else "", cached_to=cached_to)
 
 
@@ -267,8 +273,9 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
     plan, _ = _bytecode_compiler(plan, Reporter())
-    comp = compression(options.compression)
-    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp)
+    wanted = compression(options.compression)
+    comp = wanted if compress_now(options) else compression("none")
+    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp, cache_comp=wanted)
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
     debs = [d for lay in layers.todo for d in lay.debs]
     engine = RecordingEngine()
@@ -294,9 +301,67 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
                         "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
     summary["compression"] = comp.name
+    summary["carried_compression"] = wanted.name
     summary["cache"] = {"from": options.cache_from, "to": options.cache_to}  # not asked in a dry run
     summary["engine"] = [[str(a) for a in call] for call in engine.calls]
     return summary
+
+
+def compress_now(options: BuildOptions) -> bool:
+    """Whether this build compresses its layers: where asked (``options.compress``), else where a
+    push, an ``oci:``/``oci-archive:`` output or a registry layer cache (``cache_to``) carries
+    them. containers-storage keeps layers uncompressed, so a build that only tags an image there
+    (or writes a docker archive, which carries tars) skips the compression, a third of a cold
+    build's time on two cores (docs/benchmarks.md); its digest is then the manifest digest of the
+    uncompressed image, the one the store holds, and a push of the same lock reports another
+    (docs/build.md, "Which digest")."""
+    if options.compress is not None:
+        return options.compress
+    return bool(options.push or options.cache_to
+                or any(dest.startswith(("oci:", "oci-archive:")) for dest in options.outputs))
+
+
+def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: Reporter | None = None) -> list[LayerInfo]:
+    """The compressed blobs of the plan's cached layers that have none of ``comp`` yet, made and
+    kept in the cache (``envspec cache compress``; after a local build, in the background), so that
+    a later push or OCI output of the lock does not compress them. Layers not in the cache are
+    left alone (a build makes them). Each layer is compressed under its cache lock and looked
+    for again there, so two of these, or one beside a build's ``compress_cached``, compress a
+    layer once. Returns the layers whose blobs this call made."""
+    if comp.name == "none":
+        return []
+    reporter = reporter or Reporter()
+    plan, _ = _bytecode_compiler(plan, reporter)
+    in_use = cache.in_use()  # `envspec cache gc` waits for it
+    work = cache.workdir()
+    made: list[LayerInfo] = []
+    try:
+        for lay in plan.layers:
+            meta = _cached_meta(cache, lay) if lay.cacheable else None
+            if meta is None or _cached_blob(cache, lay, comp) is not None:
+                continue
+            blob, new = _compress_layer(cache, lay, comp, work)
+            if new:
+                info = _info(lay, {**meta, "blob": blob, "cached": True, "source": "local"})
+                made.append(info)
+                reporter.layer_built(info)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        in_use.release()
+    return made
+
+
+def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path) -> tuple[dict[str, Any], bool]:
+    """The cached layer's blob of ``comp``: found (made meanwhile by another process) or made
+    now from its tar, under the layer's lock; and whether it was made here."""
+    with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
+        found = _cached_blob(cache, lay, comp)
+        if found is not None:
+            return found, False
+        work.mkdir(parents=True, exist_ok=True)
+        tmp = work / f"{lay.group}.tar{comp.suffix}"
+        digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp)
+        return _store_blob(cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}), True
 
 
 # --- the steps ------------------------------------------------------------------------------------
@@ -306,8 +371,12 @@ class Layers:
     future that the importer waits on."""
 
     def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
-                 comp: Compression = Compression("none"), clock: Clock | None = None) -> None:
+                 comp: Compression = Compression("none"), clock: Clock | None = None,
+                 cache_comp: Compression | None = None) -> None:
         self.plan, self.cache, self.work, self.reporter, self.comp = plan, cache, work, reporter, comp
+        # the compression of the registry cache's entries (``--cache-from``): the one asked for,
+        # also where this build keeps its layers uncompressed (``compress_now``)
+        self.cache_comp = cache_comp or comp
         self.clock = clock or Clock(reporter)
         self.metas: dict[str, dict[str, Any]] = {}
         self.futures: dict[str, Future[dict[str, Any]]] = {}
@@ -342,15 +411,12 @@ class Layers:
 
     def compress_cached(self) -> None:
         """Compress the cached layers that have no blob of this compressor yet (made before, or
-        with another compression); a rebuild with the same compression finds them."""
+        with another compression, or by a local build that kept them uncompressed); a rebuild
+        with the same compression finds them. One that ``compress_layers`` (another process) is
+        compressing now is waited for, not compressed twice."""
         for lay in self.plan.layers:
-            if lay.key not in self.to_compress:
-                continue
-            tmp = self.work / f"{lay.group}.tar{self.comp.suffix}"
-            digest, size = compress_file(self.path(lay), tmp, self.comp)
-            with self.cache.locked("layer-" + lay.key.split(":", 1)[-1]):
-                self.metas[lay.key]["blob"] = _store_blob(self.cache, lay, self.comp,
-                                                          {"digest": digest, "size": size, "path": str(tmp)})
+            if lay.key in self.to_compress:
+                self.metas[lay.key]["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work)
         self.to_compress.clear()
 
     def lookup_registry(self, rc: "RegistryCache") -> dict[str, "Entry"]:
@@ -366,7 +432,7 @@ class Layers:
             if unavailable:
                 return None
             try:
-                return rc.lookup(lay.key, self.comp)
+                return rc.lookup(lay.key, self.cache_comp)
             except Unavailable as e:
                 unavailable.append(str(e))
             except BadEntry as e:
@@ -387,7 +453,7 @@ class Layers:
     def _bad_entry(self, rc: "RegistryCache", lay: Layer, e: Exception) -> None:
         from envspec.build.regcache import tag_for
 
-        self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.comp)} not used: {e}; "
+        self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.cache_comp)} not used: {e}; "
                               f"making the {lay.group} layer here")
 
     def fetch_registry(self, rc: "RegistryCache", entries: dict[str, "Entry"]) -> None:
@@ -402,8 +468,10 @@ class Layers:
             start = time.monotonic()
             d = Path(tempfile.mkdtemp(prefix="regcache-", dir=self.work))
             try:
-                blob = rc.fetch(entries[lay.key], d, d / "layer.tar", self.comp)
-                meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entries[lay.key], self.comp)
+                blob = rc.fetch(entries[lay.key], d, d / "layer.tar", self.cache_comp)
+                meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entries[lay.key], self.cache_comp)
+                if self.comp.name == "none":  # the blob is kept in the cache for a later push; this image has the tar
+                    meta.pop("blob", None)
             except BadEntry as e:
                 self._bad_entry(rc, lay, e)
                 return False
