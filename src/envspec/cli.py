@@ -429,7 +429,7 @@ def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
     log = Path(cache_dir) / "compress.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
+        with open(log, "wb") as out:  # the last one's
             proc = subprocess.Popen([*low, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True)
     except OSError:  # a push then compresses them itself
