@@ -202,7 +202,7 @@ def cmd_db(args: argparse.Namespace) -> int:
                       "resolution until cuda.toml / torch_variants.toml have the missing rows (docs/compat-db.md, "
                       "Refreshing)", markup=False)
         return code
-    db = load_db()
+    db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
     if args.json:
         _print_json(db.to_json())
         return EXIT_OK

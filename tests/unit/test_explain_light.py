@@ -85,3 +85,40 @@ def test_the_debian_package_still_exports_its_names_on_first_use(tmp_path):
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# Runs in the child: the CLI, then which of the compatibility DB's pydantic models built a schema.
+CHILD_SCHEMAS = """
+import contextlib, io, json, sys
+import envspec.compat.load as l, envspec.compat.model as m
+from envspec.cli import main
+
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(sys.argv[2:])
+built = [c.__name__ for c in (m.Variant, m.TorchRelease, m.CudaToolkit, m.Gpu, l._PypiRow, l._BuildRow,
+                              l._ToolkitRow, l._GpuRow) if c.__pydantic_complete__]
+with open(sys.argv[1], "w") as f:
+    json.dump({"rc": rc, "built": built, "stdout": out.getvalue()}, f)
+"""
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_explain_reads_the_checked_db_from_the_cache_and_builds_no_db_schema(json_out, tmp_path):
+    # the first run checks the DB's files (a cache miss: the row and DB models are built) and stores
+    # the result; the second reads it (docs/compat-db.md, "Loading"); both answer the same
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), ENVSPEC_CACHE=str(tmp_path / "cache"))
+    runs = []
+    for i in range(2):
+        report = tmp_path / f"run{i}.json"
+        argv = ["explain", "specs/h100.toml"] + (["--json"] if json_out else [])
+        proc = subprocess.run([sys.executable, "-c", CHILD_SCHEMAS, str(report), *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(report.read_text()))
+    cold, warm = runs
+    assert cold["rc"] == warm["rc"] == 0
+    assert "Variant" in cold["built"] and "_GpuRow" in cold["built"]
+    assert warm["built"] == []
+    assert warm["stdout"] == cold["stdout"] and "2.14" in warm["stdout"]
+    assert len(list((tmp_path / "cache" / "compat-db").glob("*.json"))) == 1

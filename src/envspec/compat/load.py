@@ -1,4 +1,5 @@
-"""Read the DB's data files, check them, and build a ``CompatDB``. Reports every problem at once."""
+"""Read the DB's data files, check them, and build a ``CompatDB``. Reports every problem at once.
+A DB checked before is read from the cache of checked DBs (``cache.py``) instead."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
 from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Gpu, TorchRelease,
                                   Variant)
@@ -30,7 +32,9 @@ FILES = {
 # ---- raw rows, as the files spell them ---------------------------------------------------------
 
 class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: the schema is built on the first check of a row, which a process that finds the
+    # DB in the cache (cache.py) never makes
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     if TYPE_CHECKING:
         # Every row type declares ``source`` itself, as its last field; said here for the type
         # checker only, since a field declared here would move to the front of every row's
@@ -324,15 +328,27 @@ def _build(root: Path) -> CompatDB:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(root: str) -> CompatDB:
-    return _build(Path(root))
+def _load_cached(root: str, validate: bool) -> CompatDB:
+    path, names = Path(root), [MANIFEST, *FILES]
+    key = cache.cache_key(path, names)
+    if key is not None and not validate:
+        db = cache.read(key)
+        if db is not None:
+            return db
+    db = _build(path)
+    if key is not None and cache.cache_key(path, names) == key:  # not changed while it was read
+        cache.write(key, db)
+    return db
 
 
-def load_db(path: Path | None = None) -> CompatDB:
+def load_db(path: Path | None = None, *, validate: bool = False) -> CompatDB:
     """The compatibility DB: the bundled data by default, or the data directory ``path`` (or its
-    ``db.toml``). Loaded once per directory and cached. Raises ``CompatDBError`` listing every problem
-    (file, row, what is wrong) on bad data or an unknown format."""
+    ``db.toml``). Loaded once per directory and cached. The files are checked (and ``CompatDBError``
+    raised listing every problem: file, row, what is wrong, on bad data or an unknown format) when
+    they are new to this envspec; a DB checked before, with the same bytes, is read from the cache of
+    checked DBs (``cache.py``). ``validate`` checks the files whatever the cache holds (the ``db``
+    commands, tests) and stores the result."""
     root = DATA_DIR if path is None else Path(path)
     if root.name == MANIFEST or root.suffix == ".toml":
         root = root.parent
-    return _load_cached(str(root.resolve()))
+    return _load_cached(str(root.resolve()), validate)
