@@ -1,4 +1,5 @@
-"""`envspec explain` is offline, pure and light: it starts no process, opens no connection, and does
+"""`envspec explain` is offline, pure and light: it starts no process, opens no connection, scans no
+installed package's entry points (pydantic's plugin discovery, turned off for explain), and does
 not import what only `lock`, `build` or `db refresh` need (the Debian fetcher, closure and root
 filesystem builder, the package-index client, host probes, rich, jinja2, the lock and Debian pin
 models). Each case runs the real
@@ -37,6 +38,13 @@ subprocess.Popen.__init__ = refuse
 socket.socket.connect = refuse
 socket.create_connection = refuse
 
+import importlib.metadata
+
+def no_scan(*args, **kwargs):  # pydantic's plugin discovery: explain turns it off (PYDANTIC_DISABLE_PLUGINS)
+    raise AssertionError("envspec explain must not scan the installed packages' entry points")
+
+importlib.metadata.entry_points = no_scan
+
 from envspec.cli import main
 
 rc = main(sys.argv[2:])
@@ -61,6 +69,7 @@ def test_explain_imports_nothing_heavy_and_runs_nothing(argv, code, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "must not start a process" not in proc.stdout + proc.stderr
+    assert "must not scan" not in proc.stdout + proc.stderr
     data = json.loads(report.read_text())
     assert data["rc"] == code, proc.stdout + proc.stderr
     assert proc.stdout.strip() or proc.stderr.strip()  # it did answer
