@@ -9,7 +9,10 @@ with PYTHONPATH set to the tree's src/, so imports count. On a shared machine wa
 with the load; the CPU time of the child (user + system, from ``os.times()``) and the ratio of the
 two trees measured alternately are the steadier figures. Bytecode is cached as an installed
 envspec has it (a private PYTHONPYCACHEPREFIX per tree, filled by one untimed run each) unless
-``--no-bytecode``. Prints a Markdown table for docs/benchmarks.md and the load average.
+``--no-bytecode``. That untimed run also fills envspec's cache of the checked compatibility DB
+(``<cache>/compat-db/``, docs/compat-db.md, "Loading") where the tree has one, as any earlier
+envspec command on the machine would have: the timed runs are a user's second and later explain.
+Prints a Markdown table for docs/benchmarks.md and the load average.
 """
 
 from __future__ import annotations
