@@ -5,7 +5,7 @@ The DB's data files are project data, not user input: ``load.py`` reads them and
 the pydantic row models and the cross-checks whenever they change. What it built is then written
 here, as the JSON of ``CompatDB.to_json()``, under a key that is the sha256 of everything the
 result depends on: this file's format, the envspec and pydantic versions, the source of the modules
-that turn files into the DB (``load.py``, ``model.py``, ``arch.py``) and the name and bytes of each
+that turn files into the DB (``load.py``, ``rows.py``, ``model.py``, ``arch.py``) and the name and bytes of each
 data file. A later process with the same key builds the same models from the stored values with
 ``model_construct`` (pydantic's constructor for trusted, already validated data: no validation, no
 schema built), so the objects ``resolve`` gets are the DB's models with equal values
@@ -31,7 +31,7 @@ from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Varia
 CACHE_FORMAT = 1  # of the entry (header + payload); part of the key
 KEEP = 8  # entries kept in the folder: the bundled DB under a few envspec versions, and data dirs
 SUBDIR = "compat-db"
-_CODE = ("load.py", "model.py", "arch.py")  # the modules whose code decides what a data file becomes
+_CODE = ("load.py", "rows.py", "model.py", "arch.py")  # the modules whose code decides what a data file becomes
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
 from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Gpu, TorchRelease,
                                   Variant)
 from envspec.errors import CompatDBError
+
+if TYPE_CHECKING:
+    from envspec.compat.rows import Row
 
 FORMAT = 1  # the data format this code reads
 DATA_DIR = Path(__file__).parent / "data"
@@ -29,68 +32,7 @@ FILES = {
 }
 
 
-# ---- raw rows, as the files spell them ---------------------------------------------------------
-
-class _Row(BaseModel):
-    # defer_build: the schema is built on the first check of a row, which a process that finds the
-    # DB in the cache (cache.py) never makes
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-    if TYPE_CHECKING:
-        # Every row type declares ``source`` itself, as its last field; said here for the type
-        # checker only, since a field declared here would move to the front of every row's
-        # fields (and of the order pydantic reports a row's problems in).
-        source: str
-
-
-_R = TypeVar("_R", bound=_Row)
-
-
-class _PypiRow(_Row):
-    version: str
-    python: list[str]
-    python_freethreaded: list[str] = []
-    pypi_variant: str
-    cuda: str
-    cuda_pin: str = ""
-    cudnn: str
-    nccl: str
-    wheel: str = ""
-    needs_review: list[str] = []
-    source: str
-
-
-class _BuildRow(_Row):
-    torch: str
-    variant: str
-    cuda: str
-    cudnn: str
-    nccl: str
-    arch_list: list[str]
-    source: str
-
-
-class _ToolkitRow(_Row):
-    version: str
-    driver_strict: str
-    driver_compat: str
-    archs: list[str]
-    estimated: list[str] = []
-    source: str
-
-
-class _GpuRow(_Row):
-    name: str
-    aliases: list[str] = []
-    cc: str
-    memory_gib: float | None = None
-    bf16_tflops: float | None = None
-    tf32_tflops: float | None = None
-    mem_bw_gbs: float | None = None
-    min_driver: str = ""
-    min_driver_source: str = ""
-    host_arch: list[str]
-    host_arch_source: str = ""
-    source: str
+_R = TypeVar("_R", bound="Row")
 
 
 HOST_ARCHS = ("x86_64", "aarch64")
@@ -176,15 +118,19 @@ def _cuda_key(v: Variant) -> tuple:
 
 
 def _build(root: Path) -> CompatDB:
+    # the row models are imported here, on a cache miss: a process that reads a checked DB from the
+    # cache (cache.py) does not make them
+    from envspec.compat.rows import BuildRow, GpuRow, PypiRow, ToolkitRow
+
     problems = _Problems()
     manifest = _read(root, MANIFEST, problems)
     files = {name: _read(root, name, problems) for name in FILES}
     problems.raise_if_any(root)
 
-    pypi_rows = _rows(files["torch_pypi.toml"], "release", _PypiRow, "torch_pypi.toml", problems, "version")
-    build_rows = _rows(files["torch_variants.toml"], "build", _BuildRow, "torch_variants.toml", problems, "variant")
-    tk_rows = _rows(files["cuda.toml"], "toolkit", _ToolkitRow, "cuda.toml", problems, "version")
-    gpu_rows = _rows(files["gpus.toml"], "gpu", _GpuRow, "gpus.toml", problems, "name")
+    pypi_rows = _rows(files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version")
+    build_rows = _rows(files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant")
+    tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
+    gpu_rows = _rows(files["gpus.toml"], "gpu", GpuRow, "gpus.toml", problems, "name")
 
     # -- CUDA toolkits
     toolkits: dict[str, CudaToolkit] = {}
@@ -232,7 +178,7 @@ def _build(root: Path) -> CompatDB:
         gpus.append(Gpu(**g.model_dump()))
 
     # -- torch variants (curated) and releases (generated)
-    builds: list[tuple[str, _BuildRow, SpecifierSet]] = []
+    builds: list[tuple[str, BuildRow, SpecifierSet]] = []
     for where, b in build_rows:
         try:
             spec = SpecifierSet(b.torch)
