@@ -203,6 +203,19 @@ def test_a_cache_that_cannot_be_written_is_not_an_error(tmp_path, monkeypatch):
     assert blocker.read_text() == "not a folder"
 
 
+def test_no_home_folder_means_no_cache_not_an_error(monkeypatch):
+    # a container user with no HOME and no passwd entry: Path.home() raises RuntimeError
+    for var in ("ENVSPEC_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(var, raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    dbload._load_cached.cache_clear()
+    assert load_db().find_gpu("H100") is not None
+
+
 def test_only_the_newest_entries_are_kept(own_cache):
     db = dbload._build(DATA_DIR)
     for i in range(dbcache.KEEP + 3):

@@ -66,21 +66,24 @@ def _add(h: Any, name: str, data: bytes) -> None:
 
 def read(key: str, folder: Path | None = None) -> CompatDB | None:
     """The DB stored under ``key``, or None (no entry, or one that is not whole: it is ignored)."""
-    path = (folder or cache_dir()) / f"{key}.json"
     try:
+        path = (folder or cache_dir()) / f"{key}.json"
         blob = path.read_bytes()
         head, _, payload = blob.partition(b"\n")
         meta = json.loads(head)
         if meta.get("key") != key or meta.get("sha256") != hashlib.sha256(payload).hexdigest():
             return None
         return from_json(json.loads(payload))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # RuntimeError: no home folder to find the cache in (Path.home())
 
 
 def write(key: str, db: CompatDB, folder: Path | None = None) -> None:
     """Store ``db`` under ``key``, atomically; a cache that cannot be written is left as it is."""
-    folder = folder or cache_dir()
+    try:
+        folder = folder or cache_dir()
+    except RuntimeError:
+        return  # no home folder to put the cache in (Path.home())
     payload = json.dumps(db.to_json(), sort_keys=True, separators=(",", ":")).encode()
     head = json.dumps({"key": key, "sha256": hashlib.sha256(payload).hexdigest(), "format": CACHE_FORMAT}).encode()
     tmp = folder / f".{key}.{os.getpid()}.tmp"
