@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`envspec explain` of two source trees, alternately in the same minutes: wall and CPU time.
 
-    python bench/explain_ab.py OTHER_TREE [--spec specs/h100.toml] [--runs 9] [--json]
+    python bench/explain_ab.py OTHER_TREE [--spec specs/h100.toml] [--runs 9] [--json] [--instructions]
 
 OTHER_TREE is a checkout (or `git archive` copy) of envspec, e.g. main before a change; this
 tree is the one the script lives in. Each run is a new process, `python -m envspec explain SPEC`
@@ -9,13 +9,19 @@ with PYTHONPATH set to the tree's src/, so imports count. On a shared machine wa
 with the load; the CPU time of the child (user + system, from ``os.times()``) and the ratio of the
 two trees measured alternately are the steadier figures. Bytecode is cached as an installed
 envspec has it (a private PYTHONPYCACHEPREFIX per tree, filled by one untimed run each) unless
-``--no-bytecode``. Prints a Markdown table for docs/benchmarks.md and the load average.
+``--no-bytecode``. That untimed run also fills envspec's cache of the checked compatibility DB
+(``<cache>/compat-db/``, docs/compat-db.md, "Loading") where the tree has one, as any earlier
+envspec command on the machine would have: the timed runs are a user's second and later explain.
+``--instructions`` adds the instructions one run of each tree executes, counted by valgrind's
+callgrind (PYTHONHASHSEED=0; about 40 s a run), which the machine's load does not change.
+Prints a Markdown table for docs/benchmarks.md and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -38,6 +44,16 @@ def one(tree: Path, argv: list[str], env: dict) -> tuple[float, float]:
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
+def instructions(argv: list[str], env: dict) -> int | None:
+    if not shutil.which("valgrind"):
+        return None
+    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                           "-m", "envspec", *argv], cwd=ROOT, env=dict(env, PYTHONHASHSEED="0"),
+                          capture_output=True, text=True)
+    m = re.search(r"Collected : (\d+)", proc.stderr)
+    return int(m.group(1)) if m else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("other", type=Path, help="the tree to compare with (its src/ is put on PYTHONPATH)")
@@ -45,6 +61,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--json", action="store_true", help="measure `explain --json`")
     ap.add_argument("--no-bytecode", action="store_true", help="compile every module each run")
+    ap.add_argument("--instructions", action="store_true", help="also count instructions with valgrind (slow)")
     a = ap.parse_args()
     argv = ["explain", a.spec] + (["--json"] if a.json else [])
     trees = {"this tree": ROOT, f"{a.other}": a.other.resolve()}
@@ -65,17 +82,20 @@ def main() -> None:
         for name, tree in trees.items():
             res[name].append(one(tree, argv, envs[name]))
     load.append(os.getloadavg()[0])
+    counts = {name: instructions(argv, envs[name]) for name in trees} if a.instructions else {}
     shutil.rmtree(tmp)
     print(f"`envspec {' '.join(argv)}`, {a.runs} runs each, alternated; python {sys.version.split()[0]}; "
           f"cores: {os.cpu_count()}; bytecode: {'compiled each run' if a.no_bytecode else 'cached'}; "
           f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
     print()
-    print("| tree | wall median s | wall min s | wall max s | CPU median s | CPU min s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    extra = " instructions (M) |" if counts else ""
+    print("| tree | wall median s | wall min s | wall max s | CPU median s | CPU min s |" + extra)
+    print("| --- | --- | --- | --- | --- | --- |" + (" --- |" if counts else ""))
     for name, xs in res.items():
         wall, cpu = [w for w, _ in xs], [c for _, c in xs]
+        n = counts.get(name)
         print(f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {max(wall):.3f} | "
-              f"{statistics.median(cpu):.3f} | {min(cpu):.3f} |")
+              f"{statistics.median(cpu):.3f} | {min(cpu):.3f} |" + ((f" {n / 1e6:.0f} |" if n else " - |") if counts else ""))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ each time, so imports count), with the median CPU time (user + system) of those 
 development VM does) and the source tree has no __pycache__, every run compiles envspec's modules
 again, which an installed envspec (pip writes the .pyc files) never does; ``--bytecode`` measures
 as installed: the children may write their bytecode, into a private PYTHONPYCACHEPREFIX, that one
-untimed explain run fills (and the lock's first run, reported apart, fills for the rest). The
+untimed explain run fills (and the lock's first run, reported apart, fills for the rest); that run
+(or, without ``--bytecode``, the set-up's own load) also fills envspec's cache of the checked
+compatibility DB (docs/compat-db.md, "Loading"), as any earlier command would have. The
 first output line says which, and the load average. "uv alone" runs `uv pip compile` with the same
 requirements, platform, Python and indexes that envspec passes it, so the difference is envspec's
 own cost.

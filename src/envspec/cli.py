@@ -44,6 +44,10 @@ def _print_json(obj) -> None:
 # lock / explain / db
 
 def cmd_explain(args) -> int:
+    # pydantic's documented switch for its plugins: no discovery, which scans every installed package's
+    # entry points (about 1.5% of explain's time, docs/benchmarks.md); envspec's models are its own, and
+    # explain starts no process that could inherit the setting. A value the caller set is kept.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from envspec import explain
     from envspec.compat import load_db
     from envspec.resolve import choose
@@ -202,7 +206,7 @@ def cmd_db(args: argparse.Namespace) -> int:
                       "resolution until cuda.toml / torch_variants.toml have the missing rows (docs/compat-db.md, "
                       "Refreshing)", markup=False)
         return code
-    db = load_db()
+    db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
     if args.json:
         _print_json(db.to_json())
         return EXIT_OK

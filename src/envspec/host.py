@@ -34,6 +34,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Collection, Literal, Mapping, Protocol, Sequence
 
+from envspec.cachedir import cache_dir_for  # the one rule, kept light for explain; re-exported here
+
 Cgroup = Literal["v2", "hybrid", "v1"]
 Ask = Literal["buildah info", "versions", "nvidia-smi", "docker info"]
 ASK_ALL: frozenset[Ask] = frozenset({"buildah info", "versions", "nvidia-smi", "docker info"})  # what doctor reports
@@ -301,16 +303,6 @@ class Host:
 
 # ---------------------------------------------------------------------------------------
 # rules shared with code that does not need a whole Host
-
-def cache_dir_for(env: Mapping[str, str]) -> Path:
-    """envspec's cache: ``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``, else ``~/.cache/envspec``."""
-    if env.get("ENVSPEC_CACHE"):
-        return Path(env["ENVSPEC_CACHE"])
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]) / "envspec"
-    home = env.get("HOME")
-    return (Path(home) if home else Path.home()) / ".cache" / "envspec"
-
 
 def find_put_layer(env: Mapping[str, str] | None = None) -> str | None:
     """envspec's own layer import tool (``build/putlayer/main.go``, built by ``scripts/dev.sh

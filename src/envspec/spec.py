@@ -31,6 +31,9 @@ PLATFORM_NAMES = ("linux-x86_64", "linux-aarch64")  # what [target].platforms ac
 
 
 class _Model(BaseModel):
+    # Lists and tables default to plain values, not ``default_factory=list``: pydantic copies a
+    # mutable default for each model, and each factory costs a signature inspection (of ``list``,
+    # through the tokenizer) when the class is made, on every `envspec explain`.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, str_strip_whitespace=True)
 
 
@@ -47,10 +50,10 @@ def _check_requirements(values: list[str]) -> list[str]:
 
 
 class Target(_Model):
-    gpus: list[str] = Field(default_factory=list, description="GPU models or sm_XY the image must run on")
+    gpus: list[str] = Field(default=[], description="GPU models or sm_XY the image must run on")
     driver: str | None = Field(default=None, description="the oldest NVIDIA driver on the hosts")
     driver_policy: Literal["compat", "strict"] = "compat"
-    platforms: list[str] = Field(default_factory=list,
+    platforms: list[str] = Field(default=[],
                                  description="'linux-x86_64' or 'linux-aarch64'; default from the GPUs (x86_64 without GPUs)")
 
     @field_validator("driver")
@@ -65,8 +68,8 @@ class Target(_Model):
 
 class Python(_Model):
     version: str = "3.11"
-    packages: list[str] = Field(default_factory=list)
-    constraints: list[str] = Field(default_factory=list, description="pins applied without requesting")
+    packages: list[str] = []
+    constraints: list[str] = Field(default=[], description="pins applied without requesting")
 
     @field_validator("version")
     @classmethod
@@ -81,7 +84,7 @@ class Python(_Model):
 class Torch(_Model):
     version: str = "*"
     cuda: str = "auto"
-    packages: list[str] = Field(default_factory=list, description="torch-family packages from the same index, e.g. torchvision")
+    packages: list[str] = Field(default=[], description="torch-family packages from the same index, e.g. torchvision")
 
     @field_validator("version")
     @classmethod
@@ -111,7 +114,7 @@ class Torch(_Model):
 
 
 class System(_Model):
-    packages: list[str] = Field(default_factory=list, description="Debian packages")
+    packages: list[str] = Field(default=[], description="Debian packages")
     base: str = Field(default="auto", description="'auto', 'debian:bookworm', 'debian:trixie' or 'none'")
     compiler: bool | None = Field(default=None, description="C compiler + Python headers (torch.compile); default on for GPU images")
 
@@ -134,7 +137,7 @@ class System(_Model):
 class Jupyter(_Model):
     enabled: bool = True
     port: int = Field(default=8888, ge=1, le=65535)
-    extensions: list[str] = Field(default_factory=list, description="extra Python packages for JupyterLab")
+    extensions: list[str] = Field(default=[], description="extra Python packages for JupyterLab")
 
     _pk = field_validator("extensions")(classmethod(lambda cls, v: _check_requirements(v)))
 
@@ -154,8 +157,8 @@ class Runtime(_Model):
     tf32: bool = True
     matmul_precision: Literal["highest", "high", "medium"] | None = None
     shm_size: str = "16g"
-    env: dict[str, str] = Field(default_factory=dict)
-    ulimits: dict[str, int] = Field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    env: dict[str, str] = {}
+    ulimits: dict[str, int] = {"memlock": -1, "stack": 67108864}
     user: str = "envspec"
     uid: int = Field(default=1000, ge=1, le=65533)
 
@@ -187,9 +190,9 @@ class Runtime(_Model):
 
 class Sources(_Model):
     index: str = "https://pypi.org/simple"
-    extra_indexes: list[str] = Field(default_factory=list)
+    extra_indexes: list[str] = []
     torch_index: str = "https://download.pytorch.org/whl"
-    mirrors: list[str] = Field(default_factory=list, description="indexes or folders serving the same files")
+    mirrors: list[str] = Field(default=[], description="indexes or folders serving the same files")
     use_pip_config: bool = True
     debian_mirror: str = "http://deb.debian.org/debian"
     debian_security_mirror: str = "http://deb.debian.org/debian-security"
@@ -210,7 +213,7 @@ class EnvSpec(_Model):
     sources: Sources = Field(default_factory=Sources)
 
     _file: str = PrivateAttr(default="")
-    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
+    _lines: dict[tuple, int] = PrivateAttr(default={})
 
     @field_validator("name")
     @classmethod

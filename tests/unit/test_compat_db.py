@@ -13,7 +13,7 @@ from envspec.errors import CompatDBError
 
 @pytest.fixture(scope="module")
 def db() -> CompatDB:
-    return load_db()
+    return load_db(validate=True)  # the data files as checked now, not the cache of checked DBs
 
 
 # ---- coverage ----------------------------------------------------------------------------------

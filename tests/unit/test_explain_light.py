@@ -1,4 +1,5 @@
-"""`envspec explain` is offline, pure and light: it starts no process, opens no connection, and does
+"""`envspec explain` is offline, pure and light: it starts no process, opens no connection, scans no
+installed package's entry points (pydantic's plugin discovery, turned off for explain), and does
 not import what only `lock`, `build` or `db refresh` need (the Debian fetcher, closure and root
 filesystem builder, the package-index client, host probes, rich, jinja2, the lock and Debian pin
 models). Each case runs the real
@@ -37,6 +38,13 @@ subprocess.Popen.__init__ = refuse
 socket.socket.connect = refuse
 socket.create_connection = refuse
 
+import importlib.metadata
+
+def no_scan(*args, **kwargs):  # pydantic's plugin discovery: explain turns it off (PYDANTIC_DISABLE_PLUGINS)
+    raise AssertionError("envspec explain must not scan the installed packages' entry points")
+
+importlib.metadata.entry_points = no_scan
+
 from envspec.cli import main
 
 rc = main(sys.argv[2:])
@@ -61,6 +69,7 @@ def test_explain_imports_nothing_heavy_and_runs_nothing(argv, code, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "must not start a process" not in proc.stdout + proc.stderr
+    assert "must not scan" not in proc.stdout + proc.stderr
     data = json.loads(report.read_text())
     assert data["rc"] == code, proc.stdout + proc.stderr
     assert proc.stdout.strip() or proc.stderr.strip()  # it did answer
@@ -85,3 +94,44 @@ def test_the_debian_package_still_exports_its_names_on_first_use(tmp_path):
                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# Runs in the child: the CLI, then which of the compatibility DB's pydantic models built a schema, and
+# whether the row models (envspec.compat.rows) were imported.
+CHILD_SCHEMAS = """
+import contextlib, io, json, sys
+import envspec.compat.model as m
+from envspec.cli import main
+
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    rc = main(sys.argv[2:])
+models = [m.Variant, m.TorchRelease, m.CudaToolkit, m.Gpu]
+if "envspec.compat.rows" in sys.modules:  # the row models, imported on a cache miss only
+    r = sys.modules["envspec.compat.rows"]
+    models += [r.PypiRow, r.BuildRow, r.ToolkitRow, r.GpuRow]
+built = [c.__name__ for c in models if c.__pydantic_complete__]
+with open(sys.argv[1], "w") as f:
+    json.dump({"rc": rc, "built": built, "rows": "envspec.compat.rows" in sys.modules, "stdout": out.getvalue()}, f)
+"""
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_explain_reads_the_checked_db_from_the_cache_and_builds_no_db_schema(json_out, tmp_path):
+    # the first run checks the DB's files (a cache miss: the row and DB models are built) and stores
+    # the result; the second reads it (docs/compat-db.md, "Loading"); both answer the same
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), ENVSPEC_CACHE=str(tmp_path / "cache"))
+    runs = []
+    for i in range(2):
+        report = tmp_path / f"run{i}.json"
+        argv = ["explain", "specs/h100.toml"] + (["--json"] if json_out else [])
+        proc = subprocess.run([sys.executable, "-c", CHILD_SCHEMAS, str(report), *argv], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(report.read_text()))
+    cold, warm = runs
+    assert cold["rc"] == warm["rc"] == 0
+    assert cold["rows"] and "Variant" in cold["built"] and "GpuRow" in cold["built"]
+    assert warm["built"] == [] and not warm["rows"]
+    assert warm["stdout"] == cold["stdout"] and "2.14" in warm["stdout"]
+    assert len(list((tmp_path / "cache" / "compat-db").glob("*.json"))) == 1

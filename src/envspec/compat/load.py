@@ -1,4 +1,5 @@
-"""Read the DB's data files, check them, and build a ``CompatDB``. Reports every problem at once."""
+"""Read the DB's data files, check them, and build a ``CompatDB``. Reports every problem at once.
+A DB checked before is read from the cache of checked DBs (``cache.py``) instead."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
+from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
 from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Gpu, TorchRelease,
                                   Variant)
 from envspec.errors import CompatDBError
+
+if TYPE_CHECKING:
+    from envspec.compat.rows import Row
 
 FORMAT = 1  # the data format this code reads
 DATA_DIR = Path(__file__).parent / "data"
@@ -27,66 +32,7 @@ FILES = {
 }
 
 
-# ---- raw rows, as the files spell them ---------------------------------------------------------
-
-class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    if TYPE_CHECKING:
-        # Every row type declares ``source`` itself, as its last field; said here for the type
-        # checker only, since a field declared here would move to the front of every row's
-        # fields (and of the order pydantic reports a row's problems in).
-        source: str
-
-
-_R = TypeVar("_R", bound=_Row)
-
-
-class _PypiRow(_Row):
-    version: str
-    python: list[str]
-    python_freethreaded: list[str] = []
-    pypi_variant: str
-    cuda: str
-    cuda_pin: str = ""
-    cudnn: str
-    nccl: str
-    wheel: str = ""
-    needs_review: list[str] = []
-    source: str
-
-
-class _BuildRow(_Row):
-    torch: str
-    variant: str
-    cuda: str
-    cudnn: str
-    nccl: str
-    arch_list: list[str]
-    source: str
-
-
-class _ToolkitRow(_Row):
-    version: str
-    driver_strict: str
-    driver_compat: str
-    archs: list[str]
-    estimated: list[str] = []
-    source: str
-
-
-class _GpuRow(_Row):
-    name: str
-    aliases: list[str] = []
-    cc: str
-    memory_gib: float | None = None
-    bf16_tflops: float | None = None
-    tf32_tflops: float | None = None
-    mem_bw_gbs: float | None = None
-    min_driver: str = ""
-    min_driver_source: str = ""
-    host_arch: list[str]
-    host_arch_source: str = ""
-    source: str
+_R = TypeVar("_R", bound="Row")
 
 
 HOST_ARCHS = ("x86_64", "aarch64")
@@ -172,15 +118,19 @@ def _cuda_key(v: Variant) -> tuple:
 
 
 def _build(root: Path) -> CompatDB:
+    # the row models are imported here, on a cache miss: a process that reads a checked DB from the
+    # cache (cache.py) does not make them
+    from envspec.compat.rows import BuildRow, GpuRow, PypiRow, ToolkitRow
+
     problems = _Problems()
     manifest = _read(root, MANIFEST, problems)
     files = {name: _read(root, name, problems) for name in FILES}
     problems.raise_if_any(root)
 
-    pypi_rows = _rows(files["torch_pypi.toml"], "release", _PypiRow, "torch_pypi.toml", problems, "version")
-    build_rows = _rows(files["torch_variants.toml"], "build", _BuildRow, "torch_variants.toml", problems, "variant")
-    tk_rows = _rows(files["cuda.toml"], "toolkit", _ToolkitRow, "cuda.toml", problems, "version")
-    gpu_rows = _rows(files["gpus.toml"], "gpu", _GpuRow, "gpus.toml", problems, "name")
+    pypi_rows = _rows(files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version")
+    build_rows = _rows(files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant")
+    tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
+    gpu_rows = _rows(files["gpus.toml"], "gpu", GpuRow, "gpus.toml", problems, "name")
 
     # -- CUDA toolkits
     toolkits: dict[str, CudaToolkit] = {}
@@ -228,7 +178,7 @@ def _build(root: Path) -> CompatDB:
         gpus.append(Gpu(**g.model_dump()))
 
     # -- torch variants (curated) and releases (generated)
-    builds: list[tuple[str, _BuildRow, SpecifierSet]] = []
+    builds: list[tuple[str, BuildRow, SpecifierSet]] = []
     for where, b in build_rows:
         try:
             spec = SpecifierSet(b.torch)
@@ -324,15 +274,27 @@ def _build(root: Path) -> CompatDB:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(root: str) -> CompatDB:
-    return _build(Path(root))
+def _load_cached(root: str, validate: bool) -> CompatDB:
+    path, names = Path(root), [MANIFEST, *FILES]
+    key = cache.cache_key(path, names)
+    if key is not None and not validate:
+        db = cache.read(key)
+        if db is not None:
+            return db
+    db = _build(path)
+    if key is not None and cache.cache_key(path, names) == key:  # not changed while it was read
+        cache.write(key, db)
+    return db
 
 
-def load_db(path: Path | None = None) -> CompatDB:
+def load_db(path: Path | None = None, *, validate: bool = False) -> CompatDB:
     """The compatibility DB: the bundled data by default, or the data directory ``path`` (or its
-    ``db.toml``). Loaded once per directory and cached. Raises ``CompatDBError`` listing every problem
-    (file, row, what is wrong) on bad data or an unknown format."""
+    ``db.toml``). Loaded once per directory and cached. The files are checked (and ``CompatDBError``
+    raised listing every problem: file, row, what is wrong, on bad data or an unknown format) when
+    they are new to this envspec; a DB checked before, with the same bytes, is read from the cache of
+    checked DBs (``cache.py``). ``validate`` checks the files whatever the cache holds (the ``db``
+    commands, tests) and stores the result."""
     root = DATA_DIR if path is None else Path(path)
     if root.name == MANIFEST or root.suffix == ".toml":
         root = root.parent
-    return _load_cached(str(root.resolve()))
+    return _load_cached(str(root.resolve()), validate)

@@ -1,4 +1,8 @@
-"""The compatibility DB's public model: frozen, pure, no I/O. ``load.py`` builds it from data files."""
+"""The compatibility DB's public model: frozen, pure, no I/O. ``load.py`` builds it from data files.
+
+The models build their pydantic schema on first use (``defer_build``): a DB read from the cache of
+checked DBs (``cache.py``) is made with ``model_construct`` and never validates, so a process such
+as ``envspec explain`` does not pay for schemas it does not use."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 class Variant(BaseModel):
     """One build of a torch release: ``cpu`` or ``cuXYZ``, and where its wheels are served."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str  # "cpu", "cu128"
     cuda: str | None  # CUDA runtime major.minor; None for cpu
@@ -44,7 +48,7 @@ class Variant(BaseModel):
 
 
 class TorchRelease(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     version: str  # public version, "2.9.1"
     python: list[str]  # "3.10", ... with Linux x86_64 CPython wheels on PyPI
@@ -59,7 +63,7 @@ class TorchRelease(BaseModel):
 
 
 class CudaToolkit(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     version: str  # "12.8"
     driver_strict: str  # the toolkit's own minimum Linux driver
@@ -70,7 +74,7 @@ class CudaToolkit(BaseModel):
 
 
 class Gpu(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str  # as nvidia-smi prints it; "sm_90" for a synthetic GPU named by capability
     aliases: list[str] = []
