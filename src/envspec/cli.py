@@ -87,6 +87,17 @@ def _debian_request(spec) -> list[str] | None:
     return debian_request(choice) if choice is not None and choice.suite else None
 
 
+def _offline_platforms(spec) -> list[str] | None:
+    """The platforms a lock of this spec is for now (offline), or None when it cannot choose."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose_all
+
+    try:
+        return [c.platform for c in choose_all(spec, load_db())]
+    except EnvspecError:
+        return None
+
+
 def _offline_choice(spec):
     """What `explain` would choose for the spec now, or None when it cannot choose."""
     from envspec.compat import load_db
@@ -106,9 +117,9 @@ def cmd_lock(args) -> int:
     out = Path(args.output) if args.output else lockmod.default_path(spec.name)
     if args.check:
         old = lockmod.load(out)
-        now = _offline_choice(spec)
+        now = _offline_platforms(spec)
         reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
-                                        arch=now.arch if now is not None else None)
+                                        platforms=now)
         if args.json:
             _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
         elif reasons:
@@ -122,42 +133,48 @@ def cmd_lock(args) -> int:
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
     from envspec.compat import load_db
     from envspec.host import cache_dir_for
-    from envspec.resolve import choose, resolve
+    from envspec.resolve import choose_all, resolve
     from envspec.sources import discover
 
     db = load_db()
-    choice = choose(spec, db)
+    choices = choose_all(spec, db)
     sources = discover(spec.sources)
-    keep: dict[str, str] = {}
+    keep: dict[str, dict[str, str]] = {}
     if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
         try:
-            keep = {w.name: w.version for w in lockmod.load(out).wheels}
+            keep = {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
         except EnvspecError:
             keep = {}
     con = _console(stderr=True)
-    if not args.quiet and not args.json:
-        t = choice.torch
-        con.print(f"resolving {spec.name}: " + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
-                  markup=False)
-    res = resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep, upgrade=args.upgrade_package or [])
-    lock = lockmod.from_resolution(res, spec_path=_rel(Path(args.spec)), db_version=db.version)
+    results = []
+    for choice in choices:
+        if not args.quiet and not args.json:
+            t = choice.torch
+            con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
+                      + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
+        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}),
+                               upgrade=args.upgrade_package or []))
+    lock = lockmod.from_resolutions(results, spec_path=_rel(Path(args.spec)), db_version=db.version)
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
         lockmod.write_atomic(out, text)
+    mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
     if args.json:
         _print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
-                     "wheels": len(lock.wheels), "debs": len(lock.debian.packages) if lock.debian else 0,
-                     "platform": f"{lock.platform.os}-{lock.platform.arch}",
-                     "db_mismatch": list(lock.torch.db_mismatch or []) if lock.torch else []})
-    if lock.torch is not None and lock.torch.db_mismatch:
+                     "wheels": sum(len(p.wheels) for p in lock.parts),
+                     "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
+                     "platform": lock.platform_names[0], "platforms": lock.platform_names,
+                     "db_mismatch": list(dict.fromkeys(mismatches))})
+    if mismatches:
         warn = _console(stderr=True)
-        for m in lock.torch.db_mismatch:
+        for m in dict.fromkeys(mismatches):
             warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
     if not args.json and not args.quiet:
-        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {len(lock.wheels)} wheels, "
-                  f"{len(lock.debian.packages) if lock.debian else 0} Debian packages, "
-                  f"lock {lock.meta.content_hash[:19]}…", markup=False)
+        counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
+                           f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
+        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
+                  markup=False)
     return EXIT_OK
 
 
@@ -244,9 +261,9 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
     out = lockmod.default_path(spec.name)
     con = _console(stderr=True)
     if out.exists():
-        now = _offline_choice(spec)
+        now = _offline_platforms(spec)
         reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec),
-                                        arch=now.arch if now is not None else None)
+                                        platforms=now)
         if not reasons:
             return lockmod.load(out), out
         if locked:
