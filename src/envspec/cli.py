@@ -627,7 +627,10 @@ def cmd_doctor(args) -> int:
     from envspec.lock import load
 
     lock = load(args.lock) if args.lock else None
-    diagnoses = run_doctor(detect_host(), lock)
+    host = detect_host()
+    if lock is not None and lock.multi:  # the host's platform's section (else the first)
+        lock = lock.for_platform(host.machine) if lock.find_part(host.machine) else lock.views()[0]
+    diagnoses = run_doctor(host, lock)
     if args.json:
         _print_json(doctor_json(diagnoses))
     else:
