@@ -6,6 +6,7 @@ Exit codes are listed in ``envspec.errors``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,6 +20,9 @@ from envspec.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED,
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+
+    from envspec.build import BuiltImage
+    from envspec.build.index import BuiltIndex
 
 
 def _console(stderr: bool = False):
@@ -388,7 +392,7 @@ def cmd_build(args) -> int:
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
         os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
-    plan = make_plan(lock)
+    plan = make_plan(lock) if not lock.multi else None
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
         raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
@@ -396,22 +400,42 @@ def cmd_build(args) -> int:
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
                            sign_key=sign_key, lock_path=_rel(lock_path), cache_from=cache_from, cache_to=cache_to,
                            compression=args.compression or DEFAULT_COMPRESSION)
+    if lock.multi:
+        from envspec.build.index import check_options
+
+        check_options(options)  # what an image index cannot carry: refused before anything is built
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
-        _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
+        dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
+        if plan is None:
+            from envspec.build.index import platform_tag
+
+            # each platform's image as it is built (tagged, no push or output of its own), then the index
+            _print_json({"index": True, "push": options.push, "outputs": list(options.outputs), "platforms": [
+                {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
+                    options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]})
+        else:
+            _print_json(preview(plan, dry_cache, options=options))
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
     engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
-        built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+        if plan is None:  # a section per platform: an image each, one image index over them
+            from envspec.build.index import build_index
+
+            built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
+                                                         reporter=prog.reporter)
+        else:
+            built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
     if args.json:
         _print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host)})
     elif not args.quiet:
         con = _console()
-        for line in _built_lines(built, host, lock, target=args.target):
+        for line in (_index_lines(built, host, lock, target=args.target) if plan is None
+                     else _built_lines(built, host, lock, target=args.target)):
             con.print(line, markup=False)
     else:
         _console().print(built.digest, markup=False)
@@ -575,6 +599,24 @@ def cmd_verify_image(args) -> int:
 def _storage_json(host) -> dict[str, str]:
     st = host.storage
     return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
+
+
+def _index_lines(built, host, lock, *, target: str) -> list[str]:
+    """What `envspec build` of a multi-platform lock says: each platform's image, the index."""
+    lines = []
+    for name, one in built.images:
+        made = sum(lay.source == "made" for lay in one.layers)
+        lines.append(f"{name}: built {one.image or '(not named in containers-storage)'} in {one.seconds:.1f} s "
+                     f"({made} of {len(one.layers)} layers made), digest {one.digest}")
+    lines.append(f"image index {built.digest} over {', '.join(n for n, _ in built.images)}")
+    lines += [f"written to {dest}" for dest in built.outputs]
+    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]
+    from envspec.run import start_lines
+
+    here = next((v for v in lock.views() if v.platform.arch == host.machine), None)
+    if here is not None:
+        lines += start_lines(target, here)
+    return lines
 
 
 def _built_lines(built, host, lock, *, target: str) -> list[str]:
