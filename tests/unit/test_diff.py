@@ -123,3 +123,53 @@ def test_json_shape():
     assert j["wheels"]["counts"] == {"added": 4, "removed": 3, "upgraded": 2, "downgraded": 1, "rebuilt": 1}
     assert isinstance(d, LockDiff) and diffmod.diff_lines is diff_lines
     json.dumps(j)
+
+
+# ---- multi-platform locks: a block per platform ------------------------------------------------
+
+def _multi_with_arm_idna(version: str):
+    from envspec import lock as lockmod
+
+    m = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
+    arm = m.parts[1]
+    wheels = [w.model_copy(update={"version": version, "sha256": "d" * 64, "filename": f"idna-{version}-py3-none-any.whl"})
+              if w.name == "idna" else w for w in arm.wheels]
+    return m, lockmod.Lockfile.model_validate(m.model_copy(update={"parts": [m.parts[0], arm.model_copy(
+        update={"wheels": wheels})]}).model_dump()).with_hash()
+
+
+def test_a_wheel_changed_only_on_aarch64_shows_under_that_platform(tmp_path, capsys):
+    import json
+
+    from envspec import lock as lockmod
+    from envspec.cli import main
+
+    old, new = _multi_with_arm_idna("3.6")
+    d = diff_locks(old, new)
+    assert d.per_platform and not d.identical and [n for n, _ in d.platforms] == ["linux-x86_64", "linux-aarch64"]
+    subs = dict(d.platforms)
+    assert subs["linux-x86_64"].identical and subs["linux-aarch64"].wheels[0].name == "idna"
+    lines = diff_lines(d)
+    arm_at = lines.index("== linux-aarch64 ==")
+    assert lines.index("== linux-x86_64 ==") < arm_at
+    assert "    v idna 3.7 -> 3.6  [team]" in lines[arm_at:]
+    assert not any("idna" in line for line in lines[:arm_at])
+    a, b = tmp_path / "a.lock", tmp_path / "b.lock"
+    a.write_text(lockmod.dumps(old))
+    b.write_text(lockmod.dumps(new))
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["platforms"]["linux-x86_64"]["identical"] is True
+    assert out["platforms"]["linux-aarch64"]["wheels"]["changes"][0]["name"] == "idna"
+    team = {lay["group"]: lay["change"] for lay in out["platforms"]["linux-aarch64"]["layers"]["layers"]}
+    assert team["team"] == "changed" and team["base"] == "same"
+
+
+def test_a_platform_added_to_a_lock_is_named():
+    old = load(Path(__file__).parents[2] / "lockfiles" / "smoke.lock")
+    new = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
+    d = diff_locks(old, new)
+    assert d.platforms_added == ("linux-aarch64",) and [n for n, _ in d.platforms] == ["linux-x86_64"]
+    assert "platform added: linux-aarch64 (a new image in the index)" in diff_lines(d)
+    again = diff_locks(new, new)
+    assert again.identical and diff_lines(again)[-1] == "the locks are identical: same images, nothing to rebuild"
