@@ -697,7 +697,7 @@ def cmd_run(args) -> int:
     host = detect_host(ask=ASK_NONE)  # file checks only: --print stays fast
     command = plan_run(runnable, cmd, host=host, engine=args.engine, bind=args.bind, detach=args.detach,
                        name=args.name, mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports,
-                       image=args.image)
+                       image=args.image, emulate=args.emulate, platform=args.platform)
     if args.json:
         _print_json(command.to_json())
         return EXIT_OK
@@ -855,6 +855,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name")
     s.add_argument("--no-mount", action="store_true", help="do not mount the current directory on /workspace")
     s.add_argument("--no-gpu", action="store_true")
+    s.add_argument("--emulate", action="store_true",
+                   help="run an image of another CPU architecture (arm64 on amd64) under qemu-user-static "
+                        "(binfmt_misc); without it such an image is refused (exit 2)")
+    s.add_argument("--platform", metavar="linux-x86_64|linux-aarch64",
+                   help="which section of a multi-platform lock to run (default: this host's)")
     s.set_defaults(func=cmd_run, cmd=[])  # the command after `--` is split off before parsing
 
     s = sub.add_parser("doctor", help="check this host before building or running")

@@ -65,6 +65,17 @@ def test_two_platforms_push_as_one_index_that_podman_pulls_per_arch(env, tmp_pat
             assert p["image"] == view.image_tag and p["image"].endswith("-" + view.platform.oci_arch)
             assert [lay["group"] for lay in p["layers"]] == ["base", "team", "envspec"]
 
+        # envspec run of the lock takes this host's image; the other one only under emulation, when asked
+        e_run = {**e, "ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}
+        here = envspec(e_run, "run", "--no-mount", str(LOCK), "--", "uname", "-m")
+        assert here.returncode == 0 and here.stdout.strip() == "x86_64", here.stderr
+        refused = envspec(e_run, "run", "--no-mount", "--platform", "linux-aarch64", str(LOCK), "--", "uname", "-m")
+        assert refused.returncode == 2 and "error[emulation-not-asked]" in refused.stderr and "--emulate" in refused.stderr
+        if host.runs_arch("aarch64"):
+            there = envspec(e_run, "run", "--no-mount", "--platform", "linux-aarch64", "--emulate", str(LOCK), "--",
+                            "uname", "-m")
+            assert there.returncode == 0 and there.stdout.strip() == "aarch64", there.stderr
+
         # the registry holds the index as it was built (its digest kept), each manifest with its platform
         raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
                              capture_output=True, check=True, timeout=120).stdout
