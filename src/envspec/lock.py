@@ -13,7 +13,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Self, Sequence
 
 import tomli_w
 from packaging.requirements import Requirement
@@ -277,6 +277,15 @@ class Lockfile(_M):
     @property
     def wheels(self) -> list[Wheel]:
         return self.part.wheels
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """As pydantic's, and a one-platform lock's part fields (``wheels``, ``torch``, ...) may be
+        in ``update`` as they are in its text (a multi-platform lock raises ``multi-platform-lock``)."""
+        if update and any(k in update for k in PART_FIELDS):
+            moved = {k: v for k, v in update.items() if k in PART_FIELDS}
+            update = {k: v for k, v in update.items() if k not in PART_FIELDS} | {
+                "parts": [self.part.model_copy(update=moved)]}
+        return super().model_copy(update=update, deep=deep)
 
     def replace_part(self, **changes: Any) -> "Lockfile":
         """This one-platform lock with fields of its part changed (``wheels=...``), hash not redone."""

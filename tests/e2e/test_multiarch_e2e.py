@@ -101,6 +101,12 @@ def test_two_platforms_push_as_one_index_that_podman_pulls_per_arch(env, tmp_pat
             assert info["Labels"]["io.envspec.lock-hash"] == lock.for_platform(name).meta.content_hash
             subprocess.run([*podman, "rmi", "--force", pulled], capture_output=True, timeout=120)
 
+        # --check-digest compares a rebuild's index with the pushed one
+        check = envspec(e, "build", str(LOCK), "--check-digest", ref, "--json")
+        assert check.returncode == 0, check.stderr
+        assert json.loads(check.stdout)["check_digest"] == {"ref": ref, "pushed": built["digest"],
+                                                           "built": built["digest"], "same": True}
+
 
 
 @pytest.mark.slow  # two builds from nothing, ~80 s here

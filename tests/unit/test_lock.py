@@ -295,3 +295,15 @@ def test_lock_check_covers_both_platforms(tmp_path, capsys, monkeypatch):
 
     reasons = json.loads(capsys.readouterr().out)["reasons"]
     assert reasons == ["linux-aarch64: idna 3.6 in the lock does not satisfy 'idna==3.7'"]
+
+
+def test_model_copy_of_a_part_field_changes_the_one_part():
+    lock = make_lock()
+    wheels = lock.wheels[:1]
+    copied = lock.model_copy(update={"wheels": wheels, "revision": 1})
+    assert copied.wheels == wheels and copied.revision == 1 and len(copied.parts) == 1
+    assert copied == lock.replace_part(wheels=wheels).model_copy(update={"revision": 1})
+    multi = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
+    with pytest.raises(LockError) as e:
+        multi.model_copy(update={"wheels": []})
+    assert e.value.reference == "multi-platform-lock"
