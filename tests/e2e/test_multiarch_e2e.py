@@ -135,3 +135,22 @@ def test_an_index_refuses_a_docker_archive_before_building(env, tmp_path):
     assert cp.returncode == 2, cp.stderr
     assert "error[index-output-unsupported]" in cp.stderr and "docker archive holds one platform" in cp.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_a_platform_that_fails_to_build_leaves_no_platform_tagged(env, tmp_path):
+    """The amd64 image builds, the arm64 one fails (a wheel whose hash the lock pins wrong): exit 4,
+    and neither platform's image is named in containers-storage."""
+    e, host = env
+    lock = lockmod.load(LOCK)
+    arm = lock.parts[1]
+    bad = [w.model_copy(update={"sha256": "0" * 64}) if w.name == "six" else w for w in arm.wheels]
+    broken = lock.model_copy(update={"meta": lock.meta.model_copy(update={"name": "broken-multi"}),
+                                     "parts": [lock.parts[0], arm.model_copy(update={"wheels": bad})]}).with_hash()
+    path = tmp_path / "broken-multi.lock"
+    path.write_text(lockmod.dumps(broken))
+    cp = envspec(e, "build", str(path))
+    assert cp.returncode == 4, cp.stdout + cp.stderr
+    assert "six" in cp.stderr
+    images = subprocess.run(["podman", *host.storage.args(), "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                            capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "broken-multi" not in images, images

@@ -8,7 +8,9 @@ manifests name their ``platform`` ({architecture amd64|arm64, os linux}). What `
 its digest is the build's identity, reproducible as each image's is (the index is canonical JSON
 of the manifests' digests and sizes, the lock's name and hash, and SOURCE_DATE_EPOCH).
 
-In containers-storage each platform's image is tagged on its own: the lock's tag with the
+Every platform is built (untagged) before any is named: a platform whose build fails leaves no tag
+(the images then go into containers-storage from the layers just made, each checked to be the same
+bytes). In containers-storage each platform's image is tagged on its own: the lock's tag with the
 architecture after it (``localhost/envspec/NAME:HASH-amd64``, ``...-arm64``; ``--tag REF`` gives
 ``REF-amd64`` ...). containers-storage holds images, not the index; ``envspec run`` of the lock
 takes the host's platform's image.
@@ -104,12 +106,13 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
     t0 = time.monotonic()
     work = cache.workdir()
     layout = work / "index"
+    views = lock.views()
     try:
+        # every platform's image made first, none tagged: a platform that fails to build leaves no tag
         images: list[tuple[str, BuiltImage]] = []
-        for view in lock.views():
-            arch = view.platform.oci_arch
-            opts = dataclasses.replace(options, tag=platform_tag(options.tag, view), outputs=(f"oci:{layout}:{arch}",),
-                                       push=None)
+        for view in views:
+            opts = dataclasses.replace(options, tag="", outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
+                                       push=None, cache_to="")
             images.append((view.platform_names[0], build(make_plan(view), engine, cache, mirrors, options=opts,
                                                          reporter=reporter)))
         digest, _size = write_index(layout, [(name.split("-", 1)[0], _arch(name), built.digest) for name, built in images],
@@ -119,10 +122,37 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
                                                  "org.opencontainers.image.revision": lock.meta.content_hash,
                                                  "io.envspec.lock-hash": lock.meta.content_hash})
         outputs, pushed = deliver_index(engine, layout, digest, options, reporter)
+        images = _tag_all(views, images, engine, cache, mirrors, options, reporter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltIndex(digest=digest, images=tuple(images), pushed=pushed, outputs=outputs,
                       seconds=time.monotonic() - t0)
+
+
+def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engine: "Engine", cache: "Cache",
+             mirrors: Sequence["Mirror"], options: "BuildOptions",
+             reporter: "Reporter") -> list[tuple[str, "BuiltImage"]]:
+    """Once every platform is built: each image into containers-storage under its tag (``build()``
+    again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
+    from envspec.build import build
+
+    out = []
+    for view, (name, first) in zip(views, images):
+        tag = platform_tag(options.tag, view)
+        if tag == "" and not options.cache_to:
+            out.append((name, first))
+            continue
+        opts = dataclasses.replace(options, tag=tag, outputs=(), push=None, no_cache=False, cache_from="")
+        again = build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter)
+        if again.digest != first.digest:
+            raise BuildError(f"{name}: the image made again from the cache has digest {again.digest}, the first "
+                             f"{first.digest}", step="commit", hint="the layer cache holds other bytes than were made: "
+                             "`envspec cache gc` and build again")
+        out.append((name, dataclasses.replace(first, image=again.image, store_digest=again.store_digest,
+                                              phases=first.phases + again.phases,
+                                              seconds=first.seconds + again.seconds,
+                                              cache_to=again.cache_to, cached_to=again.cached_to)))
+    return out
 
 
 def deliver_index(engine: "Engine", layout: Path, digest: str, options: "BuildOptions",
