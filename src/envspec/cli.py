@@ -56,6 +56,8 @@ def cmd_explain(args) -> int:
     spec = load_spec(args.spec)
     db = load_db()
     try:
+        if len(spec.target.platforms) > 1:  # a section per platform: each platform's choice
+            return _explain_platforms(args, spec, db)
         choice = choose(spec, db)
     except ResolutionImpossible as e:
         if args.json:
@@ -72,6 +74,24 @@ def cmd_explain(args) -> int:
         _print_json(explain.choice_json(choice))
     else:
         for line in explain.choice_lines(choice):
+            _say(line)
+    return EXIT_OK
+
+
+def _explain_platforms(args, spec, db) -> int:
+    """`explain` of a spec naming both platforms: the choice for each, in the spec's order
+    (--json: {"platforms": [choice, ...]}). An impossible platform raises as for one."""
+    from envspec import explain
+    from envspec.resolve import choose_all
+
+    choices = choose_all(spec, db)
+    if args.json:
+        _print_json({"platforms": [explain.choice_json(c) for c in choices]})
+        return EXIT_OK
+    for i, c in enumerate(choices):
+        if i:
+            _say("")
+        for line in explain.choice_lines(c):
             _say(line)
     return EXIT_OK
 

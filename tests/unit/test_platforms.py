@@ -171,3 +171,19 @@ def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(d
     c = err.causes[0]
     assert c["where"] == "[python].packages[1] (t.toml:5)", c
     assert "intel-openmp==2024.2.1 has no linux-aarch64" in c["text"] and "`manylinux1_x86_64`" in c["text"]
+
+
+def test_explain_of_a_two_platform_spec_gives_each_platforms_choice(tmp_path, capsys):
+    import json
+
+    from envspec.cli import main
+
+    p = tmp_path / "fleet.toml"
+    p.write_text('name = "fleet"\n[target]\nplatforms = ["linux-x86_64", "linux-aarch64"]\ngpus = ["H100", "GH200"]\n'
+                 '[torch]\nversion = "2.9.1"\n')
+    assert main(["explain", str(p), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["platform"] for c in out["platforms"]] == ["linux-x86_64", "linux-aarch64"]
+    assert main(["explain", str(p)]) == 0
+    text = capsys.readouterr().out
+    assert text.index("linux-x86_64") < text.index("linux-aarch64")
