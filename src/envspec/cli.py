@@ -6,6 +6,7 @@ Exit codes are listed in ``envspec.errors``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,6 +20,9 @@ from envspec.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED,
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+
+    from envspec.build import BuiltImage
+    from envspec.build.index import BuiltIndex
 
 
 def _console(stderr: bool = False):
@@ -56,6 +60,8 @@ def cmd_explain(args) -> int:
     spec = load_spec(args.spec)
     db = load_db()
     try:
+        if len(spec.target.platforms) > 1:  # a section per platform: each platform's choice
+            return _explain_platforms(args, spec, db)
         choice = choose(spec, db)
     except ResolutionImpossible as e:
         if args.json:
@@ -76,6 +82,24 @@ def cmd_explain(args) -> int:
     return EXIT_OK
 
 
+def _explain_platforms(args, spec, db) -> int:
+    """`explain` of a spec naming both platforms: the choice for each, in the spec's order
+    (--json: {"platforms": [choice, ...]}). An impossible platform raises as for one."""
+    from envspec import explain
+    from envspec.resolve import choose_all
+
+    choices = choose_all(spec, db)
+    if args.json:
+        _print_json({"platforms": [explain.choice_json(c) for c in choices]})
+        return EXIT_OK
+    for i, c in enumerate(choices):
+        if i:
+            _say("")
+        for line in explain.choice_lines(c):
+            _say(line)
+    return EXIT_OK
+
+
 def _rel(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
@@ -89,6 +113,17 @@ def _debian_request(spec) -> list[str] | None:
 
     choice = _offline_choice(spec)
     return debian_request(choice) if choice is not None and choice.suite else None
+
+
+def _offline_platforms(spec) -> list[str] | None:
+    """The platforms a lock of this spec is for now (offline), or None when it cannot choose."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose_all
+
+    try:
+        return [c.platform for c in choose_all(spec, load_db())]
+    except EnvspecError:
+        return None
 
 
 def _offline_choice(spec):
@@ -110,9 +145,9 @@ def cmd_lock(args) -> int:
     out = Path(args.output) if args.output else lockmod.default_path(spec.name)
     if args.check:
         old = lockmod.load(out)
-        now = _offline_choice(spec)
+        now = _offline_platforms(spec)
         reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
-                                        arch=now.arch if now is not None else None)
+                                        platforms=now)
         if args.json:
             _print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
         elif reasons:
@@ -126,42 +161,48 @@ def cmd_lock(args) -> int:
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
     from envspec.compat import load_db
     from envspec.host import cache_dir_for
-    from envspec.resolve import choose, resolve
+    from envspec.resolve import choose_all, resolve
     from envspec.sources import discover
 
     db = load_db()
-    choice = choose(spec, db)
+    choices = choose_all(spec, db)
     sources = discover(spec.sources)
-    keep: dict[str, str] = {}
+    keep: dict[str, dict[str, str]] = {}
     if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
         try:
-            keep = {w.name: w.version for w in lockmod.load(out).wheels}
+            keep = {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
         except EnvspecError:
             keep = {}
     con = _console(stderr=True)
-    if not args.quiet and not args.json:
-        t = choice.torch
-        con.print(f"resolving {spec.name}: " + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
-                  markup=False)
-    res = resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep, upgrade=args.upgrade_package or [])
-    lock = lockmod.from_resolution(res, spec_path=_rel(Path(args.spec)), db_version=db.version)
+    results = []
+    for choice in choices:
+        if not args.quiet and not args.json:
+            t = choice.torch
+            con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
+                      + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
+        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}),
+                               upgrade=args.upgrade_package or []))
+    lock = lockmod.from_resolutions(results, spec_path=_rel(Path(args.spec)), db_version=db.version)
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
         lockmod.write_atomic(out, text)
+    mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
     if args.json:
         _print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
-                     "wheels": len(lock.wheels), "debs": len(lock.debian.packages) if lock.debian else 0,
-                     "platform": f"{lock.platform.os}-{lock.platform.arch}",
-                     "db_mismatch": list(lock.torch.db_mismatch or []) if lock.torch else []})
-    if lock.torch is not None and lock.torch.db_mismatch:
+                     "wheels": sum(len(p.wheels) for p in lock.parts),
+                     "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
+                     "platform": lock.platform_names[0], "platforms": lock.platform_names,
+                     "db_mismatch": list(dict.fromkeys(mismatches))})
+    if mismatches:
         warn = _console(stderr=True)
-        for m in lock.torch.db_mismatch:
+        for m in dict.fromkeys(mismatches):
             warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
     if not args.json and not args.quiet:
-        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {len(lock.wheels)} wheels, "
-                  f"{len(lock.debian.packages) if lock.debian else 0} Debian packages, "
-                  f"lock {lock.meta.content_hash[:19]}…", markup=False)
+        counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
+                           f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
+        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
+                  markup=False)
     return EXIT_OK
 
 
@@ -248,9 +289,9 @@ def _lock_for(target: str, *, locked: bool, quiet: bool):
     out = lockmod.default_path(spec.name)
     con = _console(stderr=True)
     if out.exists():
-        now = _offline_choice(spec)
+        now = _offline_platforms(spec)
         reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec),
-                                        arch=now.arch if now is not None else None)
+                                        platforms=now)
         if not reasons:
             return lockmod.load(out), out
         if locked:
@@ -375,7 +416,7 @@ def cmd_build(args) -> int:
     lock, lock_path = _lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
     if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
         os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
-    plan = make_plan(lock)
+    plan = make_plan(lock) if not lock.multi else None
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
         raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
@@ -385,24 +426,44 @@ def cmd_build(args) -> int:
                            compression=args.compression or DEFAULT_COMPRESSION,
                            # named, or for --check-digest's comparison with a pushed image: compressed now
                            compress=True if (args.compression or args.check_digest) else None)
+    if lock.multi:
+        from envspec.build.index import check_options
+
+        check_options(options)  # what an image index cannot carry: refused before anything is built
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
-        _print_json(preview(plan, Cache(detect_host(ask=ASK_NONE).cache_dir), options=options))
+        dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
+        if plan is None:
+            from envspec.build.index import platform_tag
+
+            # each platform's image as it is built (tagged, no push or output of its own), then the index
+            _print_json({"index": True, "push": options.push, "outputs": list(options.outputs), "platforms": [
+                {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
+                    options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]})
+        else:
+            _print_json(preview(plan, dry_cache, options=options))
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
     engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
-        built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+        if plan is None:  # a section per platform: an image each, one image index over them
+            from envspec.build.index import build_index
+
+            built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
+                                                         reporter=prog.reporter)
+        else:
+            built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
-    background = _compress_in_background(built, lock_path, host.cache_dir)
+    background = _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
     if args.json:
         _print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host),
                                        "background_compress": background})
     elif not args.quiet:
         con = _console()
-        for line in _built_lines(built, host, lock, target=args.target):
+        for line in (_index_lines(built, host, lock, target=args.target) if plan is None
+                     else _built_lines(built, host, lock, target=args.target)):
             con.print(line, markup=False)
         if background:
             con.print(f"compressing its layers for a later push, in the background at the lowest priority (pid "
@@ -625,6 +686,24 @@ def _storage_json(host) -> dict[str, str]:
     return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
 
 
+def _index_lines(built, host, lock, *, target: str) -> list[str]:
+    """What `envspec build` of a multi-platform lock says: each platform's image, the index."""
+    lines = []
+    for name, one in built.images:
+        made = sum(lay.source == "made" for lay in one.layers)
+        lines.append(f"{name}: built {one.image or '(not named in containers-storage)'} in {one.seconds:.1f} s "
+                     f"({made} of {len(one.layers)} layers made), digest {one.digest}")
+    lines.append(f"image index {built.digest} over {', '.join(n for n, _ in built.images)}")
+    lines += [f"written to {dest}" for dest in built.outputs]
+    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]
+    from envspec.run import start_lines
+
+    here = next((v for v in lock.views() if v.platform.arch == host.machine), None)
+    if here is not None:
+        lines += start_lines(target, here)
+    return lines
+
+
 def _built_lines(built, host, lock, *, target: str) -> list[str]:
     """What `envspec build` says at its end: the image, its digest, where it is kept, and how to
     start it (with its services, with a command)."""
@@ -678,7 +757,10 @@ def cmd_doctor(args) -> int:
     from envspec.lock import load
 
     lock = load(args.lock) if args.lock else None
-    diagnoses = run_doctor(detect_host(), lock)
+    host = detect_host()
+    if lock is not None and lock.multi:  # the host's platform's section (else the first)
+        lock = lock.for_platform(host.machine) if lock.find_part(host.machine) else lock.views()[0]
+    diagnoses = run_doctor(host, lock)
     if args.json:
         _print_json(doctor_json(diagnoses))
     else:
@@ -703,7 +785,7 @@ def cmd_run(args) -> int:
     host = detect_host(ask=ASK_NONE)  # file checks only: --print stays fast
     command = plan_run(runnable, cmd, host=host, engine=args.engine, bind=args.bind, detach=args.detach,
                        name=args.name, mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports,
-                       image=args.image)
+                       image=args.image, emulate=args.emulate, platform=args.platform)
     if args.json:
         _print_json(command.to_json())
         return EXIT_OK
@@ -867,6 +949,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name")
     s.add_argument("--no-mount", action="store_true", help="do not mount the current directory on /workspace")
     s.add_argument("--no-gpu", action="store_true")
+    s.add_argument("--emulate", action="store_true",
+                   help="run an image of another CPU architecture (arm64 on amd64) under qemu-user-static "
+                        "(binfmt_misc); without it such an image is refused (exit 2)")
+    s.add_argument("--platform", metavar="linux-x86_64|linux-aarch64",
+                   help="which section of a multi-platform lock to run (default: this host's)")
     s.set_defaults(func=cmd_run, cmd=[])  # the command after `--` is split off before parsing
 
     s = sub.add_parser("doctor", help="check this host before building or running")

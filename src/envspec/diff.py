@@ -77,10 +77,22 @@ class LockDiff:
     layers: tuple[LayerChange, ...] = ()
     layers_from: Literal["plan", "groups"] = "plan"
     notes: tuple[str, ...] = ()
+    # two locks of which one has a section per platform: the diff of each platform both have (the
+    # fields above stay empty), and the platforms only one of them has
+    platforms: tuple[tuple[str, "LockDiff"], ...] = ()
+    platforms_added: tuple[str, ...] = ()
+    platforms_removed: tuple[str, ...] = ()
+
+    @property
+    def per_platform(self) -> bool:
+        return bool(self.platforms or self.platforms_added or self.platforms_removed)
 
     @property
     def identical(self) -> bool:
-        """True when the two locks describe the same image."""
+        """True when the two locks describe the same image (every platform's, for multi-platform locks)."""
+        if self.per_platform:
+            return (self.old_hash == self.new_hash and not (self.platforms_added or self.platforms_removed)
+                    and all(d.identical for _, d in self.platforms))
         return self.old_hash == self.new_hash and not (self.fields or self.wheels or self.debs
                                                       or self.archs_added or self.archs_removed)
 
@@ -92,6 +104,16 @@ class LockDiff:
             return {k: sum(1 for c in changes if c.change == k)
                     for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")}
 
+        if self.per_platform:
+            return {
+                "old": {"name": self.old_name, "content_hash": self.old_hash},
+                "new": {"name": self.new_name, "content_hash": self.new_hash},
+                "identical": self.identical,
+                "platforms": {name: d.to_json() for name, d in self.platforms},
+                "platforms_added": list(self.platforms_added),
+                "platforms_removed": list(self.platforms_removed),
+                "notes": list(self.notes),
+            }
         return {
             "old": {"name": self.old_name, "content_hash": self.old_hash},
             "new": {"name": self.new_name, "content_hash": self.new_hash},
@@ -274,7 +296,26 @@ def _layers_from_groups(a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, .
 # --- entry point -------------------------------------------------------------------------------
 
 def diff_locks(old: Lockfile, new: Lockfile) -> LockDiff:
-    """Compare two locks."""
+    """Compare two locks; where either has a section per platform, platform by platform (each
+    platform's view against the other's, ``Lockfile.for_platform``)."""
+    if old.multi or new.multi:
+        return _diff_per_platform(old, new)
+    return _diff_one(old, new)
+
+
+def _diff_per_platform(old: Lockfile, new: Lockfile) -> LockDiff:
+    names_old, names_new = old.platform_names, new.platform_names
+    both = [n for n in names_new if n in names_old]
+    return LockDiff(
+        old_name=old.meta.name, new_name=new.meta.name, old_hash=old.meta.content_hash, new_hash=new.meta.content_hash,
+        platforms=tuple((n, _diff_one(old.for_platform(n), new.for_platform(n))) for n in both),
+        platforms_added=tuple(n for n in names_new if n not in names_old),
+        platforms_removed=tuple(n for n in names_old if n not in names_new),
+    )
+
+
+def _diff_one(old: Lockfile, new: Lockfile) -> LockDiff:
+    """Compare two one-platform locks."""
     a, b = old, new
     arch_a, arch_b = a.hardware.arch_list, b.hardware.arch_list
     gpu_a, gpu_b = a.hardware.gpus, b.hardware.gpus
@@ -358,7 +399,32 @@ _HEADLINE = (  # (label, path) of what a GPU host cares about, in this order
 
 
 def diff_lines(d: LockDiff) -> list[str]:
-    """The diff in words, one line each (no markup), for a terminal or a review comment."""
+    """The diff in words, one line each (no markup), for a terminal or a review comment; of
+    multi-platform locks, a block per platform."""
+    if d.per_platform:
+        return _per_platform_lines(d)
+    return _one_lines(d)
+
+
+def _per_platform_lines(d: LockDiff) -> list[str]:
+    lines = [f"{d.old_name} {_short(d.old_hash)} -> {d.new_name} {_short(d.new_hash)}"]
+    if d.identical:
+        lines.append("the locks are identical: same images, nothing to rebuild")
+        return lines
+    for n in d.platforms_added:
+        lines.append(f"platform added: {n} (a new image in the index)")
+    for n in d.platforms_removed:
+        lines.append(f"platform removed: {n} (its image leaves the index)")
+    for name, sub in d.platforms:
+        lines += ["", f"== {name} =="]
+        if sub.identical:
+            lines.append("  no changes: the same pins (only its copy of the lock, in the envspec layer, differs)")
+            continue
+        lines += [("  " + line) if line else "" for line in _one_lines(sub)[1:]]
+    return lines
+
+
+def _one_lines(d: LockDiff) -> list[str]:
     lines = [f"{d.old_name} {_short(d.old_hash)} -> {d.new_name} {_short(d.new_hash)}"]
     if d.identical:
         lines.append("the locks are identical: same image, nothing to rebuild")

@@ -136,8 +136,18 @@ def _cuda_key(v: Variant) -> tuple:
     return tuple(int(x) for x in v.cuda.split(".")) if v.cuda else (0,)
 
 
-def choose(spec: EnvSpec, db: CompatDB) -> Choice:
-    """Pick platform, GPU targets and the torch build. Raises SpecError or ResolutionImpossible."""
+def choose_all(spec: EnvSpec, db: CompatDB) -> list[Choice]:
+    """One choice per platform the spec locks for: each of ``[target].platforms`` (in its order),
+    else the one its GPUs need."""
+    if len(spec.target.platforms) > 1:
+        return [choose(spec, db, platform=name) for name in spec.target.platforms]
+    return [choose(spec, db)]
+
+
+def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None) -> Choice:
+    """Pick platform, GPU targets and the torch build. Raises SpecError or ResolutionImpossible.
+    ``platform``: which of ``[target].platforms`` to choose for (default its first); with several
+    platforms each choice targets the spec's GPUs that ship in that platform's hosts."""
     problems: list[Problem] = []
     gpus: list[Gpu] = []
     for i, name in enumerate(spec.target.gpus):
@@ -153,9 +163,11 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
             gpus.append(g)
     arch = "x86_64"
     if len(gpus) == len(spec.target.gpus):
-        arch, problem = _platform(spec, gpus)
+        arch, problem = _platform(spec, gpus, platform)
         if problem is not None:
             problems.append(problem)
+        if len(spec.target.platforms) > 1:
+            gpus = [g for g in gpus if arch in g.host_arch]
     if spec.target.driver:
         problems += gpu_driver_problems(spec, gpus)
     py = spec.python.version
@@ -194,21 +206,22 @@ def choose(spec: EnvSpec, db: CompatDB) -> Choice:
                   driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
 
 
-def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
-    """The CPU architecture of the hosts: the one ``[target].platforms`` names (each GPU must ship
-    in such hosts), else the one every named GPU's hosts share: x86_64 where it can (and without
-    GPUs), aarch64 for Grace systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem
-    when the GPUs need hosts of different architectures (one lock covering both platforms, joined by
-    an image index, is a later slice of issue 13)."""
-    if spec.target.platforms:  # the spec stage allows one platform per lock
-        want = next(a for a, name in PLATFORMS.items() if name == spec.target.platforms[0])
+def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tuple[str, Problem | None]:
+    """The CPU architecture of the hosts: ``platform`` or the first of ``[target].platforms`` (with
+    one platform each GPU must ship in such hosts; with several, each GPU in the hosts of one of
+    them), else the one every named GPU's hosts share: x86_64 where it can (and without GPUs),
+    aarch64 for Grace systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem when the
+    GPUs need hosts of different architectures and the spec names no platforms."""
+    if spec.target.platforms:
+        want = next(a for a, name in PLATFORMS.items() if name == (platform or spec.target.platforms[0]))
+        named = {a for a, name in PLATFORMS.items() if name in spec.target.platforms}
         for i, g in enumerate(gpus):
-            if want not in g.host_arch:
+            if (want not in g.host_arch) if len(named) == 1 else not (named & set(g.host_arch)):
                 others = " and ".join(PLATFORMS[a] for a in g.host_arch)
                 return want, spec.problem(
                     ("target", "gpus", i),
-                    f"{g.short} ({g.name}) ships in {others} hosts only, not in {PLATFORMS[want]} hosts as "
-                    f"[target].platforms says" + (f" (source: {g.host_arch_source})" if g.host_arch_source else ""),
+                    f"{g.short} ({g.name}) ships in {others} hosts only, not in "
+                    f"{' or '.join(PLATFORMS[a] for a in sorted(named, reverse=True))} hosts as [target].platforms says" + (f" (source: {g.host_arch_source})" if g.host_arch_source else ""),
                     hint=f"set [target].platforms = [\"{others}\"] or drop the key, or target another GPU",
                     reference="gpu-not-on-platform")
         return want, None
@@ -225,9 +238,9 @@ def _platform(spec: EnvSpec, gpus: list[Gpu]) -> tuple[str, Problem | None]:
     return "x86_64", spec.problem(
         ("target", "gpus", idx),
         f"the GPUs need hosts of two CPU architectures: {', '.join(g.short for g in arm)} ship in linux-aarch64 "
-        f"(Grace/Arm) hosts only, {', '.join(g.short for g in x86)} in linux-x86_64 hosts; one lock per platform "
-        "is what this envspec makes (a lock with a section per platform is a later slice of issue 13)",
-        hint="split the spec: one for the Grace systems, one for the x86 GPUs",
+        f"(Grace/Arm) hosts only, {', '.join(g.short for g in x86)} in linux-x86_64 hosts",
+        hint="name both: [target].platforms = [\"linux-x86_64\", \"linux-aarch64\"] (one lock with a section per "
+             "platform, each targeting its GPUs), or split the spec",
         reference="mixed-platforms")
 
 

@@ -249,21 +249,24 @@ class _Argv:
 def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), *, host: Host,
              engine: str | None = None, bind: str = "127.0.0.1", detach: bool = False, name: str | None = None,
              mount_cwd: bool = True, gpus: bool = True, host_ports: Mapping[int, int] | None = None,
-             image: str | None = None) -> RunCommand:
+             image: str | None = None, emulate: bool = False, platform: str | None = None) -> RunCommand:
     """The argv that starts ``target`` (a ``Runnable``, a lock, a spec or lockfile path, or an
     image reference) on ``host``, with the warnings a user should see. ``host_ports`` maps a
     service's port in the container to another port on the host (default: the same). ``image``
     runs another reference of the lock's image (a registry copy pulled by digest) with the lock's
     settings. Raises ``HostError`` when no engine is usable, ``UsageError``/``LockError`` for a
-    bad target."""
+    bad target. ``emulate``: an image of another CPU architecture may start under emulation
+    (``--emulate``; without it such an image is refused, ``emulation-not-asked``). ``platform``: which
+    section of a multi-platform lock to run (default: the host's)."""
     t = target if isinstance(target, Runnable) else resolve_runnable(target)
+    t = _platform_view(t, host, platform)
     lock = t.lock
     image = image or t.image
     out = _Argv([], list(t.warnings))
     engine = _engine(host, engine, out)
     out.add(engine, *(_podman_global(host) if engine == "podman" else []), "run", "--rm")
     if lock is not None and lock.platform.arch != host.machine:
-        _emulated(host, engine, lock, out)
+        _emulated(host, engine, lock, out, asked=emulate)
     out.add("-d" if detach else "-it" if host.tty else "-i")
     if name:
         out.add("--name", name)
@@ -300,10 +303,46 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
                       load_hint=load_hint)
 
 
-def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv) -> None:
+def _platform_view(t: Runnable, host: Host, platform: str | None) -> Runnable:
+    """The one-platform lock to run: of a multi-platform lock the section ``platform`` names, else
+    the host's (``UsageError`` when it has none: another platform's image must be asked for)."""
+    lock = t.lock
+    if lock is None:
+        if platform:
+            raise UsageError(f"--platform {platform}: {t.image} is an image reference, not a lock with sections",
+                             hint="give the lock (or spec), or pull the image with podman pull --arch",
+                             reference="bad-usage")
+        return t
+    want = platform or (f"linux-{host.machine}" if lock.multi else None)
+    if want is None:
+        return t
+    if lock.find_part(want) is None:
+        if not platform:
+            others = " or ".join(f"--platform {n} --emulate" for n in lock.platform_names)
+            raise UsageError(f"lock {lock.meta.name} has no section for this host's platform, {want} (it has "
+                             f"{', '.join(lock.platform_names)})",
+                             hint=f"run another platform's image under emulation: {others}; or add {want} to "
+                                  "[target].platforms and lock again", reference="platform-not-in-lock")
+        lock.for_platform(want)  # raises platform-not-in-lock, naming the sections
+    view = lock.for_platform(want)
+    if view is lock:
+        return t
+    return Runnable(view.image_tag, view, source=t.source, warnings=t.warnings)
+
+
+def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv, *, asked: bool = False) -> None:
     """An image of another CPU architecture (an arm64 image on an amd64 host): it starts under
-    qemu-user-static through binfmt_misc when the kernel has that, and not at all otherwise."""
+    qemu-user-static through binfmt_misc when asked for (``--emulate``) and the kernel has that,
+    and not at all otherwise."""
     arch, oci = lock.platform.arch, lock.platform.oci_arch
+    if not asked:
+        raise UsageError(f"the image is for linux-{arch} ({oci}) and this host is linux-{host.machine}: it can only "
+                         "run under emulation (qemu-user-static), many times slower and without GPUs, which "
+                         "envspec run does only when asked",
+                         hint=f"add --emulate to run it under emulation"
+                              + ("" if host.runs_arch(arch) else f" (needs qemu-user-static and binfmt_misc for {arch}: "
+                                 "scripts/dev.sh setup)") + f"; or run it on a linux-{arch} host",
+                         reference="emulation-not-asked")
     if not host.runs_arch(arch):
         raise UsageError(f"the image is for linux-{arch} ({oci}) and this host is linux-{host.machine}, with no "
                          f"emulation for {arch}", hint=(host.binfmt_note or "apt-get install -y qemu-user-static "
@@ -445,8 +484,12 @@ def start_lines(target: str, lock: Lockfile, *, image: str = "") -> list[str]:
     """How to start the image of ``lock`` (built as ``image``, default the lock's tag) with
     ``envspec run``: with its services, with a command, with its verifier. ``target``: the spec or
     lockfile the user named (what ``envspec run`` takes)."""
+    import platform
+
     run = f"envspec run {shlex.quote(target)}" + (f" --image {shlex.quote(image)}" if image and image != lock.image_tag
                                                  else "")
+    if lock.platform.arch != platform.machine():  # another architecture's image: under emulation, when asked
+        run += f" --platform {lock.platform_names[0]} --emulate" if lock.meta.part_of else " --emulate"
     services = _enabled_services(lock)
     if services:
         names = " and ".join("JupyterLab" if s == "jupyter" else "SSH" for s, _ in services)

@@ -485,11 +485,6 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
     elif dup is not None:
         out.append(spec.problem(("target", "platforms", dup), f"{plats[dup]!r} is listed twice",
                                 hint="name each platform once", reference="invalid-value"))
-    elif len(set(plats)) > 1:
-        out.append(spec.problem(("target", "platforms"), "this envspec makes one lock per platform; the spec names "
-                                + " and ".join(plats),
-                                hint="write one spec per platform (a lock with a section per platform is planned, "
-                                     "docs/lockfile.md)", reference="one-platform-per-lock"))
     j, s = spec.services.jupyter, spec.services.ssh
     if j and s and j.enabled and s.enabled and j.port == s.port:
         out.append(spec.problem(("services", "ssh", "port"), f"port {s.port} is also [services.jupyter].port",

@@ -157,9 +157,9 @@ def test_envspec_run_starts_the_arm64_image_under_emulation_and_verify_passes(ho
     needs_emulation(host)
     built = do_build(SMOKE_ARM, host, new_cache(tmp_path, debs, "c"))
     env = {"ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}
-    shown = envspec_cli("run", "--print", "--no-mount", str(SMOKE_ARM), "--", "true", env=env)
+    shown = envspec_cli("run", "--print", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "true", env=env)
     assert shown.returncode == 0 and " --arch arm64 " in shown.stdout and "emulation" in shown.stdout, shown
-    cp = envspec_cli("run", "--no-mount", str(SMOKE_ARM), "--", "sh", "-c",
+    cp = envspec_cli("run", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "sh", "-c",
                      "uname -m; ldconfig -p | head -2; envspec verify --json; echo VERIFY_RC=$?", env=env)
     out = cp.stdout
     assert out.splitlines()[0] == "aarch64", out + cp.stderr
@@ -179,7 +179,7 @@ def test_one_changed_file_in_the_arm64_image_fails_its_verifier(host, tmp_path, 
     argv = plan_run(lockmod.load(SMOKE_ARM), ["sh", "-c", "echo '# edited' >> \"$(python -c 'import six; "
                                                          "print(six.__file__)')\"; envspec verify --json; "
                                                          "echo VERIFY_RC=$?"],
-                    host=host, mount_cwd=False).argv
+                    host=host, mount_cwd=False, emulate=True).argv
     at = argv.index("run") + 1
     argv[at:at] = ["--user", "0"]  # the venv belongs to root: only root can change a file in it
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -196,7 +196,7 @@ def test_arm64_cpu_torch_image_passes_its_cpu_checks_under_emulation(host, tmp_p
     run under qemu: torch imports, the CPU numerics and integrity pass."""
     needs_emulation(host)
     do_build(CPU_ARM, host, new_cache(tmp_path, debs, "c"))
-    cp = envspec_cli("run", "--no-mount", str(CPU_ARM), "--", "sh", "-c", "envspec verify --json; echo VERIFY_RC=$?",
+    cp = envspec_cli("run", "--emulate", "--no-mount", str(CPU_ARM), "--", "sh", "-c", "envspec verify --json; echo VERIFY_RC=$?",
                      env={"ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}, timeout=1200)
     out = cp.stdout
     report = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]

@@ -44,6 +44,23 @@ def test_lock_smoke_pins_everything_and_is_reproducible(tmp_path):
     assert main(["lock", str(SMOKE), "-o", str(out), "--check"]) == 0
 
 
+def test_a_two_platform_spec_locks_into_one_lock_with_a_section_each(tmp_path):
+    out = tmp_path / "multi.lock"
+    assert main(["lock", str(ROOT / "specs" / "smoke-multi.toml"), "-o", str(out), "-q"]) == 0
+    lk = lockmod.load(out)
+    assert (lk.version, lk.platform_names) == (2, ["linux-x86_64", "linux-aarch64"])
+    for part, deb_arch, tag in zip(lk.parts, ("amd64", "arm64"), ("x86_64", "aarch64")):
+        assert part.debian is not None and part.debian.architecture == deb_arch
+        assert {p.architecture for p in part.debian.packages} <= {deb_arch, "all"}
+        assert part.platform.platform_tag.endswith(tag) and {w.name for w in part.wheels} == {"six", "idna"}
+    libc = [next(p for p in part.debian.packages if p.name == "libc6") for part in lk.parts if part.debian]
+    assert libc[0].sha256 != libc[1].sha256, "each section pins its own architecture's files"
+    first = out.read_text()
+    assert main(["lock", str(ROOT / "specs" / "smoke-multi.toml"), "-o", str(out), "--check"]) == 0
+    assert main(["lock", str(ROOT / "specs" / "smoke-multi.toml"), "-o", str(out), "-q"]) == 0
+    assert out.read_text() == first
+
+
 def test_check_fails_with_reasons_when_the_spec_changes(tmp_path, capsys):
     spec = tmp_path / "smoke.toml"
     spec.write_text(SMOKE.read_text())
@@ -67,7 +84,7 @@ def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
     old = [w if w.name != "six" else w.model_copy(update={
         "version": "1.16.0", "filename": "six-1.16.0-py2.py3-none-any.whl",
         "sha256": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254", "size": 11053}) for w in lk.wheels]
-    lockmod.write_atomic(out, lockmod.dumps(lk.model_copy(update={"wheels": old}).with_hash()))
+    lockmod.write_atomic(out, lockmod.dumps(lk.replace_part(wheels=old).with_hash()))
     assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
     assert next(w for w in lockmod.load(out).wheels if w.name == "six").version == "1.16.0"
     assert main(["lock", str(spec), "-o", str(out), "-q", "--upgrade-package", "six"]) == 0

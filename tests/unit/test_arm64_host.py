@@ -57,18 +57,26 @@ AMD64 = Host(tools={"podman": Tool("/usr/bin/podman"), "runc": Tool("/usr/bin/ru
 
 def test_run_refuses_an_arm64_image_without_emulation():
     with pytest.raises(UsageError) as e:
-        plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt_note="binfmt_misc is not mounted"))
+        plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt_note="binfmt_misc is not mounted"), emulate=True)
     assert e.value.reference == "arch-not-runnable" and e.value.exit_code == 2
     assert "linux-aarch64" in e.value.message and "binfmt_misc is not mounted" in e.value.hint
 
 
+def test_run_refuses_an_arm64_image_unless_emulation_is_asked_for():
+    for host in (replace(AMD64, binfmt=("aarch64",)), replace(AMD64, binfmt_note="binfmt_misc is not mounted")):
+        with pytest.raises(UsageError) as e:
+            plan_run(load(ARM_LOCK), ["true"], host=host)
+        assert e.value.reference == "emulation-not-asked" and e.value.exit_code == 2
+        assert "linux-aarch64" in e.value.message and "--emulate" in e.value.hint
+
+
 def test_run_starts_an_arm64_image_under_emulation_with_the_arch_flag():
-    cmd = plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",)))
+    cmd = plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",)), emulate=True)
     i = cmd.argv.index("--arch")
     assert cmd.argv[i + 1] == "arm64" and cmd.argv.index("run") < i < cmd.argv.index(cmd.image)
     assert any("emulation" in w for w in cmd.warnings)
     docker = plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",), docker="daemon"),
-                      engine="docker")
+                      engine="docker", emulate=True)
     assert "--platform" in docker.argv and docker.argv[docker.argv.index("--platform") + 1] == "linux/arm64"
 
 
@@ -87,7 +95,34 @@ def test_cli_run_exits_2_for_an_image_it_cannot_start(monkeypatch, capsys):
                         lambda *a, **k: replace(real(*a, **k), binfmt=(), binfmt_note="no qemu here"))
     assert main(["run", "--print", str(ARM_LOCK), "--", "true"]) == 2
     err = capsys.readouterr().err
+    assert "error[emulation-not-asked]" in err and "--emulate" in err
+    assert main(["run", "--print", "--emulate", str(ARM_LOCK), "--", "true"]) == 2
+    err = capsys.readouterr().err
     assert "arch-not-runnable" in err and "no qemu here" in err
+
+
+MULTI_LOCK = ARM_LOCK.parent / "smoke-multi.lock"
+
+
+def test_run_of_a_multi_platform_lock_takes_the_hosts_platform():
+    lock = load(MULTI_LOCK)
+    here = plan_run(lock, ["true"], host=replace(AMD64, binfmt=("aarch64",)))
+    assert here.image == lock.for_platform("linux-x86_64").image_tag and "--arch" not in here.argv
+    arm_host = replace(AMD64, machine="aarch64")
+    there = plan_run(lock, ["true"], host=arm_host)
+    assert there.image == lock.for_platform("linux-aarch64").image_tag and there.image.endswith("-arm64")
+    # another platform's section: by name, and under emulation only when asked
+    with pytest.raises(UsageError) as e:
+        plan_run(lock, ["true"], host=replace(AMD64, binfmt=("aarch64",)), platform="linux-aarch64")
+    assert e.value.reference == "emulation-not-asked"
+    emu = plan_run(lock, ["true"], host=replace(AMD64, binfmt=("aarch64",)), platform="linux-aarch64", emulate=True)
+    assert emu.image.endswith("-arm64") and emu.argv[emu.argv.index("--arch") + 1] == "arm64"
+
+
+def test_run_of_a_lock_without_the_hosts_platform_names_the_way():
+    with pytest.raises(UsageError) as e:
+        plan_run(load(MULTI_LOCK), ["true"], host=replace(AMD64, machine="riscv64"))
+    assert e.value.reference == "platform-not-in-lock" and "--platform linux-aarch64 --emulate" in e.value.hint
 
 
 def test_doctor_names_the_architecture_and_emulation():

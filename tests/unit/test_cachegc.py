@@ -140,6 +140,20 @@ def test_needed_from_a_real_lock_is_its_wheels_and_plan_layers():
     assert needed.layers  # the test means something
 
 
+def test_a_multi_platform_lock_needs_what_each_platforms_image_needs():
+    from envspec import lock as lockmod
+    from envspec.plan import make_plan
+
+    path = Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock"
+    lock = lockmod.load(path)
+    needed, bad = cachegc.load_needed([path])
+    assert bad == []
+    debs = {d.sha256 for v in lock.views() for d in (v.debian.packages if v.debian else ())}
+    assert needed.debs == debs and len(debs) > len(lock.parts[0].debian.packages)
+    assert needed.layers == {lay.key.split(":", 1)[1] for v in lock.views() for lay in make_plan(v).layers
+                             if lay.cacheable}
+
+
 def test_gc_waits_for_a_running_build(tmp_path):
     c, names = fake_cache(tmp_path)
     build = c.in_use()  # what build() holds while it runs

@@ -75,11 +75,11 @@ def test_identical():
 def test_every_compared_path_is_a_field_of_the_lock():
     """The scalar fields are named by lockfile path: each must exist in the model, or the diff
     would silently see "(absent)" on both sides."""
-    from envspec.lock import Lockfile
+    from envspec.lock import Lockfile, PlatformPart
 
     for path in diffmod._FIELDS:
         table, _, key = path.partition(".")
-        model = Lockfile.model_fields[table].annotation
+        model = (Lockfile.model_fields.get(table) or PlatformPart.model_fields[table]).annotation
         model = next(a for a in getattr(model, "__args__", (model,)) if a is not type(None))
         assert key in model.model_fields, path
 
@@ -92,10 +92,10 @@ def test_layers_estimated_from_the_wheel_groups():
 
 
 def test_fallback_when_the_lock_cannot_be_planned():
-    from envspec.lock import Lockfile
+    from envspec.lock import Lockfile, text_data
 
     a = load(GOLDEN / "old.lock")
-    data = load(GOLDEN / "new.lock").model_dump(mode="json", exclude_none=True)
+    data = text_data(load(GOLDEN / "new.lock"))
     data["platform"]["base"] = "none"
     d = diff_locks(a, Lockfile.model_validate(data).with_hash())
     assert d.layers_from == "groups" and "no build plan" in d.notes[0]
@@ -123,3 +123,53 @@ def test_json_shape():
     assert j["wheels"]["counts"] == {"added": 4, "removed": 3, "upgraded": 2, "downgraded": 1, "rebuilt": 1}
     assert isinstance(d, LockDiff) and diffmod.diff_lines is diff_lines
     json.dumps(j)
+
+
+# ---- multi-platform locks: a block per platform ------------------------------------------------
+
+def _multi_with_arm_idna(version: str):
+    from envspec import lock as lockmod
+
+    m = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
+    arm = m.parts[1]
+    wheels = [w.model_copy(update={"version": version, "sha256": "d" * 64, "filename": f"idna-{version}-py3-none-any.whl"})
+              if w.name == "idna" else w for w in arm.wheels]
+    return m, lockmod.Lockfile.model_validate(m.model_copy(update={"parts": [m.parts[0], arm.model_copy(
+        update={"wheels": wheels})]}).model_dump()).with_hash()
+
+
+def test_a_wheel_changed_only_on_aarch64_shows_under_that_platform(tmp_path, capsys):
+    import json
+
+    from envspec import lock as lockmod
+    from envspec.cli import main
+
+    old, new = _multi_with_arm_idna("3.6")
+    d = diff_locks(old, new)
+    assert d.per_platform and not d.identical and [n for n, _ in d.platforms] == ["linux-x86_64", "linux-aarch64"]
+    subs = dict(d.platforms)
+    assert subs["linux-x86_64"].identical and subs["linux-aarch64"].wheels[0].name == "idna"
+    lines = diff_lines(d)
+    arm_at = lines.index("== linux-aarch64 ==")
+    assert lines.index("== linux-x86_64 ==") < arm_at
+    assert "    v idna 3.7 -> 3.6  [team]" in lines[arm_at:]
+    assert not any("idna" in line for line in lines[:arm_at])
+    a, b = tmp_path / "a.lock", tmp_path / "b.lock"
+    a.write_text(lockmod.dumps(old))
+    b.write_text(lockmod.dumps(new))
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["platforms"]["linux-x86_64"]["identical"] is True
+    assert out["platforms"]["linux-aarch64"]["wheels"]["changes"][0]["name"] == "idna"
+    team = {lay["group"]: lay["change"] for lay in out["platforms"]["linux-aarch64"]["layers"]["layers"]}
+    assert team["team"] == "changed" and team["base"] == "same"
+
+
+def test_a_platform_added_to_a_lock_is_named():
+    old = load(Path(__file__).parents[2] / "lockfiles" / "smoke.lock")
+    new = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
+    d = diff_locks(old, new)
+    assert d.platforms_added == ("linux-aarch64",) and [n for n, _ in d.platforms] == ["linux-x86_64"]
+    assert "platform added: linux-aarch64 (a new image in the index)" in diff_lines(d)
+    again = diff_locks(new, new)
+    assert again.identical and diff_lines(again)[-1] == "the locks are identical: same images, nothing to rebuild"

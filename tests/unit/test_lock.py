@@ -55,7 +55,7 @@ def test_content_hash_covers_body_not_meta():
 
 
 def test_unknown_format_version_is_rejected():
-    text = lockmod.dumps(make_lock()).replace("version = 1\n", "version = 2\n", 1)
+    text = lockmod.dumps(make_lock()).replace("version = 1\n", "version = 3\n", 1)
     with pytest.raises(LockError) as ei:
         lockmod.loads(text, "x.lock")
     assert ei.value.reference == "lock-version" and "x.lock" in ei.value.message
@@ -169,8 +169,9 @@ def test_a_lock_with_a_db_mismatch_is_revision_1_and_reads_back():
     lock = loads((Path(__file__).parents[2] / "lockfiles" / "h100-train.lock").read_text())
     assert lock.revision == 0 and lock.torch is not None and lock.torch.db_mismatch is None
     assert "db_mismatch" not in dumps(lock)
-    bumped = lock.model_copy(update={"revision": 1, "torch": lock.torch.model_copy(
-        update={"nccl": "2.30.4", "db_mismatch": ["nccl: the compatibility DB says 2.30.7 ..."]})}).with_hash()
+    bumped = lock.replace_part(torch=lock.torch.model_copy(
+        update={"nccl": "2.30.4", "db_mismatch": ["nccl: the compatibility DB says 2.30.7 ..."]})
+    ).model_copy(update={"revision": 1}).with_hash()
     text = dumps(bumped)
     assert "revision = 1" in text and "db_mismatch = [" in text
     again = loads(text)
@@ -186,6 +187,123 @@ def test_a_lock_made_for_another_platform_is_stale():
     root = Path(__file__).parents[2]
     lock = loads((root / "lockfiles" / "h100-train.lock").read_text())
     spec = load_spec(root / "specs" / "h100.toml")
-    assert stale_reasons(lock, spec, arch="x86_64") == []
-    assert stale_reasons(lock, spec, arch="aarch64") == [
+    assert stale_reasons(lock, spec, platforms=["linux-x86_64"]) == []
+    assert stale_reasons(lock, spec, platforms=["linux-aarch64"]) == [
         "the spec resolves for linux-aarch64 hosts ([target].platforms, else its GPUs), the lock was made for linux-x86_64"]
+
+
+# ---- one lock with a section per platform (version 2) ----------------------------------------------
+
+def _repo():
+    from pathlib import Path
+
+    return Path(__file__).parents[2]
+
+
+def test_a_multi_platform_lock_reads_back_to_its_own_bytes():
+    text = (_repo() / "lockfiles" / "smoke-multi.lock").read_text()
+    lock = lockmod.loads(text)
+    assert (lock.version, lock.multi, lock.platform_names) == (2, True, ["linux-x86_64", "linux-aarch64"])
+    assert lockmod.dumps(lock) == text
+    assert "[platforms.linux-aarch64.platform]" in text and "\n[platform]\n" not in text
+    assert lock.compute_hash() == lock.meta.content_hash
+    assert lock.parts[1].debian is not None and lock.parts[1].debian.architecture == "arm64"
+    assert {p.architecture for p in lock.parts[1].debian.packages} <= {"arm64", "all"}
+
+
+def test_one_content_hash_covers_every_section():
+    lock = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
+    arm = lock.parts[1]
+    wheels = [w.model_copy(update={"sha256": "c" * 64}) if w.name == "six" else w for w in arm.wheels]
+    edited = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={"wheels": wheels})]})
+    assert edited.compute_hash() != lock.meta.content_hash
+    from envspec.spec import load_spec
+
+    spec = load_spec(_repo() / "specs" / "smoke-multi.toml")
+    assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64", "linux-aarch64"]) == []
+    assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, spec))
+    # the platforms the spec resolves to now, against the lock's sections
+    assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64"]) == [
+        "the spec resolves for linux-x86_64 hosts ([target].platforms, else its GPUs), the lock was made for "
+        "linux-x86_64 and linux-aarch64"]
+
+
+def test_a_section_that_lacks_a_package_is_named_by_its_platform():
+    lock = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
+    arm = lock.parts[1]
+    cut = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={
+        "wheels": [w for w in arm.wheels if w.name != "idna"]})]}).with_hash()
+    from envspec.spec import load_spec
+
+    reasons = lockmod.stale_reasons(cut, load_spec(_repo() / "specs" / "smoke-multi.toml"))
+    assert reasons == ["linux-aarch64: idna is asked for in [python].packages but not in the lock"]
+
+
+def test_a_platforms_view_is_a_version_1_lock_the_build_takes():
+    lock = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
+    with pytest.raises(LockError) as e:
+        lock.platform
+    assert e.value.reference == "multi-platform-lock"
+    view = lock.for_platform("linux-aarch64")
+    assert (view.version, view.revision, view.multi, view.platform.arch) == (1, 2, False, "aarch64")
+    assert view.meta.part_of == lock.meta.content_hash and view.compute_hash() == view.meta.content_hash
+    assert view.image_tag == f"localhost/envspec/smoke-multi:{lock.short_hash}-arm64"
+    assert lock.for_platform("arm64") == view and lock.for_platform("aarch64") == view
+    again = lockmod.loads(lockmod.dumps(view))
+    assert again == view and "part_of = " in lockmod.dumps(view)
+    assert [v.platform.oci_arch for v in lock.views()] == ["amd64", "arm64"]
+    single = lockmod.load(_repo() / "lockfiles" / "smoke.lock")
+    assert single.for_platform("linux-x86_64") is single and single.views() == [single]
+    with pytest.raises(LockError) as e:
+        single.for_platform("linux-aarch64")
+    assert e.value.reference == "platform-not-in-lock"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace("version = 2\n", "version = 1\n", 1), "version 1 lock is for one platform"),
+    (lambda t: t.replace("[platforms.linux-aarch64.platform]", "[platforms.linux-arm.platform]")
+     .replace("[platforms.linux-aarch64.", "[platforms.linux-arm."), "not linux-arm"),
+])
+def test_a_malformed_multi_platform_lock_is_refused(edit, words):
+    text = edit((_repo() / "lockfiles" / "smoke-multi.lock").read_text())
+    with pytest.raises(LockError) as e:
+        lockmod.loads(text, "m.lock")
+    assert e.value.reference == "invalid-lock" and words in e.value.message, e.value.message
+
+
+def test_a_version_2_lock_of_one_platform_is_refused():
+    text = lockmod.dumps(make_lock()).replace("version = 1\n", "version = 2\n", 1)
+    with pytest.raises(LockError) as e:
+        lockmod.loads(text, "x.lock")
+    assert e.value.reference == "invalid-lock" and "section per platform" in e.value.message
+
+
+def test_lock_check_covers_both_platforms(tmp_path, capsys, monkeypatch):
+    from envspec.cli import main
+
+    monkeypatch.chdir(_repo())
+    assert main(["lock", "--check", "specs/smoke-multi.toml"]) == 0
+    lock = lockmod.load("lockfiles/smoke-multi.lock")
+    arm = lock.parts[1]
+    old = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={
+        "wheels": [w.model_copy(update={"version": "3.6"}) if w.name == "idna" else w for w in arm.wheels]})]})
+    out = tmp_path / "old.lock"
+    lockmod.write_atomic(out, lockmod.dumps(old.with_hash()))
+    capsys.readouterr()
+    assert main(["lock", "--check", "specs/smoke-multi.toml", "-o", str(out), "--json"]) == 1
+    import json
+
+    reasons = json.loads(capsys.readouterr().out)["reasons"]
+    assert reasons == ["linux-aarch64: idna 3.6 in the lock does not satisfy 'idna==3.7'"]
+
+
+def test_model_copy_of_a_part_field_changes_the_one_part():
+    lock = make_lock()
+    wheels = lock.wheels[:1]
+    copied = lock.model_copy(update={"wheels": wheels, "revision": 1})
+    assert copied.wheels == wheels and copied.revision == 1 and len(copied.parts) == 1
+    assert copied == lock.replace_part(wheels=wheels).model_copy(update={"revision": 1})
+    multi = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
+    with pytest.raises(LockError) as e:
+        multi.model_copy(update={"wheels": []})
+    assert e.value.reference == "multi-platform-lock"

@@ -132,6 +132,13 @@ def test_committed_locks_of_one_torch_variant_share_every_layer_below_the_team()
 GOLDEN_PLANS = Path(__file__).resolve().parents[1] / "data" / "golden" / "plans"
 
 
+def _lock_of_golden(name: str) -> lockmod.Lockfile:
+    """A golden plan's lock: ``<lock>`` or, for a multi-platform lock, ``<lock>.<platform>`` (its view)."""
+    stem, _, platform = name.partition(".")
+    lock = lockmod.load(LOCKS / f"{stem}.lock")
+    return lock.for_platform(platform) if platform else lock
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN_PLANS.glob("*.json")))
 def test_committed_locks_keep_their_layer_keys(name):
     """The plan of every committed, buildable lock, as `envspec build --dry-run --json` printed it
@@ -141,7 +148,7 @@ def test_committed_locks_keep_their_layer_keys(name):
     import json
     import os
 
-    got = json.dumps(make_plan(lockmod.load(LOCKS / f"{name}.lock")).to_json(), indent=1, sort_keys=True) + "\n"
+    got = json.dumps(make_plan(_lock_of_golden(name)).to_json(), indent=1, sort_keys=True) + "\n"
     golden = GOLDEN_PLANS / f"{name}.json"
     if os.environ.get("ENVSPEC_REGEN_GOLDEN"):
         golden.write_text(got)
@@ -149,5 +156,6 @@ def test_committed_locks_keep_their_layer_keys(name):
 
 
 def test_every_buildable_committed_lock_has_a_golden_plan():
-    buildable = {p.stem for p in LOCKS.glob("*.lock") if lockmod.load(p).platform.base != "none"}
+    buildable = {p.stem + (f".{v.platform_names[0]}" if v is not lk else "") for p in LOCKS.glob("*.lock")
+                 for lk in [lockmod.load(p)] for v in lk.views() if v.platform.base != "none"}
     assert buildable == {p.stem for p in GOLDEN_PLANS.glob("*.json")}

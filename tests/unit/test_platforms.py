@@ -8,7 +8,7 @@ import pytest
 from envspec.compat import load_db
 from envspec.compat.platforms import pypi_build
 from envspec.errors import SpecError
-from envspec.resolve import choose, requirements
+from envspec.resolve import choose, choose_all, requirements
 from envspec.spec import parse_spec
 
 
@@ -53,9 +53,28 @@ def test_a_grace_gpu_on_x86_is_a_spec_error_naming_the_gpu(db):
     assert "GH200" in p.message and "linux-aarch64" in p.hint
 
 
+def test_two_platforms_give_a_choice_each_in_the_spec_order(db):
+    cs = choose_all(spec('[target]\nplatforms = ["linux-aarch64", "linux-x86_64"]\n'), db)
+    assert [(c.platform, c.debian_arch) for c in cs] == [("linux-aarch64", "arm64"), ("linux-x86_64", "amd64")]
+    assert [c.platform for c in choose_all(spec('[python]\nversion = "3.11"\n'), db)] == ["linux-x86_64"]
+
+
+def test_a_mixed_fleet_targets_each_platforms_own_gpus(db):
+    cs = choose_all(spec('[target]\nplatforms = ["linux-x86_64", "linux-aarch64"]\ngpus = ["H100", "GH200"]\n'
+                         '[torch]\nversion = "2.9.1"\n'), db)
+    assert [[g.short for g in c.gpus] for c in cs] == [["H100"], ["GH200"]]
+    assert cs[0].torch is not None and cs[1].torch is not None
+
+
+def test_without_platforms_a_mixed_fleet_hints_at_naming_both(db):
+    with pytest.raises(SpecError) as e:
+        choose(spec('[target]\ngpus = ["H100", "GH200"]\n[torch]\nversion = "2.9.1"\n'), db)
+    p = e.value.problems()[0]
+    assert p.reference == "mixed-platforms" and "linux-aarch64" in p.hint
+
+
 @pytest.mark.parametrize("body, ref, path", [
     ('platforms = ["linux-arm64"]', "unknown-platform", "[target].platforms[0]"),
-    ('platforms = ["linux-x86_64", "linux-aarch64"]', "one-platform-per-lock", "[target].platforms"),
     ('platforms = ["linux-aarch64", "linux-aarch64"]', "invalid-value", "[target].platforms[1]"),
     ('platforms = "linux-aarch64"', "wrong-type", "[target].platforms"),
 ])
@@ -152,3 +171,19 @@ def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(d
     c = err.causes[0]
     assert c["where"] == "[python].packages[1] (t.toml:5)", c
     assert "intel-openmp==2024.2.1 has no linux-aarch64" in c["text"] and "`manylinux1_x86_64`" in c["text"]
+
+
+def test_explain_of_a_two_platform_spec_gives_each_platforms_choice(tmp_path, capsys):
+    import json
+
+    from envspec.cli import main
+
+    p = tmp_path / "fleet.toml"
+    p.write_text('name = "fleet"\n[target]\nplatforms = ["linux-x86_64", "linux-aarch64"]\ngpus = ["H100", "GH200"]\n'
+                 '[torch]\nversion = "2.9.1"\n')
+    assert main(["explain", str(p), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [c["platform"] for c in out["platforms"]] == ["linux-x86_64", "linux-aarch64"]
+    assert main(["explain", str(p)]) == 0
+    text = capsys.readouterr().out
+    assert text.index("linux-x86_64") < text.index("linux-aarch64")

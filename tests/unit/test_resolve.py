@@ -161,7 +161,7 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
     from pathlib import Path
 
     from envspec import lock as lockmod
-    from envspec.resolve import Resolution, WheelCandidate
+    from envspec.resolve import Resolution, WheelCandidate, choose_all
     from envspec.spec import load_spec
 
     repo = Path(__file__).parents[2]
@@ -173,10 +173,11 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
             s = load_spec(spec_path)
             path = lockmod.default_path(s.name)
             old = lockmod.load(path)
-            res = Resolution(choice=choose(s, db), wheels=[WheelCandidate(**w.model_dump()) for w in old.wheels],
-                             debs=list(old.debian.packages) if old.debian else [],
-                             deb_requested=list(old.debian.requested) if old.debian else [])
-            new = lockmod.from_resolution(res, spec_path=str(spec_path), db_version=old.meta.db_version)
+            results = [Resolution(choice=c, wheels=[WheelCandidate(**w.model_dump()) for w in part.wheels],
+                                  debs=list(part.debian.packages) if part.debian else [],
+                                  deb_requested=list(part.debian.requested) if part.debian else [])
+                       for c, part in zip(choose_all(s, db), old.parts, strict=True)]
+            new = lockmod.from_resolutions(results, spec_path=str(spec_path), db_version=old.meta.db_version)
             assert lockmod.dumps(new) == path.read_text(encoding="utf-8"), root / path
             checked += 1
     assert checked >= 7

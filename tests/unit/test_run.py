@@ -131,7 +131,7 @@ def test_no_init_in_image():
     lk = _lock()
     assert lk.debian is not None
     debian = lk.debian.model_copy(update={"packages": [p for p in lk.debian.packages if p.name != "tini"]})
-    lock = lk.model_copy(update={"debian": debian})
+    lock = lk.replace_part(debian=debian)
     argv = plan_run(lock, host=DEBIAN_HYBRID).argv
     assert argv[argv.index("--init") + 1:argv.index("--init") + 3] == ["--init-path", "/usr/bin/tini"]
     assert "--init" in plan_run(lock, host=DOCKER).argv

@@ -45,10 +45,17 @@ READ_AT_LEAST: set[Path_] = {
 }
 
 
+def _fields(value: BaseModel) -> list[str]:
+    """A model's fields as the lock's text names them: a one-platform lock's part is flat."""
+    if isinstance(value, lockmod.Lockfile):
+        return [n for n in type(value).model_fields if n != "parts"] + list(lockmod.PART_FIELDS)
+    return list(type(value).model_fields)
+
+
 def _walk(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
     """(path, value) of every field of the model, containers and leaves, recursively."""
     if isinstance(value, BaseModel):
-        for name in type(value).model_fields:
+        for name in _fields(value):
             child = getattr(value, name)
             yield (*path, name), child
             yield from _walk(child, (*path, name))
@@ -64,8 +71,12 @@ def _walk(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 
 def _defaults(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
     """(path, default) of every model field that has one, at the paths ``_walk`` gives."""
+    if isinstance(value, lockmod.Lockfile):
+        yield from _defaults(value.part, path)
     if isinstance(value, BaseModel):
         for name, info in type(value).model_fields.items():
+            if name == "parts":
+                continue
             if not info.is_required():
                 yield (*path, name), info.get_default(call_default_factory=True)
             yield from _defaults(getattr(value, name), (*path, name))
@@ -76,6 +87,8 @@ def _defaults(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 
 def _plain(value: Any) -> Any:
     """A model value as the lock's TOML holds it."""
+    if isinstance(value, lockmod.Lockfile):
+        return lockmod.text_data(value)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", exclude_none=True)
     if isinstance(value, list):
@@ -153,9 +166,21 @@ def _verifier_reads(path: Path) -> set[Path_]:
     return {p for p in seen if not str(p[0]).startswith("__")}  # the reader's own __path__, __file_sha256__
 
 
-@pytest.fixture(params=LOCKS, ids=lambda p: str(p.relative_to(REPO)))
-def lock_path(request: pytest.FixtureRequest) -> Path:
-    return request.param
+def _views() -> list[tuple[Path, str]]:
+    """(lock, platform) per committed lock and platform: the verifier reads one platform's lock,
+    a multi-platform lock's view (``Lockfile.for_platform``) as its images carry it."""
+    return [(p, name) for p in LOCKS for name in lockmod.load(p).platform_names]
+
+
+@pytest.fixture(params=_views(), ids=lambda v: f"{v[0].relative_to(REPO)}:{v[1]}")
+def lock_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    path, name = request.param
+    lock = lockmod.load(path)
+    if not lock.multi:
+        return path
+    view = tmp_path / f"{name}.lock"
+    view.write_text(lockmod.dumps(lock.for_platform(name)))
+    return view
 
 
 def test_there_are_locks_to_compare():
@@ -181,7 +206,7 @@ def test_the_reader_holds_every_field_the_model_writes(lock_path):
 def test_every_key_the_verifier_reads_is_a_field_of_the_model(lock_path):
     model = lockmod.load(lock_path)
     data = load_lock(lock_path)
-    fields = {_generic(p) for p, _ in _walk(model)} | {(name,) for name in type(model).model_fields}
+    fields = {_generic(p) for p, _ in _walk(model)} | {(name,) for name in _fields(model)}
     reads = _verifier_reads(lock_path)
     generic_reads = {_generic(p) for p in reads}
     unknown = generic_reads - fields - set(READ_BUT_NOT_WRITTEN)

@@ -186,6 +186,8 @@ def test_startup_check_in_process_leaves_no_torch(monkeypatch, tmp_path, capsys)
 
 def test_lock_tables_read_as_the_whole_file():
     for path in sorted(LOCKS.glob("*.lock")):
+        if path.read_text().count("\nversion = 1\n") != 1:
+            continue  # a multi-platform lock: images carry one platform's view (version 1), the verifier reads that
         whole, part = load_lock(path), load_lock(path, tables=startup.LOCK_TABLES)
         for key in startup.LOCK_TABLES + ("version", "revision", "__file_sha256__"):
             assert part.get(key) == whole.get(key), (path.name, key)

@@ -155,6 +155,11 @@ class Needed:
     by: dict[str, list[str]] = field(default_factory=dict)  # "kind:name" -> lock paths
 
     def add(self, lock_path: str, lock: Any) -> None:
+        """What ``lock`` needs; of a multi-platform lock, what each platform's image needs."""
+        if lock.multi:
+            for view in lock.views():
+                self.add(lock_path, view)
+            return
         from envspec.plan import make_plan
 
         def note(kind: str, name: str) -> None:

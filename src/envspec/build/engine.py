@@ -62,10 +62,11 @@ class Engine(Protocol):
     def import_image(self, oci_dir: Path, ref: str) -> None:
         """Bring the image of an OCI layout into the engine's storage, named ``ref`` last."""
 
-    def push(self, oci_dir: Path, dest: str) -> None:
-        """Copy the image of an OCI layout to a registry, keeping its digest."""
+    def push(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
+        """Copy the image of an OCI layout to a registry, keeping its digest. ``index``: the layout
+        holds an image index; every image of it goes, and the index as it is."""
 
-    def copy(self, oci_dir: Path, dest: str) -> None:
+    def copy(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
         """Write the image of an OCI layout as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""
 
 
@@ -277,23 +278,25 @@ class BuildahEngine:
         cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage.ref(ref)], check=False)
         return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
 
-    def push(self, oci_dir: Path, dest: str) -> None:
+    def push(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
         """Push with the credentials and TLS of ``self.registry``; a refusal, an unreachable registry
-        or a connection cut off is a ``RegistryError`` (``registry_error``)."""
-        args = ["copy", "--quiet", "--preserve-digests", *push_args(self.registry, dest)]
+        or a connection cut off is a ``RegistryError`` (``registry_error``). ``index``: an image
+        index and all its images (``skopeo copy --all``), the index's bytes kept."""
+        args = ["copy", "--quiet", "--preserve-digests", *(["--all"] if index else []), *push_args(self.registry, dest)]
         tmp = Path(oci_dir).parent / "engine-tmp"
         cp = self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp), tmpdir=tmp,
                       check=False)
         if cp.returncode != 0:
             raise registry_error(self.registry, dest, cp.stderr)
 
-    def copy(self, oci_dir: Path, dest: str) -> None:
-        """Write the image as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``."""
+    def copy(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
+        """Write the image as ``oci:DIR``, ``oci-archive:FILE`` or ``docker-archive:FILE``
+        (``index``: an image index and all its images, to an OCI destination)."""
         kind = dest.split(":", 1)[0]
         if kind not in ("oci", "oci-archive", "docker-archive"):
             raise BuildError(f"unknown output {dest!r}", step="output",
                              hint="use oci:DIR, oci-archive:FILE or docker-archive:FILE")
-        args = ["copy", "--quiet"]
+        args = ["copy", "--quiet", *(["--all"] if index else [])]
         if kind != "docker-archive":  # docker-archive has its own manifest format
             args.append("--preserve-digests")
         if kind == "oci":
@@ -494,8 +497,8 @@ class RecordingEngine:
         self._call("image_digest", ref)
         return self.images.get(ref, "")
 
-    def push(self, oci_dir: Path, dest: str) -> None:
-        self._call("push", str(oci_dir), dest)
+    def push(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
+        self._call("push", str(oci_dir), dest, *(["index"] if index else []))
 
-    def copy(self, oci_dir: Path, dest: str) -> None:
-        self._call("copy", str(oci_dir), dest)
+    def copy(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
+        self._call("copy", str(oci_dir), dest, *(["index"] if index else []))

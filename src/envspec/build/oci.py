@@ -224,3 +224,29 @@ def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
     tmp = dest / "index.json.tmp"
     tmp.write_bytes(canonical_json(index))
     os.replace(tmp, dest / "index.json")
+
+
+def write_index(layout: Path, images: list[tuple[str, str, str]], *, ref_name: str,
+                annotations: dict[str, str]) -> tuple[str, int]:
+    """Make the OCI layout ``layout`` (which holds the images' manifests and blobs) hold one image
+    index (manifest list) over ``images``, (os, architecture, manifest digest) each in this order,
+    with each manifest's ``platform``; ``index.json`` then names the index only, as ``ref_name``.
+    Deterministic: the same images give the same index bytes. Returns (index digest, size)."""
+    blobs = layout / "blobs" / "sha256"
+    manifests = []
+    for os_name, arch, digest in images:
+        size = (blobs / digest.split(":", 1)[1]).stat().st_size
+        manifests.append({"mediaType": MT_MANIFEST, "digest": digest, "size": size,
+                          "platform": {"architecture": arch, "os": os_name}})
+    index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": manifests, "annotations": annotations}
+    data = canonical_json(index)
+    digest = sha256_bytes(data)
+    _place_blob(blobs, digest, data=data)
+    top = {"schemaVersion": 2, "mediaType": MT_INDEX,
+           "manifests": [{"mediaType": MT_INDEX, "digest": digest, "size": len(data),
+                          "annotations": {"org.opencontainers.image.ref.name": ref_name}}]}
+    (layout / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    tmp = layout / "index.json.tmp"
+    tmp.write_bytes(canonical_json(top))
+    os.replace(tmp, layout / "index.json")
+    return digest, len(data)

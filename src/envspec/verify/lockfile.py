@@ -89,7 +89,10 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
         raise LockReadError(
             f"{p}: lock format version {version!r} is not one this verifier reads "
             f"(it reads {', '.join(map(str, KNOWN_VERSIONS))})",
-            "use the envspec that wrote the lock, or re-lock with this one",
+            ("a lock with a section per platform (version 2): the verifier checks one platform's lock, as its "
+             "image carries it (/opt/envspec/envspec.lock); run it in the image (envspec run LOCK -- envspec verify)"
+             if version == 2 and isinstance(data.get("platforms"), dict) else
+             "use the envspec that wrote the lock, or re-lock with this one"),
         )
     problems = []
     for table in ("platform", "hardware"):

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from envspec import lock as lockmod
-from envspec.lock import Lockfile
+from envspec.lock import Lockfile, text_data
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,7 +52,7 @@ def data(lock: "str | Lockfile" = "small.lock") -> dict:
     """A lock as the plain dict of its TOML, to edit in a test: a fixture's name, or a model."""
     if isinstance(lock, str):
         return tomllib.loads((HERE / lock).read_text())
-    return lock.model_dump(mode="json", exclude_none=True)
+    return text_data(lock)
 
 
 def load(name: str = "small.lock") -> Lockfile:

@@ -1,0 +1,175 @@
+"""A lock with a section per platform -> one image per platform -> one OCI image index.
+
+``build_index(lock, ...)`` builds each platform's view of the lock (``Lockfile.for_platform``) with
+``build()``, as a one-platform lock is built (same layer order, same content keys: an arm64 image
+is made on amd64 without emulation), then writes one OCI image index (a manifest list) whose
+manifests name their ``platform`` ({architecture amd64|arm64, os linux}). What ``--push``,
+``--output oci:DIR`` and ``--output oci-archive:FILE`` carry is that index, with every image;
+its digest is the build's identity, reproducible as each image's is (the index is canonical JSON
+of the manifests' digests and sizes, the lock's name and hash, and SOURCE_DATE_EPOCH).
+
+Every platform is built (untagged) before any is named: a platform whose build fails leaves no tag
+(the images then go into containers-storage from the layers just made, each checked to be the same
+bytes). In containers-storage each platform's image is tagged on its own: the lock's tag with the
+architecture after it (``localhost/envspec/NAME:HASH-amd64``, ``...-arm64``; ``--tag REF`` gives
+``REF-amd64`` ...). containers-storage holds images, not the index; ``envspec run`` of the lock
+takes the host's platform's image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from envspec.build.oci import MT_INDEX, created_at, export_layout, write_index
+from envspec.errors import BuildError, UsageError
+from envspec.lock import Lockfile
+from envspec.plan import make_plan
+
+if TYPE_CHECKING:
+    from envspec.build import BuildOptions, BuiltImage, Reporter
+    from envspec.build.engine import Engine
+    from envspec.build.fetch import Cache
+    from envspec.sources import Mirror
+
+
+@dataclass(frozen=True)
+class BuiltIndex:
+    """The image index of a multi-platform lock and the images it names, in the lock's order."""
+
+    digest: str  # the index's: what pushes and OCI outputs carry
+    images: tuple[tuple[str, "BuiltImage"], ...]  # (platform name, its image)
+    pushed: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def image(self) -> str:
+        """The host-independent name: none (each platform's image has its own tag)."""
+        return ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "media_type": MT_INDEX,
+            "platforms": [{"platform": name, "os": name.split("-", 1)[0], "architecture": _arch(name),
+                           **built.to_json()} for name, built in self.images],
+            "pushed": list(self.pushed),
+            "outputs": list(self.outputs),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _arch(platform: str) -> str:
+    from envspec.lock import OCI_ARCH
+
+    arch = platform.split("-", 1)[1]
+    return OCI_ARCH.get(arch, arch)
+
+
+def platform_tag(tag: str | None, view: Lockfile) -> str | None:
+    """The containers-storage name of one platform's image: ``None`` -> the view's own tag
+    (``NAME:HASH-ARCH``), ``""`` -> untagged, ``REF`` -> ``REF-ARCH`` (``REF:latest-ARCH`` for a
+    reference without a tag)."""
+    if not tag:
+        return tag
+    last = tag.rsplit("/", 1)[-1]
+    return f"{tag}-{view.platform.oci_arch}" if ":" in last else f"{tag}:latest-{view.platform.oci_arch}"
+
+
+def check_options(options: "BuildOptions") -> None:
+    """What an image index cannot carry, refused before anything is built (exit 2)."""
+    for dest in options.outputs:
+        if dest.startswith("docker-archive:"):
+            raise UsageError(f"--output {dest}: a docker archive holds one platform's image, not an image index",
+                             hint="use oci:DIR or oci-archive:FILE for the index, or build one platform's lock "
+                                  "(a spec with one [target].platforms entry) for docker load",
+                             reference="index-output-unsupported")
+    if options.sign_key is not None:
+        raise UsageError("signing an image index is not supported yet", reference="index-output-unsupported",
+                         hint="push without --sign-by-sigstore-private-key, or sign each platform's lock's image")
+
+
+def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Sequence["Mirror"], *,
+                options: "BuildOptions", reporter: "Reporter | None" = None) -> BuiltIndex:
+    """Build every platform of ``lock`` and the image index over them; deliver the index to
+    ``options.outputs`` and ``options.push``. Raises as ``build()`` does, ``UsageError`` first for
+    options an index cannot take."""
+    from envspec.build import Reporter, build
+
+    check_options(options)
+    reporter = reporter or Reporter()
+    t0 = time.monotonic()
+    work = cache.workdir()
+    layout = work / "index"
+    views = lock.views()
+    try:
+        # every platform's image made first, none tagged: a platform that fails to build leaves no tag
+        images: list[tuple[str, BuiltImage]] = []
+        for view in views:
+            opts = dataclasses.replace(options, tag="", outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
+                                       push=None, cache_to="")
+            images.append((view.platform_names[0], build(make_plan(view), engine, cache, mirrors, options=opts,
+                                                         reporter=reporter)))
+        digest, _size = write_index(layout, [(name.split("-", 1)[0], _arch(name), built.digest) for name, built in images],
+                                    ref_name=lock.short_hash,
+                                    annotations={"org.opencontainers.image.created": created_at(),
+                                                 "org.opencontainers.image.title": lock.meta.name,
+                                                 "org.opencontainers.image.revision": lock.meta.content_hash,
+                                                 "io.envspec.lock-hash": lock.meta.content_hash})
+        outputs, pushed = deliver_index(engine, layout, digest, options, reporter)
+        images = _tag_all(views, images, engine, cache, mirrors, options, reporter)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BuiltIndex(digest=digest, images=tuple(images), pushed=pushed, outputs=outputs,
+                      seconds=time.monotonic() - t0)
+
+
+def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engine: "Engine", cache: "Cache",
+             mirrors: Sequence["Mirror"], options: "BuildOptions",
+             reporter: "Reporter") -> list[tuple[str, "BuiltImage"]]:
+    """Once every platform is built: each image into containers-storage under its tag (``build()``
+    again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
+    from envspec.build import build
+
+    out = []
+    for view, (name, first) in zip(views, images):
+        tag = platform_tag(options.tag, view)
+        if tag == "" and not options.cache_to:
+            out.append((name, first))
+            continue
+        opts = dataclasses.replace(options, tag=tag, outputs=(), push=None, no_cache=False, cache_from="")
+        again = build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter)
+        # the stored image's digest (uncompressed layers): the same whether or not this build compresses
+        if again.store_digest != first.store_digest:
+            raise BuildError(f"{name}: the image made again from the cache has digest {again.store_digest}, the "
+                             f"first {first.store_digest}", step="commit", hint="the layer cache holds other bytes than were made: "
+                             "`envspec cache gc` and build again")
+        out.append((name, dataclasses.replace(first, image=again.image, store_digest=again.store_digest,
+                                              phases=first.phases + again.phases,
+                                              seconds=first.seconds + again.seconds,
+                                              cache_to=again.cache_to, cached_to=again.cached_to)))
+    return out
+
+
+def deliver_index(engine: "Engine", layout: Path, digest: str, options: "BuildOptions",
+                  reporter: "Reporter") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The index of ``layout`` to ``options.outputs`` (oci:DIR: hardlinked, ``oci-archive:``: by the
+    engine) and ``options.push`` (every image, then the index, digests kept)."""
+    for dest in options.outputs:
+        if dest.startswith("oci:"):
+            path, _, name = dest[4:].partition(":")
+            try:
+                export_layout(layout, Path(path), name)
+            except OSError as e:
+                raise BuildError(f"cannot write {dest}: {e}", step="output") from e
+        else:
+            engine.copy(layout, dest, index=True)
+    if options.push:
+        engine.push(layout, options.push, index=True)
+        reporter.pushed(options.push, digest)
+    return tuple(options.outputs), ((options.push,) if options.push else ())
