@@ -456,6 +456,9 @@ def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, ext
         row["build_s"] = built["seconds"]
         row["outside_build_s"] = round(wall - built["seconds"], 2)
         row["phases"] = phase_table(built["phases"])
+        row["image"] = built["image"]
+        row["layers"] = [{"group": lay["group"], "size": lay["size"]} for lay in built["layers"]]
+        row["layers_bytes"] = sum(lay["size"] for lay in built["layers"])
     else:
         text = ANSI.sub("", out.replace("\r", "\n"))
         row["last_lines"] = [ln.strip() for ln in text.splitlines() if ln.strip()][-8:]
@@ -504,6 +507,19 @@ def drop_storage(storage: Path) -> None:
     shutil.rmtree(st.runroot, ignore_errors=True)
 
 
+def fetch_debs(plan, cache: Path) -> int:
+    """The base layer's .debs into ``cache``/debs (where a build with ENVSPEC_CACHE=``cache`` looks),
+    from the lock's Debian mirror; how many."""
+    base = plan.layer("base")
+    if base.debs:
+        from envspec import debian
+
+        lk = plan.lock
+        debian.fetch_debs(list(base.debs), cache_dir=cache / "debs",
+                          mirrors=debian.mirror_list((lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR))
+    return len(base.debs)
+
+
 def unzip_floor(plan, paths: dict, dest: Path) -> float:
     """The floor: every wheel of the plan unzipped into ``dest`` (then removed), timed."""
     def unzip_all():
@@ -535,13 +551,7 @@ def main_cli(args) -> int:
         mirrors = sources.discover().mirrors
         t, paths = timed(lambda: WheelFetcher(Cache(cache), mirrors).fetch_all(plan.wheels), settle=False)
         res["fetch_wheels_s"] = round(t, 1)
-        base = plan.layer("base")
-        if base.debs:
-            from envspec import debian
-
-            lk = plan.lock
-            debian.fetch_debs(list(base.debs), cache_dir=cache / "debs",
-                              mirrors=debian.mirror_list((lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR))
+        fetch_debs(plan, cache)
         res["unzip_floor_s"] = unzip_floor(plan, paths, work / "unzipped")
 
         runs: dict = {}
