@@ -224,3 +224,28 @@ def test_every_key_the_verifier_reads_is_a_field_of_the_model(lock_path):
     missed = READ_AT_LEAST - generic_reads
     if model.torch is not None and model.wheels:
         assert missed == set(), f"the recorder saw no read of {sorted(missed)}"
+
+
+@pytest.mark.parametrize("path, name", [v for v in _views() if lockmod.load(v[0]).multi],
+                         ids=lambda v: str(v) if isinstance(v, str) else v.name)
+def test_a_multi_platform_lock_is_read_as_the_hosts_section(path, name, tmp_path, monkeypatch):
+    """Host mode (`envspec verify --lock multi.lock`): the verifier reads the host's section of a
+    version-2 lock (ENVSPEC_PLATFORM names another) as the view its image carries."""
+    view = tmp_path / f"{name}.lock"
+    view.write_text(lockmod.dumps(lockmod.load(path).for_platform(name)))
+    monkeypatch.setenv("ENVSPEC_PLATFORM", name)
+    whole, one = load_lock(path), load_lock(view)
+    assert whole["__platform__"] == name
+    for t in ("platform", "hardware", "torch", "runtime", "services", "debian", "wheels"):
+        assert whole.get(t) == one.get(t), t
+    assert _verifier_reads(path) == _verifier_reads(view)
+
+
+def test_a_multi_platform_lock_without_the_hosts_section_is_refused(tmp_path, monkeypatch):
+    from envspec.verify.lockfile import LockReadError
+
+    multi = next(p for p in LOCKS if lockmod.load(p).multi)
+    monkeypatch.setenv("ENVSPEC_PLATFORM", "linux-riscv64")
+    with pytest.raises(LockReadError, match="no section for this host's platform linux-riscv64") as e:
+        load_lock(multi)
+    assert "linux-aarch64" in e.value.message and "ENVSPEC_PLATFORM" in e.value.hint

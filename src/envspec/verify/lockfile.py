@@ -1,8 +1,11 @@
-"""Reading the lock the verifier checks against (docs/lockfile.md, format version 1).
+"""Reading the lock the verifier checks against (docs/lockfile.md, format versions 1 and 2).
 
 Only the standard library: this module is copied into images. The verifier reads the lock as a
 plain dict and looks up the few tables it needs; unknown keys are ignored (``revision`` grows
-for additive changes), an unknown ``version`` is refused.
+for additive changes), an unknown ``version`` is refused. A lock with a section per platform (version 2,
+``[platforms.<name>.*]``) is read as the one-platform lock of this host's platform (or
+``ENVSPEC_PLATFORM``'s): its shared tables and that section's, so a host-mode ``envspec verify
+--lock multi.lock`` checks the host against what its image would carry.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_LOCK = "/opt/envspec/envspec.lock"  # where envspec's image builder bakes the lock
-KNOWN_VERSIONS = (1,)
+KNOWN_VERSIONS = (1, 2)
+MULTI_VERSION = 2  # a section per platform
 
 
 class LockReadError(Exception):
@@ -78,22 +82,21 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
                 data = tomllib.loads(_only_tables(text, tables))
             except tomllib.TOMLDecodeError:
                 data = None  # a cut in an odd place: the whole file says what is wrong
-        if data is None:
+        if data is None or data.get("version") == MULTI_VERSION:  # the sections are under [platforms]
             data = tomllib.loads(text)
     except UnicodeDecodeError as e:
         raise LockReadError(f"{p} is not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise LockReadError(f"{p} is not valid TOML: {e}") from None
     version = data.get("version")
-    if version not in KNOWN_VERSIONS:
+    if version not in KNOWN_VERSIONS or (version == MULTI_VERSION and not isinstance(data.get("platforms"), dict)):
         raise LockReadError(
             f"{p}: lock format version {version!r} is not one this verifier reads "
-            f"(it reads {', '.join(map(str, KNOWN_VERSIONS))})",
-            ("a lock with a section per platform (version 2): the verifier checks one platform's lock, as its "
-             "image carries it (/opt/envspec/envspec.lock); run it in the image (envspec run LOCK -- envspec verify)"
-             if version == 2 and isinstance(data.get("platforms"), dict) else
-             "use the envspec that wrote the lock, or re-lock with this one"),
+            f"(it reads {', '.join(map(str, KNOWN_VERSIONS))}; version {MULTI_VERSION} with [platforms.<name>] sections)",
+            "use the envspec that wrote the lock, or re-lock with this one",
         )
+    if version == MULTI_VERSION:
+        data = _platform_view(data, p)
     problems = []
     for table in ("platform", "hardware"):
         if not isinstance(data.get(table), dict):
@@ -112,6 +115,32 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
     data["__path__"] = str(p)
     data["__file_sha256__"] = "sha256:" + hashlib.sha256(raw).hexdigest()
     return data
+
+
+def host_platform() -> str:
+    """This host's platform as locks name it: ``linux-x86_64``, ``linux-aarch64``."""
+    import platform
+
+    machine = platform.machine().lower()
+    return "linux-" + {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _platform_view(data: dict[str, Any], p: Path) -> dict[str, Any]:
+    """A version-2 lock as the one-platform lock of this host (``ENVSPEC_PLATFORM`` overrides):
+    the shared tables, then the section's; ``__platform__`` names it."""
+    sections = data["platforms"]
+    name = os.environ.get("ENVSPEC_PLATFORM") or host_platform()
+    part = sections.get(name)
+    if not isinstance(part, dict):
+        raise LockReadError(
+            f"{p}: the lock has no section for this host's platform {name} (it has "
+            f"{', '.join(sorted(sections)) or 'none'})",
+            "lock the spec with this platform in [target].platforms, or set ENVSPEC_PLATFORM to one it has",
+        )
+    view = {k: v for k, v in data.items() if k != "platforms"}
+    view.update(part)
+    view["__platform__"] = name
+    return view
 
 
 def lock_hash(lock: dict[str, Any]) -> str:
