@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,26 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from _common import instructions, timed_child  # noqa: E402  bench/_common.py (its directory is on sys.path)
+
 
 def one(tree: Path, argv: list[str], env: dict) -> tuple[float, float]:
-    before = os.times()
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "envspec", *argv], cwd=ROOT, env=env, capture_output=True)
-    wall = time.perf_counter() - t
-    after = os.times()
-    if proc.returncode not in (0, 2):
-        sys.exit(f"{tree}: exit {proc.returncode}\n{proc.stderr.decode()}")
-    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
-
-
-def instructions(argv: list[str], env: dict) -> int | None:
-    if not shutil.which("valgrind"):
-        return None
-    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                           "-m", "envspec", *argv], cwd=ROOT, env=dict(env, PYTHONHASHSEED="0"),
-                          capture_output=True, text=True)
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    return int(m.group(1)) if m else None
+    return timed_child([sys.executable, "-m", "envspec", *argv], env, ROOT, label=str(tree))
 
 
 def main() -> None:
@@ -82,7 +65,7 @@ def main() -> None:
         for name, tree in trees.items():
             res[name].append(one(tree, argv, envs[name]))
     load.append(os.getloadavg()[0])
-    counts = {name: instructions(argv, envs[name]) for name in trees} if a.instructions else {}
+    counts = {name: instructions([sys.executable, "-m", "envspec", *argv], envs[name], ROOT) for name in trees} if a.instructions else {}
     shutil.rmtree(tmp)
     print(f"`envspec {' '.join(argv)}`, {a.runs} runs each, alternated; python {sys.version.split()[0]}; "
           f"cores: {os.cpu_count()}; bytecode: {'compiled each run' if a.no_bytecode else 'cached'}; "

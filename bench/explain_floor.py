@@ -21,16 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from _common import instructions, timed_child  # noqa: E402  bench/_common.py (its directory is on sys.path)
 
 LIST_MODULES = """
 import json, sys
@@ -53,26 +53,6 @@ One(x=1)
 """
 
 
-def one(argv: list[str], env: dict) -> tuple[float, float]:
-    before = os.times()
-    t = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True)
-    wall = time.perf_counter() - t
-    after = os.times()
-    if proc.returncode not in (0, 2):
-        sys.exit(f"{argv}: exit {proc.returncode}\n{proc.stderr.decode()}")
-    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
-
-
-def instructions(argv: list[str], env: dict) -> int | None:
-    if not shutil.which("valgrind"):
-        return None
-    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], cwd=ROOT,
-                          env=dict(env, PYTHONHASHSEED="0"), capture_output=True, text=True)
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    return int(m.group(1)) if m else None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", default="specs/h100.toml")
@@ -93,14 +73,14 @@ def main() -> None:
         f"`envspec explain {a.spec}`": ([sys.executable, "-m", "envspec", "explain", a.spec], env),
     }
     for argv, e in cmds.values():
-        one(argv, e)  # fills the bytecode cache (and the DB cache), untimed
+        timed_child(argv, e, ROOT)  # fills the bytecode cache (and the DB cache), untimed
     load = [os.getloadavg()[0]]
     res: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
     for _ in range(a.runs):
         for name, (argv, e) in cmds.items():
-            res[name].append(one(argv, e))
+            res[name].append(timed_child(argv, e, ROOT))
     load.append(os.getloadavg()[0])
-    counts = {name: instructions(argv, e) for name, (argv, e) in cmds.items()} if a.instructions else {}
+    counts = {name: instructions(argv, e, ROOT) for name, (argv, e) in cmds.items()} if a.instructions else {}
     shutil.rmtree(tmp)
     print(f"{a.runs} runs each, alternated; python {sys.version.split()[0]}; cores: {os.cpu_count()}; bytecode cached; "
           f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
