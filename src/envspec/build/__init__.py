@@ -192,8 +192,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
     _clean_stale_scratch()
-    wanted = compression(options.compression)
-    comp = wanted if compress_now(options) else compression("none")
+    wanted, comp = _compressions(options)
     work = cache.workdir()
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted)
     layers.compiler = compiler
@@ -273,8 +272,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
     plan, _ = _bytecode_compiler(plan, Reporter())
-    wanted = compression(options.compression)
-    comp = wanted if compress_now(options) else compression("none")
+    wanted, comp = _compressions(options)
     layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp, cache_comp=wanted)
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
     debs = [d for lay in layers.todo for d in lay.debs]
@@ -319,6 +317,12 @@ def compress_now(options: BuildOptions) -> bool:
         return options.compress
     return bool(options.push or options.cache_to
                 or any(dest.startswith(("oci:", "oci-archive:")) for dest in options.outputs))
+
+
+def _compressions(options: BuildOptions) -> tuple[Compression, Compression]:
+    """(what pushes and outputs of this lock carry, what this build makes: the same or ``none``)."""
+    wanted = compression(options.compression)
+    return wanted, wanted if compress_now(options) else compression("none")
 
 
 def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: Reporter | None = None) -> list[LayerInfo]:
