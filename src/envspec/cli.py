@@ -356,6 +356,9 @@ class _Progress:
         self.progress: Progress | None = None
         self.tasks: dict[str, TaskID] = {}
         self.counts: dict[str, int] = {}
+        import threading
+
+        self.lock = threading.Lock()
 
     def __enter__(self):
         if not self.quiet:
@@ -382,8 +385,9 @@ class _Progress:
         it is made, so the bar counts bytes)."""
         if self.progress is None:
             return
-        if desc not in self.tasks:
-            self.tasks[desc] = self.progress.add_task(desc, total=None)
+        with self.lock:  # layers go into the store from several threads at once
+            if desc not in self.tasks:
+                self.tasks[desc] = self.progress.add_task(desc, total=None)
         self.progress.update(self.tasks[desc], description=f"{desc} {sent / 1e6:,.0f} MB")
 
     def _done(self, kind):

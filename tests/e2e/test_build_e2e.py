@@ -26,7 +26,7 @@ import helpers  # noqa: E402
 from envspec import lock as lockmod  # noqa: E402
 from envspec.host import find_put_layer  # noqa: E402
 from envspec.run import podman_args  # noqa: E402
-from envspec.errors import HashMismatch, SourceError  # noqa: E402
+from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
@@ -136,6 +136,20 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
         diff = subprocess.run(store._cs("diff", layer_id), capture_output=True, check=True).stdout
         assert "sha256:" + hashlib.sha256(diff).hexdigest() == lay.diff_id
 
+    # staged (the default here): nothing left in the staging area, and the files, modes, owners and
+    # times in the store are those containers/storage's own PutLayer gives the same tars
+    assert store.can_stage and not any((Path(store.root) / store.driver / "envspec-staging").iterdir())
+    monkeypatch.setenv("ENVSPEC_STAGED_IMPORT", "off")
+    with private_storage(tmp_path / "storage-put"):
+        put = BuildahEngine()
+        assert put.storage_cli() is not None and not put.storage_cli().can_stage
+        d = do_build(lock, put, new_cache(tmp_path, debs, "c4"))
+        assert d.digest == a.digest and put.image_digest(d.image) == a.store_digest
+        for x in stored:
+            assert _tree(Path(store.root) / "overlay" / x["id"] / "diff") == \
+                _tree(Path(put.storage_cli().root) / "overlay" / x["id"] / "diff"), x["id"]
+    monkeypatch.delenv("ENVSPEC_STAGED_IMPORT")
+
     monkeypatch.setenv("ENVSPEC_PUT_LAYER", "off")  # containers-storage's own import-layer
     with private_storage(tmp_path / "storage-cli"):
         cli = BuildahEngine()
@@ -149,6 +163,54 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
         assert other.storage_cli() is None
         b = do_build(lock, other, new_cache(tmp_path, debs, "c2"))
         assert b.digest == a.digest and other.image_digest(b.image) == a.store_digest
+
+
+def _tree(root: Path) -> list[tuple]:
+    """Every entry under ``root``: path, mode, owner, size, mtime (directories' too), link target."""
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        for name in ["", *dirs, *files]:
+            p = Path(dirpath) / name if name else Path(dirpath)
+            st = p.lstat()
+            out.append((str(p.relative_to(root)), st.st_mode, st.st_uid, st.st_gid,
+                        0 if p.is_dir() else st.st_size, st.st_mtime_ns if p != root else 0,
+                        os.readlink(p) if p.is_symlink() else ""))
+    return sorted(set(out))
+
+
+@needs_store_tools
+def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(engine, tmp_path, debs, monkeypatch):
+    """Staged import: what a killed build left in the staging area goes with the next import; a
+    maker that fails while its layer is being untarred leaves no layer, no staging, no image."""
+    from envspec.build import BuildahEngine, layers as layer_makers
+    from conftest import private_storage
+
+    lock = small_debian()
+    with private_storage(tmp_path / "storage"):
+        eng = BuildahEngine()
+        store = eng.storage_cli()
+        assert store is not None and store.can_stage
+        left = Path(store.root) / store.driver / "envspec-staging" / "12345-killed"
+        (left / "usr").mkdir(parents=True)
+        (left.parent / "12345-killed.tar-split.gz").write_bytes(b"x")
+        real = layer_makers.make_base_layer
+
+        def failing(plan, rootfs, out, *a, **kw):  # writes half a layer, then fails
+            real(plan, rootfs, out, *a, **kw)
+            with open(out, "r+b") as f:
+                f.truncate(Path(out).stat().st_size // 2)
+            time.sleep(0.5)
+            raise BuildError("the base layer failed (test)", step="layer base")
+
+        monkeypatch.setattr(layer_makers, "make_base_layer", failing)
+        with pytest.raises(BuildError, match="failed \\(test\\)"):
+            do_build(lock, eng, new_cache(tmp_path, debs, "c1"))
+        assert not any(left.parent.iterdir())  # the killed build's, and the failed one's
+        assert json.loads(subprocess.run(store._cs("layers", "--json"), capture_output=True, text=True,
+                                         check=True).stdout or "[]") == []
+        monkeypatch.setattr(layer_makers, "make_base_layer", real)
+        ok = do_build(lock, eng, new_cache(tmp_path, debs, "c2"))
+        assert eng.image_digest(ok.image) == ok.store_digest and not any(left.parent.iterdir())
 
 
 @needs_store_tools

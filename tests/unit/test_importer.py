@@ -15,6 +15,7 @@ import pytest
 from envspec import host as host_mod
 from envspec.build import engine as eng_mod
 from envspec.build.engine import Cancelled, chain_id
+from envspec.build import importer as importer_mod
 from envspec.build.importer import Importer, LayerFile
 from envspec.errors import BuildError, HashMismatch
 
@@ -104,8 +105,8 @@ def test_put_layer_tool_is_found_by_env_beside_python_or_on_path(tmp_path, monke
     assert host_mod.find_put_layer() is None
 
 
-def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path):
-    store = FakeStore()
+def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path, store_kind):
+    store = store_kind()
     fut: Future = Future()
     imp = Importer(store, [LayerFile("torch", tmp_path / "t.tar", fut)]).start()
     fut.set_exception(BuildError("wheel rejected", step="layer torch"))
@@ -116,6 +117,8 @@ def test_importer_stops_on_the_makers_error_and_stores_nothing(tmp_path):
 
 class FakeStore:
     """Layers by ID with their content read through the real feed; records every call."""
+
+    can_stage = False
 
     def __init__(self, corrupt: str = ""):
         self.layers: dict[str, tuple[str, str]] = {}  # id -> (parent, diff digest)
@@ -160,6 +163,92 @@ class FakeStore:
         self.images[ref] = (config, manifest, top)
 
 
+class FakeStage:
+    """A stager in a thread: follows the file at ``fd`` (a copy of it) as envspec-put-layer stage does,
+    hashing what it reads."""
+
+    def __init__(self, fd, follow, size, name, corrupt, progress):
+        self.f = os.fdopen(os.dup(fd), "rb", buffering=0)
+        self.final = size
+        self.closed = False
+        self.killed = False
+        self.name, self.corrupt, self.progress = name, corrupt, progress
+        self.out: dict | None = None
+        self.error: str = ""
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        h, n = hashlib.sha256(), 0
+        while not self.killed:
+            chunk = self.f.read(65536 if self.final is None else min(65536, self.final - n))
+            if chunk:
+                h.update(chunk)
+                n += len(chunk)
+                self.progress(n)
+                continue
+            if self.final is not None and n >= self.final:
+                break
+            if self.final is not None or self.closed:
+                self.error = "the maker stopped" if self.closed else "short file"
+                return
+            time.sleep(0.005)
+        self.out = {"staging": f"/staged/{self.name}", "tar_split": "", "size": n + (self.name == self.corrupt)}
+
+    def end(self, size):
+        self.final = size
+
+    def close(self):
+        self.closed = True
+
+    def wait(self, halt):
+        while self.thread.is_alive():
+            if halt.is_set():
+                self.kill()
+                raise Cancelled()
+            self.thread.join(0.05)
+        self.f.close()
+        if self.out is None:
+            raise BuildError(f"staging {self.name} failed: {self.error}", step="import layer")
+        return self.out
+
+    def kill(self):
+        self.killed = True
+        self.thread.join()
+
+
+class StagingStore(FakeStore):
+    """The staged import: layers untarred while written (FakeStage), made in order by commit_staged."""
+
+    can_stage = True
+
+    def __init__(self, corrupt: str = ""):
+        super().__init__(corrupt)
+        self.stages: list[tuple[str, bool]] = []  # (group, followed)
+
+    def clean_staging(self):
+        self.calls.append(("clean",))
+
+    def stored_layers(self):
+        return {lid: d for lid, (_, d) in self.layers.items()}
+
+    def stage(self, fd, *, follow, size, name="", progress=lambda n: None):
+        self.stages.append((name, follow))
+        return FakeStage(fd, follow, size, name, self.corrupt, progress)
+
+    def commit_staged(self, layer_id, parent, diff_id, staged):
+        if layer_id in self.layers:
+            return self.layers[layer_id][1], False
+        self.layers[layer_id] = (parent, diff_id)
+        self.calls.append(("put", layer_id, parent, staged["staging"].rsplit("/", 1)[-1]))
+        return diff_id, True
+
+
+@pytest.fixture(params=["serial", "staged"])
+def store_kind(request):
+    return FakeStore if request.param == "serial" else StagingStore
+
+
 def _files(tmp_path, groups):
     out = []
     for g in groups:
@@ -171,15 +260,15 @@ def _files(tmp_path, groups):
     return out
 
 
-def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path):
-    store = FakeStore()
+def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path, store_kind):
+    store = store_kind()
     files = _files(tmp_path, ["base", "cuda", "envspec"])
     imp = Importer(store, files).start()
     imp.finish(b"{config}", b"{manifest}", "localhost/envspec/x:1")
     base_id = chain_id("", files[0].made.result()["diff_id"])
     cuda_id = chain_id(base_id, files[1].made.result()["diff_id"])
     top_id = chain_id(cuda_id, files[2].made.result()["diff_id"])
-    assert [c[1:3] for c in store.calls] == [(base_id, ""), (cuda_id, base_id), (top_id, cuda_id)]
+    assert [c[1:3] for c in store.calls if c[0] == "put"] == [(base_id, ""), (cuda_id, base_id), (top_id, cuda_id)]
     assert store.images["localhost/envspec/x:1"] == (b"{config}", b"{manifest}", top_id)
     assert imp.stored == ["base", "cuda", "envspec"]
 
@@ -188,18 +277,20 @@ def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path):
     assert again.stored == [] and len([c for c in store.calls if c[0] == "put"]) == 3
 
 
-def test_importer_drops_a_layer_whose_stored_digest_differs(tmp_path):
-    store = FakeStore(corrupt="cuda")
+def test_importer_drops_a_layer_whose_stored_digest_differs(tmp_path, store_kind):
+    store = store_kind(corrupt="cuda")
     imp = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()
     with pytest.raises(HashMismatch, match="cuda"):
         imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
     assert store.images == {}
     base_id = chain_id("", "sha256:" + hashlib.sha256(b"base" * 1000).hexdigest())
-    assert ("delete", chain_id(base_id, "sha256:" + hashlib.sha256(b"cuda" * 1000).hexdigest())) in store.calls
+    cuda_id = chain_id(base_id, "sha256:" + hashlib.sha256(b"cuda" * 1000).hexdigest())
+    assert cuda_id not in store.layers  # dropped (serial), or never made (staged: checked before the commit)
+    assert ("delete", cuda_id) in store.calls or store.can_stage
 
 
-def test_importer_abort_stops_a_layer_still_being_made(tmp_path):
-    store = FakeStore()
+def test_importer_abort_stops_a_layer_still_being_made(tmp_path, store_kind):
+    store = store_kind()
     fut: Future = Future()
     (tmp_path / "cuda.tar").write_bytes(b"partial")
     imp = Importer(store, [LayerFile("cuda", tmp_path / "cuda.tar", fut)]).start()  # waits for the maker
@@ -208,6 +299,73 @@ def test_importer_abort_stops_a_layer_still_being_made(tmp_path):
     assert store.images == {} and store.layers == {}
     with pytest.raises(Cancelled):
         imp.join()
+
+
+def _grow(path: Path, data: bytes, fut: Future, *, fail: bool = False, step: int = 4096) -> threading.Thread:
+    """A maker in a thread: writes ``path`` in pieces, then resolves ``fut`` (or fails it half-way)."""
+
+    def run():
+        with open(path, "wb") as f:
+            for i in range(0, len(data), step):
+                if fail and i >= len(data) // 2:
+                    fut.set_exception(BuildError("wheel rejected", step="layer torch"))
+                    return
+                f.write(data[i:i + step])
+                f.flush()
+                time.sleep(0.002)
+        fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
+
+    t = threading.Thread(target=run)
+    return t
+
+
+def test_staged_import_follows_a_layer_while_its_maker_writes_it(tmp_path):
+    store = StagingStore()
+    data = os.urandom(400_000)
+    fut: Future = Future()
+    writing = tmp_path / "torch.tar"
+    maker = _grow(writing, data, fut)
+    imp = Importer(store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]).start()
+    maker.start()
+    imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
+    maker.join()
+    assert store.stages == [("torch", True)]  # opened while written, not after
+    assert list(store.layers.values()) == [("", "sha256:" + hashlib.sha256(data).hexdigest())]
+    assert imp.stored == ["torch"]
+
+
+def test_staged_import_stops_with_the_makers_error_when_the_maker_fails_half_way(tmp_path):
+    store = StagingStore()
+    fut: Future = Future()
+    writing = tmp_path / "torch.tar"
+    maker = _grow(writing, os.urandom(400_000), fut, fail=True)
+    imp = Importer(store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]).start()
+    maker.start()
+    with pytest.raises(BuildError, match="wheel rejected"):
+        imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
+    maker.join()
+    assert store.stages == [("torch", True)] and store.layers == {} and store.images == {}
+
+
+def test_staged_import_refuses_a_cached_layer_file_whose_bytes_changed(tmp_path):
+    files = _files(tmp_path, ["base", "cuda"])
+    for f in files:
+        f.made.result()["cached"] = True
+    (tmp_path / "cuda.tar").write_bytes(b"CUDA" + b"cuda" * 999)  # same size, other bytes
+    store = StagingStore()
+    with pytest.raises(HashMismatch, match="cached layer file .*cuda.tar"):
+        Importer(store, files).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
+    assert [c[3] for c in store.calls if c[0] == "put"] == ["base"] and store.images == {}
+
+
+def test_staged_import_skips_a_cached_layer_the_store_has(tmp_path):
+    store = StagingStore()
+    Importer(store, _files(tmp_path, ["base", "cuda"])).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
+    assert [g for g, _ in store.stages] == ["base", "cuda"]
+    again = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()
+    again.finish(b"{}", b"{}", "localhost/envspec/x:2")
+    assert [g for g, _ in store.stages] == ["base", "cuda", "envspec"]  # base and cuda not staged again
+    assert again.stored == ["envspec"]
 
 
 # --- build() with a store: layers go in beside the makers -----------------------------------------
@@ -249,16 +407,36 @@ class NamingStore(FakeStore):
         self.engine_images[ref] = "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
-def _store_engine(**kw):
+class NamingStagingStore(StagingStore):
+    def __init__(self, engine_images, **kw):
+        super().__init__(**kw)
+        self.engine_images = engine_images
+
+    def put_image(self, config, manifest, top, ref):
+        super().put_image(config, manifest, top, ref)
+        self.engine_images[ref] = "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+def _store_engine(staged=False, **kw):
     eng = StoreEngine(None)
-    eng.store = NamingStore(eng.images, **kw)
+    eng.store = (NamingStagingStore if staged else NamingStore)(eng.images, **kw)
     return eng
 
 
-def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
+@pytest.fixture(params=[False, True], ids=["serial", "staged"])
+def staged(request, monkeypatch):
+    """Whether the build's store stages its layers; ``hashed``: the files a staged import hashed."""
+    hashed: list[str] = []
+    real = importer_mod._sha256_file
+    monkeypatch.setattr(importer_mod, "_sha256_file", lambda path, halt: hashed.append(path.name) or real(path, halt))
+    request.node.hashed = hashed
+    return request.param
+
+
+def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path, staged, request):
     lock, mirror = helpers.local_lock(tmp_path, WHEELS)
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
-    eng = _store_engine()
+    eng = _store_engine(staged)
     img = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
     puts = [c for c in eng.store.calls if c[0] == "put"]
     assert [c[3] for c in puts] == [lay.group for lay in img.layers]
@@ -275,35 +453,40 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path):
     assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
     assert eng.images["localhost/envspec/again:1"] == img.store_digest
     # made in this build: the maker's digest is trusted, the file is not hashed again on its way
-    assert eng.store.checked == {lay.group: False for lay in img.layers}
+    # (a staged one: its size is compared with the maker's)
+    assert eng.store.checked == ({} if staged else {lay.group: False for lay in img.layers})
+    assert request.node.hashed == []
 
 
-def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path):
+def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path, staged, request):
     lock, mirror = helpers.local_lock(tmp_path, WHEELS)
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
-    img = build(lock, engine=_store_engine(), cache_dir=tmp_path / "cache", mirrors=mirrors)
-    eng = _store_engine()  # an empty store, the same layer cache
+    img = build(lock, engine=_store_engine(staged), cache_dir=tmp_path / "cache", mirrors=mirrors)
+    eng = _store_engine(staged)  # an empty store, the same layer cache
     again = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
     assert again.digest == img.digest
     cached = {lay.group for lay in again.layers if lay.cached}
     assert cached and "envspec" not in cached
-    assert eng.store.checked == {lay.group: lay.group in cached for lay in again.layers}
+    if staged:
+        assert len(request.node.hashed) == len(cached)
+    else:
+        assert eng.store.checked == {lay.group: lay.group in cached for lay in again.layers}
 
 
-def test_a_failing_maker_stops_the_import_and_names_nothing(tmp_path):
+def test_a_failing_maker_stops_the_import_and_names_nothing(tmp_path, staged):
     lock, mirror = helpers.local_lock(tmp_path, WHEELS)
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
-    eng = _store_engine()
+    eng = _store_engine(staged)
     with pytest.raises(HashMismatch):
         build(helpers.with_wheel(lock, "depa", sha256="0" * 64), engine=eng, cache_dir=tmp_path / "cache",
               mirrors=mirrors)
     assert eng.images == {} and eng.store.images == {}
 
 
-def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path):
+def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path, staged):
     lock, mirror = helpers.local_lock(tmp_path, WHEELS)
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
-    eng = _store_engine(corrupt="torch")
+    eng = _store_engine(staged, corrupt="torch")
     with pytest.raises(HashMismatch, match="torch"):
         build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
     assert eng.images == {} and not any(lay[1] for lid, lay in eng.store.layers.items()

@@ -521,8 +521,14 @@ class Layers:
                 break
         return tuple(pushed)
 
+    def writing_path(self, lay: Layer) -> Path:
+        """Where the layer's maker writes its tar (moved into the cache once made)."""
+        return self.work / f"{lay.group}.tar"
+
     def files(self) -> list[LayerFile]:
-        return [LayerFile(lay.group, self.path(lay), self.futures[lay.key]) for lay in self.plan.layers]
+        todo = {lay.key for lay in self.todo}
+        return [LayerFile(lay.group, self.path(lay), self.futures[lay.key],
+                          writing=self.writing_path(lay) if lay.key in todo else None) for lay in self.plan.layers]
 
     def made(self) -> tuple[LayerInfo, ...]:
         return tuple(_info(lay, self.metas[lay.key]) for lay in self.plan.layers)
@@ -573,7 +579,7 @@ class Layers:
             scratch = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
             try:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
-                out = self.work / "base.tar"
+                out = self.writing_path(base)
                 with self.clock.span("layer base"):
                     made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp(), self.compiler)
                 return _store_layer(self.cache, base, out, made, self.comp)
@@ -652,7 +658,7 @@ class WheelMakers:
         platform_json = self.layers.plan.platform.model_dump_json()
         for lay in self.todo:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
-            out = self.layers.work / f"{lay.group}.tar"
+            out = self.layers.writing_path(lay)
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler)
             self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job)))

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -358,6 +359,87 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
                            step="import layer", hint="it changed on disk; build again with --no-cache")
 
 
+STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's stagingRoot)
+
+
+def _drop_staged(staged: dict) -> None:
+    shutil.rmtree(staged.get("staging") or "/nonexistent", ignore_errors=True)
+    if staged.get("tar_split"):
+        Path(staged["tar_split"]).unlink(missing_ok=True)
+
+
+class Stage:
+    """One ``envspec-put-layer stage`` process: a layer file untarred into the store's staging
+    area, hashed on its way. ``end(size)`` once the maker closed the file (``follow``), or
+    ``close()`` when it failed; ``wait`` gives what the tool printed last (``commit_staged``
+    takes it); ``kill`` stops it and removes what it staged."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], err: IO[bytes], name: str, progress: Callable[[int], None]):
+        self.proc, self.err, self.name, self.progress = proc, err, name, progress
+        self.argv: list[str] = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+        self.staging = ""
+        self.result: dict | None = None
+        self._reader = threading.Thread(target=self._read, name=f"envspec-stage-{name}", daemon=True)
+
+    def start(self) -> "Stage":
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith("staging "):
+                self.staging = line[len("staging "):]
+            elif line.startswith("progress "):
+                with contextlib.suppress(ValueError):
+                    self.progress(int(line.split()[1]))
+            elif line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    self.result = json.loads(line)
+
+    def _tell(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ValueError, OSError):
+            if text:
+                self.proc.stdin.write(text.encode())
+            self.proc.stdin.close()
+
+    def end(self, size: int) -> None:
+        self._tell(f"end {size}\n")
+
+    def close(self) -> None:
+        self._tell("")
+
+    def wait(self, cancel: threading.Event) -> dict:
+        while True:
+            try:
+                rc = self.proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if cancel.is_set():
+                    self.kill()
+                    raise Cancelled() from None
+        self._reader.join()
+        if rc != 0 or self.result is None:
+            self.err.seek(0)
+            tail = self.err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
+            self.kill()
+            raise BuildError(f"untarring the {self.name} layer into containers-storage failed", step="import layer",
+                             argv=[str(a) for a in self.argv[:6]], returncode=rc, stderr_tail="\n".join(tail))
+        self.err.close()
+        return self.result
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._tell("")
+        if self.staging:
+            _drop_staged({"staging": self.staging, "tar_split": self.staging + ".tar-split.gz"})
+        self.err.close()
+
+
 @dataclass
 class StorageCLI:
     """containers/storage on one store. Layers go in through ``envspec-put-layer`` where it is
@@ -447,6 +529,79 @@ class StorageCLI:
                 raise BuildError("import of a layer into containers-storage failed", step="import layer", argv=argv,
                                  returncode=rc, stderr_tail="\n".join(tail))
         return self.layer_diff_id(layer_id) or "", True
+
+    @property
+    def can_stage(self) -> bool:
+        """Whether a layer can be untarred before its ID is known, while it is still being written
+        (``envspec-put-layer stage`` and ``commit``: the overlay driver; ENVSPEC_STAGED_IMPORT=off
+        turns it off)."""
+        return bool(self.put_tool) and self.driver == "overlay" and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"
+
+    def stored_layers(self) -> dict[str, str]:
+        """Layer ID -> diff digest of every layer in the store ("" for one without content)."""
+        cp = self.engine.run("layers", self._cs("layers", "--json"), check=False)
+        try:
+            found = json.loads(cp.stdout) if cp.returncode == 0 else []
+        except ValueError:
+            found = []
+        return {lay["id"]: lay.get("diff-digest") or "" for lay in found or []}
+
+    def clean_staging(self) -> None:
+        """Staging directories left by a killed import (the caller holds ``locked``, so no import
+        of ours is using one)."""
+        root = Path(self.root) / self.driver / STAGING_DIR
+        if root.is_dir():
+            for p in root.iterdir():
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "",
+              progress: Callable[[int], None] = lambda n: None) -> "Stage":
+        """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
+        the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size."""
+        assert self.put_tool
+        argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
+                *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else [])]
+        log.info("stage layer %s: %s", name, " ".join(argv))
+        err = tempfile.TemporaryFile()
+        nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
+
+        def child() -> None:  # below the layer makers: a stager catches up with its maker when cores are free
+            die_with_parent()
+            if nice:
+                os.nice(nice)
+
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, pass_fds=(fd,),
+                                preexec_fn=child, env={**os.environ, "LC_ALL": "C"})
+        return Stage(proc, err, name, progress).start()
+
+    def commit_staged(self, layer_id: str, parent: str, diff_id: str, staged: dict) -> tuple[str, bool]:
+        """Make layer ``layer_id`` on ``parent`` from a finished ``Stage``'s result, unless it is
+        stored already (then the staged files are dropped). Returns (the stored diff digest,
+        whether this call stored it)."""
+        have = self.layer_diff_id(layer_id)
+        if have:
+            _drop_staged(staged)
+            return have, False
+        if have == "":  # left by a killed import: gone before ours
+            self.delete_layer(layer_id)
+        assert self.put_tool
+        argv = [self.put_tool, "commit", "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
+                "--id", layer_id, "--parent", parent, "--diff-digest", diff_id, "--staged", json.dumps(staged)]
+        cp = self.engine.run("commit layer", argv, check=False)
+        _drop_staged(staged)  # moved in, or not wanted any more
+        if cp.returncode != 0:
+            have = self.layer_diff_id(layer_id)
+            if have:  # stored by someone else meanwhile
+                return have, False
+            raise BuildError("making a staged layer in containers-storage failed", step="import layer", argv=argv[:-2],
+                             returncode=cp.returncode, stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
+        try:
+            return json.loads(cp.stdout).get("diff-digest") or "", True
+        except (ValueError, AttributeError):
+            return self.layer_diff_id(layer_id) or "", True
 
     def put_image(self, config: bytes, manifest: bytes, top_layer: str, ref: str) -> None:
         """Make (or complete) the image whose ID is the config's digest, store the config and

@@ -1,16 +1,26 @@
 """Import into containers-storage while the layers are still being made.
 
 The import (untarring every layer into the store) costs about as much as making the layers, so
-it runs beside them: a thread takes the layers in image order and feeds each one's finished tar
-file to ``envspec-put-layer`` (or ``containers-storage import-layer``, which hashes it twice
-more) while later layers are still being made. Layer IDs are containers/image's chain of
-diff_ids (``engine.chain_id``); the stored diff digest must equal the one the maker computed,
-or the layer is dropped and the build stops. The image itself (config, manifest, name) is made
-only after every layer is in, by ``finish``. Nothing here decides what a layer holds.
+it runs beside them. Layer IDs are containers/image's chain of diff_ids (``engine.chain_id``), so
+a layer's ID is known only once it and every layer under it are made. Two ways, by the store:
+
+- staged (``StorageCLI.can_stage``: envspec-put-layer on overlay): every layer is untarred into
+  the store's staging area from the moment its maker starts writing it, each beside the others
+  (``envspec-put-layer stage --follow`` reads the growing file); once it is made and its parent
+  is in, ``commit`` makes the layer from the staged files in a moment. So no layer waits for
+  the one under it, and the last one is in the store soon after its maker ends.
+- one after the other (``containers-storage import-layer``, or envspec-put-layer's one-step
+  mode): each layer's finished tar is fed to the tool once its parent is in.
+
+Either way the stored diff digest must equal the one the maker computed, or the layer is dropped
+and the build stops. The image itself (config, manifest, name) is made only after every layer is
+in, by ``finish``. Nothing here decides what a layer holds.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -18,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from envspec.build.engine import Cancelled, StorageCLI, chain_id
+from envspec.build.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
 from envspec.errors import HashMismatch
 
 
@@ -30,6 +40,7 @@ class LayerFile:
     group: str
     path: Path
     made: Future
+    writing: Path | None = None  # where its maker writes it while it is made (a staged import follows it)
 
     def result(self, cancel: threading.Event) -> dict:
         while not self.made.done():
@@ -53,6 +64,11 @@ class Importer:
     stored: list[str] = field(default_factory=list)  # groups this import stored (the others were there)
     _error: BaseException | None = None
     _thread: threading.Thread | None = None
+    _halt: threading.Event = field(default_factory=threading.Event)  # the stagers stop (abort, an error, the end)
+    _present: dict[str, str] = field(default_factory=dict)  # the store's layers when the import began
+    _stages: dict[int, Stage] = field(default_factory=dict)  # stagers running, by layer index
+    _staged: dict[int, dict] = field(default_factory=dict)  # staged, not yet committed
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> "Importer":
         self._thread = threading.Thread(target=self._run, name="envspec-import", daemon=True)
@@ -61,42 +77,181 @@ class Importer:
 
     def _run(self) -> None:
         try:
-            with self.store.locked():
+            if self.store.can_stage:
+                self._run_staged()
+            else:
+                self._run_serial()
+        except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
+            self._error = e
+
+    def _run_serial(self) -> None:
+        with self.store.locked():
+            parent = ""
+            for lay in self.layers:
+                # containers/image's chain of diff_ids, so `podman pull` of this image into this
+                # store finds our layers and image (a chain of content keys would let the import
+                # start before a layer is finished, but then a pull back here makes its own
+                # layers and fails on the image ID, which is the config digest either way)
+                made = lay.result(self.cancel)
+                want = made["diff_id"]
+                layer_id = chain_id(parent, want)
+
+                def progress(n: int, g: str = lay.group) -> None:
+                    self.on_progress(g, n)
+
+                # a layer made in this build was hashed by its maker as it was written; one
+                # taken from the layer cache is hashed again on its way into the store
+                start = time.monotonic()
+                have, ours = self.store.put_layer(
+                    layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
+                    check=bool(made.get("cached")), cancel=self.cancel, progress=progress)
+                if have != want:
+                    if ours:
+                        self.store.delete_layer(layer_id)
+                    raise HashMismatch(
+                        f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
+                        f"{layer_id[:12]}, but this build made {want}", step="import layer",
+                        hint=("the layer's file changed while it was imported; build again" if ours else
+                              "the store's layer of this ID holds other bytes (changed on disk?); remove "
+                              "the images using it (`podman rmi`) and build again"))
+                if ours:
+                    self.stored.append(lay.group)
+                    self.on_stored(lay.group, start, time.monotonic())
+                parent = layer_id
+            self.top = parent
+
+    # -- staged: every layer untarred as it is written, made in the store in order ---------------
+    def _run_staged(self) -> None:
+        with self.store.locked():
+            self.store.clean_staging()
+            self._present = self.store.stored_layers()
+            jobs = []
+            for i, lay in enumerate(self.layers):
+                fut: Future = Future()
+                threading.Thread(target=self._stage_thread, args=(i, lay, fut), name=f"envspec-stage-{lay.group}",
+                                 daemon=True).start()
+                jobs.append(fut)
+            try:
                 parent = ""
-                for lay in self.layers:
-                    # containers/image's chain of diff_ids, so `podman pull` of this image into this
-                    # store finds our layers and image (a chain of content keys would let the import
-                    # start before a layer is finished, but then a pull back here makes its own
-                    # layers and fails on the image ID, which is the config digest either way)
+                for i, (lay, job) in enumerate(zip(self.layers, jobs)):
                     made = lay.result(self.cancel)
                     want = made["diff_id"]
                     layer_id = chain_id(parent, want)
-
-                    def progress(n: int, g: str = lay.group) -> None:
-                        self.on_progress(g, n)
-
-                    # a layer made in this build was hashed by its maker as it was written; one
-                    # taken from the layer cache is hashed again on its way into the store
-                    start = time.monotonic()
-                    have, ours = self.store.put_layer(
-                        layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
-                        check=bool(made.get("cached")), cancel=self.cancel, progress=progress)
-                    if have != want:
+                    while not job.done():
+                        if self.cancel.is_set():
+                            raise Cancelled()
+                        wait([job], timeout=0.1)
+                    got = job.result()
+                    if got is not None:
+                        start, digest = got.pop("started"), got.pop("digest")
+                        with self._lock:
+                            self._staged.pop(i, None)
+                        if got["size"] != int(made["size"]) or (digest and digest != want):
+                            _drop_staged(got)
+                            raise self._mismatch(lay, made, digest or f"{got['size']} bytes, not {made['size']}")
+                        have, ours = self.store.commit_staged(layer_id, parent, want, got)
+                        if have != want:
+                            raise self._mismatch(lay, made, have, stored=True)
                         if ours:
-                            self.store.delete_layer(layer_id)
-                        raise HashMismatch(
-                            f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
-                            f"{layer_id[:12]}, but this build made {want}", step="import layer",
-                            hint=("the layer's file changed while it was imported; build again" if ours else
-                                  "the store's layer of this ID holds other bytes (changed on disk?); remove "
-                                  "the images using it (`podman rmi`) and build again"))
-                    if ours:
-                        self.stored.append(lay.group)
-                        self.on_stored(lay.group, start, time.monotonic())
+                            self.stored.append(lay.group)
+                            self.on_stored(lay.group, start, time.monotonic())
+                    elif self._present.get(layer_id) != want:  # its stager saw it stored: still there?
+                        raise self._mismatch(lay, made, self._present.get(layer_id, ""), stored=True)
                     parent = layer_id
                 self.top = parent
-        except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
-            self._error = e
+            finally:
+                self._halt.set()  # stagers still running (an error) stop and drop what they staged
+                with self._lock:
+                    left, self._stages = list(self._stages.values()), {}
+                    staged, self._staged = list(self._staged.values()), {}
+                for stage in left:
+                    stage.kill()
+                for got in staged:
+                    _drop_staged(got)
+
+    def _mismatch(self, lay: LayerFile, made: dict, have: str, *, stored: bool = False) -> HashMismatch:
+        want = made["diff_id"]
+        if stored:
+            return HashMismatch(f"containers-storage holds {have or 'nothing'} as the {lay.group} layer, but this "
+                                f"build made {want}", step="import layer",
+                                hint="the store's layer of this ID holds other bytes (changed on disk?); remove the "
+                                     "images using it (`podman rmi`) and build again")
+        if made.get("cached"):
+            return HashMismatch(f"the cached layer file {lay.path} is not {want} ({have})", step="import layer",
+                                hint="it changed on disk; build again with --no-cache")
+        return HashMismatch(f"the {lay.group} layer's file untarred into containers-storage is {have}, but its "
+                            f"maker wrote {want}", step="import layer",
+                            hint="the layer's file changed while it was imported; build again")
+
+    def _known_id(self, i: int) -> str:
+        """Layer ``i``'s ID where it and every layer under it are made already, else ""."""
+        parent = ""
+        for lay in self.layers[: i + 1]:
+            if not lay.made.done() or lay.made.exception() is not None:
+                return ""
+            parent = chain_id(parent, lay.made.result()["diff_id"])
+        return parent
+
+    def _stage_thread(self, i: int, lay: LayerFile, job: Future) -> None:
+        try:
+            job.set_result(self._stage_one(i, lay))
+        except BaseException as e:  # noqa: BLE001 (the commit loop raises it, or the maker's error first)
+            job.set_exception(e)
+
+    def _stage_one(self, i: int, lay: LayerFile) -> dict | None:
+        """Stage layer ``i`` from its file: the finished one (from the cache, or made already), or
+        the one its maker is writing. None where the layer is in the store already."""
+        while True:
+            if self._halt.is_set():
+                raise Cancelled()
+            if lay.made.done():
+                made = lay.made.result()
+                known = self._known_id(i)
+                if known and self._present.get(known) == made["diff_id"]:
+                    return None
+                fd, follow, size = os.open(lay.path, os.O_RDONLY), False, int(made["size"])
+                break
+            if lay.writing is not None:
+                try:
+                    fd, follow, size = os.open(lay.writing, os.O_RDONLY), True, -1
+                    break
+                except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
+                    pass
+            wait([lay.made], timeout=0.05)
+        started = time.monotonic()
+        try:
+            group = lay.group
+
+            def progress(n: int) -> None:
+                self.on_progress(group, n)
+
+            stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, progress=progress)
+            # a layer made in this build was hashed by its maker as it was written; one taken
+            # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
+            digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""
+        except BaseException:
+            if "stage" in locals():
+                stage.kill()
+            raise
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._stages[i] = stage
+        try:
+            if follow:
+                try:
+                    made = lay.result(self._halt)
+                except BaseException:
+                    stage.close()  # the maker failed: the stager stops at the file's end
+                    raise
+                stage.end(int(made["size"]))
+            got = stage.wait(self._halt)
+        finally:
+            with self._lock:
+                self._stages.pop(i, None)
+        with self._lock:
+            self._staged[i] = got
+        return {**got, "started": started, "digest": digest}
 
     def join(self) -> str:
         """Wait for every layer; the top layer's ID. Raises what the import raised."""
@@ -114,6 +269,19 @@ class Importer:
 
     def abort(self) -> None:
         self.cancel.set()
+        self._halt.set()
         if self._thread is not None:
             while self._thread.is_alive():
                 self._thread.join(0.2)
+
+
+def _sha256_file(path: Path, halt: threading.Event) -> str:
+    """sha256 of the file (opened again: the stager shares the other descriptor's offset)."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        buf = memoryview(bytearray(1 << 20))
+        while n := f.readinto(buf):
+            if halt.is_set():
+                raise Cancelled()
+            h.update(buf[:n])
+    return "sha256:" + h.hexdigest()

@@ -1,4 +1,4 @@
-// envspec-put-layer stores one layer tar in containers-storage with the diff digest the caller
+// envspec-put-layer stores layer tars in containers-storage with the diff digest the caller
 // already knows, so containers/storage does not hash the bytes again: the one thing its own
 // command line tool (`containers-storage import-layer`) cannot be told. containers/image passes
 // the digests the same way when it pulls a layer it has verified itself.
@@ -6,71 +6,454 @@
 //	envspec-put-layer --graph DIR --run DIR [--storage-driver overlay] --id ID [--parent ID]
 //	    --diff-digest sha256:HEX [--file TAR] < TAR
 //
-// It prints the stored layer as JSON. Exit status: 0 stored, 1 failed (the partial layer is
-// gone), 2 bad arguments. envspec checks the digest itself: it made the tar and hashed it while
-// writing, or hashes a cached tar while feeding it and kills this tool before the end of input
-// when the bytes differ (an unfinished layer is not kept).
+// stores one layer (PutLayer: the store stays locked while it is untarred) and prints it as JSON.
+//
+// Or in two steps, so that a layer is untarred while it is still being written and before its
+// parent is in the store (the layer's ID, a chain of diff digests, is known only at the end):
+//
+//	envspec-put-layer stage --graph DIR (--fd N | --file TAR) [--follow] [--size N]
+//
+// untars the tar into a directory of its own under DIR/DRIVER/envspec-staging, without taking the
+// store's lock, as containers/storage's overlay driver would untar it into a layer (the same
+// untar, options and tar-split record). stdout: "staging PATH", then "progress N" lines, then
+// one JSON line {staging, tar_split, size, uids, gids, root_set}. --follow: the file is
+// still being written; at its end this waits for more until a line "end SIZE" comes on stdin
+// (stdin closed without it: the maker failed; the staging directory is removed, exit 1).
+//
+//	envspec-put-layer commit --graph DIR --run DIR [--storage-driver overlay] --id ID [--parent ID]
+//	    --diff-digest sha256:HEX --staged JSON
+//
+// makes the layer from a staged directory (JSON: what stage printed last): creates the layer
+// record, copies the tar-split record in, moves the directory in (a rename), and sets the digest.
+// A layer of that ID already stored with that digest is kept and the staged one removed.
+//
+// Exit status: 0 stored, 1 failed (the partial layer and the staging directory are gone), 2 bad
+// arguments. envspec checks the digest itself: it made the tar and hashed it while writing, or
+// hashes a cached tar (with OpenSSL, three times Go's sha256 here) while it is staged.
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"github.com/vbatts/tar-split/archive/tar"
 	"io"
 	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/containers/storage"
+	drivers "github.com/containers/storage/drivers"
+	"github.com/containers/storage/pkg/archive"
+	"github.com/containers/storage/pkg/chrootarchive"
+	"github.com/containers/storage/pkg/ioutils"
 	"github.com/containers/storage/pkg/reexec"
+	"github.com/containers/storage/pkg/tarlog"
+	"github.com/klauspost/pgzip"
 	digest "github.com/opencontainers/go-digest"
+	"github.com/vbatts/tar-split/tar/asm"
+	tsstorage "github.com/vbatts/tar-split/tar/storage"
 )
 
 func main() {
 	if reexec.Init() { // the untar runs in a re-executed copy of this binary, chrooted
 		return
 	}
-	os.Exit(run())
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "stage":
+			os.Exit(stage(os.Args[2:]))
+		case "commit":
+			os.Exit(commit(os.Args[2:]))
+		}
+	}
+	os.Exit(put(os.Args[1:]))
 }
 
-func run() int {
+func fail(err error) int {
+	fmt.Fprintln(os.Stderr, "envspec-put-layer:", err)
+	return 1
+}
+
+func usage(msg string) int {
+	fmt.Fprintln(os.Stderr, "envspec-put-layer:", msg)
+	return 2
+}
+
+type storeFlags struct {
+	graph, runroot, driver, id, parent, diff *string
+}
+
+func addStoreFlags(flags *flag.FlagSet) storeFlags {
+	return storeFlags{
+		graph:   flags.String("graph", "", "the store's graph root"),
+		runroot: flags.String("run", "", "the store's run root"),
+		driver:  flags.String("storage-driver", "overlay", "the store's driver"),
+		id:      flags.String("id", "", "the layer's ID"),
+		parent:  flags.String("parent", "", "the parent layer's ID"),
+		diff:    flags.String("diff-digest", "", "sha256 of the uncompressed tar"),
+	}
+}
+
+func (s storeFlags) check() (digest.Digest, bool) {
+	d, err := digest.Parse(*s.diff)
+	if *s.graph == "" || *s.runroot == "" || *s.id == "" || err != nil || d.Algorithm() != digest.SHA256 {
+		return "", false
+	}
+	return d, true
+}
+
+func (s storeFlags) open() (storage.Store, error) {
+	return storage.GetStore(storage.StoreOptions{GraphRoot: *s.graph, RunRoot: *s.runroot, GraphDriverName: *s.driver})
+}
+
+// put: the whole layer in one PutLayer call.
+func put(args []string) int {
 	flags := flag.NewFlagSet("envspec-put-layer", flag.ContinueOnError)
-	graph := flags.String("graph", "", "the store's graph root")
-	runroot := flags.String("run", "", "the store's run root")
-	driver := flags.String("storage-driver", "overlay", "the store's driver")
-	id := flags.String("id", "", "the layer's ID")
-	parent := flags.String("parent", "", "the parent layer's ID")
-	diff := flags.String("diff-digest", "", "sha256 of the uncompressed tar")
+	sf := addStoreFlags(flags)
 	file := flags.String("file", "", "the tar (default: standard input)")
-	if err := flags.Parse(os.Args[1:]); err != nil {
+	if err := flags.Parse(args); err != nil {
 		return 2
 	}
-	d, err := digest.Parse(*diff)
-	if *graph == "" || *runroot == "" || *id == "" || err != nil || d.Algorithm() != digest.SHA256 {
-		fmt.Fprintln(os.Stderr, "envspec-put-layer: --graph, --run, --id and --diff-digest sha256:<64 hex> are required")
-		return 2
+	d, ok := sf.check()
+	if !ok {
+		return usage("--graph, --run, --id and --diff-digest sha256:<64 hex> are required")
 	}
 	var in io.Reader = os.Stdin
 	if *file != "" {
 		f, err := os.Open(*file)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "envspec-put-layer:", err)
-			return 1
+			return fail(err)
 		}
 		defer f.Close()
 		in = f
 	}
-	store, err := storage.GetStore(storage.StoreOptions{GraphRoot: *graph, RunRoot: *runroot, GraphDriverName: *driver})
+	store, err := sf.open()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "envspec-put-layer:", err)
-		return 1
+		return fail(err)
 	}
 	defer store.Shutdown(false)
 	opts := &storage.LayerOptions{OriginalDigest: d, UncompressedDigest: d}
-	layer, _, err := store.PutLayer(*id, *parent, nil, "", false, opts, in)
+	layer, _, err := store.PutLayer(*sf.id, *sf.parent, nil, "", false, opts, in)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "envspec-put-layer:", err)
-		return 1
+		return fail(err)
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(layer); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// Staged is what stage prints last and commit reads.
+type Staged struct {
+	Staging  string   `json:"staging"`
+	TarSplit string   `json:"tar_split"`
+	Size     int64    `json:"size"`
+	UIDs     []uint32 `json:"uids"`
+	GIDs     []uint32 `json:"gids"`
+	RootSet  bool     `json:"root_set"` // the tar has an entry for its root (it set the directory's mode)
+}
+
+// follower reads a file that another process is still writing: at its current end it waits
+// for more, until it is told the final size.
+type follower struct {
+	f      *os.File
+	off    int64
+	mu     sync.Mutex
+	final  int64 // -1: not known yet
+	closed bool  // the control stream ended without a size
+}
+
+func (r *follower) end() (int64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.final, r.closed
+}
+
+func (r *follower) Read(p []byte) (int, error) {
+	for {
+		final, closed := r.end()
+		if final >= 0 && r.off >= final {
+			if r.off > final {
+				return 0, fmt.Errorf("the tar is longer (%d bytes) than its maker says (%d)", r.off, final)
+			}
+			return 0, io.EOF
+		}
+		want := p
+		if final >= 0 && int64(len(want)) > final-r.off {
+			want = want[:final-r.off]
+		}
+		n, err := r.f.Read(want)
+		r.off += int64(n)
+		if n > 0 {
+			return n, nil
+		}
+		if err != nil && err != io.EOF {
+			return 0, err
+		}
+		switch {
+		case final >= 0: // told the size, and the file ends before it
+			return 0, fmt.Errorf("the tar ends at %d bytes, before the %d its maker says", r.off, final)
+		case closed:
+			return 0, errors.New("the layer's maker stopped before the end of the tar")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// counter counts what passes (into the uid/gid log), and reports progress every 64 MiB.
+type counter struct {
+	n, next int64
+	w       io.Writer
+	report  func(int64)
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.w.Write(p)
+	c.n += int64(len(p))
+	if c.n >= c.next {
+		c.report(c.n)
+		c.next = c.n + 64<<20
+	}
+	return len(p), nil
+}
+
+func stage(args []string) int {
+	flags := flag.NewFlagSet("envspec-put-layer stage", flag.ContinueOnError)
+	graph := flags.String("graph", "", "the store's graph root")
+	driver := flags.String("storage-driver", "overlay", "the store's driver")
+	fd := flags.Int("fd", -1, "the tar as an open file descriptor")
+	file := flags.String("file", "", "the tar")
+	follow := flags.Bool("follow", false, "the tar is still being written: wait for 'end SIZE' on stdin")
+	size := flags.Int64("size", -1, "the tar's size (checked)")
+	if err := flags.Parse(args); err != nil {
+		return 2
+	}
+	if *graph == "" || (*fd < 0) == (*file == "") {
+		return usage("stage: --graph and one of --fd or --file are required")
+	}
+	var f *os.File
+	if *fd >= 0 {
+		f = os.NewFile(uintptr(*fd), "tar")
+	} else {
+		var err error
+		if f, err = os.Open(*file); err != nil {
+			return fail(err)
+		}
+	}
+	defer f.Close()
+	in := &follower{f: f, final: *size}
+	if *follow {
+		go func() { // the control stream: "end SIZE" once the maker has closed the file
+			sc := bufio.NewScanner(os.Stdin)
+			for sc.Scan() {
+				if line := sc.Text(); strings.HasPrefix(line, "end ") {
+					if n, err := strconv.ParseInt(strings.TrimSpace(line[4:]), 10, 64); err == nil && n >= 0 {
+						in.mu.Lock()
+						in.final = n
+						in.mu.Unlock()
+						return
+					}
+				}
+			}
+			in.mu.Lock()
+			in.closed = true
+			in.mu.Unlock()
+		}()
+	} else if *size < 0 {
+		st, err := f.Stat()
+		if err != nil {
+			return fail(err)
+		}
+		in.final = st.Size()
+	}
+
+	root := stagingRoot(*graph, *driver)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return fail(err)
+	}
+	dir, err := os.MkdirTemp(root, fmt.Sprintf("%d-", os.Getpid()))
+	if err != nil {
+		return fail(err)
+	}
+	tsPath := dir + ".tar-split.gz"
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(dir)
+			os.Remove(tsPath)
+		}
+	}()
+	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintf(out, "staging %s\n", dir)
+	out.Flush()
+
+	ts, err := os.OpenFile(tsPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fail(err)
+	}
+	defer ts.Close()
+	// what containers/storage's applyDiffWithOptions does around the driver's untar
+	compressor, err := pgzip.NewWriterLevel(ts, pgzip.BestSpeed)
+	if err != nil {
+		return fail(err)
+	}
+	if err := compressor.SetConcurrency(1024*1024, 1); err != nil {
+		return fail(err)
+	}
+	uids, gids := map[uint32]struct{}{}, map[uint32]struct{}{}
+	rootSet := false
+	idLogger, err := tarlog.NewLogger(func(h *tar.Header) {
+		if n := strings.Trim(h.Name, "/"); n == "" || n == "." {
+			rootSet = true
+		}
+		if !strings.HasPrefix(filepath.Base(h.Name), archive.WhiteoutPrefix) {
+			uids[uint32(h.Uid)] = struct{}{}
+			gids[uint32(h.Gid)] = struct{}{}
+		}
+	})
+	if err != nil {
+		return fail(err)
+	}
+	cnt := &counter{w: idLogger, report: func(n int64) {
+		fmt.Fprintf(out, "progress %d\n", n)
+		out.Flush()
+	}}
+	// buffered: the tar reader asks for 512-byte headers, and each read of the file is a syscall
+	payload, err := asm.NewInputTarStream(io.TeeReader(bufio.NewReaderSize(in, 1<<20), cnt), tsstorage.NewJSONPacker(compressor),
+		tsstorage.NewDiscardFilePutter())
+	if err != nil {
+		return fail(err)
+	}
+	opts := &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}
+	if err := chrootarchive.UntarUncompressed(payload, dir, opts); err != nil {
+		return fail(err)
+	}
+	if _, err := io.Copy(io.Discard, payload); err != nil { // padding after the tar's end
+		return fail(err)
+	}
+	if err := idLogger.Close(); err != nil {
+		return fail(err)
+	}
+	if err := compressor.Close(); err != nil {
+		return fail(err)
+	}
+	if err := ts.Close(); err != nil {
+		return fail(err)
+	}
+	res := Staged{Staging: dir, TarSplit: tsPath, Size: cnt.n,
+		UIDs: sorted(uids), GIDs: sorted(gids), RootSet: rootSet}
+	if err := json.NewEncoder(out).Encode(res); err != nil {
+		return 1
+	}
+	if err := out.Flush(); err != nil {
+		return 1
+	}
+	done = true
+	return 0
+}
+
+// stagingRoot: beside the driver's layer directories (a rename into one of them must not cross
+// the private mount overlay puts on its home), but not the driver's own staging directory.
+func stagingRoot(graph, driver string) string {
+	return filepath.Join(graph, driver, "envspec-staging")
+}
+
+func sorted(m map[uint32]struct{}) []uint32 {
+	out := make([]uint32, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func commit(args []string) int {
+	flags := flag.NewFlagSet("envspec-put-layer commit", flag.ContinueOnError)
+	sf := addStoreFlags(flags)
+	stagedJSON := flags.String("staged", "", "what `stage` printed last")
+	if err := flags.Parse(args); err != nil {
+		return 2
+	}
+	d, ok := sf.check()
+	var st Staged
+	if !ok || json.Unmarshal([]byte(*stagedJSON), &st) != nil || st.Staging == "" {
+		return usage("commit: --graph, --run, --id, --diff-digest sha256:<64 hex> and --staged JSON are required")
+	}
+	defer os.RemoveAll(st.Staging) // gone once moved in; removed on any failure
+	defer os.Remove(st.TarSplit)
+	if filepath.Dir(st.Staging) != stagingRoot(*sf.graph, *sf.driver) {
+		return usage("commit: --staged names a directory that stage did not make in this store")
+	}
+	store, err := sf.open()
+	if err != nil {
+		return fail(err)
+	}
+	defer store.Shutdown(false)
+	layer, err := store.CreateLayer(*sf.id, *sf.parent, nil, "", false, nil)
+	if errors.Is(err, storage.ErrDuplicateID) {
+		if have, err2 := store.Layer(*sf.id); err2 == nil && have.UncompressedDigest == d {
+			json.NewEncoder(os.Stdout).Encode(have)
+			return 0
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	ok = false
+	defer func() {
+		if !ok {
+			store.DeleteLayer(layer.ID)
+		}
+	}()
+	// containers/storage keeps each layer's tar-split record beside layers.json (layers.go's
+	// tspath); `store.Diff` rebuilds our exact tar from it and the files
+	// (a copy: it is small, and a rename would cross overlay's private mount of its home)
+	tsdata, err := os.ReadFile(st.TarSplit)
+	if err != nil {
+		return fail(err)
+	}
+	if err := ioutils.AtomicWriteFile(filepath.Join(*sf.graph, *sf.driver+"-layers", layer.ID+".tar-split.gz"), tsdata, 0o600); err != nil {
+		return fail(err)
+	}
+	if !st.RootSet { // the untar left our directory's mode: take the one the driver gave the layer
+		diff, err := store.DifferTarget(layer.ID)
+		if err != nil {
+			return fail(err)
+		}
+		fi, err := os.Stat(diff)
+		if err != nil {
+			return fail(err)
+		}
+		if err := os.Chmod(st.Staging, fi.Mode().Perm()); err != nil {
+			return fail(err)
+		}
+	}
+	staging := filepath.Join(*sf.graph, *sf.driver, "staging")
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		return fail(err)
+	}
+	moved := filepath.Join(staging, "envspec-"+filepath.Base(st.Staging))
+	if err := os.Rename(st.Staging, moved); err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(moved)
+	out := &drivers.DriverWithDifferOutput{Size: st.Size, UIDs: st.UIDs, GIDs: st.GIDs, UncompressedDigest: d}
+	if err := store.ApplyDiffFromStagingDirectory(layer.ID, moved, out, nil); err != nil {
+		return fail(err)
+	}
+	stored, err := store.Layer(layer.ID)
+	if err != nil {
+		return fail(err)
+	}
+	ok = true
+	if err := json.NewEncoder(os.Stdout).Encode(stored); err != nil {
 		return 1
 	}
 	return 0
