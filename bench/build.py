@@ -10,7 +10,8 @@ root, after the same sync and settle wait (see timed()), next to the unzip floor
   unzip floor        as below
   warm cache         every wheel and .deb already in the cache, an empty storage root
   empty cache        an empty cache too (wheels from the configured mirrors, .debs from Debian's)
-  ... each twice: as typed, and with --json added (no progress drawn), whose output carries the
+  ... as typed, and with --json added (no progress drawn; twice, and once with the import one
+                     layer after the other: ENVSPEC_STAGED_IMPORT=off), whose output carries the
   build's phases (fetch, debs, rootfs, layer GROUP, import GROUP, layout, commit: `seconds` and
   `phases` of `envspec build --json`, docs/build.md); the process's wall time less the build's
   own `seconds` is what the CLI spends around build() (start-up, imports, host detection, exit)
@@ -428,10 +429,11 @@ def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 120, rows: int 
     return rc, b"".join(chunks).decode("utf-8", "replace")
 
 
-def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, extra: tuple[str, ...] = ()) -> dict:
+def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, extra: tuple[str, ...] = (),
+              env_extra: dict[str, str] | None = None) -> dict:
     """One `envspec build LOCK --no-cache` in a new storage root, timed (after the settle wait)."""
     argv = [*envspec_argv(), "build", str(lock_path), "--no-cache", *extra, *(["--json"] if as_json else [])]
-    env = cli_env(cache, storage)
+    env = {**cli_env(cache, storage), **(env_extra or {})}
     if SETTLE:
         os.sync()
         time.sleep(SETTLE)
@@ -445,7 +447,8 @@ def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, ext
     else:
         rc, out = run_in_pty(argv, env)
     wall = time.monotonic() - t
-    row: dict = {"command": " ".join(["envspec", *argv[len(envspec_argv()):]]), "wall_s": round(wall, 1),
+    row: dict = {"command": " ".join([*(f"{k}={v}" for k, v in (env_extra or {}).items()), "envspec",
+                                      *argv[len(envspec_argv()):]]), "wall_s": round(wall, 1),
                  **usage_row(u0, usage()), "rc": rc}
     if rc != 0:
         row["output_tail"] = out[-3000:]
@@ -557,10 +560,15 @@ def main_cli(args) -> int:
         runs: dict = {}
         # a local build keeps its layers uncompressed (docs/build.md, "Which digest"); the last run
         # names --compression zstd, compressing them as a push would, for the comparison
-        for name, as_json, extra in (("warm_cache", False, ()), ("warm_cache_json", True, ()),
-                                     ("warm_cache_zstd_json", True, ("--compression", "zstd"))):
+        # and the import one layer after the other (ENVSPEC_STAGED_IMPORT=off: docs/build.md, "Into
+        # containers-storage") between two runs of the staged one, the default
+        serial = {"ENVSPEC_STAGED_IMPORT": "off"}
+        for name, as_json, extra, env in (("warm_cache", False, (), {}), ("warm_cache_json", True, (), {}),
+                                          ("warm_cache_json_serial_import", True, (), serial),
+                                          ("warm_cache_json_again", True, (), {}),
+                                          ("warm_cache_zstd_json", True, ("--compression", "zstd"), {})):
             st = storage()
-            runs[name] = cli_build(lock_path, cache, st, as_json=as_json, extra=extra)
+            runs[name] = cli_build(lock_path, cache, st, as_json=as_json, extra=extra, env_extra=env)
             drop_storage(st)
         st = storage()
         runs["warm_cache_in_process"] = in_process_build(lock, cache, st)

@@ -76,3 +76,43 @@ def test_a_short_stream_is_an_error_and_abort_removes_the_file(tmp_path):
         w.add_file("x", io.BytesIO(b"abc"), 10)
     w.abort()
     assert not (tmp_path / "o.tar").exists()
+
+
+def _entries(root):
+    """path, mode, owner, size, mtime and link target of everything under root (root excluded)."""
+    out = []
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out.append((os.path.relpath(p, root), st.st_mode, st.st_uid, st.st_gid,
+                        0 if os.path.isdir(p) and not os.path.islink(p) else st.st_size, st.st_mtime_ns,
+                        os.readlink(p) if os.path.islink(p) else "", st.st_ino if st.st_nlink > 1 and not os.path.isdir(p) else 0))
+    return sorted(out)
+
+
+def test_a_tree_beside_the_tar_is_what_untarring_the_tar_makes(tmp_path):
+    """A staged import takes the files a wheel layer's maker made beside its tar instead of
+    untarring it (build/importer.py): they must be what an untar of that tar makes."""
+    _tree(tmp_path / "src")
+    (tmp_path / "made").mkdir()
+    w = TarWriter(tmp_path / "t.tar", tree=tmp_path / "made")
+    w.add_tree(tmp_path / "src", "/root", keep_owners=False)
+    w.add_file("/opt/venv/bin/tool", None, 3, data=b"abc", mode=0o4755)  # set-id bits kept
+    w.add_file("/opt/venv/lib/m.py", None, 2, data=b"x\n", mode=0o600, uid=1000, gid=1000)
+    res = w.close()
+    with open(tmp_path / "t.tar", "rb") as f:
+        assert "sha256:" + hashlib.sha256(f.read()).hexdigest() == res.diff_id  # the tar is unchanged by it
+    (tmp_path / "untarred").mkdir()
+    with tarfile.open(tmp_path / "t.tar") as tf:
+        tf.extractall(tmp_path / "untarred", numeric_owner=True)
+    made, untarred = _entries(tmp_path / "made"), _entries(tmp_path / "untarred")
+    # hardlinks: the same inode within each tree (inode numbers differ between the two)
+    def comparable(e):  # Python's tarfile leaves a symlink's own times (containers/storage sets them)
+        return e[:5] + ((0,) if e[6] else (e[5],)) + e[6:7]
+
+    assert [comparable(e) for e in made] == [comparable(e) for e in untarred]
+    links = [e[0] for e in made if e[7]]
+    assert sorted(links) == ["root/a.txt", "root/b/hard.txt"]
+    assert {e[5] for e in made} == {w.mtime * 1_000_000_000}
+    assert w.uids == {0, 1000} and w.gids == {0, 1000}

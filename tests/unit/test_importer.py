@@ -5,6 +5,7 @@ containers-storage tool is exercised by tests/e2e/test_build_e2e.py."""
 import contextlib
 import hashlib
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -175,6 +176,7 @@ class FakeStage:
         self.name, self.corrupt, self.progress = name, corrupt, progress
         self.out: dict | None = None
         self.error: str = ""
+        self.tree: Path | None = None
         self.thread = threading.Thread(target=self._run)
         self.thread.start()
 
@@ -193,7 +195,8 @@ class FakeStage:
                 self.error = "the maker stopped" if self.closed else "short file"
                 return
             time.sleep(0.005)
-        self.out = {"staging": f"/staged/{self.name}", "tar_split": "", "size": n + (self.name == self.corrupt)}
+        self.out = {"staging": str(self.tree) if self.tree is not None else f"/staged/{self.name}", "tar_split": "",
+                    "size": n + (self.name == self.corrupt)}
 
     def end(self, size):
         self.final = size
@@ -224,23 +227,37 @@ class StagingStore(FakeStore):
 
     def __init__(self, corrupt: str = ""):
         super().__init__(corrupt)
+        import tempfile
+
+        self.root = Path(tempfile.mkdtemp(prefix="envspec-test-staging-"))
         self.stages: list[tuple[str, bool]] = []  # (group, followed)
+        self.trees: list[tuple[str, list[str]]] = []  # (group, files in the tree its maker made, when staged)
 
     def clean_staging(self):
         self.calls.append(("clean",))
 
+    def staging_root(self):
+        return self.root
+
     def stored_layers(self):
         return {lid: d for lid, (_, d) in self.layers.items()}
 
-    def stage(self, fd, *, follow, size, name="", progress=lambda n: None):
+    def stage(self, fd, *, follow, size, name="", tree=None, progress=lambda n: None):
         self.stages.append((name, follow))
-        return FakeStage(fd, follow, size, name, self.corrupt, progress)
+        stage = FakeStage(fd, follow, size, name, self.corrupt, progress)
+        stage.tree = tree
+        return stage
 
     def commit_staged(self, layer_id, parent, diff_id, staged):
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
         self.layers[layer_id] = (parent, diff_id)
-        self.calls.append(("put", layer_id, parent, staged["staging"].rsplit("/", 1)[-1]))
+        tree = Path(staged["staging"])
+        group = tree.name.split("-")[1] if tree.is_dir() else tree.name  # a tree is PID-GROUP-...
+        self.calls.append(("put", layer_id, parent, group))
+        if tree.is_dir():  # the files its maker made: moved into the "store"
+            self.trees.append((group, sorted(p.name for p in tree.rglob("*"))))
+            shutil.rmtree(tree)
         return diff_id, True
 
 
@@ -361,10 +378,10 @@ def test_staged_import_refuses_a_cached_layer_file_whose_bytes_changed(tmp_path)
 def test_staged_import_skips_a_cached_layer_the_store_has(tmp_path):
     store = StagingStore()
     Importer(store, _files(tmp_path, ["base", "cuda"])).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
-    assert [g for g, _ in store.stages] == ["base", "cuda"]
+    assert sorted(g for g, _ in store.stages) == ["base", "cuda"]
     again = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()
     again.finish(b"{}", b"{}", "localhost/envspec/x:2")
-    assert [g for g, _ in store.stages] == ["base", "cuda", "envspec"]  # base and cuda not staged again
+    assert sorted(g for g, _ in store.stages) == ["base", "cuda", "envspec"]  # base and cuda not staged again
     assert again.stored == ["envspec"]
 
 
@@ -456,6 +473,10 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path, sta
     # (a staged one: its size is compared with the maker's)
     assert eng.store.checked == ({} if staged else {lay.group: False for lay in img.layers})
     assert request.node.hashed == []
+    if staged:  # the wheel layers' makers made their files in the staging area too; nothing is left there
+        assert {g for g, names in eng.store.trees if names} == {g for _, _, g in WHEELS}
+        assert "cudalib" in " ".join(n for g, names in eng.store.trees if g == "cuda" for n in names)
+        assert list(eng.store.root.iterdir()) == []
 
 
 def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path, staged, request):

@@ -198,6 +198,8 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     layers.compiler = compiler
     rc = registry_cache or _registry_cache(engine, options)
     store = engine.storage_cli() if ref else None
+    if store is not None and store.can_stage and os.environ.get("ENVSPEC_LAYER_TREES") != "off":
+        layers.tree_root = store.staging_root()  # the wheel layers' makers make their files there too
 
     def new_importer() -> Importer:
         assert store is not None
@@ -260,6 +262,9 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        for tree in layers.trees.values():  # moved into the store when imported; else dropped here
+            shutil.rmtree(tree, ignore_errors=True)
+            Path(f"{tree}.tar-split.gz").unlink(missing_ok=True)
         in_use.release()
     return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
                       pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
@@ -401,6 +406,8 @@ class Layers:
         self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
         self._guard = threading.Lock()  # registry fetches finish on threads
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
+        self.tree_root: Path | None = None  # where wheel layers are also made as files (``tree_for``)
+        self.trees: dict[str, Path] = {}
 
     def path(self, lay: Layer) -> Path:
         return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
@@ -525,10 +532,21 @@ class Layers:
         """Where the layer's maker writes its tar (moved into the cache once made)."""
         return self.work / f"{lay.group}.tar"
 
+    def tree_for(self, lay: Layer) -> Path | None:
+        """Where a wheel layer's maker also makes its files, for a staged import into the store
+        (``tree_root``: the store's staging area; importer.py); None where there is none."""
+        if self.tree_root is None or not lay.wheels or lay not in self.todo:
+            return None
+        if lay.key not in self.trees:
+            self.tree_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.trees[lay.key] = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{lay.group}-", dir=self.tree_root))
+        return self.trees[lay.key]
+
     def files(self) -> list[LayerFile]:
         todo = {lay.key for lay in self.todo}
         return [LayerFile(lay.group, self.path(lay), self.futures[lay.key],
-                          writing=self.writing_path(lay) if lay.key in todo else None) for lay in self.plan.layers]
+                          writing=self.writing_path(lay) if lay.key in todo else None, tree=self.tree_for(lay))
+                for lay in self.plan.layers]
 
     def made(self) -> tuple[LayerInfo, ...]:
         return tuple(_info(lay, self.metas[lay.key]) for lay in self.plan.layers)
@@ -660,7 +678,9 @@ class WheelMakers:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.writing_path(lay)
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
-            job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler)
+            tree = self.layers.tree_for(lay)
+            job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,
+                   str(tree) if tree is not None else None)
             self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job)))
         return self
 

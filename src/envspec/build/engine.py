@@ -362,6 +362,16 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
 STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's stagingRoot)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _drop_staged(staged: dict) -> None:
     shutil.rmtree(staged.get("staging") or "/nonexistent", ignore_errors=True)
     if staged.get("tar_split"):
@@ -546,24 +556,35 @@ class StorageCLI:
             found = []
         return {lay["id"]: lay.get("diff-digest") or "" for lay in found or []}
 
-    def clean_staging(self) -> None:
-        """Staging directories left by a killed import (the caller holds ``locked``, so no import
-        of ours is using one)."""
-        root = Path(self.root) / self.driver / STAGING_DIR
-        if root.is_dir():
-            for p in root.iterdir():
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                else:
-                    p.unlink(missing_ok=True)
+    def staging_root(self) -> Path:
+        """The staging area: under the driver's home (a rename from there into a layer stays on
+        its mount); each entry is named ``PID-...`` after the process that made it."""
+        return Path(self.root) / self.driver / STAGING_DIR
 
-    def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "",
+    def clean_staging(self) -> None:
+        """Staging directories left by a killed build: those of processes no longer alive (the
+        caller holds ``locked``; this build's own, made before its import began, are kept)."""
+        root = self.staging_root()
+        if not root.is_dir():
+            return
+        for p in root.iterdir():
+            pid = p.name.split("-", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+    def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "", tree: Path | None = None,
               progress: Callable[[int], None] = lambda n: None) -> "Stage":
         """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
-        the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size."""
+        the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size.
+        ``tree``: the maker makes the files there itself; only the tar-split record is made."""
         assert self.put_tool
         argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
-                *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else [])]
+                *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else []),
+                *(["--tree", str(tree)] if tree is not None else [])]
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
         nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))

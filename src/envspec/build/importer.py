@@ -41,6 +41,7 @@ class LayerFile:
     path: Path
     made: Future
     writing: Path | None = None  # where its maker writes it while it is made (a staged import follows it)
+    tree: Path | None = None  # where its maker also makes its files, in the store's staging area
 
     def result(self, cancel: threading.Event) -> dict:
         while not self.made.done():
@@ -168,6 +169,10 @@ class Importer:
                     stage.kill()
                 for got in staged:
                     _drop_staged(got)
+                for lay in self.layers:  # not used (the layer came from a cache), or its maker failed; one
+                    # whose maker is still writing is removed by build() once the makers have stopped
+                    if lay.tree is not None and lay.made.done() and lay.tree.exists():
+                        _drop_staged({"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"})
 
     def _mismatch(self, lay: LayerFile, made: dict, have: str, *, stored: bool = False) -> HashMismatch:
         want = made["diff_id"]
@@ -206,6 +211,7 @@ class Importer:
                 raise Cancelled()
             if lay.made.done():
                 made = lay.made.result()
+                tree = Path(made["tree"]) if made.get("tree") else None  # its maker made the files too
                 known = self._known_id(i)
                 if known and self._present.get(known) == made["diff_id"]:
                     return None
@@ -214,6 +220,7 @@ class Importer:
             if lay.writing is not None:
                 try:
                     fd, follow, size = os.open(lay.writing, os.O_RDONLY), True, -1
+                    tree = lay.tree
                     break
                 except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
                     pass
@@ -225,7 +232,8 @@ class Importer:
             def progress(n: int) -> None:
                 self.on_progress(group, n)
 
-            stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, progress=progress)
+            stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, tree=tree,
+                                     progress=progress)
             # a layer made in this build was hashed by its maker as it was written; one taken
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
             digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""

@@ -188,14 +188,16 @@ def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
 
 
 def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path,
-                     compression: Compression | None = None, compiler: tuple[str, str] | None = None) -> dict:
+                     compression: Compression | None = None, compiler: tuple[str, str] | None = None,
+                     tree: str | Path | None = None) -> dict:
     """Install wheels ``[(filename, path), ...]`` (already in layer order) into a layer tar at
     ``out`` (and its compressed blob beside it, with ``compression``); ``compiler`` ``(python,
-    cache tag)`` (``bytecode.find_compiler``) adds the .pyc. Returns a JSON-able dict: diff_id,
-    size, entries, duplicates, blob, pyc (count, bytes). Runs in a worker process."""
+    cache tag)`` (``bytecode.find_compiler``) adds the .pyc; ``tree``: the files made there too,
+    as an untar would (``TarWriter``). Returns a JSON-able dict: diff_id, size, entries,
+    duplicates, blob, pyc (count, bytes), tree. Runs in a worker process."""
     import contextlib
 
-    with TarWriter(out, compression=compression) as w, \
+    with TarWriter(out, compression=compression, tree=tree) as w, \
             (Compiler(*compiler) if compiler else contextlib.nullcontext()) as comp:
         duplicates: list[str] = []
         pyc: list[tuple[Scheme, RecordEntry]] = []
@@ -217,6 +219,8 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
         res = w.close()
     made = _result(res, duplicates)
     made["pyc"] = {"files": len(pyc), "bytes": sum(e.size or 0 for _, e in pyc)}
+    if tree is not None:
+        made["tree"] = str(tree)
     return made
 
 
@@ -427,6 +431,6 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service
 
 def wheel_layer_job(args: tuple) -> dict:
     """Process-pool entry point (picklable)."""
-    wheel_files, platform_json, out, comp, compiler = args
+    wheel_files, platform_json, out, comp, compiler, tree = args
     return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out,
-                            Compression(comp) if comp != "none" else None, compiler)
+                            Compression(comp) if comp != "none" else None, compiler, tree)

@@ -63,8 +63,16 @@ class TarWriter:
     """Append entries in a caller-decided, deterministic order. Paths are absolute image paths
     ("/opt/venv/bin/python") or relative ones; both are stored relative ("opt/venv/bin/python")."""
 
-    def __init__(self, path: str | Path, *, mtime: int | None = None, compression: "Compression | None" = None) -> None:
+    def __init__(self, path: str | Path, *, mtime: int | None = None, compression: "Compression | None" = None,
+                 tree: str | Path | None = None) -> None:
+        """``tree``: an empty directory where every entry is also made as a file, as an untar of
+        the tar would make it (mode, owner, times: containers/storage's untar rules), so a
+        staged import into containers-storage need not untar it (build/importer.py)."""
         self.path = Path(path)
+        self.tree = Path(tree) if tree is not None else None
+        self._tree_dirs: list[Path] = []
+        self.uids: set[int] = set()  # the owners its entries name (containers/storage records them)
+        self.gids: set[int] = set()
         self._raw = open(self.path, "wb")
         self._sink = compression.sink(self.path.with_name(self.path.name + compression.suffix)) if compression else None
         self._out = _HashingFile(self._raw, self._sink)
@@ -89,6 +97,11 @@ class TarWriter:
         ti.gname = ""
         self._out.write(ti.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape"))
         self.entries += 1
+        self.uids.add(ti.uid)
+        self.gids.add(ti.gid)
+
+    def _times(self) -> tuple[int, int]:
+        return (self.mtime * 1_000_000_000,) * 2  # atime too: an untar never sets it before mtime
 
     def has(self, path: str) -> bool:
         rel = self._rel(path)
@@ -114,6 +127,13 @@ class TarWriter:
         ti.uid, ti.gid = uid, gid
         self._header(ti)
         self._dirs.add(rel)
+        if self.tree is not None:
+            p = self.tree / rel
+            os.mkdir(p)
+            if uid or gid:
+                os.chown(p, uid, gid)
+            os.chmod(p, ti.mode)
+            self._tree_dirs.append(p)  # its times once its entries are in (``close``)
 
     def add_file(self, path: str, stream: BinaryIO | None, size: int, *, mode: int = 0o644, uid: int = 0,
                  gid: int = 0, data: bytes | None = None, hasher: "hashlib._Hash | None" = None) -> None:
@@ -127,26 +147,43 @@ class TarWriter:
         ti.mode = mode & 0o7777
         ti.uid, ti.gid = uid, gid
         self._header(ti)
-        written = 0
-        if data is not None:
-            if len(data) != size:
-                raise ValueError(f"{rel}: {len(data)} bytes given, {size} declared")
-            self._out.write(data)
-            if hasher is not None:
-                hasher.update(data)
-            written = size
-        else:
-            assert stream is not None
-            while written < size:
-                chunk = stream.read(min(COPY_CHUNK, size - written))
-                if not chunk:
-                    break
-                self._out.write(chunk)
+        copy = None
+        if self.tree is not None:
+            copy = open(os.open(self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb")
+        try:
+            written = 0
+            if data is not None:
+                if len(data) != size:
+                    raise ValueError(f"{rel}: {len(data)} bytes given, {size} declared")
+                self._out.write(data)
+                if copy is not None:
+                    copy.write(data)
                 if hasher is not None:
-                    hasher.update(chunk)
-                written += len(chunk)
-            if written != size or stream.read(1):
-                raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
+                    hasher.update(data)
+                written = size
+            else:
+                assert stream is not None
+                while written < size:
+                    chunk = stream.read(min(COPY_CHUNK, size - written))
+                    if not chunk:
+                        break
+                    self._out.write(chunk)
+                    if copy is not None:
+                        copy.write(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
+                    written += len(chunk)
+                if written != size or stream.read(1):
+                    raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
+            if copy is not None:  # owner before mode (a chown clears set-id bits), times last
+                copy.flush()
+                if uid or gid:
+                    os.fchown(copy.fileno(), uid, gid)
+                os.fchmod(copy.fileno(), ti.mode)
+                os.utime(copy.fileno(), ns=self._times())
+        finally:
+            if copy is not None:
+                copy.close()
         pad = (-size) % BLOCK
         if pad:
             self._out.write(b"\0" * pad)
@@ -162,6 +199,12 @@ class TarWriter:
         ti.uid, ti.gid = uid, gid
         self._header(ti)
         self._files.add(rel)
+        if self.tree is not None:
+            p = self.tree / rel
+            os.symlink(target, p)
+            if uid or gid:
+                os.lchown(p, uid, gid)
+            os.utime(p, ns=self._times(), follow_symlinks=False)
 
     def add_hardlink(self, path: str, target: str, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
         rel = self._rel(path)
@@ -173,8 +216,12 @@ class TarWriter:
         ti.uid, ti.gid = uid, gid
         self._header(ti)
         self._files.add(rel)
+        if self.tree is not None:
+            os.link(self.tree / ti.linkname, self.tree / rel)
 
     def add_special(self, path: str, st: os.stat_result) -> None:
+        if self.tree is not None:
+            raise ValueError(f"{path}: a device or FIFO cannot be made in a layer's tree here")
         rel = self._rel(path)
         self.ensure_parents(rel)
         ti = tarfile.TarInfo(rel)
@@ -242,6 +289,8 @@ class TarWriter:
             self._raw.close()
             if self._sink is not None:
                 self._blob = self._sink.close()
+            for d in reversed(self._tree_dirs):  # as an untar does: once nothing more goes in
+                os.utime(d, ns=self._times())
             self._closed = True
         return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries,
                          blob_digest=self._blob[0], blob_size=self._blob[1],

@@ -11,7 +11,7 @@
 // Or in two steps, so that a layer is untarred while it is still being written and before its
 // parent is in the store (the layer's ID, a chain of diff digests, is known only at the end):
 //
-//	envspec-put-layer stage --graph DIR (--fd N | --file TAR) [--follow] [--size N]
+//	envspec-put-layer stage --graph DIR (--fd N | --file TAR) [--follow] [--size N] [--tree DIR]
 //
 // untars the tar into a directory of its own under DIR/DRIVER/envspec-staging, without taking the
 // store's lock, as containers/storage's overlay driver would untar it into a layer (the same
@@ -19,6 +19,8 @@
 // one JSON line {staging, tar_split, size, uids, gids, root_set}. --follow: the file is
 // still being written; at its end this waits for more until a line "end SIZE" comes on stdin
 // (stdin closed without it: the maker failed; the staging directory is removed, exit 1).
+// --tree: the layer's maker wrote its files into that staging directory itself, beside the tar
+// (as the untar would have made them); only the tar-split record and the uid/gid log are made.
 //
 //	envspec-put-layer commit --graph DIR --run DIR [--storage-driver overlay] --id ID [--parent ID]
 //	    --diff-digest sha256:HEX --staged JSON
@@ -232,6 +234,7 @@ func stage(args []string) int {
 	file := flags.String("file", "", "the tar")
 	follow := flags.Bool("follow", false, "the tar is still being written: wait for 'end SIZE' on stdin")
 	size := flags.Int64("size", -1, "the tar's size (checked)")
+	tree := flags.String("tree", "", "the layer's files are there already (made beside the tar): record only its tar-split")
 	if err := flags.Parse(args); err != nil {
 		return 2
 	}
@@ -278,15 +281,23 @@ func stage(args []string) int {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return fail(err)
 	}
-	dir, err := os.MkdirTemp(root, fmt.Sprintf("%d-", os.Getpid()))
-	if err != nil {
+	var dir string
+	var err error
+	if *tree != "" { // envspec wrote the files itself: they are its to remove
+		if filepath.Dir(*tree) != root {
+			return usage("stage: --tree must be a directory in " + root)
+		}
+		dir = *tree
+	} else if dir, err = os.MkdirTemp(root, fmt.Sprintf("%d-", os.Getpid())); err != nil {
 		return fail(err)
 	}
 	tsPath := dir + ".tar-split.gz"
 	done := false
 	defer func() {
 		if !done {
-			os.RemoveAll(dir)
+			if *tree == "" {
+				os.RemoveAll(dir)
+			}
 			os.Remove(tsPath)
 		}
 	}()
@@ -332,8 +343,10 @@ func stage(args []string) int {
 		return fail(err)
 	}
 	opts := &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}
-	if err := chrootarchive.UntarUncompressed(payload, dir, opts); err != nil {
-		return fail(err)
+	if *tree == "" {
+		if err := chrootarchive.UntarUncompressed(payload, dir, opts); err != nil {
+			return fail(err)
+		}
 	}
 	if _, err := io.Copy(io.Discard, payload); err != nil { // padding after the tar's end
 		return fail(err)
