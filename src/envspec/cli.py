@@ -676,7 +676,7 @@ def cmd_verify_image(args) -> int:
 
         lock = load(args.lock)
     reader = RegistryReader(registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)))
-    report = verify_image(args.ref, key, reader, lock)
+    report = verify_image(args.ref, key, reader, lock, lock_path=args.lock or "")
     report.lock_name = args.ref
     if args.json:
         _print_json(report.to_dict())
@@ -700,6 +700,8 @@ def _index_lines(built, host, lock, *, target: str) -> list[str]:
     lines.append(f"image index {built.digest} over {', '.join(n for n, _ in built.images)}")
     lines += [f"written to {dest}" for dest in built.outputs]
     lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]
+    lines += [f"attached {ref}" for _, one in built.images for ref in one.attached]
+    lines += [f"attached {ref} (the index's signature)" for ref in built.attached]
     from envspec.run import start_lines
 
     here = next((v for v in lock.views() if v.platform.arch == host.machine), None)

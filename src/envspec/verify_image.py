@@ -17,6 +17,15 @@ image's manifest (its digest is the image's identity), its config, and the two a
 - ``image.lock-hash``: the lock hash the image's config labels and manifest annotations carry
   (covered by the signed digest) is the provenance's and the expected one.
 
+An image index (what ``envspec build --push`` of a lock with a section per platform pushes,
+``build/index.py``): ``index.signature`` (the index's own ``.sig``, naming the index digest),
+``index.lock-hash`` (its ``io.envspec.lock-hash`` annotation is the lock's) and ``index.platforms``
+(an image for each of the lock's platforms), then each platform's image as above, its findings
+named ``<platform>.<check>`` (``linux-aarch64.signature``, ``linux-x86_64.provenance.lock``, ...)
+and checked against that platform's view of the lock (``Lockfile.for_platform``); with a
+one-platform lock only its platform's image, the others ``skip``. One image with a lock that has
+a section per platform is checked against the section of its config's os/architecture.
+
 The lock file in the image's top layer is not read (that would need the registry's blob API
 beyond skopeo); the labels that name it are in the signed config.
 """
@@ -34,8 +43,9 @@ from typing import Any, Callable
 
 from envspec.build import attest
 from envspec.build.engine import RegistryAccess, skopeo_registry_args
-from envspec.errors import HostError, SourceError, UsageError
-from envspec.lock import Lockfile
+from envspec.build.oci import MT_INDEX
+from envspec.errors import HostError, LockError, SourceError, UsageError
+from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
 
@@ -158,10 +168,10 @@ def _layers(manifest: bytes, blobs: dict[str, bytes], media_type: str) -> list[t
 
 
 def check_signature(public_key: Any, artifact: tuple[bytes, dict[str, bytes]] | None, digest: str,
-                    repo: str) -> Finding:
+                    repo: str, *, check: str = "signature") -> Finding:
     expected = f"a signature by the key of {digest[:19]}… in {repo}"
     if artifact is None:
-        return Finding("signature", FAIL, expected, f"no signature ({attest.sig_tag(digest)} is not in {repo})",
+        return Finding(check, FAIL, expected, f"no signature ({attest.sig_tag(digest)} is not in {repo})",
                        hint="the image was pushed without a key: push with --sign-by-sigstore-private-key")
     seen = []
     for lay, payload in _layers(*artifact, attest.MT_SIMPLESIGNING):
@@ -177,8 +187,8 @@ def check_signature(public_key: Any, artifact: tuple[bytes, dict[str, bytes]] | 
         elif signed_repo != repo:
             seen.append(f"a signature of this digest for another repository ({signed_repo})")
         else:
-            return Finding("signature", PASS, expected, f"signed, key verifies ({digest[:19]}…)")
-    return Finding("signature", FAIL, expected, "; ".join(seen) or "no usable signature layer",
+            return Finding(check, PASS, expected, f"signed, key verifies ({digest[:19]}…)")
+    return Finding(check, FAIL, expected, "; ".join(seen) or "no usable signature layer",
                    hint="this is not the image that was signed with this key: do not trust it")
 
 
@@ -198,9 +208,27 @@ def open_envelope(public_key: Any, data: bytes) -> tuple[dict | None, bool]:
 
 # --- the checks -----------------------------------------------------------------------------------
 
-def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfile | None = None) -> Report:
-    """The findings for the pushed image ``ref``. Raises SourceError (3) when the registry
-    cannot be read."""
+INDEX_TYPES = (MT_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json")
+_LOCK_ARCH = {oci: arch for arch, oci in OCI_ARCH.items() if arch != oci}  # OCI's names -> the lock's: arm64 -> aarch64
+
+
+def is_index(manifest: dict) -> bool:
+    """An image index (manifest list) rather than one image's manifest."""
+    return manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "config" not in manifest)
+
+
+def platform_name(os_name: str, architecture: str) -> str:
+    """The lock's name of an OCI platform: linux/arm64 -> "linux-aarch64" (a lock section's key)."""
+    return f"{os_name or 'unknown'}-{_LOCK_ARCH.get(architecture, architecture or 'unknown')}"
+
+
+def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfile | None = None, *,
+                 lock_path: str = "") -> Report:
+    """The findings for the pushed image ``ref``: one image, or an image index and each platform's
+    image in it (their findings named ``<platform>.<check>``, e.g. ``linux-aarch64.signature``),
+    each platform checked against its section of ``lock``. Raises SourceError (3) when the
+    registry cannot be read; LockError ``platform-not-in-lock`` (2) for one image whose platform
+    ``lock`` (a lock with a section per platform) has no section for."""
     report = Report(level="image", mode="registry", lock_path=ref)
     repo = attest.repository(ref)
     raw = reader.manifest(ref)
@@ -210,16 +238,125 @@ def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfi
         return report
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     wanted = ref.split("@", 1)[1] if "@" in ref else ""
-    report.add(Finding("image", PASS if not wanted or wanted == digest else FAIL, wanted or "a manifest",
-                       digest, hint="" if not wanted or wanted == digest else "the registry served another manifest"))
-    report.fingerprint["digest"] = digest
     manifest = json.loads(raw)
-    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo))
+    index = is_index(manifest)
+    report.add(Finding("image", PASS if not wanted or wanted == digest else FAIL, wanted or "a manifest",
+                       digest + (f" (an image index of {len(manifest.get('manifests', []))} images)" if index else ""),
+                       hint="" if not wanted or wanted == digest else "the registry served another manifest"))
+    report.fingerprint["digest"] = digest
+    if index:
+        report.lock_hash = _verify_index(report, repo, digest, manifest, public_key, reader, lock)
+    else:
+        config = reader.config(f"{repo}@{digest}")
+        view, prefix = lock, ""
+        if lock is not None and lock.multi:
+            view, prefix = _section_for_image(report, ref, manifest, config, lock, lock_path)
+        report.lock_hash = _check_image(report, repo, digest, manifest, config, public_key, reader, view, prefix)
+    if lock is None:
+        report.add(Finding("lock", SKIP, "--lock LOCK", "not given: the lock hash is not compared",
+                           hint="pass --lock LOCK to check the image was built from it"))
+    return report
 
+
+def _config_of(manifest: dict, config: bytes | None) -> dict:
+    """The image config, where it is the one the manifest names (so the signed digest covers it); else {}."""
+    if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != manifest.get("config", {}).get("digest"):
+        return {}
+    try:
+        got = json.loads(config)
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _section_for_image(report: Report, ref: str, manifest: dict, config: bytes | None, lock: Lockfile,
+                       lock_path: str) -> tuple[Lockfile | None, str]:
+    """One image against a lock with a section per platform: the section whose platform is the image
+    config's os/architecture (its view, ``Lockfile.for_platform``) and the findings' prefix."""
+    cfg = _config_of(manifest, config)
+    os_name, arch = cfg.get("os", ""), cfg.get("architecture", "")
+    if not arch:
+        report.add(Finding("platform", FAIL, "the image config's os/architecture, to pick the lock's section",
+                           "the config could not be read, or is not the one the manifest names",
+                           hint="the image is damaged or not an envspec image: do not trust it"))
+        return None, ""
+    part = lock.find_part(arch)
+    if part is None or part.platform.os != os_name:
+        raise LockError(f"{lock_path or lock.meta.name}: no section for {os_name}/{arch}, the platform of the image "
+                        f"{ref} (the lock has {', '.join(lock.platform_names)})", reference="platform-not-in-lock",
+                        hint="pass the lock the image was built from; `envspec verify-image` of the image index "
+                             "checks every platform's image")
+    report.add(Finding(f"{part.name}.platform", PASS, "a section of the lock for the image's platform",
+                       f"{os_name}/{arch}: [platforms.{part.name}]"))
+    return lock.for_platform(part.name), part.name + "."
+
+
+def _verify_index(report: Report, repo: str, digest: str, index: dict, public_key: Any, reader: RegistryReader,
+                  lock: Lockfile | None) -> str:
+    """The index's signature and lock hash, then each platform's image as ``_check_image`` checks one,
+    against its section of ``lock`` (a one-platform lock: its platform's image only, the others
+    skipped). Returns the lock hash the index names."""
+    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo,
+                               check="index.signature"))
+    entries = [(platform_name((m.get("platform") or {}).get("os", ""), (m.get("platform") or {}).get("architecture", "")), m)
+               for m in index.get("manifests", [])]
+    names = [n for n, _ in entries]
+    annotation = (index.get("annotations") or {}).get("io.envspec.lock-hash", "")
+    whole = (lock.meta.content_hash if lock.multi else lock.meta.part_of or "") if lock is not None else ""
+    if whole:  # the lock the index was made from: the one given, or the one a platform's view is part of
+        ok = annotation == whole
+        report.add(Finding("index.lock-hash", PASS if ok else FAIL, whole, annotation or "(none)",
+                           hint="" if ok else "the index was made from another lock"))
+    if lock is not None:
+        want = lock.platform_names
+        ok = (sorted(names) == sorted(want)) if lock.multi else want[0] in names
+        report.add(Finding("index.platforms", PASS if ok else FAIL,
+                           " and ".join(want) + ("" if lock.multi else " (the lock's one platform)"),
+                           ", ".join(names) or "(none)",
+                           hint="" if ok else "the index does not hold an image for each of the lock's platforms"))
+    for name, m in entries:
+        view = None
+        if lock is not None:
+            part = lock.find_part(name)
+            if part is None:
+                report.add(Finding(name, SKIP, "a section of the lock for this platform",
+                                   f"the lock has none ({', '.join(lock.platform_names)}): its image is not checked",
+                                   hint="pass the lock with a section per platform to check every image"))
+                continue
+            view = lock.for_platform(part.name)
+        mdigest = str(m.get("digest", ""))
+        at = f"{repo}@{mdigest}"
+        raw = reader.manifest(at) if mdigest else None
+        if raw is None:
+            report.add(Finding(f"{name}.image", FAIL, mdigest or "a digest", "no such manifest in the registry",
+                               hint="the index names an image the registry does not hold"))
+            continue
+        got = "sha256:" + hashlib.sha256(raw).hexdigest()
+        report.add(Finding(f"{name}.image", PASS if got == mdigest else FAIL, mdigest, got,
+                           hint="" if got == mdigest else "the registry served another manifest"))
+        report.fingerprint[f"{name}.digest"] = got
+        manifest, config = json.loads(raw), reader.config(at)
+        cfg = _config_of(manifest, config)
+        listed = m.get("platform") or {}
+        want_p = f"{listed.get('os', '')}/{listed.get('architecture', '')}"
+        seen_p = f"{cfg.get('os', '')}/{cfg.get('architecture', '')}" if cfg else "(no config the manifest names)"
+        report.add(Finding(f"{name}.platform", PASS if want_p == seen_p else FAIL, f"{want_p} (the index's entry)",
+                           seen_p, hint="" if want_p == seen_p else "the index lists this image under another platform"))
+        _check_image(report, repo, got, manifest, config, public_key, reader, view, f"{name}.")
+    return annotation
+
+
+def _check_image(report: Report, repo: str, digest: str, manifest: dict, config: bytes | None, public_key: Any,
+                 reader: RegistryReader, lock: Lockfile | None, prefix: str = "") -> str:
+    """One image's findings (each check's name after ``prefix``): its signature, its attestations,
+    with ``lock`` (one platform's) the lock and materials they name, and the lock hash its config and
+    manifest carry. Returns that lock hash."""
+    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo,
+                               check=prefix + "signature"))
     att = reader.artifact(f"{repo}:{attest.att_tag(digest)}")
     statements: dict[str, dict] = {}
     if att is None:
-        report.add(Finding("attestations", FAIL, f"{attest.att_tag(digest)} in {repo}", "none",
+        report.add(Finding(prefix + "attestations", FAIL, f"{attest.att_tag(digest)} in {repo}", "none",
                            hint="push the image with `envspec build --push` (it attaches provenance and SBOM)"))
     else:
         for lay, data in _layers(*att, attest.MT_DSSE):
@@ -229,67 +366,60 @@ def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfi
             if not kind or kind in statements:
                 continue
             statements[kind] = st or {}
-            report.add(Finding(f"{kind}.signature", PASS if signed else FAIL, "signed by the key",
+            report.add(Finding(f"{prefix}{kind}.signature", PASS if signed else FAIL, "signed by the key",
                                "verifies" if signed else "no signature that verifies with this key",
                                hint="" if signed else "the attestation was altered or made without the key"))
             subjects = [s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])]
             ok = digest.split(":", 1)[1] in subjects
-            report.add(Finding(f"{kind}.subject", PASS if ok else FAIL, digest,
+            report.add(Finding(f"{prefix}{kind}.subject", PASS if ok else FAIL, digest,
                                ", ".join("sha256:" + s for s in subjects) or "(none)",
                                hint="" if ok else "the attestation is about another image"))
         for kind in ("provenance", "sbom"):
             if kind not in statements:
-                report.add(Finding(f"{kind}.present", FAIL, f"a {kind} attestation", "none in the attestations"))
+                report.add(Finding(f"{prefix}{kind}.present", FAIL, f"a {kind} attestation", "none in the attestations"))
     prov = statements.get("provenance", {}).get("predicate", {})
     if prov:
         builder = prov.get("runDetails", {}).get("builder", {})
-        report.add(Finding("provenance.builder", PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
+        report.add(Finding(prefix + "provenance.builder", PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
                            attest.BUILDER_ID, f"{builder.get('id', '')} {builder.get('version', {})}".strip()))
     prov_lock = prov.get("buildDefinition", {}).get("externalParameters", {}).get("lock", {}).get("content_hash", "")
     expected_lock = lock.meta.content_hash if lock is not None else ""
     if lock is not None:
         ok = bool(prov_lock) and prov_lock == expected_lock
-        report.add(Finding("provenance.lock", PASS if ok else FAIL, expected_lock, prov_lock or "(none)",
+        report.add(Finding(prefix + "provenance.lock", PASS if ok else FAIL, expected_lock, prov_lock or "(none)",
                            hint="" if ok else "the image was built from another lock"))
-        report.add(_materials(prov, lock))
-        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock))
-    config = reader.config(f"{repo}@{digest}")
-    cdigest = "sha256:" + hashlib.sha256(config).hexdigest() if config is not None else ""
-    label = json.loads(config or b"{}").get("config", {}).get("Labels", {}).get("io.envspec.lock-hash", "") \
-        if cdigest == manifest.get("config", {}).get("digest") else ""
+        report.add(_materials(prov, lock, prefix))
+        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock, prefix))
+    label = _config_of(manifest, config).get("config", {}).get("Labels", {}).get("io.envspec.lock-hash", "")
     annotation = manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
     wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, and the one the provenance names
     ok = bool(label) and label == annotation and wants <= {label}
-    report.add(Finding("image.lock-hash", PASS if ok else FAIL,
+    report.add(Finding(prefix + "image.lock-hash", PASS if ok else FAIL,
                        " = ".join(sorted(wants)) or "the same lock hash in labels and annotations",
                        f"label {label or '(none)'}, annotation {annotation or '(none)'}",
                        hint="" if ok else "the image's config, the provenance and the expected lock do not agree"))
-    report.lock_hash = label or prov_lock
-    if lock is None:
-        report.add(Finding("lock", SKIP, "--lock LOCK", "not given: the lock hash is not compared",
-                           hint="pass --lock LOCK to check the image was built from it"))
-    return report
+    return label or prov_lock
 
 
-def _materials(prov: dict, lock: Lockfile) -> Finding:
+def _materials(prov: dict, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels} | {lock.meta.content_hash.split(":")[-1]}
     got = {d.get("digest", {}).get("sha256", "") for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])}
     missing, extra = want - got, got - want
     status = PASS if not missing and not extra else FAIL
-    return Finding("provenance.materials", status, f"{len(want)} materials: the lock, its .debs and wheels",
+    return Finding(prefix + "provenance.materials", status, f"{len(want)} materials: the lock, its .debs and wheels",
                    f"{len(got)}" + (f"; {len(missing)} missing" if missing else "") + (f"; {len(extra)} extra" if extra else ""),
                    hint="" if status == PASS else "the provenance lists other files than the lock pins")
 
 
-def _sbom_packages(sbom: dict, lock: Lockfile) -> Finding:
+def _sbom_packages(sbom: dict, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels}
     got = {c.get("checksumValue", "") for p in sbom.get("packages", []) for c in p.get("checksums", [])}
     if not sbom:
-        return Finding("sbom.packages", FAIL, f"{len(want)} packages", "no SBOM")
+        return Finding(prefix + "sbom.packages", FAIL, f"{len(want)} packages", "no SBOM")
     ok = want == got
-    return Finding("sbom.packages", PASS if ok else FAIL, f"{len(want)} packages of the lock",
+    return Finding(prefix + "sbom.packages", PASS if ok else FAIL, f"{len(want)} packages of the lock",
                    f"{len(got)} with these sha256" if ok else f"{len(got & want)} of them, {len(got - want)} others",
                    hint="" if ok else "the SBOM does not describe the lock's packages")
 

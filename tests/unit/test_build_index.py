@@ -1,5 +1,6 @@
 """The image index of a multi-platform lock (build/index.py, oci.write_index): deterministic bytes,
-each manifest's platform, per-platform tags, and what an index cannot carry refused up front."""
+each manifest's platform, per-platform tags, and what an index cannot carry (a docker archive) refused
+up front."""
 
 from __future__ import annotations
 
@@ -63,12 +64,18 @@ def test_each_platform_image_gets_its_own_tag():
 
 @pytest.mark.parametrize("options, words", [
     (BuildOptions(outputs=("docker-archive:/tmp/x.tar",)), "docker archive holds one platform"),
-    (BuildOptions(push="r/x", sign_key=object()), "signing an image index"),  # type: ignore[arg-type]
+    (BuildOptions(outputs=("oci:/tmp/x", "docker-archive:/tmp/x.tar"), push="r/x",
+                  sign_key=object()), "docker archive holds one platform"),  # type: ignore[arg-type]
 ])
 def test_what_an_index_cannot_carry_is_refused(options, words):
     with pytest.raises(UsageError) as e:
         check_options(options)
     assert e.value.reference == "index-output-unsupported" and words in e.value.message
+
+
+def test_an_index_can_be_pushed_signed():
+    """Signing is no longer refused for an index (tests/unit/test_index_signing.py: what it pushes)."""
+    check_options(BuildOptions(push="r/x", sign_key=object(), outputs=("oci:/tmp/x",)))  # type: ignore[arg-type]
 
 
 def test_dry_run_of_a_multi_platform_lock_previews_each_platform(capsys, monkeypatch, tmp_path):

@@ -237,10 +237,9 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
                 att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan),
                              options.sign_key, lock_path=options.lock_path)
-                for r, d in ((att.attestations, att.attestation_digest), (att.signature, att.signature_digest)):
-                    if r:
-                        attached += (r,)
-                        reporter.pushed(r, d)
+                for r, d in att.pushed():
+                    attached += (r,)
+                    reporter.pushed(r, d)
         if ref:
             reporter.committing(ref, image.digest)
             with clock.span("commit"):

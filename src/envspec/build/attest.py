@@ -13,6 +13,9 @@ the image's own repository, named from the image's manifest digest ``sha256:<hex
   (the signed manifest digest and the pushed reference), the signature in the layer's
   annotation ``dev.cosignproject.cosign/signature``.
 
+An image index (``build/index.py``) gets a ``.sig`` of its own, named from the index digest
+(``sign``), beside each of its images' ``.att`` and ``.sig`` (``attach``, once per image).
+
 With a key, each envelope is signed too (DSSE: the signature covers the payload type and the
 statement), so an attestation cannot be swapped or altered without the key; the ``.att``
 manifest itself is not signed (cosign's model). The statements are canonical
@@ -308,13 +311,19 @@ class Attached:
     signature: str = ""
     signature_digest: str = ""
 
+    def pushed(self) -> tuple[tuple[str, str], ...]:
+        """(reference, manifest digest) of each artifact pushed, in push order."""
+        return tuple((r, d) for r, d in ((self.attestations, self.attestation_digest),
+                                         (self.signature, self.signature_digest)) if r)
+
 
 def attach(push: Any, work: Path, plan: BuildPlan, image_digest: str, dest: str, sbom: bytes,
            key: SigningKey | None, *, lock_path: str = "") -> Attached:
     """Push the attestations of the image ``image_digest`` pushed as ``dest`` (and, with ``key``,
     the image's signature) with ``push(layout_dir, ref)``: the engine's push, so credentials and
     TLS are the image's. The signature goes last: a signature exists only for what is in the
-    registry. The attestation manifest itself is not signed: its envelopes are."""
+    registry. The attestation manifest itself is not signed: its envelopes are. ``work``: a
+    directory of this image's own (its artifacts' layouts are written there)."""
     repo = repository(dest)
     att_dir = work / "attestations"
     att_digest = write_artifact(att_dir, attestation_blobs(plan, image_digest, sbom, key, lock_path=lock_path),
@@ -323,9 +332,17 @@ def attach(push: Any, work: Path, plan: BuildPlan, image_digest: str, dest: str,
     push(att_dir, att_ref)
     if key is None:
         return Attached(att_ref, att_digest)
-    sig_dir = work / "signature"
-    sig_digest = write_artifact(sig_dir, [signature_blob(dest.removeprefix("docker://"), image_digest, key)],
-                                ref_name="sig")
-    sig_ref = f"{repo}:{sig_tag(image_digest)}"
-    push(sig_dir, sig_ref)
+    sig_ref, sig_digest = sign(push, work, image_digest, dest, key)
     return Attached(att_ref, att_digest, signature=sig_ref, signature_digest=sig_digest)
+
+
+def sign(push: Any, work: Path, digest: str, dest: str, key: SigningKey) -> tuple[str, str]:
+    """Push the signature of the manifest ``digest`` (an image's or an image index's) pushed as
+    ``dest``, as ``REPO:sha256-<hex>.sig``; returns (that reference, the signature manifest's
+    digest). Called once what it signs is in the registry."""
+    sig_dir = work / "signature"
+    sig_digest = write_artifact(sig_dir, [signature_blob(dest.removeprefix("docker://"), digest, key)],
+                                ref_name="sig")
+    sig_ref = f"{repository(dest)}:{sig_tag(digest)}"
+    push(sig_dir, sig_ref)
+    return sig_ref, sig_digest

@@ -8,6 +8,10 @@ manifests name their ``platform`` ({architecture amd64|arm64, os linux}). What `
 its digest is the build's identity, reproducible as each image's is (the index is canonical JSON
 of the manifests' digests and sizes, the lock's name and hash, and SOURCE_DATE_EPOCH).
 
+A push attaches to each platform's image what a one-platform push attaches (``attest.attach``: its
+attestations and, with a signing key, its signature, for its own manifest digest and its own view of
+the lock), then, with a key, the index's signature (``attest.sign``: ``sha256-<index hex>.sig``), last.
+
 Every platform is built (untagged) before any is named: a platform whose build fails leaves no tag
 (the images then go into containers-storage from the layers just made, each checked to be the same
 bytes). In containers-storage each platform's image is tagged on its own: the lock's tag with the
@@ -25,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from envspec.build.attest import attach, sign
 from envspec.build.oci import MT_INDEX, created_at, export_layout, write_index
+from envspec.build.sbom import make_sbom
 from envspec.errors import BuildError, UsageError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
@@ -46,6 +52,7 @@ class BuiltIndex:
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     seconds: float = 0.0
+    attached: tuple[str, ...] = ()  # the index's own signature (each image's artifacts: its ``attached``)
 
     @property
     def image(self) -> str:
@@ -59,6 +66,7 @@ class BuiltIndex:
             "platforms": [{"platform": name, "os": name.split("-", 1)[0], "architecture": _arch(name),
                            **built.to_json()} for name, built in self.images],
             "pushed": list(self.pushed),
+            "attached": list(self.attached),
             "outputs": list(self.outputs),
             "seconds": round(self.seconds, 3),
         }
@@ -89,9 +97,6 @@ def check_options(options: "BuildOptions") -> None:
                              hint="use oci:DIR or oci-archive:FILE for the index, or build one platform's lock "
                                   "(a spec with one [target].platforms entry) for docker load",
                              reference="index-output-unsupported")
-    if options.sign_key is not None:
-        raise UsageError("signing an image index is not supported yet", reference="index-output-unsupported",
-                         hint="push without --sign-by-sigstore-private-key, or sign each platform's lock's image")
 
 
 def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Sequence["Mirror"], *,
@@ -122,11 +127,38 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
                                                  "org.opencontainers.image.revision": lock.meta.content_hash,
                                                  "io.envspec.lock-hash": lock.meta.content_hash})
         outputs, pushed = deliver_index(engine, layout, digest, options, reporter)
+        attached: tuple[str, ...] = ()
+        if options.push:
+            images, attached = attest_index(engine, work / "attest", views, images, digest, options, reporter)
         images = _tag_all(views, images, engine, cache, mirrors, options, reporter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltIndex(digest=digest, images=tuple(images), pushed=pushed, outputs=outputs,
-                      seconds=time.monotonic() - t0)
+                      seconds=time.monotonic() - t0, attached=attached)
+
+
+def attest_index(engine: "Engine", work: Path, views: list[Lockfile], images: list[tuple[str, "BuiltImage"]],
+                 digest: str, options: "BuildOptions",
+                 reporter: "Reporter") -> tuple[list[tuple[str, "BuiltImage"]], tuple[str, ...]]:
+    """Once the index and its images are pushed to ``options.push``: each platform's image gets what
+    ``build()`` attaches to a one-platform push (``attest.attach``: the provenance and SBOM of its own
+    view of the lock, for its own manifest digest, and with a key its signature), then, with a key,
+    the index its signature naming the index digest, last. Returns the images with their
+    ``attached`` and the index's signature reference (none without a key)."""
+    assert options.push
+    out = []
+    for view, (name, built) in zip(views, images):
+        plan = make_plan(view)
+        att = attach(engine.push, work / view.platform.oci_arch, plan, built.digest, options.push, make_sbom(plan),
+                     options.sign_key, lock_path=options.lock_path)
+        for ref, d in att.pushed():
+            reporter.pushed(ref, d)
+        out.append((name, dataclasses.replace(built, attached=tuple(r for r, _ in att.pushed()))))
+    if options.sign_key is None:
+        return out, ()
+    ref, sig_digest = sign(engine.push, work / "index", digest, options.push, options.sign_key)
+    reporter.pushed(ref, sig_digest)
+    return out, (ref,)
 
 
 def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engine: "Engine", cache: "Cache",
