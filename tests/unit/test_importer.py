@@ -512,3 +512,21 @@ def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path, staged):
         build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
     assert eng.images == {} and not any(lay[1] for lid, lay in eng.store.layers.items()
                                         if ("put", lid, lay[0], "torch") in eng.store.calls)
+
+
+def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(tmp_path, monkeypatch):
+    """A tool built before `stage` existed (a venv not set up again) is used the old way."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_text("#!/bin/sh\necho 'envspec-put-layer: --graph, --run, --id and --diff-digest are required' >&2\nexit 2\n")
+    new.write_text("#!/bin/sh\necho 'envspec-put-layer: stage: --graph and one of --fd or --file are required' >&2\n"
+                   "exit 2\n")
+    for f in (old, new):
+        f.chmod(0o755)
+    monkeypatch.delenv("ENVSPEC_STAGED_IMPORT", raising=False)
+
+    def store(tool, driver="overlay"):
+        return eng_mod.StorageCLI(None, str(tmp_path / "g"), str(tmp_path / "r"), driver, put_tool=str(tool))
+
+    assert store(new).can_stage and not store(old).can_stage and not store(new, "vfs").can_stage
+    monkeypatch.setenv("ENVSPEC_STAGED_IMPORT", "off")
+    assert not store(new).can_stage

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -362,6 +363,16 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
 STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's stagingRoot)
 
 
+@functools.lru_cache(maxsize=8)
+def _tool_stages(tool: str) -> bool:
+    """Whether this envspec-put-layer knows ``stage`` (its usage line names it)."""
+    try:
+        cp = subprocess.run([tool, "stage"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return cp.returncode == 2 and "stage:" in cp.stderr
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -544,8 +555,10 @@ class StorageCLI:
     def can_stage(self) -> bool:
         """Whether a layer can be untarred before its ID is known, while it is still being written
         (``envspec-put-layer stage`` and ``commit``: the overlay driver; ENVSPEC_STAGED_IMPORT=off
-        turns it off)."""
-        return bool(self.put_tool) and self.driver == "overlay" and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"
+        turns it off; an envspec-put-layer built before it had ``stage`` imports one layer after the other)."""
+        if not (self.put_tool and self.driver == "overlay" and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"):
+            return False
+        return _tool_stages(self.put_tool)
 
     def stored_layers(self) -> dict[str, str]:
         """Layer ID -> diff digest of every layer in the store ("" for one without content)."""
