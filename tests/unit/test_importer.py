@@ -414,7 +414,9 @@ class StoreEngine(RecordingEngine):
         return self.store
 
 
-class NamingStore(FakeStore):
+class Naming:
+    """A fake store that also tells its engine the images it names (mixed into FakeStore/StagingStore)."""
+
     def __init__(self, engine_images, **kw):
         super().__init__(**kw)
         self.engine_images = engine_images
@@ -424,14 +426,12 @@ class NamingStore(FakeStore):
         self.engine_images[ref] = "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
-class NamingStagingStore(StagingStore):
-    def __init__(self, engine_images, **kw):
-        super().__init__(**kw)
-        self.engine_images = engine_images
+class NamingStore(Naming, FakeStore):
+    pass
 
-    def put_image(self, config, manifest, top, ref):
-        super().put_image(config, manifest, top, ref)
-        self.engine_images[ref] = "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+class NamingStagingStore(Naming, StagingStore):
+    pass
 
 
 def _store_engine(staged=False, **kw):

@@ -226,6 +226,7 @@ class Importer:
                     pass
             wait([lay.made], timeout=0.05)
         started = time.monotonic()
+        stage: Stage | None = None
         try:
             group = lay.group
 
@@ -238,7 +239,7 @@ class Importer:
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
             digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""
         except BaseException:
-            if "stage" in locals():
+            if stage is not None:
                 stage.kill()
             raise
         finally:
