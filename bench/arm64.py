@@ -1,14 +1,14 @@
 """Benchmark (issue 13): the cold build of an arm64 image next to the amd64 one, on this (amd64)
-machine, in one run, with the same CUDA user-space wheels on both platforms.
+machine, in one run: the h100-train stack on both platforms.
 
     .venv/bin/python bench/arm64.py [--rounds 2] [--settle 61] [--keep] [--json bench/arm64-result.json]
 
-The locks: bench/lockfiles/cuda-stack-amd64.lock (PyPI's torch 2.9.1 for linux-x86_64, the cu128
-build, and the nvidia-*-cu12 and triton wheels it pulls) and bench/lockfiles/cuda-stack-arm64.lock
-(PyPI's torch 2.9.1 for linux-aarch64, a CPU build, plus the aarch64 builds of those same
-nvidia-*-cu12 and triton wheels at the same versions), from bench/specs/. They stand in for the
-h100-train stack (torch 2.14 +cu13), whose aarch64 CUDA build only download.pytorch.org serves,
-unreachable from here (docs/benchmarks.md, "Session 7").
+The locks: lockfiles/h100-train.lock (specs/h100.toml: torch 2.14.1 cu130 for linux-x86_64) and
+lockfiles/gh200-train.lock (specs/gh200.toml: the same stack for GH200 hosts, linux-aarch64; PyPI's
+aarch64 wheel of torch 2.11 .. 2.15 is the same CUDA 13 build as x86_64's, with the same 32 wheels
+at the same versions). `--amd64-lock`/`--arm64-lock` take another pair: session 7 ran
+bench/lockfiles/cuda-stack-{amd64,arm64}.lock (torch 2.9.1, whose aarch64 PyPI wheel is a CPU
+build), the substitute used while PyPI listed no aarch64 CUDA torch (docs/benchmarks.md).
 
 In one run, with one cache for both locks (a temp dir under $ENVSPEC_BENCH_DIR, default /var/tmp):
   fetch        every wheel (the configured mirrors, then the lock's index: PyPI for aarch64) and
@@ -51,8 +51,8 @@ from envspec.host import detect_host  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 ROOT = bench_build.ROOT
-LOCKS = {"amd64": ROOT / "bench" / "lockfiles" / "cuda-stack-amd64.lock",
-         "arm64": ROOT / "bench" / "lockfiles" / "cuda-stack-arm64.lock"}
+LOCKS = {"amd64": ROOT / "lockfiles" / "h100-train.lock",
+         "arm64": ROOT / "lockfiles" / "gh200-train.lock"}
 
 
 def machine_cpu_s() -> float:

@@ -336,6 +336,18 @@ def _pypi_variant(rel: TorchRelease, arch: str) -> str | None:
     return row.variant if row else None
 
 
+def platform_arches(v: Variant, rel: TorchRelease, arch: str) -> Variant:
+    """``v`` with the CUDA arch list of ``arch``'s build where data/torch_platforms.toml records
+    one for it (PyPI's aarch64 builds are compiled for other arches than x86_64's): the arches the
+    GPUs are judged by, the lock's hardware contract and what the verifier expects loaded."""
+    if arch == "x86_64":
+        return v
+    row = pypi_platform_build(rel.version, PLATFORMS[arch])
+    if row is None or not row.arch_list or row.variant != v.name:
+        return v
+    return v.model_copy(update={"arch_list": list(row.arch_list)})
+
+
 def on_platform(v: Variant, rel: TorchRelease, arch: str) -> Variant:
     """``v`` as it is served for ``arch``: on linux-x86_64 as the DB says; elsewhere PyPI serves the
     build data/torch_platforms.toml names (aarch64: the CPU build), and every other build, PyPI's
@@ -371,6 +383,7 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
             continue
         judged = []
         for v in sorted(rel.variants.values(), key=_cuda_key):
+            v = platform_arches(v, rel, arch)
             ok, facts = _judge(spec, db, rel, v, gpus)
             causes = [] if ok else facts
             judged.append((v, ok, facts))
@@ -616,9 +629,17 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
     causes += [{"kind": "no-wheel-for-platform", "text": n} for n in index_notes]
     return ResolutionImpossible(f"{name} {version} has no wheel for {choice.platform}", causes=causes,
                                 hint=(f"serve {v.index} through a mirror ([sources].mirrors or pip's config), "
-                                      "or choose a release and build that has aarch64 wheels "
-                                      "(PyPI: torch <= 2.9.1, CPU builds: [torch].cuda = \"cpu\")"),
+                                      f"or choose a release and build PyPI has for {choice.platform} "
+                                      f"({_pypi_has(choice.platform)})"),
                                 reference="no-wheel-for-platform")
+
+
+def _pypi_has(platform: str) -> str:
+    """What data/torch_platforms.toml records PyPI serving for ``platform``: "torch >=2.0,<=2.9.1: cpu; ..."."""
+    from envspec.compat.platforms import pypi_builds
+
+    rows = pypi_builds(platform)
+    return "; ".join(f"torch {r.torch}: {r.variant}" for r in rows) if rows else "no torch wheel on record"
 
 
 def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match[str] | None) -> Exception:

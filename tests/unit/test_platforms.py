@@ -96,8 +96,31 @@ def test_the_platform_key_is_in_the_spec_hash_only_when_set():
 def test_pypis_aarch64_torch_is_the_cpu_build():
     row = pypi_build("2.9.1", "linux-aarch64")
     assert row is not None and row.variant == "cpu" and "libtorch_cuda" in row.source
-    assert pypi_build("2.14.1", "linux-aarch64") is None  # PyPI lists no such wheel
+    assert pypi_build("2.10.0", "linux-aarch64").variant == "cpu"
+    assert pypi_build("2.8.0", "linux-aarch64").variant == "cpu"
     assert pypi_build("2.9.1", "linux-x86_64") is None  # x86's PyPI build is torch_pypi.toml's
+
+
+def test_pypis_aarch64_torch_from_2_11_is_the_cuda_build_x86_64_has(db):
+    # PyPI's aarch64 wheels of 2.11 .. 2.15 carry libtorch_cuda.so and x86_64's Requires-Dist
+    for version in ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"):
+        row = pypi_build(version, "linux-aarch64")
+        rel = next(r for r in db.torch_releases if r.version == version)
+        assert row is not None and row.variant == rel.pypi_variant, version
+        assert "libtorch_cuda.so" in row.source and "2026-12-02" in row.source
+    assert pypi_build("2.16.0", "linux-aarch64") is None  # a release no row covers: the PyTorch index
+
+
+def test_a_grace_spec_takes_pypis_aarch64_cuda_wheel_without_a_label(db):
+    arm = choose(spec('[target]\ngpus = ["GH200"]\ndriver = "580.65.06"\n[torch]\nversion = "2.14.*"\n'), db)
+    v = arm.torch.variant
+    assert arm.arch == "aarch64" and arm.torch.release.version == "2.14.1"
+    assert (v.name, v.local, v.index, v.pypi) == ("cu130", "", "https://pypi.org/simple", True)
+    assert requirements(arm)[0] == ["torch==2.14.1"]
+    # its arches are those PyPI's aarch64 build was compiled for, not x86_64's (sm_75/sm_86, no sm_110)
+    assert v.arch_list == ["sm_80", "sm_90", "sm_100", "sm_110", "sm_120"]
+    x86 = choose(spec('[target]\ngpus = ["H100"]\ndriver = "580.65.06"\n[torch]\nversion = "2.14.*"\n'), db)
+    assert x86.torch.variant.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 
 
 def test_aarch64_cpu_torch_comes_from_pypi_without_a_local_label(db):
@@ -145,7 +168,7 @@ def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
     first = err.causes[0]
     assert first["where"] == "[torch].version (t.toml:6)"
     assert "torch==2.14.1+cu126" in first["text"] and "linux-aarch64" in first["text"]
-    assert "PyPI has no linux-aarch64 wheel of torch 2.14.1" in first["text"]
+    assert "PyPI's linux-aarch64 wheel of torch 2.14.1 is its cu130 build" in first["text"]
     assert "unreachable" in err.causes[1]["text"] and "mirror" in err.hint
     # on x86_64 the same uv answer stays uv's conflict (the resolver's words), not a platform error
     x86 = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = ">=2.9"\n'), db)

@@ -24,6 +24,10 @@ class PypiBuild:
     torch: SpecifierSet
     variant: str  # the DB variant PyPI's wheel is ("cpu")
     source: str
+    # the CUDA arches this platform's build carries where they differ from the variant's x86_64 row
+    # (PyPI's aarch64 cu130 build: sm_80 .. sm_120 with sm_110, without sm_75/sm_86); () = the same
+    arch_list: tuple[str, ...] = ()
+    arch_source: str = ""
 
 
 @functools.lru_cache(maxsize=4)
@@ -39,8 +43,12 @@ def _rows(root: str) -> tuple[PypiBuild, ...]:
     out = []
     for i, row in enumerate(data.get("pypi", [])):
         try:
+            arch_list = tuple(str(a) for a in row.get("arch_list", ()))
+            if arch_list and not row.get("arch_source"):
+                raise ValueError("arch_list needs its arch_source")
             out.append(PypiBuild(platform=str(row["platform"]), torch=SpecifierSet(str(row["torch"])),
-                                 variant=str(row["variant"]), source=str(row["source"])))
+                                 variant=str(row["variant"]), source=str(row["source"]),
+                                 arch_list=arch_list, arch_source=str(row.get("arch_source", ""))))
         except (KeyError, ValueError) as e:
             raise CompatDBError(f"{path}: [[pypi]] row {i}: {e}", reference="compat-db-invalid") from None
     return tuple(out)
@@ -56,3 +64,10 @@ def pypi_build(torch_version: str, platform: str, root: Path | None = None) -> P
         if row.platform == platform and row.torch.contains(v, prereleases=True):
             return row
     return None
+
+
+def pypi_builds(platform: str, root: Path | None = None) -> tuple[PypiBuild, ...]:
+    """Every recorded row for ``platform``, in the file's order."""
+    from envspec.compat.load import DATA_DIR
+
+    return tuple(r for r in _rows(str(root or DATA_DIR)) if r.platform == platform)
