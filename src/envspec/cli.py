@@ -792,6 +792,11 @@ def cmd_run(args) -> int:
     command = plan_run(runnable, cmd, host=host, engine=args.engine, bind=args.bind, detach=args.detach,
                        name=args.name, mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports,
                        image=args.image, emulate=args.emulate, platform=args.platform)
+    if command.emulated_cpu:  # the command mounts it (also the one --print shows)
+        from envspec.host import write_emulated_cpu_dir
+
+        if not write_emulated_cpu_dir(Path(command.emulated_cpu)):
+            command = command.without_emulated_cpu()
     if args.json:
         _print_json(command.to_json())
         return EXIT_OK

@@ -677,3 +677,79 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         cache_dir=cache,
         cache_free=_free(root, cache),
     )
+
+
+# --- an arm64 container's CPU under qemu-user ---------------------------------------------------
+
+# Grace's cores (Arm Neoverse V2, r0p0): implementer 0x41 (Arm), part 0xd4f. Under qemu-user the
+# container sees the x86_64 host's /sys/devices/system/cpu, which has no regs/identification;
+# oneDNN's xbyak_aarch64 (in torch >= 2.11's aarch64 wheels) reads MIDR_EL1 from there at import
+# and the process then dies of SIGSEGV ("Can't open MIDR_EL1 sysfs entry").
+GRACE_MIDR_EL1 = "0x00000000410fd4f0"
+SYSFS_CPU = Path("/sys/devices/system/cpu")
+
+
+def emulated_cpu_dir(cache_dir: Path, arch: str) -> Path:
+    """Where the copy of this host's /sys/devices/system/cpu for an emulated ``arch`` container
+    is kept (``write_emulated_cpu_dir`` makes it)."""
+    return cache_dir / "emulation" / f"sys-devices-system-cpu-{arch}"
+
+
+def write_emulated_cpu_dir(dest: Path, *, source: Path = SYSFS_CPU, midr: str = GRACE_MIDR_EL1) -> bool:
+    """``dest``: this host's ``source`` (/sys/devices/system/cpu: online, possible, present, each
+    cpuN's topology and caches; regular readable files, four levels deep, no links) with every
+    cpuN given ``regs/identification/midr_el1`` = ``midr`` and ``revidr_el1`` = 0, as an arm64
+    kernel has them. Made beside ``dest`` and renamed into place, so that two runs never see half
+    of it; made again each time (the host's CPUs may have changed). False when ``source`` cannot
+    be read (the caller then leaves /sys alone)."""
+    import os
+    import shutil
+    import tempfile
+
+    try:
+        top = sorted(os.listdir(source))
+    except OSError:
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".cpu-", dir=dest.parent))
+    try:
+        def copy(rel: Path, depth: int) -> None:
+            here = source / rel
+            try:
+                names = sorted(os.listdir(here))
+            except OSError:
+                return
+            for name in names:
+                src, out = here / name, tmp / rel / name
+                if src.is_symlink():
+                    continue
+                if src.is_dir():
+                    if depth < 4:
+                        out.mkdir(exist_ok=True)
+                        copy(rel / name, depth + 1)
+                    continue
+                try:
+                    data = src.read_bytes()
+                except OSError:  # write-only or refused attributes
+                    continue
+                out.write_bytes(data)
+
+        copy(Path("."), 1)
+        for name in top:
+            if name.startswith("cpu") and name[3:].isdigit() and (tmp / name).is_dir():
+                ident = tmp / name / "regs" / "identification"
+                ident.mkdir(parents=True, exist_ok=True)
+                (ident / "midr_el1").write_text(midr + "\n")
+                (ident / "revidr_el1").write_text("0x0000000000000000\n")
+        os.chmod(tmp, 0o755)
+        old = None
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=".old-", dir=dest.parent))
+            os.rename(dest, old / "d")
+        os.rename(tmp, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return True
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False

@@ -112,6 +112,19 @@ class RunCommand:
     image: str = ""
     notes: list[str] = field(default_factory=list)  # what to do next: URLs, ssh line
     load_hint: str = ""  # docker and an envspec-built image: how to load it (a warning until docker is asked)
+    emulated_cpu: str = ""  # the directory mounted on /sys/devices/system/cpu (``host.write_emulated_cpu_dir``)
+
+    def without_emulated_cpu(self) -> "RunCommand":
+        """This command without the /sys/devices/system/cpu mount (its directory could not be made)."""
+        import dataclasses
+
+        mount = f"{self.emulated_cpu}:/sys/devices/system/cpu:ro"
+        i = self.argv.index(mount)
+        return dataclasses.replace(
+            self, argv=self.argv[:i - 1] + self.argv[i + 1:], emulated_cpu="",
+            notes=[n for n in self.notes if not n.startswith("/sys/devices/system/cpu is this host's")],
+            warnings=[*self.warnings, f"could not copy /sys/devices/system/cpu into {self.emulated_cpu}: "
+                      "torch >= 2.11 (aarch64) may segfault at import under qemu"])
 
     def shell(self) -> str:
         """The command, shell-quoted (what ``--print`` prints)."""
@@ -235,6 +248,7 @@ class _Argv:
     argv: list[str]
     warnings: list[str]
     notes: list[str] = field(default_factory=list)
+    emulated_cpu: str = ""
 
     def add(self, *args: str) -> None:
         self.argv += args
@@ -300,7 +314,7 @@ def plan_run(target: Runnable | Lockfile | str | Path, cmd: Sequence[str] = (), 
                      f": skopeo reports success even when the daemon failed to store the image)")
         out.warn(load_hint)
     return RunCommand(argv=out.argv, warnings=out.warnings, engine=engine, image=image, notes=out.notes,
-                      load_hint=load_hint)
+                      load_hint=load_hint, emulated_cpu=out.emulated_cpu)
 
 
 def _platform_view(t: Runnable, host: Host, platform: str | None) -> Runnable:
@@ -351,6 +365,15 @@ def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv, *, asked: boo
     out.add("--arch", oci) if engine == "podman" else out.add("--platform", f"linux/{oci}")
     out.warn(f"the image is for linux-{arch}: it runs under emulation (qemu-{arch} through binfmt_misc), many times "
              "slower than on its own hosts, and without GPUs")
+    if arch == "aarch64":
+        # torch's oneDNN reads each CPU's MIDR_EL1 from sysfs at import; the x86_64 host's sysfs has
+        # none, and torch >= 2.11 (aarch64) then dies of SIGSEGV under qemu
+        from envspec.host import GRACE_MIDR_EL1, emulated_cpu_dir
+
+        out.emulated_cpu = str(emulated_cpu_dir(host.cache_dir, arch))
+        out.add("-v", f"{out.emulated_cpu}:/sys/devices/system/cpu:ro")
+        out.note(f"/sys/devices/system/cpu is this host's, with Grace's CPU ID (MIDR_EL1 {GRACE_MIDR_EL1}, Neoverse "
+                 "V2) added, which torch's oneDNN reads at import; without it torch >= 2.11 segfaults under qemu")
 
 
 def _engine(host: Host, asked: str | None, out: _Argv) -> str:

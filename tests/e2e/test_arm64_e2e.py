@@ -160,9 +160,14 @@ def test_envspec_run_starts_the_arm64_image_under_emulation_and_verify_passes(ho
     shown = envspec_cli("run", "--print", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "true", env=env)
     assert shown.returncode == 0 and " --arch arm64 " in shown.stdout and "emulation" in shown.stdout, shown
     cp = envspec_cli("run", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "sh", "-c",
-                     "uname -m; ldconfig -p | head -2; envspec verify --json; echo VERIFY_RC=$?", env=env)
+                     "uname -m; ldconfig -p | head -2; cat /sys/devices/system/cpu/cpu0/regs/identification/midr_el1; "
+                     "echo CPUS=$(getconf _NPROCESSORS_ONLN); envspec verify --json; echo VERIFY_RC=$?", env=env)
     out = cp.stdout
     assert out.splitlines()[0] == "aarch64", out + cp.stderr
+    # the CPU ID an arm64 kernel gives (torch's oneDNN reads it), and the host's CPUs still counted
+    from envspec.host import GRACE_MIDR_EL1
+
+    assert GRACE_MIDR_EL1 in out.splitlines() and f"CPUS={os.cpu_count()}" in out.splitlines(), out
     assert "(libc6,AArch64)" in out  # the written ld.so.cache, read by the image's own ldconfig
     report = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
     assert "VERIFY_RC=0" in out and report["ok"], out[-3000:] + cp.stderr[-2000:]

@@ -80,6 +80,49 @@ def test_run_starts_an_arm64_image_under_emulation_with_the_arch_flag():
     assert "--platform" in docker.argv and docker.argv[docker.argv.index("--platform") + 1] == "linux/arm64"
 
 
+def test_run_under_emulation_mounts_a_cpu_tree_with_graces_cpu_id(tmp_path):
+    from envspec.host import emulated_cpu_dir
+
+    cmd = plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",), cache_dir=tmp_path), emulate=True)
+    mount = f"{emulated_cpu_dir(tmp_path, 'aarch64')}:/sys/devices/system/cpu:ro"
+    assert cmd.emulated_cpu == str(emulated_cpu_dir(tmp_path, "aarch64"))
+    i = cmd.argv.index(mount)
+    assert cmd.argv[i - 1] == "-v" and i < cmd.argv.index(cmd.image)
+    assert any("MIDR_EL1" in n for n in cmd.notes)
+    assert not any(p.exists() for p in tmp_path.iterdir())  # planning writes nothing
+    bare = cmd.without_emulated_cpu()
+    assert mount not in bare.argv and "-v" not in bare.argv[i - 1:i] and len(bare.argv) == len(cmd.argv) - 2
+    assert not any("MIDR_EL1" in n for n in bare.notes) and any("segfault" in w for w in bare.warnings)
+    native = plan_run(load(X86_LOCK), ["true"], host=replace(AMD64, cache_dir=tmp_path))
+    assert native.emulated_cpu == "" and not any(a.endswith("/sys/devices/system/cpu:ro") for a in native.argv)
+
+
+def test_the_emulated_cpu_tree_is_the_hosts_with_cpu_ids_added(tmp_path):
+    from envspec.host import GRACE_MIDR_EL1, write_emulated_cpu_dir
+
+    src = tmp_path / "sys"
+    (src / "cpu0" / "topology").mkdir(parents=True)
+    (src / "cpu1" / "cache" / "index0").mkdir(parents=True)
+    (src / "online").write_text("0-1\n")
+    (src / "cpu0" / "topology" / "core_id").write_text("0\n")
+    (src / "cpu1" / "cache" / "index0" / "size").write_text("32K\n")
+    (src / "cpu0" / "subsystem").symlink_to(src)  # sysfs links are not followed
+    (src / "cpufreq").mkdir()
+    dest = tmp_path / "cache" / "emulation" / "cpu"
+    assert write_emulated_cpu_dir(dest, source=src)
+    assert (dest / "online").read_text() == "0-1\n"
+    assert (dest / "cpu0" / "topology" / "core_id").read_text() == "0\n"
+    assert (dest / "cpu1" / "cache" / "index0" / "size").read_text() == "32K\n"
+    assert not (dest / "cpu0" / "subsystem").exists()
+    for cpu in ("cpu0", "cpu1"):
+        assert (dest / cpu / "regs" / "identification" / "midr_el1").read_text() == GRACE_MIDR_EL1 + "\n"
+    assert not (dest / "cpufreq" / "regs").exists()
+    (src / "online").write_text("0\n")  # made again each time, whole
+    assert write_emulated_cpu_dir(dest, source=src) and (dest / "online").read_text() == "0\n"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["cpu"]  # nothing left beside it
+    assert not write_emulated_cpu_dir(tmp_path / "x", source=tmp_path / "missing")
+
+
 def test_run_of_a_native_image_has_no_arch_flag():
     cmd = plan_run(load(X86_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",)))
     assert "--arch" not in cmd.argv and not any("emulation" in w for w in cmd.warnings)
