@@ -778,7 +778,8 @@ def cmd_doctor(args) -> int:
 
 def cmd_run(args) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
-    from envspec.run import ENGINE_FAILED, attached, check_docker_image, check_engine_ready, plan_run, resolve_runnable, run_lines, start_failed
+    from envspec.run import (ENGINE_FAILED, attached, check_docker_image, check_engine_ready, check_podman_image,
+                             plan_run, resolve_runnable, run_lines, start_failed)
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
@@ -807,6 +808,8 @@ def cmd_run(args) -> int:
     if command.engine == "docker":
         check_engine_ready(detect_host(ask=ASK_DOCKER), "docker")
         check_docker_image(command)  # the image is there: the hint how to load it is no warning now
+    elif runnable.lock is not None and not args.image:
+        check_podman_image(command, source=str(args.target))
     for w in command.warnings:
         if w != command.load_hint:
             con.print(f"warning: {w}", markup=False)

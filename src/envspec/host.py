@@ -696,12 +696,14 @@ def emulated_cpu_dir(cache_dir: Path, arch: str) -> Path:
 
 
 def write_emulated_cpu_dir(dest: Path, *, source: Path = SYSFS_CPU, midr: str = GRACE_MIDR_EL1) -> bool:
-    """``dest``: this host's ``source`` (/sys/devices/system/cpu: online, possible, present, each
-    cpuN's topology and caches; regular readable files, four levels deep, no links) with every
-    cpuN given ``regs/identification/midr_el1`` = ``midr`` and ``revidr_el1`` = 0, as an arm64
-    kernel has them. Made beside ``dest`` and renamed into place, so that two runs never see half
-    of it; made again each time (the host's CPUs may have changed). False when ``source`` cannot
-    be read (the caller then leaves /sys alone)."""
+    """``dest``: the CPU list of this host's ``source`` (/sys/devices/system/cpu: its top-level
+    files, online, possible, present, ..., and each cpuN's topology; regular readable files, no
+    links) with every cpuN given ``regs/identification/midr_el1`` = ``midr`` and ``revidr_el1`` =
+    0, as an arm64 kernel has them. Not the x86_64 caches (cpuN/cache): torch 2.14.1's aarch64 CPU
+    probe, fed the host's cache list, segfaults under qemu too; an arm64 VM often has none. Made
+    beside ``dest`` and renamed into place, so that two runs never see half of it; made again
+    each time (the host's CPUs may have changed). False when ``source`` cannot be read (the
+    caller then leaves /sys alone)."""
     import os
     import shutil
     import tempfile
@@ -713,28 +715,28 @@ def write_emulated_cpu_dir(dest: Path, *, source: Path = SYSFS_CPU, midr: str = 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".cpu-", dir=dest.parent))
     try:
-        def copy(rel: Path, depth: int) -> None:
+        def files(rel: Path) -> None:
             here = source / rel
             try:
                 names = sorted(os.listdir(here))
             except OSError:
                 return
             for name in names:
-                src, out = here / name, tmp / rel / name
-                if src.is_symlink():
-                    continue
-                if src.is_dir():
-                    if depth < 4:
-                        out.mkdir(exist_ok=True)
-                        copy(rel / name, depth + 1)
+                src = here / name
+                if src.is_symlink() or not src.is_file():
                     continue
                 try:
                     data = src.read_bytes()
                 except OSError:  # write-only or refused attributes
                     continue
-                out.write_bytes(data)
+                (tmp / rel).mkdir(parents=True, exist_ok=True)
+                (tmp / rel / name).write_bytes(data)
 
-        copy(Path("."), 1)
+        files(Path("."))
+        for name in top:
+            if name.startswith("cpu") and name[3:].isdigit() and (source / name).is_dir():
+                (tmp / name).mkdir()
+                files(Path(name) / "topology")
         for name in top:
             if name.startswith("cpu") and name[3:].isdigit() and (tmp / name).is_dir():
                 ident = tmp / name / "regs" / "identification"

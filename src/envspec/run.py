@@ -434,6 +434,23 @@ def check_docker_image(command: RunCommand, run: Runner | None = None) -> None:
                     reference="docker-image-missing")
 
 
+def check_podman_image(command: RunCommand, source: str = "LOCK", run: Runner | None = None) -> None:
+    """Before ``podman run`` of an image envspec builds (``localhost/envspec/...``): the store has
+    it (``podman image exists``, with the run's own storage options). Without this, podman tries
+    to pull it from a registry on localhost:443 and ends with three retries' worth of network
+    errors. Raises ``HostError`` (``image-not-built``) naming the build command."""
+    if command.engine != "podman" or not command.image.startswith("localhost/envspec/"):
+        return
+    head = command.argv[:command.argv.index("run")]
+    rc, _out, _err = (run or run_command)([*head, "image", "exists", command.image])
+    if rc != 1:  # 0: there; anything else: podman's own trouble, which podman run then reports
+        return
+    raise HostError(f"the image {command.image} is not in this store (step: before podman run): the lock has "
+                    "not been built here, or was built into another storage root",
+                    hint=f"build it: envspec build {source} (ENVSPEC_STORAGE_ROOT must be the one the build used)",
+                    reference="image-not-built")
+
+
 def start_failed(command: RunCommand, returncode: int) -> HostError:
     """``ENGINE_FAILED`` from ``podman run``/``docker run``: the engine (a daemon that refused, an
     image it does not have, a runtime that failed) stopped before the command ran."""

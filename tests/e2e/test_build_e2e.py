@@ -560,6 +560,11 @@ def test_cli_build_reports_its_phases_and_ends_saying_where_the_image_is_and_how
     env = {**os.environ, "ENVSPEC_CACHE": str(new_cache(tmp_path, debs)),
            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     lock = DATA / "small-debian.lock"
+    # before it is built: run says so (exit 5, image-not-built), not podman's pull from localhost:443
+    cp = subprocess.run([sys.executable, "-m", "envspec", "run", str(lock), "--no-mount", "--", "true"], env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 5 and "image-not-built" in cp.stderr and f"envspec build {lock}" in cp.stderr, cp.stderr
+    assert "pinging container registry" not in cp.stderr
     cp = subprocess.run([sys.executable, "-m", "envspec", "build", str(lock), "--no-cache", "--json"], env=env,
                         capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stderr

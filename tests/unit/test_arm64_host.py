@@ -112,7 +112,7 @@ def test_the_emulated_cpu_tree_is_the_hosts_with_cpu_ids_added(tmp_path):
     assert write_emulated_cpu_dir(dest, source=src)
     assert (dest / "online").read_text() == "0-1\n"
     assert (dest / "cpu0" / "topology" / "core_id").read_text() == "0\n"
-    assert (dest / "cpu1" / "cache" / "index0" / "size").read_text() == "32K\n"
+    assert not (dest / "cpu1" / "cache").exists()  # the x86_64 caches: torch's aarch64 probe dies of them
     assert not (dest / "cpu0" / "subsystem").exists()
     for cpu in ("cpu0", "cpu1"):
         assert (dest / cpu / "regs" / "identification" / "midr_el1").read_text() == GRACE_MIDR_EL1 + "\n"

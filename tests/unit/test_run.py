@@ -377,3 +377,31 @@ def test_start_lines_name_the_services_their_addresses_and_a_command(tmp_path):
     notes = [n for n in plan_run(Runnable.of_lock(with_services), [], host=DEBIAN_HYBRID).notes
              if n.startswith(("Jupyter", "SSH"))]
     assert all(any(n in ln for ln in lines) for n in notes) and notes
+
+
+def test_an_envspec_image_the_store_does_not_have_is_an_error_before_podman_run():
+    """podman would try to pull localhost/envspec/... from localhost:443 and print three retries'
+    network errors; ask the run's own store first (its --root/--runroot)."""
+    from envspec.run import check_podman_image
+
+    host = Host(tools={"podman": Tool("/usr/bin/podman"), "runc": Tool("/usr/bin/runc")}, euid=0)
+    cmd = plan_run(_lock(), host=host, mount_cwd=False)
+    asked: list[list[str]] = []
+
+    def answer(rc):
+        def run(argv):
+            asked.append(list(argv))
+            return rc, "", ""
+        return run
+
+    with pytest.raises(HostError, match=r"the image localhost/envspec/.* is not in this store") as e:
+        check_podman_image(cmd, source="specs/x.toml", run=answer(1))
+    assert e.value.reference == "image-not-built" and e.value.exit_code == 5
+    assert "envspec build specs/x.toml" in e.value.hint
+    head = cmd.argv[:cmd.argv.index("run")]
+    assert asked == [[*head, "image", "exists", cmd.image]]
+    check_podman_image(cmd, run=answer(0))  # there
+    check_podman_image(cmd, run=answer(125))  # podman's own trouble: podman run says it
+    other = plan_run(Runnable("docker.io/library/debian:bookworm"), host=host, mount_cwd=False)
+    check_podman_image(other, run=answer(1))  # not envspec's image: podman pulls it as usual
+    assert len(asked) == 3
