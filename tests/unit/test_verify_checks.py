@@ -243,3 +243,30 @@ def test_driver_older_than_the_gpus_first_branch_fails_whatever_the_floor():
     assert g.status == "fail" and "R520" in g.expected and "470.82.01" in g.observed and "upgrade" in g.hint
     drv = DriverInfo("580.95.05", "13.0", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}])
     assert by_check(run(torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"
+
+
+def test_the_lock_arch_list_is_checked_without_a_gpu():
+    """An aarch64 torch (sm_80 sm_90 sm_100 sm_110 sm_120) against a lock written with x86_64's
+    list: caught on a machine with no GPU (no driver, under emulation), where gpu.* are skipped."""
+    lock = make_lock()
+    lock["hardware"] = dict(lock["hardware"], arch_list=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    aarch64 = ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120")
+    f = by_check(run(lock, torch=FakeTorch(devices=(), arch_list=aarch64), driver=None, nodes=()))
+    assert f["gpu"].status == "skip"
+    a = f["torch.arch_list"]
+    assert a.status == "warn" and "sm_110" in a.observed and "sm_75" in a.expected
+    lock["hardware"]["arch_list"] = list(aarch64)
+    assert by_check(run(lock, torch=FakeTorch(devices=(), arch_list=aarch64), driver=None,
+                        nodes=()))["torch.arch_list"].status == "pass"
+
+
+def test_compiled_arches_fall_back_to_the_flags_when_the_list_needs_a_gpu():
+    from types import SimpleNamespace
+
+    from envspec.verify.torchprobe import compiled_arches
+
+    t = FakeTorch(devices=(), arch_list=())  # a release whose get_arch_list() is [] without a GPU
+    t._C = SimpleNamespace(_cuda_getArchFlags=lambda: "sm_80 sm_90 compute_90")
+    assert compiled_arches(t) == ["sm_80", "sm_90", "compute_90"]
+    t._C = SimpleNamespace()  # a CPU build: nothing
+    assert compiled_arches(t) == []

@@ -205,6 +205,7 @@ class _Run(startup.MachineChecks):
                      hint="" if ok else (f"the {key} library this process loaded is {got or 'missing'}, the lock pins "
                                          f"{want}: another copy on the library path or a second wheel shipping the "
                                          f"same file; see libs.{key}"))
+        self.check_arch_list()
         if not ti["cuda_available"] and self.driver is not None and self.driver.version:
             self.add("torch.cuda_available", FAIL, expected="torch.cuda.is_available() is True",
                      observed=f"False with driver {self.driver.version}: {ti.get('cuda_error', '')}".strip(),
@@ -224,6 +225,20 @@ class _Run(startup.MachineChecks):
             if self.wanted(check):
                 self.add(check, SKIP, observed=f"skipped: {why}")  # noqa: PERF401
 
+    def check_arch_list(self) -> None:
+        """The loaded torch's compiled arches against the lock's ``[hardware].arch_list``: needs no
+        GPU (the list is compiled into libtorch_cuda), so a lock that describes another build (an
+        x86_64 list for an aarch64 torch) is caught on any machine, under emulation too."""
+        arch_list = [str(a) for a in self.hardware.get("arch_list", [])]
+        torch_arch = self.tinfo.get("arch_list", [])
+        if arch_list and torch_arch and sorted(set(arch_list)) != sorted(set(torch_arch)):
+            self.add("torch.arch_list", WARN, expected=" ".join(arch_list) + " ([hardware].arch_list)",
+                     observed=" ".join(torch_arch) + " (torch.cuda.get_arch_list())",
+                     hint="the lock describes a torch built for other architectures than the one loaded: "
+                          "the lock is wrong for this torch, or the wrong torch is installed")
+        elif torch_arch:
+            self.add("torch.arch_list", PASS, expected=" ".join(arch_list) or "(not locked)", observed=" ".join(torch_arch))
+
     def check_gpus(self) -> None:
         devices = self.tinfo["devices"]
         arch_list = [str(a) for a in self.hardware.get("arch_list", [])]
@@ -233,13 +248,6 @@ class _Run(startup.MachineChecks):
         self.add("gpu.count", PASS if devices else FAIL, expected="at least one visible GPU",
                  observed=f"{len(devices)}: " + _short([d["name"] for d in devices], 4)
                  + (f" (CUDA_VISIBLE_DEVICES={self.sys.env['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in self.sys.env else ""))
-        if arch_list and torch_arch and sorted(set(arch_list)) != sorted(set(torch_arch)):
-            self.add("torch.arch_list", WARN, expected=" ".join(arch_list) + " ([hardware].arch_list)",
-                     observed=" ".join(torch_arch) + " (torch.cuda.get_arch_list())",
-                     hint="the lock describes a torch built for other architectures than the one loaded: "
-                          "the lock is wrong for this torch, or the wrong torch is installed")
-        elif torch_arch:
-            self.add("torch.arch_list", PASS, expected=" ".join(arch_list) or "(not locked)", observed=" ".join(torch_arch))
         for d in devices:
             i, cc = d["index"], d["cc"]
             self.add_arch(i, d["name"], cc, arch_list, declared=declared, names=names, torch_arch=torch_arch)

@@ -61,6 +61,22 @@ def nccl_version(torch: Any) -> str:
     return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else ""
 
 
+def compiled_arches(torch: Any) -> list[str]:
+    """The CUDA arches this torch was compiled for (``torch.cuda.get_arch_list()``; where that
+    answers [] without a usable GPU, as some releases do, the flags it reads: ``_cuda_getArchFlags``)."""
+    try:
+        got = list(torch.cuda.get_arch_list())
+    except Exception:
+        got = []
+    if got:
+        return got
+    try:
+        flags = torch._C._cuda_getArchFlags()
+    except Exception:
+        return []
+    return [f for f in str(flags or "").split() if f.startswith(("sm_", "compute_"))]
+
+
 def torch_info(torch: Any) -> dict[str, Any]:
     public, local = split_version(torch.__version__)
     info: dict[str, Any] = {
@@ -81,11 +97,8 @@ def torch_info(torch: Any) -> dict[str, Any]:
         info["cuda_error"] = str(e)
     info["cudnn"] = cudnn_version(torch)
     info["nccl"] = nccl_version(torch)
+    info["arch_list"] = compiled_arches(torch)
     if info["cuda_available"]:
-        try:
-            info["arch_list"] = list(torch.cuda.get_arch_list())
-        except Exception:
-            pass
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             info["devices"].append(
