@@ -437,10 +437,11 @@ def cmd_build(args) -> int:
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
         if plan is None:
-            from envspec.build.index import platform_tag
+            from envspec.build.index import platform_tag, preview_index
 
             # each platform's image as it is built (tagged, no push or output of its own), then the index
-            _print_json({"index": True, "push": options.push, "outputs": list(options.outputs), "platforms": [
+            _print_json({"index": True, "push": options.push, "outputs": list(options.outputs),
+                         "engine": preview_index(lock, options), "platforms": [
                 {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
                     options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]})
         else:

@@ -252,3 +252,26 @@ def test_cli_verify_image_of_a_multi_platform_lock_and_an_image_of_another_platf
     assert main(["verify-image", f"{REPO}@{digests['linux-aarch64']}", "--key", str(pub), "--lock", str(two)]) == 2
     err = capsys.readouterr().err
     assert "platform-not-in-lock" in err and str(two) in err
+
+
+def test_dry_run_of_a_two_platform_push_lists_each_platforms_attestations_and_the_index_signature():
+    from envspec.build import BuildOptions
+    from envspec.build.index import preview_index
+    from envspec.lock import load
+
+    lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke-multi.lock")
+    signed = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke", sign_key=object(),
+                                              outputs=("oci-archive:/tmp/x.tar",)))
+    assert signed == [
+        ["copy", "(index layout, zstd)", "oci-archive:/tmp/x.tar", "index"],
+        ["push", "(index layout, zstd)", "localhost:5000/t/smoke", "index"],
+        ["push", "(attestations, linux-x86_64)", "localhost:5000/t/smoke:sha256-(amd64 digest).att"],
+        ["push", "(signature, linux-x86_64)", "localhost:5000/t/smoke:sha256-(amd64 digest).sig"],
+        ["push", "(attestations, linux-aarch64)", "localhost:5000/t/smoke:sha256-(arm64 digest).att"],
+        ["push", "(signature, linux-aarch64)", "localhost:5000/t/smoke:sha256-(arm64 digest).sig"],
+        ["push", "(index signature)", "localhost:5000/t/smoke:sha256-(index digest).sig"],
+    ]
+    unsigned = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke"))
+    assert [c[1] for c in unsigned] == ["(index layout, zstd)", "(attestations, linux-x86_64)",
+                                        "(attestations, linux-aarch64)"]
+    assert preview_index(lock, BuildOptions()) == []  # only tagged in the store: nothing after the images

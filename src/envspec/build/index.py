@@ -188,6 +188,33 @@ def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engi
     return out
 
 
+def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
+    """``build --dry-run`` of a multi-platform lock: the engine verbs after every platform's image
+    is built (each tagged on its own: its ``preview``), in the order ``build_index`` runs them: the
+    outputs, the push of the index with every image, then each platform's attestations (and, with
+    a key, signature) for its own digest, then the index's signature, last. Nothing is run."""
+    from envspec.build.attest import att_tag, repository, sig_tag
+    from envspec.build.engine import RecordingEngine
+
+    engine = RecordingEngine()
+    comp = options.compression if options.compression != "none" else ""
+    layout = Path(f"(index layout{', ' + comp if comp else ''})")
+    for dest in options.outputs:
+        engine.copy(layout, dest, index=True)
+    if options.push:
+        engine.push(layout, options.push, index=True)
+        repo = repository(options.push)
+        for view in lock.views():
+            arch = view.platform.oci_arch
+            engine.push(Path(f"(attestations, {view.platform_names[0]})"), f"{repo}:{att_tag(f'sha256:({arch} digest)')}")
+            if options.sign_key is not None:
+                engine.push(Path(f"(signature, {view.platform_names[0]})"),
+                            f"{repo}:{sig_tag(f'sha256:({arch} digest)')}")
+        if options.sign_key is not None:
+            engine.push(Path("(index signature)"), f"{repo}:{sig_tag('sha256:(index digest)')}")
+    return [list(c) for c in engine.calls]
+
+
 def deliver_index(engine: "Engine", layout: Path, digest: str, options: "BuildOptions",
                   reporter: "Reporter") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The index of ``layout`` to ``options.outputs`` (oci:DIR: hardlinked, ``oci-archive:``: by the
