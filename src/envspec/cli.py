@@ -217,7 +217,7 @@ def cmd_db(args: argparse.Namespace) -> int:
         # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
         # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
         code = (EXIT_SOURCE if report.source_errors else
-                EXIT_CHECK_FAILED if report.problems or report.needs_review else EXIT_OK)
+                EXIT_CHECK_FAILED if report.problems or report.needs_review or report.platform_review else EXIT_OK)
         if args.json:
             _print_json(report.to_json())
             return code
@@ -246,6 +246,14 @@ def cmd_db(args: argparse.Namespace) -> int:
             err.print("hint: these releases were written with what their metadata says and are left out of "
                       "resolution until cuda.toml / torch_variants.toml have the missing rows (docs/compat-db.md, "
                       "Refreshing)", markup=False)
+        if report.platform_review:
+            err = _console(stderr=True)
+            for version, items in report.platform_review.items():
+                for item in items:
+                    err.print(f"needs review: torch {version}: {item}", markup=False)
+            err.print("hint: these releases resolve on linux-x86_64; on linux-aarch64 the resolver goes by "
+                      "compat/data/torch_platforms.toml, curated (docs/compat-db.md, \"The platform's torch build\")",
+                      markup=False)
         return code
     db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
     if args.json:

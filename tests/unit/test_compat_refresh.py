@@ -70,6 +70,10 @@ class RecordedIndex:
         return data[start: end + 1]
 
 
+AARCH64 = {"torch-2.0.0-1-cp311-cp311-manylinux2014_aarch64.whl", "torch-2.9.1-cp314-cp314-manylinux_2_28_aarch64.whl",
+           "torch-2.14.1-cp314-cp314-manylinux_2_28_aarch64.whl", "torch-2.15.0-cp315-cp315-manylinux_2_28_aarch64.whl"}
+
+
 def _refresh(tmp_path, idx, **kw):
     out = tmp_path / "torch_pypi.toml"
     kw.setdefault("since", "2.0.0")
@@ -101,15 +105,16 @@ def test_refresh_reads_releases_pythons_and_pins_by_range(tmp_path):
     assert (rows["2.9.1"]["pypi_variant"], rows["2.9.1"]["cudnn"], rows["2.9.1"]["nccl"]) == ("cu128", "9.10.2.21", "2.27.5")
     assert (rows["2.15.0"]["pypi_variant"], rows["2.15.0"]["cuda_pin"]) == ("cu132", "13.2.2")
     assert rows["2.15.0"]["python"][0] == "3.11"
-    # only the picked wheels were read, and only in small ranges (never a whole wheel)
-    assert {u.rsplit("/", 1)[1] for u, _, _ in idx.ranges} == {r["wheel"] for r in rows.values()}
+    # only the picked wheels were read, and only in small ranges (never a whole wheel): each
+    # release's x86_64 wheel, and its aarch64 one for the platform check
+    assert {u.rsplit("/", 1)[1] for u, _, _ in idx.ranges} == {r["wheel"] for r in rows.values()} | AARCH64
 
 
 def test_refresh_uses_pep658_metadata_when_the_index_serves_it(tmp_path):
     idx = RecordedIndex(core_metadata=True)
     out, rep = _refresh(tmp_path, idx)
     assert rep.ok and idx.ranges == []
-    assert sum(u.endswith(".metadata") for u in idx.calls) == 4
+    assert sum(u.endswith(".metadata") for u in idx.calls) == 8  # 4 releases, x86_64 and aarch64
     other = tmp_path / "by-range"
     other.mkdir()
     assert _rows(out) == _rows(_refresh(other, RecordedIndex())[0])
@@ -239,7 +244,7 @@ def test_report_partitions_the_releases(tmp_path):
         "changed": ["2.14.1"], "unchanged": ["2.0.0", "2.15.0"], "kept": ["1.13.1", "2.9.1"], "removed": [],
         "problems": rep.problems, "source_errors": [],
         # 1.13.1 predates the curated rows: no cu117 row covers it, no older release carries one
-        "needs_review": {"1.13.1": [rep.needs_review["1.13.1"][0]]}}
+        "needs_review": {"1.13.1": [rep.needs_review["1.13.1"][0]]}, "platform_review": {}}
     assert rep.needs_review["1.13.1"][0].startswith("no cu117 row in torch_variants.toml")
 
 
@@ -411,3 +416,36 @@ def test_cli_refresh_exits_1_and_lists_what_needs_review(tmp_path, monkeypatch, 
     code, cap = _cli(monkeypatch, capsys, NextIndex(), out)
     assert code == 1 and "needs review: torch 2.17.0: CUDA 13.6 is not in cuda.toml" in cap.err
     assert "needs review: torch 2.16.0: no cu135 row" in cap.err
+
+
+def test_the_platform_check_reads_which_build_pypis_aarch64_wheel_is():
+    idx = RecordedIndex()
+    found, problems = pypi.platform_builds(idx.fetch, idx.fetch_range, ["2.0.0", "2.9.1", "2.14.1", "2.15.0"])
+    assert problems == []
+    # <= 2.9.1: nvidia-* marked platform_machine == "x86_64" (a CPU build); 2.14.1/2.15.0: unmarked (CUDA)
+    assert {v: b["variant"] for v, b in found.items()} == {"2.0.0": "cpu", "2.9.1": "cpu", "2.14.1": "cu130",
+                                                          "2.15.0": "cu132"}
+    assert {b["wheel"] for b in found.values()} == AARCH64
+    # the bundled torch_platforms.toml agrees with every one
+    assert pypi.platform_review(found, DATA_DIR) == {}
+
+
+def test_refresh_flags_what_torch_platforms_toml_lacks_and_exits_1(tmp_path, monkeypatch, capsys):
+    """Yesterday's curated data (aarch64: the CPU build for <= 2.9.1, nothing newer) against PyPI's
+    recorded aarch64 wheels: 2.14.1 and 2.15.0 are CUDA builds it has no row for."""
+    d = _data_copy(tmp_path)
+    rows = (d / "torch_platforms.toml").read_text().split("[[pypi]]")
+    (d / "torch_platforms.toml").write_text(rows[0] + "[[pypi]]" + rows[1].rstrip() + "\n")
+    out, rep = _refresh(d, RecordedIndex())
+    assert not rep.ok and rep.problems == [] and rep.needs_review == {}
+    assert sorted(rep.platform_review) == ["2.14.1", "2.15.0"]
+    item = rep.platform_review["2.14.1"][0]
+    assert "is the cu130 build" in item and "no row for torch 2.14.1" in item and "arch_list" in item
+    code, cap = _cli(monkeypatch, capsys, RecordedIndex(), d / "torch_pypi.toml")
+    assert code == EXIT_CHECK_FAILED
+    assert "needs review: torch 2.15.0: PyPI's linux-aarch64 wheel" in cap.err and "is the cu132 build" in cap.err
+    # a row that names another build is flagged too
+    (d / "torch_platforms.toml").write_text((d / "torch_platforms.toml").read_text().replace(
+        'torch = ">=2.0,<=2.9.1"', 'torch = ">=2.0,<=2.14.1"'))
+    _, rep = _refresh(d, RecordedIndex())
+    assert "torch_platforms.toml says cpu" in rep.platform_review["2.14.1"][0]

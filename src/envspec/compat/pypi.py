@@ -64,11 +64,15 @@ class RefreshReport:
     # release is written with what could be derived, marked `needs_review`, and is not resolvable
     # until the curated data has the missing facts
     needs_review: dict[str, list[str]] = field(default_factory=dict)
+    # release -> what data/torch_platforms.toml (curated) lacks or says otherwise about PyPI's wheel
+    # for another platform (linux-aarch64: a CPU or a CUDA build): the release stays resolvable on
+    # linux-x86_64; on that platform the resolver goes by the curated rows until they are fixed
+    platform_review: dict[str, list[str]] = field(default_factory=dict)
     written: bool = False  # whether out_path was (re)written
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not self.needs_review
+        return not self.problems and not self.needs_review and not self.platform_review
 
     def to_json(self) -> dict[str, object]:
         """The report as plain JSON data (`envspec db refresh --json`)."""
@@ -85,6 +89,7 @@ class RefreshReport:
             "problems": list(self.problems),
             "source_errors": list(self.source_errors),
             "needs_review": {v: list(items) for v, items in self.needs_review.items()},
+            "platform_review": {v: list(items) for v, items in self.platform_review.items()},
         }
 
 
@@ -157,16 +162,17 @@ def _pin(req: Requirement) -> str | None:
     return None
 
 
-def pins_from_metadata(metadata: bytes | str) -> dict[str, str | None]:
+def pins_from_metadata(metadata: bytes | str, machine: str = "x86_64") -> dict[str, str | None]:
     """CUDA runtime (major.minor), cuDNN, NCCL and the variant name from a wheel's Requires-Dist.
 
-    Only requirements that apply on Linux count (markers are evaluated for Linux x86_64 CPython).
+    Only requirements that apply on Linux count (markers are evaluated for Linux ``machine``
+    CPython: x86_64, or aarch64 for the platform check of ``platform_builds``).
     Returns {"cuda", "cudnn", "nccl", "variant", "cuda_pin"}; values are None when not pinned.
     """
     text = metadata.decode("utf-8", "replace") if isinstance(metadata, bytes) else metadata
     msg = HeaderParser().parsestr(text)
     out: dict[str, str | None] = {"cuda": None, "cuda_pin": None, "cudnn": None, "nccl": None, "variant": None}
-    env = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64",
+    env = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": machine,
            "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
            "python_version": "3.12", "python_full_version": "3.12.0", "extra": ""}
     for raw in msg.get_all("Requires-Dist") or []:
@@ -357,6 +363,82 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None,
     return rows, problems, source_errors
 
 
+def _linux_aarch64_wheel(files: list[dict], version: str) -> dict | None:
+    """The manylinux aarch64 CPython wheel of ``version`` for the newest Python (not free-threaded)."""
+    best: tuple[Version, dict] | None = None
+    for f in files:
+        fn = f.get("filename", "")
+        if not fn.endswith(".whl") or f.get("yanked") not in (False, None):
+            continue
+        try:
+            _, ver, _, tags = parse_wheel_filename(fn)
+        except InvalidWheelFilename:
+            continue
+        if str(ver) != version and ver.public != version:
+            continue
+        for t in tags:
+            if (t.platform.endswith("aarch64") and t.platform.startswith(("manylinux", "linux"))
+                    and t.interpreter.startswith("cp") and not t.abi.endswith("t")):
+                py = Version(f"{t.interpreter[2]}.{t.interpreter[3:]}")
+                if best is None or py > best[0]:
+                    best = (py, f)
+    return best[1] if best else None
+
+
+def platform_builds(fetch: Fetch, fetch_range: FetchRange | None, versions: list[str]) -> tuple[
+        dict[str, dict], list[str]]:
+    """Which build PyPI's linux-aarch64 wheel of each of ``versions`` is, from its Requires-Dist
+    (``pins_from_metadata`` for aarch64: a CUDA runtime that applies there makes it that CUDA's
+    build, none the CPU build): version -> {"variant", "wheel"}; and the problems met. A release
+    without such a wheel is left out."""
+    simple = json.loads(fetch(SIMPLE_API))
+    files_by_version: dict[str, list[dict]] = {}
+    for f in simple.get("files", []):
+        try:
+            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
+        except InvalidWheelFilename:
+            continue
+        files_by_version.setdefault(str(ver), []).append(f)
+    out: dict[str, dict] = {}
+    problems: list[str] = []
+    for v in versions:
+        pick = _linux_aarch64_wheel(files_by_version.get(v, []), v)
+        if pick is None:
+            continue
+        try:
+            meta = _wheel_metadata(pick, fetch, fetch_range)
+        except SourceError as exc:
+            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc.message}")
+            continue
+        except (ValueError, struct.error, zlib.error) as exc:
+            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
+            continue
+        out[v] = {"variant": pins_from_metadata(meta, "aarch64")["variant"] or "cpu", "wheel": pick["filename"]}
+    return out, problems
+
+
+def platform_review(found: dict[str, dict], curated: Path, platform: str = "linux-aarch64") -> dict[str, list[str]]:
+    """What data/torch_platforms.toml (in ``curated``) lacks against ``found`` (``platform_builds``)."""
+    from envspec.compat.platforms import _rows, pypi_build
+
+    _rows.cache_clear()  # read the curated file as it is now, not as this process first saw it
+    out: dict[str, list[str]] = {}
+    for v, b in found.items():
+        row = pypi_build(v, platform, root=curated)
+        cuda = b["variant"] != "cpu"
+        what = f"PyPI's {platform} wheel ({b['wheel']}) is the {b['variant']} build"
+        if row is None:
+            out[v] = [f"{what}; torch_platforms.toml has no row for torch {v}, so {platform} locks take every "
+                      f"build of it from the PyTorch index: add a [[pypi]] row"
+                      + (" with its arch_list (the -gencode flags in torch/lib/libtorch_cuda.so)" if cuda else "")]
+        elif row.variant != b["variant"]:
+            out[v] = [f"{what}; torch_platforms.toml says {row.variant} (torch {row.torch}): fix the row"]
+        elif cuda and not row.arch_list:
+            out[v] = [f"{what}; its torch_platforms.toml row has no arch_list: {platform} locks would carry "
+                      "x86_64's arch list; add it (the -gencode flags in torch/lib/libtorch_cuda.so)"]
+    return out
+
+
 def _q(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
@@ -473,6 +555,12 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
             report.unchanged.append(v)
     for names in (report.added, report.changed, report.unchanged, report.kept):
         names.sort(key=Version)
+    found, platform_problems = platform_builds(fetch, fetch_range, list(new))
+    report.problems += platform_problems
+    curated = _curated_dir(out_path)
+    if not (curated / "torch_platforms.toml").is_file():  # a data copy without it: the bundled rows
+        from envspec.compat.load import DATA_DIR as curated
+    report.platform_review = platform_review(found, curated)
     for v, items in review_items(merged, _curated_dir(out_path)).items():
         merged[v] = dict(merged[v], needs_review=items)
         report.needs_review[v] = items

@@ -1,6 +1,7 @@
 """Re-record the index responses tests/unit/test_compat_refresh.py replays (needs PyPI).
 
-    python tests/data/compat/record.py
+    python tests/data/compat/record.py            # everything below
+    python tests/data/compat/record.py aarch64    # only the aarch64 wheels' METADATA (platform check)
 
 Keeps only what refresh reads, for a few releases: the JSON API's release list, the simple JSON API's
 file entries (filename, url, size, hashes, yanked, core-metadata) and, for the wheel refresh reads,
@@ -50,5 +51,19 @@ def main() -> None:
         print(v, pick["filename"])
 
 
+def record_aarch64() -> None:
+    """The METADATA headers of each recorded release's linux-aarch64 wheel that refresh's platform
+    check reads (``pypi._linux_aarch64_wheel``), from the recorded file list: `record.py aarch64`."""
+    files = json.loads((HERE / "simple_torch.json").read_text())["files"]
+    for v in VERSIONS:
+        pick = r._linux_aarch64_wheel(files, v)
+        if pick is None:
+            continue
+        raw = r.read_zip_member(pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range)
+        head = raw.decode().split("\n\n", 1)[0] + "\n"
+        (HERE / "metadata" / (pick["filename"] + ".metadata")).write_text(head)
+        print(v, pick["filename"])
+
+
 if __name__ == "__main__":
-    main()
+    record_aarch64() if sys.argv[1:] == ["aarch64"] else main()
