@@ -43,6 +43,13 @@ from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 
+# Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
+# makers also make the files, for the stager to take as they are: docs/build.md, "Into
+# containers-storage"). The torch layer's maker is the cold build's critical path (torch's 2 GB, and
+# most of the image's .pyc fed through it); its stager untars beside it on the other core.
+# ENVSPEC_LAYER_TREES=all: every wheel layer made as files; =off: none.
+UNTARRED_GROUPS = frozenset({"torch"})
+
 if TYPE_CHECKING:
     from envspec.build.regcache import Entry, RegistryCache
 
@@ -535,6 +542,8 @@ class Layers:
         """Where a wheel layer's maker also makes its files, for a staged import into the store
         (``tree_root``: the store's staging area; importer.py); None where there is none."""
         if self.tree_root is None or not lay.wheels or lay not in self.todo:
+            return None
+        if lay.group in UNTARRED_GROUPS and os.environ.get("ENVSPEC_LAYER_TREES") != "all":
             return None
         if lay.key not in self.trees:
             self.tree_root.mkdir(parents=True, exist_ok=True, mode=0o700)
