@@ -1,7 +1,7 @@
 """Benchmark (issue 13): the cold build of an arm64 image next to the amd64 one, on this (amd64)
 machine, in one run: the h100-train stack on both platforms.
 
-    .venv/bin/python bench/arm64.py [--rounds 2] [--settle 61] [--keep] [--json bench/arm64-result.json]
+    .venv/bin/python bench/arm64.py [--rounds 2] [--settle 61] [--keep] [--json bench/arm64-result-h100-train.json]
 
 The locks: lockfiles/h100-train.lock (specs/h100.toml: torch 2.14.1 cu130 for linux-x86_64) and
 lockfiles/gh200-train.lock (specs/gh200.toml: the same stack for GH200 hosts, linux-aarch64; PyPI's
@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=bench_build.SETTLE,
                     help="seconds to wait (after a sync) before each timed unzip and build (bench/build.py timed())")
     ap.add_argument("--keep", action="store_true", help="keep the cache (the temp dir)")
-    ap.add_argument("--json", default=str(ROOT / "bench" / "arm64-result.json"))
+    ap.add_argument("--json", default=str(ROOT / "bench" / "arm64-result-h100-train.json"))  # session 7: arm64-result.json
     ap.add_argument("--amd64-lock", default=str(LOCKS["amd64"]), help="another pair of locks (a quick try: lockfiles/smoke.lock)")
     ap.add_argument("--arm64-lock", default=str(LOCKS["arm64"]), help="(lockfiles/smoke-arm64.lock)")
     args = ap.parse_args()
