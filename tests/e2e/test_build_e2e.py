@@ -205,7 +205,7 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
         monkeypatch.setattr(layer_makers, "make_base_layer", failing)
         with pytest.raises(BuildError, match="failed \\(test\\)"):
             do_build(lock, eng, new_cache(tmp_path, debs, "c1"))
-        assert not any(left.parent.iterdir())  # the killed build's, and the failed one's
+        assert not any(left.parent.iterdir()), sorted(p.name for p in left.parent.iterdir())  # the killed build's, and the failed one's
         assert json.loads(subprocess.run(store._cs("layers", "--json"), capture_output=True, text=True,
                                          check=True).stdout or "[]") == []
         monkeypatch.setattr(layer_makers, "make_base_layer", real)

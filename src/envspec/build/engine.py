@@ -395,8 +395,10 @@ class Stage:
     ``close()`` when it failed; ``wait`` gives what the tool printed last (``commit_staged``
     takes it); ``kill`` stops it and removes what it staged."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], err: IO[bytes], name: str, progress: Callable[[int], None]):
+    def __init__(self, proc: subprocess.Popen[bytes], err: IO[bytes], name: str, progress: Callable[[int], None],
+                 root: Path | None = None):
         self.proc, self.err, self.name, self.progress = proc, err, name, progress
+        self.root = root  # the staging area, where the tool names its directory "<its pid>-..."
         self.argv: list[str] = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
         self.staging = ""
         self.result: dict | None = None
@@ -452,12 +454,22 @@ class Stage:
         return self.result
 
     def kill(self) -> None:
+        """Stop the tool and its chrooted untar child (one process group), then remove what it
+        staged: the directory it named, or, when it was killed before its "staging" line was read,
+        every entry of the staging area named after its pid."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
         self.proc.wait()
         self._tell("")
+        self._reader.join(timeout=5)
         if self.staging:
             _drop_staged({"staging": self.staging, "tar_split": self.staging + ".tar-split.gz"})
+        if self.root is not None and self.root.is_dir():
+            for p in self.root.glob(f"{self.proc.pid}-*"):
+                _drop_staged({"staging": str(p)} if p.is_dir() else {"tar_split": str(p)})
         self.err.close()
 
 
@@ -603,13 +615,14 @@ class StorageCLI:
         nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
 
         def child() -> None:  # below the layer makers: a stager catches up with its maker when cores are free
+            os.setpgid(0, 0)  # its own group, with the untar it starts: Stage.kill stops both
             die_with_parent()
             if nice:
                 os.nice(nice)
 
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, pass_fds=(fd,),
                                 preexec_fn=child, env={**os.environ, "LC_ALL": "C"})
-        return Stage(proc, err, name, progress).start()
+        return Stage(proc, err, name, progress, root=self.staging_root()).start()
 
     def commit_staged(self, layer_id: str, parent: str, diff_id: str, staged: dict) -> tuple[str, bool]:
         """Make layer ``layer_id`` on ``parent`` from a finished ``Stage``'s result, unless it is

@@ -244,14 +244,22 @@ class Importer:
             raise
         finally:
             os.close(fd)
+        # the commit loop's finally sets _halt, then kills what it finds here under the lock: a stage
+        # registered after that sees _halt set, so nothing staged outlives a failed import
         with self._lock:
             self._stages[i] = stage
+            halted = self._halt.is_set()
+        if halted:
+            with self._lock:
+                self._stages.pop(i, None)
+            stage.kill()
+            raise Cancelled()
         try:
             if follow:
                 try:
                     made = lay.result(self._halt)
                 except BaseException:
-                    stage.close()  # the maker failed: the stager stops at the file's end
+                    stage.kill()  # the maker failed: the stager stops, and what it staged goes
                     raise
                 stage.end(int(made["size"]))
             got = stage.wait(self._halt)
@@ -259,7 +267,12 @@ class Importer:
             with self._lock:
                 self._stages.pop(i, None)
         with self._lock:
-            self._staged[i] = got
+            halted = self._halt.is_set()
+            if not halted:
+                self._staged[i] = got
+        if halted:  # staged whole, but the import has ended without it
+            _drop_staged(got)
+            raise Cancelled()
         return {**got, "started": started, "digest": digest}
 
     def join(self) -> str:
