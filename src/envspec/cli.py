@@ -238,22 +238,19 @@ def cmd_db(args: argparse.Namespace) -> int:
             err.print("hint: " + ("an index did not answer: check the network and run it again; "
                                   if report.source_errors else "")
                       + "a release that could not be read keeps its old row, if the file had one", markup=False)
-        if report.needs_review:
+        for review, hint in ((report.needs_review, "these releases were written with what their metadata says and "
+                              "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
+                              "(docs/compat-db.md, Refreshing)"),
+                             (report.platform_review, "these releases resolve on linux-x86_64; on linux-aarch64 the "
+                              "resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, \"The "
+                              "platform's torch build\")")):
+            if not review:
+                continue
             err = _console(stderr=True)
-            for version, items in report.needs_review.items():
+            for version, items in review.items():
                 for item in items:
                     err.print(f"needs review: torch {version}: {item}", markup=False)
-            err.print("hint: these releases were written with what their metadata says and are left out of "
-                      "resolution until cuda.toml / torch_variants.toml have the missing rows (docs/compat-db.md, "
-                      "Refreshing)", markup=False)
-        if report.platform_review:
-            err = _console(stderr=True)
-            for version, items in report.platform_review.items():
-                for item in items:
-                    err.print(f"needs review: torch {version}: {item}", markup=False)
-            err.print("hint: these releases resolve on linux-x86_64; on linux-aarch64 the resolver goes by "
-                      "compat/data/torch_platforms.toml, curated (docs/compat-db.md, \"The platform's torch build\")",
-                      markup=False)
+            err.print("hint: " + hint, markup=False)
         return code
     db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
     if args.json:

@@ -314,13 +314,7 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None,
         if pv >= floor and not pv.is_prerelease and not pv.is_devrelease:
             versions.append(pv)
     versions.sort()
-    files_by_version: dict[str, list[dict]] = {}
-    for f in simple.get("files", []):
-        try:
-            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
-        except InvalidWheelFilename:
-            continue
-        files_by_version.setdefault(str(ver), []).append(f)
+    files_by_version = _files_by_version(simple)
     rows: list[dict] = []
     problems: list[str] = []
     source_errors: list[str] = []
@@ -363,6 +357,18 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None,
     return rows, problems, source_errors
 
 
+def _files_by_version(simple: dict) -> dict[str, list[dict]]:
+    """The simple JSON API's wheel entries, by the version their file names give."""
+    out: dict[str, list[dict]] = {}
+    for f in simple.get("files", []):
+        try:
+            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
+        except InvalidWheelFilename:
+            continue
+        out.setdefault(str(ver), []).append(f)
+    return out
+
+
 def _linux_aarch64_wheel(files: list[dict], version: str) -> dict | None:
     """The manylinux aarch64 CPython wheel of ``version`` for the newest Python (not free-threaded)."""
     best: tuple[Version, dict] | None = None
@@ -392,13 +398,7 @@ def platform_builds(fetch: Fetch, fetch_range: FetchRange | None, versions: list
     build, none the CPU build): version -> {"variant", "wheel"}; and the problems met. A release
     without such a wheel is left out."""
     simple = json.loads(fetch(SIMPLE_API))
-    files_by_version: dict[str, list[dict]] = {}
-    for f in simple.get("files", []):
-        try:
-            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
-        except InvalidWheelFilename:
-            continue
-        files_by_version.setdefault(str(ver), []).append(f)
+    files_by_version = _files_by_version(simple)
     out: dict[str, dict] = {}
     problems: list[str] = []
     for v in versions:
