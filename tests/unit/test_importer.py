@@ -231,6 +231,7 @@ class StagingStore(FakeStore):
 
         self.root = Path(tempfile.mkdtemp(prefix="envspec-test-staging-"))
         self.stages: list[tuple[str, bool]] = []  # (group, followed)
+        self.owns: list[tuple[str, bool]] = []  # (group, told it is this build's own tar)
         self.trees: list[tuple[str, list[str]]] = []  # (group, files in the tree its maker made, when staged)
 
     def clean_staging(self):
@@ -242,8 +243,9 @@ class StagingStore(FakeStore):
     def stored_layers(self):
         return {lid: d for lid, (_, d) in self.layers.items()}
 
-    def stage(self, fd, *, follow, size, name="", tree=None, progress=lambda n: None):
+    def stage(self, fd, *, follow, size, name="", tree=None, own=False, progress=lambda n: None):
         self.stages.append((name, follow))
+        self.owns.append((name, own))
         stage = FakeStage(fd, follow, size, name, self.corrupt, progress)
         stage.tree = tree
         return stage
@@ -347,6 +349,7 @@ def test_staged_import_follows_a_layer_while_its_maker_writes_it(tmp_path):
     imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
     maker.join()
     assert store.stages == [("torch", True)]  # opened while written, not after
+    assert store.owns == [("torch", True)]  # its maker is this build's: untarred without a chroot
     assert list(store.layers.values()) == [("", "sha256:" + hashlib.sha256(data).hexdigest())]
     assert imp.stored == ["torch"]
 
@@ -373,6 +376,50 @@ def test_staged_import_refuses_a_cached_layer_file_whose_bytes_changed(tmp_path)
     with pytest.raises(HashMismatch, match="cached layer file .*cuda.tar"):
         Importer(store, files).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
     assert [c[3] for c in store.calls if c[0] == "put"] == ["base"] and store.images == {}
+
+
+def test_only_a_tar_this_build_made_is_staged_as_its_own(tmp_path):
+    """A layer from the layer cache or a registry is untarred chrooted (until its digest is
+    checked, its entries could point anywhere); one this build's maker wrote is not."""
+    files = _files(tmp_path, ["base", "cuda", "team", "envspec"])
+    for f, source in zip(files, ["made", "local", "registry", None]):
+        if source is not None:
+            f.made.result()["source"] = source
+        f.made.result()["cached"] = source in ("local", "registry")
+    store = StagingStore()
+    Importer(store, files).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
+    assert sorted(store.owns) == [("base", True), ("cuda", False), ("envspec", False), ("team", False)]
+
+
+def test_stage_passes_own_only_to_a_tool_that_knows_it(tmp_path, monkeypatch):
+    """``--own`` goes to a tool whose ``stage -h`` lists it, for a tar it untars (not a --tree)."""
+    import subprocess as sp
+
+    usage = ("Usage of envspec-put-layer stage:\n  -fd int\n    \tthe tar\n  -follow\n    \tx\n"
+             "  -tree string\n    \ty\n")
+    tools = {}
+    for name, extra in (("new", "  -own\n    \tz\n"), ("old", "")):
+        t = tmp_path / name
+        t.write_text(f"#!/bin/sh\nprintf '{usage}{extra}' >&2\nexit 2\n")
+        t.chmod(0o755)
+        tools[name] = str(t)
+    assert "own" in eng_mod._stage_flags(tools["new"]) and "tree" in eng_mod._stage_flags(tools["new"])
+    assert "own" not in eng_mod._stage_flags(tools["old"])
+    argvs = []
+
+    class Proc:
+        def __init__(self, argv, **kw):
+            argvs.append(argv)
+            self.args, self.stdout, self.stdin = argv, None, None
+
+    monkeypatch.setattr(sp, "Popen", Proc)
+    monkeypatch.setattr(eng_mod.Stage, "start", lambda self: self)
+    for name in ("new", "old"):
+        st = eng_mod.StorageCLI(None, str(tmp_path / "g"), str(tmp_path / "r"), "overlay", put_tool=tools[name])
+        st.stage(0, follow=True, size=None, own=True)
+        st.stage(0, follow=True, size=None, own=True, tree=tmp_path / "t")
+        st.stage(0, follow=False, size=5, own=False)
+    assert ["--own" in a for a in argvs] == [True, False, False, False, False, False]
 
 
 def test_staged_import_skips_a_cached_layer_the_store_has(tmp_path):

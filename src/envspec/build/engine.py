@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -373,6 +374,16 @@ def _tool_stages(tool: str) -> bool:
     return cp.returncode == 2 and "stage:" in cp.stderr
 
 
+@functools.lru_cache(maxsize=8)
+def _stage_flags(tool: str) -> frozenset[str]:
+    """The flags this envspec-put-layer's ``stage`` takes (``stage -h`` lists them as ``  -NAME``)."""
+    try:
+        cp = subprocess.run([tool, "stage", "-h"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(m.group(1) for m in re.finditer(r"^  -([a-z][a-z-]*)", cp.stderr, re.M))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -602,14 +613,18 @@ class StorageCLI:
                 p.unlink(missing_ok=True)
 
     def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "", tree: Path | None = None,
-              progress: Callable[[int], None] = lambda n: None) -> "Stage":
+              own: bool = False, progress: Callable[[int], None] = lambda n: None) -> "Stage":
         """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
         the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size.
-        ``tree``: the maker makes the files there itself; only the tar-split record is made."""
+        ``tree``: the maker makes the files there itself; only the tar-split record is made.
+        ``own``: this build's maker made the tar (not the layer cache, not a registry): the tool
+        untars it in its own process, not in a chrooted child (a tool built before ``--own``
+        untars every tar chrooted)."""
         assert self.put_tool
         argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
                 *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else []),
-                *(["--tree", str(tree)] if tree is not None else [])]
+                *(["--tree", str(tree)] if tree is not None else []),
+                *(["--own"] if own and tree is None and "own" in _stage_flags(self.put_tool) else [])]
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
         nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))

