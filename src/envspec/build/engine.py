@@ -365,22 +365,15 @@ STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's 
 
 
 @functools.lru_cache(maxsize=8)
-def _tool_stages(tool: str) -> bool:
-    """Whether this envspec-put-layer knows ``stage`` (its usage line names it)."""
-    try:
-        cp = subprocess.run([tool, "stage"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return cp.returncode == 2 and "stage:" in cp.stderr
-
-
-@functools.lru_cache(maxsize=8)
-def _stage_flags(tool: str) -> frozenset[str]:
-    """The flags this envspec-put-layer's ``stage`` takes (``stage -h`` lists them as ``  -NAME``)."""
+def _stage_flags(tool: str) -> frozenset[str] | None:
+    """The flags this envspec-put-layer's ``stage`` takes (``stage -h`` lists them as ``  -NAME``);
+    None for a tool built before ``stage`` (its usage line does not name it). One run of the tool."""
     try:
         cp = subprocess.run([tool, "stage", "-h"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
+        return None
+    if cp.returncode != 2 or "stage:" not in cp.stderr:
+        return None
     return frozenset(m.group(1) for m in re.finditer(r"^  -([a-z][a-z-]*)", cp.stderr, re.M))
 
 
@@ -581,7 +574,7 @@ class StorageCLI:
         turns it off; an envspec-put-layer built before it had ``stage`` imports one layer after the other)."""
         if not (self.put_tool and self.driver == "overlay" and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"):
             return False
-        return _tool_stages(self.put_tool)
+        return _stage_flags(self.put_tool) is not None
 
     def stored_layers(self) -> dict[str, str]:
         """Layer ID -> diff digest of every layer in the store ("" for one without content)."""
@@ -624,7 +617,7 @@ class StorageCLI:
         argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
                 *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else []),
                 *(["--tree", str(tree)] if tree is not None else []),
-                *(["--own"] if own and tree is None and "own" in _stage_flags(self.put_tool) else [])]
+                *(["--own"] if own and tree is None and "own" in (_stage_flags(self.put_tool) or ()) else [])]
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
         nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
