@@ -116,3 +116,123 @@ def test_a_tree_beside_the_tar_is_what_untarring_the_tar_makes(tmp_path):
     assert sorted(links) == ["root/a.txt", "root/b/hard.txt"]
     assert {e[5] for e in made} == {w.mtime * 1_000_000_000}
     assert w.uids == {0, 1000} and w.gids == {0, 1000}
+
+
+# --- the layer file written past the page cache, and the tee to the store's stager ------------------
+
+import errno  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from envspec.build.tarball import DirectFile, PipeTee  # noqa: E402
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, DirectFile.BUF - 1, DirectFile.BUF,
+                                  3 * DirectFile.BUF + 12345])
+def test_direct_file_holds_exactly_the_bytes_written_in_any_pieces(tmp_path, size):
+    data = os.urandom(size)
+    f = DirectFile.open(tmp_path / "o.bin")
+    i, step = 0, 1
+    while i < size:  # pieces of every size, none aligned
+        f.write(data[i:i + step])
+        i += step
+        step = step * 7 % 3_000_001 + 1
+    f.close()
+    assert (tmp_path / "o.bin").read_bytes() == data
+
+
+def test_direct_file_is_used_where_o_direct_works_and_a_plain_file_where_refused(tmp_path, monkeypatch):
+    assert isinstance(DirectFile.open(tmp_path / "a"), DirectFile)  # /tmp and the cache take O_DIRECT here
+    real = os.open
+
+    def refuse(path, flags, *a):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", refuse)
+    f = DirectFile.open(tmp_path / "b")
+    assert not isinstance(f, DirectFile)
+    f.write(b"abc")
+    f.close()
+    assert (tmp_path / "b").read_bytes() == b"abc"
+    monkeypatch.undo()
+    monkeypatch.setenv("ENVSPEC_DIRECT_WRITE", "off")
+    assert not isinstance(DirectFile.open(tmp_path / "c"), DirectFile)
+
+
+def test_direct_file_reports_a_failed_write(tmp_path, monkeypatch):
+    f = DirectFile.open(tmp_path / "o.bin")
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, b: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left"))
+                        if fd == f.fd else real(fd, b))
+    with pytest.raises(OSError, match="No space"):
+        f.write(b"x" * (2 * DirectFile.BUF + 1))
+        f.close()
+
+
+def _fifo_reader(path, got: bytearray, stop_after: int | None = None) -> threading.Thread:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # as the importer opens it: before the maker writes
+    os.set_blocking(fd, True)
+
+    def run():
+        with os.fdopen(fd, "rb", buffering=0) as r:
+            while True:
+                chunk = r.read(65536)
+                if not chunk:  # no writer: not yet (wait, as the stager does), or done
+                    if got:
+                        return
+                    time.sleep(0.001)
+                    continue
+                got.extend(chunk)
+                if stop_after is not None and len(got) >= stop_after:
+                    return  # the stager went away
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_a_layer_written_with_a_pipe_sends_the_stager_the_tar_byte_for_byte(tmp_path):
+    _tree(tmp_path / "t")
+    (tmp_path / "t" / "big").write_bytes(os.urandom(3_000_000))
+    fifo = tmp_path / "o.tar.fifo"
+    os.mkfifo(fifo)
+    got = bytearray()
+    reader = _fifo_reader(fifo, got)
+    res = _write(tmp_path / "t", tmp_path / "o.tar", pipe=fifo)
+    reader.join()
+    assert bytes(got) == (tmp_path / "o.tar").read_bytes()
+    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")
+
+
+def test_a_stager_that_stops_reading_ends_the_tee_not_the_layer(tmp_path):
+    _tree(tmp_path / "t")
+    (tmp_path / "t" / "big").write_bytes(os.urandom(5_000_000))
+    fifo = tmp_path / "o.tar.fifo"
+    os.mkfifo(fifo)
+    got = bytearray()
+    reader = _fifo_reader(fifo, got, stop_after=100_000)
+    res = _write(tmp_path / "t", tmp_path / "o.tar", pipe=fifo)
+    reader.join()
+    assert 100_000 <= len(got) < res.size
+    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")
+
+
+def test_a_fifo_removed_before_any_stager_opened_it_leaves_the_maker_writing_the_file_alone(tmp_path):
+    _tree(tmp_path / "t")
+    fifo = tmp_path / "o.tar.fifo"
+    os.mkfifo(fifo)
+    threading.Timer(0.3, fifo.unlink).start()  # the importer ended before it staged this layer
+    res = _write(tmp_path / "t", tmp_path / "o.tar", pipe=fifo)
+    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")
+    assert PipeTee(tmp_path / "gone.fifo").fd == -1
+
+
+def test_a_fifo_nobody_opens_is_an_error_after_the_wait(tmp_path):
+    fifo = tmp_path / "o.tar.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="no stager opened"):
+        PipeTee(fifo, wait=0.2)

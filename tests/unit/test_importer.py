@@ -5,6 +5,7 @@ containers-storage tool is exercised by tests/e2e/test_build_e2e.py."""
 import contextlib
 import hashlib
 import os
+import stat
 import shutil
 import threading
 import time
@@ -233,6 +234,7 @@ class StagingStore(FakeStore):
         self.stages: list[tuple[str, bool]] = []  # (group, followed)
         self.owns: list[tuple[str, bool]] = []  # (group, told it is this build's own tar)
         self.trees: list[tuple[str, list[str]]] = []  # (group, files in the tree its maker made, when staged)
+        self.fed: dict[str, tuple[str, int | None]] = {}  # group -> (what its stager read: fifo/file, its niceness)
 
     def clean_staging(self):
         self.calls.append(("clean",))
@@ -243,9 +245,10 @@ class StagingStore(FakeStore):
     def stored_layers(self):
         return {lid: d for lid, (_, d) in self.layers.items()}
 
-    def stage(self, fd, *, follow, size, name="", tree=None, own=False, progress=lambda n: None):
+    def stage(self, fd, *, follow, size, name="", tree=None, own=False, progress=lambda n: None, nice=None):
         self.stages.append((name, follow))
         self.owns.append((name, own))
+        self.fed[name] = ("fifo" if stat.S_ISFIFO(os.fstat(fd).st_mode) else "file", nice)
         stage = FakeStage(fd, follow, size, name, self.corrupt, progress)
         stage.tree = tree
         return stage
@@ -526,6 +529,11 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path, sta
         assert [g for g, names in eng.store.trees if not names] in ([], ["torch"])
         assert "cudalib" in " ".join(n for g, names in eng.store.trees if g == "cuda" for n in names)
         assert list(eng.store.root.iterdir()) == []
+        # each layer made here reached its stager through a FIFO from its maker (the tar went to the
+        # cache past the page cache), the stager at the makers' priority; the envspec layer, made
+        # after the makers, from its file
+        assert eng.store.fed == {**{lay.group: ("fifo", 0) for lay in img.layers if lay.group != "envspec"},
+                                 "envspec": ("file", None)}
 
 
 def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path, staged, request):
@@ -579,3 +587,26 @@ def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(tm
     assert store(new).can_stage and not store(old).can_stage and not store(new, "vfs").can_stage
     monkeypatch.setenv("ENVSPEC_STAGED_IMPORT", "off")
     assert not store(new).can_stage
+
+
+def test_a_maker_waiting_for_its_stager_goes_on_when_the_import_fails_before_staging(tmp_path):
+    """The importer removes the FIFOs it will never read: a maker waiting to hand its tar over
+    writes the file alone instead of waiting for a reader (tarball.PipeTee)."""
+    from envspec.build.tarball import PipeTee
+
+    class Broken(StagingStore):
+        def clean_staging(self):
+            raise BuildError("the store is gone", step="import layer")
+
+    fifo = tmp_path / "torch.tar.fifo"
+    os.mkfifo(fifo)
+    fut: Future = Future()
+    tees: list[PipeTee] = []
+    maker = threading.Thread(target=lambda: tees.append(PipeTee(fifo, wait=60)))
+    maker.start()
+    imp = Importer(Broken(), [LayerFile("torch", tmp_path / "cache.tar", fut, writing=tmp_path / "torch.tar",
+                                        pipe=fifo)]).start()
+    with pytest.raises(BuildError, match="the store is gone"):
+        imp.join()
+    maker.join(60)
+    assert not maker.is_alive() and tees[0].fd == -1 and not fifo.exists()

@@ -205,8 +205,13 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     layers.compiler = compiler
     rc = registry_cache or _registry_cache(engine, options)
     store = engine.storage_cli() if ref else None
-    if store is not None and store.can_stage and os.environ.get("ENVSPEC_LAYER_TREES") != "off":
-        layers.tree_root = store.staging_root()  # the wheel layers' makers make their files there too
+    if store is not None and store.can_stage:
+        if os.environ.get("ENVSPEC_LAYER_TREES") != "off":
+            layers.tree_root = store.staging_root()  # the wheel layers' makers make their files there too
+        # each layer's stager reads the tar from its maker through a FIFO, not from the file; not
+        # where layers may come from a registry cache instead (a FIFO nobody writes would stall it)
+        layers.pipes = (os.environ.get("ENVSPEC_STAGE_PIPE", "on").lower() not in ("0", "off", "no", "false")
+                        and not (rc is not None and rc.cache_from and not options.no_cache))
 
     def new_importer() -> Importer:
         assert store is not None
@@ -414,6 +419,7 @@ class Layers:
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
         self.tree_root: Path | None = None  # where wheel layers are also made as files (``tree_for``)
         self.trees: dict[str, Path] = {}
+        self.pipes = False  # the layers made here go to the store's stagers through FIFOs (``pipe_for``)
 
     def path(self, lay: Layer) -> Path:
         return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
@@ -550,10 +556,24 @@ class Layers:
             self.trees[lay.key] = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{lay.group}-", dir=self.tree_root))
         return self.trees[lay.key]
 
+    def pipe_for(self, lay: Layer) -> Path | None:
+        """The FIFO through which the layer's maker hands its tar to the store's stager as it
+        writes it (made here, before the maker starts; ``tarball.PipeTee``), so the stager does not
+        read the file back: the tar goes to the cache past the page cache (``tarball.DirectFile``).
+        None where the import does not stage (``pipes``), or the layer is not made here."""
+        if not self.pipes or lay not in self.todo:
+            return None
+        fifo = self.work / f"{lay.group}.tar.fifo"
+        if not fifo.exists():
+            self.work.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(fifo, 0o600)
+        return fifo
+
     def files(self) -> list[LayerFile]:
         todo = {lay.key for lay in self.todo}
         return [LayerFile(lay.group, self.path(lay), self.futures[lay.key],
-                          writing=self.writing_path(lay) if lay.key in todo else None, tree=self.tree_for(lay))
+                          writing=self.writing_path(lay) if lay.key in todo else None, tree=self.tree_for(lay),
+                          pipe=self.pipe_for(lay))
                 for lay in self.plan.layers]
 
     def made(self) -> tuple[LayerInfo, ...]:
@@ -607,7 +627,8 @@ class Layers:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.writing_path(base)
                 with self.clock.span("layer base"):
-                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp(), self.compiler)
+                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp(), self.compiler,
+                                                        pipe=self.pipe_for(base))
                 return _store_layer(self.cache, base, out, made, self.comp)
             finally:
                 shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
@@ -687,8 +708,9 @@ class WheelMakers:
             out = self.layers.writing_path(lay)
             files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
             tree = self.layers.tree_for(lay)
+            pipe = self.layers.pipe_for(lay)
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,
-                   str(tree) if tree is not None else None)
+                   str(tree) if tree is not None else None, str(pipe) if pipe is not None else None)
             self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job)))
         return self
 

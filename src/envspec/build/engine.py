@@ -606,13 +606,15 @@ class StorageCLI:
                 p.unlink(missing_ok=True)
 
     def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "", tree: Path | None = None,
-              own: bool = False, progress: Callable[[int], None] = lambda n: None) -> "Stage":
+              own: bool = False, progress: Callable[[int], None] = lambda n: None,
+              nice: int | None = None) -> "Stage":
         """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
         the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size.
         ``tree``: the maker makes the files there itself; only the tar-split record is made.
         ``own``: this build's maker made the tar (not the layer cache, not a registry): the tool
         untars it in its own process, not in a chrooted child (a tool built before ``--own``
-        untars every tar chrooted)."""
+        untars every tar chrooted). ``nice``: its niceness (default ``ENVSPEC_STAGE_NICE``, 10: a
+        stager following a file catches up when cores are free; one fed through a pipe gets 0)."""
         assert self.put_tool
         argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
                 *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else []),
@@ -620,7 +622,8 @@ class StorageCLI:
                 *(["--own"] if own and tree is None and "own" in (_stage_flags(self.put_tool) or ()) else [])]
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
-        nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
+        if nice is None:
+            nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
 
         def child() -> None:  # below the layer makers: a stager catches up with its maker when cores are free
             os.setpgid(0, 0)  # its own group, with the untar it starts: Stage.kill stops both

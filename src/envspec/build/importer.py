@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -42,6 +43,7 @@ class LayerFile:
     made: Future
     writing: Path | None = None  # where its maker writes it while it is made (a staged import follows it)
     tree: Path | None = None  # where its maker also makes its files, in the store's staging area
+    pipe: Path | None = None  # a FIFO its maker also writes the tar into, for the stager (``tarball.PipeTee``)
 
     def result(self, cancel: threading.Event) -> dict:
         while not self.made.done():
@@ -84,6 +86,10 @@ class Importer:
                 self._run_serial()
         except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
             self._error = e
+        finally:
+            for lay in self.layers:  # a maker still waiting for a stager to open its FIFO goes on without
+                if lay.pipe is not None:
+                    lay.pipe.unlink(missing_ok=True)
 
     def _run_serial(self) -> None:
         with self.store.locked():
@@ -217,6 +223,15 @@ class Importer:
                     return None
                 fd, follow, size = os.open(lay.path, os.O_RDONLY), False, int(made["size"])
                 break
+            if lay.pipe is not None:
+                try:  # the read end first: its maker waits for it before it writes
+                    fd = os.open(lay.pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    pass
+                else:
+                    os.set_blocking(fd, True)
+                    follow, size, tree = True, -1, lay.tree
+                    break
             if lay.writing is not None:
                 try:
                     fd, follow, size = os.open(lay.writing, os.O_RDONLY), True, -1
@@ -234,8 +249,10 @@ class Importer:
                 self.on_progress(group, n)
 
             own = follow or made.get("source") == "made"  # this build's maker wrote it
+            piped = follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
+            # a stager fed through a pipe paces its maker: it runs at the makers' priority
             stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, tree=tree,
-                                     own=own, progress=progress)
+                                     own=own, progress=progress, nice=0 if piped else None)
             # a layer made in this build was hashed by its maker as it was written; one taken
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
             digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""

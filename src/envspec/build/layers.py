@@ -202,15 +202,16 @@ def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
 
 def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path,
                      compression: Compression | None = None, compiler: tuple[str, str] | None = None,
-                     tree: str | Path | None = None) -> dict:
+                     tree: str | Path | None = None, pipe: str | Path | None = None) -> dict:
     """Install wheels ``[(filename, path), ...]`` (already in layer order) into a layer tar at
     ``out`` (and its compressed blob beside it, with ``compression``); ``compiler`` ``(python,
     cache tag)`` (``bytecode.find_compiler``) adds the .pyc; ``tree``: the files made there too,
-    as an untar would (``TarWriter``). Returns a JSON-able dict: diff_id, size, entries,
-    duplicates, blob, pyc (count, bytes), tree. Runs in a worker process."""
+    as an untar would (``TarWriter``); ``pipe``: the FIFO the store's stager reads the tar from.
+    Returns a JSON-able dict: diff_id, size, entries, duplicates, blob, pyc (count, bytes), tree.
+    Runs in a worker process."""
     import contextlib
 
-    with TarWriter(out, compression=compression, tree=tree) as w, \
+    with TarWriter(out, compression=compression, tree=tree, pipe=pipe) as w, \
             (Compiler(*compiler) if compiler else contextlib.nullcontext()) as comp:
         duplicates: list[str] = []
         pyc: list[tuple[Scheme, RecordEntry]] = []
@@ -269,15 +270,16 @@ def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
 
 
 def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
-                    compression: Compression | None = None, compiler: tuple[str, str] | None = None) -> dict:
+                    compression: Compression | None = None, compiler: tuple[str, str] | None = None,
+                    pipe: str | Path | None = None) -> dict:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
     without Debian packages), the venv skeleton, and /workspace owned by the non-root user.
     ``compiler`` ``(python, cache tag)`` adds the .pyc of the rootfs's Python modules
-    (``rootfs_py_files``) after the rootfs's files."""
+    (``rootfs_py_files``) after the rootfs's files; ``pipe``: as for ``make_wheel_layer``."""
     rt = plan.lock.runtime
     ws = "/" + rt.workdir.strip("/")
     pyc = {"files": 0, "bytes": 0}
-    with TarWriter(out, compression=compression) as w, \
+    with TarWriter(out, compression=compression, pipe=pipe) as w, \
             (Compiler(*compiler) if compiler and rootfs is not None else contextlib.nullcontext()) as comp:
         if rootfs is not None:
             root = Path(rootfs)
@@ -444,6 +446,6 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service
 
 def wheel_layer_job(args: tuple) -> dict:
     """Process-pool entry point (picklable)."""
-    wheel_files, platform_json, out, comp, compiler, tree = args
+    wheel_files, platform_json, out, comp, compiler, tree, pipe = args
     return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out,
-                            Compression(comp) if comp != "none" else None, compiler, tree)
+                            Compression(comp) if comp != "none" else None, compiler, tree, pipe)
