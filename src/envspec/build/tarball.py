@@ -56,18 +56,20 @@ class TarResult:
 
 
 class DirectFile:
-    """A new file written sequentially with ``O_DIRECT``: the bytes are gathered in page-aligned
-    buffers and written, past the page cache, by a thread of its own (os.write releases the
-    GIL), so the writer goes on meanwhile. The last partial block is written without
-    ``O_DIRECT`` (no padding ever shows in the file, not even to a reader following it).
-    ``DirectFile.open`` falls back to a plain buffered file where the file system refuses
-    ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE file systems)."""
+    """A new file written sequentially, by a thread of its own (os.write releases the GIL), so the
+    writer goes on meanwhile: the bytes are gathered in page-aligned 8 MiB buffers, each written
+    to the file with ``O_DIRECT`` (past the page cache) where the file system takes it, then sent
+    down ``tee`` (a ``PipeTee``: the store's stager reads the layer from there, so it need not read
+    the file back). The last partial block goes to the file without ``O_DIRECT``, so no padding
+    ever shows in it. ``DirectFile.open`` checks ``O_DIRECT`` with one aligned block and does
+    without where it is refused (tmpfs before Linux 6.6, some FUSE file systems) or turned off
+    (``ENVSPEC_DIRECT_WRITE=off``)."""
 
     ALIGN = 4096  # the largest logical block size a Linux block device has
     BUF = 8 << 20
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, fd: int, *, direct: bool, tee: "PipeTee | None" = None) -> None:
+        self.fd, self.direct, self.tee = fd, direct, tee
         self.size = 0
         self._free: queue.Queue[mmap.mmap] = queue.Queue()
         for _ in range(3):
@@ -77,13 +79,12 @@ class DirectFile:
         self._pos = 0
         self._error: OSError | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="envspec-direct-write", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="envspec-layer-write", daemon=True)
         self._thread.start()
 
     @classmethod
-    def open(cls, path: str | Path) -> "DirectFile | BinaryIO":
-        """``path`` created (truncated) for writing: a ``DirectFile`` where ``O_DIRECT`` works there
-        (checked with one aligned block), else a buffered file."""
+    def open(cls, path: str | Path, *, tee: "PipeTee | None" = None) -> "DirectFile":
+        """``path`` created (truncated) for writing."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         if os.environ.get("ENVSPEC_DIRECT_WRITE", "on").lower() not in ("0", "off", "no", "false"):
             try:
@@ -97,25 +98,33 @@ class DirectFile:
                         os.write(fd, v)
                     os.ftruncate(fd, 0)
                     os.lseek(fd, 0, os.SEEK_SET)
-                    return cls(fd)
+                    return cls(fd, direct=True, tee=tee)
                 except OSError as e:
                     os.close(fd)
                     if e.errno != errno.EINVAL:
                         raise
-        return open(path, "wb")
+        return cls(os.open(path, flags, 0o644), direct=False, tee=tee)
 
     def _run(self) -> None:
         while (item := self._full.get()) is not None:
             buf, n = item
             if self._error is None:
                 try:
-                    with memoryview(buf) as v:
-                        done = os.write(self.fd, v[:n])
-                    if done != n:  # a regular file takes all or fails; a short write would break alignment
-                        raise OSError(errno.EIO, f"short write: {done} of {n} bytes")
+                    with memoryview(buf) as v, v[:n] as part:
+                        self._write_all(part)
+                        if self.tee is not None:
+                            self.tee.write(part)
                 except OSError as e:
                     self._error = e
             self._free.put(buf)
+
+    def _write_all(self, part: memoryview) -> None:
+        done = os.write(self.fd, part)
+        if done != len(part):
+            if self.direct:  # a regular file takes all or fails; a short write would break the alignment
+                raise OSError(errno.EIO, f"short write: {done} of {len(part)} bytes")
+            with part[done:] as rest:
+                self._write_all(rest)
 
     def _check(self) -> None:
         if self._error is not None:
@@ -135,21 +144,24 @@ class DirectFile:
                 self._cur, self._pos = self._free.get(), 0
 
     def close(self) -> None:
+        """Write what is left, wait for the thread; raises what a write raised. The tee stays
+        open (its owner closes it)."""
         if self._closed:
             return
         self._closed = True
         try:
-            aligned = self._pos - self._pos % self.ALIGN
+            aligned = self._pos - self._pos % self.ALIGN if self.direct else self._pos
             if aligned:
                 self._full.put((self._cur, aligned))
             self._full.put(None)
             self._thread.join()
             self._check()
-            tail = self._pos - aligned
-            if tail:
+            if self._pos > aligned:
                 fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                if os.write(self.fd, self._cur[aligned:self._pos]) != tail:
-                    raise OSError(errno.EIO, "short write at the end of the file")
+                with memoryview(self._cur) as v, v[aligned:self._pos] as tail:
+                    self._write_all(tail)
+                    if self.tee is not None:
+                        self.tee.write(tail)
         finally:
             os.close(self.fd)
             if not self._thread.is_alive():
@@ -159,15 +171,14 @@ class DirectFile:
 
 
 class PipeTee:
-    """The layer's bytes also sent down a FIFO that the store's stager reads (build/importer.py),
-    so that it need not read the tar file back. Opened once the stager has its end open (waited
+    """The FIFO the store's stager reads a layer from as it is made (build/importer.py), written
+    by the layer file's thread (``DirectFile``). Opened once the stager has its end open (waited
     for, up to ``wait`` seconds, while the FIFO exists: the importer removes the FIFO of a layer it
-    will not stage). A reader that goes away ends the tee, not the layer: the tar file is whole
-    either way, and the import reports its own failure."""
+    will not stage; then ``fd`` is -1 and nothing is sent). A reader that goes away ends the tee,
+    not the layer: the tar file is whole either way, and the import reports its own failure."""
 
     def __init__(self, path: str | Path, wait: float = 120.0) -> None:
         self.fd = -1
-        self._buf = bytearray()
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -185,51 +196,31 @@ class PipeTee:
         except OSError:
             pass
 
-    CHUNK = 1 << 20  # gathered, so that a 512-byte tar header is not a system call and a wake-up of its own
-
-    def write(self, b: bytes | memoryview) -> None:
+    def write(self, b: memoryview) -> None:
         if self.fd < 0:
             return
-        self._buf += b
-        if len(self._buf) >= self.CHUNK:
-            self._send()
-
-    def _send(self) -> None:
-        mv = memoryview(self._buf)
         try:
-            while len(mv):
-                mv = mv[os.write(self.fd, mv):]
+            while len(b):
+                b = b[os.write(self.fd, b):]
         except BrokenPipeError:  # the stager went away
-            mv.release()
-            os.close(self.fd)
-            self.fd = -1
-            self._buf.clear()
-            return
-        mv.release()
-        self._buf.clear()
+            self.close()
 
     def close(self) -> None:
-        if self.fd >= 0 and self._buf:
-            self._send()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self._buf.clear()
 
 
 class _HashingFile:
-    def __init__(self, f: "BinaryIO | DirectFile", sink: "Sink | None" = None, tee: PipeTee | None = None) -> None:
+    def __init__(self, f: DirectFile, sink: "Sink | None" = None) -> None:
         self.f = f
         self.h = hashlib.sha256()
         self.n = 0
         self.sink = sink
-        self.tee = tee
 
     def write(self, b: bytes | memoryview) -> None:
         self.h.update(b)
         self.f.write(b)
-        if self.tee is not None:
-            self.tee.write(b)
         if self.sink is not None:
             self.sink.write(b)
         self.n += len(b)
@@ -250,16 +241,22 @@ class TarWriter:
         self._tree_dirs: list[Path] = []
         self.uids: set[int] = set()  # the owners its entries name (containers/storage records them)
         self.gids: set[int] = set()
-        self._raw = DirectFile.open(self.path)
-        self._tee: PipeTee | None = None
+        self._tee = PipeTee(pipe) if pipe is not None else None
+        try:
+            self._raw = DirectFile.open(self.path, tee=self._tee)
+        except BaseException:
+            if self._tee is not None:
+                self._tee.close()
+            raise
         try:
             self._sink = compression.sink(self.path.with_name(self.path.name + compression.suffix)) if compression else None
-            self._tee = PipeTee(pipe) if pipe is not None else None
         except BaseException:
             self._raw.close()
+            if self._tee is not None:
+                self._tee.close()
             self.path.unlink(missing_ok=True)
             raise
-        self._out = _HashingFile(self._raw, self._sink, self._tee)
+        self._out = _HashingFile(self._raw, self._sink)
         self._blob: tuple[str, int] = ("", 0)
         self.mtime = source_date_epoch() if mtime is None else mtime
         self._dirs: set[str] = set()
