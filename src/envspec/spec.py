@@ -362,7 +362,7 @@ def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
 
 # ---------------------------------------------------------------------------------------
 
-_TOML_ERR = re.compile(r"\(at line (\d+), column (\d+)\)")
+_TOML_ERR = r"\(at line (\d+), column (\d+)\)"  # compiled by re for a spec that is not TOML
 
 
 def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
@@ -371,9 +371,9 @@ def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        m = _TOML_ERR.search(str(e))
+        m = re.search(_TOML_ERR, str(e))
         line = int(m.group(1)) if m else None
-        msg = _TOML_ERR.sub("", str(e)).strip()
+        msg = re.sub(_TOML_ERR, "", str(e)).strip()
         raise SpecError(file, [Problem(f"not valid TOML: {msg}", path="", line=line,
                                        hint="check quotes, brackets and '=' on that line", reference="toml-syntax")]) from None
     lines = _LineIndex.build(text)
