@@ -10,7 +10,6 @@ import dataclasses
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -862,12 +861,7 @@ def _n(v) -> str:
 
 # ---------------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envspec", description="Reproducible GPU deep-learning environments.")
-    p.add_argument("--version", action="version", version=f"envspec {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-
+def _add_lock(sub) -> None:
     s = sub.add_parser("lock", help="resolve a spec into a lockfile")
     s.add_argument("spec")
     s.add_argument("-o", "--output", help="lockfile path (default lockfiles/<name>.lock)")
@@ -877,11 +871,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_lock)
 
+
+def _add_explain(sub) -> None:
     s = sub.add_parser("explain", help="which torch build fits the spec, and why (offline)")
     s.add_argument("spec")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_explain)
 
+
+def _add_db(sub) -> None:
     s = sub.add_parser("db", help="the compatibility database")
     dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True)
     d = dsub.add_parser("show", help="print the DB")
@@ -893,6 +891,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_db)
 
+
+def _add_build(sub) -> None:
     s = sub.add_parser("build", help="build the lock's OCI image with buildah")
     s.add_argument("target", metavar="SPEC|LOCK")
     s.add_argument("--tag", help="image reference (default localhost/envspec/<name>:<lock hash>)")
@@ -930,6 +930,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)
 
+
+def _add_verify_image(sub) -> None:
     s = sub.add_parser("verify-image", help="check a pushed image's signature, provenance and lock in its registry")
     s.add_argument("ref", metavar="REF", help="HOST/REPO:TAG or HOST/REPO@sha256:...")
     s.add_argument("--key", required=True, metavar="PUB", help="the signer's public key (PEM)")
@@ -940,6 +942,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_verify_image)
 
+
+def _add_cache(sub) -> None:
     s = sub.add_parser("cache", help="what envspec's cache holds; `cache gc` removes what no lock needs")
     s.add_argument("--json", action="store_true")
     csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION")
@@ -957,6 +961,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_cache, cache_cmd=None)
 
+
+def _add_run(sub) -> None:
     s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
     s.add_argument("target", metavar="SPEC|LOCK|IMAGE")
     s.add_argument("--print", action="store_true", help="print the command instead of running it")
@@ -976,19 +982,67 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which section of a multi-platform lock to run (default: this host's)")
     s.set_defaults(func=cmd_run, cmd=[])  # the command after `--` is split off before parsing
 
+
+def _add_doctor(sub) -> None:
     s = sub.add_parser("doctor", help="check this host before building or running")
     s.add_argument("lock", nargs="?", help="a lockfile to check the host against")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_doctor)
 
+
+def _add_diff(sub) -> None:
     s = sub.add_parser("diff", help="what changed between two locks, and which layers it rebuilds")
     s.add_argument("old")
     s.add_argument("new")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_diff)
 
+
+def _add_verify(sub) -> None:
     sub.add_parser("verify", help="check the live machine against a lock (see `envspec verify --help`)")
+
+
+def _add_cluster(sub) -> None:
     sub.add_parser("cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)")
+
+
+# Each command's sub-parser, in the order `envspec --help` lists them.
+_COMMANDS = {
+    "lock": _add_lock,
+    "explain": _add_explain,
+    "db": _add_db,
+    "build": _add_build,
+    "verify-image": _add_verify_image,
+    "cache": _add_cache,
+    "run": _add_run,
+    "doctor": _add_doctor,
+    "diff": _add_diff,
+    "verify": _add_verify,
+    "cluster": _add_cluster,
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` names when nothing but ``-v``/``--verbose`` comes before it, else None
+    (no command, an unknown one, --help, --version: the whole parser answers those)."""
+    for arg in argv:
+        if arg not in ("-v", "--verbose"):
+            return arg if arg in _COMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command``, only that command's sub-parser (what ``main``
+    parses a command line with: it parses, helps and fails the same way for that command, and
+    argparse's set-up of every command is about 2% of `envspec explain`, docs/benchmarks.md
+    session 12)."""
+    p = argparse.ArgumentParser(prog="envspec", description="Reproducible GPU deep-learning environments.")
+    p.add_argument("--version", action="version", version=f"envspec {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    for name, add in _COMMANDS.items():
+        if command is None or name == command:
+            add(sub)
     return p
 
 
@@ -1002,10 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
         from envspec.verify.cluster import main as cluster_main
 
         return cluster_main(argv[1:])
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")  # the core's warnings, e.g. stale indexes
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     after: list[str] = []
     if argv[:1] == ["run"] and "--" in argv:  # `envspec run TARGET [options] -- CMD...`
         i = argv.index("--")
@@ -1014,8 +1065,12 @@ def main(argv: list[str] | None = None) -> int:
     if after:
         args.cmd = after
     if not getattr(args, "func", None):
-        parser.print_help()
+        build_parser().print_help()  # every command's
         return EXIT_BAD_INPUT
+    if args.func is not cmd_explain:  # explain is offline and logs nothing: it does without the logging module
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")  # the core's warnings, e.g. stale indexes
     try:
         return args.func(args)
     except EnvspecError as e:
@@ -1025,6 +1080,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_json(explain.impossible_json(e) if isinstance(e, ResolutionImpossible)
                         else {"ok": False, "error": e.to_json()})
         if args.verbose:
+            import traceback
+
             _say(traceback.format_exc(), stderr=True)
         if isinstance(e, ResolutionImpossible):
             lines = explain.impossible_lines(e)

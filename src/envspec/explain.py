@@ -170,7 +170,7 @@ def db_matrix(db) -> dict:
     return {"db_version": db.version, "date": db.date, "gpus": gpus, "builds": builds}
 
 
-_URL = re.compile(r"https?://[^\s,;()]+[^\s,;().]")
+_URL = r"https?://[^\s,;()]+[^\s,;().]"  # compiled by re on first use: db --html, not explain
 
 
 def _linkify(text: str) -> Markup:
@@ -178,7 +178,7 @@ def _linkify(text: str) -> Markup:
     from markupsafe import Markup, escape
 
     out, last = [], 0
-    for m in _URL.finditer(text):
+    for m in re.finditer(_URL, text):
         out.append(str(escape(text[last:m.start()])))
         url = str(escape(m.group(0)))
         out.append(f'<a href="{url}">{url}</a>')

@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 from urllib.parse import unquote, urlparse
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
 from envspec.debian.suites import SUITES as DEBIAN_SUITES
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
-from envspec.spec import EnvSpec
+from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
     from envspec.compat.platforms import PypiBuild
@@ -518,11 +516,11 @@ def requirements(choice: Choice) -> tuple[list[str], list[str], set[str]]:
         local = f"+{choice.torch.variant.local}" if choice.torch.variant.local else ""
         torch_reqs.append(f"torch=={choice.torch.release.version}{local}")
         torch_reqs += list(spec.torch.packages)
-        direct |= {"torch"} | {canonicalize_name(Requirement(r).name) for r in spec.torch.packages}
+        direct |= {"torch"} | {requirement_name(r) for r in spec.torch.packages}
     team = list(spec.python.packages)
     if spec.services.jupyter and spec.services.jupyter.enabled:
         team += ["jupyterlab"] + list(spec.services.jupyter.extensions)
-    direct |= {canonicalize_name(Requirement(r).name) for r in team}
+    direct |= {requirement_name(r) for r in team}
     return torch_reqs, torch_reqs + team, direct
 
 
@@ -601,18 +599,22 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     return data.get("packages", [])
 
 
-_NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9._-]+)==([^ ,]+)")
-_NO_PLATFORM_WHEEL = re.compile(r"([A-Za-z0-9._-]+)==([^ ,]+) has no wheels with a matching platform tag")
-_WHEELS_FOR = re.compile(r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: (.*)")
+# uv's messages that name a package without a wheel for the platform (compiled by re when a
+# resolution fails: explain never reads them)
+_NO_VERSION = r"there is no version of ([A-Za-z0-9._-]+)==([^ ,]+)"
+_NO_PLATFORM_WHEEL = r"([A-Za-z0-9._-]+)==([^ ,]+) has no wheels with a matching platform tag"
+_WHEELS_FOR = r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: (.*)"
 
 
 def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -> Exception | None:
     """On a platform other than linux-x86_64, a pinned torch build that no configured index serves
     for it: name the package, the platform and what it does have (exit 2), not a version conflict."""
-    p = _NO_PLATFORM_WHEEL.search(stderr)
+    from packaging.utils import canonicalize_name
+
+    p = re.search(_NO_PLATFORM_WHEEL, stderr)
     if p is not None:
-        return _no_platform_wheel(choice, canonicalize_name(p.group(1)), p.group(2), _WHEELS_FOR.search(stderr))
-    m = _NO_VERSION.search(stderr)
+        return _no_platform_wheel(choice, canonicalize_name(p.group(1)), p.group(2), re.search(_WHEELS_FOR, stderr))
+    m = re.search(_NO_VERSION, stderr)
     if choice.arch == "x86_64" or m is None or choice.torch is None:
         return None
     name, version = canonicalize_name(m.group(1)), m.group(2)
@@ -649,7 +651,7 @@ def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match
     path: tuple[str | int, ...] = ("python", "packages")
     for key in (("python", "packages"), ("torch", "packages")):
         section = spec.python.packages if key[0] == "python" else (spec.torch.packages if spec.torch else [])
-        idx = next((i for i, r in enumerate(section) if canonicalize_name(Requirement(r).name) == name), None)
+        idx = next((i for i, r in enumerate(section) if requirement_name(r) == name), None)
         if idx is not None:
             path = key + (idx,)
             break
@@ -702,6 +704,8 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
                    keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
     """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
     wheels, kept where the spec still allows them."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename  # packaging.tags: the lock stage only
+
     torch_reqs, all_reqs, direct = requirements(choice)
     if not all_reqs:
         return []

@@ -12,9 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -37,14 +35,41 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, str_strip_whitespace=True)
 
 
+# The requirement nearly every spec writes: a PEP 508 name and version clauses, without spaces,
+# extras, markers or a URL ("numpy>=2", "einops>=0.8,<1", "torchvision==0.29.*"). packaging's
+# parser accepts every such string and reads this name from it (tests/unit/test_spec.py checks
+# both on generated strings); any other string is parsed by packaging.requirements, imported then:
+# with the marker grammar and packaging.tags it was 7% of `envspec explain` (docs/benchmarks.md,
+# session 12), for specs that list only such requirements.
+_VERSION = r"[0-9]+(?:\.[0-9]+)*"
+_CLAUSE = rf"(?:(?:==|!=){_VERSION}(?:\.\*)?|~={_VERSION}\.[0-9]+|(?:<=|>=|<|>){_VERSION})"
+_SIMPLE_REQUIREMENT = re.compile(rf"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:{_CLAUSE}(?:,{_CLAUSE})*)?")
+
+
+def requirement_name(text: str) -> str:
+    """The normalized project name of a PEP 508 requirement: "Foo_Bar>=1" -> "foo-bar". Raises
+    packaging's ``InvalidRequirement`` (a ``ValueError``) for a string that is not one."""
+    m = _SIMPLE_REQUIREMENT.fullmatch(text)
+    if m:
+        name = m["name"]
+    else:
+        from packaging.requirements import Requirement
+
+        name = Requirement(text).name
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as packaging.utils.canonicalize_name
+
+
 def _check_requirements(values: list[str]) -> list[str]:
     out = []
     for i, v in enumerate(values):
-        try:
-            Requirement(v)
-        except InvalidRequirement as e:
-            reason = str(e).splitlines()[0]
-            raise ValueError(f"item {i}: {v!r} is not a PEP 508 requirement ({reason})") from None
+        if not _SIMPLE_REQUIREMENT.fullmatch(v):
+            from packaging.requirements import InvalidRequirement, Requirement
+
+            try:
+                Requirement(v)
+            except InvalidRequirement as e:
+                reason = str(e).splitlines()[0]
+                raise ValueError(f"item {i}: {v!r} is not a PEP 508 requirement ({reason})") from None
         out.append(v)
     return out
 
@@ -337,7 +362,7 @@ def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
 
 # ---------------------------------------------------------------------------------------
 
-_TOML_ERR = re.compile(r"\(at line (\d+), column (\d+)\)")
+_TOML_ERR = r"\(at line (\d+), column (\d+)\)"  # compiled by re for a spec that is not TOML
 
 
 def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
@@ -346,9 +371,9 @@ def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        m = _TOML_ERR.search(str(e))
+        m = re.search(_TOML_ERR, str(e))
         line = int(m.group(1)) if m else None
-        msg = _TOML_ERR.sub("", str(e)).strip()
+        msg = re.sub(_TOML_ERR, "", str(e)).strip()
         raise SpecError(file, [Problem(f"not valid TOML: {msg}", path="", line=line,
                                        hint="check quotes, brackets and '=' on that line", reference="toml-syntax")]) from None
     lines = _LineIndex.build(text)
@@ -451,10 +476,10 @@ def _toml_type(v: Any) -> str:
 
 def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
     out: list[Problem] = []
-    torch_names = {"torch"} | {canonicalize_name(Requirement(r).name) for r in (spec.torch.packages if spec.torch else [])}
+    torch_names = {"torch"} | {requirement_name(r) for r in (spec.torch.packages if spec.torch else [])}
     seen: dict[str, int] = {}
     for i, r in enumerate(spec.python.packages):
-        name = canonicalize_name(Requirement(r).name)
+        name = requirement_name(r)
         if name in torch_names and spec.torch is not None:
             out.append(spec.problem(("python", "packages", i), f"'{name}' is set by [torch]; a second pin here would conflict",
                                     hint="put torch's version in [torch].version and torch-family packages in [torch].packages",

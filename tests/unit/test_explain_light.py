@@ -2,7 +2,7 @@
 installed package's entry points (pydantic's plugin discovery, turned off for explain), and does
 not import what only `lock`, `build` or `db refresh` need (the Debian fetcher, closure and root
 filesystem builder, the package-index client, host probes, rich, jinja2, the lock and Debian pin
-models). Each case runs the real
+models, packaging's requirement parser for requirements of the simple form). Each case runs the real
 command in a fresh interpreter, so the modules it leaves in ``sys.modules`` are the ones explain
 itself pulled in. Its speed is measured by bench/lock.py (docs/benchmarks.md), not here."""
 
@@ -25,6 +25,9 @@ KEPT_OFF = [
     "envspec.sources", "rich", "jinja2", "markupsafe", "urllib.request", "http.client", "ssl", "sqlite3",
     "multiprocessing", "tarfile", "concurrent.futures", "configparser", "html.parser",
     "envspec.debian.models", "envspec.lock",
+    # packaging's requirement parser, marker grammar and tags (a spec's requirements of the simple form
+    # are checked without them); logging (explain logs nothing) and traceback (for -v's tracebacks)
+    "packaging.requirements", "packaging.markers", "packaging.tags", "packaging.utils", "logging", "traceback",
 ]
 
 # Runs in the child: forbid processes and connections, run the CLI, write what was imported.

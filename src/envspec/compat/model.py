@@ -122,7 +122,8 @@ def _norm(name: str) -> str:
 
 
 _PREFIXES = ("nvidiageforce", "nvidia", "tesla", "geforce")
-_SM_NAME = re.compile(r"^(?:sm_?|compute_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$")
+# a GPU named by capability (compiled by re on first use: a name in the DB never needs it)
+_SM_NAME = r"^(?:sm_?|compute_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$"
 
 
 @dataclass(frozen=True, eq=False)  # identity equality and hash: usable as a cache key
@@ -184,7 +185,7 @@ class CompatDB:
         for p in _PREFIXES:
             if key.startswith(p) and key[len(p):] in self._gpu_keys:
                 return self._gpu_keys[key[len(p):]]
-        m = _SM_NAME.match(text.lower().replace(" ", ""))
+        m = re.match(_SM_NAME, text.lower().replace(" ", ""))
         if m:
             major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
             if 1 <= int(major) <= 15:
