@@ -1,10 +1,11 @@
 """build/tarball.py: deterministic layer tars."""
 
 import hashlib
+import io
 import os
 import tarfile
 
-from envspec.build.tarball import TarWriter
+from envspec.build.tarball import DIRECT_FILE_MIN, TarWriter
 
 
 def _tree(root):
@@ -100,7 +101,10 @@ def test_a_tree_beside_the_tar_is_what_untarring_the_tar_makes(tmp_path):
     w.add_tree(tmp_path / "src", "/root", keep_owners=False)
     w.add_file("/opt/venv/bin/tool", None, 3, data=b"abc", mode=0o4755)  # set-id bits kept
     w.add_file("/opt/venv/lib/m.py", None, 2, data=b"x\n", mode=0o600, uid=1000, gid=1000)
+    big = os.urandom(DIRECT_FILE_MIN + 12345)  # a library: written past the page cache, same result
+    w.add_file("/opt/venv/lib/libbig.so", io.BytesIO(big), len(big), mode=0o755, uid=1000)
     res = w.close()
+    assert (tmp_path / "made" / "opt/venv/lib/libbig.so").read_bytes() == big
     with open(tmp_path / "t.tar", "rb") as f:
         assert "sha256:" + hashlib.sha256(f.read()).hexdigest() == res.diff_id  # the tar is unchanged by it
     (tmp_path / "untarred").mkdir()

@@ -45,9 +45,11 @@ from envspec.sources import Mirror
 
 # Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
 # makers also make the files, for the stager to take as they are: docs/build.md, "Into
-# containers-storage"). The torch layer's maker is the cold build's critical path (torch's 2 GB, and
-# most of the image's .pyc fed through it); its stager untars beside it on the other core.
-# ENVSPEC_LAYER_TREES=all: every wheel layer made as files; =off: none.
+# containers-storage"). The torch layer's maker is the cold build's critical path (torch's 2 GB, its
+# 22,000 files, and most of the image's .pyc fed through it); its stager untars beside it. Made as
+# files by its maker instead (its big libraries past the page cache too), the cold build took 60-62 s
+# against 54-55 s (docs/benchmarks.md, session 12). ENVSPEC_LAYER_TREES=all: every wheel layer made
+# as files; =off: none.
 UNTARRED_GROUPS = frozenset({"torch"})
 
 if TYPE_CHECKING:

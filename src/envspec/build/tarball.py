@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 BLOCK = 512
 COPY_CHUNK = 1 << 20
+DIRECT_FILE_MIN = 4 << 20  # a tree's files this big are written with O_DIRECT (``TarWriter.add_file``)
 
 
 def source_date_epoch() -> int:
@@ -55,6 +56,12 @@ class TarResult:
     blob_path: Path | None = None
 
 
+def direct_writes() -> bool:
+    """Whether layer files are written with ``O_DIRECT`` where the file system takes it
+    (``ENVSPEC_DIRECT_WRITE``, default on)."""
+    return os.environ.get("ENVSPEC_DIRECT_WRITE", "on").lower() not in ("0", "off", "no", "false")
+
+
 class DirectFile:
     """A new file written sequentially, by a thread of its own (os.write releases the GIL), so the
     writer goes on meanwhile: the bytes are gathered in page-aligned 8 MiB buffers, each written
@@ -68,12 +75,16 @@ class DirectFile:
     ALIGN = 4096  # the largest logical block size a Linux block device has
     BUF = 8 << 20
 
-    def __init__(self, fd: int, *, direct: bool, tee: "PipeTee | None" = None) -> None:
+    def __init__(self, fd: int, *, direct: bool, tee: "PipeTee | None" = None,
+                 buffers: "list[mmap.mmap] | None" = None) -> None:
+        """``buffers``: three of ``BUF`` bytes to use, which ``close`` leaves open (a caller writing
+        one file after another keeps them; else they are made here and freed by ``close``)."""
         self.fd, self.direct, self.tee = fd, direct, tee
         self.size = 0
+        self._own_buffers = buffers is None
         self._free: queue.Queue[mmap.mmap] = queue.Queue()
-        for _ in range(3):
-            self._free.put(mmap.mmap(-1, self.BUF))  # anonymous maps are page-aligned
+        for buf in buffers if buffers is not None else [mmap.mmap(-1, self.BUF) for _ in range(3)]:
+            self._free.put(buf)  # anonymous maps are page-aligned
         self._full: queue.Queue[tuple[mmap.mmap, int] | None] = queue.Queue()
         self._cur = self._free.get()
         self._pos = 0
@@ -83,12 +94,13 @@ class DirectFile:
         self._thread.start()
 
     @classmethod
-    def open(cls, path: str | Path, *, tee: "PipeTee | None" = None) -> "DirectFile":
-        """``path`` created (truncated) for writing."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        if os.environ.get("ENVSPEC_DIRECT_WRITE", "on").lower() not in ("0", "off", "no", "false"):
+    def open(cls, path: str | Path, *, tee: "PipeTee | None" = None, flags: int = os.O_CREAT | os.O_TRUNC,
+             mode: int = 0o644, buffers: "list[mmap.mmap] | None" = None) -> "DirectFile":
+        """``path`` created (``flags``: truncated, or ``O_EXCL``) for writing."""
+        flags |= os.O_WRONLY | os.O_CLOEXEC
+        if direct_writes():
             try:
-                fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                fd = os.open(path, flags | os.O_DIRECT, mode)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -98,12 +110,13 @@ class DirectFile:
                         os.write(fd, v)
                     os.ftruncate(fd, 0)
                     os.lseek(fd, 0, os.SEEK_SET)
-                    return cls(fd, direct=True, tee=tee)
+                    return cls(fd, direct=True, tee=tee, buffers=buffers)
                 except OSError as e:
                     os.close(fd)
+                    os.unlink(path)
                     if e.errno != errno.EINVAL:
                         raise
-        return cls(os.open(path, flags, 0o644), direct=False, tee=tee)
+        return cls(os.open(path, flags, mode), direct=False, tee=tee, buffers=buffers)
 
     def _run(self) -> None:
         while (item := self._full.get()) is not None:
@@ -165,9 +178,10 @@ class DirectFile:
         finally:
             os.close(self.fd)
             if not self._thread.is_alive():
-                self._cur.close()
-                while not self._free.empty():
-                    self._free.get().close()
+                self._free.put(self._cur)
+                if self._own_buffers:
+                    while not self._free.empty():
+                        self._free.get().close()
 
 
 class PipeTee:
@@ -239,6 +253,7 @@ class TarWriter:
         self.path = Path(path)
         self.tree = Path(tree) if tree is not None else None
         self._tree_dirs: list[Path] = []
+        self._tree_buffers: list[mmap.mmap] | None = None  # for the big files of the tree (``DirectFile``)
         self.uids: set[int] = set()  # the owners its entries name (containers/storage records them)
         self.gids: set[int] = set()
         self._tee = PipeTee(pipe) if pipe is not None else None
@@ -328,9 +343,15 @@ class TarWriter:
         ti.mode = mode & 0o7777
         ti.uid, ti.gid = uid, gid
         self._header(ti)
-        copy = None
+        copy: "BinaryIO | DirectFile | None" = None
         if self.tree is not None:
-            copy = open(os.open(self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb")
+            if size >= DIRECT_FILE_MIN:  # the big libraries (98% of the cuda layer's bytes): past the page cache
+                if self._tree_buffers is None:
+                    self._tree_buffers = [mmap.mmap(-1, DirectFile.BUF) for _ in range(3)]
+                copy = DirectFile.open(self.tree / rel, flags=os.O_CREAT | os.O_EXCL, mode=0o600,
+                                       buffers=self._tree_buffers)
+            else:
+                copy = open(os.open(self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb")
         try:
             written = 0
             if data is not None:
@@ -357,11 +378,21 @@ class TarWriter:
                 if written != size or stream.read(1):
                     raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
             if copy is not None:  # owner before mode (a chown clears set-id bits), times last
-                copy.flush()
-                if uid or gid:
-                    os.fchown(copy.fileno(), uid, gid)
-                os.fchmod(copy.fileno(), ti.mode)
-                os.utime(copy.fileno(), ns=self._times())
+                if isinstance(copy, DirectFile):
+                    copy.close()  # its bytes are all in; times after the last write
+                    assert self.tree is not None
+                    fd = os.open(self.tree / rel, os.O_RDONLY | os.O_CLOEXEC)
+                else:
+                    copy.flush()
+                    fd = copy.fileno()
+                try:
+                    if uid or gid:
+                        os.fchown(fd, uid, gid)
+                    os.fchmod(fd, ti.mode)
+                    os.utime(fd, ns=self._times())
+                finally:
+                    if isinstance(copy, DirectFile):
+                        os.close(fd)
         finally:
             if copy is not None:
                 copy.close()
@@ -462,6 +493,11 @@ class TarWriter:
             self.add_dir(prefix)
         walk(root, prefix)
 
+    def _free_tree_buffers(self) -> None:
+        for buf in self._tree_buffers or ():
+            buf.close()
+        self._tree_buffers = None
+
     def close(self) -> TarResult:
         if not self._closed:
             self._out.write(b"\0" * (2 * BLOCK))
@@ -474,6 +510,7 @@ class TarWriter:
                 self._blob = self._sink.close()
             for d in reversed(self._tree_dirs):  # as an untar does: once nothing more goes in
                 os.utime(d, ns=self._times())
+            self._free_tree_buffers()
             self._closed = True
         return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries,
                          blob_digest=self._blob[0], blob_size=self._blob[1],
@@ -487,6 +524,7 @@ class TarWriter:
                 pass  # the file goes below either way
             if self._tee is not None:
                 self._tee.close()
+            self._free_tree_buffers()
             if self._sink is not None:
                 self._sink.abort()
             self._closed = True
