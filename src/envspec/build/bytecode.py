@@ -56,35 +56,44 @@ def _canonical(code):
     """Equal constants and name tuples (tuples, frozensets, str, bytes, numbers) as one object
     each, module-wide."""
     memo, seen = {}, {}
-    def key(o):
-        t = type(o)
-        if t is tuple:
-            return (t, tuple(key(i) for i in o))
-        if t is frozenset:
-            return (t, frozenset(key(i) for i in o))
-        if t is float or t is complex:
-            return (t, repr(o), struct.pack("<d", o.real), struct.pack("<d", o.imag))
-        return (t, o)
+    _str, _bytes, _tuple, _frozenset, _float, _complex, _int = str, bytes, tuple, frozenset, float, complex, int
+    # Each object's key (equal keys: one object) is made once, from its items' keys. A str or bytes is
+    # its own key (neither equals the other, nor any key tuple); other keys are (type, ...), so that
+    # 1, 1.0 and True stay apart.
     def walk(o):
+        t = type(o)
+        if t is _str:
+            return (o if len(o) < 2 else seen.setdefault(o, o)), o
+        if t is _bytes:
+            return seen.setdefault(o, o), o
         got = memo.get(id(o))
         if got is not None:
-            return got[1]
-        t = type(o)
-        new = o
+            return got
         if t is _code:  # always rebuilt, so every code object's tuples come the same way
-            new = o.replace(co_consts=tuple(walk(c) for c in o.co_consts), co_names=walk(o.co_names),
-                            co_varnames=walk(o.co_varnames), co_freevars=walk(o.co_freevars),
-                            co_cellvars=walk(o.co_cellvars))
-        elif t is tuple or t is frozenset:
-            items = [walk(i) for i in o]
-            if any(a is not b for a, b in zip(items, o)):
-                new = t(items)
-            new = seen.setdefault(key(new), new)
-        elif t in (str, bytes, int, float, complex) and not (t is str and len(o) < 2):
-            new = seen.setdefault(key(o), o)
-        memo[id(o)] = (o, new)
-        return new
-    out = walk(code)
+            new = o.replace(co_consts=_tuple([walk(c)[0] for c in o.co_consts]), co_names=walk(o.co_names)[0],
+                            co_varnames=walk(o.co_varnames)[0], co_freevars=walk(o.co_freevars)[0],
+                            co_cellvars=walk(o.co_cellvars)[0])
+            got = (new, (t, new))
+        elif t is _tuple or t is _frozenset:
+            pairs = [walk(i) for i in o]
+            new = o
+            for p, i in zip(pairs, o):
+                if p[0] is not i:
+                    new = t([p[0] for p in pairs])
+                    break
+            k = (t, _tuple([p[1] for p in pairs]) if t is _tuple else _frozenset([p[1] for p in pairs]))
+            got = (seen.setdefault(k, new), k)
+        elif t is _float or t is _complex:
+            k = (t, repr(o), struct.pack("<d", o.real), struct.pack("<d", o.imag))
+            got = (seen.setdefault(k, o), k)
+        elif t is _int:
+            k = (t, o)
+            got = (seen.setdefault(k, o), k)
+        else:
+            got = (o, (t, o))
+        memo[id(o)] = (got[0], got[1], o)
+        return got
+    out = walk(code)[0]
     memo.clear(); seen.clear()
     return out
 
