@@ -203,30 +203,29 @@ def _fifo_reader(path, got: bytearray, stop_after: int | None = None) -> threadi
     return t
 
 
-def test_a_layer_written_with_a_pipe_sends_the_stager_the_tar_byte_for_byte(tmp_path):
+def _piped(tmp_path, big: int, stop_after: int | None = None):
+    """A layer of a small tree and one ``big`` file written with a FIFO that a stager-like reader
+    reads (up to ``stop_after`` bytes): (its result, what the reader got)."""
     _tree(tmp_path / "t")
-    (tmp_path / "t" / "big").write_bytes(os.urandom(3_000_000))
+    (tmp_path / "t" / "big").write_bytes(os.urandom(big))
     fifo = tmp_path / "o.tar.fifo"
     os.mkfifo(fifo)
     got = bytearray()
-    reader = _fifo_reader(fifo, got)
+    reader = _fifo_reader(fifo, got, stop_after=stop_after)
     res = _write(tmp_path / "t", tmp_path / "o.tar", pipe=fifo)
     reader.join()
-    assert bytes(got) == (tmp_path / "o.tar").read_bytes()
-    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")
+    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")  # the same layer as without a FIFO
+    return res, bytes(got)
+
+
+def test_a_layer_written_with_a_pipe_sends_the_stager_the_tar_byte_for_byte(tmp_path):
+    _, got = _piped(tmp_path, 3_000_000)
+    assert got == (tmp_path / "o.tar").read_bytes()
 
 
 def test_a_stager_that_stops_reading_ends_the_tee_not_the_layer(tmp_path):
-    _tree(tmp_path / "t")
-    (tmp_path / "t" / "big").write_bytes(os.urandom(5_000_000))
-    fifo = tmp_path / "o.tar.fifo"
-    os.mkfifo(fifo)
-    got = bytearray()
-    reader = _fifo_reader(fifo, got, stop_after=100_000)
-    res = _write(tmp_path / "t", tmp_path / "o.tar", pipe=fifo)
-    reader.join()
+    res, got = _piped(tmp_path, 5_000_000, stop_after=100_000)
     assert 100_000 <= len(got) < res.size
-    assert res == _write(tmp_path / "t", tmp_path / "plain.tar")
 
 
 def test_a_fifo_removed_before_any_stager_opened_it_leaves_the_maker_writing_the_file_alone(tmp_path):
