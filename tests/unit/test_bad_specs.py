@@ -42,6 +42,8 @@ def test_bad_spec(case: Path, tmp_path: Path, capsys, monkeypatch):
         assert exp["path"] in err, err
     if "line" in exp:
         assert f"{case}:{exp['line']}" in err, f"line {exp['line']} is named:\n{err}"
+    hints = [line.strip() for line in err.splitlines() if line.strip().startswith("hint:")]
+    assert len(hints) == len(set(hints)), f"each hint is printed once:\n{err}"
     if "hint" in exp:
         assert re.search(r"(hint|did you mean|needs).*" + re.escape(exp["hint"]), err, re.S), err
 
