@@ -611,9 +611,13 @@ class Layers:
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
 
     def wheel_makers(self, workers: int, *, fork: bool = True) -> "WheelMakers":
-        """Worker processes that make the wheel layers, largest first; ``fork=False``: started
-        by a fork server (not forked from this process, whose other threads are running)."""
-        todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -sum(w.size for w in lay.wheels))
+        """Worker processes that make the wheel layers, the costliest first (``estimated_cost``:
+        its maker also runs ahead of the others, ``WheelMakers``); ``fork=False``: started by a
+        fork server (not forked from this process, whose other threads are running)."""
+        cost = {lay.key: layer_makers.estimated_cost([self.paths[w.sha256] for w in lay.wheels],
+                                                     bytecode=self.compiler is not None)
+                for lay in self.todo if lay.wheels}
+        todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -cost[lay.key])
         return WheelMakers(self, todo, workers, fork=fork)
 
     def make_base(self) -> None:
@@ -662,6 +666,7 @@ class Layers:
                     raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
                                      hint="the wheel may be broken or not for this platform; re-lock") from e
                 start, end = res.pop("ran")
+                res.pop("nice")
                 self.clock.add(f"layer {lay.group}", start, end)
                 return _store_layer(self.cache, lay, out, res, self.comp)
 
@@ -690,20 +695,26 @@ class Layers:
 
 
 class WheelMakers:
-    """The wheel layers' worker processes (a context: shut down on the way out)."""
+    """The wheel layers' worker processes (a context: shut down on the way out). ``todo`` comes
+    costliest first: that layer's maker runs at the makers' niceness (this process's, plus
+    ``ENVSPEC_MAKER_NICE``), the others' ``ENVSPEC_MAKER_NICE_OTHERS`` (default 10) above it, so
+    that on a machine with fewer cores than work the layer that ends the build gets the CPU first
+    and the others fill what it leaves (docs/build.md, "Which maker goes first")."""
 
     def __init__(self, layers: Layers, todo: list[Layer], workers: int, *, fork: bool = True) -> None:
         self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
         self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
+        first = os.getpriority(os.PRIO_PROCESS, 0) + int(os.environ.get("ENVSPEC_MAKER_NICE", "0"))
+        others = int(os.environ.get("ENVSPEC_MAKER_NICE_OTHERS", "10"))
+        self.niceness = {lay.key: min(19, first + (others if i else 0)) for i, lay in enumerate(todo)}
 
     def __enter__(self) -> "WheelMakers":
         if not self.todo:
             return self
         self.pool = ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(self.todo))),
                                         mp_context=None if self.fork else multiprocessing.get_context("forkserver"),
-                                        initializer=_worker_init,
-                                        initargs=(int(os.environ.get("ENVSPEC_MAKER_NICE", "0")),))
+                                        initializer=die_with_parent)
         platform_json = self.layers.plan.platform.model_dump_json()
         for lay in self.todo:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
@@ -713,7 +724,7 @@ class WheelMakers:
             pipe = self.layers.pipe_for(lay)
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,
                    str(tree) if tree is not None else None, str(pipe) if pipe is not None else None)
-            self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job)))
+            self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job, self.niceness[lay.key])))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -846,18 +857,14 @@ class _DebEvents(debian.DebianReporter):
             self.reporter.fetched(pin.name, pin.filename, path)
 
 
-def _timed_wheel_job(args: tuple) -> dict[str, Any]:
-    """``layers.wheel_layer_job`` in a worker, with when it ran (``time.monotonic`` is one clock
-    for every process of the machine)."""
+def _timed_wheel_job(args: tuple, niceness: int) -> dict[str, Any]:
+    """``layers.wheel_layer_job`` in a worker at ``niceness``, with when it ran (``time.monotonic``
+    is one clock for every process of the machine) and the niceness it ran at."""
+    with contextlib.suppress(OSError):  # lowering it back needs CAP_SYS_NICE: then it runs as set
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)  # this thread; the threads and processes it starts inherit it
     start = time.monotonic()
     res = layer_makers.wheel_layer_job(args)
-    return {**res, "ran": (start, time.monotonic())}
-
-
-def _worker_init(niceness: int = 0) -> None:
-    die_with_parent()
-    if niceness:
-        os.nice(niceness)
+    return {**res, "ran": (start, time.monotonic()), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
 
 def _cached_meta(cache: Cache, lay: Layer) -> dict[str, Any] | None:

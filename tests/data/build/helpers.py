@@ -73,16 +73,18 @@ def with_wheel(lock: "dict | Lockfile", name: str, **changes) -> Lockfile:
     return rehash(out)
 
 
-def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "unit") -> tuple[Lockfile, Path]:
+def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "unit",
+               files: dict[str, dict[str, bytes]] | None = None) -> tuple[Lockfile, Path]:
     """A lock of tiny wheels [(name, version, group)] made in ``tmp/wheels`` (a find-links
-    mirror), no Debian packages. Returns (the lock, the mirror directory)."""
+    mirror), no Debian packages; ``files``: a wheel's members by its name, where not the default.
+    Returns (the lock, the mirror directory)."""
     mirror = Path(tmp) / "wheels"
     mirror.mkdir(parents=True, exist_ok=True)
     lock = data("small.lock")
     lock["meta"]["name"] = name
     lock["wheels"] = []
     for wname, version, group in wheels:
-        path, sha = make_wheel(mirror, wname, version)
+        path, sha = make_wheel(mirror, wname, version, files=(files or {}).get(wname))
         lock["wheels"].append({"name": wname, "version": version, "filename": path.name,
                                "index": "https://pypi.invalid/simple", "sha256": sha,
                                "size": path.stat().st_size, "group": group, "direct": group == "team"})
