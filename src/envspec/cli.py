@@ -1088,7 +1088,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"error[{e.reference}]: " + "\n".join(lines), stderr=True)
         else:
             _say(f"error[{e.reference}]: {e.message}", stderr=True)
-        if e.hint and f"hint: {e.hint}" not in e.message:  # a one-problem SpecError already shows it
+        if e.hint and not e.hint_in_message:
             _say(f"hint: {e.hint}", stderr=True)
         return e.exit_code
     except KeyboardInterrupt:

@@ -57,6 +57,7 @@ class EnvspecError(Exception):
 
     reference = "envspec-error"
     exit_code = EXIT_BAD_INPUT
+    hint_in_message = False  # the message already shows the hint (the CLI prints it once)
 
     def __init__(self, message: str, *, hint: str = "", reference: str | None = None) -> None:
         super().__init__(message)
@@ -87,6 +88,7 @@ class SpecError(EnvspecError):
 
     reference = "invalid-spec"
     exit_code = EXIT_BAD_INPUT
+    hint_in_message = True  # each problem's hint is under it; ``hint`` is the only one's, for --json
 
     def __init__(self, file: str | Path, problems: list[Problem]) -> None:
         self.file = str(file)
