@@ -614,10 +614,11 @@ class Layers:
         """Worker processes that make the wheel layers, the costliest first (``estimated_cost``:
         its maker also runs ahead of the others, ``WheelMakers``); ``fork=False``: started by a
         fork server (not forked from this process, whose other threads are running)."""
-        cost = {lay.key: layer_makers.estimated_cost([self.paths[w.sha256] for w in lay.wheels],
-                                                     bytecode=self.compiler is not None)
-                for lay in self.todo if lay.wheels}
-        todo = sorted((lay for lay in self.todo if lay.wheels), key=lambda lay: -cost[lay.key])
+        todo = [lay for lay in self.todo if lay.wheels]
+        if len(todo) > 1:  # one layer to make (a team change) reads no central directory
+            cost = {lay.key: layer_makers.estimated_cost([self.paths[w.sha256] for w in lay.wheels],
+                                                         bytecode=self.compiler is not None) for lay in todo}
+            todo.sort(key=lambda lay: -cost[lay.key])
         return WheelMakers(self, todo, workers, fork=fork)
 
     def make_base(self) -> None:
