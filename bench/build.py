@@ -59,9 +59,9 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
-from envspec.build import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
+from envspec.image import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.host import detect_host  # noqa: E402
-from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
@@ -295,7 +295,7 @@ def peer_containerfile(engine, plan, paths, cache, work) -> Path:
     localhost/bench/base:1 (no other base can be reached here), the lock's wheel files hardlinked
     into ``work/wheels`` (bind-mounted as /wheels), and a Containerfile with one RUN pip install of
     them. Returns the Containerfile's path. Also used by bench/startup.py."""
-    from envspec.build.oci import LayerBlob, write_layout
+    from envspec.image.oci import LayerBlob, write_layout
 
     base = plan.layer("base")
     meta = json.loads(cache.__truediv__("layers").joinpath(base.key.split(":")[1] + ".json").read_text())

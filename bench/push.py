@@ -58,7 +58,7 @@ def envspec(lock: str, env: dict[str, str], *args: str) -> tuple[float, dict]:
 
 def after_local(lock: str, env: dict[str, str], cache: Path, registry) -> list[dict]:
     """A local build, then a push of it: with the background compression off, then on."""
-    from envspec.build.compress import Compression
+    from envspec.image.compress import Compression
 
     rows = []
     off = {**env, "ENVSPEC_BACKGROUND_COMPRESS": "off"}

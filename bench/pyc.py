@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from envspec import sources
-from envspec.build import layers
-from envspec.build.bytecode import find_compiler
-from envspec.build.fetch import Cache, WheelFetcher
+from envspec.image import layers
+from envspec.image.bytecode import find_compiler
+from envspec.image.fetch import Cache, WheelFetcher
 from envspec.lock import load
 from envspec.plan import make_plan
 

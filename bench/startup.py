@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from envspec import lock as lockmod, sources  # noqa: E402
-from envspec.build import BuildahEngine  # noqa: E402
-from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.image import BuildahEngine  # noqa: E402
+from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)

@@ -12,7 +12,7 @@ APT_PACKAGES="$APT_PACKAGES docker.io slurm-wlm munge chromium"  # engines teste
 # to run (and verify) arm64 images on an amd64 host: qemu-user-static registers its binfmt_misc entries
 # with the F flag, so a container's process finds the interpreter (tests/e2e/test_arm64_e2e.py)
 APT_PACKAGES="$APT_PACKAGES qemu-user-static binfmt-support"
-# to compile envspec-put-layer (src/envspec/build/putlayer/main.go) against Debian's containers/storage (and
+# to compile envspec-put-layer (src/envspec/image/putlayer/main.go) against Debian's containers/storage (and
 # ISA-L, whose CRC-64 it records in the tar-split)
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev libisal-dev"
 VENV="${ENVSPEC_VENV:-.venv}"
@@ -55,7 +55,7 @@ setup_python() {
 # layer is untarred into the store once and not hashed twice more (docs/build.md, "Import").
 # Built next to the venv's python, where envspec looks for it; rebuilt when its source changes.
 setup_put_layer() {
-  local src=src/envspec/build/putlayer/main.go out="$VENV/bin/envspec-put-layer"
+  local src=src/envspec/image/putlayer/main.go out="$VENV/bin/envspec-put-layer"
   if [ -x "$out" ] && [ "$out" -nt "$src" ]; then return; fi
   echo "building $out"
   # GOPATH mode on Debian's packaged Go sources; overlay needs cgo; btrfs/devmapper are not used

@@ -20,8 +20,8 @@ from envspec.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED,
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from envspec.build import BuiltImage
-    from envspec.build.index import BuiltIndex
+    from envspec.image import BuiltImage
+    from envspec.image.index import BuiltIndex
 
 
 def _console(stderr: bool = False):
@@ -324,7 +324,7 @@ class _Progress:
     """rich progress bars for the build's events (the core only reports events)."""
 
     def __init__(self, quiet: bool):
-        from envspec.build import Reporter
+        from envspec.image import Reporter
 
         self.quiet = quiet
         self.con = _console(stderr=True)
@@ -405,9 +405,9 @@ class _Progress:
 
 def cmd_build(args) -> int:
     from envspec import sources
-    from envspec.build import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
-    from envspec.build.engine import registry_access
-    from envspec.build.fetch import Cache
+    from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
+    from envspec.image.engine import registry_access
+    from envspec.image.fetch import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
@@ -435,13 +435,13 @@ def cmd_build(args) -> int:
                            # named, or for --check-digest's comparison with a pushed image: compressed now
                            compress=True if (args.compression or args.check_digest) else None)
     if lock.multi:
-        from envspec.build.index import check_options
+        from envspec.image.index import check_options
 
         check_options(options)  # what an image index cannot carry: refused before anything is built
     if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
         if plan is None:
-            from envspec.build.index import platform_tag, preview_index
+            from envspec.image.index import platform_tag, preview_index
 
             # each platform's image as it is built (tagged, no push or output of its own), then the index
             _print_json({"index": True, "push": options.push, "outputs": list(options.outputs),
@@ -457,7 +457,7 @@ def cmd_build(args) -> int:
     mirrors = sources.discover(spec_sources).mirrors
     with _Progress(args.quiet or args.json) as prog:
         if plan is None:  # a section per platform: an image each, one image index over them
-            from envspec.build.index import build_index
+            from envspec.image.index import build_index
 
             built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
                                                          reporter=prog.reporter)
@@ -515,7 +515,7 @@ def _cache_refs(args, spec_sources) -> tuple[str, str]:
     """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
     ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
     checked (a mistyped one is exit 2, cache-ref-invalid). "" (flag or variable) turns it off."""
-    from envspec.build.regcache import parse_ref
+    from envspec.image.regcache import parse_ref
 
     refs = []
     for name in ("cache_from", "cache_to"):
@@ -539,7 +539,7 @@ def _signing_key(args):
     if not args.push:
         raise UsageError("--sign-by-sigstore-private-key without --push", reference="sign-without-push",
                          hint="signatures and attestations are pushed beside the image: add --push REF")
-    from envspec.build.attest import SigningKey
+    from envspec.image.attest import SigningKey
 
     passphrase = None
     if args.sign_passphrase_file:
@@ -551,7 +551,7 @@ def _signing_key(args):
 
 
 def _check_digest(args, built) -> int:
-    from envspec.build.engine import registry_access
+    from envspec.image.engine import registry_access
     from envspec.verify_image import RegistryReader, manifest_digest
 
     # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
@@ -576,8 +576,8 @@ def _check_digest(args, built) -> int:
 def _cache_compress(args, cache) -> int:
     """`envspec cache compress LOCK`: the compressed blobs of the lock's cached layers, made now."""
     from envspec import lock as lockmod
-    from envspec.build import compress_layers
-    from envspec.build.compress import compression
+    from envspec.image import compress_layers
+    from envspec.image.compress import compression
     from envspec.plan import make_plan
 
     import time
@@ -597,8 +597,8 @@ def _cache_compress(args, cache) -> int:
 
 
 def cmd_cache(args) -> int:
-    from envspec.build import cachegc
-    from envspec.build.fetch import Cache
+    from envspec.image import cachegc
+    from envspec.image.fetch import Cache
     from envspec.host import cache_dir_for
 
     cache = Cache(cache_dir_for(os.environ))
@@ -671,7 +671,7 @@ def _bool_flag(flag: str, value: str | None) -> bool | None:
 
 def cmd_verify_image(args) -> int:
     from envspec.verify.render import table
-    from envspec.build.engine import registry_access
+    from envspec.image.engine import registry_access
     from envspec.verify_image import RegistryReader, load_public_key, verify_image
 
     key = load_public_key(args.key)

@@ -305,7 +305,7 @@ class Host:
 # rules shared with code that does not need a whole Host
 
 def find_put_layer(env: Mapping[str, str] | None = None) -> str | None:
-    """envspec's own layer import tool (``build/putlayer/main.go``, built by ``scripts/dev.sh
+    """envspec's own layer import tool (``image/putlayer/main.go``, built by ``scripts/dev.sh
     setup``): ``ENVSPEC_PUT_LAYER`` (a path; empty or ``off`` for none), else next to this Python
     (the venv's bin), else on PATH."""
     env = os.environ if env is None else env

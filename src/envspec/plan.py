@@ -39,7 +39,7 @@ from envspec.lock import WHEEL_GROUPS, DebPin, Lockfile, Platform, Wheel, dumps
 # Bump a kind's maker version whenever its maker's output bytes change for the same pins.
 MAKER_VERSIONS: dict[str, str] = {
     "base": "2",  # 2: .pyc of the Debian Python modules
-    "cuda": "2",  # 2: .pyc files (envspec.build.bytecode)
+    "cuda": "2",  # 2: .pyc files (envspec.image.bytecode)
     "torch": "2",
     "deps": "2",
     "team": "2",
@@ -47,7 +47,7 @@ MAKER_VERSIONS: dict[str, str] = {
 }
 LAYER_ORDER: tuple[str, ...] = ("base", *WHEEL_GROUPS, "envspec")
 
-# The layers' .pyc recipe (envspec.build.bytecode): bump its number when the bytes made for
+# The layers' .pyc recipe (envspec.image.bytecode): bump its number when the bytes made for
 # the same source by the same compiler change.
 BYTECODE_RECIPE = "pyc-1 unchecked-hash opt0"
 

@@ -3,7 +3,7 @@ without pulling its layers or running it (docs/usage.md, "verify-image").
 
 What is read (through skopeo, so credentials and TLS follow the containers conventions): the
 image's manifest (its digest is the image's identity), its config, and the two artifacts that
-``envspec build --push`` attaches by cosign's tag scheme (``build/attest.py``): the signature
+``envspec build --push`` attaches by cosign's tag scheme (``image/attest.py``): the signature
 ``sha256-<hex>.sig`` and the attestations ``sha256-<hex>.att``. What is checked, each a verifier
 ``Finding`` (check, status, expected, observed, hint):
 
@@ -18,7 +18,7 @@ image's manifest (its digest is the image's identity), its config, and the two a
   (covered by the signed digest) is the provenance's and the expected one.
 
 An image index (what ``envspec build --push`` of a lock with a section per platform pushes,
-``build/index.py``): ``index.signature`` (the index's own ``.sig``, naming the index digest),
+``image/index.py``): ``index.signature`` (the index's own ``.sig``, naming the index digest),
 ``index.lock-hash`` (its ``io.envspec.lock-hash`` annotation is the lock's) and ``index.platforms``
 (an image for each of the lock's platforms), then each platform's image as above, its findings
 named ``<platform>.<check>`` (``linux-aarch64.signature``, ``linux-x86_64.provenance.lock``, ...)
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from envspec.build import attest
-from envspec.build.engine import RegistryAccess, skopeo_registry_args
-from envspec.build.oci import MT_INDEX
+from envspec.image import attest
+from envspec.image.engine import RegistryAccess, skopeo_registry_args
+from envspec.image.oci import MT_INDEX
 from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan

@@ -55,7 +55,7 @@ def storage(tmp_path):
 
 @pytest.fixture
 def engine(storage):
-    from envspec.build import BuildahEngine
+    from envspec.image import BuildahEngine
 
     return BuildahEngine()
 
@@ -70,8 +70,8 @@ def new_cache(base: Path, debs: Path, name: str = "cache") -> Path:
 
 def do_build(lock, engine, cache, **kw):
     from envspec import sources
-    from envspec.build import BuildOptions, build
-    from envspec.build.fetch import Cache
+    from envspec.image import BuildOptions, build
+    from envspec.image.fetch import Cache
     from envspec.plan import make_plan
 
     options = BuildOptions(**{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
@@ -107,7 +107,7 @@ needs_store_tools = pytest.mark.skipif(
 @needs_store_tools
 def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gives_our_bytes_back(
         engine, tmp_path, debs, monkeypatch):
-    from envspec.build import BuildahEngine
+    from envspec.image import BuildahEngine
     from conftest import private_storage
 
     lock = small_debian()
@@ -182,7 +182,7 @@ def _tree(root: Path) -> list[tuple]:
 def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(engine, tmp_path, debs, monkeypatch):
     """Staged import: what a killed build left in the staging area goes with the next import; a
     maker that fails while its layer is being untarred leaves no layer, no staging, no image."""
-    from envspec.build import BuildahEngine, layers as layer_makers
+    from envspec.image import BuildahEngine, layers as layer_makers
     from conftest import private_storage
 
     lock = small_debian()
@@ -215,7 +215,7 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
 
 @needs_store_tools
 def test_a_cached_layer_damaged_on_disk_stops_the_import_into_a_new_store(engine, tmp_path, debs):
-    from envspec.build import BuildahEngine
+    from envspec.image import BuildahEngine
     from conftest import private_storage
 
     lock = small_debian()
@@ -504,7 +504,7 @@ def test_smoke_image_python_runs_the_built_pyc_and_writes_none(engine, tmp_path,
     with the source changed inside the container, the module is still the built one), and an
     import as root, in a writable venv, writes no .pyc of its own; so do the Debian standard
     library (base layer) and the verifier's start-up hook (envspec layer)."""
-    from envspec.build.bytecode import find_compiler
+    from envspec.image.bytecode import find_compiler
 
     lock = lockmod.load(SMOKE)
     if not find_compiler(lock.platform).python:

@@ -64,8 +64,8 @@ def _build_in_own_store(tmp_path, debs, name, **kw):
     from conftest import private_storage
 
     from envspec import sources
-    from envspec.build import BuildahEngine, BuildOptions, build
-    from envspec.build.fetch import Cache
+    from envspec.image import BuildahEngine, BuildOptions, build
+    from envspec.image.fetch import Cache
     from envspec.plan import make_plan
 
     with private_storage(tmp_path / f"storage-{name}"):

@@ -68,8 +68,8 @@ def sources(out: dict) -> dict[str, str]:
 def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     from conftest import private_storage
 
-    from envspec.build.compress import Compression
-    from envspec.build.regcache import tag_for, write_entry
+    from envspec.image.compress import Compression
+    from envspec.image.regcache import tag_for, write_entry
     from envspec.run import podman_args
 
     base, reg = world

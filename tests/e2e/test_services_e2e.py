@@ -78,8 +78,8 @@ def image(tmp_path_factory):
     """(lock, image ref): the spec locked into a temporary lockfile and built."""
     from envspec import lock as lockmod
     from envspec import sources
-    from envspec.build import BuildahEngine, build
-    from envspec.build.fetch import Cache
+    from envspec.image import BuildahEngine, build
+    from envspec.image.fetch import Cache
     from envspec.plan import make_plan
 
     out = tmp_path_factory.mktemp("lock") / "services.lock"

@@ -38,8 +38,8 @@ def cpu_image(tmp_path_factory):
     from conftest import private_storage
 
     from envspec import sources
-    from envspec.build import BuildahEngine, build
-    from envspec.build.fetch import Cache
+    from envspec.image import BuildahEngine, build
+    from envspec.image.fetch import Cache
     from envspec.lock import load
     from envspec.plan import make_plan
     from envspec.run import podman_args

@@ -1,4 +1,4 @@
-"""Provenance, attestations and signatures of pushed images (build/attest.py) and their
+"""Provenance, attestations and signatures of pushed images (image/attest.py) and their
 checks (verify_image.py), against a fake registry reader: no registry, no skopeo."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from envspec import __version__
 from envspec import lock as lockmod
-from envspec.build import attest
-from envspec.build.oci import canonical_json
-from envspec.build.sbom import make_sbom
+from envspec.image import attest
+from envspec.image.oci import canonical_json
+from envspec.image.sbom import make_sbom
 from envspec.errors import SourceError, UsageError
 from envspec.plan import make_plan
 from envspec.verify_image import RegistryReader, check_signature, open_envelope, verify_image

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.build import BuildOptions, Reporter, RecordingEngine, build, preview  # noqa: E402
-from envspec.build.fetch import Cache, WheelFetcher  # noqa: E402
-from envspec.build.oci import nvidia_require_cuda  # noqa: E402
+from envspec.image import BuildOptions, Reporter, RecordingEngine, build, preview  # noqa: E402
+from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.image.oci import nvidia_require_cuda  # noqa: E402
 from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
 from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402
 from envspec.lock import Wheel  # noqa: E402
@@ -318,7 +318,7 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
 
 
 def test_installed_record_matches_every_file_written_rewritten_script_included(tmp_path):
-    from envspec.build import layers as layer_makers
+    from envspec.image import layers as layer_makers
 
     big = os.urandom(300_000) + b"\0" * 3_000_000  # several inflate chunks, one highly compressible
     script = b"#!python\nprint('hi')\n"  # installer rewrites this shebang: its RECORD hash must be new
@@ -401,7 +401,7 @@ def test_progress_events_come_as_the_work_happens(env):
 
 
 def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path):
-    from envspec.build import _DebEvents
+    from envspec.image import _DebEvents
     from envspec.debian.models import DebPin
 
     class Rec(Reporter):
@@ -427,7 +427,7 @@ def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path)
 
 
 def test_docker_archive_output_carries_the_image_name():
-    from envspec.build import docker_archive_named
+    from envspec.image import docker_archive_named
 
     tag = "localhost/envspec/cpu:4d31fdd8ed3c"
     assert docker_archive_named("docker-archive:/tmp/cpu.tar", tag) == f"docker-archive:/tmp/cpu.tar:{tag}"

@@ -1,4 +1,4 @@
-"""build/bytecode.py: the wheel layers' .pyc (PEP 552 unchecked-hash, made by the image's CPython)."""
+"""image/bytecode.py: the wheel layers' .pyc (PEP 552 unchecked-hash, made by the image's CPython)."""
 
 import csv
 import importlib.util
@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
-from envspec.build import Reporter, layers  # noqa: E402
-from envspec.build.bytecode import Compiler, find_compiler, pyc_path  # noqa: E402
+from envspec.image import Reporter, layers  # noqa: E402
+from envspec.image.bytecode import Compiler, find_compiler, pyc_path  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 SITE = "opt/venv/lib/python3.11/site-packages/"
@@ -159,8 +159,8 @@ def test_a_changed_pyc_fails_the_integrity_check(tmp_path):
 
 def test_without_a_compiler_of_the_images_version_no_pyc_a_warning_and_other_keys(tmp_path):
     from envspec import sources
-    from envspec.build import RecordingEngine, build
-    from envspec.build.fetch import Cache
+    from envspec.image import RecordingEngine, build
+    from envspec.image.fetch import Cache
 
     lock, mirror = helpers.local_lock(tmp_path, [("teampkg", "1.0", "team")])
     d = helpers.data(lock)

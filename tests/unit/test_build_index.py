@@ -1,4 +1,4 @@
-"""The image index of a multi-platform lock (build/index.py, oci.write_index): deterministic bytes,
+"""The image index of a multi-platform lock (image/index.py, oci.write_index): deterministic bytes,
 each manifest's platform, per-platform tags, and what an index cannot carry (a docker archive) refused
 up front."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from envspec import lock as lockmod
-from envspec.build import BuildOptions
-from envspec.build.index import check_options, platform_tag
-from envspec.build.oci import MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes, write_index
+from envspec.image import BuildOptions
+from envspec.image.index import check_options, platform_tag
+from envspec.image.oci import MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes, write_index
 from envspec.errors import UsageError
 
 ROOT = Path(__file__).parents[2]

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
-from envspec.build import layers  # noqa: E402
+from envspec.image import layers  # noqa: E402
 
 LOCK = helpers.load()
 FILES = {"crcpkg/__init__.py": b"VALUE = 1\n", "crcpkg/data.bin": bytes(range(256)) * 4000}

@@ -1,11 +1,11 @@
-"""build/tarball.py: deterministic layer tars."""
+"""image/tarball.py: deterministic layer tars."""
 
 import hashlib
 import io
 import os
 import tarfile
 
-from envspec.build.tarball import DIRECT_FILE_MIN, TarWriter
+from envspec.image.tarball import DIRECT_FILE_MIN, TarWriter
 
 
 def _tree(root):
@@ -94,7 +94,7 @@ def _entries(root):
 
 def test_a_tree_beside_the_tar_is_what_untarring_the_tar_makes(tmp_path):
     """A staged import takes the files a wheel layer's maker made beside its tar instead of
-    untarring it (build/importer.py): they must be what an untar of that tar makes."""
+    untarring it (image/importer.py): they must be what an untar of that tar makes."""
     _tree(tmp_path / "src")
     (tmp_path / "made").mkdir()
     w = TarWriter(tmp_path / "t.tar", tree=tmp_path / "made")
@@ -130,7 +130,7 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
-from envspec.build.tarball import DirectFile, PipeTee  # noqa: E402
+from envspec.image.tarball import DirectFile, PipeTee  # noqa: E402
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, DirectFile.BUF - 1, DirectFile.BUF,

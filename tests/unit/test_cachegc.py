@@ -1,4 +1,4 @@
-"""envspec cache / cache gc on a temp cache with fake entries (build/cachegc.py)."""
+"""envspec cache / cache gc on a temp cache with fake entries (image/cachegc.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envspec.build import cachegc
-from envspec.build.fetch import Cache
+from envspec.image import cachegc
+from envspec.image.fetch import Cache
 from envspec.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build"

@@ -1,4 +1,4 @@
-"""build/compress.py and compressed builds: the blobs decompress to the layer tars, are the same
+"""image/compress.py and compressed builds: the blobs decompress to the layer tars, are the same
 on every run and for any number of threads, and the cache keeps them per compressor."""
 
 import gzip
@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.build import BuildOptions, RecordingEngine, build, compress  # noqa: E402
-from envspec.build.compress import Compression, compress_file  # noqa: E402
-from envspec.build.fetch import Cache  # noqa: E402
-from envspec.build.tarball import TarWriter  # noqa: E402
+from envspec.image import BuildOptions, RecordingEngine, build, compress  # noqa: E402
+from envspec.image.compress import Compression, compress_file  # noqa: E402
+from envspec.image.fetch import Cache  # noqa: E402
+from envspec.image.tarball import TarWriter  # noqa: E402
 from envspec.errors import BuildError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
@@ -138,7 +138,7 @@ def test_two_caches_same_compressed_digest_and_a_rebuild_does_not_recompress(env
     assert len(blobs) == 4  # every cached layer (not the envspec one, always made)
     before = {p: p.stat().st_ino for p in blobs}
     calls = []
-    monkeypatch.setattr("envspec.build.compress_file", lambda *a: calls.append(a))
+    monkeypatch.setattr("envspec.image.compress_file", lambda *a: calls.append(a))
     again = _build(lock, mirrors, tmp / "c1", compress=True)
     assert again.digest == a.digest and not calls
     assert {p: p.stat().st_ino for p in blobs} == before
@@ -158,7 +158,7 @@ def test_a_layer_cached_without_this_compressor_is_compressed_once(env):
 
 
 def test_dry_run_says_the_compression(env):
-    from envspec.build import preview
+    from envspec.image import preview
 
     lock, mirrors, tmp = env
     summary = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", compress=True))
@@ -181,7 +181,7 @@ def test_dry_run_says_the_compression(env):
     ({"compress": False, "push": "r.example/x:1"}, False),
 ])
 def test_compress_now_only_where_something_carries_the_layers(kw, now):
-    from envspec.build import compress_now
+    from envspec.image import compress_now
 
     assert compress_now(BuildOptions(**kw)) is now
 
@@ -203,7 +203,7 @@ def test_a_local_build_keeps_its_layers_uncompressed_and_a_push_of_it_compresses
 def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(env, monkeypatch):
     import threading
 
-    from envspec.build import compress_layers
+    from envspec.image import compress_layers
 
     lock, mirrors, tmp = env
     local = _build(lock, mirrors, tmp / "cache")
@@ -222,7 +222,7 @@ def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(
     assert compress_layers(make_plan(lock), Cache(tmp / "cache"), Compression("zstd")) == []  # nothing left
     calls = []
     real = compress.compress_file
-    monkeypatch.setattr("envspec.build.compress_file", lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setattr("envspec.image.compress_file", lambda *a: calls.append(a[0]) or real(*a))
     out = tmp / "out"
     carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
     assert calls == []  # every cached layer's blob was there; only the envspec layer, made while written

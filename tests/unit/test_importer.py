@@ -1,4 +1,4 @@
-"""The import beside the layer makers (build/importer.py) and the feed of a growing file
+"""The import beside the layer makers (image/importer.py) and the feed of a growing file
 (engine._feed), with a fake store that reads each layer through the real feed; the real
 containers-storage tool is exercised by tests/e2e/test_build_e2e.py."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from envspec import host as host_mod
-from envspec.build import engine as eng_mod
-from envspec.build.engine import Cancelled, chain_id
-from envspec.build import importer as importer_mod
-from envspec.build.importer import Importer, LayerFile
+from envspec.image import engine as eng_mod
+from envspec.image.engine import Cancelled, chain_id
+from envspec.image import importer as importer_mod
+from envspec.image.importer import Importer, LayerFile
 from envspec.errors import BuildError, HashMismatch
 
 
@@ -443,9 +443,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.build import BuildOptions, RecordingEngine  # noqa: E402
-from envspec.build import build as _build  # noqa: E402
-from envspec.build.fetch import Cache  # noqa: E402
+from envspec.image import BuildOptions, RecordingEngine  # noqa: E402
+from envspec.image import build as _build  # noqa: E402
+from envspec.image.fetch import Cache  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 
@@ -592,7 +592,7 @@ def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(tm
 def test_a_maker_waiting_for_its_stager_goes_on_when_the_import_fails_before_staging(tmp_path):
     """The importer removes the FIFOs it will never read: a maker waiting to hand its tar over
     writes the file alone instead of waiting for a reader (tarball.PipeTee)."""
-    from envspec.build.tarball import PipeTee
+    from envspec.image.tarball import PipeTee
 
     class Broken(StagingStore):
         def clean_staging(self):

@@ -1,4 +1,4 @@
-"""Signing an image index and verifying it (build/index.py ``attest_index``, verify_image.py), through
+"""Signing an image index and verifying it (image/index.py ``attest_index``, verify_image.py), through
 a fake registry that takes the pushes the build makes (every layout pushed is stored as the registry
 would serve it) and serves them to the verifier: no registry, no skopeo, no build of layers.
 
@@ -16,9 +16,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from envspec import lock as lockmod
-from envspec.build import BuildOptions, BuiltImage, Reporter, attest
-from envspec.build.index import attest_index, check_options
-from envspec.build.oci import write_index, write_layout
+from envspec.image import BuildOptions, BuiltImage, Reporter, attest
+from envspec.image.index import attest_index, check_options
+from envspec.image.oci import write_index, write_layout
 from envspec.errors import LockError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
@@ -255,8 +255,8 @@ def test_cli_verify_image_of_a_multi_platform_lock_and_an_image_of_another_platf
 
 
 def test_dry_run_of_a_two_platform_push_lists_each_platforms_attestations_and_the_index_signature():
-    from envspec.build import BuildOptions
-    from envspec.build.index import preview_index
+    from envspec.image import BuildOptions
+    from envspec.image.index import preview_index
     from envspec.lock import load
 
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke-multi.lock")

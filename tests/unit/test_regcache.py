@@ -1,4 +1,4 @@
-"""The registry layer cache (build/regcache.py): the entry format, its checks, and build() with
+"""The registry layer cache (image/regcache.py): the entry format, its checks, and build() with
 --cache-from/--cache-to against an in-memory registry (the fake serves whatever bytes it holds,
 checking nothing: the checks are envspec's). The real registry: tests/e2e/test_registry_cache_e2e.py."""
 
@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.build import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
-from envspec.build.compress import Compression  # noqa: E402
-from envspec.build.fetch import Cache  # noqa: E402
-from envspec.build.regcache import (ARTIFACT_TYPE, BadEntry, RegistryCache, check_entry, entry_manifest, parse_ref,  # noqa: E402
+from envspec.image import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
+from envspec.image.compress import Compression  # noqa: E402
+from envspec.image.fetch import Cache  # noqa: E402
+from envspec.image.regcache import (ARTIFACT_TYPE, BadEntry, RegistryCache, check_entry, entry_manifest, parse_ref,  # noqa: E402
                                     tag_for, unpack, write_entry)
 from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
@@ -308,7 +308,7 @@ def test_precedence_flag_then_environment_then_spec(monkeypatch):
 
 
 def test_the_summary_says_where_the_layers_came_from():
-    from envspec.build import BuiltImage, LayerInfo
+    from envspec.image import BuiltImage, LayerInfo
     from envspec.cli import _built_lines
 
     def lay(group, source):

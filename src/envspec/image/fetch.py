@@ -8,7 +8,7 @@ Layout under the cache root (``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``
     layers/<key>.tar           finished layer tars, named by the plan's content key
     layers/<key>.json          their diff_id, size, entries (written after the tar: its presence
                                means the tar is complete)
-    layers/<key>.<id>.tar.zst  the layer compressed by compressor ``id`` (``build/compress.py``),
+    layers/<key>.<id>.tar.zst  the layer compressed by compressor ``id`` (``image/compress.py``),
     layers/<key>.<id>.json     and its blob digest and size (written after the blob)
     locks/                     flock files: one per layer key, one for importing into storage,
                                cache.lock (shared by running builds, exclusive for ``cache gc``)

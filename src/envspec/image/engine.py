@@ -2,7 +2,7 @@
 
 envspec makes the image itself (layers, config, manifest: an OCI layout); the engine only moves
 that layout where it is wanted: into containers-storage under a tag, to a registry, or into an
-archive. Every command is logged (logger ``envspec.build.engine``), dies with envspec (Linux
+archive. Every command is logged (logger ``envspec.image.engine``), dies with envspec (Linux
 ``PR_SET_PDEATHSIG``, so a killed build cannot finish tagging behind our back), and a non-zero
 exit becomes ``BuildError(step, argv, returncode, stderr tail)``.
 
@@ -33,7 +33,7 @@ from typing import IO, Callable, Protocol, Sequence
 from envspec.errors import BuildError, HashMismatch, HostError, RegistryError, UsageError
 from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
-log = logging.getLogger("envspec.build.engine")
+log = logging.getLogger("envspec.image.engine")
 
 APT_HINT = "apt-get install -y buildah skopeo podman runc"
 _PR_SET_PDEATHSIG = 1
@@ -499,7 +499,7 @@ class StorageCLI:
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """One envspec import at a time per store (an flock in its run root)."""
-        from envspec.build.fetch import flocked
+        from envspec.image.fetch import flocked
 
         Path(self.runroot).mkdir(parents=True, exist_ok=True)
         return flocked(Path(self.runroot) / "envspec-import.lock")

@@ -29,17 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from envspec.build.attest import attach, sign
-from envspec.build.oci import MT_INDEX, created_at, export_layout, write_index
-from envspec.build.sbom import make_sbom
+from envspec.image.attest import attach, sign
+from envspec.image.oci import MT_INDEX, created_at, export_layout, write_index
+from envspec.image.sbom import make_sbom
 from envspec.errors import BuildError, UsageError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
 
 if TYPE_CHECKING:
-    from envspec.build import BuildOptions, BuiltImage, Reporter
-    from envspec.build.engine import Engine
-    from envspec.build.fetch import Cache
+    from envspec.image import BuildOptions, BuiltImage, Reporter
+    from envspec.image.engine import Engine
+    from envspec.image.fetch import Cache
     from envspec.sources import Mirror
 
 
@@ -104,7 +104,7 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
     """Build every platform of ``lock`` and the image index over them; deliver the index to
     ``options.outputs`` and ``options.push``. Raises as ``build()`` does, ``UsageError`` first for
     options an index cannot take."""
-    from envspec.build import Reporter, build
+    from envspec.image import Reporter, build
 
     check_options(options)
     reporter = reporter or Reporter()
@@ -166,7 +166,7 @@ def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engi
              reporter: "Reporter") -> list[tuple[str, "BuiltImage"]]:
     """Once every platform is built: each image into containers-storage under its tag (``build()``
     again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
-    from envspec.build import build
+    from envspec.image import build
 
     out = []
     for view, (name, first) in zip(views, images):
@@ -193,8 +193,8 @@ def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
     is built (each tagged on its own: its ``preview``), in the order ``build_index`` runs them: the
     outputs, the push of the index with every image, then each platform's attestations (and, with
     a key, signature) for its own digest, then the index's signature, last. Nothing is run."""
-    from envspec.build.attest import att_tag, repository, sig_tag
-    from envspec.build.engine import RecordingEngine
+    from envspec.image.attest import att_tag, repository, sig_tag
+    from envspec.image.engine import RecordingEngine
 
     engine = RecordingEngine()
     comp = options.compression if options.compression != "none" else ""

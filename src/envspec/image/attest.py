@@ -13,7 +13,7 @@ the image's own repository, named from the image's manifest digest ``sha256:<hex
   (the signed manifest digest and the pushed reference), the signature in the layer's
   annotation ``dev.cosignproject.cosign/signature``.
 
-An image index (``build/index.py``) gets a ``.sig`` of its own, named from the index digest
+An image index (``image/index.py``) gets a ``.sig`` of its own, named from the index digest
 (``sign``), beside each of its images' ``.att`` and ``.sig`` (``attach``, once per image).
 
 With a key, each envelope is signed too (DSSE: the signature covers the payload type and the
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from envspec import __version__
-from envspec.build.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
+from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.errors import UsageError
 from envspec.plan import BuildPlan
 

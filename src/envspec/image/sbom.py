@@ -8,7 +8,7 @@ import re
 import urllib.parse
 from typing import Any
 
-from envspec.build.oci import canonical_json, created_at
+from envspec.image.oci import canonical_json, created_at
 from envspec.plan import BuildPlan
 
 

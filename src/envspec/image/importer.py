@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from envspec.build.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
+from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
 from envspec.errors import HashMismatch
 
 

@@ -3,7 +3,7 @@
 Deterministic JSON = sorted keys, no spaces, UTF-8. ``created`` is SOURCE_DATE_EPOCH or 1970.
 A layout's layers are either the uncompressed tars (``application/vnd.oci.image.layer.v1.tar``:
 what goes into containers-storage and docker archives; a layer's digest is its diff_id) or
-their compressed blobs (``+zstd``/``+gzip``, ``build/compress.py``: what pushes and OCI outputs
+their compressed blobs (``+zstd``/``+gzip``, ``image/compress.py``: what pushes and OCI outputs
 carry); ``skopeo copy --preserve-digests`` keeps the blobs as they are on the way to a registry.
 The config (diff_ids) is the same for both; the manifest digest is the image's identity.
 """
@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from envspec.build.tarball import source_date_epoch
+from envspec.image.tarball import source_date_epoch
 from envspec.plan import LOCK_PATH_IN_IMAGE, BuildPlan
 
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -6,7 +6,7 @@ no user or group names, modes normalised (0755 for directories and executables, 
 unless a rootfs tree gives its own), parents written before children and each directory once,
 two zero blocks at the end and no padding to tarfile's 10 KiB records. The archive is hashed
 while it is written, so its diff_id costs no second read; with a ``compression`` its bytes are
-also compressed as they are written (``build/compress.py``), into ``<path><suffix>``.
+also compressed as they are written (``image/compress.py``), into ``<path><suffix>``.
 
 The tar file itself is written past the page cache (``DirectFile``: ``O_DIRECT``, by a writer
 thread): nothing in the build reads it again (the store's stager takes the same bytes from a pipe,
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
-    from envspec.build.compress import Compression, Sink
+    from envspec.image.compress import Compression, Sink
 
 BLOCK = 512
 COPY_CHUNK = 1 << 20
@@ -185,7 +185,7 @@ class DirectFile:
 
 
 class PipeTee:
-    """The FIFO the store's stager reads a layer from as it is made (build/importer.py), written
+    """The FIFO the store's stager reads a layer from as it is made (image/importer.py), written
     by the layer file's thread (``DirectFile``). Opened once the stager has its end open (waited
     for, up to ``wait`` seconds, while the FIFO exists: the importer removes the FIFO of a layer it
     will not stage; then ``fd`` is -1 and nothing is sent). A reader that goes away ends the tee,
@@ -248,7 +248,7 @@ class TarWriter:
                  tree: str | Path | None = None, pipe: str | Path | None = None) -> None:
         """``tree``: an empty directory where every entry is also made as a file, as an untar of
         the tar would make it (mode, owner, times: containers/storage's untar rules), so a
-        staged import into containers-storage need not untar it (build/importer.py). ``pipe``:
+        staged import into containers-storage need not untar it (image/importer.py). ``pipe``:
         a FIFO the store's stager reads the tar from as it is written (``PipeTee``)."""
         self.path = Path(path)
         self.tree = Path(tree) if tree is not None else None

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from envspec.build.compress import MT_LAYER, Compression
-from envspec.build.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
+from envspec.image.compress import MT_LAYER, Compression
+from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.errors import UsageError
 
 ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"

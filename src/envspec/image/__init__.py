@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from envspec import debian
-from envspec.build import layers as layer_makers
-from envspec.build.attest import SigningKey, att_tag, attach, repository, sig_tag
-from envspec.build.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
-from envspec.build.bytecode import find_compiler
-from envspec.build.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
-from envspec.build.fetch import Cache, WheelFetcher, _pid_alive
-from envspec.build.importer import Importer, LayerFile
-from envspec.build.oci import LayerBlob, export_layout, sha256_bytes, write_layout
-from envspec.build.sbom import make_sbom
+from envspec.image import layers as layer_makers
+from envspec.image.attest import SigningKey, att_tag, attach, repository, sig_tag
+from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
+from envspec.image.bytecode import find_compiler
+from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
+from envspec.image.fetch import Cache, WheelFetcher, _pid_alive
+from envspec.image.importer import Importer, LayerFile
+from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
+from envspec.image.sbom import make_sbom
 from envspec.errors import BuildError
 from envspec.lock import DebPin, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
@@ -53,7 +53,7 @@ from envspec.sources import Mirror
 UNTARRED_GROUPS = frozenset({"torch"})
 
 if TYPE_CHECKING:
-    from envspec.build.regcache import Entry, RegistryCache
+    from envspec.image.regcache import Entry, RegistryCache
 
 __all__ = ["build", "preview", "compress_layers", "compress_now", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
@@ -71,9 +71,9 @@ class BuildOptions:
     compress: bool | None = None
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
-    sign_key: SigningKey | None = None  # signs the pushed image and its attestations (build/attest.py)
+    sign_key: SigningKey | None = None  # signs the pushed image and its attestations (image/attest.py)
     lock_path: str = ""  # the lock's path as the provenance names it
-    cache_from: str = ""  # a registry repository to take layers from (build/regcache.py)
+    cache_from: str = ""  # a registry repository to take layers from (image/regcache.py)
     cache_to: str = ""  # a registry repository to put the layers in
 
 
@@ -197,7 +197,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
-    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (build/cachegc.py)
+    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (image/cachegc.py)
     plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
     _clean_stale_scratch()
@@ -248,7 +248,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         with clock.span("deliver"):
             outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
             attached: tuple[str, ...] = ()
-            if options.push:  # provenance and SBOM beside the image, and its signature (build/attest.py)
+            if options.push:  # provenance and SBOM beside the image, and its signature (image/attest.py)
                 att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan),
                              options.sign_key, lock_path=options.lock_path)
                 for r, d in att.pushed():
@@ -448,7 +448,7 @@ class Layers:
         """The entries ``rc.cache_from`` has of the layers to make, by key, their manifests
         checked (``regcache.check_entry``); a few asked at a time. A bad entry is a warning (its
         layer is made); an unreachable cache is one warning and every layer is made."""
-        from envspec.build.regcache import BadEntry, Entry, Unavailable
+        from envspec.image.regcache import BadEntry, Entry, Unavailable
 
         wanted = [lay for lay in self.todo if lay.cacheable]
         unavailable: list[str] = []
@@ -476,7 +476,7 @@ class Layers:
         return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
 
     def _bad_entry(self, rc: "RegistryCache", lay: Layer, e: Exception) -> None:
-        from envspec.build.regcache import tag_for
+        from envspec.image.regcache import tag_for
 
         self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.cache_comp)} not used: {e}; "
                               f"making the {lay.group} layer here")
@@ -485,7 +485,7 @@ class Layers:
         """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
         instead of being made (``regcache.RegistryCache.fetch``); each one is done (and can be
         imported) as soon as it is in. One that fails a check is a warning and is made."""
-        from envspec.build.regcache import BadEntry
+        from envspec.image.regcache import BadEntry
 
         wanted = [lay for lay in self.todo if lay.key in entries]
 
@@ -909,8 +909,8 @@ def _registry_cache(engine: Engine, options: BuildOptions) -> "RegistryCache | N
     registry access (credentials, TLS) and its push; None without either."""
     if not (options.cache_from or options.cache_to):
         return None
-    from envspec.build.engine import RegistryAccess
-    from envspec.build.regcache import RegistryCache
+    from envspec.image.engine import RegistryAccess
+    from envspec.image.regcache import RegistryCache
     from envspec.verify_image import RegistryReader
 
     access = getattr(engine, "registry", None) or RegistryAccess()

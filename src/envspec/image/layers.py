@@ -9,7 +9,7 @@ that a second wheel of the same layer also ships (namespace ``__init__.py`` file
 nvidia-* wheels) is kept from the first wheel and noted.
 
 Each ``.py`` under site-packages gets its ``__pycache__/NAME.cpython-3XY.pyc`` (PEP 552,
-unchecked-hash, made by the image's exact CPython: ``envspec.build.bytecode``), compiled from
+unchecked-hash, made by the image's exact CPython: ``envspec.image.bytecode``), compiled from
 the bytes in memory while the wheel's other members are written and added after them; each ``.pyc`` is listed in its wheel's RECORD with its sha256
 and size, as pip lists the files it compiles. The venv belongs to root, so a running container
 writes no .pyc of its own. The base layer's Debian Python modules (``rootfs_py_files``) and the
@@ -37,9 +37,9 @@ from installer.records import parse_record_file
 
 from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
-from envspec.build.bytecode import Compiler, pyc_path
-from envspec.build.compress import Compression
-from envspec.build.tarball import TarResult, TarWriter
+from envspec.image.bytecode import Compiler, pyc_path
+from envspec.image.compress import Compression
+from envspec.image.tarball import TarResult, TarWriter
 from envspec.lock import Platform
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
 from envspec.services import ENVSPEC_LIB
