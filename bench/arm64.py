@@ -46,7 +46,8 @@ from _common import emit  # noqa: E402
 
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
-from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.host import detect_host  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 

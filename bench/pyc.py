@@ -26,7 +26,8 @@ from pathlib import Path
 from envspec import sources
 from envspec.image import layers
 from envspec.image.bytecode import find_compiler
-from envspec.image.fetch import Cache, WheelFetcher
+from envspec.cache.store import Cache
+from envspec.wheels.fetch import WheelFetcher
 from envspec.lock import load
 from envspec.plan import make_plan
 

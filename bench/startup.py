@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from envspec import lock as lockmod, sources  # noqa: E402
 from envspec.image import BuildahEngine  # noqa: E402
-from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)

@@ -407,7 +407,7 @@ def cmd_build(args) -> int:
     from envspec import sources
     from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
     from envspec.image.engine import registry_access
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
 
@@ -597,8 +597,8 @@ def _cache_compress(args, cache) -> int:
 
 
 def cmd_cache(args) -> int:
-    from envspec.image import cachegc
-    from envspec.image.fetch import Cache
+    from envspec.cache import gc as cachegc
+    from envspec.cache.store import Cache
     from envspec.host import cache_dir_for
 
     cache = Cache(cache_dir_for(os.environ))

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Collection, Literal, Mapping, Protocol, Sequence
 
-from envspec.cachedir import cache_dir_for  # the one rule, kept light for explain; re-exported here
+from envspec.cache.dirs import cache_dir_for  # the one rule, kept light for explain; re-exported here
 
 Cgroup = Literal["v2", "hybrid", "v1"]
 Ask = Literal["buildah info", "versions", "nvidia-smi", "docker info"]

@@ -152,7 +152,7 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-# --- reading simple indexes (used by image/fetch.py to find a pinned file by its name) ---------
+# --- reading simple indexes (used by wheels/fetch.py to find a pinned file by its name) ---------
 
 PEP691_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
                  "text/html;q=0.1")

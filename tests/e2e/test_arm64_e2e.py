@@ -63,7 +63,7 @@ def new_cache(base: Path, debs: Path, name: str) -> Path:
 def do_build(lock_path: Path, host, cache: Path, **kw):
     from envspec import sources
     from envspec.image import BuildahEngine, BuildOptions, build
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
     return build(make_plan(lockmod.load(lock_path)), BuildahEngine(host), Cache(cache), sources.discover().mirrors,

@@ -71,7 +71,7 @@ def new_cache(base: Path, debs: Path, name: str = "cache") -> Path:
 def do_build(lock, engine, cache, **kw):
     from envspec import sources
     from envspec.image import BuildOptions, build
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
     options = BuildOptions(**{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})

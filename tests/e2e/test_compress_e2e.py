@@ -65,7 +65,7 @@ def _build_in_own_store(tmp_path, debs, name, **kw):
 
     from envspec import sources
     from envspec.image import BuildahEngine, BuildOptions, build
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
     with private_storage(tmp_path / f"storage-{name}"):

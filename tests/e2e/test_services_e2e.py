@@ -79,7 +79,7 @@ def image(tmp_path_factory):
     from envspec import lock as lockmod
     from envspec import sources
     from envspec.image import BuildahEngine, build
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
     out = tmp_path_factory.mktemp("lock") / "services.lock"

@@ -39,7 +39,7 @@ def cpu_image(tmp_path_factory):
 
     from envspec import sources
     from envspec.image import BuildahEngine, build
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.lock import load
     from envspec.plan import make_plan
     from envspec.run import podman_args

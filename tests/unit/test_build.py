@@ -15,7 +15,8 @@ import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
 from envspec.image import BuildOptions, Reporter, RecordingEngine, build, preview  # noqa: E402
-from envspec.image.fetch import Cache, WheelFetcher  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.image.oci import nvidia_require_cuda  # noqa: E402
 from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
 from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402

@@ -1,4 +1,4 @@
-"""envspec cache / cache gc on a temp cache with fake entries (image/cachegc.py)."""
+"""envspec cache / cache gc on a temp cache with fake entries (cache/gc.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envspec.image import cachegc
-from envspec.image.fetch import Cache
+from envspec.cache import gc as cachegc
+from envspec.cache.store import Cache
 from envspec.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build"

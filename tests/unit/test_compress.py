@@ -19,7 +19,7 @@ import helpers  # noqa: E402
 from envspec import sources  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, build, compress  # noqa: E402
 from envspec.image.compress import Compression, compress_file  # noqa: E402
-from envspec.image.fetch import Cache  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
 from envspec.image.tarball import TarWriter  # noqa: E402
 from envspec.errors import BuildError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402

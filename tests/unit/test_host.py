@@ -202,7 +202,7 @@ def test_cache_dir_rule(tmp_path, monkeypatch):
     assert cache_dir_for({"HOME": "/h"}) == Path("/h/.cache/envspec")
     assert host_of(tmp_path, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}).cache_dir == tmp_path / "xdg" / "envspec"
     assert host_of(tmp_path).cache_dir == Path("/home/ada/.cache/envspec")
-    from envspec.image.fetch import default_cache_dir  # the build's cache follows the same rule
+    from envspec.cache.store import default_cache_dir  # the build's cache follows the same rule
 
     monkeypatch.delenv("ENVSPEC_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

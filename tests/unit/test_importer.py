@@ -445,7 +445,7 @@ import helpers  # noqa: E402
 from envspec import sources  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine  # noqa: E402
 from envspec.image import build as _build  # noqa: E402
-from envspec.image.fetch import Cache  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 

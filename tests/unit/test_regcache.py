@@ -17,7 +17,7 @@ import helpers  # noqa: E402
 from envspec import sources  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.image.compress import Compression  # noqa: E402
-from envspec.image.fetch import Cache  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
 from envspec.image.regcache import (ARTIFACT_TYPE, BadEntry, RegistryCache, check_entry, entry_manifest, parse_ref,  # noqa: E402
                                     tag_for, unpack, write_entry)
 from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402

@@ -11,7 +11,7 @@ data file. A later process with the same key builds the same models from the sto
 schema built), so the objects ``resolve`` gets are the DB's models with equal values
 (tests/unit/test_compat_cache.py compares both ways field by field).
 
-Layout: ``<cache>/compat-db/<key>.json`` (``envspec.cachedir``), one header line (the key and the
+Layout: ``<cache>/compat-db/<key>.json`` (``envspec.cache.dirs``), one header line (the key and the
 sha256 of the rest) and the payload. An entry that is missing, unreadable, of another key, or
 whose payload does not match its sha256 is ignored: the DB is checked again and the entry written
 anew (atomically: a temporary file renamed into place). A cache that cannot be written is not an
@@ -35,7 +35,7 @@ _CODE = ("load.py", "rows.py", "model.py", "arch.py")  # the modules whose code 
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    from envspec.cachedir import cache_dir_for
+    from envspec.cache.dirs import cache_dir_for
 
     return cache_dir_for(os.environ if env is None else env) / SUBDIR
 

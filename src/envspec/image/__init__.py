@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from envspec import debian
+from envspec.cache.store import Cache, _pid_alive
 from envspec.image import layers as layer_makers
 from envspec.image.attest import SigningKey, att_tag, attach, repository, sig_tag
 from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
 from envspec.image.bytecode import find_compiler
 from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
-from envspec.image.fetch import Cache, WheelFetcher, _pid_alive
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.sbom import make_sbom
@@ -42,6 +42,7 @@ from envspec.lock import DebPin, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
+from envspec.wheels.fetch import WheelFetcher
 
 # Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
 # makers also make the files, for the stager to take as they are: docs/build.md, "Into
@@ -197,7 +198,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
-    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (image/cachegc.py)
+    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
     plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
     _clean_stale_scratch()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Protocol, Sequence
 
+from envspec.cache.store import flocked
 from envspec.errors import BuildError, HashMismatch, HostError, RegistryError, UsageError
 from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
@@ -499,8 +500,6 @@ class StorageCLI:
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """One envspec import at a time per store (an flock in its run root)."""
-        from envspec.image.fetch import flocked
-
         Path(self.runroot).mkdir(parents=True, exist_ok=True)
         return flocked(Path(self.runroot) / "envspec-import.lock")
 

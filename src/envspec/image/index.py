@@ -39,7 +39,7 @@ from envspec.plan import make_plan
 if TYPE_CHECKING:
     from envspec.image import BuildOptions, BuiltImage, Reporter
     from envspec.image.engine import Engine
-    from envspec.image.fetch import Cache
+    from envspec.cache.store import Cache
     from envspec.sources import Mirror
 
 

@@ -1,33 +1,14 @@
-"""The content-addressed cache and fetching of pinned files into it.
-
-Layout under the cache root (``ENVSPEC_CACHE``, else ``$XDG_CACHE_HOME/envspec``, else
-``~/.cache/envspec``: ``envspec.host.cache_dir_for``)::
-
-    blobs/sha256/<hex>         fetched wheels, named by their verified sha256
-    debs/                      what envspec.debian.fetch_deb keeps
-    layers/<key>.tar           finished layer tars, named by the plan's content key
-    layers/<key>.json          their diff_id, size, entries (written after the tar: its presence
-                               means the tar is complete)
-    layers/<key>.<id>.tar.zst  the layer compressed by compressor ``id`` (``image/compress.py``),
-    layers/<key>.<id>.json     and its blob digest and size (written after the blob)
-    locks/                     flock files: one per layer key, one for importing into storage,
-                               cache.lock (shared by running builds, exclusive for ``cache gc``)
-    tmp/<pid>-<random>/        work directories; a dead pid's are removed by the next build
-
-Only bytes whose sha256 the lock knows are fetched; each is checked before it enters the cache
-(a mismatch raises ``HashMismatch``). Everything enters by atomic rename, so concurrent builds
-sharing a cache see a file whole or not at all.
+"""The lock's wheels as files in the cache: each found by filename on the mirrors, then on its
+canonical index, and checked against its sha256 before it enters the cache (a mismatch raises
+``HashMismatch``; the cache's layout: ``envspec.cache``). Only bytes whose sha256 the lock knows
+are fetched; everything enters by atomic rename, so concurrent builds sharing a cache see a file
+whole or not at all.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import hashlib
 import os
-import shutil
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,124 +17,12 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from envspec import sources
+from envspec.cache.store import Cache
 from envspec.errors import HashMismatch, SourceError
-from envspec.host import cache_dir_for
 from envspec.lock import Wheel
 
 CHUNK = 1 << 20
 
-
-def default_cache_dir() -> Path:
-    """The cache of this environment, by envspec.host's one rule (``cache_dir_for``)."""
-    return cache_dir_for(os.environ)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as e:
-        return e.errno == errno.EPERM
-    return True
-
-
-@contextlib.contextmanager
-def flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` (made if missing); the kernel drops it if the process dies."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-class SharedUse:
-    """A held shared flock on the cache's ``locks/cache.lock``: a build is using the cache
-    (``envspec cache gc`` takes it exclusively). Released by ``release()``, or by the kernel when
-    the process dies."""
-
-    def __init__(self, path: Path) -> None:
-        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_SH)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.release()
-
-
-class Cache:
-    def __init__(self, root: str | Path | None = None) -> None:
-        self.root = Path(root) if root else default_cache_dir()
-        for sub in ("blobs/sha256", "layers", "locks", "tmp", "debs"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-
-    # -- blobs ----------------------------------------------------------------------------------
-    def blob(self, sha256: str) -> Path:
-        return self.root / "blobs" / "sha256" / sha256
-
-    def has_blob(self, sha256: str) -> bool:
-        return self.blob(sha256).is_file()
-
-    # -- layers ---------------------------------------------------------------------------------
-    def layer_tar(self, key: str) -> Path:
-        return self.root / "layers" / (key.split(":", 1)[-1] + ".tar")
-
-    def layer_meta(self, key: str) -> Path:
-        return self.root / "layers" / (key.split(":", 1)[-1] + ".json")
-
-    def layer_blob(self, key: str, compressor: str, suffix: str) -> Path:
-        """The layer compressed by ``compressor`` (a ``Compression.id``): its version is in the name."""
-        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.tar{suffix}"
-
-    def layer_blob_meta(self, key: str, compressor: str) -> Path:
-        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.json"
-
-    # -- locks and work dirs ----------------------------------------------------------------------
-    def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """An exclusive flock; released by the kernel if this process dies."""
-        return flocked(self.root / "locks" / (name.replace("/", "_").replace(":", "_") + ".lock"))
-
-    def in_use(self) -> SharedUse:
-        """Mark the cache as used by a build until ``release()`` (a shared flock)."""
-        return SharedUse(self.root / "locks" / "cache.lock")
-
-    @contextlib.contextmanager
-    def exclusive(self, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
-        """The cache to ourselves: no build runs while this is held (``cache gc``). Calls
-        ``on_wait`` once if a build holds the cache and we wait for it."""
-        fd = os.open(self.root / "locks" / "cache.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                on_wait()
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-
-    def workdir(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))
-
-    def clean_stale(self) -> list[Path]:
-        """Remove work directories (and half-written files) of builds whose process is gone."""
-        removed = []
-        for d in (self.root / "tmp").iterdir():
-            pid = d.name.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
-                removed.append(d)
-        return removed
-
-
-# --- fetching ------------------------------------------------------------------------------------
 
 def _copy_verified(src_url: str, dest_tmp: Path, timeout: float) -> str:
     """Copy (or hardlink, for a local file on the same file system) ``src_url`` to ``dest_tmp``;

@@ -1,6 +1,6 @@
 """What the cache holds (``envspec cache``) and its garbage collection (``envspec cache gc``).
 
-The cache's entries (layout in ``envspec.image.fetch``):
+The cache's entries (layout in ``envspec.cache``):
 
 - ``wheel``: ``blobs/sha256/<hex>``, a wheel named by its sha256;
 - ``deb``: ``debs/sha256/<hex>``, a .deb named by its sha256;
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from envspec.image.fetch import Cache
+from envspec.cache.store import Cache
 from envspec.errors import PlanError, UsageError
 
 GRACE_S = 15 * 60  # entries used this recently are kept whatever the plan says

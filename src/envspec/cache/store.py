@@ -1,0 +1,125 @@
+"""The cache's files, locks and work directories (``Cache``); its layout is in ``envspec.cache``."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from envspec.cache.dirs import cache_dir_for
+
+
+
+def default_cache_dir() -> Path:
+    """The cache of this environment, by envspec.host's one rule (``cache_dir_for``)."""
+    return cache_dir_for(os.environ)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (made if missing); the kernel drops it if the process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+class SharedUse:
+    """A held shared flock on the cache's ``locks/cache.lock``: a build is using the cache
+    (``envspec cache gc`` takes it exclusively). Released by ``release()``, or by the kernel when
+    the process dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class Cache:
+    def __init__(self, root: str | Path | None = None) -> None:
+        self.root = Path(root) if root else default_cache_dir()
+        for sub in ("blobs/sha256", "layers", "locks", "tmp", "debs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- blobs ----------------------------------------------------------------------------------
+    def blob(self, sha256: str) -> Path:
+        return self.root / "blobs" / "sha256" / sha256
+
+    def has_blob(self, sha256: str) -> bool:
+        return self.blob(sha256).is_file()
+
+    # -- layers ---------------------------------------------------------------------------------
+    def layer_tar(self, key: str) -> Path:
+        return self.root / "layers" / (key.split(":", 1)[-1] + ".tar")
+
+    def layer_meta(self, key: str) -> Path:
+        return self.root / "layers" / (key.split(":", 1)[-1] + ".json")
+
+    def layer_blob(self, key: str, compressor: str, suffix: str) -> Path:
+        """The layer compressed by ``compressor`` (a ``Compression.id``): its version is in the name."""
+        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.tar{suffix}"
+
+    def layer_blob_meta(self, key: str, compressor: str) -> Path:
+        return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.json"
+
+    # -- locks and work dirs ----------------------------------------------------------------------
+    def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """An exclusive flock; released by the kernel if this process dies."""
+        return flocked(self.root / "locks" / (name.replace("/", "_").replace(":", "_") + ".lock"))
+
+    def in_use(self) -> SharedUse:
+        """Mark the cache as used by a build until ``release()`` (a shared flock)."""
+        return SharedUse(self.root / "locks" / "cache.lock")
+
+    @contextlib.contextmanager
+    def exclusive(self, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+        """The cache to ourselves: no build runs while this is held (``cache gc``). Calls
+        ``on_wait`` once if a build holds the cache and we wait for it."""
+        fd = os.open(self.root / "locks" / "cache.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def workdir(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root / "tmp"))
+
+    def clean_stale(self) -> list[Path]:
+        """Remove work directories (and half-written files) of builds whose process is gone."""
+        removed = []
+        for d in (self.root / "tmp").iterdir():
+            pid = d.name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+                removed.append(d)
+        return removed
