@@ -410,6 +410,7 @@ def cmd_build(args) -> int:
     from envspec.cache.store import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
     from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
 
     spec_sources = None
     if Path(args.target).suffix == ".toml":
@@ -430,7 +431,8 @@ def cmd_build(args) -> int:
         raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
                          "image pushed before; push from one build, check from another")
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
-                           sign_key=sign_key, lock_path=_rel(lock_path), cache_from=cache_from, cache_to=cache_to,
+                           registry=Registry(key=sign_key, lock_path=_rel(lock_path)),
+                           cache_from=cache_from, cache_to=cache_to,
                            compression=args.compression or DEFAULT_COMPRESSION,
                            # named, or for --check-digest's comparison with a pushed image: compressed now
                            compress=True if (args.compression or args.check_digest) else None)
@@ -484,7 +486,7 @@ def cmd_build(args) -> int:
 
 
 def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
-    """After a build that kept its layers uncompressed (nothing carried them: ``build.compress_now``),
+    """After a build that kept its layers uncompressed (nothing carried them: ``image.compress_now``),
     `envspec cache compress LOCK` in a process of its own, at the lowest CPU and I/O priority, so that
     a later push or OCI output of the lock finds the compressed blobs; a push started before it
     ends waits for the layer it is compressing, never compresses one twice. Off with
@@ -515,7 +517,7 @@ def _cache_refs(args, spec_sources) -> tuple[str, str]:
     """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
     ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
     checked (a mistyped one is exit 2, cache-ref-invalid). "" (flag or variable) turns it off."""
-    from envspec.image.regcache import parse_ref
+    from envspec.registry.regcache import parse_ref
 
     refs = []
     for name in ("cache_from", "cache_to"):
@@ -539,7 +541,7 @@ def _signing_key(args):
     if not args.push:
         raise UsageError("--sign-by-sigstore-private-key without --push", reference="sign-without-push",
                          hint="signatures and attestations are pushed beside the image: add --push REF")
-    from envspec.image.attest import SigningKey
+    from envspec.registry.attest import SigningKey
 
     passphrase = None
     if args.sign_passphrase_file:
@@ -552,7 +554,7 @@ def _signing_key(args):
 
 def _check_digest(args, built) -> int:
     from envspec.image.engine import registry_access
-    from envspec.verify_image import RegistryReader, manifest_digest
+    from envspec.registry.verify_image import RegistryReader, manifest_digest
 
     # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
     reader = RegistryReader(registry_access(args.authfile, args.cert_dir, _bool_flag("--tls-verify", args.tls_verify)))
@@ -672,7 +674,7 @@ def _bool_flag(flag: str, value: str | None) -> bool | None:
 def cmd_verify_image(args) -> int:
     from envspec.verify.render import table
     from envspec.image.engine import registry_access
-    from envspec.verify_image import RegistryReader, load_public_key, verify_image
+    from envspec.registry.verify_image import RegistryReader, load_public_key, verify_image
 
     key = load_public_key(args.key)
     lock = None

@@ -73,8 +73,9 @@ def do_build(lock, engine, cache, **kw):
     from envspec.image import BuildOptions, build
     from envspec.cache.store import Cache
     from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
 
-    options = BuildOptions(**{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
+    options = BuildOptions(registry=Registry(), **{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
     return build(make_plan(lock), engine, Cache(cache), sources.discover().mirrors, options=options)
 
 

@@ -67,10 +67,11 @@ def _build_in_own_store(tmp_path, debs, name, **kw):
     from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.cache.store import Cache
     from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
 
     with private_storage(tmp_path / f"storage-{name}"):
         return build(make_plan(lockmod.load(LOCK)), BuildahEngine(), Cache(_cache(tmp_path, debs, f"cache-{name}")),
-                     sources.discover().mirrors, options=BuildOptions(no_cache=True, **kw))
+                     sources.discover().mirrors, options=BuildOptions(no_cache=True, registry=Registry(), **kw))
 
 
 def _raw(ref: str) -> bytes:

@@ -69,7 +69,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     from conftest import private_storage
 
     from envspec.image.compress import Compression
-    from envspec.image.regcache import tag_for, write_entry
+    from envspec.registry.regcache import tag_for, write_entry
     from envspec.run import podman_args
 
     base, reg = world

@@ -82,7 +82,7 @@ def not_tagged_locally(env) -> bool:
 
 def image_tags(registry, repo: str) -> list[str]:
     """The repository's tags less the attestation and signature tags a push adds beside the image
-    (``sha256-<hex>.att``/``.sig``, image/attest.py)."""
+    (``sha256-<hex>.att``/``.sig``, registry/attest.py)."""
     return sorted(t for t in registry.tags(repo) if not (t.startswith("sha256-") and t.endswith((".att", ".sig"))))
 
 

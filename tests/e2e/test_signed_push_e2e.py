@@ -66,7 +66,7 @@ def env(tmp_path_factory):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from envspec.image.attest import encrypt_sigstore_key
+    from envspec.registry.attest import encrypt_sigstore_key
 
     base = tmp_path_factory.mktemp("signed")
     with start_registry(base) as registry, private_storage(base / "storage"):
@@ -155,7 +155,7 @@ def test_another_manifest_under_the_tag_is_refused_even_with_the_signature_copie
 
 
 def test_an_altered_provenance_and_the_wrong_key_and_lock_are_refused(env):
-    from envspec.image import attest
+    from envspec.registry import attest
 
     ref = f"{env.registry}/envspec/altered:v1"
     built = env.push_signed(ref)

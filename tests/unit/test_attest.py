@@ -1,4 +1,4 @@
-"""Provenance, attestations and signatures of pushed images (image/attest.py) and their
+"""Provenance, attestations and signatures of pushed images (registry/attest.py) and their
 checks (verify_image.py), against a fake registry reader: no registry, no skopeo."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from envspec import __version__
 from envspec import lock as lockmod
-from envspec.image import attest
+from envspec.registry import attest
 from envspec.image.oci import canonical_json
 from envspec.image.sbom import make_sbom
 from envspec.errors import SourceError, UsageError
 from envspec.plan import make_plan
-from envspec.verify_image import RegistryReader, check_signature, open_envelope, verify_image
+from envspec.registry.verify_image import RegistryReader, check_signature, open_envelope, verify_image
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build"
 DIGEST = "sha256:" + "ab" * 32
@@ -122,7 +122,7 @@ def test_keys_cosign_format_and_pem_with_passphrases(tmp_path):
     (tmp_path / "ed.pem").write_bytes(ed.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                        serialization.BestAvailableEncryption(b"pw")))
     k2 = attest.SigningKey.load(tmp_path / "ed.pem", b"pw")
-    from envspec.verify_image import verify_bytes
+    from envspec.registry.verify_image import verify_bytes
 
     assert verify_bytes(ed.public_key(), k2.sign(b"data"), b"data") and not verify_bytes(ed.public_key(), k2.sign(b"x"), b"y")
     with pytest.raises(UsageError) as e:

@@ -18,10 +18,11 @@ from envspec.image import BuildOptions, Reporter, RecordingEngine, build, previe
 from envspec.cache.store import Cache  # noqa: E402
 from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.image.oci import nvidia_require_cuda  # noqa: E402
-from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
+from envspec.errors import BuildError, HashMismatch, SourceError, UsageError  # noqa: E402
 from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402
 from envspec.lock import Wheel  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
+from envspec.registry.stage import Registry  # noqa: E402
 
 WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"),
           ("depb", "0.2", "deps"), ("teampkg", "1.0", "team")]
@@ -51,7 +52,7 @@ def env(tmp_path):
 def _build(lock, mirrors, cache, **kw):
     eng = kw.pop("engine", None) or RecordingEngine()
     rep = Recorder()
-    options = BuildOptions(**{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
+    options = BuildOptions(registry=Registry(), **{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
     return build(make_plan(lock), eng, Cache(cache), mirrors, options=options, reporter=rep), eng, rep
 
 
@@ -125,6 +126,15 @@ def test_a_file_no_source_has_is_a_source_error(env):
     bad = helpers.with_wheel(lock, "depa", filename="depa-9.9-py3-none-any.whl")
     with pytest.raises(SourceError, match="depa-9.9"):
         _build(bad, mirrors, tmp / "cache")
+
+
+def test_a_push_without_the_registry_stage_is_refused_before_anything_is_made(env):
+    lock, mirrors, tmp = env
+    eng = RecordingEngine()
+    with pytest.raises(UsageError) as e:  # the image stage cannot attest a push itself
+        build(make_plan(lock), eng, Cache(tmp / "cache"), mirrors, options=BuildOptions(push="r.example/x:1"))
+    assert e.value.reference == "registry-stage-missing" and eng.calls == []
+    assert not list((tmp / "cache" / "layers").iterdir())
 
 
 def test_engine_failure_leaves_no_tag(env):
@@ -359,7 +369,7 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
     lock, mirrors, tmp = env
     plan = make_plan(lock)
     cache = Cache(tmp / "cache")
-    before = preview(plan, cache, options=BuildOptions(push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",)))
+    before = preview(plan, cache, options=BuildOptions(push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",), registry=Registry()))
     assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == \
         [(lay.group, lay.key, False) for lay in plan.layers]
     assert before["image"] == plan.tag and before["fetch"]["wheels"] == len(lock.wheels)

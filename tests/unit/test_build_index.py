@@ -14,6 +14,7 @@ from envspec.image import BuildOptions
 from envspec.image.index import check_options, platform_tag
 from envspec.image.oci import MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes, write_index
 from envspec.errors import UsageError
+from envspec.registry.stage import Registry
 
 ROOT = Path(__file__).parents[2]
 MULTI = ROOT / "lockfiles" / "smoke-multi.lock"
@@ -65,7 +66,7 @@ def test_each_platform_image_gets_its_own_tag():
 @pytest.mark.parametrize("options, words", [
     (BuildOptions(outputs=("docker-archive:/tmp/x.tar",)), "docker archive holds one platform"),
     (BuildOptions(outputs=("oci:/tmp/x", "docker-archive:/tmp/x.tar"), push="r/x",
-                  sign_key=object()), "docker archive holds one platform"),  # type: ignore[arg-type]
+                  registry=Registry(key=object())), "docker archive holds one platform"),  # type: ignore[arg-type]
 ])
 def test_what_an_index_cannot_carry_is_refused(options, words):
     with pytest.raises(UsageError) as e:
@@ -75,7 +76,7 @@ def test_what_an_index_cannot_carry_is_refused(options, words):
 
 def test_an_index_can_be_pushed_signed():
     """Signing is no longer refused for an index (tests/unit/test_index_signing.py: what it pushes)."""
-    check_options(BuildOptions(push="r/x", sign_key=object(), outputs=("oci:/tmp/x",)))  # type: ignore[arg-type]
+    check_options(BuildOptions(push="r/x", registry=Registry(key=object()), outputs=("oci:/tmp/x",)))  # type: ignore[arg-type]
 
 
 def test_dry_run_of_a_multi_platform_lock_previews_each_platform(capsys, monkeypatch, tmp_path):

@@ -23,6 +23,7 @@ from envspec.cache.store import Cache  # noqa: E402
 from envspec.image.tarball import TarWriter  # noqa: E402
 from envspec.errors import BuildError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
+from envspec.registry.stage import Registry  # noqa: E402
 
 WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("teampkg", "1.0", "team")]
 
@@ -165,7 +166,7 @@ def test_dry_run_says_the_compression(env):
     assert summary["compression"] == "gzip"
     local = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip"))
     assert (local["compression"], local["carried_compression"]) == ("none", "gzip")  # nothing carries it
-    pushed = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", push="r.example/x:1"))
+    pushed = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", push="r.example/x:1", registry=Registry()))
     assert pushed["compression"] == "gzip"
 
 

@@ -16,14 +16,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from envspec import lock as lockmod
-from envspec.image import BuildOptions, BuiltImage, Reporter, attest
+from envspec.image import BuildOptions, BuiltImage, Reporter
+from envspec.registry import attest
 from envspec.image.index import attest_index, check_options
 from envspec.image.oci import write_index, write_layout
 from envspec.errors import LockError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
 from envspec.verify.model import FAIL, PASS, SKIP
-from envspec.verify_image import platform_name, verify_image
+from envspec.registry.verify_image import platform_name, verify_image
+from envspec.registry.stage import Registry
 from test_attest import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +93,7 @@ def _push_index(lock: Lockfile, tmp: Path, key, *, sign: bool = True, index_lock
     digest, _ = write_index(layout, [(v.platform.os, v.platform.oci_arch, b.digest) for v, (_, b) in zip(views, images)],
                             ref_name="x", annotations={"io.envspec.lock-hash": whole.meta.content_hash})
     reg.push(layout, REF, index=True)
-    options = BuildOptions(push=REF, sign_key=key if sign else None, lock_path="lockfiles/smoke-multi.lock")
+    options = BuildOptions(push=REF, registry=Registry(key=key if sign else None, lock_path="lockfiles/smoke-multi.lock"))
     check_options(options)  # a signing key is no longer refused for an index
     out, attached = attest_index(reg, tmp / "attest", views, images, digest, options, Reporter())
     assert attached == ((f"{REPO}:{attest.sig_tag(digest)}",) if sign else ())
@@ -112,7 +114,7 @@ def test_a_signed_index_pushes_each_platform_its_artifacts_then_the_index_signat
                           f"{REPO}:{attest.att_tag(arm)}", f"{REPO}:{attest.sig_tag(arm)}",
                           f"{REPO}:{attest.sig_tag(digest)}"]
     # each platform's provenance is about its own digest and its own view of the lock
-    from envspec.verify_image import open_envelope
+    from envspec.registry.verify_image import open_envelope
 
     for view in lock.views():
         d = digests[view.platform_names[0]]
@@ -235,7 +237,7 @@ def test_platform_names_are_the_locks():
 def test_cli_verify_image_of_a_multi_platform_lock_and_an_image_of_another_platform(lock, key, tmp_path, monkeypatch,
                                                                                    capsys):
     """The CLI: exit 0 over an index, 2 (platform-not-in-lock) for an image whose platform the lock lacks."""
-    import envspec.verify_image as vi
+    import envspec.registry.verify_image as vi
     from envspec.cli import main
 
     reg, _digest, digests = _push_index(lock, tmp_path, key)
@@ -260,7 +262,7 @@ def test_dry_run_of_a_two_platform_push_lists_each_platforms_attestations_and_th
     from envspec.lock import load
 
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke-multi.lock")
-    signed = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke", sign_key=object(),
+    signed = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke", registry=Registry(key=object()),  # type: ignore[arg-type]
                                               outputs=("oci-archive:/tmp/x.tar",)))
     assert signed == [
         ["copy", "(index layout, zstd)", "oci-archive:/tmp/x.tar", "index"],
@@ -271,7 +273,7 @@ def test_dry_run_of_a_two_platform_push_lists_each_platforms_attestations_and_th
         ["push", "(signature, linux-aarch64)", "localhost:5000/t/smoke:sha256-(arm64 digest).sig"],
         ["push", "(index signature)", "localhost:5000/t/smoke:sha256-(index digest).sig"],
     ]
-    unsigned = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke"))
+    unsigned = preview_index(lock, BuildOptions(push="localhost:5000/t/smoke", registry=Registry()))
     assert [c[1] for c in unsigned] == ["(index layout, zstd)", "(attestations, linux-x86_64)",
                                         "(attestations, linux-aarch64)"]
     assert preview_index(lock, BuildOptions()) == []  # only tagged in the store: nothing after the images

@@ -1,4 +1,4 @@
-"""The registry layer cache (image/regcache.py): the entry format, its checks, and build() with
+"""The registry layer cache (registry/regcache.py): the entry format, its checks, and build() with
 --cache-from/--cache-to against an in-memory registry (the fake serves whatever bytes it holds,
 checking nothing: the checks are envspec's). The real registry: tests/e2e/test_registry_cache_e2e.py."""
 
@@ -18,7 +18,7 @@ from envspec import sources  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.image.compress import Compression  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.image.regcache import (ARTIFACT_TYPE, BadEntry, RegistryCache, check_entry, entry_manifest, parse_ref,  # noqa: E402
+from envspec.registry.regcache import (ARTIFACT_TYPE, BadEntry, RegistryCache, check_entry, entry_manifest, parse_ref,  # noqa: E402
                                     tag_for, unpack, write_entry)
 from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402

@@ -25,19 +25,18 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from envspec import debian
 from envspec.cache.store import Cache, _pid_alive
 from envspec.image import layers as layer_makers
-from envspec.image.attest import SigningKey, att_tag, attach, repository, sig_tag
 from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
 from envspec.image.bytecode import find_compiler
 from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.sbom import make_sbom
-from envspec.errors import BuildError
+from envspec.errors import BuildError, UsageError
 from envspec.lock import DebPin, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
@@ -53,11 +52,35 @@ from envspec.wheels.fetch import WheelFetcher
 # as files; =off: none.
 UNTARRED_GROUPS = frozenset({"torch"})
 
-if TYPE_CHECKING:
-    from envspec.image.regcache import Entry, RegistryCache
-
 __all__ = ["build", "preview", "compress_layers", "compress_now", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
            "RecordingEngine", "Engine"]
+
+
+class LayerCache(Protocol):
+    """A registry layer cache as a build uses it (``envspec.registry.regcache.RegistryCache``): the
+    layers to make looked up and fetched from ``cache_from`` (``Layers.took``), the layers made
+    pushed to ``cache_to``."""
+
+    cache_from: str
+    cache_to: str
+
+    def lookup_layers(self, layers: "Layers") -> dict[str, Any]: ...
+    def fetch_layers(self, layers: "Layers", entries: dict[str, Any]) -> None: ...
+    def push_layers(self, layers: "Layers") -> tuple[str, ...]: ...
+
+
+class RegistrySide(Protocol):
+    """The registry stage as a build calls it (``envspec.registry.Registry``): what a push carries
+    beside its image (provenance and SBOM attestations and, with a key, the signature), an image
+    index's signature, the names of both for a dry run, and the layer cache of a build."""
+
+    @property
+    def signs(self) -> bool: ...
+    def attach(self, push: Callable[[Path, str], None], work: Path, plan: BuildPlan, digest: str,
+               dest: str) -> tuple[tuple[str, str], ...]: ...
+    def sign(self, push: Callable[[Path, str], None], work: Path, digest: str, dest: str) -> tuple[str, str]: ...
+    def refs(self, dest: str, digest: str) -> list[tuple[str, str]]: ...
+    def layer_cache(self, engine: Engine, cache_from: str, cache_to: str) -> LayerCache: ...
 
 
 @dataclass(frozen=True)
@@ -72,9 +95,10 @@ class BuildOptions:
     compress: bool | None = None
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
-    sign_key: SigningKey | None = None  # signs the pushed image and its attestations (image/attest.py)
-    lock_path: str = ""  # the lock's path as the provenance names it
-    cache_from: str = ""  # a registry repository to take layers from (image/regcache.py)
+    # what a push carries beside the image, and the registry layer cache: the registry stage's
+    # (``envspec.registry.Registry``); needed for a push and for cache_from/cache_to
+    registry: "RegistrySide | None" = None
+    cache_from: str = ""  # a registry repository to take layers from (registry/regcache.py)
     cache_to: str = ""  # a registry repository to put the layers in
 
 
@@ -191,10 +215,12 @@ class Reporter:
 
 def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
           options: BuildOptions = BuildOptions(), reporter: Reporter | None = None,
-          registry_cache: "RegistryCache | None" = None) -> BuiltImage:
+          registry_cache: LayerCache | None = None) -> BuiltImage:
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5).
-    ``registry_cache``: the --cache-from/--cache-to registries (default: made from ``options``
-    with the engine's registry access)."""
+    ``registry_cache``: the --cache-from/--cache-to registries (default: made from ``options`` by
+    ``options.registry`` with the engine's registry access)."""
+    if options.push:
+        registry_stage(options)  # what goes beside the push: asked for before anything is made
     reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
@@ -225,7 +251,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     early = False
     try:
         if rc is not None and rc.cache_from and not options.no_cache:
-            entries = layers.lookup_registry(rc)
+            entries = rc.lookup_layers(layers)
             # every layer to make is in the registry cache: import each one as it arrives, beside the
             # others' downloads (should an entry fail its checks, its layer is made by worker
             # processes that are not forked from this one, whose import thread is then running)
@@ -233,7 +259,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             if early and importer is not None:
                 importer.start()
             if entries:
-                layers.fetch_registry(rc, entries)
+                rc.fetch_layers(layers, entries)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with layers.wheel_makers(options.workers, fork=not early) as pending:
@@ -249,10 +275,8 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         with clock.span("deliver"):
             outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
             attached: tuple[str, ...] = ()
-            if options.push:  # provenance and SBOM beside the image, and its signature (image/attest.py)
-                att = attach(engine.push, work, plan, image.dist.digest, options.push, make_sbom(plan),
-                             options.sign_key, lock_path=options.lock_path)
-                for r, d in att.pushed():
+            if options.push:  # provenance and SBOM beside the image, and its signature (registry/attest.py)
+                for r, d in registry_stage(options).attach(engine.push, work, plan, image.dist.digest, options.push):
                     attached += (r,)
                     reporter.pushed(r, d)
         if ref:
@@ -268,7 +292,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         cached_to: tuple[str, ...] = ()
         if rc is not None and rc.cache_to:  # the image is good: a failed cache push only warns
             with clock.span("cache push"):
-                cached_to = layers.to_registry(rc)
+                cached_to = rc.push_layers(layers)
     except BaseException as e:
         layers.fail(e)
         if importer is not None:
@@ -304,10 +328,8 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
                                        manifest=b""))
     deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
     if options.push:
-        repo = repository(options.push)
-        engine.push(Path("(attestations)"), f"{repo}:{att_tag('sha256:(digest)')}")
-        if options.sign_key is not None:
-            engine.push(Path("(signature)"), f"{repo}:{sig_tag('sha256:(digest)')}")
+        for what, dest in registry_stage(options).refs(options.push, "sha256:(digest)"):
+            engine.push(Path(f"({what})"), dest)
     if ref:
         engine.import_image(image.layout, ref)
     summary = plan.to_json()
@@ -445,103 +467,17 @@ class Layers:
                 self.metas[lay.key]["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work)
         self.to_compress.clear()
 
-    def lookup_registry(self, rc: "RegistryCache") -> dict[str, "Entry"]:
-        """The entries ``rc.cache_from`` has of the layers to make, by key, their manifests
-        checked (``regcache.check_entry``); a few asked at a time. A bad entry is a warning (its
-        layer is made); an unreachable cache is one warning and every layer is made."""
-        from envspec.image.regcache import BadEntry, Entry, Unavailable
-
-        wanted = [lay for lay in self.todo if lay.cacheable]
-        unavailable: list[str] = []
-
-        def one(lay: Layer) -> Entry | None:
-            if unavailable:
-                return None
-            try:
-                return rc.lookup(lay.key, self.cache_comp)
-            except Unavailable as e:
-                unavailable.append(str(e))
-            except BadEntry as e:
-                self._bad_entry(rc, lay, e)
-            return None
-
-        if not wanted:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
-            got = list(pool.map(one, wanted))
-        if unavailable:
-            rc.usable = False
-            self.reporter.warning(f"the layer cache {rc.cache_from} could not be read ({unavailable[0]}); "
-                                  "making the layers here")
-            return {}
-        return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
-
-    def _bad_entry(self, rc: "RegistryCache", lay: Layer, e: Exception) -> None:
-        from envspec.image.regcache import tag_for
-
-        self.reporter.warning(f"layer cache entry {rc.cache_from}:{tag_for(lay.key, self.cache_comp)} not used: {e}; "
-                              f"making the {lay.group} layer here")
-
-    def fetch_registry(self, rc: "RegistryCache", entries: dict[str, "Entry"]) -> None:
-        """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
-        instead of being made (``regcache.RegistryCache.fetch``); each one is done (and can be
-        imported) as soon as it is in. One that fails a check is a warning and is made."""
-        from envspec.image.regcache import BadEntry
-
-        wanted = [lay for lay in self.todo if lay.key in entries]
-
-        def one(lay: Layer) -> bool:
-            start = time.monotonic()
-            d = Path(tempfile.mkdtemp(prefix="regcache-", dir=self.work))
-            try:
-                blob = rc.fetch(entries[lay.key], d, d / "layer.tar", self.cache_comp)
-                meta = _store_fetched(self.cache, lay, d / "layer.tar", blob, entries[lay.key], self.cache_comp)
-                if self.comp.name == "none":  # the blob is kept in the cache for a later push; this image has the tar
-                    meta.pop("blob", None)
-            except BadEntry as e:
-                self._bad_entry(rc, lay, e)
-                return False
-            finally:
-                shutil.rmtree(d, ignore_errors=True)
-            self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
-            if "blob" not in meta and self.comp.name != "none":
-                with self._guard:
-                    self.to_compress.add(lay.key)
-            self._done(lay, {**meta, "cached": True, "source": "registry"})
-            return True
-
-        self.work.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
-            got = list(pool.map(one, wanted))
-        for lay, ok in zip(wanted, got):
-            if ok:
-                self.todo.remove(lay)
-
-    def to_registry(self, rc: "RegistryCache") -> tuple[str, ...]:
-        """Push the cacheable layers that ``rc.cache_to`` lacks; a failure is a warning (the
-        image is built and good), and the first one ends the pushing."""
-        from envspec.errors import EnvspecError
-
-        pushed: list[str] = []
-        for lay in self.plan.layers:
-            meta = self.metas.get(lay.key)
-            if not lay.cacheable or lay.group == "envspec" or meta is None:
-                continue
-            if meta.get("source") == "registry" and rc.cache_to == rc.cache_from:
-                continue
-            if rc.has(lay.key, self.comp):
-                continue
-            blob = meta.get("blob")
-            try:
-                pushed.append(rc.store(self.work, self.blob_path(lay), key=lay.key, group=lay.group, comp=self.comp,
-                                       digest=blob["digest"] if blob else meta["diff_id"],
-                                       size=blob["size"] if blob else meta["size"], diff_id=meta["diff_id"],
-                                       diff_size=meta["size"], meta=meta))
-            except EnvspecError as e:
-                self.reporter.warning(f"pushing the {lay.group} layer to the layer cache {rc.cache_to} failed: "
-                                      f"{e.message}; the image is built, the cache lacks its layers")
-                break
-        return tuple(pushed)
+    def took(self, lay: Layer, meta: dict[str, Any], start: float) -> None:
+        """The layer ``lay`` taken from a registry layer cache into the local cache (``store_fetched``)
+        instead of being made, since ``start``: done, and compressed later where it lacks this
+        build's blob."""
+        if self.comp.name == "none":  # the blob is kept in the cache for a later push; this image has the tar
+            meta.pop("blob", None)
+        self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
+        if "blob" not in meta and self.comp.name != "none":
+            with self._guard:
+                self.to_compress.add(lay.key)
+        self._done(lay, {**meta, "cached": True, "source": "registry"})
 
     def writing_path(self, lay: Layer) -> Path:
         """Where the layer's maker writes its tar (moved into the cache once made)."""
@@ -905,31 +841,36 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
     return meta
 
 
-def _registry_cache(engine: Engine, options: BuildOptions) -> "RegistryCache | None":
+def registry_stage(options: BuildOptions) -> RegistrySide:
+    """The registry stage of a build that pushes or uses a registry layer cache."""
+    if options.registry is None:
+        raise UsageError("a push or a registry layer cache without the registry stage",
+                         hint="pass BuildOptions(registry=envspec.registry.Registry(...))",
+                         reference="registry-stage-missing")
+    return options.registry
+
+
+def _registry_cache(engine: Engine, options: BuildOptions) -> LayerCache | None:
     """The registries of ``options.cache_from``/``cache_to``, read and written with the engine's
     registry access (credentials, TLS) and its push; None without either."""
     if not (options.cache_from or options.cache_to):
         return None
-    from envspec.image.engine import RegistryAccess
-    from envspec.image.regcache import RegistryCache
-    from envspec.verify_image import RegistryReader
-
-    access = getattr(engine, "registry", None) or RegistryAccess()
-    return RegistryCache(options.cache_from, options.cache_to, RegistryReader(access), engine.push)
+    return registry_stage(options).layer_cache(engine, options.cache_from, options.cache_to)
 
 
-def _store_fetched(cache: Cache, lay: Layer, tar: Path, blob: Path, entry: "Entry", comp: Compression) -> dict[str, Any]:
-    """A layer fetched from the registry cache and checked (``regcache.unpack``) into the local
-    cache as a made one goes there: the tar, its record last; the blob too where it is this
-    build's compressor's (else ``compress_cached`` makes this machine's)."""
-    meta = entry.local_meta(lay.group)
+def store_fetched(cache: Cache, lay: Layer, tar: Path, meta: dict[str, Any], comp: Compression,
+                  blob: dict[str, Any] | None) -> dict[str, Any]:
+    """A layer fetched from the registry cache and checked (``registry.regcache.unpack``) into the
+    local cache as a made one goes there: the tar, its record ``meta`` last; ``blob`` (digest,
+    size, path) too where it is this build's compressor's (else ``compress_cached`` makes this
+    machine's)."""
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         os.replace(tar, cache.layer_tar(lay.key))
         tmp_meta = tar.with_suffix(".json")
         tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
         os.replace(tmp_meta, cache.layer_meta(lay.key))
-        if comp.name != "none" and entry.compressor == comp.id:
-            meta["blob"] = _store_blob(cache, lay, comp, {"digest": entry.digest, "size": entry.size, "path": str(blob)})
+        if blob is not None:
+            meta["blob"] = _store_blob(cache, lay, comp, blob)
     return meta
 
 

@@ -8,9 +8,10 @@ manifests name their ``platform`` ({architecture amd64|arm64, os linux}). What `
 its digest is the build's identity, reproducible as each image's is (the index is canonical JSON
 of the manifests' digests and sizes, the lock's name and hash, and SOURCE_DATE_EPOCH).
 
-A push attaches to each platform's image what a one-platform push attaches (``attest.attach``: its
-attestations and, with a signing key, its signature, for its own manifest digest and its own view of
-the lock), then, with a key, the index's signature (``attest.sign``: ``sha256-<index hex>.sig``), last.
+A push attaches to each platform's image what a one-platform push attaches (the registry stage's
+``attach``, ``options.registry``: its attestations and, with a signing key, its signature, for its own
+manifest digest and its own view of the lock), then, with a key, the index's signature (its ``sign``:
+``sha256-<index hex>.sig``), last.
 
 Every platform is built (untagged) before any is named: a platform whose build fails leaves no tag
 (the images then go into containers-storage from the layers just made, each checked to be the same
@@ -27,20 +28,16 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-from envspec.image.attest import attach, sign
-from envspec.image.oci import MT_INDEX, created_at, export_layout, write_index
-from envspec.image.sbom import make_sbom
+from envspec.cache.store import Cache
 from envspec.errors import BuildError, UsageError
-from envspec.lock import Lockfile
+from envspec.image import BuildOptions, BuiltImage, Reporter, build, registry_stage
+from envspec.image.engine import Engine, RecordingEngine
+from envspec.image.oci import MT_INDEX, created_at, export_layout, write_index
+from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
-
-if TYPE_CHECKING:
-    from envspec.image import BuildOptions, BuiltImage, Reporter
-    from envspec.image.engine import Engine
-    from envspec.cache.store import Cache
-    from envspec.sources import Mirror
+from envspec.sources import Mirror
 
 
 @dataclass(frozen=True)
@@ -73,8 +70,6 @@ class BuiltIndex:
 
 
 def _arch(platform: str) -> str:
-    from envspec.lock import OCI_ARCH
-
     arch = platform.split("-", 1)[1]
     return OCI_ARCH.get(arch, arch)
 
@@ -91,6 +86,8 @@ def platform_tag(tag: str | None, view: Lockfile) -> str | None:
 
 def check_options(options: "BuildOptions") -> None:
     """What an image index cannot carry, refused before anything is built (exit 2)."""
+    if options.push:
+        registry_stage(options)
     for dest in options.outputs:
         if dest.startswith("docker-archive:"):
             raise UsageError(f"--output {dest}: a docker archive holds one platform's image, not an image index",
@@ -104,8 +101,6 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
     """Build every platform of ``lock`` and the image index over them; deliver the index to
     ``options.outputs`` and ``options.push``. Raises as ``build()`` does, ``UsageError`` first for
     options an index cannot take."""
-    from envspec.image import Reporter, build
-
     check_options(options)
     reporter = reporter or Reporter()
     t0 = time.monotonic()
@@ -141,22 +136,21 @@ def attest_index(engine: "Engine", work: Path, views: list[Lockfile], images: li
                  digest: str, options: "BuildOptions",
                  reporter: "Reporter") -> tuple[list[tuple[str, "BuiltImage"]], tuple[str, ...]]:
     """Once the index and its images are pushed to ``options.push``: each platform's image gets what
-    ``build()`` attaches to a one-platform push (``attest.attach``: the provenance and SBOM of its own
-    view of the lock, for its own manifest digest, and with a key its signature), then, with a key,
-    the index its signature naming the index digest, last. Returns the images with their
-    ``attached`` and the index's signature reference (none without a key)."""
+    ``build()`` attaches to a one-platform push (the registry stage's ``attach``: the provenance and
+    SBOM of its own view of the lock, for its own manifest digest, and with a key its signature),
+    then, with a key, the index its signature naming the index digest, last. Returns the images
+    with their ``attached`` and the index's signature reference (none without a key)."""
     assert options.push
+    registry = registry_stage(options)
     out = []
     for view, (name, built) in zip(views, images):
-        plan = make_plan(view)
-        att = attach(engine.push, work / view.platform.oci_arch, plan, built.digest, options.push, make_sbom(plan),
-                     options.sign_key, lock_path=options.lock_path)
-        for ref, d in att.pushed():
+        pushed = registry.attach(engine.push, work / view.platform.oci_arch, make_plan(view), built.digest, options.push)
+        for ref, d in pushed:
             reporter.pushed(ref, d)
-        out.append((name, dataclasses.replace(built, attached=tuple(r for r, _ in att.pushed()))))
-    if options.sign_key is None:
+        out.append((name, dataclasses.replace(built, attached=tuple(r for r, _ in pushed))))
+    if not registry.signs:
         return out, ()
-    ref, sig_digest = sign(engine.push, work / "index", digest, options.push, options.sign_key)
+    ref, sig_digest = registry.sign(engine.push, work / "index", digest, options.push)
     reporter.pushed(ref, sig_digest)
     return out, (ref,)
 
@@ -166,8 +160,6 @@ def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engi
              reporter: "Reporter") -> list[tuple[str, "BuiltImage"]]:
     """Once every platform is built: each image into containers-storage under its tag (``build()``
     again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
-    from envspec.image import build
-
     out = []
     for view, (name, first) in zip(views, images):
         tag = platform_tag(options.tag, view)
@@ -193,9 +185,6 @@ def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
     is built (each tagged on its own: its ``preview``), in the order ``build_index`` runs them: the
     outputs, the push of the index with every image, then each platform's attestations (and, with
     a key, signature) for its own digest, then the index's signature, last. Nothing is run."""
-    from envspec.image.attest import att_tag, repository, sig_tag
-    from envspec.image.engine import RecordingEngine
-
     engine = RecordingEngine()
     comp = options.compression if options.compression != "none" else ""
     layout = Path(f"(index layout{', ' + comp if comp else ''})")
@@ -203,15 +192,13 @@ def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
         engine.copy(layout, dest, index=True)
     if options.push:
         engine.push(layout, options.push, index=True)
-        repo = repository(options.push)
+        registry = registry_stage(options)
         for view in lock.views():
-            arch = view.platform.oci_arch
-            engine.push(Path(f"(attestations, {view.platform_names[0]})"), f"{repo}:{att_tag(f'sha256:({arch} digest)')}")
-            if options.sign_key is not None:
-                engine.push(Path(f"(signature, {view.platform_names[0]})"),
-                            f"{repo}:{sig_tag(f'sha256:({arch} digest)')}")
-        if options.sign_key is not None:
-            engine.push(Path("(index signature)"), f"{repo}:{sig_tag('sha256:(index digest)')}")
+            for what, dest in registry.refs(options.push, f"sha256:({view.platform.oci_arch} digest)"):
+                engine.push(Path(f"({what}, {view.platform_names[0]})"), dest)
+        if registry.signs:
+            index_sig = [dest for what, dest in registry.refs(options.push, "sha256:(index digest)") if what == "signature"]
+            engine.push(Path("(index signature)"), index_sig[0])
     return [list(c) for c in engine.calls]
 
 

@@ -35,14 +35,19 @@ import json
 import os
 import re
 import shutil
+import tempfile
+import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from envspec.errors import EnvspecError, UsageError
+from envspec.image import Layers, store_fetched
 from envspec.image.compress import MT_LAYER, Compression
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
-from envspec.errors import UsageError
+from envspec.plan import Layer
 
 ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"
 VERSION = "1"
@@ -91,7 +96,7 @@ class Entry:
     meta: dict[str, Any]
 
     def local_meta(self, group: str) -> dict[str, Any]:
-        """The local cache's layer record (``build._store_layer``'s keys) of this entry."""
+        """The local cache's layer record (``image._store_layer``'s keys) of this entry."""
         return {**self.meta, "key": self.key, "group": group, "diff_id": self.diff_id, "size": self.diff_size}
 
 
@@ -278,8 +283,6 @@ class RegistryCache:
     def lookup(self, key: str, comp: Compression) -> Entry | None:
         """The checked manifest of ``key``'s entry in ``cache_from``; None where there is none.
         ``BadEntry`` where it is not usable, ``Unavailable`` where the registry cannot be read."""
-        from envspec.errors import EnvspecError
-
         ref = f"{self.cache_from}:{tag_for(key, comp)}"
         try:
             raw = self.reader.manifest(ref)
@@ -290,8 +293,6 @@ class RegistryCache:
     def fetch(self, entry: Entry, work: Path, tar: Path, comp: Compression) -> Path:
         """The entry's blob, fetched into ``work`` and checked, with its tar at ``tar``; returns
         the blob's path. ``BadEntry`` (nothing left at ``tar``) where a check fails."""
-        from envspec.errors import EnvspecError
-
         repo = self.cache_from
         layout = work / "layout"
         try:
@@ -308,8 +309,6 @@ class RegistryCache:
 
     def has(self, key: str, comp: Compression) -> bool:
         """Whether ``cache_to`` holds ``key``'s entry already (any answer but "yes" is "no")."""
-        from envspec.errors import EnvspecError
-
         try:
             raw = self.reader.manifest(f"{self.cache_to}:{tag_for(key, comp)}")
             if raw is None:
@@ -333,3 +332,91 @@ class RegistryCache:
             shutil.rmtree(dest, ignore_errors=True)
         return ref
 
+    # -- a build's layers (``envspec.image.LayerCache``) ------------------------------------------
+    def lookup_layers(self, layers: Layers) -> dict[str, Entry]:
+        """The entries ``cache_from`` has of the layers to make, by key, their manifests
+        checked (``check_entry``); a few asked at a time. A bad entry is a warning (its
+        layer is made); an unreachable cache is one warning and every layer is made."""
+        wanted = [lay for lay in layers.todo if lay.cacheable]
+        unavailable: list[str] = []
+
+        def one(lay: Layer) -> Entry | None:
+            if unavailable:
+                return None
+            try:
+                return self.lookup(lay.key, layers.cache_comp)
+            except Unavailable as e:
+                unavailable.append(str(e))
+            except BadEntry as e:
+                self._bad_entry(layers, lay, e)
+            return None
+
+        if not wanted:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        if unavailable:
+            self.usable = False
+            layers.reporter.warning(f"the layer cache {self.cache_from} could not be read ({unavailable[0]}); "
+                                    "making the layers here")
+            return {}
+        return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
+
+    def _bad_entry(self, layers: Layers, lay: Layer, e: Exception) -> None:
+        layers.reporter.warning(f"layer cache entry {self.cache_from}:{tag_for(lay.key, layers.cache_comp)} not used: "
+                                f"{e}; making the {lay.group} layer here")
+
+    def fetch_layers(self, layers: Layers, entries: dict[str, Entry]) -> None:
+        """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
+        instead of being made (``fetch``); each one is done (and can be imported) as soon as it
+        is in. One that fails a check is a warning and is made."""
+        wanted = [lay for lay in layers.todo if lay.key in entries]
+        comp = layers.cache_comp
+
+        def one(lay: Layer) -> bool:
+            start = time.monotonic()
+            d = Path(tempfile.mkdtemp(prefix="regcache-", dir=layers.work))
+            entry = entries[lay.key]
+            try:
+                blob = self.fetch(entry, d, d / "layer.tar", comp)
+                kept = ({"digest": entry.digest, "size": entry.size, "path": str(blob)}
+                        if comp.name != "none" and entry.compressor == comp.id else None)
+                meta = store_fetched(layers.cache, lay, d / "layer.tar", entry.local_meta(lay.group), comp, kept)
+            except BadEntry as e:
+                self._bad_entry(layers, lay, e)
+                return False
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            layers.took(lay, meta, start)
+            return True
+
+        layers.work.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        for lay, ok in zip(wanted, got):
+            if ok:
+                layers.todo.remove(lay)
+
+    def push_layers(self, layers: Layers) -> tuple[str, ...]:
+        """Push the cacheable layers that ``cache_to`` lacks; a failure is a warning (the
+        image is built and good), and the first one ends the pushing."""
+        pushed: list[str] = []
+        for lay in layers.plan.layers:
+            meta = layers.metas.get(lay.key)
+            if not lay.cacheable or lay.group == "envspec" or meta is None:
+                continue
+            if meta.get("source") == "registry" and self.cache_to == self.cache_from:
+                continue
+            if self.has(lay.key, layers.comp):
+                continue
+            blob = meta.get("blob")
+            try:
+                pushed.append(self.store(layers.work, layers.blob_path(lay), key=lay.key, group=lay.group,
+                                         comp=layers.comp, digest=blob["digest"] if blob else meta["diff_id"],
+                                         size=blob["size"] if blob else meta["size"], diff_id=meta["diff_id"],
+                                         diff_size=meta["size"], meta=meta))
+            except EnvspecError as e:
+                layers.reporter.warning(f"pushing the {lay.group} layer to the layer cache {self.cache_to} failed: "
+                                        f"{e.message}; the image is built, the cache lacks its layers")
+                break
+        return tuple(pushed)

@@ -3,7 +3,7 @@ without pulling its layers or running it (docs/usage.md, "verify-image").
 
 What is read (through skopeo, so credentials and TLS follow the containers conventions): the
 image's manifest (its digest is the image's identity), its config, and the two artifacts that
-``envspec build --push`` attaches by cosign's tag scheme (``image/attest.py``): the signature
+``envspec build --push`` attaches by cosign's tag scheme (``registry/attest.py``): the signature
 ``sha256-<hex>.sig`` and the attestations ``sha256-<hex>.att``. What is checked, each a verifier
 ``Finding`` (check, status, expected, observed, hint):
 
@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from envspec.image import attest
+from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.image.engine import RegistryAccess, skopeo_registry_args
 from envspec.image.oci import MT_INDEX
-from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
+from envspec.registry import attest
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
 
 _NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
@@ -56,7 +56,7 @@ _UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is
 
 @dataclass
 class RegistryReader:
-    """Read-only registry access with skopeo, by the push's rules (``build.engine.RegistryAccess``:
+    """Read-only registry access with skopeo, by the push's rules (``image.engine.RegistryAccess``:
     credentials, CA, TLS verified except for a loopback registry without a cert dir)."""
 
     access: RegistryAccess = field(default_factory=RegistryAccess)
