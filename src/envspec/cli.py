@@ -598,6 +598,23 @@ def _cache_compress(args, cache) -> int:
     return EXIT_OK
 
 
+def _needed(paths: list[Path]):
+    """What the locks at ``paths`` need of the cache (``plan.cache_entries``), and the locks that
+    could not be read ("path: why"). A lock named on the command line that cannot be read is
+    refused before this."""
+    from envspec import lock as lockmod
+    from envspec.cache.gc import Needed
+    from envspec.plan import cache_entries
+
+    needed, bad = Needed(), []
+    for p in paths:
+        try:
+            needed.add(str(p), cache_entries(lockmod.load(p)))
+        except EnvspecError as e:
+            bad.append(f"{p}: {e.message.splitlines()[0].rstrip(':')}")
+    return needed, bad
+
+
 def cmd_cache(args) -> int:
     from envspec.cache import gc as cachegc
     from envspec.cache.store import Cache
@@ -629,7 +646,7 @@ def cmd_cache(args) -> int:
             lockmod.load(p)
     else:
         paths = cachegc.default_locks(Path.cwd())
-    needed, bad = cachegc.load_needed(paths)
+    needed, bad = _needed(paths)
     keep_size = cachegc.parse_size(args.keep_size) if args.keep_size is not None else None
     err = _console(stderr=True)
     for b in bad:

@@ -180,3 +180,19 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
         cacheable=False,
     ))
     return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")
+
+
+def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
+    """(kind, name) of every cache entry the lock's images are made from: its wheels' and .debs'
+    sha256 and its plan's cacheable layer keys (hex); of a multi-platform lock, what each
+    platform's image needs. What ``envspec cache gc`` keeps for the lock (``cache.gc.Needed``);
+    a host-mode lock (``[runtime] mode = "host"``) has no image, so no layers."""
+    if lock.multi:
+        return [e for view in lock.views() for e in cache_entries(view)]
+    out = [("wheel", w.sha256) for w in lock.wheels]
+    out += [("deb", d.sha256) for d in (lock.debian.packages if lock.debian else ())]
+    try:
+        plan = make_plan(lock)
+    except PlanError:
+        return out
+    return out + [("layer", lay.key.split(":", 1)[-1]) for lay in plan.layers if lay.cacheable]

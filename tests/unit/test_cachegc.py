@@ -14,6 +14,7 @@ import pytest
 from envspec.cache import gc as cachegc
 from envspec.cache.store import Cache
 from envspec.errors import UsageError
+from envspec.cli import _needed
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build"
 OLD = time.time() - 10 * 24 * 3600  # ten days ago: out of the grace period
@@ -133,7 +134,7 @@ def test_needed_from_a_real_lock_is_its_wheels_and_plan_layers():
     from envspec.plan import make_plan
 
     lock = lockmod.load(DATA / "small.lock")
-    needed, bad = cachegc.load_needed([DATA / "small.lock"])
+    needed, bad = _needed([DATA / "small.lock"])
     assert bad == []
     assert needed.wheels == {w.sha256 for w in lock.wheels}
     assert needed.layers == {lay.key.split(":", 1)[1] for lay in make_plan(lock).layers if lay.cacheable}
@@ -146,7 +147,7 @@ def test_a_multi_platform_lock_needs_what_each_platforms_image_needs():
 
     path = Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock"
     lock = lockmod.load(path)
-    needed, bad = cachegc.load_needed([path])
+    needed, bad = _needed([path])
     assert bad == []
     debs = {d.sha256 for v in lock.views() for d in (v.debian.packages if v.debian else ())}
     assert needed.debs == debs and len(debs) > len(lock.parts[0].debian.packages)

@@ -11,11 +11,11 @@ Anything else (``apt/``, ``uv/``: the resolver's index caches, which ``envspec l
 as a .deb being downloaded) is listed as ``other`` and never removed here.
 
 A collection keeps what the given locks need (each lock's wheels and .debs by sha256, and the keys
-of its plan's cacheable layers, ``envspec.plan.make_plan``), and removes the rest; with a size
-budget (``keep_size``) it keeps, beside what the locks need, the most recently used other entries
-while the whole stays within the budget. What a lock needs is never removed, even beyond the
-budget. An entry used (read or written: the newest of its files' atime and mtime) less than
-``grace`` seconds before the collection started is kept too: a build or a download of another
+of its plan's cacheable layers, ``envspec.plan.cache_entries``, given by the caller), and removes
+the rest; with a size budget (``keep_size``) it keeps, beside what the locks need, the most recently
+used other entries while the whole stays within the budget. What a lock needs is never removed, even
+beyond the budget. An entry used (read or written: the newest of its files' atime and mtime) less
+than ``grace`` seconds before the collection started is kept too: a build or a download of another
 process may be about to use it.
 
 The collection holds the cache's exclusive lock (``Cache.exclusive``); every build holds the
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from envspec.cache.store import Cache
-from envspec.errors import PlanError, UsageError
+from envspec.errors import UsageError
 
 GRACE_S = 15 * 60  # entries used this recently are kept whatever the plan says
 _HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -154,32 +154,11 @@ class Needed:
     layers: set[str] = field(default_factory=set)
     by: dict[str, list[str]] = field(default_factory=dict)  # "kind:name" -> lock paths
 
-    def add(self, lock_path: str, lock: Any) -> None:
-        """What ``lock`` needs; of a multi-platform lock, what each platform's image needs."""
-        if lock.multi:
-            for view in lock.views():
-                self.add(lock_path, view)
-            return
-        from envspec.plan import make_plan
-
-        def note(kind: str, name: str) -> None:
+    def add(self, lock_path: str, entries: Iterable[tuple[str, str]]) -> None:
+        """What the lock at ``lock_path`` needs: (kind, name) entries (``envspec.plan.cache_entries``)."""
+        for kind, name in entries:
+            {"wheel": self.wheels, "deb": self.debs, "layer": self.layers}[kind].add(name)
             self.by.setdefault(f"{kind}:{name}", []).append(lock_path)
-
-        for w in lock.wheels:
-            self.wheels.add(w.sha256)
-            note("wheel", w.sha256)
-        for d in (lock.debian.packages if lock.debian else ()):
-            self.debs.add(d.sha256)
-            note("deb", d.sha256)
-        try:
-            plan = make_plan(lock)
-        except PlanError:  # a host-mode lock (``[runtime] mode = "host"``): no image, no layers
-            return
-        for lay in plan.layers:
-            if lay.cacheable:
-                hexkey = lay.key.split(":", 1)[-1]
-                self.layers.add(hexkey)
-                note("layer", hexkey)
 
     def needs(self, e: Entry) -> bool:
         return e.name in {"wheel": self.wheels, "deb": self.debs, "layer": self.layers}[e.kind]
@@ -216,21 +195,6 @@ def default_locks(start: Path) -> list[Path]:
                 if head.startswith("# envspec lockfile"):
                     found.append(p)
     return sorted(found)
-
-
-def load_needed(paths: Sequence[Path]) -> tuple[Needed, list[str]]:
-    """What the locks at ``paths`` need, and the locks that could not be read ("path: why").
-    A lock named on the command line that cannot be read is the caller's to refuse."""
-    from envspec import lock as lockmod
-    from envspec.errors import EnvspecError
-
-    needed, bad = Needed(), []
-    for p in paths:
-        try:
-            needed.add(str(p), lockmod.load(p))
-        except EnvspecError as e:
-            bad.append(f"{p}: {e.message.splitlines()[0].rstrip(':')}")
-    return needed, bad
 
 
 # --- the collection -------------------------------------------------------------------------------
