@@ -1072,7 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return verify_main(argv[1:])
     if argv[:1] == ["cluster"]:  # `envspec cluster render ...`: job files for torchrun across nodes
-        from envspec.verify.cluster import main as cluster_main
+        from envspec.cluster import main as cluster_main
 
         return cluster_main(argv[1:])
     parser = build_parser(_command_of(argv))

@@ -11,7 +11,7 @@ envspec against a lock of this Python).
   names the node with driver 470.00.00.
 
 The pyxis form (``srun --container-image=...@sha256:...``), which needs NVIDIA's pyxis plugin
-(not packaged in Debian), is checked against its golden file in tests/unit/test_verify_cluster.py.
+(not packaged in Debian), is checked against its golden file in tests/unit/test_cluster.py.
 Skips only where slurm-wlm or munge is not installed.
 """
 

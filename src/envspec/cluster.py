@@ -1,6 +1,8 @@
 """`envspec cluster render`: an sbatch script or a Kubernetes Indexed Job that runs
-`envspec verify --nnodes N` in an image pinned by digest. Runs outside images, so it may use
-jinja2 (imported lazily, StrictUndefined); the templates are in envspec/templates/cluster/.
+`envspec verify --nnodes N` in an image pinned by digest. Runs on the host, not in images (an image
+carries only what runs in it): jinja2 with StrictUndefined; the templates are in
+envspec/templates/cluster/. The lock is read with the verifier's own stdlib reader, as the job's
+nodes read it.
 
 Slurm jobs start the image one of three ways (``--container``): ``pyxis`` (``srun
 --container-image=...@sha256:...``, NVIDIA's pyxis/enroot plugin, what DGX clusters run),
@@ -18,7 +20,12 @@ import shlex
 import sys
 from pathlib import Path
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "cluster"
+import jinja2
+
+from envspec.verify.lockfile import LockReadError, load_lock, table
+from envspec.verify.render import write_atomic
+
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
 KINDS = {"slurm": "slurm.sbatch.j2", "kubernetes": "kubernetes-job.yaml.j2"}
 CONTAINERS = ("pyxis", "podman", "none")  # how a Slurm task starts the image
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
@@ -41,8 +48,6 @@ class RenderError(ValueError):
 def lock_settings(path: str) -> tuple[dict[str, str], str]:
     """(NCCL environment, shm size) of a lock: ``[runtime].env``'s NCCL_* and TORCH_NCCL_* entries,
     and ``[runtime].shm_size`` ("" when unset). Read with the verifier's own stdlib reader."""
-    from .lockfile import LockReadError, load_lock, table  # noqa: PLC0415
-
     try:
         lock = load_lock(path)
     except LockReadError as e:
@@ -106,8 +111,6 @@ def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str
         raise RenderError(f"--job-name {job_name!r} must be a DNS label (lowercase letters, digits, '-')")
     if level not in ("quick", "full"):
         raise RenderError(f"--level must be quick or full, not {level!r}")
-    import jinja2  # noqa: PLC0415 (outside images only)
-
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     text = env.get_template(KINDS[kind]).render(
@@ -164,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"envspec cluster render: error: {e}\n" + (f"hint: {e.hint}\n" if e.hint else ""))
         return 2
     if args.output:
-        from .render import write_atomic  # noqa: PLC0415
-
         write_atomic(args.output, text)
     else:
         sys.stdout.write(text)

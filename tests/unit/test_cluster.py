@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("jinja2")
-from envspec.verify import cluster  # noqa: E402
+from envspec import cluster  # noqa: E402
 
 GOLDEN = Path(__file__).parent.parent / "data" / "verify" / "golden"
 IMAGE = "ghcr.io/acme/envspec/h100-train@sha256:" + "0123456789abcdef" * 4
