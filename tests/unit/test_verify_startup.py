@@ -207,3 +207,11 @@ def test_module_entry_hands_other_arguments_to_the_full_cli(tmp_path):
     p = subprocess.run([sys.executable, "-m", "envspec.verify", "--startup", "--help"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert p.returncode == 0 and "usage: envspec verify" in p.stdout
+
+
+def test_startup_args_are_the_hooks_own_or_the_full_clis():
+    assert startup.startup_args(["--startup"]) == (True, None)
+    assert startup.startup_args(["verify", "--startup", "--lock", "a.lock"]) == (True, "a.lock")
+    assert startup.startup_args(["--lock=b.lock", "--startup"]) == (True, "b.lock")
+    assert startup.startup_args(["--startup", "--help"]) == (False, None)
+    assert startup.startup_args(["--startup", "--lock"]) == (False, None)  # argparse says what is missing

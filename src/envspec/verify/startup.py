@@ -427,10 +427,10 @@ def hook(mode: str | None = None, *, lock_path: str | None = None, stream: TextI
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m envspec.verify --startup [--lock PATH]`` without argparse or the full verifier;
-    any other argument goes to ``cli.main``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def startup_args(argv: list[str]) -> tuple[bool, str | None]:
+    """Whether ``argv`` (``python -m envspec.verify``'s, a leading ``verify`` dropped) is the hook's
+    own, ``--startup [--lock PATH]``, read without argparse; and its lock path. Anything else
+    (``--help``, a typo) is the full verifier's to answer (``__main__`` hands it to ``cli.main``)."""
     args = argv[1:] if argv[:1] == ["verify"] else argv
     lock_path: str | None = None
     i = 0
@@ -443,7 +443,5 @@ def main(argv: list[str] | None = None) -> int:
         elif a.startswith("--lock="):
             lock_path, i = a[len("--lock="):], i + 1
         else:
-            from .cli import main as full_main  # noqa: PLC0415 (--help, a typo: argparse answers)
-
-            return full_main(argv)
-    return hook(None, lock_path=lock_path)
+            return False, None
+    return True, lock_path
