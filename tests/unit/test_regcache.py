@@ -285,7 +285,7 @@ def test_write_entry_links_the_blob(tmp_path):
 def test_precedence_flag_then_environment_then_spec(monkeypatch):
     import argparse
 
-    from envspec.cli import _cache_refs
+    from envspec.cli.build import _cache_refs
     from envspec.spec import Sources
 
     spec = Sources(cache_from="spec.example.com/c", cache_to="spec.example.com/c")
@@ -309,7 +309,7 @@ def test_precedence_flag_then_environment_then_spec(monkeypatch):
 
 def test_the_summary_says_where_the_layers_came_from():
     from envspec.image import BuiltImage, LayerInfo
-    from envspec.cli import _built_lines
+    from envspec.cli.build import _built_lines
 
     def lay(group, source):
         return LayerInfo(digest="sha256:" + "1" * 64, diff_id="sha256:" + "2" * 64, size=1, group=group,

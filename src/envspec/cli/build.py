@@ -1,0 +1,380 @@
+"""`envspec build SPEC|LOCK`: its options, its progress bars and what it says at its end.
+
+The stages are imported inside the handlers: every command's module is imported when the
+command line starts, and `envspec explain` must not pay for the others' libraries
+(docs/benchmarks.md, explain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envspec.cli.common import bool_flag, console, print_json, rel
+from envspec.cli.lock import lock_for
+from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from envspec.image import BuiltImage
+    from envspec.image.index import BuiltIndex
+
+
+_SOURCE_WORDS = {"made": "made", "local": "from the local cache", "registry": "from the registry cache"}
+
+
+class _Progress:
+    """rich progress bars for the build's events (the core only reports events)."""
+
+    def __init__(self, quiet: bool):
+        from envspec.image import Reporter
+
+        self.quiet = quiet
+        self.con = console(stderr=True)
+        outer = self
+
+        class R(Reporter):
+            def fetching(self, name, filename, size):
+                outer._task("fetch", f"fetching {filename}", size)
+
+            def fetched(self, name, filename, path):
+                outer._done("fetch")
+
+            def layer_started(self, group, pins, cached):
+                outer._line(f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building")
+
+            def layer_built(self, layer):
+                outer._line(f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
+                            f"  {_SOURCE_WORDS.get(layer.source, layer.source)}")
+
+            def importing(self, group, sent):
+                outer._bytes(f"into containers-storage: {group}", sent)
+
+            def committing(self, ref, digest):
+                outer._line(f"tagging {ref} ({digest[:19]})")
+
+            def pushed(self, dest, digest):
+                outer._line(f"pushed {dest}@{digest}")
+
+            def warning(self, message):  # printed even with --quiet
+                (outer.progress.console if outer.progress else outer.con).print(f"warning: {message}", markup=False)
+
+        self.reporter = R()
+        self.progress: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+        self.counts: dict[str, int] = {}
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=self.con, transient=True)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def _task(self, kind, desc, size):
+        if self.progress is None:
+            return
+        if kind not in self.tasks:
+            self.tasks[kind] = self.progress.add_task("fetching files", total=0)
+        self.progress.update(self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1)
+
+    def _bytes(self, desc, sent):
+        """One bar per layer on its way into containers-storage (its size is known only once
+        it is made, so the bar counts bytes)."""
+        if self.progress is None:
+            return
+        with self.lock:  # layers go into the store from several threads at once
+            if desc not in self.tasks:
+                self.tasks[desc] = self.progress.add_task(desc, total=None)
+        self.progress.update(self.tasks[desc], description=f"{desc} {sent / 1e6:,.0f} MB")
+
+    def _done(self, kind):
+        if self.progress is not None and kind in self.tasks:
+            self.progress.advance(self.tasks[kind])
+
+    def _line(self, text):
+        if not self.quiet:
+            (self.progress.console if self.progress else self.con).print(text, markup=False)
+
+
+def cmd_build(args) -> int:
+    from envspec import sources
+    from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
+    from envspec.image.engine import registry_access
+    from envspec.cache.store import Cache
+    from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
+    from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
+
+    spec_sources = None
+    if Path(args.target).suffix == ".toml":
+        from envspec.spec import load_spec
+
+        spec_sources = load_spec(args.target).sources
+    cache_from, cache_to = _cache_refs(args, spec_sources)
+    # checked before building; only for a push or a registry cache (a stale REGISTRY_AUTH_FILE does
+    # not stop a local build)
+    access = (registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify))
+              if args.push or cache_from or cache_to else None)
+    lock, lock_path = lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
+    if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
+        os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
+    plan = make_plan(lock) if not lock.multi else None
+    sign_key = _signing_key(args)
+    if args.check_digest and args.push:
+        raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
+                         "image pushed before; push from one build, check from another")
+    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
+                           registry=Registry(key=sign_key, lock_path=rel(lock_path)),
+                           cache_from=cache_from, cache_to=cache_to,
+                           compression=args.compression or DEFAULT_COMPRESSION,
+                           # named, or for --check-digest's comparison with a pushed image: compressed now
+                           compress=True if (args.compression or args.check_digest) else None)
+    if lock.multi:
+        from envspec.image.index import check_options
+
+        check_options(options)  # what an image index cannot carry: refused before anything is built
+    if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
+        dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
+        if plan is None:
+            from envspec.image.index import platform_tag, preview_index
+
+            # each platform's image as it is built (tagged, no push or output of its own), then the index
+            print_json({"index": True, "push": options.push, "outputs": list(options.outputs),
+                         "engine": preview_index(lock, options), "platforms": [
+                {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
+                    options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]})
+        else:
+            print_json(preview(plan, dry_cache, options=options))
+        return EXIT_OK
+    host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
+    cache = Cache(host.cache_dir)
+    engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
+    mirrors = sources.discover(spec_sources).mirrors
+    with _Progress(args.quiet or args.json) as prog:
+        if plan is None:  # a section per platform: an image each, one image index over them
+            from envspec.image.index import build_index
+
+            built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
+                                                         reporter=prog.reporter)
+        else:
+            built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+    if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
+        return _check_digest(args, built)
+    background = _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
+    if args.json:
+        print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host),
+                                       "background_compress": background})
+    elif not args.quiet:
+        con = console()
+        for line in (_index_lines(built, host, lock, target=args.target) if plan is None
+                     else _built_lines(built, host, lock, target=args.target)):
+            con.print(line, markup=False)
+        if background:
+            con.print(f"compressing its layers for a later push, in the background at the lowest priority (pid "
+                      f"{background['pid']}, log {background['log']}; ENVSPEC_BACKGROUND_COMPRESS=off: not)",
+                      markup=False)
+    else:
+        console().print(built.digest, markup=False)
+    return EXIT_OK
+
+
+def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
+    """After a build that kept its layers uncompressed (nothing carried them: ``image.compress_now``),
+    `envspec cache compress LOCK` in a process of its own, at the lowest CPU and I/O priority, so that
+    a later push or OCI output of the lock finds the compressed blobs; a push started before it
+    ends waits for the layer it is compressing, never compresses one twice. Off with
+    ENVSPEC_BACKGROUND_COMPRESS=off (or 0/no/false). Returns its pid, log and command, or None."""
+    import shutil
+    import subprocess
+
+    if not built.image or built.compression == built.carried_compression:
+        return None
+    if os.environ.get("ENVSPEC_BACKGROUND_COMPRESS", "on").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    argv = [sys.executable, "-m", "envspec", "cache", "compress", str(Path(lock_path).resolve()),
+            "--compression", built.carried_compression]
+    low = ([*(["ionice", "-c", "3"] if shutil.which("ionice") else []), "nice", "-n", "19"]
+           if shutil.which("nice") else [])
+    log = Path(cache_dir) / "compress.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:  # the last one's
+            proc = subprocess.Popen([*low, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+    except OSError:  # a push then compresses them itself
+        return None
+    return {"pid": proc.pid, "log": str(log), "command": argv}
+
+
+def _cache_refs(args, spec_sources) -> tuple[str, str]:
+    """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
+    ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
+    checked (a mistyped one is exit 2, cache-ref-invalid). "" (flag or variable) turns it off."""
+    from envspec.registry.regcache import parse_ref
+
+    refs = []
+    for name in ("cache_from", "cache_to"):
+        flag, var = "--" + name.replace("_", "-"), "ENVSPEC_" + name.upper()
+        value, where = getattr(args, name), flag
+        if value is None and var in os.environ:
+            value, where = os.environ[var], var
+        if value is None and spec_sources is not None:
+            value, where = getattr(spec_sources, name), f"{args.target} [sources] {name}"
+        refs.append(parse_ref(value, where) if value else "")
+    return refs[0], refs[1]
+
+
+def _signing_key(args):
+    """The key of --sign-by-sigstore-private-key (with --sign-passphrase-file), or None."""
+    if not args.sign_by_sigstore_private_key:
+        if args.sign_passphrase_file:
+            raise UsageError("--sign-passphrase-file without --sign-by-sigstore-private-key",
+                             hint="name the key to sign with: --sign-by-sigstore-private-key PATH")
+        return None
+    if not args.push:
+        raise UsageError("--sign-by-sigstore-private-key without --push", reference="sign-without-push",
+                         hint="signatures and attestations are pushed beside the image: add --push REF")
+    from envspec.registry.attest import SigningKey
+
+    passphrase = None
+    if args.sign_passphrase_file:
+        try:
+            passphrase = Path(args.sign_passphrase_file).read_bytes().rstrip(b"\r\n")
+        except OSError as e:
+            raise UsageError(f"--sign-passphrase-file {args.sign_passphrase_file}: {e.strerror}") from e
+    return SigningKey.load(args.sign_by_sigstore_private_key, passphrase)
+
+
+def _check_digest(args, built) -> int:
+    from envspec.image.engine import registry_access
+    from envspec.registry.verify_image import RegistryReader, manifest_digest
+
+    # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
+    reader = RegistryReader(registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify)))
+    pushed = manifest_digest(reader, args.check_digest)
+    same = pushed == built.digest
+    if args.json:
+        print_json(built.to_json() | {"check_digest": {"ref": args.check_digest, "pushed": pushed,
+                                                         "built": built.digest, "same": same}})
+    else:
+        con = console(stderr=not same)
+        if same:
+            con.print(f"same digest: {args.check_digest} is {pushed}, and so is this rebuild", markup=False)
+        else:
+            con.print(f"different digest: {args.check_digest} is {pushed or '(no such image)'}, this rebuild is "
+                      f"{built.digest}", markup=False)
+            con.print("hint: the pushed image was not built from this lock by this envspec (or with other "
+                      "layer options); `envspec verify-image` shows what its provenance says", markup=False)
+    return EXIT_OK if same else EXIT_CHECK_FAILED
+
+
+def _storage_json(host) -> dict[str, str]:
+    st = host.storage
+    return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
+
+
+def _index_lines(built, host, lock, *, target: str) -> list[str]:
+    """What `envspec build` of a multi-platform lock says: each platform's image, the index."""
+    lines = []
+    for name, one in built.images:
+        made = sum(lay.source == "made" for lay in one.layers)
+        lines.append(f"{name}: built {one.image or '(not named in containers-storage)'} in {one.seconds:.1f} s "
+                     f"({made} of {len(one.layers)} layers made), digest {one.digest}")
+    lines.append(f"image index {built.digest} over {', '.join(n for n, _ in built.images)}")
+    lines += [f"written to {dest}" for dest in built.outputs]
+    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]
+    lines += [f"attached {ref}" for _, one in built.images for ref in one.attached]
+    lines += [f"attached {ref} (the index's signature)" for ref in built.attached]
+    from envspec.run import start_lines
+
+    here = next((v for v in lock.views() if v.platform.arch == host.machine), None)
+    if here is not None:
+        lines += start_lines(target, here)
+    return lines
+
+
+def _built_lines(built, host, lock, *, target: str) -> list[str]:
+    """What `envspec build` says at its end: the image, its digest, where it is kept, and how to
+    start it (with its services, with a command)."""
+    import shlex
+
+    from envspec.run import start_lines
+
+    name = built.image or "(not named in containers-storage: --tag '')"
+    local = sum(lay.source == "local" for lay in built.layers)
+    remote = sum(lay.source == "registry" for lay in built.layers)
+    made = len(built.layers) - local - remote
+    lines = [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
+             + (f", {local} from the cache" if local else "")
+             + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
+             f"digest {built.digest}" + ("" if built.compression == built.carried_compression else
+                                          " (its layers uncompressed, as the store keeps them; a push carries them "
+                                          "compressed, under another digest: docs/build.md, \"Which digest\")"),
+             f"image id {built.config_digest}"]
+    if built.cached_to:
+        lines.append(f"pushed {len(built.cached_to)} layers to the layer cache {built.cache_to}")
+    lines += [f"written to {dest}" for dest in built.outputs]
+    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]  # the compressed manifest's digest
+    lines += [f"attached {ref}" for ref in built.attached]
+    if not built.image:
+        return lines
+    st = host.storage
+    where = f"containers-storage at {st.root}" if st.root else "podman's containers-storage"
+    if st.custom:
+        where += " (ENVSPEC_STORAGE_ROOT: keep it set for envspec run)"
+    repo = built.image.rsplit(":", 1)[0] if ":" in built.image.rsplit("/", 1)[-1] else built.image
+    lines += [f"stored in {where}", f"  list it: {shlex.join(['podman', *st.args(), 'images', repo])}"]
+    return lines + start_lines(target, lock, image=built.image)
+
+
+def add_build(sub) -> None:
+    s = sub.add_parser("build", help="build the lock's OCI image with buildah")
+    s.add_argument("target", metavar="SPEC|LOCK")
+    s.add_argument("--tag", help="image reference (default localhost/envspec/<name>:<lock hash>)")
+    s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
+                   help="also write the image here (repeatable)")
+    s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
+    s.add_argument("--compression", choices=("zstd", "gzip", "none"),
+                   help="of the layers that --push, --output oci:/oci-archive: and --cache-to carry (default zstd; "
+                        "gzip for docker < 23); named, it also compresses a local build's layers, to report the digest "
+                        "a push would have (docs/build.md, \"Which digest\")")
+    s.add_argument("--sign-by-sigstore-private-key", metavar="PATH",
+                   help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)")
+    s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")
+    s.add_argument("--check-digest", metavar="REF",
+                   help="rebuild, then compare the digest with the image pushed as REF (exit 1 when they differ)")
+    s.add_argument("--authfile", metavar="PATH",
+                   help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
+                        "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push and the registry cache")
+    s.add_argument("--tls-verify", metavar="true|false",
+                   help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
+                        "without --cert-dir)")
+    s.add_argument("--cache-from", metavar="REF",
+                   help="take layers from the registry cache REF (HOST[:PORT]/REPO; default: $ENVSPEC_CACHE_FROM, "
+                        "else the spec's [sources] cache_from)")
+    s.add_argument("--cache-to", metavar="REF",
+                   help="push made layers to the registry cache REF (default: $ENVSPEC_CACHE_TO, else the spec's "
+                        "[sources] cache_to)")
+    s.add_argument("--no-cache", action="store_true", help="rebuild every layer (no local or registry cache is read)")
+    s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the plan (layers, pins, content keys, cached or not), what would be fetched, and "
+                        "the engine steps; do nothing")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_build)

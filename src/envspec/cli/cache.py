@@ -1,0 +1,136 @@
+"""`envspec cache`, `envspec cache gc` and `envspec cache compress`.
+
+The stages are imported inside the handlers: every command's module is imported when the
+command line starts, and `envspec explain` must not pay for the others' libraries
+(docs/benchmarks.md, explain).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from envspec.cli.common import console, print_json
+from envspec.errors import EXIT_OK, EnvspecError
+
+
+def _cache_compress(args, cache) -> int:
+    """`envspec cache compress LOCK`: the compressed blobs of the lock's cached layers, made now."""
+    from envspec import lock as lockmod
+    from envspec.image import compress_layers
+    from envspec.image.compress import compression
+    from envspec.plan import make_plan
+
+    import time
+    from dataclasses import asdict
+
+    started = time.monotonic()
+    made = compress_layers(make_plan(lockmod.load(Path(args.lock))), cache, compression(args.compression))
+    seconds = time.monotonic() - started
+    if args.json:
+        print_json({"lock": args.lock, "compression": args.compression, "seconds": round(seconds, 3),
+                     "layers": [asdict(lay) for lay in made]})
+    else:
+        console().print(f"compressed {len(made)} layers ({sum(lay.diff_size for lay in made) / 1e6:.1f} MB -> "
+                         f"{sum(lay.size for lay in made) / 1e6:.1f} MB {args.compression}) in {seconds:.1f} s",
+                         markup=False)
+    return EXIT_OK
+
+
+def _needed(paths: list[Path]):
+    """What the locks at ``paths`` need of the cache (``plan.cache_entries``), and the locks that
+    could not be read ("path: why"). A lock named on the command line that cannot be read is
+    refused before this."""
+    from envspec import lock as lockmod
+    from envspec.cache.gc import Needed
+    from envspec.plan import cache_entries
+
+    needed, bad = Needed(), []
+    for p in paths:
+        try:
+            needed.add(str(p), cache_entries(lockmod.load(p)))
+        except EnvspecError as e:
+            bad.append(f"{p}: {e.message.splitlines()[0].rstrip(':')}")
+    return needed, bad
+
+
+def cmd_cache(args) -> int:
+    from envspec.cache import gc as cachegc
+    from envspec.cache.store import Cache
+    from envspec.host import cache_dir_for
+
+    cache = Cache(cache_dir_for(os.environ))
+    if args.cache_cmd == "compress":
+        return _cache_compress(args, cache)
+    if args.cache_cmd != "gc":
+        entries = cachegc.scan(cache)
+        info = cachegc.summary(cache, entries)
+        if args.json:
+            print_json(info | {"entries": [e.to_json() for e in entries]})
+            return EXIT_OK
+        con = console()
+        con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
+        for kind, row in info["kinds"].items():
+            con.print(f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}", markup=False)
+        for name, size in info["other"].items():
+            con.print(f"  {name:<24} {cachegc.human(size):>11}  (not collected)", markup=False)
+        for e in (e for e in entries if e.kind == "layer"):
+            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}", markup=False)
+        return EXIT_OK
+    if args.locks:
+        paths = [Path(p) for p in args.locks]
+        from envspec import lock as lockmod
+
+        for p in paths:  # a lock named here that cannot be read stops the collection (exit 2)
+            lockmod.load(p)
+    else:
+        paths = cachegc.default_locks(Path.cwd())
+    needed, bad = _needed(paths)
+    keep_size = cachegc.parse_size(args.keep_size) if args.keep_size is not None else None
+    err = console(stderr=True)
+    for b in bad:
+        err.print(f"warning: skipped {b}: what it needs may be removed", markup=False)
+    if not paths and not args.json:
+        err.print(f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
+                  markup=False)
+    plan = cachegc.collect(cache, needed, keep_size=keep_size, dry_run=args.dry_run,
+                           on_wait=lambda: err.print("waiting for the builds using the cache to finish", markup=False))
+    if args.json:
+        print_json({"ok": True, "cache": str(cache.root), "dry_run": args.dry_run,
+                     "locks": [str(p) for p in paths], "skipped_locks": bad} | plan.to_json())
+        return EXIT_OK
+    con = console()
+    verb = "would remove" if args.dry_run else "removed"
+    for e in plan.remove:
+        con.print(f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
+                  markup=False)
+    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {k}s" for k in cachegc.KINDS)
+    kept = plan.to_json()["kept"]
+    con.print(f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
+              f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
+              f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
+              + (f", {kept['budget']} within --keep-size {args.keep_size}" if keep_size is not None else ""),
+              markup=False)
+    if plan.over_budget:
+        err.print(f"note: what the locks need exceeds --keep-size {args.keep_size} by "
+                  f"{cachegc.human(plan.over_budget)}; it is kept", markup=False)
+    return EXIT_OK
+
+
+def add_cache(sub) -> None:
+    s = sub.add_parser("cache", help="what envspec's cache holds; `cache gc` removes what no lock needs")
+    s.add_argument("--json", action="store_true")
+    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION")
+    c = csub.add_parser("gc", help="remove the wheels, .debs and layers that the locks do not need")
+    c.add_argument("locks", nargs="*", metavar="LOCK",
+                   help="keep what these locks need (default: every envspec *.lock in this repository)")
+    c.add_argument("--keep-size", metavar="SIZE",
+                   help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
+    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    c.add_argument("--json", action="store_true")
+    c = csub.add_parser("compress", help="make the compressed blobs of a lock's cached layers now, so that a push "
+                                         "need not (a local build starts this in the background)")
+    c.add_argument("lock", metavar="LOCK")
+    c.add_argument("--compression", choices=("zstd", "gzip"), default="zstd")
+    c.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_cache, cache_cmd=None)

@@ -1,0 +1,46 @@
+"""What every command shares: plain output (no rich where start-up time counts), JSON,
+paths and flag values."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from envspec.errors import UsageError
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def say(text: str, stderr: bool = False) -> None:
+    """One line (or several) of plain text, as it is: no markup, no emoji codes, no wrapping. Used
+    where start-up time counts (`explain`, errors), so that rich (tens of ms to import) is not
+    needed there. Flushed, as rich does, so that it interleaves with the other stream as before."""
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def bool_flag(flag: str, value: str | None) -> bool | None:
+    if value is None:
+        return None
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{flag}={value}: expected true or false", hint=f"e.g. {flag}=false")

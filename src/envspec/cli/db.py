@@ -1,0 +1,105 @@
+"""`envspec db show` and `envspec db refresh`: the compatibility database.
+
+The stages are imported inside the handlers: every command's module is imported when the
+command line starts, and `envspec explain` must not pay for the others' libraries
+(docs/benchmarks.md, explain).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from envspec.cli.common import console, print_json
+from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_SOURCE
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from envspec.compat import load_db
+
+    if args.db_cmd == "refresh":
+        from envspec.compat import DATA_DIR, refresh
+
+        report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
+        # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
+        # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
+        code = (EXIT_SOURCE if report.source_errors else
+                EXIT_CHECK_FAILED if report.problems or report.needs_review or report.platform_review else EXIT_OK)
+        if args.json:
+            print_json(report.to_json())
+            return code
+        con = console()
+        n = len(report.releases)
+        counts = ", ".join(f"{len(names)} {what}" for what, names in (
+            ("added", report.added), ("changed", report.changed), ("unchanged", report.unchanged),
+            ("kept", report.kept), ("removed", report.removed)))
+        con.print(f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
+                  f"{n} release{'s' if n != 1 else ''} ({counts})", markup=False)
+        for what, names in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
+            if names:
+                con.print(f"  {what}: {', '.join(names)}", markup=False)
+        if report.problems:
+            err = console(stderr=True)
+            for problem in report.problems:
+                err.print(f"problem: {problem}", markup=False)
+            err.print("hint: " + ("an index did not answer: check the network and run it again; "
+                                  if report.source_errors else "")
+                      + "a release that could not be read keeps its old row, if the file had one", markup=False)
+        for review, hint in ((report.needs_review, "these releases were written with what their metadata says and "
+                              "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
+                              "(docs/compat-db.md, Refreshing)"),
+                             (report.platform_review, "these releases resolve on linux-x86_64; on linux-aarch64 the "
+                              "resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, \"The "
+                              "platform's torch build\")")):
+            if not review:
+                continue
+            err = console(stderr=True)
+            for version, items in review.items():
+                for item in items:
+                    err.print(f"needs review: torch {version}: {item}", markup=False)
+            err.print("hint: " + hint, markup=False)
+        return code
+    db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
+    if args.json:
+        print_json(db.to_json())
+        return EXIT_OK
+    if args.html:
+        from envspec import explain
+        from envspec.lock import write_atomic
+
+        write_atomic(args.html, explain.db_html(db))
+        console().print(f"wrote {args.html}: the GPU x torch x CUDA-variant matrix of DB {db.version} "
+                         "(one self-contained page)", markup=False)
+        return EXIT_OK
+    from rich.table import Table
+
+    con = console()
+    con.print(f"compatibility DB {db.version} ({db.date})", markup=False)
+    t = Table("torch", "python", "PyPI build", "variants (CUDA / cuDNN / NCCL)", title="torch releases")
+    for r in db.torch_releases:
+        vs = ", ".join(f"{v.name}" + (f" {v.cuda}/{v.cudnn or '-'}/{v.nccl or '-'}" if v.cuda else "")
+                       for v in r.variants.values())
+        t.add_row(r.version, " ".join(r.python), r.pypi_variant or "-", vs)
+    con.print(t)
+    g = Table("GPU", "cc", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s", title="GPUs")
+    for x in db.gpus:
+        g.add_row(x.name, x.cc, _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops), _n(x.mem_bw_gbs))
+    con.print(g)
+    return EXIT_OK
+
+
+def _n(v) -> str:
+    return "-" if v is None else (f"{v:g}")
+
+
+def add_db(sub) -> None:
+    s = sub.add_parser("db", help="the compatibility database")
+    dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True)
+    d = dsub.add_parser("show", help="print the DB")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--html", metavar="FILE", help="write one self-contained HTML page: the GPU x torch x CUDA-variant "
+                                                  "matrix with driver floors, filterable, each cell linked to its source")
+    d = dsub.add_parser("refresh", help="regenerate the PyPI-derived part from the package index")
+    d.add_argument("-o", "--output", help="where to write (default: the bundled data file)")
+    d.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_db)

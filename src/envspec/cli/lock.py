@@ -1,0 +1,219 @@
+"""`envspec explain SPEC` and `envspec lock SPEC`; the lock a command given a spec uses (`lock_for`).
+
+The stages are imported inside the handlers: every command's module is imported when the
+command line starts, and `envspec explain` must not pay for the others' libraries
+(docs/benchmarks.md, explain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from envspec.cli.common import console, print_json, rel, say
+from envspec.errors import (EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, LockError, ResolutionImpossible,
+                            StaleLock)
+
+
+def cmd_explain(args) -> int:
+    # pydantic's documented switch for its plugins: no discovery, which scans every installed package's
+    # entry points (about 1.5% of explain's time, docs/benchmarks.md); envspec's models are its own, and
+    # explain starts no process that could inherit the setting. A value the caller set is kept.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from envspec import explain
+    from envspec.compat import load_db
+    from envspec.resolve import choose
+    from envspec.spec import load_spec
+
+    spec = load_spec(args.spec)
+    db = load_db()
+    try:
+        if len(spec.target.platforms) > 1:  # a section per platform: each platform's choice
+            return _explain_platforms(args, spec, db)
+        choice = choose(spec, db)
+    except ResolutionImpossible as e:
+        if args.json:
+            print_json(explain.impossible_json(e))
+        else:
+            for line in explain.impossible_lines(e):
+                say(line, stderr=True)
+            if e.candidates:
+                say("candidates of the newest matching release:", stderr=True)
+                for c in e.candidates:
+                    say(f"  - {c.variant:<7} {explain.candidate_reason(c)}", stderr=True)
+        return e.exit_code
+    if args.json:
+        print_json(explain.choice_json(choice))
+    else:
+        for line in explain.choice_lines(choice):
+            say(line)
+    return EXIT_OK
+
+
+def _explain_platforms(args, spec, db) -> int:
+    """`explain` of a spec naming both platforms: the choice for each, in the spec's order
+    (--json: {"platforms": [choice, ...]}). An impossible platform raises as for one."""
+    from envspec import explain
+    from envspec.resolve import choose_all
+
+    choices = choose_all(spec, db)
+    if args.json:
+        print_json({"platforms": [explain.choice_json(c) for c in choices]})
+        return EXIT_OK
+    for i, c in enumerate(choices):
+        if i:
+            say("")
+        for line in explain.choice_lines(c):
+            say(line)
+    return EXIT_OK
+
+
+def _debian_request(spec) -> list[str] | None:
+    """The Debian packages a lock of this spec would ask for now (offline), or None when unknown."""
+    from envspec.resolve import debian_request
+
+    choice = _offline_choice(spec)
+    return debian_request(choice) if choice is not None and choice.suite else None
+
+
+def _offline_platforms(spec) -> list[str] | None:
+    """The platforms a lock of this spec is for now (offline), or None when it cannot choose."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose_all
+
+    try:
+        return [c.platform for c in choose_all(spec, load_db())]
+    except EnvspecError:
+        return None
+
+
+def _offline_choice(spec):
+    """What `explain` would choose for the spec now, or None when it cannot choose."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose
+
+    try:
+        return choose(spec, load_db())
+    except EnvspecError:
+        return None
+
+
+def cmd_lock(args) -> int:
+    from envspec import lock as lockmod
+    from envspec.spec import load_spec
+
+    spec = load_spec(args.spec)
+    out = Path(args.output) if args.output else lockmod.default_path(spec.name)
+    if args.check:
+        old = lockmod.load(out)
+        now = _offline_platforms(spec)
+        reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
+                                        platforms=now)
+        if args.json:
+            print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
+        elif reasons:
+            con = console(stderr=True)
+            con.print(f"{out} is out of date with {args.spec}:", markup=False)
+            for r in reasons:
+                con.print(f"  - {r}", markup=False)
+            con.print(f"hint: run `envspec lock {args.spec}`", markup=False)
+        else:
+            console().print(f"{out} is up to date with {args.spec}", markup=False)
+        return EXIT_CHECK_FAILED if reasons else EXIT_OK
+    from envspec.compat import load_db
+    from envspec.host import cache_dir_for
+    from envspec.resolve import choose_all, resolve
+    from envspec.sources import discover
+
+    db = load_db()
+    choices = choose_all(spec, db)
+    sources = discover(spec.sources)
+    keep: dict[str, dict[str, str]] = {}
+    if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
+        try:
+            keep = {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
+        except EnvspecError:
+            keep = {}
+    con = console(stderr=True)
+    results = []
+    for choice in choices:
+        if not args.quiet and not args.json:
+            t = choice.torch
+            con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
+                      + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
+        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}),
+                               upgrade=args.upgrade_package or []))
+    lock = lockmod.from_resolutions(results, spec_path=rel(Path(args.spec)), db_version=db.version)
+    text = lockmod.dumps(lock)
+    changed = not out.exists() or out.read_text(encoding="utf-8") != text
+    if changed:
+        lockmod.write_atomic(out, text)
+    mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
+    if args.json:
+        print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
+                     "wheels": sum(len(p.wheels) for p in lock.parts),
+                     "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
+                     "platform": lock.platform_names[0], "platforms": lock.platform_names,
+                     "db_mismatch": list(dict.fromkeys(mismatches))})
+    if mismatches:
+        warn = console(stderr=True)
+        for m in dict.fromkeys(mismatches):
+            warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
+    if not args.json and not args.quiet:
+        counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
+                           f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
+        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
+                  markup=False)
+    return EXIT_OK
+
+
+def lock_for(target: str, *, locked: bool, quiet: bool):
+    """A lockfile path, or a spec whose lock is found, checked, and made or refreshed when needed."""
+    from envspec import lock as lockmod
+
+    path = Path(target)
+    if path.suffix != ".toml":
+        return lockmod.load(path), path
+    from envspec.spec import load_spec
+
+    spec = load_spec(path)
+    out = lockmod.default_path(spec.name)
+    con = console(stderr=True)
+    if out.exists():
+        now = _offline_platforms(spec)
+        reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec),
+                                        platforms=now)
+        if not reasons:
+            return lockmod.load(out), out
+        if locked:
+            raise StaleLock(out, reasons)
+        if not quiet:
+            con.print(f"{out} is out of date with {path} ({reasons[0]}); locking first", markup=False)
+    else:
+        if locked:
+            raise LockError(f"{out}: no lockfile for {path}", hint=f"run `envspec lock {path}` (or drop --locked)",
+                            reference="lock-not-found")
+        if not quiet:
+            con.print(f"{out} does not exist; locking {path} first", markup=False)
+    ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
+    cmd_lock(ns)
+    return lockmod.load(out), out
+
+
+def add_lock(sub) -> None:
+    s = sub.add_parser("lock", help="resolve a spec into a lockfile")
+    s.add_argument("spec")
+    s.add_argument("-o", "--output", help="lockfile path (default lockfiles/<name>.lock)")
+    s.add_argument("--check", action="store_true", help="exit 1 with reasons when the lock no longer matches the spec")
+    s.add_argument("--upgrade-package", action="append", metavar="NAME", help="let NAME move to its newest version")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_lock)
+
+
+def add_explain(sub) -> None:
+    s = sub.add_parser("explain", help="which torch build fits the spec, and why (offline)")
+    s.add_argument("spec")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_explain)

@@ -1,0 +1,45 @@
+"""`envspec verify-image REF --key PUB`: a pushed image checked in its registry.
+
+The stages are imported inside the handlers: every command's module is imported when the
+command line starts, and `envspec explain` must not pay for the others' libraries
+(docs/benchmarks.md, explain).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from envspec.cli.common import bool_flag, print_json
+
+
+def cmd_verify_image(args) -> int:
+    from envspec.verify.render import table
+    from envspec.image.engine import registry_access
+    from envspec.registry.verify_image import RegistryReader, load_public_key, verify_image
+
+    key = load_public_key(args.key)
+    lock = None
+    if args.lock:
+        from envspec.lock import load
+
+        lock = load(args.lock)
+    reader = RegistryReader(registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify)))
+    report = verify_image(args.ref, key, reader, lock, lock_path=args.lock or "")
+    report.lock_name = args.ref
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        sys.stdout.write(table(report))
+    return report.exit_code
+
+
+def add_verify_image(sub) -> None:
+    s = sub.add_parser("verify-image", help="check a pushed image's signature, provenance and lock in its registry")
+    s.add_argument("ref", metavar="REF", help="HOST/REPO:TAG or HOST/REPO@sha256:...")
+    s.add_argument("--key", required=True, metavar="PUB", help="the signer's public key (PEM)")
+    s.add_argument("--lock", metavar="LOCK", help="the lock the image must have been built from")
+    s.add_argument("--authfile", metavar="PATH", help="registry credentials (default: $REGISTRY_AUTH_FILE)")
+    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR")
+    s.add_argument("--tls-verify", metavar="true|false", help="verify TLS (default: yes, except on loopback)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_verify_image)
