@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Sequence
 
-from envspec.compat import best_arch
+from envspec.compat import best_arch, driver_branch, load_db
 from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host
 from envspec.lock import Lockfile
 
@@ -99,8 +99,6 @@ def check_driver_knows_gpus(host: Host) -> list[Diagnosis]:
     else by compute capability): a driver older than that cannot drive the GPU under any policy."""
     if not host.driver_version or not host.gpus:
         return []
-    from envspec.compat import driver_branch, load_db
-
     db = load_db()
     out: list[Diagnosis] = []
     for name, cc in sorted({(g.name, g.cc) for g in host.gpus}):

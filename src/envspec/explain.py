@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from envspec.compat import best_arch
 from envspec.errors import ResolutionImpossible
 
 if TYPE_CHECKING:
@@ -136,8 +137,6 @@ def db_matrix(db) -> dict:
     branch), each cell pointing at its build's sources. Sorted, no timestamps: the page is a function
     of the DB."""
     from packaging.version import Version
-
-    from envspec.compat import best_arch
 
     def floor(a: str, b: str) -> str:
         return a if not b or Version(a) >= Version(b) else b

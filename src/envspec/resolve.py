@@ -18,14 +18,16 @@ from urllib.parse import unquote, urlparse
 
 from packaging.version import Version
 
+from envspec import debian  # a lazy package: its modules load on first use
+from envspec.cache.dirs import cache_dir_for
 from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
+from envspec.compat.platforms import PypiBuild, pypi_build, pypi_builds
 from envspec.debian.suites import SUITES as DEBIAN_SUITES
 from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
-    from envspec.compat.platforms import PypiBuild
     from envspec.debian.models import DebPin
     from envspec.sources import Sources
 
@@ -321,8 +323,6 @@ def _short(g: Gpu) -> str:
 def pypi_platform_build(torch_version: str, platform: str) -> PypiBuild | None:
     """Which build PyPI's ``platform`` wheel of this torch release is (None: none on record). For
     linux-x86_64 that is the DB's ``pypi_variant``; other platforms read data/torch_platforms.toml."""
-    from envspec.compat.platforms import pypi_build
-
     return None if platform == PLATFORMS["x86_64"] else pypi_build(torch_version, platform)
 
 
@@ -540,7 +540,7 @@ def _uv() -> str:
 
 def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]:
     """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer."""
-    from envspec.sources import reachable
+    from envspec.sources import reachable  # here: explain does without urllib.request, configparser and html.parser
 
     args: list[str] = []
     notes: list[str] = []
@@ -585,8 +585,6 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
         argv += ["--constraint", str(c)]
     for u in upgrade:
         argv += ["--upgrade-package", u]
-    from envspec.host import cache_dir_for
-
     env = dict(os.environ)
     env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"
@@ -638,8 +636,6 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
 
 def _pypi_has(platform: str) -> str:
     """What data/torch_platforms.toml records PyPI serving for ``platform``: "torch >=2.0,<=2.9.1: cpu; ..."."""
-    from envspec.compat.platforms import pypi_builds
-
     rows = pypi_builds(platform)
     return "; ".join(f"torch {r.torch}: {r.variant}" for r in rows) if rows else "no torch wheel on record"
 
@@ -762,8 +758,6 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
 # the Debian closure, through apt (envspec.debian)
 
 def debian_request(choice: Choice) -> list[str]:
-    from envspec import debian
-
     spec = choice.spec
     if choice.suite is None:
         raise ValueError("a lock without a Debian base ([system].base = \"none\") asks for no Debian packages")
@@ -782,8 +776,6 @@ def debian_request(choice: Choice) -> list[str]:
 def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tuple[list, list[str]]:
     if choice.suite is None:
         return [], []
-    from envspec import debian
-
     requested = debian_request(choice)
     pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
                                   security_mirror=sources.debian_security_mirror, cache_dir=cache_dir,

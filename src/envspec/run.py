@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from envspec import lock as lockmod
 from envspec.errors import HostError, UsageError
-from envspec.host import UNLIMITED, Host, Runner, run_command
+from envspec.host import GRACE_MIDR_EL1, UNLIMITED, Host, Runner, emulated_cpu_dir, run_command
 from envspec.lock import Lockfile
 from envspec.services import WORKSPACE
+from envspec.spec import load_spec
 
 # podman's default rlimits for a rootful container (containers.conf "default_ulimits" unset).
 PODMAN_DEFAULT_LIMITS = {"nofile": 1048576, "nproc": 4194304}
@@ -74,11 +76,7 @@ def resolve_runnable(target: str | Path | Lockfile) -> Runnable:
     text = str(target)
     p = Path(text)
     if p.is_file():
-        from envspec import lock as lockmod
-
         if p.suffix == ".toml":
-            from envspec.spec import load_spec
-
             spec = load_spec(p)
             candidates = [lockmod.default_path(spec.name), lockmod.default_path(spec.name, p.parent.parent / "lockfiles"),
                           p.parent / f"{spec.name}.lock"]
@@ -368,8 +366,6 @@ def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv, *, asked: boo
     if arch == "aarch64":
         # torch's oneDNN reads each CPU's MIDR_EL1 from sysfs at import; the x86_64 host's sysfs has
         # none, and torch >= 2.11 (aarch64) then dies of SIGSEGV under qemu
-        from envspec.host import GRACE_MIDR_EL1, emulated_cpu_dir
-
         out.emulated_cpu = str(emulated_cpu_dir(host.cache_dir, arch))
         out.add("-v", f"{out.emulated_cpu}:/sys/devices/system/cpu:ro")
         out.note(f"/sys/devices/system/cpu is this host's, with Grace's CPU ID (MIDR_EL1 {GRACE_MIDR_EL1}, Neoverse "

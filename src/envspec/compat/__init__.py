@@ -26,7 +26,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in ("RefreshReport", "refresh"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from envspec.compat import pypi
+    from envspec.compat import pypi  # on first use: explain and lock do without the refresh's code
 
     value = getattr(pypi, name)
     globals()[name] = value  # the next lookup finds it without this hook

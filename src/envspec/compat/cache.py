@@ -26,6 +26,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import envspec
+from envspec.cache.dirs import cache_dir_for
 from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Variant
 
 CACHE_FORMAT = 1  # of the entry (header + payload); part of the key
@@ -35,8 +37,6 @@ _CODE = ("load.py", "rows.py", "model.py", "arch.py")  # the modules whose code 
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
-    from envspec.cache.dirs import cache_dir_for
-
     return cache_dir_for(os.environ if env is None else env) / SUBDIR
 
 
@@ -45,9 +45,7 @@ def cache_key(root: Path, names: Iterable[str]) -> str | None:
     read (then the DB is checked, which reports it)."""
     from pydantic import VERSION as PYDANTIC_VERSION
 
-    from envspec import __version__
-
-    h = hashlib.sha256(f"envspec compat-db cache {CACHE_FORMAT}\0{__version__}\0{PYDANTIC_VERSION}\0".encode())
+    h = hashlib.sha256(f"envspec compat-db cache {CACHE_FORMAT}\0{envspec.__version__}\0{PYDANTIC_VERSION}\0".encode())
     here = Path(__file__).parent
     try:
         for name in _CODE:

@@ -12,6 +12,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from envspec.compat.load import DATA_DIR
 from envspec.errors import CompatDBError
 
 FILE = "torch_platforms.toml"
@@ -57,8 +58,6 @@ def _rows(root: str) -> tuple[PypiBuild, ...]:
 def pypi_build(torch_version: str, platform: str, root: Path | None = None) -> PypiBuild | None:
     """The row saying which build PyPI's ``platform`` wheel of torch ``torch_version`` is, or None
     when none is recorded (every build then comes from the PyTorch index)."""
-    from envspec.compat.load import DATA_DIR
-
     v = Version(torch_version)
     for row in _rows(str(root or DATA_DIR)):
         if row.platform == platform and row.torch.contains(v, prereleases=True):
@@ -68,6 +67,4 @@ def pypi_build(torch_version: str, platform: str, root: Path | None = None) -> P
 
 def pypi_builds(platform: str, root: Path | None = None) -> tuple[PypiBuild, ...]:
     """Every recorded row for ``platform``, in the file's order."""
-    from envspec.compat.load import DATA_DIR
-
     return tuple(r for r in _rows(str(root or DATA_DIR)) if r.platform == platform)

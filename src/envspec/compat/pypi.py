@@ -36,6 +36,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from envspec.compat.load import DATA_DIR, _load_cached
+from envspec.compat.platforms import _rows, pypi_build
 from envspec.errors import SourceError
 
 JSON_API = "https://pypi.org/pypi/torch/json"
@@ -419,8 +421,6 @@ def platform_builds(fetch: Fetch, fetch_range: FetchRange | None, versions: list
 
 def platform_review(found: dict[str, dict], curated: Path, platform: str = "linux-aarch64") -> dict[str, list[str]]:
     """What data/torch_platforms.toml (in ``curated``) lacks against ``found`` (``platform_builds``)."""
-    from envspec.compat.platforms import _rows, pypi_build
-
     _rows.cache_clear()  # read the curated file as it is now, not as this process first saw it
     out: dict[str, list[str]] = {}
     for v, b in found.items():
@@ -471,8 +471,6 @@ def render(rows: list[dict], db_version: str, date: str) -> str:
 
 def _curated_dir(out_path: Path) -> Path:
     """The curated data beside the generated file (a copy of the data directory), else the bundled one."""
-    from envspec.compat.load import DATA_DIR
-
     return out_path.parent if (out_path.parent / "cuda.toml").is_file() else DATA_DIR
 
 
@@ -559,7 +557,7 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     report.problems += platform_problems
     curated = _curated_dir(out_path)
     if not (curated / "torch_platforms.toml").is_file():  # a data copy without it: the bundled rows
-        from envspec.compat.load import DATA_DIR as curated
+        curated = DATA_DIR
     report.platform_review = platform_review(found, curated)
     for v, items in review_items(merged, _curated_dir(out_path)).items():
         merged[v] = dict(merged[v], needs_review=items)
@@ -575,7 +573,5 @@ def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
     tmp.write_text(text)
     os.replace(tmp, out_path)
     report.written = True
-    from envspec.compat.load import _load_cached
-
     _load_cached.cache_clear()  # a DB loaded earlier in this process is stale now
     return report

@@ -41,6 +41,7 @@ from envspec.errors import BuildError, UsageError
 
 from .certs import subject_hash
 from .debfile import DebFile
+from .ldcache import write_cache
 from .models import DebPin
 from .reporter import DebianReporter
 
@@ -508,8 +509,6 @@ class _Tree:
             os.chmod(p, 0o1777)
 
     def write_ldcache(self, architecture: str) -> None:
-        from .ldcache import write_cache
-
         self.reporter.fixup("/etc/ld.so.cache")
         write_cache(self.dest, architecture)
 
