@@ -1,5 +1,6 @@
-"""The build stage: ``BuildPlan`` -> layer tars (cached by content key) -> OCI layout -> outputs,
-push, and last the tag in containers-storage.
+"""The image stage: ``BuildPlan`` -> layer tars (cached by content key) -> OCI layout -> outputs,
+push (through the engine; what goes beside a push, and the registry layer cache, are the registry
+stage's, given as ``BuildOptions.registry``), and last the tag in containers-storage.
 
 ``build(plan, engine, cache, mirrors)`` reads in one screen; the steps are below it. Where the
 engine has a store that takes layers directly (``Engine.storage_cli()``), layers go into it beside the
@@ -29,14 +30,14 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from envspec import debian
 from envspec.cache.store import Cache, _pid_alive
+from envspec.errors import BuildError, UsageError
 from envspec.image import layers as layer_makers
-from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
 from envspec.image.bytecode import find_compiler
+from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
 from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.sbom import make_sbom
-from envspec.errors import BuildError, UsageError
 from envspec.lock import DebPin, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
@@ -70,7 +71,7 @@ class LayerCache(Protocol):
 
 
 class RegistrySide(Protocol):
-    """The registry stage as a build calls it (``envspec.registry.Registry``): what a push carries
+    """The registry stage as a build calls it (``envspec.registry.stage.Registry``): what a push carries
     beside its image (provenance and SBOM attestations and, with a key, the signature), an image
     index's signature, the names of both for a dry run, and the layer cache of a build."""
 
@@ -96,7 +97,7 @@ class BuildOptions:
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
     verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
     # what a push carries beside the image, and the registry layer cache: the registry stage's
-    # (``envspec.registry.Registry``); needed for a push and for cache_from/cache_to
+    # (``envspec.registry.stage.Registry``); needed for a push and for cache_from/cache_to
     registry: "RegistrySide | None" = None
     cache_from: str = ""  # a registry repository to take layers from (registry/regcache.py)
     cache_to: str = ""  # a registry repository to put the layers in
@@ -221,6 +222,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     ``options.registry`` with the engine's registry access)."""
     if options.push:
         registry_stage(options)  # what goes beside the push: asked for before anything is made
+    rc = registry_cache or _registry_cache(engine, options)
     reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
@@ -232,7 +234,6 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     work = cache.workdir()
     layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted)
     layers.compiler = compiler
-    rc = registry_cache or _registry_cache(engine, options)
     store = engine.storage_cli() if ref else None
     if store is not None and store.can_stage:
         if os.environ.get("ENVSPEC_LAYER_TREES") != "off":

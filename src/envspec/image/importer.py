@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
 from envspec.errors import HashMismatch
+from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
 
 
 @dataclass

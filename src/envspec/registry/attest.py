@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from envspec import __version__
-from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.errors import UsageError
+from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.plan import BuildPlan
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
