@@ -64,6 +64,7 @@ from envspec.host import detect_host  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
 from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
+from envspec.registry.stage import Registry  # noqa: E402
 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
 
@@ -71,7 +72,7 @@ from _common import emit  # noqa: E402  bench/_common.py (run as a script: its d
 def run_build(lock: lockmod.Lockfile, engine, cache_dir: Path, reporter: Reporter | None = None, **options):
     """One build as the CLI runs it: the lock's plan, this machine's mirrors."""
     return build(make_plan(lock), engine, Cache(cache_dir), sources.discover().mirrors,
-                 options=BuildOptions(**options), reporter=reporter)
+                 options=BuildOptions(**{"registry": Registry(), **options}), reporter=reporter)
 
 
 def other_version(name: str, current: str, python_tag: str = "py3") -> dict | None:
