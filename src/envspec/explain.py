@@ -69,6 +69,27 @@ def choice_json(choice) -> dict:
     return out
 
 
+def held_back_lines(choice) -> list[str]:
+    """Why the torch of a choice made with the packages (``resolve.with_packages``) is not the
+    newest release that fits the hardware: each newer fitting release passed over, and the named
+    package that does not accept it. Empty where it is the newest."""
+    if choice.torch is None or not choice.held_back:
+        return []
+    by_release: dict[str, list] = {}
+    for h in choice.held_back:
+        by_release.setdefault(h.torch, []).append(h)
+    lines = [f"torch {choice.torch.release.version} was chosen together with the packages the spec names; "
+             "newer releases that fit the hardware were passed over:"]
+    for release, held in by_release.items():
+        why = "; ".join(f"{h.package} {h.version} requires {h.requires}" for h in held if h.package)
+        lines.append(f"  torch {release}: {why or 'a dependency of the named packages does not accept it'}")
+    return lines
+
+
+def held_back_json(choice) -> list[dict]:
+    return [h.to_json() for h in choice.held_back]
+
+
 def candidate_reason(c) -> str:
     return "; ".join(cause_sentence(f) for f in c.facts) or "fits"
 

@@ -8,6 +8,7 @@ uv's resolver for the Python closure and apt for the Debian closure. The core ra
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -75,8 +76,23 @@ class TorchChoice:
 
 
 @dataclass(frozen=True)
+class HeldBack:
+    """A torch release that fits the hardware, newer than the one chosen, passed over because a
+    package the spec names does not accept it (``with_packages``)."""
+
+    torch: str  # the release passed over
+    package: str  # the named package whose requirement excludes it
+    version: str  # that package's version in the resolution
+    requires: str  # its requirement on torch, as its metadata says ("torch==2.14.0")
+
+    def to_json(self) -> dict[str, str]:
+        return {"torch": self.torch, "package": self.package, "version": self.version, "requires": self.requires}
+
+
+@dataclass(frozen=True)
 class Choice:
-    """Everything decided offline: platform, targets, torch build, hardware contract."""
+    """Everything decided offline (platform, targets, torch build, hardware contract); at lock time
+    the torch release may be moved to fit the packages the spec names (``with_packages``)."""
 
     spec: EnvSpec
     python: str
@@ -88,6 +104,8 @@ class Choice:
     driver_policy: str
     notes: list[str] = field(default_factory=list)
     arch: str = "x86_64"  # the CPU architecture of the hosts: "x86_64" | "aarch64" (from the GPUs)
+    # the newer fitting torch releases passed over for a named package (empty: the newest fitting one)
+    held_back: tuple[HeldBack, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -144,10 +162,11 @@ def choose_all(spec: EnvSpec, db: CompatDB) -> list[Choice]:
     return [choose(spec, db)]
 
 
-def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None) -> Choice:
+def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_version: str | None = None) -> Choice:
     """Pick platform, GPU targets and the torch build. Raises SpecError or ResolutionImpossible.
     ``platform``: which of ``[target].platforms`` to choose for (default its first); with several
-    platforms each choice targets the spec's GPUs that ship in that platform's hosts."""
+    platforms each choice targets the spec's GPUs that ship in that platform's hosts.
+    ``torch_version``: that release of torch, not the newest that fits (``with_packages``)."""
     problems: list[Problem] = []
     gpus: list[Gpu] = []
     for i, name in enumerate(spec.target.gpus):
@@ -191,7 +210,7 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None) -> Choic
         glibc = SUITES.get(want or "", (None, HOST_GLIBC))[1]
     if problems:
         raise SpecError(spec.file, problems)
-    torch = _choose_torch(spec, db, gpus, arch) if spec.torch is not None else None
+    torch = _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
     notes = [f"torch {c['torch']} is in the DB but needs review, so it was not considered: " + "; ".join(c["items"])
              for c in (torch.skipped if torch else [])]
     if arch != "x86_64" and torch is not None:
@@ -361,10 +380,40 @@ def on_platform(v: Variant, rel: TorchRelease, arch: str) -> Variant:
     return v
 
 
-def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64") -> TorchChoice:
+def _releases(spec: EnvSpec, db: CompatDB) -> list[TorchRelease]:
+    """The DB's torch releases within ``[torch].version``, oldest first."""
     assert spec.torch is not None
     spec_set = spec.torch.specifier()
-    releases = [r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)]
+    return [r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)]
+
+
+def _judge_release(spec: EnvSpec, db: CompatDB, rel: TorchRelease, gpus: list[Gpu],
+                   arch: str) -> tuple[Variant | None, list[tuple[Variant, bool, list[dict]]]]:
+    """The build of ``rel`` to take (None: none fits) and every build with whether it fits and why."""
+    judged = []
+    for v in sorted(rel.variants.values(), key=_cuda_key):
+        v = platform_arches(v, rel, arch)
+        ok, facts = _judge(spec, db, rel, v, gpus)
+        judged.append((v, ok, facts))
+    return _prefer(rel, [v for v, ok, _ in judged if ok], _pypi_variant(rel, arch)), judged
+
+
+def fitting_releases(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64") -> list[str]:
+    """The torch releases within ``[torch].version`` with a build that fits the GPUs, driver, Python
+    and platform (releases that need review left out), newest first."""
+    out = []
+    for rel in sorted(_releases(spec, db), key=lambda r: Version(r.version), reverse=True):
+        if not rel.needs_review and _judge_release(spec, db, rel, gpus, arch)[0] is not None:
+            out.append(rel.version)
+    return out
+
+
+def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64",
+                  only: str | None = None) -> TorchChoice:
+    """The newest release within ``[torch].version`` (only ``only``, where given) with a build that
+    fits, and that build."""
+    assert spec.torch is not None
+    releases = [r for r in _releases(spec, db) if only is None or r.version == only]
     if not releases:
         known = [r.version for r in db.torch_releases]
         raise SpecError(spec.file, [spec.problem(("torch", "version"), f"no torch release matches {spec.torch.version!r}",
@@ -379,16 +428,9 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
             all_causes.append({"kind": "release-needs-review", "torch": rel.version, "items": list(rel.needs_review),
                                "where": _where(spec, {"kind": "release-needs-review"})})
             continue
-        judged = []
-        for v in sorted(rel.variants.values(), key=_cuda_key):
-            v = platform_arches(v, rel, arch)
-            ok, facts = _judge(spec, db, rel, v, gpus)
-            causes = [] if ok else facts
-            judged.append((v, ok, facts))
-            all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for c in causes
-                              if c["kind"] != "variant-not-requested")
-        fits = [v for v, ok, _ in judged if ok]
-        pick = _prefer(rel, fits, _pypi_variant(rel, arch))
+        pick, judged = _judge_release(spec, db, rel, gpus, arch)
+        all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for _, ok, facts in judged
+                          if not ok for c in facts if c["kind"] != "variant-not-requested")
         cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name))
                  for v, ok, facts in judged]
         if first_candidates is None:
@@ -538,8 +580,10 @@ def _uv() -> str:
         raise SourceError("uv is not installed", hint="pip install uv", reference="uv-missing") from None
 
 
-def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]:
-    """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer."""
+def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -> tuple[list[str], list[str]]:
+    """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer.
+    ``torch_index``: also the PyTorch index of the chosen build (not where only torch's version is
+    wanted, ``with_packages``: every release is on PyPI)."""
     from envspec.sources import reachable  # here: explain does without urllib.request, configparser and html.parser
 
     args: list[str] = []
@@ -550,7 +594,7 @@ def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]
         else:
             args += ["--extra-index-url", m.url]
     canon: list[str] = []
-    if choice.torch is not None and choice.torch.variant.local:
+    if torch_index and choice.torch is not None and choice.torch.variant.local:
         canon.append(choice.torch.variant.index)
     canon += list(sources.extra_indexes)
     for url in canon:
@@ -568,14 +612,14 @@ def _index_args(sources: Sources, choice: Choice) -> tuple[list[str], list[str]]
 
 
 def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
-            upgrade: list[str], constraints: list[str]) -> list[dict]:
+            upgrade: list[str], constraints: list[str], *, torch_index: bool = True) -> list[dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
     out = workdir / f"pylock.{name}.toml"
     if out.exists():
         out.unlink()
-    idx, idx_notes = _index_args(sources, choice)
+    idx, idx_notes = _index_args(sources, choice, torch_index=torch_index)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
             "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
             "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", "--no-header", *idx]
@@ -696,6 +740,114 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
     return sources.index  # a mirror's copy of the canonical index's file
 
 
+def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Path) -> Choice:
+    """Torch and the packages the spec names, chosen together. ``choose`` takes the newest torch
+    release that fits the hardware; a package resolved around it afterwards can only move back, to
+    an old release with no bound on torch (vllm 0.2.2 beside torch 2.15.0, which it does not import
+    with). Here the named packages come first: uv resolves them, in the spec's order, with torch
+    free among the fitting releases, so each takes its newest release and torch the newest release
+    they all accept; the choice is then made again for that release (its build, driver floor and
+    arch list follow from it), with ``held_back`` saying which newer fitting releases were passed
+    over for which package. Unchanged where the spec names no package, where one release fits, or
+    where they cannot be resolved together (the resolution of the chosen release then says why)."""
+    spec = choice.spec
+    if choice.torch is None or spec.torch is None:
+        return choice
+    named = list(spec.python.packages) + list(spec.torch.packages)
+    fitting = fitting_releases(spec, db, choice.gpus, choice.arch)
+    if not named or len(fitting) < 2:
+        return choice
+    try:
+        found = _run_uv(named + [_torch_among(fitting, [r.version for r in _releases(spec, db)])], choice, sources,
+                        workdir, "together", [], list(spec.python.constraints), torch_index=False)
+    except (ResolutionImpossible, SourceError):
+        return choice
+    from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
+
+    got = next((p for p in found if canonicalize_name(p["name"]) == "torch"), None)
+    if got is None:
+        return choice
+    version = str(Version(str(got["version"])).public)
+    if version == choice.torch.release.version or version not in fitting:
+        return choice
+    newer = [v for v in fitting if Version(v) > Version(version)]
+    wanted = {canonicalize_name(requirement_name(r)) for r in named}
+    held = [h for p in found if canonicalize_name(p["name"]) in wanted for h in _excludes(p, newer, choice)]
+    if not held:  # a dependency's pin: torch's own family (torchvision, torchaudio, ...) pins torch exactly
+        held = [h for p in found if canonicalize_name(p["name"]) in TORCH_FAMILY - {"torch"}
+                for h in _excludes(p, newer, choice)]
+    again = choose(spec, db, platform=choice.platform if len(spec.target.platforms) > 1 else None,
+                   torch_version=version)
+    if not held:  # another dependency's pin, whose metadata is not read
+        held = [HeldBack(torch=v, package="", version="", requires="") for v in newer]
+    return dataclasses.replace(again, held_back=tuple(held))
+
+
+def _torch_among(fitting: list[str], in_range: list[str]) -> str:
+    """A requirement on torch that admits the ``fitting`` releases (and their local builds) and no
+    other DB release within the spec's range: ``torch>=LOW,<NEXT,!=...``."""
+    low, high = min(fitting, key=Version), max(fitting, key=Version)
+    above = sorted((v for v in in_range if Version(v) > Version(high)), key=Version)
+    nxt = above[0] if above else ".".join(map(str, (*Version(high).release[:2], Version(high).micro + 1)))
+    skip = [v for v in in_range if Version(low) < Version(v) < Version(high) and v not in fitting]
+    return f"torch>={low},<{nxt}" + "".join(f",!={v}" for v in sorted(skip, key=Version))
+
+
+def _excludes(package: dict, newer: list[str], choice: Choice) -> list[HeldBack]:
+    """The ``newer`` torch releases that ``package`` (a uv pylock entry) does not accept, by the
+    Requires-Dist on torch in its wheel's metadata (none where the metadata cannot be read)."""
+    from packaging.requirements import Requirement  # here: explain does without the marker grammar
+    from packaging.utils import canonicalize_name
+
+    wheels = package.get("wheels") or []
+    if not wheels or not newer:
+        return []
+    try:
+        text = _wheel_metadata(wheels[0])
+    except (OSError, ValueError, SourceError):
+        return []
+    env = {"python_version": choice.python, "python_full_version": f"{choice.python}.0",
+           "platform_machine": choice.arch, "sys_platform": "linux", "platform_system": "Linux",
+           "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "extra": ""}
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        try:
+            req = Requirement(line.split(":", 1)[1].strip())
+        except ValueError:
+            continue
+        if canonicalize_name(req.name) != "torch" or (req.marker is not None and not req.marker.evaluate(env)):
+            continue
+        out += [HeldBack(torch=v, package=canonicalize_name(package["name"]), version=str(package["version"]),
+                         requires=f"torch{req.specifier}") for v in newer
+                if not req.specifier.contains(Version(v), prereleases=True)]
+    return out
+
+
+def _wheel_metadata(wheel: dict) -> str:
+    """The METADATA of a wheel in uv's pylock (its ``url`` or local ``path``), read in place: a
+    local file's members, a remote one's by range requests (``compat.pypi.read_zip_member``)."""
+    from envspec.compat.pypi import default_fetch_range, read_zip_member  # here: the lock stage only
+
+    url = wheel.get("url") or ""
+    path = Path(unquote(urlparse(url).path)) if url.startswith("file://") else (
+        Path(wheel["path"]) if wheel.get("path") else None)
+    if path is not None:
+        import zipfile
+
+        with zipfile.ZipFile(path) as z:
+            name = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+            if name is None:
+                raise ValueError(f"{path.name} has no .dist-info/METADATA")
+            return z.read(name).decode("utf-8", "replace")
+    size = int(wheel.get("size") or 0)
+    if not url or not size:
+        raise ValueError("no URL and size to read the metadata by")
+    return read_zip_member(url, size, ".dist-info/METADATA", default_fetch_range).decode("utf-8", "replace")
+
+
 def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
                    keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
     """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
@@ -784,10 +936,17 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
 
 
 def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[str, str] | None = None,
-            upgrade: list[str] | None = None) -> Resolution:
+            upgrade: list[str] | None = None, db: CompatDB | None = None) -> Resolution:
+    """The lock stage's resolution of a choice: torch moved to fit the named packages where ``db``
+    is given (``with_packages``), the Python closure, the Debian closure."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="envspec-resolve-") as tmp:
+        if db is not None:
+            choice = with_packages(choice, db, sources, workdir=Path(tmp))
+            kept_torch = (keep or {}).get("torch")
+            if choice.torch is not None and kept_torch and Version(kept_torch).public != choice.torch.release.version:
+                keep = {}  # another torch release: the old lock's versions are no guide (they fit the old one)
         wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
     debs, requested = resolve_debian(choice, sources, cache_dir=cache_dir / "apt")
     return Resolution(choice=choice, wheels=wheels, debs=debs, deb_requested=requested)

@@ -121,6 +121,7 @@ def cmd_lock(args) -> int:
         else:
             console().print(f"{out} is up to date with {args.spec}", markup=False)
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
+    from envspec import explain
     from envspec.compat import load_db
     from envspec.host import cache_dir_for
     from envspec.resolve import choose_all, resolve
@@ -142,7 +143,7 @@ def cmd_lock(args) -> int:
             t = choice.torch
             con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
                       + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
-        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}),
+        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}), db=db,
                                upgrade=args.upgrade_package or []))
     lock = lockmod.from_resolutions(results, spec_path=rel(Path(args.spec)), db_version=db.version)
     text = lockmod.dumps(lock)
@@ -155,12 +156,18 @@ def cmd_lock(args) -> int:
                      "wheels": sum(len(p.wheels) for p in lock.parts),
                      "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
                      "platform": lock.platform_names[0], "platforms": lock.platform_names,
-                     "db_mismatch": list(dict.fromkeys(mismatches))})
+                     "db_mismatch": list(dict.fromkeys(mismatches)),
+                     "torch": [{"platform": res.choice.platform,
+                                "version": res.choice.torch.release.version if res.choice.torch else None,
+                                "held_back": explain.held_back_json(res.choice)} for res in results]})
     if mismatches:
         warn = console(stderr=True)
         for m in dict.fromkeys(mismatches):
             warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
     if not args.json and not args.quiet:
+        for res in results:
+            for line in explain.held_back_lines(res.choice):
+                con.print((f"{res.choice.platform}: " if lock.multi else "") + line, markup=False)
         counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
                            f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
         con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",

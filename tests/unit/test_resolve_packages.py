@@ -1,0 +1,102 @@
+"""Torch and the packages the spec names, chosen together (resolve.with_packages): the cases of
+tests/data/resolve_packages/, each resolved offline against tiny wheels made from its index.toml."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from envspec.compat import load_db
+from envspec.resolve import choose, resolve_python, with_packages
+from envspec.sources import Mirror, Sources
+from envspec.spec import load_spec
+
+CASES = Path(__file__).resolve().parents[1] / "data" / "resolve_packages"
+
+
+def make_wheel(dest: Path, name: str, version: str, requires: list[str]) -> None:
+    """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines, fixed bytes."""
+    mod = name.replace("-", "_")
+    di = f"{mod}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {f"{mod}/__init__.py": b"", f"{di}/METADATA": meta.encode(),
+             f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    rec = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).decode().rstrip('=')},{len(d)}\n"
+                  for p, d in sorted(files.items()))
+    files[f"{di}/RECORD"] = (rec + f"{di}/RECORD,,\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for p in sorted(files):
+            z.writestr(zipfile.ZipInfo(p, date_time=(1980, 1, 1, 0, 0, 0)), files[p])
+    (dest / f"{mod}-{version}-py3-none-any.whl").write_bytes(buf.getvalue())
+
+
+def offline_sources(case: Path, tmp: Path) -> Sources:
+    index = tmp / "index"
+    index.mkdir()
+    for w in tomllib.loads((case / "index.toml").read_text())["wheel"]:
+        make_wheel(index, w["name"], w["version"], w.get("requires", []))
+    return Sources(index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),))
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if p.is_dir()))
+def test_case(case, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # no socket: the find-links folder is the index
+    d = CASES / case
+    want = tomllib.loads((d / "expected.toml").read_text())
+    db = load_db()
+    first = choose(load_spec(d / "spec.toml"), db)
+    sources = offline_sources(d, tmp_path)
+    choice = with_packages(first, db, sources, workdir=tmp_path / "work")
+    assert choice.torch is not None and choice.torch.release.version == want["torch"], want["note"]
+    assert [h.to_json() for h in choice.held_back] == want["held_back"], want["note"]
+    pins = {w.name: w.version for w in resolve_python(choice, sources, workdir=tmp_path / "work")}
+    assert pins["torch"] == want["torch"]
+    assert {k: pins.get(k) for k in want["packages"]} == want["packages"], want["note"]
+    # the build follows the release: the same as choosing that release outright
+    assert choice.torch.variant == choose(load_spec(d / "spec.toml"), db, torch_version=want["torch"]).torch.variant
+
+
+def test_without_with_packages_the_old_order_locks_an_ancient_release(tmp_path, monkeypatch):
+    """What the cases guard against: torch first, then the packages around it."""
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    d = CASES / "newest-package-decides-torch"
+    sources = offline_sources(d, tmp_path)
+    first = choose(load_spec(d / "spec.toml"), load_db())
+    pins = {w.name: w.version for w in resolve_python(first, sources, workdir=tmp_path / "work")}
+    assert (pins["torch"], pins["vllm"]) == ("2.15.0", "0.2.2")
+
+
+def test_lock_says_which_package_held_torch_back(tmp_path, monkeypatch, capsys):
+    import json
+
+    from envspec import lock as lockmod
+    from envspec.cli import main
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    d = CASES / "newest-package-decides-torch"
+    index = offline_sources(d, tmp_path).mirrors[0].url
+    spec = tmp_path / "vllm.toml"
+    spec.write_text((d / "spec.toml").read_text()
+                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    out = tmp_path / "vllm.lock"
+    assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["torch"] == [{"platform": "linux-x86_64", "version": "2.14.0", "held_back": [
+        {"torch": "2.15.0", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"},
+        {"torch": "2.14.1", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"}]}]
+    lock = lockmod.load(out)
+    assert {w.name: w.version for w in lock.wheels if w.name in ("torch", "vllm")} == {"torch": "2.14.0", "vllm": "0.34.0"}
+    out.unlink()
+    assert main(["lock", str(spec), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "torch 2.14.0 was chosen together with the packages the spec names" in err
+    assert "torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in err
+    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0  # the lock is true to its spec
