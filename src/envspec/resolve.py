@@ -636,7 +636,8 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
 
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise _platform_wheel_error(proc.stderr, choice, idx_notes) or _uv_error(proc.stderr, reqs)
+        raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
+               or _uv_error(proc.stderr, reqs, choice))
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
 
@@ -678,6 +679,33 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
                                 reference="no-wheel-for-platform")
 
 
+def _torch_index_error(stderr: str, choice: Choice, index_notes: list[str]) -> Exception | None:
+    """The chosen torch build comes from a PyTorch index that did not answer, and uv found no copy
+    of it on a mirror: exit 3 (``index-unavailable``) naming the index and the build, and what the
+    reachable indexes offer instead (PyPI's build of the release, and whether it fits), not a
+    version conflict."""
+    t = choice.torch
+    if t is None or not t.variant.local or not any(n.startswith(f"{t.variant.index} ") for n in index_notes):
+        return None
+    if not re.search(r"\btorch\b", stderr):
+        return None
+    build = f"torch {t.release.version}+{t.variant.local}"
+    pypi = t.release.pypi_variant if choice.arch == "x86_64" else None
+    pypi_c = next((c for c in t.candidates if c.variant == pypi), None)
+    if pypi_c is None:
+        offer = f"PyPI has no build of torch {t.release.version} for {choice.platform} on record"
+    elif pypi_c.ok:
+        offer = (f"PyPI serves torch {t.release.version}'s {pypi} build, which fits too: set [torch].cuda = "
+                 f"\"{pypi_c.cuda}\" to take it")
+    else:
+        offer = f"PyPI serves torch {t.release.version}'s {pypi} build, which does not fit these GPUs and driver"
+    return SourceError(f"{build} ({t.variant.name}, the build that fits these GPUs and driver) comes from "
+                       f"{t.variant.index}, which does not answer, and no mirror has it; {offer}",
+                       hint=f"serve {t.variant.index} through a mirror ([sources].mirrors, ENVSPEC_MIRRORS or pip's "
+                            "config), or name a mirror of the PyTorch index as [sources].torch_index",
+                       reference="index-unavailable")
+
+
 def _pypi_has(platform: str) -> str:
     """What data/torch_platforms.toml records PyPI serving for ``platform``: "torch >=2.0,<=2.9.1: cpu; ..."."""
     rows = pypi_builds(platform)
@@ -706,13 +734,18 @@ def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match
         reference="no-wheel-for-platform")
 
 
-def _uv_error(stderr: str, reqs: list[str]) -> Exception:
+# uv's explanation of a conflict: a requirement of a package on torch (compiled by re on a failure)
+_DEPENDS_ON_TORCH = r"([A-Za-z0-9._-]+)((?:[<>=!~]=?|===)[^ ,]+)? depends on torch((?:[<>=!~]=?|===)[^ ,]+(?:,[<>=!~]=?[^ ,]+)*)"
+
+
+def _uv_error(stderr: str, reqs: list[str], choice: Choice | None = None) -> Exception:
     text = stderr.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if "No solution found" in text or "unsatisfiable" in text:
         return ResolutionImpossible("the Python packages cannot be installed together",
-                                    causes=[{"kind": "python-conflict", "text": ln.strip()} for ln in lines[:12]],
-                                    hint="relax a version in [python].packages; uv's explanation is above",
+                                    causes=[{"kind": "python-conflict", "text": _our_pin(ln.strip(), choice)}
+                                            for ln in lines[:12]],
+                                    hint=_conflict_hint(text, choice),
                                     reference="python-conflict")
     if "not found in the package registry" in text or "was not found in the" in text:
         return ResolutionImpossible("a Python package does not exist on the configured indexes",
@@ -722,6 +755,42 @@ def _uv_error(stderr: str, reqs: list[str]) -> Exception:
     return SourceError("the Python resolver (uv) failed:\n  " + "\n  ".join(lines[-12:]),
                        hint="check the network or configure a mirror ([sources].mirrors or ENVSPEC_MIRRORS)",
                        reference="index-unavailable")
+
+
+def _our_pin(line: str, choice: Choice | None) -> str:
+    """uv says "you require torch==X" of the pin envspec added for the chosen release: say so."""
+    t = choice.torch if choice is not None else None
+    if t is None:
+        return line
+    local = f"+{t.variant.local}" if t.variant.local else ""
+    return line.replace(f"you require torch=={t.release.version}{local}",
+                        f"envspec chose torch=={t.release.version}{local} (the newest release within [torch].version "
+                        "that fits the GPUs, driver and platform, or the one the named packages accept)")
+
+
+def _conflict_hint(text: str, choice: Choice | None) -> str:
+    """The binding constraint of a conflict, where uv names a package's requirement on torch that
+    the chosen release does not meet: what to set, else the general advice."""
+    t = choice.torch if choice is not None else None
+    m = re.search(_DEPENDS_ON_TORCH, text)
+    if t is None or m is None:
+        return "relax a version in [python].packages; uv's explanation is above"
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # here: explain does without them
+
+    who, needs = m.group(1) + (m.group(2) or ""), m.group(3)
+    try:
+        wants = SpecifierSet(needs)
+    except InvalidSpecifier:
+        return "relax a version in [python].packages; uv's explanation is above"
+    if wants.contains(t.release.version, prereleases=True):
+        return "relax a version in [python].packages; uv's explanation is above"
+    exact = needs[2:] if needs.startswith("==") and "," not in needs and "*" not in needs else ""
+    setting = (f"set [torch].version = \"{'.'.join(exact.split('.')[:2])}.*\"" if exact
+               else f"set [torch].version to a release {who} accepts (torch{needs})")
+    assert choice is not None and choice.spec.torch is not None
+    return (f"{who} requires torch{needs}, and [torch].version = \"{choice.spec.torch.version}\" gives torch "
+            f"{t.release.version}: {setting}, or leave the choice to envspec (a wider [torch].version: the lock "
+            f"chooses torch and the packages together), or pin an older {m.group(1)}")
 
 
 def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> str:

@@ -100,3 +100,47 @@ def test_lock_says_which_package_held_torch_back(tmp_path, monkeypatch, capsys):
     assert "torch 2.14.0 was chosen together with the packages the spec names" in err
     assert "torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in err
     assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0  # the lock is true to its spec
+
+
+def _spec_with(tmp: Path, case: str, **changes: str) -> Path:
+    text = (CASES / case / "spec.toml").read_text()
+    for old, new in changes.items():
+        text = text.replace(old, new)
+    out = tmp / "spec.toml"
+    out.write_text(text)
+    return out
+
+
+def test_a_conflict_names_the_package_whose_pin_binds_torch(tmp_path, monkeypatch):
+    from envspec.errors import ResolutionImpossible
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = "newest-package-decides-torch"
+    spec = load_spec(_spec_with(tmp_path, case, **{'"2.*"': '"2.15.*"', '["vllm"]': '["vllm>=0.30"]'}))
+    sources = offline_sources(CASES / case, tmp_path)
+    choice = with_packages(choose(spec, load_db()), load_db(), sources, workdir=tmp_path / "w")  # one release fits
+    with pytest.raises(ResolutionImpossible) as e:
+        resolve_python(choice, sources, workdir=tmp_path / "w")
+    err = e.value
+    assert err.reference == "python-conflict"
+    assert err.hint.startswith('vllm>=0.34.0 requires torch==2.14.0, and [torch].version = "==2.15.*" gives torch 2.15.0: '
+                               'set [torch].version = "2.14.*"'), err.hint
+    said = " ".join(c["text"] for c in err.causes)
+    assert "envspec chose torch==2.15.0" in said and "you require torch==2.15.0" not in said
+
+
+def test_the_torch_builds_index_not_answering_is_exit_3_with_what_pypi_offers(tmp_path, monkeypatch):
+    from envspec.errors import EXIT_SOURCE, SourceError
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # download.pytorch.org does not answer
+    spec = load_spec(_spec_with(tmp_path, "no-pin-keeps-newest-torch", **{'"H100"': '"A100", "H100"',
+                                                                          '"580.65.06"': '"535.104.05"'}))
+    choice = choose(spec, load_db())
+    assert choice.torch is not None and choice.torch.variant.local  # a build of the PyTorch index
+    with pytest.raises(SourceError) as e:
+        resolve_python(choice, offline_sources(CASES / "no-pin-keeps-newest-torch", tmp_path), workdir=tmp_path / "w")
+    err = e.value
+    assert (err.reference, err.exit_code) == ("index-unavailable", EXIT_SOURCE)
+    assert f"torch {choice.torch.release.version}+{choice.torch.variant.local}" in err.message
+    assert choice.torch.variant.index in err.message and "which does not answer" in err.message
+    assert "PyPI serves torch" in err.message and "mirror" in err.hint
