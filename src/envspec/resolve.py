@@ -637,7 +637,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
-               or _uv_error(proc.stderr, reqs, choice))
+               or _uv_error(proc.stderr, reqs, choice, sources))
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
 
@@ -738,23 +738,64 @@ def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match
 _DEPENDS_ON_TORCH = r"([A-Za-z0-9._-]+)((?:[<>=!~]=?|===)[^ ,]+)? depends on torch((?:[<>=!~]=?|===)[^ ,]+(?:,[<>=!~]=?[^ ,]+)*)"
 
 
-def _uv_error(stderr: str, reqs: list[str], choice: Choice | None = None) -> Exception:
+# a package that no configured index has (compiled by re on a failure)
+_NOT_FOUND = r"(?:Because |`)([A-Za-z0-9._-]+)`? was not found in the"
+
+
+def _uv_error(stderr: str, reqs: list[str], choice: Choice | None = None, sources: Sources | None = None) -> Exception:
     text = stderr.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    if "not found in the package registry" in text or "was not found in the" in text:
+        return _unknown_packages(re.findall(_NOT_FOUND, text), lines, choice, sources)
     if "No solution found" in text or "unsatisfiable" in text:
         return ResolutionImpossible("the Python packages cannot be installed together",
                                     causes=[{"kind": "python-conflict", "text": _our_pin(ln.strip(), choice)}
                                             for ln in lines[:12]],
                                     hint=_conflict_hint(text, choice),
                                     reference="python-conflict")
-    if "not found in the package registry" in text or "was not found in the" in text:
-        return ResolutionImpossible("a Python package does not exist on the configured indexes",
-                                    causes=[{"kind": "python-missing", "text": ln.strip()} for ln in lines[:8]],
-                                    hint="check the name in [python].packages, or add the index to [sources]",
-                                    reference="unknown-python-package")
     return SourceError("the Python resolver (uv) failed:\n  " + "\n  ".join(lines[-12:]),
                        hint="check the network or configure a mirror ([sources].mirrors or ENVSPEC_MIRRORS)",
                        reference="index-unavailable")
+
+
+def _unknown_packages(missing: list[str], lines: list[str], choice: Choice | None,
+                      sources: Sources | None) -> ResolutionImpossible:
+    """Packages no configured index has: each at its place in the spec, with the names the indexes
+    do serve that are closest to it (``sources.close_names``)."""
+    from envspec.sources import close_names, project_names  # here: the lock stage only
+
+    names = project_names(sources, cache_dir=cache_dir_for(os.environ)) if sources is not None and missing else set()
+    causes, hints = [], []
+    for name in dict.fromkeys(missing):
+        close = close_names(name, names) if names else []
+        where = _requirement_where(choice, name) if choice is not None else ""
+        causes.append({"kind": "python-missing", "where": where,
+                       "text": f"no configured index has a package named {name!r}"
+                               + (f"; did you mean {close[0]!r}?" if close else "")})
+        if close:
+            hints.append(f"{name!r}: did you mean {close[0]!r}?"
+                         + (f" (or {', '.join(repr(c) for c in close[1:])})" if close[1:] else ""))
+    if not causes:
+        causes = [{"kind": "python-missing", "text": ln.strip()} for ln in lines[:8]]
+    return ResolutionImpossible("a Python package does not exist on the configured indexes", causes=causes,
+                                hint="; ".join(hints) if hints else
+                                "check the name in [python].packages, or add the index to [sources]",
+                                reference="unknown-python-package")
+
+
+def _requirement_where(choice: Choice, name: str) -> str:
+    """'[python].packages[0] (specs/x.toml:9)' for the spec's requirement on ``name``."""
+    from packaging.utils import canonicalize_name
+
+    spec = choice.spec
+    sections = [(("python", "packages"), spec.python.packages)]
+    if spec.torch is not None:
+        sections.append((("torch", "packages"), spec.torch.packages))
+    for key, reqs in sections:
+        for i, r in enumerate(reqs):
+            if canonicalize_name(requirement_name(r)) == canonicalize_name(name):
+                return spec.problem((*key, i), "").where(spec.file)
+    return ""
 
 
 def _our_pin(line: str, choice: Choice | None) -> str:

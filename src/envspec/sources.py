@@ -218,3 +218,92 @@ def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
             return {c.name: c.absolute().as_uri() for c in sorted(p.iterdir()) if c.is_file()}
     body, _ctype, final = _read_url(mirror_url, timeout=timeout)
     return _links_to_files(body, final)
+
+
+# --- what the indexes serve, for a did-you-mean -----------------------------------------------------
+
+NAMES_TTL_S = 24 * 3600  # a remote index's project list is kept this long (PyPI's: 40 MB, 900,000 names)
+_ANCHOR_TEXT = re.compile(r">([^<>]+)</a>")
+_DIST_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9]")
+
+
+def project_names(sources: Sources, *, cache_dir: Path, timeout: float = 30) -> set[str]:
+    """The normalized names of the projects the configured indexes and mirrors serve: a find-links
+    folder's files, a local simple index's folders, a remote index's root page (kept in
+    ``cache_dir`` for a day). What cannot be read is left out: this serves a did-you-mean."""
+    names: set[str] = set()
+    for m in sources.mirrors:
+        try:
+            if m.kind == "links":
+                names |= {normalize_name(d.group(1)) for f in links_files(m.url, timeout=timeout)
+                          if (d := _DIST_NAME.match(f))}
+            elif m.path is not None and m.path.is_dir():
+                names |= {normalize_name(c.name) for c in m.path.iterdir() if c.is_dir()}
+            else:
+                names |= _remote_names(m.url, cache_dir, timeout)
+        except (OSError, ValueError):
+            continue
+    for url in (sources.index, *sources.extra_indexes):
+        if reachable(url):
+            try:
+                names |= _remote_names(url, cache_dir, timeout)
+            except (OSError, ValueError):
+                continue
+    return names
+
+
+def _remote_names(index_url: str, cache_dir: Path, timeout: float) -> set[str]:
+    import hashlib
+    import time
+
+    kept = cache_dir / "index-names" / (hashlib.sha256(index_url.encode()).hexdigest()[:16] + ".txt")
+    try:
+        if time.time() - kept.stat().st_mtime < NAMES_TTL_S:
+            return set(kept.read_text(encoding="utf-8").split())
+    except OSError:
+        pass
+    body, ctype, _final = _read_url(index_url.rstrip("/") + "/", timeout=timeout)
+    if "json" in ctype:
+        names = {normalize_name(p["name"]) for p in json.loads(body).get("projects", [])}
+    else:
+        names = {normalize_name(n.strip()) for n in _ANCHOR_TEXT.findall(body.decode("utf-8", "replace"))}
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text("\n".join(sorted(names)) + "\n", encoding="utf-8")
+    os.replace(tmp, kept)
+    return names
+
+
+def close_names(name: str, names: set[str], n: int = 3) -> list[str]:
+    """The names in ``names`` closest to ``name`` (a misspelling: a letter missed, doubled, swapped
+    or wrong), best first: at most two edits away (an adjacent swap is one), fewer edits first, then
+    the same first letter, then difflib's ratio; none when nothing is that close."""
+    import difflib
+
+    want = normalize_name(name)
+    sm = difflib.SequenceMatcher()
+    sm.set_seq2(want)
+    scored = []
+    for c in names:  # 900,000 names on PyPI: the cheap tests first
+        if abs(len(c) - len(want)) > 2 or c == want or (c[:2] != want[:2] and c[-2:] != want[-2:]):
+            continue
+        sm.set_seq1(c)
+        if sm.real_quick_ratio() >= 0.75 and sm.quick_ratio() >= 0.75 and sm.ratio() >= 0.75:
+            d = _edits(c, want)
+            if d <= 2:
+                scored.append((d, c[0] != want[0], -sm.ratio(), c))
+    return [c for *_, c in sorted(scored)[:n]]
+
+
+def _edits(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions, adjacent swaps."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]

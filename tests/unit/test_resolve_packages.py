@@ -144,3 +144,33 @@ def test_the_torch_builds_index_not_answering_is_exit_3_with_what_pypi_offers(tm
     assert f"torch {choice.torch.release.version}+{choice.torch.variant.local}" in err.message
     assert choice.torch.variant.index in err.message and "which does not answer" in err.message
     assert "PyPI serves torch" in err.message and "mirror" in err.hint
+
+
+def test_a_misspelled_package_gets_did_you_mean_at_its_place_in_the_spec(tmp_path, monkeypatch):
+    from envspec.errors import ResolutionImpossible
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    case = "no-pin-keeps-newest-torch"
+    sources = offline_sources(CASES / case, tmp_path)
+    make_wheel(tmp_path / "index", "transformers", "5.16.1", [])
+    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "transfomers>=5"]'})
+    with pytest.raises(ResolutionImpossible) as e:
+        resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")
+    err = e.value
+    assert err.reference == "unknown-python-package"
+    assert err.hint == "'transfomers': did you mean 'transformers'?"
+    assert err.causes == [{"kind": "python-missing", "where": f"[python].packages[1] ({spec_path}:9)",
+                           "text": "no configured index has a package named 'transfomers'; did you mean 'transformers'?"}]
+
+
+def test_close_names_takes_one_or_two_edits_fewest_first():
+    from envspec.sources import close_names
+
+    names = {"transformers", "ctransformers", "pytorch", "vllm", "llmm", "xformers", "exformer", "numpy"}
+    assert close_names("transfomers", names) == ["transformers", "ctransformers"]
+    assert close_names("pytroch", names) == ["pytorch"]  # an adjacent swap is one edit
+    assert close_names("vllmm", names) == ["vllm", "llmm"]  # the same first letter first
+    assert close_names("xformer", names)[0] == "xformers"
+    assert close_names("Flash_Atn", {"flash-attn"}) == ["flash-attn"]  # names are compared normalized
+    assert close_names("tensorflow", names) == []
