@@ -137,6 +137,7 @@ class WheelCandidate:
     size: int
     group: str
     direct: bool
+    held_back: str | None = None  # a named package below its newest release: why (``held_back``)
 
 
 @dataclass(frozen=True)
@@ -612,7 +613,8 @@ def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -
 
 
 def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
-            upgrade: list[str], constraints: list[str], *, torch_index: bool = True) -> list[dict]:
+            upgrade: list[str], constraints: list[str], *, torch_index: bool = True, no_deps: bool = False,
+            only_binary: bool = True) -> list[dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
@@ -622,7 +624,8 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     idx, idx_notes = _index_args(sources, choice, torch_index=torch_index)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
             "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
-            "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", "--no-header", *idx]
+            *(["--only-binary", ":all:"] if only_binary else []), *(["--no-deps"] if no_deps else []),
+            "--index-strategy", "unsafe-best-match", "--no-header", *idx]
     if constraints:
         c = workdir / f"{name}.constraints.txt"
         c.write_text("\n".join(constraints) + "\n")
@@ -1045,6 +1048,71 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
     return pins, requested
 
 
+def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *, workdir: Path) -> dict[str, str]:
+    """name -> why, for each package the spec names that the resolution holds below the newest
+    release its own requirement admits for the platform and Python, or at a pre-release nobody
+    asked for: the newest release's requirement on torch that the lock's torch does not meet, a
+    newer release with no wheel (envspec installs wheels only), else the other packages'
+    requirements. Found with two uv runs without dependencies (the newest release with a wheel,
+    the newest release of any kind); a package they cannot resolve alone is left out."""
+    from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
+
+    spec = choice.spec
+    pins = {w.name: w for w in wheels}
+    named = [r for r in list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
+             if canonicalize_name(requirement_name(r)) in pins]
+    if not named:
+        return {}
+    try:
+        newest = {canonicalize_name(p["name"]): p for p in
+                  _run_uv(named, choice, sources, workdir, "newest", [], [], torch_index=False, no_deps=True)}
+        any_kind = {canonicalize_name(p["name"]): str(p["version"]) for p in
+                    _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
+                            only_binary=False)}
+    except (ResolutionImpossible, SourceError):
+        return {}
+    torch_version = next((w.version for w in wheels if w.name == "torch"), None)
+    out: dict[str, str] = {}
+    for req in named:
+        name = canonicalize_name(requirement_name(req))
+        have = Version(pins[name].version)
+        why: list[str] = []
+        top = newest.get(name)
+        if top is not None and Version(str(top["version"])) > have:
+            why.append(f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
+                       f"Python {choice.python}; " + _holds_back(top, torch_version, choice))
+        best = Version(str(top["version"])) if top is not None else have
+        if name in any_kind and Version(any_kind[name]) > max(best, have):
+            why.append(f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
+                       f"source distribution only): envspec installs wheels only; with a build from source the "
+                       f"lock could take {any_kind[name]}")
+        if have.is_prerelease and not _asks_prerelease(req):
+            why.append(f"{have} is a pre-release the spec does not ask for")
+        if why:
+            out[name] = "; ".join(why)
+    return out
+
+
+def _holds_back(top: dict, torch_version: str | None, choice: Choice) -> str:
+    """Why the lock does not take ``top`` (a uv pylock entry): its requirement on torch against the
+    lock's torch, by its wheel's metadata; else the other packages' requirements."""
+    if torch_version is not None:
+        for h in _excludes(top, [torch_version], choice):
+            return f"it requires {h.requires}, and the lock's torch is {torch_version}"
+    return "the other packages' requirements hold it back"
+
+
+def _asks_prerelease(req: str) -> bool:
+    """Whether a requirement names a pre-release (``vllm>=0.35.0rc1``): then one is asked for."""
+    from packaging.requirements import InvalidRequirement, Requirement  # here: the lock stage only
+
+    try:
+        return any(Version(s.version).is_prerelease for s in Requirement(req).specifier
+                   if not s.version.endswith(".*"))
+    except (InvalidRequirement, ValueError):
+        return False
+
+
 def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[str, str] | None = None,
             upgrade: list[str] | None = None, db: CompatDB | None = None) -> Resolution:
     """The lock stage's resolution of a choice: torch moved to fit the named packages where ``db``
@@ -1058,5 +1126,8 @@ def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[
             if choice.torch is not None and kept_torch and Version(kept_torch).public != choice.torch.release.version:
                 keep = {}  # another torch release: the old lock's versions are no guide (they fit the old one)
         wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
+        if db is not None:  # the lock stage: say which named package is held back, and why
+            why = held_back(choice, wheels, sources, workdir=Path(tmp))
+            wheels = [dataclasses.replace(w, held_back=why.get(w.name)) for w in wheels]
     debs, requested = resolve_debian(choice, sources, cache_dir=cache_dir / "apt")
     return Resolution(choice=choice, wheels=wheels, debs=debs, deb_requested=requested)

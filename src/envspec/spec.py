@@ -95,6 +95,10 @@ class Python(_Model):
     version: str = "3.11"
     packages: list[str] = []
     constraints: list[str] = Field(default=[], description="pins applied without requesting")
+    # a named package held below its newest release (a torch pin, no wheel, the Python version) or at
+    # a pre-release nobody asked for: "warn" (the lock is written and says why), "error" (refused,
+    # for CI); a policy of `envspec lock`, not an input of the resolution: not in the spec hash
+    held_back: Literal["warn", "error"] = "warn"
 
     @field_validator("version")
     @classmethod
@@ -267,6 +271,7 @@ class EnvSpec(_Model):
         import hashlib  # only the lock stage hashes a spec: OpenSSL's libcrypto stays off explain's path
 
         data = self.model_dump(mode="json", exclude={"description"})
+        del data["python"]["held_back"]  # a policy of `envspec lock`, not an input of the resolution
         src = data.pop("sources")
         data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
         if not data["target"]["platforms"]:  # unset: the hash of a spec written before the key existed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from envspec.compat import load_db
-from envspec.resolve import choose, resolve_python, with_packages
+from envspec.resolve import choose, held_back, resolve_python, with_packages
 from envspec.sources import Mirror, Sources
 from envspec.spec import load_spec
 
@@ -37,11 +38,28 @@ def make_wheel(dest: Path, name: str, version: str, requires: list[str]) -> None
     (dest / f"{mod}-{version}-py3-none-any.whl").write_bytes(buf.getvalue())
 
 
+def make_sdist(dest: Path, name: str, version: str, requires: list[str]) -> None:
+    """``{name}-{version}.tar.gz`` with a static PKG-INFO (metadata 2.2: nothing dynamic)."""
+    meta = (f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path, data in ((f"{name}-{version}/PKG-INFO", meta),
+                           (f"{name}-{version}/pyproject.toml", b'[build-system]\nrequires = ["setuptools"]\n')):
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (dest / f"{name}-{version}.tar.gz").write_bytes(buf.getvalue())
+
+
 def offline_sources(case: Path, tmp: Path) -> Sources:
     index = tmp / "index"
     index.mkdir()
-    for w in tomllib.loads((case / "index.toml").read_text())["wheel"]:
+    listed = tomllib.loads((case / "index.toml").read_text())
+    for w in listed["wheel"]:
         make_wheel(index, w["name"], w["version"], w.get("requires", []))
+    for s in listed.get("sdist", []):
+        make_sdist(index, s["name"], s["version"], s.get("requires", []))
     return Sources(index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),))
 
 
@@ -56,9 +74,11 @@ def test_case(case, tmp_path, monkeypatch):
     choice = with_packages(first, db, sources, workdir=tmp_path / "work")
     assert choice.torch is not None and choice.torch.release.version == want["torch"], want["note"]
     assert [h.to_json() for h in choice.held_back] == want["held_back"], want["note"]
-    pins = {w.name: w.version for w in resolve_python(choice, sources, workdir=tmp_path / "work")}
+    wheels = resolve_python(choice, sources, workdir=tmp_path / "work")
+    pins = {w.name: w.version for w in wheels}
     assert pins["torch"] == want["torch"]
     assert {k: pins.get(k) for k in want["packages"]} == want["packages"], want["note"]
+    assert held_back(choice, wheels, sources, workdir=tmp_path / "work") == want.get("packages_held_back", {}), want["note"]
     # the build follows the release: the same as choosing that release outright
     assert choice.torch.variant == choose(load_spec(d / "spec.toml"), db, torch_version=want["torch"]).torch.variant
 
@@ -174,3 +194,40 @@ def test_close_names_takes_one_or_two_edits_fewest_first():
     assert close_names("xformer", names)[0] == "xformers"
     assert close_names("Flash_Atn", {"flash-attn"}) == ["flash-attn"]  # names are compared normalized
     assert close_names("tensorflow", names) == []
+
+
+def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spec_says(tmp_path, monkeypatch, capsys):
+    import json
+
+    from envspec import lock as lockmod
+    from envspec.cli import main
+    from envspec.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    d = CASES / "held-back-by-a-torch-pin"
+    why = tomllib.loads((d / "expected.toml").read_text())["packages_held_back"]["vllm"]
+    index = offline_sources(d, tmp_path).mirrors[0].url
+    spec = tmp_path / "vllm.toml"
+    sources = f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n'
+    spec.write_text((d / "spec.toml").read_text() + sources)
+    out = tmp_path / "vllm.lock"
+    assert main(["lock", str(spec), "-o", str(out)]) == 0
+    assert f"warning: {why}" in capsys.readouterr().err
+    lock = lockmod.load(out)
+    assert lock.revision == 3 and [(w.name, w.held_back) for w in lock.wheels if w.held_back] == [("vllm", why)]
+    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0  # a warning, the lock is true to its spec
+    assert f"warning: {why}" in capsys.readouterr().err
+    # for CI: the spec refuses it, and the setting is no input of the resolution (the same spec hash)
+    spec.write_text((d / "spec.toml").read_text().replace('packages = ["vllm"]', 'packages = ["vllm"]\nheld_back = "error"')
+                    + sources)
+    assert main(["lock", str(spec), "-o", str(out), "--check", "--json"]) == EXIT_CHECK_FAILED
+    said = json.loads(capsys.readouterr().out)
+    assert said["held_back"] == [{"platform": "linux-x86_64", "name": "vllm", "version": "0.34.0", "why": why}]
+    assert said["reasons"] == [f'held back ([python].held_back = "error"): {why}']
+    before = out.read_bytes()
+    out.unlink()
+    assert main(["lock", str(spec), "-o", str(out)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "error[package-held-back]" in err and why in err and not out.exists()
+    out.write_bytes(before)

@@ -110,9 +110,17 @@ def cmd_lock(args) -> int:
         now = _offline_platforms(spec)
         reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
                                         platforms=now)
+        held = _held_back(old)
+        if spec.python.held_back == "error":
+            reasons += [f"held back ([python].held_back = \"error\"): {h['why']}" for h in held]
         if args.json:
-            print_json({"ok": not reasons, "lock": str(out), "reasons": reasons})
-        elif reasons:
+            print_json({"ok": not reasons, "lock": str(out), "reasons": reasons, "held_back": held})
+            return EXIT_CHECK_FAILED if reasons else EXIT_OK
+        if spec.python.held_back == "warn":
+            for h in held:
+                console(stderr=True).print(f"warning: {h['platform'] + ': ' if old.multi else ''}{h['why']}",
+                                           markup=False)
+        if reasons:
             con = console(stderr=True)
             con.print(f"{out} is out of date with {args.spec}:", markup=False)
             for r in reasons:
@@ -146,6 +154,13 @@ def cmd_lock(args) -> int:
         results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}), db=db,
                                upgrade=args.upgrade_package or []))
     lock = lockmod.from_resolutions(results, spec_path=rel(Path(args.spec)), db_version=db.version)
+    held = _held_back(lock)
+    if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
+        raise ResolutionImpossible(
+            f"{len(held)} package(s) the spec names are held back ([python].held_back = \"error\")",
+            causes=[{"kind": "package-held-back", "where": "", "text": h["why"]} for h in held],
+            hint="act on each reason, pin the package where its current release is wanted, or set "
+                 "[python].held_back = \"warn\"", reference="package-held-back")
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
@@ -157,6 +172,7 @@ def cmd_lock(args) -> int:
                      "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
                      "platform": lock.platform_names[0], "platforms": lock.platform_names,
                      "db_mismatch": list(dict.fromkeys(mismatches)),
+                     "held_back": held,
                      "torch": [{"platform": res.choice.platform,
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
                                 "held_back": explain.held_back_json(res.choice)} for res in results]})
@@ -168,11 +184,21 @@ def cmd_lock(args) -> int:
         for res in results:
             for line in explain.held_back_lines(res.choice):
                 con.print((f"{res.choice.platform}: " if lock.multi else "") + line, markup=False)
+    if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
+        for h in held:
+            con.print(f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
+                      "([python].held_back = \"error\" refuses the lock)", markup=False)
         counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
                            f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
         con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
                   markup=False)
     return EXIT_OK
+
+
+def _held_back(lock) -> list[dict]:
+    """The wheels the lock records as held back (``resolve.held_back``), platform by platform."""
+    return [{"platform": part.name, "name": w.name, "version": w.version, "why": w.held_back}
+            for part in lock.parts for w in part.wheels if w.held_back]
 
 
 def lock_for(target: str, *, locked: bool, quiet: bool):
