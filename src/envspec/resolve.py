@@ -1080,7 +1080,7 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
         top = newest.get(name)
         if top is not None and Version(str(top["version"])) > have:
             why.append(f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
-                       f"Python {choice.python}; " + _holds_back(top, torch_version, choice))
+                       f"Python {choice.python}; " + _holds_back(top, torch_version, choice, sources, workdir))
         best = Version(str(top["version"])) if top is not None else have
         if name in any_kind and Version(any_kind[name]) > max(best, have):
             why.append(f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
@@ -1093,12 +1093,22 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
     return out
 
 
-def _holds_back(top: dict, torch_version: str | None, choice: Choice) -> str:
+def _holds_back(top: dict, torch_version: str | None, choice: Choice, sources: Sources, workdir: Path) -> str:
     """Why the lock does not take ``top`` (a uv pylock entry): its requirement on torch against the
-    lock's torch, by its wheel's metadata; else the other packages' requirements."""
+    lock's torch, by its wheel's metadata; else its own requirements, where it cannot be installed
+    even alone (vllm 0.34.0: torch==2.14.0 beside torchaudio==2.11.0, which needs torch 2.11.0);
+    else the other packages' requirements."""
     if torch_version is not None:
         for h in _excludes(top, [torch_version], choice):
             return f"it requires {h.requires}, and the lock's torch is {torch_version}"
+    try:
+        _run_uv([f"{top['name']}=={top['version']}"], choice, sources, workdir, "alone", [], [], torch_index=False)
+    except ResolutionImpossible as e:
+        said = [c["text"] for c in e.causes if c.get("kind") == "python-conflict" and "Because" in c.get("text", "")]
+        return "it cannot be installed even alone, its own requirements conflict" + (
+            f" ({said[0].removeprefix('cause: ').strip()})" if said else "")
+    except SourceError:
+        pass
     return "the other packages' requirements hold it back"
 
 
