@@ -637,7 +637,18 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     env["UV_NO_CONFIG"] = "1"
     import subprocess
 
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    # One resolution reads each index once: after uv's first successful run in this work directory,
+    # a run with the same indexes reads uv's cache (--offline), and goes online only where that
+    # fails (a page it has not read yet). Every uv run revalidates each page it reads online: 470
+    # requests and 4-5 s for the vllm stack where the index sends no max-age (docs/benchmarks.md).
+    read = workdir / "uv-indexes-read"
+    proc = None
+    if read.is_file() and read.read_text() == "\n".join(idx):
+        proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
+    if proc is None or proc.returncode != 0:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if proc.returncode == 0 and not read.exists():
+            read.write_text("\n".join(idx))
     if proc.returncode != 0:
         raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
                or _uv_error(proc.stderr, reqs, choice, sources))
@@ -1104,7 +1115,7 @@ def _holds_back(top: dict, torch_version: str | None, choice: Choice, sources: S
     try:
         _run_uv([f"{top['name']}=={top['version']}"], choice, sources, workdir, "alone", [], [], torch_index=False)
     except ResolutionImpossible as e:
-        said = [c["text"] for c in e.causes if c.get("kind") == "python-conflict" and "Because" in c.get("text", "")]
+        said = [c["text"] for c in e.causes if "Because" in c.get("text", "") or c.get("kind") == "python-missing"]
         return "it cannot be installed even alone, its own requirements conflict" + (
             f" ({said[0].removeprefix('cause: ').strip()})" if said else "")
     except SourceError:

@@ -231,3 +231,17 @@ def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spe
     err = capsys.readouterr().err
     assert "error[package-held-back]" in err and why in err and not out.exists()
     out.write_bytes(before)
+
+
+def test_a_newest_release_that_cannot_be_installed_alone_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = "no-pin-keeps-newest-torch"
+    sources = offline_sources(CASES / case, tmp_path)
+    make_wheel(tmp_path / "index", "accelerate", "1.13.0", ["torch>=2.0.0", "flashinfer==9.9"])  # no such flashinfer
+    choice = choose(load_spec(CASES / case / "spec.toml"), load_db())
+    wheels = resolve_python(choice, sources, workdir=tmp_path / "w")
+    assert {w.name: w.version for w in wheels}["accelerate"] == "1.12.0"
+    why = held_back(choice, wheels, sources, workdir=tmp_path / "w")["accelerate"]
+    assert why.startswith("accelerate 1.13.0 is the newest release with a wheel for linux-x86_64 and Python 3.11; "
+                          "it cannot be installed even alone, its own requirements conflict ("), why
+    assert "flashinfer" in why
