@@ -121,3 +121,50 @@ def test_cli_lock_json(tmp_path):
 
     data = json.loads(r.stdout)
     assert data["ok"] and data["wheels"] == 2 and data["content_hash"].startswith("sha256:")
+
+
+def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
+    """Torch and vllm chosen together against PyPI (resolve.with_packages): whatever today's releases
+    are, the locked vllm is the newest that installs beside the locked torch, and every newer torch
+    that fits the hardware is named as passed over, with the package that does not accept it."""
+    import json
+
+    from packaging.version import Version
+
+    from envspec.compat import load_db
+    from envspec.resolve import _uv, choose, fitting_releases
+    from envspec.spec import load_spec
+
+    spec_path = tmp_path / "vllm.toml"
+    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text() + '\n[system]\nbase = "none"\n')
+    out = tmp_path / "vllm.lock"
+    cp = run_cli("lock", str(spec_path), "-o", str(out), "--json")
+    assert cp.returncode == 0, cp.stderr
+    said = json.loads(cp.stdout)["torch"][0]
+    lk = lockmod.load(out)
+    pins = {w.name: w.version for w in lk.wheels}
+    assert said["version"] == pins["torch"] == lk.torch.version
+    spec = load_spec(spec_path)
+    fitting = fitting_releases(spec, load_db(), choose(spec, load_db()).gpus)
+    newer = [v for v in fitting if Version(v) > Version(lk.torch.version)]
+    older = [v for v in fitting if Version(v) < Version(lk.torch.version)][:2]
+    assert sorted({h["torch"] for h in said["held_back"]}) == sorted(newer)
+
+    def newest_vllm_beside(torch: str) -> str | None:
+        req = tmp_path / "r.in"
+        req.write_text(f"vllm\ntorch=={torch}\n")
+        proc = subprocess.run([_uv(), "pip", "compile", str(req), "--no-header", "--quiet", "--only-binary", ":all:",
+                               "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36",
+                               "--index-strategy", "unsafe-best-match", "-o", str(tmp_path / "r.txt")],
+                              capture_output=True, text=True, env=dict(os.environ, UV_NO_CONFIG="1"))
+        if proc.returncode != 0:
+            return None
+        return next(ln.split("==")[1] for ln in (tmp_path / "r.txt").read_text().splitlines() if ln.startswith("vllm=="))
+
+    assert newest_vllm_beside(lk.torch.version) == pins["vllm"]
+    for v in newer:  # each newer torch gets an older vllm, or none that installs: it was passed over for vllm
+        other = newest_vllm_beside(v)
+        assert other is None or Version(other) < Version(pins["vllm"]), (v, other)
+    for v in older:  # and no older torch gets a newer vllm: the newest vllm decided (torch first would fail here)
+        other = newest_vllm_beside(v)
+        assert other is None or Version(other) <= Version(pins["vllm"]), (v, other)
