@@ -45,8 +45,9 @@ def _sentence(c: dict) -> str:
     return c.get("text") or str(c)
 
 
-def choice_json(choice) -> dict:
-    """The fixed `envspec explain --json` shape for a successful choice."""
+def choice_json(choice, *, packages: bool = False) -> dict:
+    """The fixed `envspec explain --json` shape for a successful choice; ``packages``: the choice
+    was made with the packages (``explain --packages``), and says which releases they passed over."""
     t = choice.torch
     out = {
         "ok": True,
@@ -64,9 +65,21 @@ def choice_json(choice) -> dict:
                  for g in choice.gpus],
         "base": choice.base,
         "platform": choice.platform,
-        "notes": list(choice.notes),
+        "notes": list(choice.notes) + ([] if packages else [n for n in [packages_note(choice)] if n]),
     }
+    if packages:
+        out["held_back"] = held_back_json(choice)
     return out
+
+
+def packages_note(choice) -> str | None:
+    """What offline `explain` cannot know: `lock` chooses torch together with the named packages."""
+    spec = choice.spec
+    named = list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
+    if choice.torch is None or not named:
+        return None
+    return ("`envspec lock` chooses torch together with the packages the spec names, so the release may be older "
+            "where one of them pins torch; `envspec explain --packages` shows that choice (it reads the indexes)")
 
 
 def held_back_lines(choice) -> list[str]:
@@ -95,7 +108,13 @@ def candidate_reason(c) -> str:
 
 
 def candidate_json(c) -> dict:
-    return {"variant": c.variant, "cuda": c.cuda, "ok": c.ok, "reason": candidate_reason(c), "preferred": c.preferred}
+    return {"variant": c.variant, "cuda": c.cuda, "ok": c.ok, "reason": candidate_reason(c), "preferred": c.preferred,
+            "index": c.index}
+
+
+def _index_name(url: str) -> str:
+    """'PyPI' or the index's address without its scheme: where a candidate's wheels come from."""
+    return "PyPI" if url.rstrip("/") in ("https://pypi.org/simple", "https://pypi.org/simple/") else url.split("://", 1)[-1]
 
 
 def impossible_json(err: ResolutionImpossible) -> dict:
@@ -111,8 +130,9 @@ def impossible_json(err: ResolutionImpossible) -> dict:
     }
 
 
-def choice_lines(choice) -> list[str]:
-    """Human form: what was chosen and why, and every candidate with its reason."""
+def choice_lines(choice, *, packages: bool = False) -> list[str]:
+    """Human form: what was chosen and why, and every candidate with its reason; ``packages``: the
+    choice was made with the packages (``explain --packages``)."""
     t = choice.torch
     lines = [f"spec {choice.spec.name}: Python {choice.python} on {choice.base}, {choice.platform}"]
     if choice.gpus:
@@ -131,8 +151,13 @@ def choice_lines(choice) -> list[str]:
     lines.append(f"candidates of torch {t.release.version}:")
     for c in t.candidates:
         mark = "*" if c.preferred else ("+" if c.ok else "-")
-        lines.append(f"  {mark} {c.variant:<7} {candidate_reason(c)}")
+        lines.append(f"  {mark} {c.variant:<7} {candidate_reason(c)}" + (f" [{_index_name(c.index)}]" if c.index else ""))
     lines.append("(* chosen: PyPI's build when it fits, else the newest CUDA that fits)")
+    if packages:
+        lines += held_back_lines(choice) or [f"torch {t.release.version} is the newest release that fits, and the "
+                                             "packages the spec names accept it"]
+    elif (note := packages_note(choice)) is not None:
+        lines.append(f"note: {note}")
     return lines
 
 

@@ -64,6 +64,7 @@ class Candidate:
     ok: bool
     facts: tuple[dict, ...]  # why it fits, or the causes why not (explain.candidate_reason words them)
     preferred: bool = False
+    index: str = ""  # where its wheels come from: PyPI for the build PyPI serves, else the PyTorch index
 
 
 @dataclass(frozen=True)
@@ -432,7 +433,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
         pick, judged = _judge_release(spec, db, rel, gpus, arch)
         all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for _, ok, facts in judged
                           if not ok for c in facts if c["kind"] != "variant-not-requested")
-        cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name))
+        cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name),
+                           index=v.served_from(spec.sources.torch_index).index)
                  for v, ok, facts in judged]
         if first_candidates is None:
             first_candidates = cands

@@ -245,3 +245,39 @@ def test_a_newest_release_that_cannot_be_installed_alone_says_so(tmp_path, monke
     assert why.startswith("accelerate 1.13.0 is the newest release with a wheel for linux-x86_64 and Python 3.11; "
                           "it cannot be installed even alone, its own requirements conflict ("), why
     assert "flashinfer" in why
+
+
+def test_explain_says_which_index_each_candidate_comes_from():
+    from envspec import explain
+
+    choice = choose(load_spec(CASES / "no-pin-keeps-newest-torch" / "spec.toml"), load_db())
+    assert choice.torch is not None
+    rows = {c["variant"]: c["index"] for c in explain.choice_json(choice)["candidates"]}
+    pypi = choice.torch.release.pypi_variant
+    assert rows[pypi] == "https://pypi.org/simple"
+    assert all(url == f"https://download.pytorch.org/whl/{v}" for v, url in rows.items() if v != pypi)
+    lines = explain.choice_lines(choice)
+    assert any(ln.startswith(f"  * {pypi}") and ln.endswith("[PyPI]") for ln in lines)
+    assert any(ln.endswith("[download.pytorch.org/whl/cpu]") for ln in lines)
+
+
+def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, capsys):
+    import json
+
+    from envspec.cli import main
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    d = CASES / "newest-package-decides-torch"
+    index = offline_sources(d, tmp_path).mirrors[0].url
+    spec = tmp_path / "vllm.toml"
+    spec.write_text((d / "spec.toml").read_text()
+                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    assert main(["explain", str(spec)]) == 0  # offline: the newest release that fits, and a note
+    out = capsys.readouterr().out
+    assert out.startswith("spec vllm-team") and "torch 2.15.0" in out and "explain --packages" in out
+    assert main(["explain", str(spec), "--packages", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["torch"] == "2.14.0" and [h["torch"] for h in said["held_back"]] == ["2.15.0", "2.14.1"]
+    assert main(["explain", str(spec), "--packages"]) == 0
+    assert "  torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in capsys.readouterr().out

@@ -31,7 +31,7 @@ def cmd_explain(args) -> int:
     try:
         if len(spec.target.platforms) > 1:  # a section per platform: each platform's choice
             return _explain_platforms(args, spec, db)
-        choice = choose(spec, db)
+        choice = _with_packages(choose(spec, db), db) if args.packages else choose(spec, db)
     except ResolutionImpossible as e:
         if args.json:
             print_json(explain.impossible_json(e))
@@ -44,11 +44,23 @@ def cmd_explain(args) -> int:
                     say(f"  - {c.variant:<7} {explain.candidate_reason(c)}", stderr=True)
         return e.exit_code
     if args.json:
-        print_json(explain.choice_json(choice))
+        print_json(explain.choice_json(choice, packages=args.packages))
     else:
-        for line in explain.choice_lines(choice):
+        for line in explain.choice_lines(choice, packages=args.packages):
             say(line)
     return EXIT_OK
+
+
+def _with_packages(choice, db):
+    """`explain --packages`: the choice moved as `lock` moves it, torch chosen together with the
+    packages the spec names (``resolve.with_packages``: reads the indexes)."""
+    import tempfile
+
+    from envspec.resolve import with_packages
+    from envspec.sources import discover
+
+    with tempfile.TemporaryDirectory(prefix="envspec-explain-") as tmp:
+        return with_packages(choice, db, discover(choice.spec.sources), workdir=Path(tmp))
 
 
 def _explain_platforms(args, spec, db) -> int:
@@ -57,14 +69,14 @@ def _explain_platforms(args, spec, db) -> int:
     from envspec import explain
     from envspec.resolve import choose_all
 
-    choices = choose_all(spec, db)
+    choices = [_with_packages(c, db) if args.packages else c for c in choose_all(spec, db)]
     if args.json:
-        print_json({"platforms": [explain.choice_json(c) for c in choices]})
+        print_json({"platforms": [explain.choice_json(c, packages=args.packages) for c in choices]})
         return EXIT_OK
     for i, c in enumerate(choices):
         if i:
             say("")
-        for line in explain.choice_lines(c):
+        for line in explain.choice_lines(c, packages=args.packages):
             say(line)
     return EXIT_OK
 
@@ -249,4 +261,7 @@ def add_explain(sub) -> None:
     s = sub.add_parser("explain", help="which torch build fits the spec, and why (offline)")
     s.add_argument("spec")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--packages", action="store_true",
+                   help="choose torch together with the packages the spec names, as `lock` does, and say which "
+                        "newer releases they pass over (reads the package indexes)")
     s.set_defaults(func=cmd_explain)
