@@ -653,6 +653,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
             read.write_text("\n".join(idx))
     if proc.returncode != 0:
         raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
+               or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
                or _uv_error(proc.stderr, reqs, choice, sources))
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
@@ -720,6 +721,34 @@ def _torch_index_error(stderr: str, choice: Choice, index_notes: list[str]) -> E
                        hint=f"serve {t.variant.index} through a mirror ([sources].mirrors, ENVSPEC_MIRRORS or pip's "
                             "config), or name a mirror of the PyTorch index as [sources].torch_index",
                        reference="index-unavailable")
+
+
+# uv: a package none of whose releases has a wheel for the platform (compiled by re on a failure)
+_NO_USABLE_WHEELS = r"Wheels are required for `([A-Za-z0-9._-]+)`|([A-Za-z0-9._-]+)(?:==[^ ]+)? has no usable wheels"
+
+
+def _no_wheel_error(stderr: str, choice: Choice, sources: Sources, workdir: Path) -> Exception | None:
+    """A package with no wheel for the platform and Python (flash-attn: source distributions only):
+    named at its place in the spec, with the release a build from source would take (uv without
+    ``--only-binary``, no dependencies); not a version conflict. envspec installs wheels only."""
+    m = re.search(_NO_USABLE_WHEELS, stderr)
+    if m is None:
+        return None
+    name = m.group(1) or m.group(2)
+    try:
+        found = _run_uv([name], choice, sources, workdir, "sdist", [], [], torch_index=False, no_deps=True,
+                        only_binary=False)
+        would = next((str(p["version"]) for p in found), "")
+    except (ResolutionImpossible, SourceError):
+        would = ""
+    return ResolutionImpossible(
+        f"{name} has no wheel for {choice.platform} and Python {choice.python}",
+        causes=[{"kind": "no-wheel", "where": _requirement_where(choice, name),
+                 "text": f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
+                         f"Python {choice.python}; envspec installs wheels only"
+                         + (f" (with a build from source the lock would take {name} {would})" if would else "")}],
+        hint=f"drop {name}, or pin a version of it that has a wheel for {choice.platform}; building from "
+             "source distributions is not in envspec yet", reference="no-wheel")
 
 
 def _pypi_has(platform: str) -> str:

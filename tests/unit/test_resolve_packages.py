@@ -281,3 +281,20 @@ def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, cap
     assert said["torch"] == "2.14.0" and [h["torch"] for h in said["held_back"]] == ["2.15.0", "2.14.1"]
     assert main(["explain", str(spec), "--packages"]) == 0
     assert "  torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in capsys.readouterr().out
+
+
+def test_a_package_with_no_wheel_says_so_and_what_a_source_build_would_take(tmp_path, monkeypatch):
+    from envspec.errors import ResolutionImpossible
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = "no-pin-keeps-newest-torch"
+    sources = offline_sources(CASES / case, tmp_path)
+    make_sdist(tmp_path / "index", "flash-attn", "2.8.3", ["torch"])
+    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]'})
+    with pytest.raises(ResolutionImpossible) as e:
+        resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")
+    err = e.value
+    assert err.reference == "no-wheel" and err.message == "flash-attn has no wheel for linux-x86_64 and Python 3.11"
+    assert err.causes[0]["where"] == f"[python].packages[1] ({spec_path}:9)"
+    assert err.causes[0]["text"].endswith("envspec installs wheels only (with a build from source the lock would "
+                                          "take flash-attn 2.8.3)")
