@@ -63,6 +63,17 @@ def offline_sources(case: Path, tmp: Path) -> Sources:
     return Sources(index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),))
 
 
+def cli_spec(case: str, tmp: Path, monkeypatch, *, edit: tuple[str, str] = ("", "")) -> Path:
+    """The case's spec for the command line: offline, its index as the only mirror, a cache of its own."""
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp / "cache"))
+    index = offline_sources(CASES / case, tmp).mirrors[0].url
+    spec = tmp / f"{case}.toml"
+    spec.write_text((CASES / case / "spec.toml").read_text().replace(*edit)
+                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    return spec
+
+
 @pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if p.is_dir()))
 def test_case(case, tmp_path, monkeypatch):
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # no socket: the find-links folder is the index
@@ -99,13 +110,7 @@ def test_lock_says_which_package_held_torch_back(tmp_path, monkeypatch, capsys):
     from envspec import lock as lockmod
     from envspec.cli import main
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
-    d = CASES / "newest-package-decides-torch"
-    index = offline_sources(d, tmp_path).mirrors[0].url
-    spec = tmp_path / "vllm.toml"
-    spec.write_text((d / "spec.toml").read_text()
-                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    spec = cli_spec("newest-package-decides-torch", tmp_path, monkeypatch)
     out = tmp_path / "vllm.lock"
     assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
@@ -203,14 +208,9 @@ def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spe
     from envspec.cli import main
     from envspec.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
-    d = CASES / "held-back-by-a-torch-pin"
-    why = tomllib.loads((d / "expected.toml").read_text())["packages_held_back"]["vllm"]
-    index = offline_sources(d, tmp_path).mirrors[0].url
-    spec = tmp_path / "vllm.toml"
-    sources = f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n'
-    spec.write_text((d / "spec.toml").read_text() + sources)
+    case = "held-back-by-a-torch-pin"
+    why = tomllib.loads((CASES / case / "expected.toml").read_text())["packages_held_back"]["vllm"]
+    spec = cli_spec(case, tmp_path, monkeypatch)
     out = tmp_path / "vllm.lock"
     assert main(["lock", str(spec), "-o", str(out)]) == 0
     assert f"warning: {why}" in capsys.readouterr().err
@@ -219,8 +219,8 @@ def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spe
     assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0  # a warning, the lock is true to its spec
     assert f"warning: {why}" in capsys.readouterr().err
     # for CI: the spec refuses it, and the setting is no input of the resolution (the same spec hash)
-    spec.write_text((d / "spec.toml").read_text().replace('packages = ["vllm"]', 'packages = ["vllm"]\nheld_back = "error"')
-                    + sources)
+    (tmp_path / "index").rename(tmp_path / "index-first")
+    spec = cli_spec(case, tmp_path, monkeypatch, edit=('packages = ["vllm"]', 'packages = ["vllm"]\nheld_back = "error"'))
     assert main(["lock", str(spec), "-o", str(out), "--check", "--json"]) == EXIT_CHECK_FAILED
     said = json.loads(capsys.readouterr().out)
     assert said["held_back"] == [{"platform": "linux-x86_64", "name": "vllm", "version": "0.34.0", "why": why}]
@@ -266,13 +266,7 @@ def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, cap
 
     from envspec.cli import main
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
-    d = CASES / "newest-package-decides-torch"
-    index = offline_sources(d, tmp_path).mirrors[0].url
-    spec = tmp_path / "vllm.toml"
-    spec.write_text((d / "spec.toml").read_text()
-                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    spec = cli_spec("newest-package-decides-torch", tmp_path, monkeypatch)
     assert main(["explain", str(spec)]) == 0  # offline: the newest release that fits, and a note
     out = capsys.readouterr().out
     assert out.startswith("spec vllm-team") and "torch 2.15.0" in out and "explain --packages" in out
