@@ -68,7 +68,7 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "notes": list(choice.notes) + ([] if packages else [n for n in [packages_note(choice)] if n]),
     }
     if packages:
-        out["held_back"] = held_back_json(choice)
+        out["passed_over"] = passed_over_json(choice)
     return out
 
 
@@ -82,14 +82,14 @@ def packages_note(choice) -> str | None:
             "where one of them pins torch; `envspec explain --packages` shows that choice (it reads the indexes)")
 
 
-def held_back_lines(choice) -> list[str]:
+def passed_over_lines(choice) -> list[str]:
     """Why the torch of a choice made with the packages (``resolve.with_packages``) is not the
     newest release that fits the hardware: each newer fitting release passed over, and the named
     package that does not accept it. Empty where it is the newest."""
-    if choice.torch is None or not choice.held_back:
+    if choice.torch is None or not choice.passed_over:
         return []
     by_release: dict[str, list] = {}
-    for h in choice.held_back:
+    for h in choice.passed_over:
         by_release.setdefault(h.torch, []).append(h)
     lines = [f"torch {choice.torch.release.version} was chosen together with the packages the spec names; "
              "newer releases that fit the hardware were passed over:"]
@@ -99,8 +99,8 @@ def held_back_lines(choice) -> list[str]:
     return lines
 
 
-def held_back_json(choice) -> list[dict]:
-    return [h.to_json() for h in choice.held_back]
+def passed_over_json(choice) -> list[dict]:
+    return [h.to_json() for h in choice.passed_over]
 
 
 def candidate_reason(c) -> str:
@@ -154,7 +154,7 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
         lines.append(f"  {mark} {c.variant:<7} {candidate_reason(c)}" + (f" [{_index_name(c.index)}]" if c.index else ""))
     lines.append("(* chosen: PyPI's build when it fits, else the newest CUDA that fits)")
     if packages:
-        lines += held_back_lines(choice) or [f"torch {t.release.version} is the newest release that fits, and the "
+        lines += passed_over_lines(choice) or [f"torch {t.release.version} is the newest release that fits, and the "
                                              "packages the spec names accept it"]
     elif (note := packages_note(choice)) is not None:
         lines.append(f"note: {note}")

@@ -77,7 +77,7 @@ class TorchChoice:
 
 
 @dataclass(frozen=True)
-class HeldBack:
+class PassedOver:
     """A torch release that fits the hardware, newer than the one chosen, passed over because a
     package the spec names does not accept it (``with_packages``)."""
 
@@ -106,7 +106,7 @@ class Choice:
     notes: list[str] = field(default_factory=list)
     arch: str = "x86_64"  # the CPU architecture of the hosts: "x86_64" | "aarch64" (from the GPUs)
     # the newer fitting torch releases passed over for a named package (empty: the newest fitting one)
-    held_back: tuple[HeldBack, ...] = ()
+    passed_over: tuple[PassedOver, ...] = ()
 
     @property
     def platform(self) -> str:
@@ -902,7 +902,7 @@ def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Pa
     with). Here the named packages come first: uv resolves them, in the spec's order, with torch
     free among the fitting releases, so each takes its newest release and torch the newest release
     they all accept; the choice is then made again for that release (its build, driver floor and
-    arch list follow from it), with ``held_back`` saying which newer fitting releases were passed
+    arch list follow from it), with ``passed_over`` saying which newer fitting releases were passed
     over for which package. Unchanged where the spec names no package, where one release fits, or
     where they cannot be resolved together (the resolution of the chosen release then says why)."""
     spec = choice.spec
@@ -934,8 +934,8 @@ def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Pa
     again = choose(spec, db, platform=choice.platform if len(spec.target.platforms) > 1 else None,
                    torch_version=version)
     if not held:  # another dependency's pin, whose metadata is not read
-        held = [HeldBack(torch=v, package="", version="", requires="") for v in newer]
-    return dataclasses.replace(again, held_back=tuple(held))
+        held = [PassedOver(torch=v, package="", version="", requires="") for v in newer]
+    return dataclasses.replace(again, passed_over=tuple(held))
 
 
 def _torch_among(fitting: list[str], in_range: list[str]) -> str:
@@ -948,7 +948,7 @@ def _torch_among(fitting: list[str], in_range: list[str]) -> str:
     return f"torch>={low},<{nxt}" + "".join(f",!={v}" for v in sorted(skip, key=Version))
 
 
-def _excludes(package: dict, newer: list[str], choice: Choice) -> list[HeldBack]:
+def _excludes(package: dict, newer: list[str], choice: Choice) -> list[PassedOver]:
     """The ``newer`` torch releases that ``package`` (a uv pylock entry) does not accept, by the
     Requires-Dist on torch in its wheel's metadata (none where the metadata cannot be read)."""
     from packaging.requirements import Requirement  # here: explain does without the marker grammar
@@ -975,7 +975,7 @@ def _excludes(package: dict, newer: list[str], choice: Choice) -> list[HeldBack]
             continue
         if canonicalize_name(req.name) != "torch" or (req.marker is not None and not req.marker.evaluate(env)):
             continue
-        out += [HeldBack(torch=v, package=canonicalize_name(package["name"]), version=str(package["version"]),
+        out += [PassedOver(torch=v, package=canonicalize_name(package["name"]), version=str(package["version"]),
                          requires=f"torch{req.specifier}") for v in newer
                 if not req.specifier.contains(Version(v), prereleases=True)]
     return out

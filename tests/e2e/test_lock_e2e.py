@@ -148,7 +148,7 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     fitting = fitting_releases(spec, load_db(), choose(spec, load_db()).gpus)
     newer = [v for v in fitting if Version(v) > Version(lk.torch.version)]
     older = [v for v in fitting if Version(v) < Version(lk.torch.version)][:2]
-    assert sorted({h["torch"] for h in said["held_back"]}) == sorted(newer)
+    assert sorted({h["torch"] for h in said["passed_over"]}) == sorted(newer)
 
     def newest_vllm_beside(torch: str) -> str | None:
         req = tmp_path / "r.in"

@@ -84,7 +84,7 @@ def test_case(case, tmp_path, monkeypatch):
     sources = offline_sources(d, tmp_path)
     choice = with_packages(first, db, sources, workdir=tmp_path / "work")
     assert choice.torch is not None and choice.torch.release.version == want["torch"], want["note"]
-    assert [h.to_json() for h in choice.held_back] == want["held_back"], want["note"]
+    assert [h.to_json() for h in choice.passed_over] == want["passed_over"], want["note"]
     wheels = resolve_python(choice, sources, workdir=tmp_path / "work")
     pins = {w.name: w.version for w in wheels}
     assert pins["torch"] == want["torch"]
@@ -114,7 +114,7 @@ def test_lock_says_which_package_held_torch_back(tmp_path, monkeypatch, capsys):
     out = tmp_path / "vllm.lock"
     assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
-    assert said["torch"] == [{"platform": "linux-x86_64", "version": "2.14.0", "held_back": [
+    assert said["torch"] == [{"platform": "linux-x86_64", "version": "2.14.0", "passed_over": [
         {"torch": "2.15.0", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"},
         {"torch": "2.14.1", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"}]}]
     lock = lockmod.load(out)
@@ -272,7 +272,7 @@ def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, cap
     assert out.startswith("spec vllm-team") and "torch 2.15.0" in out and "explain --packages" in out
     assert main(["explain", str(spec), "--packages", "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
-    assert said["torch"] == "2.14.0" and [h["torch"] for h in said["held_back"]] == ["2.15.0", "2.14.1"]
+    assert said["torch"] == "2.14.0" and [h["torch"] for h in said["passed_over"]] == ["2.15.0", "2.14.1"]
     assert main(["explain", str(spec), "--packages"]) == 0
     assert "  torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in capsys.readouterr().out
 

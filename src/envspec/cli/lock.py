@@ -187,14 +187,14 @@ def cmd_lock(args) -> int:
                      "held_back": held,
                      "torch": [{"platform": res.choice.platform,
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
-                                "held_back": explain.held_back_json(res.choice)} for res in results]})
+                                "passed_over": explain.passed_over_json(res.choice)} for res in results]})
     if mismatches:
         warn = console(stderr=True)
         for m in dict.fromkeys(mismatches):
             warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
     if not args.json and not args.quiet:
         for res in results:
-            for line in explain.held_back_lines(res.choice):
+            for line in explain.passed_over_lines(res.choice):
                 con.print((f"{res.choice.platform}: " if lock.multi else "") + line, markup=False)
     if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
         for h in held:
