@@ -25,7 +25,7 @@ from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
 from envspec.compat.platforms import PypiBuild, pypi_build, pypi_builds
 from envspec.debian.suites import SUITES as DEBIAN_SUITES
-from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
+from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError, UsageError
 from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
@@ -639,24 +639,53 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     env["UV_NO_CONFIG"] = "1"
     import subprocess
 
-    # One resolution reads each index once: after uv's first successful run in this work directory,
-    # a run with the same indexes reads uv's cache (--offline), and goes online only where that
-    # fails (a page it has not read yet). Every uv run revalidates each page it reads online: 470
-    # requests and 4-5 s for the vllm stack where the index sends no max-age (docs/benchmarks.md).
+    # An index is read online once per resolution, and once per ENVSPEC_INDEX_MAX_AGE seconds (600,
+    # PyPI's own max-age): after a successful online run with the same indexes, in this work
+    # directory or that recently, uv reads its cache (--offline) and goes online only where that
+    # fails (a page it has not read). uv revalidates every page it reads online where the index
+    # sends no max-age (a proxy that strips it): 470 requests, 4-5 s for the vllm stack
+    # (docs/benchmarks.md). ENVSPEC_INDEX_MAX_AGE=0: online at every lock, as before.
+    key = "\n".join(idx)
     read = workdir / "uv-indexes-read"
+    recent = _index_read_marker(key, env)
     proc = None
-    if read.is_file() and read.read_text() == "\n".join(idx):
+    if (read.is_file() and read.read_text() == key) or _is_fresh(recent, env):
         proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
     if proc is None or proc.returncode != 0:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode == 0 and not read.exists():
-            read.write_text("\n".join(idx))
+        if proc.returncode == 0:
+            if not read.exists():
+                read.write_text(key)
+            recent.parent.mkdir(parents=True, exist_ok=True)
+            recent.touch()
     if proc.returncode != 0:
         raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
                or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
                or _uv_error(proc.stderr, reqs, choice, sources))
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
+
+
+def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
+    """The file whose time says when uv last read these indexes online (in envspec's cache)."""
+    import hashlib
+
+    return cache_dir_for(env) / "index-reads" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _is_fresh(marker: Path, env: Mapping[str, str]) -> bool:
+    try:
+        max_age = float(env.get("ENVSPEC_INDEX_MAX_AGE", "600"))
+    except ValueError:
+        raise UsageError(f"ENVSPEC_INDEX_MAX_AGE={env['ENVSPEC_INDEX_MAX_AGE']!r} is not a number of seconds",
+                          hint="e.g. ENVSPEC_INDEX_MAX_AGE=600, or 0 to read the indexes online at every lock",
+                          reference="bad-setting") from None
+    import time
+
+    try:
+        return max_age > 0 and time.time() - marker.stat().st_mtime < max_age
+    except OSError:
+        return False
 
 
 # uv's messages that name a package without a wheel for the platform (compiled by re when a

@@ -292,3 +292,28 @@ def test_a_package_with_no_wheel_says_so_and_what_a_source_build_would_take(tmp_
     assert err.causes[0]["where"] == f"[python].packages[1] ({spec_path}:9)"
     assert err.causes[0]["text"].endswith("envspec installs wheels only (with a build from source the lock would "
                                           "take flash-attn 2.8.3)")
+
+
+def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from envspec.errors import UsageError
+    from envspec.resolve import _index_read_marker, _is_fresh
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    env = {"ENVSPEC_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("ENVSPEC_CACHE", env["ENVSPEC_CACHE"])
+    case = "no-pin-keeps-newest-torch"
+    sources = offline_sources(CASES / case, tmp_path)
+    resolve_python(choose(load_spec(CASES / case / "spec.toml"), load_db()), sources, workdir=tmp_path / "w")
+    markers = list((tmp_path / "cache" / "index-reads").iterdir())
+    assert len(markers) == 1  # one set of indexes, read online once in that resolution
+    assert markers[0] == _index_read_marker((tmp_path / "w" / "uv-indexes-read").read_text(), env)
+    assert _is_fresh(markers[0], env) and _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "60"})
+    assert not _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "0"})  # online at every lock
+    old = time.time() - 601
+    os.utime(markers[0], (old, old))
+    assert not _is_fresh(markers[0], env)  # PyPI's own max-age: 600 s
+    with pytest.raises(UsageError, match="ENVSPEC_INDEX_MAX_AGE='soon' is not a number of seconds"):
+        _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "soon"})
