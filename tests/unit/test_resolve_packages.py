@@ -21,11 +21,12 @@ from envspec.spec import load_spec
 CASES = Path(__file__).resolve().parents[1] / "data" / "resolve_packages"
 
 
-def make_wheel(dest: Path, name: str, version: str, requires: list[str]) -> None:
-    """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines, fixed bytes."""
+def make_wheel(dest: Path, name: str, version: str, requires: list[str], python: str = "") -> None:
+    """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines (and ``Requires-Python``), fixed bytes."""
     mod = name.replace("-", "_")
     di = f"{mod}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + (f"Requires-Python: {python}\n" if python else "")
+            + "".join(f"Requires-Dist: {r}\n" for r in requires))
     files = {f"{mod}/__init__.py": b"", f"{di}/METADATA": meta.encode(),
              f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     rec = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).decode().rstrip('=')},{len(d)}\n"
@@ -57,7 +58,7 @@ def offline_sources(case: Path, tmp: Path) -> Sources:
     index.mkdir()
     listed = tomllib.loads((case / "index.toml").read_text())
     for w in listed["wheel"]:
-        make_wheel(index, w["name"], w["version"], w.get("requires", []))
+        make_wheel(index, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
     for s in listed.get("sdist", []):
         make_sdist(index, s["name"], s["version"], s.get("requires", []))
     return Sources(index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),))
