@@ -228,9 +228,12 @@ class StagingStore(FakeStore):
 
     def __init__(self, corrupt: str = ""):
         super().__init__(corrupt)
+        import shutil
         import tempfile
+        import weakref
 
         self.root = Path(tempfile.mkdtemp(prefix="envspec-test-staging-"))
+        weakref.finalize(self, shutil.rmtree, self.root, True)  # no folder left in /tmp per test
         self.stages: list[tuple[str, bool]] = []  # (group, followed)
         self.owns: list[tuple[str, bool]] = []  # (group, told it is this build's own tar)
         self.trees: list[tuple[str, list[str]]] = []  # (group, files in the tree its maker made, when staged)
