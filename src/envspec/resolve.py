@@ -647,7 +647,11 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     # (docs/benchmarks.md). ENVSPEC_INDEX_MAX_AGE=0: online at every lock, as before.
     key = "\n".join(idx)
     read = workdir / "uv-indexes-read"
-    recent = _index_read_marker(key, env)
+    # across locks: per set of indexes and of the spec's requirements, so that a lock of other
+    # packages never reads pages of uv's cache that no recent lock read online
+    spec = choice.spec
+    asked = [*spec.python.packages, *spec.python.constraints, *(spec.torch.packages if spec.torch else [])]
+    recent = _index_read_marker(key + "\n--\n" + "\n".join(sorted(set(asked))), env)
     proc = None
     if (read.is_file() and read.read_text() == key) or _is_fresh(recent, env):
         proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
@@ -667,7 +671,8 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
 
 
 def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
-    """The file whose time says when uv last read these indexes online (in envspec's cache)."""
+    """The file whose time says when uv last read these indexes online for these requirements (in
+    envspec's cache)."""
     import hashlib
 
     return cache_dir_for(env) / "index-reads" / hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -309,8 +309,9 @@ def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, mon
     sources = offline_sources(CASES / case, tmp_path)
     resolve_python(choose(load_spec(CASES / case / "spec.toml"), load_db()), sources, workdir=tmp_path / "w")
     markers = list((tmp_path / "cache" / "index-reads").iterdir())
-    assert len(markers) == 1  # one set of indexes, read online once in that resolution
-    assert markers[0] == _index_read_marker((tmp_path / "w" / "uv-indexes-read").read_text(), env)
+    assert len(markers) == 1  # one set of indexes and requirements, read online once in that resolution
+    idx = (tmp_path / "w" / "uv-indexes-read").read_text()
+    assert markers[0] == _index_read_marker(idx + "\n--\naccelerate", env)  # another spec's packages: another marker
     assert _is_fresh(markers[0], env) and _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "60"})
     assert not _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "0"})  # online at every lock
     old = time.time() - 601
