@@ -616,7 +616,7 @@ def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -
 
 def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
             upgrade: list[str], constraints: list[str], *, torch_index: bool = True, no_deps: bool = False,
-            only_binary: bool = True, python: str | None = None) -> list[dict]:
+            only_binary: bool = True) -> list[dict]:
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
@@ -625,7 +625,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
         out.unlink()
     idx, idx_notes = _index_args(sources, choice, torch_index=torch_index)
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
-            "--python-version", python or choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
+            "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
             *(["--only-binary", ":all:"] if only_binary else []), *(["--no-deps"] if no_deps else []),
             "--index-strategy", "unsafe-best-match", "--no-header", *idx]
     if constraints:
@@ -1124,17 +1124,16 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
     return pins, requested
 
 
-NEWEST_PYTHON = "3.14"  # the newest CPython release (October 2025): what a newer Python would get
-
-
 def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *, workdir: Path) -> dict[str, str]:
     """name -> why, for each package the spec names that the resolution holds below the newest
     release its own requirement admits for the platform and Python, or at a pre-release nobody
     asked for: the newest release's requirement on torch that the lock's torch does not meet, a
-    newer release with no wheel (envspec installs wheels only), a newer release for a newer Python
-    only, else the other packages' requirements. Found with three uv runs without dependencies (the
-    newest release with a wheel, that for the newest Python, the newest of any kind); a package they
-    cannot resolve alone is left out."""
+    newer release with no wheel (envspec installs wheels only), a newer Python where the index does
+    not say a release's Requires-Python (uv takes it for this Python, and it then cannot be
+    installed), else the other packages' requirements. A release for a newer Python only, on an index
+    that says so, is no release for this Python: not held back (numpy 2.5 on Python 3.11). Found
+    with two uv runs without dependencies (the newest release with a wheel, the newest of any kind);
+    a package they cannot resolve alone is left out."""
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
 
     spec = choice.spec
@@ -1151,12 +1150,6 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
                             only_binary=False)}
     except (ResolutionImpossible, SourceError):
         return {}
-    try:  # what a newer Python would get: the newest CPython's view
-        newer_python = {canonicalize_name(p["name"]): str(p["version"]) for p in
-                        _run_uv(named, choice, sources, workdir, "newest-python", [], [], torch_index=False,
-                                no_deps=True, python=NEWEST_PYTHON)}
-    except (ResolutionImpossible, SourceError):
-        newer_python = {}
     torch_version = next((w.version for w in wheels if w.name == "torch"), None)
     out: dict[str, str] = {}
     for req in named:
@@ -1164,19 +1157,16 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
         have = Version(pins[name].version)
         why: list[str] = []
         top = newest.get(name)
-        best = covered = have  # the newest for this platform and Python; the newest already explained
+        covered = have  # the newest release already explained
         if top is not None and Version(str(top["version"])) > have:
             reason = _holds_back(top, torch_version, choice, sources, workdir)
             covered = Version(str(top["version"]))
             if reason.startswith("Python "):  # an index that does not say Requires-Python (a find-links folder)
-                why.append(_needs_python(name, str(top["version"]), choice.python, have, reason.split(" ", 1)[1]))
+                why.append(f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
+                           f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}")
             else:
-                best = Version(str(top["version"]))
                 why.append(f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
                            f"Python {choice.python}; " + reason)
-        if name in newer_python and Version(newer_python[name]) > covered and choice.python != NEWEST_PYTHON:
-            why.append(_needs_python(name, newer_python[name], choice.python, best, ""))
-            covered = Version(newer_python[name])
         if name in any_kind and Version(any_kind[name]) > covered:
             why.append(f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
                        f"source distribution only): envspec installs wheels only; with a build from source the "
@@ -1186,11 +1176,6 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
         if why:
             out[name] = "; ".join(why)
     return out
-
-
-def _needs_python(name: str, version: str, python: str, best: Version, requires: str) -> str:
-    return (f"{name} {version} needs a newer Python than {python}" + (f" (Requires-Python {requires})" if requires else "")
-            + f"; its newest release for Python {python} is {best}")
 
 
 def _holds_back(top: dict, torch_version: str | None, choice: Choice, sources: Sources, workdir: Path) -> str:
