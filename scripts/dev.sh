@@ -12,6 +12,9 @@ APT_PACKAGES="$APT_PACKAGES docker.io slurm-wlm munge chromium"  # engines teste
 # to run (and verify) arm64 images on an amd64 host: qemu-user-static registers its binfmt_misc entries
 # with the F flag, so a container's process finds the interpreter (tests/e2e/test_arm64_e2e.py)
 APT_PACKAGES="$APT_PACKAGES qemu-user-static binfmt-support"
+# the ABI check's unit tests compile small shared objects that export and import mangled torch-like
+# symbols (tests/unit/test_abi.py); libstdc++ also demangles the symbols its errors name
+APT_PACKAGES="$APT_PACKAGES g++"
 # to compile envspec-put-layer (src/envspec/image/putlayer/main.go) against Debian's containers/storage (and
 # ISA-L, whose CRC-64 it records in the tar-split)
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev libisal-dev"

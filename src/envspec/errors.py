@@ -161,6 +161,28 @@ class StaleLock(EnvspecError):
         )
 
 
+class AbiMismatch(EnvspecError):
+    """Compiled packages of a lock that the locked torch cannot load: each ``wheels.abi.Mismatch``
+    (the package, its extension module, the torch symbols or libraries missing, the torch it was
+    most likely built for). The lock cannot run, so nothing is built from it."""
+
+    reference = "abi-mismatch"
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, lock_name: str, mismatches: list) -> None:
+        self.mismatches = mismatches
+        hints = list(dict.fromkeys(m.hint for m in mismatches if m.hint))
+        super().__init__(
+            f"{lock_name}: {len(mismatches)} extension module(s) cannot load beside torch "
+            f"{mismatches[0].torch}:\n" + "\n".join(f"  - {m.sentence()}" for m in mismatches),
+            hint="; ".join(hints) or "lock a torch release the package was built for, or a release of the "
+                                      "package built for the locked torch",
+        )
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "mismatches": [m.to_json() for m in self.mismatches]}
+
+
 class PlanError(EnvspecError):
     reference = "cannot-plan"
     exit_code = EXIT_BAD_INPUT
