@@ -199,12 +199,12 @@ def test_the_check_raises_with_the_hint_and_keeps_its_verdict(built, tmp_path):
     pkg = _pin(built["cxx"], "cxxpkg", "1.0")
     lock = _lockfile([torch, pkg, _pin(built["weak"], "weakpkg", "1.0")])
     check = abi.AbiCheck(tmp_path / "abi", rows=[])
-    todo = check.missing_records(lock)
-    assert {w.name for w in todo} == {"torch", "cxxpkg", "weakpkg"}
+    assert {w.name for w in check.unread(lock)} == {"cxxpkg", "weakpkg"}
+    assert check.torch_unread(lock) is None  # until a candidate's extensions are known
     paths = {w.sha256: built[k] for w, k in ((torch, "torch-new"), (pkg, "cxx"), (lock.wheels[2], "weak"))}
     found = check.check(lock, paths)
     assert [(m.package, m.module) for m in found] == [("cxxpkg", "cxxpkg/_C.so")]
-    assert found[0].built_for.startswith("2.1.0 (its metadata says torch==2.1.0)")
+    assert found[0].built_for.startswith("2.1.0; its metadata says torch==2.1.0")
     assert 'set [torch] version = "==2.1.0"' in found[0].hint
     with pytest.raises(AbiMismatch) as e:
         abi.raise_for(found, "h100.lock")
@@ -213,7 +213,7 @@ def test_the_check_raises_with_the_hint_and_keeps_its_verdict(built, tmp_path):
     assert e.value.to_json()["mismatches"][0]["missing_demangled"] == ["at::scale(c10::Opt const&, int)"]
     # warm: no file is read, the same verdict comes back
     warm = abi.AbiCheck(tmp_path / "abi", rows=[])
-    assert warm.missing_records(lock) == []
+    assert warm.unread(lock) == [] and warm.torch_unread(lock) is None
     assert warm.check(lock, {}) == found and warm.read_cold == []
 
 
@@ -233,3 +233,29 @@ def test_the_companion_table_refuses_a_lock_without_its_wheels(built, tmp_path):
     [m] = abi.table_mismatches(lock, rows)
     assert m.package == "cxxpkg" and "companion table: its release notes" in m.built_for
     assert abi.AbiCheck(tmp_path, rows=rows).check(lock, {}) == [m]  # no wheel read
+
+
+def test_check_lock_fetches_the_candidates_then_torch_only_where_one_links_it(built, tmp_path):
+    torch = _pin(built["torch-new"], "torch", "2.2.0", group="torch")
+    pkg = _pin(built["stable"], "stablepkg", "0.3")
+    other = _pin(built["no-torch"], "other", "1.0")
+    files = {torch.sha256: built["torch-new"], pkg.sha256: built["stable"], other.sha256: built["no-torch"]}
+    asked: list[list[str]] = []
+
+    def fetch(pins):
+        asked.append(sorted(p.name for p in pins))
+        return {p.sha256: files[p.sha256] for p in pins}
+
+    assert abi.check_lock(_lockfile([torch, other]), tmp_path, fetch) == ["other"]
+    assert asked == [["other"]]  # nothing links torch: the torch wheel is not fetched
+    asked.clear()
+    assert abi.check_lock(_lockfile([torch, pkg, other]), tmp_path, fetch) == ["stablepkg", "torch"]
+    assert asked == [["stablepkg"], ["torch"]]
+    asked.clear()
+    assert abi.check_lock(_lockfile([torch, pkg, other]), tmp_path, fetch) == [] and asked == []
+    old = _pin(built["torch-old"], "torch", "2.1.0", group="torch")
+    files[old.sha256] = built["torch-old"]
+    with pytest.raises(AbiMismatch) as e:
+        abi.check_lock(_lockfile([old, pkg]), tmp_path, fetch, lock_name="cpu.lock")
+    assert e.value.message.startswith("cpu.lock: 1 extension module(s) cannot load beside torch 2.1.0")
+    assert "aoti_torch_new_thing" in e.value.message and "2.2.0 or later" in e.value.message

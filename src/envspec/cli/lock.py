@@ -173,6 +173,13 @@ def cmd_lock(args) -> int:
             causes=[{"kind": "package-held-back", "where": "", "text": h["why"]} for h in held],
             hint="act on each reason, pin the package where its current release is wanted, or set "
                  "[python].held_back = \"warn\"", reference="package-held-back")
+    # compiled packages against the torch beside them, with the wheels at hand (`build` checks them all),
+    # before anything is written: a lock that cannot run is not written
+    from envspec.cache.store import Cache
+    from envspec.wheels import abi
+
+    abi_cache = Cache(cache_dir_for(os.environ))
+    at_hand = [abi.check_at_hand(view, abi_cache, sources.mirrors, lock_name=str(out)) for view in lock.views()]
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
@@ -185,6 +192,7 @@ def cmd_lock(args) -> int:
                      "platform": lock.platform_names[0], "platforms": lock.platform_names,
                      "db_mismatch": list(dict.fromkeys(mismatches)),
                      "held_back": held,
+                     "abi": [{"platform": v.platform_names[0]} | a.to_json() for v, a in zip(lock.views(), at_hand)],
                      "torch": [{"platform": res.choice.platform,
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
                                 "passed_over": explain.passed_over_json(res.choice)} for res in results]})
@@ -196,6 +204,10 @@ def cmd_lock(args) -> int:
         for res in results:
             for line in explain.passed_over_lines(res.choice):
                 con.print((f"{res.choice.platform}: " if lock.multi else "") + line, markup=False)
+    if not args.json and not args.quiet:
+        for v, a in zip(lock.views(), at_hand):
+            if a.judged or a.unchecked:
+                con.print((f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v), markup=False)
     if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
         for h in held:
             con.print(f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
@@ -205,6 +217,17 @@ def cmd_lock(args) -> int:
         con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
                   markup=False)
     return EXIT_OK
+
+
+def abi_line(a, lock) -> str:
+    """One line on the ABI check done at lock time."""
+    t = lock.torch.version if lock.torch else "torch"
+    said = (f"extensions of {', '.join(a.judged)} load beside torch {t}" if a.judged
+            else "no wheel at hand has extensions on torch")
+    if a.unchecked:
+        said += (f"; {len(a.unchecked)} platform wheel(s) not at hand ({', '.join(a.unchecked[:3])}"
+                 f"{', ...' if len(a.unchecked) > 3 else ''}) are checked by `envspec build`")
+    return f"abi: {said}"
 
 
 def _held_back(lock) -> list[dict]:

@@ -38,10 +38,11 @@ from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_wit
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.sbom import make_sbom
-from envspec.lock import DebPin, Wheel
+from envspec.lock import DebPin, Lockfile, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
+from envspec.wheels import abi
 from envspec.wheels.fetch import WheelFetcher
 
 # Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
@@ -227,8 +228,10 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
-    plan, compiler = _bytecode_compiler(plan, reporter)
     cache.clean_stale()
+    with clock.span("abi check"):  # before the first layer: a lock whose extensions cannot load is not built
+        check_abi(plan.lock, cache, mirrors, reporter)
+    plan, compiler = _bytecode_compiler(plan, reporter)
     _clean_stale_scratch()
     wanted, comp = _compressions(options)
     work = cache.workdir()
@@ -840,6 +843,18 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
     tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
     os.replace(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
     return meta
+
+
+def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter: Reporter) -> None:
+    """The lock's compiled packages against its torch (``wheels.abi``): the wheels it reads are
+    fetched into the cache, where the build takes them from; raises ``AbiMismatch`` (exit 2)."""
+    fetcher = WheelFetcher(cache, mirrors)
+
+    def fetch(pins: list[Wheel]) -> dict[str, Path]:
+        return fetcher.fetch_all(pins, on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
+                                 on_done=lambda p, path: reporter.fetched(p.name, p.filename, path))
+
+    abi.check_lock(lock, cache.root / "abi", fetch, lock_name=f"the lock of {lock.meta.name}")
 
 
 def registry_stage(options: BuildOptions) -> RegistrySide:

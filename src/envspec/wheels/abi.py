@@ -35,7 +35,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -44,6 +44,10 @@ from packaging.version import InvalidVersion, Version
 
 from envspec.errors import AbiMismatch, LockError
 from envspec.lock import Lockfile, Wheel
+
+if TYPE_CHECKING:
+    from envspec.cache.store import Cache
+    from envspec.sources import Mirror
 
 # bump when what a record holds changes: records of another format are read again
 RECORD_FORMAT = 1
@@ -327,7 +331,7 @@ def table_mismatches(lock: Lockfile, rows: Sequence[BuildRow]) -> list[Mismatch]
         row = table_row(rows, w.name, w.version)
         if row and not row.torch.contains(tv, prereleases=True):
             out.append(Mismatch(w.name, w.version, "(every extension module)", "c++", torch.version,
-                                built_for=f"{row.built_for} (companion table: {row.source})",
+                                built_for=f"{row.built_for}; companion table: {row.source}",
                                 hint=_hint(w, torch.version, row.built_for, rows)))
     return out
 
@@ -351,11 +355,12 @@ def built_for(pin: Wheel, needs: WheelNeeds, rows: Sequence[BuildRow],
     if row:
         return row.built_for, f"companion table: {row.source}"
     fits = [e.version for e in others if all(mismatch(pin, x, e) is None for x in needs.extensions)]
-    if fits:
-        best = max(fits, key=_vkey)
+    stable = all(x.kind == "stable" for x in needs.extensions)
+    if fits:  # the stable ABI: the oldest release that has it all, and later ones
+        best = min(fits, key=_vkey) + " or later" if stable else max(fits, key=_vkey)
         return best, "its torch symbols are all exported by that torch's wheel, read earlier"
     floor = [s.version for s in spec if s.operator in (">=", "~=")]
-    if floor and all(x.kind == "stable" for x in needs.extensions):
+    if floor and stable:
         return f"{floor[0]} or later", f"its metadata says {req} and it uses the stable ABI only"
     return "", ""
 
@@ -403,6 +408,8 @@ class AbiCheck:
         self.root = root
         self.rows = list(companion_table() if rows is None else rows)
         self.read_cold: list[str] = []  # wheels read from their files in this check (not from records)
+        self.judged: list[str] = []  # packages with extensions on torch, judged against it
+        self.unchecked: list[str] = []  # wheels a partial check could not read (not at hand)
 
     def _record(self, kind: str, key: str) -> Path:
         return self.root / kind / f"{key}.json"
@@ -429,18 +436,21 @@ class AbiCheck:
         return [w for w in lock.wheels if canonicalize_name(w.name) != "torch" and w.group != "cuda"
                 and not w.filename.endswith("-none-any.whl")]
 
-    def missing_records(self, lock: Lockfile) -> list[Wheel]:
-        """The wheels whose files the check still has to read (the torch wheel among them where an
-        extension needs judging against it and no verdict is kept)."""
+    def unread(self, lock: Lockfile) -> list[Wheel]:
+        """The candidate wheels whose files the check still has to read (no record kept)."""
+        return [w for w in self.candidates(lock) if self._load("needs", w.sha256) is None]
+
+    def torch_unread(self, lock: Lockfile) -> Wheel | None:
+        """The torch wheel, where its exports must be read: a candidate with extensions has no
+        verdict kept and the torch wheel no record (call after the candidates' needs are read)."""
         torch = _torch_pin(lock)
-        if torch is None:
-            return []
-        todo = [w for w in self.candidates(lock) if self._load("needs", w.sha256) is None]
-        judged = all(self._load("verdicts", _verdict_key(torch, w)) is not None
-                     for w in self.candidates(lock) if w not in todo)
-        if (todo or not judged) and self._load("exports", torch.sha256) is None:
-            todo.append(torch)
-        return todo
+        if torch is None or self._load("exports", torch.sha256) is not None:
+            return None
+        for w in self.candidates(lock):
+            d = self._load("needs", w.sha256)
+            if d is not None and d["extensions"] and self._load("verdicts", _verdict_key(torch, w)) is None:
+                return torch
+        return None
 
     def needs(self, pin: Wheel, path: Path | None) -> WheelNeeds:
         d = self._load("needs", pin.sha256)
@@ -475,9 +485,11 @@ class AbiCheck:
                 out.append(TorchExports(d["version"], frozenset(d["libs"]), frozenset(d["symbols"])))
         return out
 
-    def check(self, lock: Lockfile, paths: Mapping[str, Path]) -> list[Mismatch]:
+    def check(self, lock: Lockfile, paths: Mapping[str, Path], *, partial: bool = False) -> list[Mismatch]:
         """Every extension module of the lock's wheels that the locked torch cannot load (``paths``:
-        sha256 -> wheel file, for the wheels without records: ``missing_records``)."""
+        sha256 -> wheel file, for the wheels without records: ``unread``, ``torch_unread``).
+        ``partial``: a wheel that is needed and not in ``paths`` is left unchecked (``unchecked``)
+        instead of raising."""
         torch = _torch_pin(lock)
         if torch is None:
             return []
@@ -487,14 +499,22 @@ class AbiCheck:
         for pin in self.candidates(lock):
             if (pin.name, pin.version) in flagged:
                 continue
+            if partial and pin.sha256 not in paths and self._load("needs", pin.sha256) is None:
+                self.unchecked.append(pin.name)
+                continue
             needs = self.needs(pin, paths.get(pin.sha256))
             if not needs.extensions:
                 continue
+            self.judged.append(pin.name)
             key = _verdict_key(torch, pin)
             kept = self._load("verdicts", key)
             if kept is not None:
                 found += [Mismatch(**{**m, "missing": tuple(m["missing"]), "missing_libs": tuple(m["missing_libs"])})
                           for m in kept["mismatches"]]
+                continue
+            if partial and exports is None and torch.sha256 not in paths and self._load("exports", torch.sha256) is None:
+                self.judged.pop()
+                self.unchecked.append(pin.name)
                 continue
             if exports is None:
                 exports = self.exports(torch, paths.get(torch.sha256))
@@ -502,7 +522,7 @@ class AbiCheck:
             if bad:
                 release, why = built_for(pin, needs, self.rows, self._other_exports(torch))
                 hint = _hint(pin, torch.version, release, self.rows)
-                bad = [Mismatch(**{**asdict(m), "built_for": f"{release} ({why})" if release else "",
+                bad = [Mismatch(**{**asdict(m), "built_for": f"{release}; {why}" if release else "",
                                    "hint": hint}) for m in bad]
             self._save("verdicts", key, {"mismatches": [asdict(m) for m in bad]})
             found += bad
@@ -525,10 +545,69 @@ def raise_for(found: Sequence[Mismatch], lock_name: str) -> None:
 
 def check_lock(lock: Lockfile, cache_root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]],
                *, lock_name: str = "the lock") -> list[str]:
-    """The whole check: read what has no record (``fetch`` gives those wheels' files), judge,
-    raise ``AbiMismatch``; returns the names of the wheels read cold."""
+    """The whole check: read what has no record (``fetch`` gives those wheels' files: first the
+    candidates, then torch where one of them links it), judge, raise ``AbiMismatch``; returns the
+    names of the wheels read from their files."""
     check = AbiCheck(cache_root)
-    todo = check.missing_records(lock)
-    paths = fetch(todo) if todo else {}
+    if _torch_pin(lock) is None:
+        return []
+    found = table_mismatches(lock, check.rows)
+    if found:  # the table alone says so: no wheel is fetched for it
+        raise_for(found, lock_name)
+    todo = check.unread(lock)
+    paths = dict(fetch(todo)) if todo else {}
+    for w in todo:
+        check.needs(w, paths.get(w.sha256))
+    torch = check.torch_unread(lock)
+    if torch is not None:
+        paths.update(fetch([torch]))
     raise_for(check.check(lock, paths), lock_name)
     return check.read_cold
+
+
+@dataclass
+class AtHand:
+    """What ``check_at_hand`` did: packages with torch extensions judged, wheels it could not read."""
+
+    judged: list[str]
+    unchecked: list[str]
+    read: list[str]
+
+    def to_json(self) -> dict:
+        return {"judged": self.judged, "unchecked": self.unchecked, "read": self.read}
+
+
+def check_at_hand(lock: Lockfile, cache: "Cache", mirrors: Sequence["Mirror"], *, lock_name: str) -> AtHand:
+    """The check with the wheels at hand only (in the cache, or on a mirror on this machine: taken
+    into the cache, checked against their sha256); nothing is downloaded. What is not at hand is
+    left to ``envspec build``, which always checks. Raises ``AbiMismatch``."""
+    from envspec.errors import EnvspecError
+    from envspec.wheels.fetch import WheelFetcher
+
+    local = [m for m in mirrors if m.path is not None]
+    fetcher = WheelFetcher(cache, local, allow_canonical=False)
+
+    def at_hand(pins: Iterable[Wheel]) -> dict[str, Path]:
+        out = {}
+        for p in pins:
+            if cache.has_blob(p.sha256) or next(fetcher.candidates(p), None) is not None:
+                try:
+                    out[p.sha256] = fetcher.fetch(p)
+                except EnvspecError:
+                    continue
+        return out
+
+    check = AbiCheck(cache.root / "abi")
+    if _torch_pin(lock) is None:
+        return AtHand([], [], [])
+    raise_for(table_mismatches(lock, check.rows), lock_name)
+    todo = check.unread(lock)
+    paths = at_hand(todo)
+    for w in todo:
+        if w.sha256 in paths:
+            check.needs(w, paths[w.sha256])
+    torch = check.torch_unread(lock)
+    if torch is not None:
+        paths.update(at_hand([torch]))
+    raise_for(check.check(lock, paths, partial=True), lock_name)
+    return AtHand(check.judged, check.unchecked, check.read_cold)
