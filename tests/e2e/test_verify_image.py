@@ -241,3 +241,18 @@ def test_startup_hook_in_the_image_imports_no_torch():
     assert not [m for m in imported if m == "torch" or m.startswith(("torch.", "envspec.verify.checks",
                                                                       "envspec.verify.integrity"))], imported
     assert "FAIL" not in p.stdout and "WARN" not in p.stdout  # a CPU lock on a machine without GPU: quiet
+
+
+def test_full_level_imports_the_locked_modules_with_extension_modules_and_names_a_failing_one():
+    script = ("envspec verify --json --level full --skip torch.compile,perf,integrity.files > /tmp/ok.json; "
+              f"f=$(ls {PURELIB}/numpy/_core/_multiarray_umath*.so); : > \"$f\"; "
+              "envspec verify --json --level full --skip torch.compile,perf,integrity.files > /tmp/bad.json; "
+              "cat /tmp/ok.json; echo; echo ===; cat /tmp/bad.json")
+    p = podman_run(script)
+    ok_text, _, bad_text = p.stdout.partition("\n===\n")
+    ok = {x["check"]: x for x in json.loads(ok_text)["findings"]}["imports"]
+    assert ok["status"] == "pass", ok
+    assert {"torch", "numpy"} <= set(ok["data"]["modules"])
+    bad = {x["check"]: x for x in json.loads(bad_text)["findings"]}["imports"]
+    assert bad["status"] == "fail" and "numpy" in bad["data"]["failed"], bad
+    assert bad["observed"].startswith("numpy: ImportError") or "numpy: " in bad["observed"]

@@ -114,6 +114,16 @@ class FakeSystem(System):
     def loaded_libraries(self):
         return self._libs
 
+    def import_modules(self, modules, timeout):
+        """Imported for real, by this python with the fake site directories on its path."""
+        import os
+        import sys
+
+        from envspec.verify.probes import import_modules
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(s) for s in self._sites))
+        return import_modules(modules, python=sys.executable, timeout=timeout, env=env)
+
 
 # checks that need a real GPU or a real torch; unit tests with FakeTorch leave them out
 GPU_WORK = ("libs", "numerics", "torch.compile", "integrity")

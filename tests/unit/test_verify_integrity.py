@@ -237,3 +237,40 @@ def test_owner_index_maps_a_file_to_its_distribution(venv):
     owners = owner_index(dists, [target])
     dist, entry = owners[target]
     assert dist.name == "wheel" and dist.version == "0.40.0" and entry.sha256
+
+
+def test_the_top_level_modules_holding_extension_modules_come_from_record(native_venv, venv):
+    from envspec.verify import integrity
+
+    (v, site), _ = native_venv
+    dists = integrity.find_dists([site])
+    assert integrity.extension_modules(dists["nativepkg"]) == ["nativepkg"]
+    _, pure_site = venv
+    assert integrity.extension_modules(integrity.find_dists([pure_site])["wheel"]) == []
+
+
+def test_the_full_level_imports_each_locked_module_with_extensions_and_names_each_failure(native_venv):
+    venv_site, lock = native_venv
+    quick = by_check(verify(venv_site, lock=lock))
+    assert "imports" not in quick  # the full level's
+    f = by_check(verify(venv_site, level="full", lock=lock))["imports"]
+    assert f.status == "fail" and f.data["modules"] == ["nativepkg"]
+    assert f.observed.startswith("nativepkg: ImportError") and "_impl" in f.observed
+    assert "abi-mismatch" in f.hint
+
+
+def test_import_modules_goes_on_past_a_failure_and_a_crash(tmp_path):
+    import os
+    import sys
+
+    from envspec.verify.probes import import_modules
+
+    (tmp_path / "good.py").write_text("X = 1\n")
+    (tmp_path / "bad.py").write_text("raise ImportError('undefined symbol: _ZN3c104gone')\n")
+    (tmp_path / "crash.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    (tmp_path / "after.py").write_text("Y = 2\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    got = {r.module: r.error for r in import_modules(["good", "bad", "crash", "after"], python=sys.executable, env=env)}
+    assert got["good"] == "" and got["after"] == ""
+    assert got["bad"] == "ImportError: undefined symbol: _ZN3c104gone"
+    assert got["crash"] == "the importing process died with signal 11"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from . import integrity, probes, rates, startup, torchprobe
 from .model import FAIL, PASS, SKIP, WARN, Report
 
 LEVELS = ("startup", "quick", "full")
+IMPORT_TIMEOUT = 300.0  # seconds for the full level's imports of the locked extension modules
 
 # Host mode (a python that is not the lock's venv) holds these to the lock exactly and only
 # warns about the rest: torch, triton and the nvidia-* wheels that carry the CUDA libraries
@@ -53,6 +55,10 @@ class System(startup.Machine):
     def compile_probe(self, timeout: float) -> torchprobe.CompileProbe:
         """Start the torch.compile child (full level); tests start another command instead."""
         return torchprobe.CompileProbe(timeout)
+
+    def import_modules(self, modules: list[str], timeout: float) -> list[probes.ImportResult]:
+        """Import each module in a child of this python (full level)."""
+        return probes.import_modules(modules, python=sys.executable, timeout=timeout)
 
     def compile_toolchain(self, gpu: bool) -> probes.Toolchain:
         return probes.compile_toolchain(gpu, self.env)
@@ -141,6 +147,8 @@ class _Run(startup.MachineChecks):
                 checked = hasher.join()
                 self.report.timings["integrity.wait"] = time.perf_counter() - t0
                 self.report_files(checked, hasher.seconds)
+        if self.level == "full" and self.wheels:
+            self.timed("imports", self.check_imports)
         if self.level == "full" and self.torch is not None and self.tinfo.get("cuda_available"):
             self.timed("perf", self.check_perf)
             self.timed("nccl", self.check_allreduce)
@@ -361,6 +369,26 @@ class _Run(startup.MachineChecks):
 
     def _hash_locked_files(self) -> integrity.FileCheck:
         return integrity.check_files(self._locked_installed(), self.hash_cache, hash_all=self.level == "full")
+
+    def check_imports(self) -> None:
+        """Every locked top-level module that holds extension modules imports (full level): an
+        extension built for another torch fails here with its undefined symbol."""
+        dists = self.dists or integrity.find_dists(self.sys.site_dirs())
+        modules = sorted({m for n, d in dists.items() if n in self.wheels for m in integrity.extension_modules(d)})
+        if not modules:
+            self.add("imports", SKIP, expected="locked modules with extension modules import",
+                     observed="no locked package with extension modules is installed in this python")
+            return
+        results = self.sys.import_modules(modules, IMPORT_TIMEOUT)
+        failed = [r for r in results if r.error]
+        took = sum(r.seconds for r in results)
+        self.add("imports", FAIL if failed else PASS,
+                 expected=f"the {len(modules)} locked top-level modules with extension modules import",
+                 observed=("; ".join(f"{r.module}: {r.error.splitlines()[-1]}" for r in failed) if failed else
+                           f"all import ({_short(modules)}; {took:.1f} s)"),
+                 hint=("an extension module built for another torch or library than the one installed: "
+                       "`envspec build` refuses such a lock (abi-mismatch); rebuild from a fresh lock" if failed else ""),
+                 modules=modules, failed={r.module: r.error for r in failed})
 
     def check_dist_set(self) -> None:
         host = self.mode == "host"

@@ -71,6 +71,26 @@ def read_record(dist: Dist) -> list[RecordEntry]:
     return entries
 
 
+_EXTENSION = re.compile(r"\.(?:cpython-[0-9]+[^/]*|abi3)?\.?so$")
+
+
+def extension_modules(dist: Dist) -> list[str]:
+    """The top-level modules of ``dist`` that hold extension modules (``*.so`` in a package, or a
+    top-level ``*.so``), from its RECORD; libraries vendored beside them (``<name>.libs/``) and
+    files outside the site directory are not modules."""
+    tops: set[str] = set()
+    for e in dist.record:
+        parts = e.rel.split("/")
+        if parts[0] in ("..", "") or parts[0].endswith((".libs", ".data", ".dist-info")):
+            continue
+        if not _EXTENSION.search(parts[-1]):
+            continue
+        top = parts[0].split(".", 1)[0] if len(parts) == 1 else parts[0]
+        if top.isidentifier():
+            tops.add(top)
+    return sorted(tops)
+
+
 def site_dirs(prefix: str | None = None) -> list[Path]:
     """The site-packages directories of the running python, or of the venv at ``prefix``."""
     if prefix is None:

@@ -230,3 +230,73 @@ def compile_toolchain(gpu: bool, env: Mapping[str, str] | None = None) -> Toolch
             break
     include = sysconfig.get_paths().get("include", "")
     return Toolchain(role, wanted, path, include, bool(include) and Path(include, "Python.h").is_file())
+
+
+# the child that imports modules one by one, a JSON line after each (its last line names the module
+# in progress where it dies: a segfault in an extension's initialiser kills the child, not the verifier)
+_IMPORT_CHILD = r"""
+import importlib, json, sys, time, traceback
+for name in sys.argv[1:]:
+    print(json.dumps({"start": name}), flush=True)
+    t0 = time.perf_counter()
+    try:
+        importlib.import_module(name)
+        err = ""
+    except BaseException as e:
+        err = "".join(traceback.format_exception_only(type(e), e)).strip()
+    print(json.dumps({"module": name, "error": err, "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
+"""
+
+
+@dataclass
+class ImportResult:
+    module: str
+    error: str = ""  # "" where it imported
+    seconds: float = 0.0
+
+
+def import_modules(modules: list[str], *, python: str, timeout: float = 300,
+                   env: Mapping[str, str] | None = None) -> list[ImportResult]:
+    """Import each module in a child python, in order, and say which failed and how; a child that
+    dies (a crash in an extension's initialiser) or runs past ``timeout`` is named against the
+    module it was importing, and the rest are imported by a new child."""
+    import json
+    import subprocess
+    import time
+
+    out: list[ImportResult] = []
+    todo = list(modules)
+    deadline = time.monotonic() + timeout
+    while todo:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            out += [ImportResult(m, f"not imported: the imports ran past {timeout:.0f} s") for m in todo]
+            break
+        try:
+            proc = subprocess.run([python, "-c", _IMPORT_CHILD, *todo], capture_output=True, text=True, timeout=left,
+                                  env=None if env is None else dict(env))
+            stdout, why = proc.stdout, (f"the importing process died with signal {-proc.returncode}"
+                                        if proc.returncode < 0 else f"the importing process exited {proc.returncode}")
+        except subprocess.TimeoutExpired as e:
+            stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            why = f"its import ran past {timeout:.0f} s"
+        current = None
+        for line in stdout.splitlines():
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if "start" in d:
+                current = d["start"]
+            elif "module" in d:
+                out.append(ImportResult(d["module"], d["error"], d["seconds"]))
+                current = None
+        done = {r.module for r in out}
+        todo = [m for m in todo if m not in done]
+        if current is not None and current in todo:
+            out.append(ImportResult(current, why))
+            todo.remove(current)
+        elif todo:  # the child ended before starting the next one: no way on
+            out += [ImportResult(m, why) for m in todo]
+            break
+    return out
