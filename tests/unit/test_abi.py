@@ -259,3 +259,12 @@ def test_check_lock_fetches_the_candidates_then_torch_only_where_one_links_it(bu
         abi.check_lock(_lockfile([old, pkg]), tmp_path, fetch, lock_name="cpu.lock")
     assert e.value.message.startswith("cpu.lock: 1 extension module(s) cannot load beside torch 2.1.0")
     assert "aoti_torch_new_thing" in e.value.message and "2.2.0 or later" in e.value.message
+
+
+def test_of_modules_built_for_several_torch_releases_only_the_one_for_the_locked_torch_is_judged():
+    ext = [abi.Extension(f"pkg/addon_torch{t}-cuda.so", ("libc10.so",), ("_ZN3c104gone",)) for t in ("24", "29", "214")]
+    plain = abi.Extension("pkg/_C.so", ("libc10.so",), ("aoti_torch_x",))
+    assert [x.path for x in abi.loaded_beside([*ext, plain], "2.14.1+cu130")] == ["pkg/addon_torch214-cuda.so", "pkg/_C.so"]
+    assert [x.path for x in abi.loaded_beside([*ext[:2], plain], "2.14.1")] == ["pkg/_C.so"]  # none for 2.14: none loads
+    one = [abi.Extension("pkg/ext_torch24.so", ("libc10.so",), ())]
+    assert abi.loaded_beside(one, "2.14.1") == one  # a single module is judged, whatever its name says

@@ -1,2 +1,2 @@
-"""The lock's wheels as checked files in the cache (``fetch``); where building from sdists and the
-ABI check of extensions against the locked torch will go."""
+"""The lock's wheels as checked files in the cache (``fetch``), and their extension modules checked
+against the locked torch's exported symbols (``abi``); where building from sdists will go."""

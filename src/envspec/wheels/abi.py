@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from envspec.sources import Mirror
 
 # bump when what a record holds changes: records of another format are read again
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 
 TORCH_LIB = re.compile(r"^lib(?:torch|c10)[A-Za-z0-9_]*\.so")
 # torch's symbols among an extension's undefined ones: names in torch's C++ namespaces (also their
@@ -275,6 +275,29 @@ def torch_exports(path: Path, version: str, *, tmpdir: Path | None = None) -> To
 
 # -- judging -------------------------------------------------------------------------------------
 
+# a module built for one torch release among several the wheel ships, which picks the one for the
+# torch it runs beside (torch-c-dlpack-ext: libtorch_c_dlpack_addon_torch24-cpu.so ... _torch29-cuda.so)
+RELEASE_TAG = re.compile(r"(?:torch|pt)[-_]?(\d)[._]?(\d{1,2})(?![0-9])")
+
+
+def _release_tag(path: str) -> str | None:
+    m = RELEASE_TAG.search(path.rsplit("/", 1)[-1])
+    return f"{m.group(1)}.{int(m.group(2))}" if m else None
+
+
+def loaded_beside(extensions: Sequence[Extension], torch_version: str) -> list[Extension]:
+    """The extension modules that load beside this torch: where a wheel ships modules for several
+    torch releases (named for them), only those for this torch's release and those named for none."""
+    tags = {_release_tag(x.path) for x in extensions} - {None}
+    if len(tags) < 2:
+        return list(extensions)
+    try:
+        mine = ".".join(str(n) for n in Version(torch_version).release[:2])
+    except InvalidVersion:
+        return list(extensions)
+    return [x for x in extensions if _release_tag(x.path) in (None, mine)]
+
+
 def mismatch(pin: Wheel, ext: Extension, exports: TorchExports) -> Mismatch | None:
     """What ``ext`` needs that ``exports`` lacks; None where the locked torch meets every need."""
     missing_libs = tuple(lib for lib in ext.libs if lib not in exports.libs)
@@ -448,7 +471,8 @@ class AbiCheck:
             return None
         for w in self.candidates(lock):
             d = self._load("needs", w.sha256)
-            if d is not None and d["extensions"] and self._load("verdicts", _verdict_key(torch, w)) is None:
+            if (d is not None and loaded_beside(WheelNeeds.from_json(d).extensions, torch.version)
+                    and self._load("verdicts", _verdict_key(torch, w)) is None):
                 return torch
         return None
 
@@ -503,7 +527,8 @@ class AbiCheck:
                 self.unchecked.append(pin.name)
                 continue
             needs = self.needs(pin, paths.get(pin.sha256))
-            if not needs.extensions:
+            extensions = loaded_beside(needs.extensions, torch.version)
+            if not extensions:
                 continue
             self.judged.append(pin.name)
             key = _verdict_key(torch, pin)
@@ -518,7 +543,7 @@ class AbiCheck:
                 continue
             if exports is None:
                 exports = self.exports(torch, paths.get(torch.sha256))
-            bad = [m for x in needs.extensions if (m := mismatch(pin, x, exports)) is not None]
+            bad = [m for x in extensions if (m := mismatch(pin, x, exports)) is not None]
             if bad:
                 release, why = built_for(pin, needs, self.rows, self._other_exports(torch))
                 hint = _hint(pin, torch.version, release, self.rows)
