@@ -9,7 +9,8 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
       found a failure, ``build --check-digest`` built another digest, ``db refresh`` could not
       read a release
  2    bad input: the spec, a lockfile, arguments, or a spec that cannot be satisfied; an image
-      of another CPU architecture ``run`` was not asked to emulate (``emulation-not-asked``)
+      of another CPU architecture ``run`` was not asked to emulate (``emulation-not-asked``); a lock
+      whose compiled packages cannot load beside its torch (``abi-mismatch``)
  3    a source could not give what was asked: index, mirror, Debian archive, network
       (``db refresh``: an index did not answer for a release; ``verify-image``: the registry); a registry
       refused a push, could not be reached, or dropped it half-way

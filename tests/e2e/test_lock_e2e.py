@@ -136,7 +136,7 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     from envspec.spec import load_spec
 
     spec_path = tmp_path / "vllm.toml"
-    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text() + '\n[system]\nbase = "none"\n')
+    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text())  # Debian's base: manylinux_2_36
     out = tmp_path / "vllm.lock"
     cp = run_cli("lock", str(spec_path), "-o", str(out), "--json")
     assert cp.returncode == 0, cp.stderr
@@ -168,3 +168,25 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     for v in older:  # and no older torch gets a newer vllm: the newest vllm decided (torch first would fail here)
         other = newest_vllm_beside(v)
         assert other is None or Version(other) <= Version(pins["vllm"]), (v, other)
+
+
+def test_an_ancient_vllm_the_index_leaves_is_refused_not_locked(tmp_path):
+    """Host-only (base "none": manylinux_2_28), newer vllm releases need wheels that exist only for a
+    newer glibc, and the newest vllm that installs by its metadata can be 0.2.2 (torch>=2.1.0) beside
+    torch 2.15.0, with which it does not import: the ABI check's companion table refuses that lock
+    (issue 36) before anything is written. Whatever today's index gives, vllm 0.2.2 is never locked."""
+    import json
+
+    spec_path = tmp_path / "vllm.toml"
+    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text() + '\n[system]\nbase = "none"\n')
+    out = tmp_path / "vllm.lock"
+    cp = run_cli("lock", str(spec_path), "-o", str(out), "--json")
+    if cp.returncode == 0:
+        pins = {w.name: w.version for w in lockmod.load(out).wheels}
+        assert pins["vllm"] != "0.2.2" or pins["torch"].startswith("2.1."), pins
+    else:
+        assert cp.returncode == 2 and not out.exists(), cp.stdout + cp.stderr
+        err = json.loads(cp.stdout)["error"]
+        assert err["reference"] == "abi-mismatch"
+        assert [(m["package"], m["version"]) for m in err["mismatches"]] == [("vllm", "0.2.2")]
+        assert err["mismatches"][0]["built_for"].startswith("2.1; companion table:")

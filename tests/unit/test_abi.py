@@ -232,6 +232,8 @@ def test_the_companion_table_refuses_a_lock_without_its_wheels(built, tmp_path):
     lock = _lockfile([torch, _pin(built["cxx-loose"], "cxxpkg", "1.1")])
     [m] = abi.table_mismatches(lock, rows)
     assert m.package == "cxxpkg" and "companion table: its release notes" in m.built_for
+    assert m.sentence() == ("cxxpkg 1.1: (every extension module) (torch's C++ ABI; built for torch 2.1; "
+                            "companion table: its release notes) is not built for torch 2.2.0")
     assert abi.AbiCheck(tmp_path, rows=rows).check(lock, {}) == [m]  # no wheel read
 
 

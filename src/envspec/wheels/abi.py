@@ -129,6 +129,8 @@ class Mismatch:
             shown = "; ".join(self.demangled())
             what.append(f"needs {len(self.missing)} of its {self.needed} torch symbols that torch {self.torch} "
                         f"does not export ({shown}{f'; and {more} more' if more > 0 else ''})")
+        if not what:  # the companion table's word, no binary read
+            what.append(f"is not built for torch {self.torch}")
         abi = "torch's C++ ABI" if self.kind == "c++" else "torch's stable ABI"
         built = f"; built for torch {self.built_for}" if self.built_for else ""
         return f"{self.package} {self.version}: {self.module} ({abi}{built}) " + " and ".join(what)
