@@ -212,6 +212,19 @@ class BuildError(EnvspecError):
         self.stderr_tail = stderr_tail
 
 
+class SourceBuildError(BuildError):
+    """A wheel could not be built from its sdist (``wheels/sdist.py``): the step, the command, the
+    log's tail, and where the whole log is kept."""
+
+    reference = "source-build-failed"
+
+    def __init__(self, message: str, *, log: Path | None = None, hint: str = "", **kw) -> None:
+        if log is not None:
+            hint = hint or f"the whole build log: {log}"
+        super().__init__(message, hint=hint, **kw)
+        self.log = log
+
+
 class HashMismatch(BuildError):
     reference = "hash-mismatch"
 

@@ -1,0 +1,203 @@
+"""A wheel built from a source distribution like a Nix derivation: its inputs are pinned files, the
+hash of the inputs names the output, and the same inputs give the same wheel bytes.
+
+The inputs (``Derivation``): the sdist (by sha256), every build requirement as a pinned wheel (by
+sha256: the build backend and what ``[build-system].requires`` names, or setuptools for a legacy
+sdist without pyproject.toml), the Python, the platform and the compiler. ``Derivation.key`` hashes
+them; the wheel it produces is cached under that key.
+
+``build_wheel`` runs uv's build (``uv build --wheel``) of the unpacked sdist in an isolated build
+environment that holds exactly the pinned build requirements (``--build-constraints`` with
+``--require-hashes``, found only in a folder of the pinned files: ``--offline --no-index``), with:
+
+- a fixed path for the source (``/tmp/envspec-sdist/<key>``, the same on every machine: compilers
+  write the source and build directories into objects' debug information);
+- ``SOURCE_DATE_EPOCH`` (the build backends' zip timestamps), ``PYTHONHASHSEED=0``, ``TZ=UTC``,
+  ``LC_ALL=C.UTF-8``, umask 022, and an empty HOME and uv cache of its own;
+- no network: uv runs offline with no index, and the sdist's own code sees no configured index.
+
+A failed build raises ``SourceBuildError`` (exit 4, ``source-build-failed``) with the log's tail and
+where the whole log is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from envspec.errors import SourceBuildError
+
+# PEP 517: a source tree without [build-system] is built with setuptools' legacy backend
+LEGACY_REQUIRES = ("setuptools>=40.8.0",)
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+BUILD_ROOT = Path("/tmp/envspec-sdist")  # fixed: the same absolute source path on every machine
+DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
+LOG_TAIL = 40
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A pinned file: a build requirement's wheel or the sdist."""
+
+    name: str
+    version: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Everything a source build's output depends on; ``key`` names the wheel it produces."""
+
+    sdist: Pin
+    build_requires: tuple[Pin, ...]
+    python: str  # "3.11"
+    platform: str  # the wheel platform tag the image runs, "manylinux_2_36_x86_64"
+    compiler: str = ""  # the C/C++ compiler's identity ("gcc (Debian 12.2.0-14) 12.2.0"), "" for none
+    epoch: int = DEFAULT_EPOCH
+    extra: tuple[tuple[str, str], ...] = field(default=())  # further inputs by name (torch's sha256, ...)
+
+    @property
+    def key(self) -> str:
+        body = {
+            "sdist": [self.sdist.name, self.sdist.version, self.sdist.sha256],
+            "build_requires": sorted([p.name, p.version, p.sha256] for p in self.build_requires),
+            "python": self.python, "platform": self.platform, "compiler": self.compiler,
+            "epoch": self.epoch, "extra": sorted(list(x) for x in self.extra),
+        }
+        return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _names(sdist: Path) -> list[str]:
+    if sdist.name.endswith(".zip"):
+        with zipfile.ZipFile(sdist) as z:
+            return z.namelist()
+    with tarfile.open(sdist) as t:
+        return t.getnames()
+
+
+def _read_member(sdist: Path, name: str) -> bytes | None:
+    if sdist.name.endswith(".zip"):
+        with zipfile.ZipFile(sdist) as z:
+            return z.read(name) if name in z.namelist() else None
+    with tarfile.open(sdist) as t:
+        try:
+            f = t.extractfile(name)
+        except KeyError:
+            return None
+        return f.read() if f is not None else None
+
+
+def _top(sdist: Path) -> str:
+    tops = {n.split("/", 1)[0] for n in _names(sdist) if n}
+    if len(tops) != 1:
+        raise SourceBuildError(f"{sdist.name}: a source distribution holds one top folder, this one has "
+                               f"{len(tops)} ({', '.join(sorted(tops)[:3])})", step=f"unpack {sdist.name}",
+                               hint="it is not an sdist as PEP 625 describes one; pin a release with a wheel")
+    return tops.pop()
+
+
+def build_system(sdist: Path) -> tuple[list[str], str]:
+    """``[build-system]``'s ``requires`` and ``build-backend`` from the sdist's pyproject.toml; a
+    legacy sdist (no pyproject.toml, or no [build-system]) gets setuptools' legacy backend."""
+    raw = _read_member(sdist, f"{_top(sdist)}/pyproject.toml")
+    if raw is None:
+        return list(LEGACY_REQUIRES), LEGACY_BACKEND
+    try:
+        table = tomllib.loads(raw.decode()).get("build-system")
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise SourceBuildError(f"{sdist.name}: its pyproject.toml cannot be read: {e}",
+                               step=f"read {sdist.name}", hint="pin a release with a wheel") from e
+    if not isinstance(table, dict) or "requires" not in table:
+        return list(LEGACY_REQUIRES), LEGACY_BACKEND
+    return [str(r) for r in table["requires"]], str(table.get("build-backend") or LEGACY_BACKEND)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _unpack(sdist: Path, dest: Path) -> Path:
+    if sdist.name.endswith(".zip"):
+        with zipfile.ZipFile(sdist) as z:
+            z.extractall(dest)
+    else:
+        with tarfile.open(sdist) as t:
+            t.extractall(dest, filter="data")
+    return dest / _top(sdist)
+
+
+def build_env(work: Path, epoch: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The build's environment: what makes its output depend on its inputs only."""
+    keep = ("PATH", "LANG", "TMPDIR", "CC", "CXX", "MAKEFLAGS")
+    src = os.environ if base is None else base
+    env = {k: v for k, v in src.items() if k in keep}
+    env.update({
+        "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0", "TZ": "UTC", "LC_ALL": "C.UTF-8",
+        "HOME": str(work / "home"), "UV_CACHE_DIR": str(work / "uv-cache"), "UV_NO_CONFIG": "1",
+        "UV_OFFLINE": "1", "PIP_NO_INDEX": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    })
+    return env
+
+
+def build_wheel(d: Derivation, sdist: Path, build_wheels: Sequence[Path], out_dir: Path, *,
+                uv: str, python: str, log: Path, root: Path = BUILD_ROOT) -> Path:
+    """Build ``d``'s wheel from the checked files (``sdist``, ``build_wheels``: the pinned build
+    requirements) into ``out_dir``; returns the wheel's path. ``python``: the interpreter (or
+    version) uv builds with. Raises ``SourceBuildError``."""
+    work = root / d.key.split(":", 1)[1][:16]
+    with _locked(root / f"{work.name}.lock"):
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "wheels").mkdir(parents=True)
+        (work / "home").mkdir()
+        for w in build_wheels:
+            shutil.copyfile(w, work / "wheels" / w.name)
+        src = _unpack(sdist, work / "src")
+        constraints = work / "build-constraints.txt"
+        constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
+                                       for p in sorted(d.build_requires, key=lambda p: p.name)))
+        argv = [uv, "build", "--wheel", "--offline", "--no-index", "--find-links", str(work / "wheels"),
+                "--build-constraints", str(constraints), "--require-hashes", "--python", python,
+                "--out-dir", str(work / "out"), str(src)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        old = os.umask(0o022)
+        try:
+            with open(log, "w") as f:
+                f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
+                        f"# {' '.join(argv)}\n")
+                f.flush()
+                proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=build_env(work, d.epoch))
+        finally:
+            os.umask(old)
+        wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
+        if proc.returncode != 0 or len(wheels) != 1:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL:])
+            raise SourceBuildError(
+                f"building {d.sdist.name} {d.sdist.version} from {d.sdist.filename} failed"
+                + ("" if proc.returncode != 0 else f": it made {len(wheels)} wheels"),
+                step=f"build {d.sdist.name} {d.sdist.version}", argv=argv, returncode=proc.returncode,
+                stderr_tail=tail, log=log)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dest = out_dir / wheels[0].name
+        shutil.move(wheels[0], dest)
+        shutil.rmtree(work, ignore_errors=True)
+        return dest
