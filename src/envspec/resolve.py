@@ -1041,7 +1041,7 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
                    keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
     """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
     wheels, kept where the spec still allows them."""
-    from packaging.utils import canonicalize_name, parse_wheel_filename  # packaging.tags: the lock stage only
+    from packaging.utils import canonicalize_name  # packaging.tags: the lock stage only
 
     torch_reqs, all_reqs, direct = requirements(choice)
     if not all_reqs:
@@ -1068,31 +1068,50 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     out: list[WheelCandidate] = []
     for p in full:
         name = canonicalize_name(p["name"])
-        wheels = p.get("wheels") or []
-        if not wheels:
-            raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
-                                       causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} is published as a source distribution only"}],
-                                       hint="envspec installs wheels only: pick a version with a manylinux wheel",
-                                       reference="no-wheel")
-        w = wheels[0]
-        url = w.get("url") or w.get("path") or ""
-        filename = w.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
-        parse_wheel_filename(filename)
         if name in torch_names:
             group = "cuda" if _is_cuda_wheel(name) else "torch"
         else:
             group = "team" if name in direct else "deps"
-        size = int(w.get("size") or 0)
-        if not size and url.startswith("file://"):  # a local mirror's page may omit sizes; the file says
-            try:
-                size = os.stat(unquote(urlparse(url).path)).st_size
-            except OSError:
-                size = 0
-        out.append(WheelCandidate(name=name, version=str(p["version"]), filename=filename,
-                            index=_attribute_index(url, name, choice, sources),
-                            sha256=w["hashes"]["sha256"], size=size,
-                            group=group, direct=name in direct))
+        out.append(_candidate(p, choice, sources, group=group, direct=name in direct))
     return sorted(out, key=lambda w: (w.name, w.version, w.filename))
+
+
+def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False) -> WheelCandidate:
+    """A package of uv's pylock.toml output as the pin of its wheel (``no-wheel`` where it has none)."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    name = canonicalize_name(p["name"])
+    wheels = p.get("wheels") or []
+    if not wheels:
+        raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
+                                   causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} is published as a source distribution only"}],
+                                   hint="envspec installs wheels only: pick a version with a manylinux wheel",
+                                   reference="no-wheel")
+    w = wheels[0]
+    url = w.get("url") or w.get("path") or ""
+    filename = w.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
+    parse_wheel_filename(filename)
+    size = int(w.get("size") or 0)
+    if not size and url.startswith("file://"):  # a local mirror's page may omit sizes; the file says
+        try:
+            size = os.stat(unquote(urlparse(url).path)).st_size
+        except OSError:
+            size = 0
+    return WheelCandidate(name=name, version=str(p["version"]), filename=filename,
+                          index=_attribute_index(url, name, choice, sources),
+                          sha256=w["hashes"]["sha256"], size=size, group=group, direct=direct)
+
+
+def build_inputs(requires: list[str], choice: Choice, sources: Sources, *, workdir: Path,
+                 name: str) -> list[WheelCandidate]:
+    """An sdist's build requirements (``wheels.sdist.build_system``) pinned as wheels for the
+    image's platform and Python, each with its sha256: exactly what its isolated build environment
+    holds (issue 37). ``name``: the package built, for the work files' names."""
+    if not requires:
+        return []
+    found = _run_uv(list(requires), choice, sources, workdir, f"build-{name}", [], [], torch_index=False)
+    return sorted((_candidate(p, choice, sources, group="build") for p in found),
+                  key=lambda w: (w.name, w.version, w.filename))
 
 
 # ---------------------------------------------------------------------------------------

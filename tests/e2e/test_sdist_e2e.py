@@ -52,7 +52,7 @@ def inputs(tmp_path_factory):
     _download(wheels, "--only-binary", ":all:", *requires)
     files = sorted(wheels.glob("*.whl"))
     d = sd.Derivation(_pin(sdist), tuple(_pin(f) for f in files), "3.11", "manylinux_2_36_x86_64")
-    return tmp, sdist, files, d
+    return tmp, sdist, {p.sha256: f for p, f in zip(d.build_requires, files)}, d
 
 
 def _build(d, sdist, files, out: Path, env: dict | None = None) -> Path:
@@ -114,3 +114,31 @@ def test_a_legacy_sdist_is_built_with_setuptools_legacy_backend(tmp_path):
     _download(tmp_path, "--no-deps", "--no-binary", ":all:", "deepspeed==0.19.8")
     assert sd.build_system(tmp_path / "deepspeed-0.19.8.tar.gz") == (["setuptools>=40.8.0"],
                                                                       "setuptools.build_meta:__legacy__")
+
+
+def test_the_build_inputs_are_resolved_pinned_fetched_and_built_from(inputs, tmp_path):
+    """resolve.build_inputs pins the sdist's build requirements as wheels for the image's platform and
+    Python (with their sha256), the fetcher takes them by hash, and the build uses exactly those."""
+    from envspec.cache.store import Cache
+    from envspec.compat import load_db
+    from envspec.lock import Wheel
+    from envspec.resolve import build_inputs, choose
+    from envspec.spec import load_spec
+    from envspec.wheels.fetch import WheelFetcher
+
+    _, sdist, _, _ = inputs
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "cpu.toml")
+    choice = choose(spec, load_db())
+    requires, _ = sd.build_system(sdist)
+    found = build_inputs(requires, choice, sources.discover(spec.sources), workdir=tmp_path / "uv", name="markupsafe")
+    assert [w.name for w in found] == ["setuptools"] and all(len(w.sha256) == 64 for w in found)
+    assert found[0].index == "https://pypi.org/simple" and found[0].group == "build"
+    pins = [Wheel(name=w.name, version=w.version, filename=w.filename, index=w.index, sha256=w.sha256, size=w.size,
+                  group=w.group) for w in found]
+    paths = WheelFetcher(Cache(tmp_path / "cache"), sources.discover(spec.sources).mirrors).fetch_all(pins)
+    d = sd.Derivation(_pin(sdist), tuple(sd.Pin(w.name, w.version, w.filename, w.sha256) for w in found),
+                      choice.python, choice.platform_tag)
+    wheel = sd.build_wheel(d, sdist, paths, tmp_path / "out", uv=_uv(),
+                           python=sys.executable, log=tmp_path / "build.log")
+    assert wheel.name == "markupsafe-3.0.2-cp311-cp311-linux_x86_64.whl"
+    assert f"derivation {d.key}" in (tmp_path / "build.log").read_text()

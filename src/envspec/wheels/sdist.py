@@ -33,7 +33,7 @@ import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping
 
 from envspec.errors import SourceBuildError
 
@@ -159,18 +159,21 @@ def build_env(work: Path, epoch: int, base: dict[str, str] | None = None) -> dic
     return env
 
 
-def build_wheel(d: Derivation, sdist: Path, build_wheels: Sequence[Path], out_dir: Path, *,
+def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], out_dir: Path, *,
                 uv: str, python: str, log: Path, root: Path = BUILD_ROOT) -> Path:
-    """Build ``d``'s wheel from the checked files (``sdist``, ``build_wheels``: the pinned build
-    requirements) into ``out_dir``; returns the wheel's path. ``python``: the interpreter (or
-    version) uv builds with. Raises ``SourceBuildError``."""
+    """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
+    of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
+    path. ``python``: the interpreter (or version) uv builds with. Raises ``SourceBuildError``."""
     work = root / d.key.split(":", 1)[1][:16]
     with _locked(root / f"{work.name}.lock"):
         shutil.rmtree(work, ignore_errors=True)
         (work / "wheels").mkdir(parents=True)
         (work / "home").mkdir()
-        for w in build_wheels:
-            shutil.copyfile(w, work / "wheels" / w.name)
+        for p in d.build_requires:  # under its own file name: uv finds wheels by name
+            if p.sha256 not in build_wheels:
+                raise SourceBuildError(f"{p.filename} (a build requirement of {d.sdist.name}) was not given",
+                                       step=f"build {d.sdist.name} {d.sdist.version}")
+            shutil.copyfile(build_wheels[p.sha256], work / "wheels" / p.filename)
         src = _unpack(sdist, work / "src")
         constraints = work / "build-constraints.txt"
         constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
@@ -190,6 +193,7 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Sequence[Path], out_di
             os.umask(old)
         wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
         if proc.returncode != 0 or len(wheels) != 1:
+            shutil.rmtree(work, ignore_errors=True)  # the log is kept, not the tree
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL:])
             raise SourceBuildError(
                 f"building {d.sdist.name} {d.sdist.version} from {d.sdist.filename} failed"
