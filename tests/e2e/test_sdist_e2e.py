@@ -142,3 +142,21 @@ def test_the_build_inputs_are_resolved_pinned_fetched_and_built_from(inputs, tmp
                            python=sys.executable, log=tmp_path / "build.log")
     assert wheel.name == "markupsafe-3.0.2-cp311-cp311-linux_x86_64.whl"
     assert f"derivation {d.key}" in (tmp_path / "build.log").read_text()
+
+
+def test_a_built_wheel_is_kept_by_its_inputs_hash_and_checked_when_taken(inputs, tmp_path):
+    _, sdist, files, d = inputs
+    cache = tmp_path / "cache"
+    wheel, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    assert built and wheel.parent == cache / "built" / d.key.split(":", 1)[1]
+    assert (wheel.parent / "build.log").is_file()
+    again, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    assert (again, built) == (wheel, False)  # taken from the cache, not built
+    data = bytearray(wheel.read_bytes())
+    data[100] ^= 1
+    wheel.write_bytes(bytes(data))  # a damaged entry is built again
+    healed, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    assert built and healed == wheel
+    import json
+
+    assert hashlib.sha256(healed.read_bytes()).hexdigest() == json.loads((wheel.parent / "wheel.json").read_text())["sha256"]

@@ -205,3 +205,37 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         shutil.move(wheels[0], dest)
         shutil.rmtree(work, ignore_errors=True)
         return dest
+
+
+def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], cache_root: Path, *,
+                 uv: str, python: str, root: Path = BUILD_ROOT) -> tuple[Path, bool]:
+    """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
+    when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
+    also kept when the build fails). Returns (the wheel, whether it was built now)."""
+    import tempfile
+
+    entry = cache_root / "built" / d.key.split(":", 1)[1]
+    meta = entry / "wheel.json"
+    try:
+        m = json.loads(meta.read_text())
+        wheel = entry / m["filename"]
+        with open(wheel, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() == m["sha256"]:
+                return wheel, False
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    entry.mkdir(parents=True, exist_ok=True)
+    with _locked(entry / ".lock"):
+        out = Path(tempfile.mkdtemp(prefix=".out-", dir=entry))
+        try:
+            made = build_wheel(d, sdist, build_wheels, out, uv=uv, python=python, log=entry / "build.log", root=root)
+            with open(made, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            os.replace(made, entry / made.name)
+            tmp = entry / ".wheel.json.tmp"
+            tmp.write_text(json.dumps({"filename": made.name, "sha256": digest, "key": d.key,
+                                       "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256]}, indent=1))
+            os.replace(tmp, meta)  # last: an entry without its record is not an entry
+            return entry / made.name, True
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
