@@ -101,6 +101,10 @@ class TorchExports:
     libs: frozenset[str]
     symbols: frozenset[str]
 
+    @classmethod
+    def from_json(cls, d: Mapping) -> "TorchExports":
+        return cls(d["version"], frozenset(d["libs"]), frozenset(d["symbols"]))
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -494,7 +498,7 @@ class AbiCheck:
     def exports(self, pin: Wheel, path: Path | None) -> TorchExports:
         d = self._load("exports", pin.sha256)
         if d is not None:
-            return TorchExports(d["version"], frozenset(d["libs"]), frozenset(d["symbols"]))
+            return TorchExports.from_json(d)
         if path is None:
             raise LockError(f"{pin.filename} is needed for the ABI check and is not at hand", reference="abi-unread")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -508,7 +512,7 @@ class AbiCheck:
         out = []
         for p in sorted((self.root / "exports").glob("*.json")):
             if p.stem != torch.sha256 and (d := self._load("exports", p.stem)) is not None:
-                out.append(TorchExports(d["version"], frozenset(d["libs"]), frozenset(d["symbols"])))
+                out.append(TorchExports.from_json(d))
         return out
 
     def check(self, lock: Lockfile, paths: Mapping[str, Path], *, partial: bool = False) -> list[Mismatch]:
@@ -570,26 +574,32 @@ def raise_for(found: Sequence[Mismatch], lock_name: str) -> None:
         raise AbiMismatch(lock_name, list(found))
 
 
-def check_lock(lock: Lockfile, cache_root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]],
-               *, lock_name: str = "the lock") -> list[str]:
-    """The whole check: read what has no record (``fetch`` gives those wheels' files: first the
-    candidates, then torch where one of them links it), judge, raise ``AbiMismatch``; returns the
-    names of the wheels read from their files."""
-    check = AbiCheck(cache_root)
+def _run(lock: Lockfile, root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]], *, lock_name: str,
+         partial: bool) -> AbiCheck:
+    """Read what has no record (``fetch`` gives those wheels' files: first the candidates, then torch
+    where one of them links it), judge, raise ``AbiMismatch``. ``partial``: what ``fetch`` does not
+    give is left unchecked."""
+    check = AbiCheck(root)
     if _torch_pin(lock) is None:
-        return []
-    found = table_mismatches(lock, check.rows)
-    if found:  # the table alone says so: no wheel is fetched for it
-        raise_for(found, lock_name)
+        return check
+    raise_for(table_mismatches(lock, check.rows), lock_name)  # the table alone: no wheel is fetched for it
     todo = check.unread(lock)
     paths = dict(fetch(todo)) if todo else {}
     for w in todo:
-        check.needs(w, paths.get(w.sha256))
+        if w.sha256 in paths or not partial:
+            check.needs(w, paths.get(w.sha256))
     torch = check.torch_unread(lock)
     if torch is not None:
         paths.update(fetch([torch]))
-    raise_for(check.check(lock, paths), lock_name)
-    return check.read_cold
+    raise_for(check.check(lock, paths, partial=partial), lock_name)
+    return check
+
+
+def check_lock(lock: Lockfile, cache_root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]],
+               *, lock_name: str = "the lock") -> list[str]:
+    """The whole check, as ``envspec build`` runs it (``fetch`` downloads what is not at hand);
+    returns the names of the wheels read from their files."""
+    return _run(lock, cache_root, fetch, lock_name=lock_name, partial=False).read_cold
 
 
 @dataclass
@@ -624,17 +634,5 @@ def check_at_hand(lock: Lockfile, cache: "Cache", mirrors: Sequence["Mirror"], *
                     continue
         return out
 
-    check = AbiCheck(cache.root / "abi")
-    if _torch_pin(lock) is None:
-        return AtHand([], [], [])
-    raise_for(table_mismatches(lock, check.rows), lock_name)
-    todo = check.unread(lock)
-    paths = at_hand(todo)
-    for w in todo:
-        if w.sha256 in paths:
-            check.needs(w, paths[w.sha256])
-    torch = check.torch_unread(lock)
-    if torch is not None:
-        paths.update(at_hand([torch]))
-    raise_for(check.check(lock, paths, partial=True), lock_name)
+    check = _run(lock, cache.root / "abi", at_hand, lock_name=lock_name, partial=True)
     return AtHand(check.judged, check.unchecked, check.read_cold)
