@@ -132,8 +132,9 @@ def _problems(lock: Lockfile) -> list[str]:
             problems.append(f"wheels[{i}].group: {w.group!r} is not one of {', '.join(WHEEL_GROUPS)}")
         if not _SHA256.match(w.sha256):
             problems.append(f"wheels[{i}].sha256: {w.filename} has no sha256 (the build fetches only known bytes)")
-        if not w.filename.endswith(".whl"):
-            problems.append(f"wheels[{i}].filename: {w.filename!r} is not a wheel (sdists cannot be built reproducibly)")
+        if not w.filename.endswith(".whl") and w.source is None:
+            problems.append(f"wheels[{i}].filename: {w.filename!r} is not a wheel, and the lock gives no build inputs "
+                            "for it ([wheels.source])")
         if w.filename in seen:
             problems.append(f"wheels: {w.filename} is listed twice")
         seen.add(w.filename)

@@ -8,13 +8,14 @@ uv's resolver for the Python closure and apt for the Debian closure. The core ra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 from urllib.parse import unquote, urlparse
 
 from packaging.version import Version
@@ -139,6 +140,27 @@ class WheelCandidate:
     group: str
     direct: bool
     held_back: str | None = None  # a named package below its newest release: why (``held_back``)
+    # a package with no wheel for the platform, locked by its sdist (``filename``, ``sha256``): the
+    # inputs its wheel is built from (``wheels.sdist.pin_inputs`` fills them in after resolution)
+    source: "SourceInputs | None" = None
+
+    @property
+    def is_sdist(self) -> bool:
+        return not self.filename.endswith(".whl")
+
+
+@dataclass(frozen=True)
+class SourceInputs:
+    """What a wheel built from an sdist is made from (issue 37): the sdist's build backend and
+    build requirements, those pinned as wheels, the Python and the compiler; ``key`` (the hash of
+    them all, ``wheels.sdist.Derivation.key``) names the wheel it produces."""
+
+    backend: str
+    requires: tuple[str, ...]
+    build: tuple[WheelCandidate, ...]
+    python: str  # the exact CPython that builds it ("3.11.2")
+    compiler: str  # the locked Debian compiler ("gcc-12 12.2.0-14+deb12u1"), "" where the lock has none
+    key: str
 
 
 @dataclass(frozen=True)
@@ -616,7 +638,10 @@ def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -
 
 def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
             upgrade: list[str], constraints: list[str], *, torch_index: bool = True, no_deps: bool = False,
-            only_binary: bool = True) -> list[dict]:
+            only_binary: bool = True, no_binary: Iterable[str] = ()) -> list[dict]:
+    """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages:
+    wheels only (``only_binary``), except for the ``no_binary`` packages, which are taken as sdists
+    (a package with no wheel, built from source: issue 37)."""
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
@@ -627,6 +652,7 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
             "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
             *(["--only-binary", ":all:"] if only_binary else []), *(["--no-deps"] if no_deps else []),
+            *[a for n in sorted(no_binary) for a in ("--no-binary", n)],
             "--index-strategy", "unsafe-best-match", "--no-header", *idx]
     if constraints:
         c = workdir / f"{name}.constraints.txt"
@@ -653,7 +679,9 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     asked = [*spec.python.packages, *spec.python.constraints, *(spec.torch.packages if spec.torch else [])]
     recent = _index_read_marker(key + "\n--\n" + "\n".join(sorted(set(asked))), env)
     proc = None
-    if (read.is_file() and read.read_text() == key) or _is_fresh(recent, env):
+    # Not where sdists may be taken (``no_binary``, not ``only_binary``): offline, uv passes over a release whose metadata it must
+    # build from the sdist (deepspeed 0.19.8) and takes an ancient one it has (0.3.1.dev5) without failing.
+    if only_binary and not no_binary and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env)):
         proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
     if proc is None or proc.returncode != 0:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -763,8 +791,9 @@ _NO_USABLE_WHEELS = r"Wheels are required for `([A-Za-z0-9._-]+)`|([A-Za-z0-9._-
 
 def _no_wheel_error(stderr: str, choice: Choice, sources: Sources, workdir: Path) -> Exception | None:
     """A package with no wheel for the platform and Python (flash-attn: source distributions only):
-    named at its place in the spec, with the release a build from source would take (uv without
-    ``--only-binary``, no dependencies); not a version conflict. envspec installs wheels only."""
+    named at its place in the spec (its cause's ``package``), with the release a build from source
+    would take (uv without ``--only-binary``, no dependencies); not a version conflict. Where the
+    spec allows source builds (``[python].from_source``), ``resolve_python`` takes it as an sdist."""
     m = re.search(_NO_USABLE_WHEELS, stderr)
     if m is None:
         return None
@@ -777,12 +806,19 @@ def _no_wheel_error(stderr: str, choice: Choice, sources: Sources, workdir: Path
         would = ""
     return ResolutionImpossible(
         f"{name} has no wheel for {choice.platform} and Python {choice.python}",
-        causes=[{"kind": "no-wheel", "where": _requirement_where(choice, name),
+        causes=[{"kind": "no-wheel", "package": name, "where": _requirement_where(choice, name),
                  "text": f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
-                         f"Python {choice.python}; envspec installs wheels only"
+                         f"Python {choice.python}, and source builds are off ([python].from_source = \"never\")"
                          + (f" (with a build from source the lock would take {name} {would})" if would else "")}],
-        hint=f"drop {name}, or pin a version of it that has a wheel for {choice.platform}; building from "
-             "source distributions is not in envspec yet", reference="no-wheel")
+        hint=f"drop {name}, pin a version of it that has a wheel for {choice.platform}, or let envspec build it "
+             "from its sdist ([python].from_source = \"auto\", the default)", reference="no-wheel")
+
+
+def _no_wheel_package(e: ResolutionImpossible) -> str | None:
+    """The package a ``no-wheel`` error names (``_no_wheel_error``), else None."""
+    if e.reference != "no-wheel":
+        return None
+    return next((c["package"] for c in e.causes if c.get("package")), None)
 
 
 def _pypi_has(platform: str) -> str:
@@ -1040,12 +1076,27 @@ def _wheel_metadata(wheel: dict) -> str:
 def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
                    keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
     """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
-    wheels, kept where the spec still allows them."""
+    wheels, kept where the spec still allows them. Wheels only, except where the spec allows source
+    builds (``[python].from_source = "auto"``, the default): a package the spec names whose newest
+    release has no wheel, and any package with no wheel at all, are taken as sdists (``source_only``)."""
     from packaging.utils import canonicalize_name  # packaging.tags: the lock stage only
 
     torch_reqs, all_reqs, direct = requirements(choice)
     if not all_reqs:
         return []
+    auto = choice.spec.python.from_source == "auto"
+    no_binary = source_only(choice, sources, workdir) if auto else set()
+
+    def closure(upgrade: list[str], constraints: list[str]) -> list[dict]:
+        while True:  # each package uv finds with no wheel at all is taken as an sdist, and uv runs again
+            try:
+                return _run_uv(all_reqs, choice, sources, workdir, "full", upgrade, constraints, no_binary=no_binary)
+            except ResolutionImpossible as e:
+                name = _no_wheel_package(e)
+                if not auto or name is None or canonicalize_name(name) in no_binary:
+                    raise
+                no_binary.add(canonicalize_name(name))
+
     # Re-locking keeps the old lock's versions (as constraints) unless the spec no longer allows them
     # or --upgrade-package frees them; then it resolves afresh.
     spec_constraints = list(choice.spec.python.constraints)
@@ -1055,15 +1106,16 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     full = None
     if kept:
         try:
-            full = _run_uv(all_reqs, choice, sources, workdir, "full", [], spec_constraints + kept)
+            full = closure([], spec_constraints + kept)
         except ResolutionImpossible:
             full = None
     if full is None:
-        full = _run_uv(all_reqs, choice, sources, workdir, "full", upgrade or [], spec_constraints)
+        full = closure(upgrade or [], spec_constraints)
     pins = {canonicalize_name(p["name"]): p["version"] for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
-        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [f"{n}=={v}" for n, v in pins.items()])
+        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [f"{n}=={v}" for n, v in pins.items()],
+                      no_binary=no_binary)
         torch_names = {canonicalize_name(p["name"]) for p in sub}
     out: list[WheelCandidate] = []
     for p in full:
@@ -1076,12 +1128,42 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     return sorted(out, key=lambda w: (w.name, w.version, w.filename))
 
 
+def source_only(choice: Choice, sources: Sources, workdir: Path) -> set[str]:
+    """The packages the spec names whose newest release (for its own requirement, the platform and
+    Python) is published as an sdist only: deepspeed 0.19.8, where a wheel-only resolution takes
+    0.3.1.dev5, its one release with a wheel. One uv run without dependencies; an empty set where
+    the packages cannot be resolved alone (the full resolution then says why)."""
+    from packaging.utils import canonicalize_name
+
+    spec = choice.spec
+    named = list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
+    if not named:
+        return set()
+    try:
+        found = _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
+                        only_binary=False)
+    except (ResolutionImpossible, SourceError):
+        return set()
+    return {canonicalize_name(p["name"]) for p in found if not p.get("wheels") and p.get("sdist")}
+
+
 def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False) -> WheelCandidate:
     """A package of uv's pylock.toml output as the pin of its wheel (``no-wheel`` where it has none)."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
     name = canonicalize_name(p["name"])
     wheels = p.get("wheels") or []
+    if not wheels and p.get("sdist"):  # taken as an sdist (``resolve_python``'s no_binary): built from source
+        sd = p["sdist"]
+        url = sd.get("url") or sd.get("path") or ""
+        size = int(sd.get("size") or 0)
+        if not size and url.startswith("file://"):
+            with contextlib.suppress(OSError):
+                size = os.stat(unquote(urlparse(url).path)).st_size
+        return WheelCandidate(name=name, version=str(p["version"]),
+                              filename=sd.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0]),
+                              index=_attribute_index(url, name, choice, sources), sha256=sd["hashes"]["sha256"],
+                              size=size, group=group, direct=direct)
     if not wheels:
         raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
                                    causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} is published as a source distribution only"}],
@@ -1103,13 +1185,15 @@ def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct:
 
 
 def build_inputs(requires: list[str], choice: Choice, sources: Sources, *, workdir: Path,
-                 name: str) -> list[WheelCandidate]:
+                 name: str, constraints: list[str] | None = None) -> list[WheelCandidate]:
     """An sdist's build requirements (``wheels.sdist.build_system``) pinned as wheels for the
     image's platform and Python, each with its sha256: exactly what its isolated build environment
-    holds (issue 37). ``name``: the package built, for the work files' names."""
+    holds (issue 37). ``name``: the package built, for the work files' names; ``constraints``: the
+    lock's own pins (a build against torch gets the lock's torch)."""
     if not requires:
         return []
-    found = _run_uv(list(requires), choice, sources, workdir, f"build-{name}", [], [], torch_index=False)
+    found = _run_uv(list(requires), choice, sources, workdir, f"build-{name}", [], list(constraints or []),
+                    torch_index=any(requirement_name(r).lower() == "torch" for r in requires))
     return sorted((_candidate(p, choice, sources, group="build") for p in found),
                   key=lambda w: (w.name, w.version, w.filename))
 
@@ -1188,8 +1272,8 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
                            f"Python {choice.python}; " + reason)
         if name in any_kind and Version(any_kind[name]) > covered:
             why.append(f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
-                       f"source distribution only): envspec installs wheels only; with a build from source the "
-                       f"lock could take {any_kind[name]}")
+                       f"source distribution only), and source builds are off ([python].from_source = \"never\"); "
+                       f"with a build from source the lock could take {any_kind[name]}")
         if have.is_prerelease and not _asks_prerelease(req):
             why.append(f"{have} is a pre-release the spec does not ask for")
         if why:

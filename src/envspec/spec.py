@@ -99,6 +99,9 @@ class Python(_Model):
     # a pre-release nobody asked for: "warn" (the lock is written and says why), "error" (refused,
     # for CI); a policy of `envspec lock`, not an input of the resolution: not in the spec hash
     held_back: Literal["warn", "error"] = "warn"
+    # a package with no wheel for the platform: "auto" locks its sdist and builds the wheel from it
+    # with pinned inputs (docs/build.md, "Wheels built from sdists"); "never": wheels only (no-wheel)
+    from_source: Literal["auto", "never"] = "auto"
 
     @field_validator("version")
     @classmethod
@@ -217,6 +220,15 @@ class Runtime(_Model):
         return self.matmul_precision or ("high" if self.tf32 else "highest")
 
 
+class Build(_Model):
+    """How `envspec build` spends the machine on wheels built from sdists (not an input of the lock:
+    not in the spec hash). ``parallel``: source builds at once; ``jobs``: the compile jobs each one
+    runs (MAKEFLAGS -j, MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL); 0: the cores divided among them."""
+
+    parallel: int = Field(default=1, ge=1, le=64)
+    jobs: int = Field(default=0, ge=0, le=1024)
+
+
 class Sources(_Model):
     index: str = "https://pypi.org/simple"
     extra_indexes: list[str] = []
@@ -239,6 +251,7 @@ class EnvSpec(_Model):
     system: System = Field(default_factory=System)
     services: Services = Field(default_factory=Services)
     runtime: Runtime = Field(default_factory=Runtime)
+    build: Build = Field(default_factory=Build)
     sources: Sources = Field(default_factory=Sources)
 
     _file: str = PrivateAttr(default="")
@@ -272,6 +285,9 @@ class EnvSpec(_Model):
 
         data = self.model_dump(mode="json", exclude={"description"})
         del data["python"]["held_back"]  # a policy of `envspec lock`, not an input of the resolution
+        if data["python"]["from_source"] == "auto":  # the default: the hash of a spec written before the key existed
+            del data["python"]["from_source"]
+        del data["build"]  # how `envspec build` spends the machine, not what it makes
         src = data.pop("sources")
         data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
         if not data["target"]["platforms"]:  # unset: the hash of a spec written before the key existed
@@ -309,7 +325,7 @@ def toml_path(loc: tuple) -> str:
     return out
 
 
-_TABLES = {"target", "python", "torch", "system", "services", "runtime", "sources"}
+_TABLES = {"target", "python", "torch", "system", "services", "runtime", "build", "sources"}
 
 
 class _LineIndex:

@@ -279,20 +279,39 @@ def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, cap
 
 
 def test_a_package_with_no_wheel_says_so_and_what_a_source_build_would_take(tmp_path, monkeypatch):
+    """Wheels only ([python].from_source = "never"): no-wheel at the package's place in the spec."""
     from envspec.errors import ResolutionImpossible
 
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
     case = "no-pin-keeps-newest-torch"
     sources = offline_sources(CASES / case, tmp_path)
     make_sdist(tmp_path / "index", "flash-attn", "2.8.3", ["torch"])
-    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]'})
+    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]\nfrom_source = "never"'})
     with pytest.raises(ResolutionImpossible) as e:
         resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")
     err = e.value
     assert err.reference == "no-wheel" and err.message == "flash-attn has no wheel for linux-x86_64 and Python 3.11"
     assert err.causes[0]["where"] == f"[python].packages[1] ({spec_path}:9)"
-    assert err.causes[0]["text"].endswith("envspec installs wheels only (with a build from source the lock would "
-                                          "take flash-attn 2.8.3)")
+    assert err.causes[0]["text"].endswith("source builds are off ([python].from_source = \"never\") (with a build "
+                                          "from source the lock would take flash-attn 2.8.3)")
+    assert "[python].from_source = \"auto\"" in err.hint
+
+
+def test_a_package_with_no_wheel_is_taken_as_its_sdist(tmp_path, monkeypatch):
+    """By default a package with no wheel at all, named or pulled in, is locked by its sdist."""
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = "no-pin-keeps-newest-torch"
+    sources = offline_sources(CASES / case, tmp_path)
+    make_sdist(tmp_path / "index", "flash-attn", "2.8.3", ["torch", "einops-lite"])
+    make_sdist(tmp_path / "index", "einops-lite", "0.1.0", [])
+    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]'})
+    wheels = {w.name: w for w in resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")}
+    fa, dep = wheels["flash-attn"], wheels["einops-lite"]
+    assert (fa.version, fa.filename, fa.is_sdist, fa.group, fa.direct) == ("2.8.3", "flash-attn-2.8.3.tar.gz", True, "team", True)
+    assert fa.sha256 == hashlib.sha256((tmp_path / "index" / "flash-attn-2.8.3.tar.gz").read_bytes()).hexdigest()
+    assert fa.size == (tmp_path / "index" / "flash-attn-2.8.3.tar.gz").stat().st_size and fa.source is None
+    assert (dep.is_sdist, dep.group) == (True, "deps")  # found by uv's no-wheel error, then taken as its sdist
+    assert not wheels["accelerate"].is_sdist
 
 
 def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, monkeypatch):

@@ -53,3 +53,63 @@ def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path)
     two = _tar(tmp_path / "d-1.tar.gz", {"d-1/setup.py": "", "e-1/setup.py": ""})
     with pytest.raises(SourceBuildError, match="one top folder"):
         sd.build_system(two)
+
+
+def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monkeypatch):
+    """lock: an sdist the resolution takes is fetched into the cache by sha256, its [build-system] is
+    read and pinned as wheels (the lock's own version where the lock pins that package too), and its
+    derivation key computed; the lock records them (revision 4) and reads them back; the plan
+    builds it."""
+    from envspec import lock as lockmod
+    from envspec.cache.store import Cache
+    from envspec.compat import load_db
+    from envspec.plan import make_plan
+    from envspec.resolve import Resolution, choose, resolve_python
+    from envspec.spec import load_spec
+    from tests.unit.test_resolve_packages import CASES, make_sdist, make_wheel, offline_sources
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = CASES / "newest-release-sdist-only-is-built"
+    sources = offline_sources(case, tmp_path)
+    index = tmp_path / "index"
+    make_wheel(index, "setuptools", "80.9.0", [])
+    make_wheel(index, "setuptools", "81.0.0", [])
+    make_sdist(index, "helper", "1.0", [])  # wheels only for the build: an sdist is no build input
+    spec = load_spec(case / "spec.toml")
+    choice = choose(spec, load_db())
+    wheels = resolve_python(choice, sources, workdir=tmp_path / "w")
+    res = Resolution(choice=choice, wheels=wheels, debs=[], deb_requested=[])
+    with pytest.raises(ValueError, match="an sdist without its build inputs"):
+        lockmod.from_resolution(res, spec_path="spec.toml", db_version="t")
+    cache = Cache(tmp_path / "cache")
+    done = sd.pin_inputs(res, sources, cache, workdir=tmp_path / "w")
+    ds = next(w for w in done.wheels if w.name == "deepspeed")
+    assert cache.has_blob(ds.sha256)
+    src = ds.source
+    assert (src.backend, src.requires) == ("setuptools.build_meta:__legacy__", ("setuptools",))
+    assert [(b.name, b.version) for b in src.build] == [("setuptools", "81.0.0")] and src.build[0].filename.endswith(".whl")
+    assert (src.python, src.compiler) == ("3.11", "")  # no Debian base: the spec's Python, no compiler pinned
+    assert src.key == sd.derivation(ds, list(src.build), python="3.11", platform=choice.platform_tag, compiler="").key
+    # a package the lock pins too is built with the lock's version of it
+    pinned = dataclasses.replace(res, wheels=res.wheels + [dataclasses.replace(
+        src.build[0], version="80.9.0", filename="setuptools-80.9.0-py3-none-any.whl", group="deps")])
+    again = next(w for w in sd.pin_inputs(pinned, sources, cache, workdir=tmp_path / "w2").wheels if w.name == "deepspeed")
+    assert [(b.name, b.version) for b in again.source.build] == [("setuptools", "80.9.0")] and again.source.key != src.key
+
+    lock = lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")
+    assert lock.revision == 4
+    text = lockmod.dumps(lock)
+    assert "[wheels.source]" in text and "[[wheels.source.build]]" in text
+    back = lockmod.loads(text)
+    pin = next(w for w in back.wheels if w.name == "deepspeed")
+    assert pin.built and pin.source.key == src.key and pin.source.build[0].sha256 == src.build[0].sha256
+    assert not next(w for w in back.wheels if w.name == "torch").built
+
+
+def test_compiler_of_a_lock_is_its_debian_gcc():
+    from types import SimpleNamespace as NS
+
+    debs = [NS(name="gcc", version="4:12.2.0-3"), NS(name="gcc-12", version="12.2.0-14+deb12u1"),
+            NS(name="libgcc-12-dev", version="12.2.0-14+deb12u1")]
+    assert sd.compiler_of(debs) == "gcc-12 12.2.0-14+deb12u1"
+    assert sd.compiler_of([NS(name="bash", version="5.2")]) == ""

@@ -163,8 +163,17 @@ def cmd_lock(args) -> int:
             t = choice.torch
             con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
                       + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
-        results.append(resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}), db=db,
-                               upgrade=args.upgrade_package or []))
+        res = resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}), db=db,
+                      upgrade=args.upgrade_package or [])
+        if any(w.is_sdist for w in res.wheels):  # the build inputs of each package built from its sdist
+            import tempfile
+
+            from envspec.cache.store import Cache
+            from envspec.wheels import sdist
+
+            with tempfile.TemporaryDirectory(prefix="envspec-build-inputs-") as tmp:
+                res = sdist.pin_inputs(res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp))
+        results.append(res)
     lock = lockmod.from_resolutions(results, spec_path=rel(Path(args.spec)), db_version=db.version)
     held = _held_back(lock)
     if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
@@ -192,6 +201,7 @@ def cmd_lock(args) -> int:
                      "platform": lock.platform_names[0], "platforms": lock.platform_names,
                      "db_mismatch": list(dict.fromkeys(mismatches)),
                      "held_back": held,
+                     "from_source": _from_source(lock),
                      "abi": [{"platform": v.platform_names[0]} | a.to_json() for v, a in zip(lock.views(), at_hand)],
                      "torch": [{"platform": res.choice.platform,
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
@@ -208,6 +218,11 @@ def cmd_lock(args) -> int:
         for v, a in zip(lock.views(), at_hand):
             if a.judged or a.unchecked:
                 con.print((f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v), markup=False)
+    if not args.json and not args.quiet:
+        for f in _from_source(lock):
+            con.print((f"{f['platform']}: " if lock.multi else "") + f"from source: {f['name']} {f['version']} "
+                      f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}), "
+                      f"built by `envspec build`", markup=False)
     if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
         for h in held:
             con.print(f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
@@ -228,6 +243,14 @@ def abi_line(a, lock) -> str:
         said += (f"; {len(a.unchecked)} platform wheel(s) not at hand ({', '.join(a.unchecked[:3])}"
                  f"{', ...' if len(a.unchecked) > 3 else ''}) are checked by `envspec build`")
     return f"abi: {said}"
+
+
+def _from_source(lock) -> list[dict]:
+    """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform."""
+    return [{"platform": part.name, "name": w.name, "version": w.version, "sdist": w.filename, "sha256": w.sha256,
+             "backend": w.source.backend, "build": [f"{b.name} {b.version}" for b in w.source.build],
+             "python": w.source.python, "compiler": w.source.compiler, "key": w.source.key}
+            for part in lock.parts for w in part.wheels if w.source is not None]
 
 
 def _held_back(lock) -> list[dict]:

@@ -461,9 +461,10 @@ class AbiCheck:
     @staticmethod
     def candidates(lock: Lockfile) -> list[Wheel]:
         """The wheels that can hold torch extensions: platform wheels beside torch, not NVIDIA's
-        libraries (``cuda`` group)."""
+        libraries (``cuda`` group), not sdists (a wheel built from source, ``Wheel.source``, is made
+        by the build, after this check)."""
         return [w for w in lock.wheels if canonicalize_name(w.name) != "torch" and w.group != "cuda"
-                and not w.filename.endswith("-none-any.whl")]
+                and not w.filename.endswith("-none-any.whl") and not w.built]
 
     def unread(self, lock: Lockfile) -> list[Wheel]:
         """The candidate wheels whose files the check still has to read (no record kept)."""

@@ -14,12 +14,29 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from envspec import sources
 from envspec.cache.store import Cache
 from envspec.errors import HashMismatch, SourceError
-from envspec.lock import Wheel
+
+
+class FilePin(Protocol):
+    """A file pinned by sha256 on an index: a lock's ``Wheel`` (a wheel, or an sdist built from
+    source), a build input, or a resolution's ``WheelCandidate`` before the lock is written."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def filename(self) -> str: ...
+    @property
+    def index(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size(self) -> int: ...
 
 CHUNK = 1 << 20
 
@@ -83,7 +100,7 @@ class WheelFetcher:
                 self._listing_errors[key] = f"{url}: {getattr(e, 'reason', None) or e}"
         return self._listing[key]
 
-    def candidates(self, pin: Wheel) -> Iterator[tuple[str, str]]:
+    def candidates(self, pin: FilePin) -> Iterator[tuple[str, str]]:
         """(where, URL) in the order tried: mirrors first, then the canonical index."""
         for m in self.mirrors:
             url = self._files(m.kind, m.url, pin.name).get(pin.filename)
@@ -94,7 +111,7 @@ class WheelFetcher:
             if url:
                 yield f"index {pin.index}", url
 
-    def fetch(self, pin: Wheel) -> Path:
+    def fetch(self, pin: FilePin) -> Path:
         dest = self.cache.blob(pin.sha256)
         if dest.is_file():
             if _sha256_file(dest) == pin.sha256:  # checked before each use, not only on entry
@@ -134,13 +151,13 @@ class WheelFetcher:
             reference="file-not-found",
         )
 
-    def fetch_all(self, pins: Sequence[Wheel], *, on_start: Callable[[Wheel], None] | None = None,
-                  on_done: Callable[[Wheel, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
+    def fetch_all(self, pins: Sequence[FilePin], *, on_start: Callable[[FilePin], None] | None = None,
+                  on_done: Callable[[FilePin, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
         """Fetch every pin (parallel downloads); raises the first error after the rest stop."""
         out: dict[str, Path] = {}
         todo = list({p.sha256: p for p in pins}.values())
 
-        def one(p: Wheel) -> tuple[Wheel, Path, bool]:
+        def one(p: FilePin) -> tuple[FilePin, Path, bool]:
             cached = self.cache.has_blob(p.sha256)
             if on_start and not cached:
                 on_start(p)

@@ -33,9 +33,14 @@ import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from envspec.errors import SourceBuildError
+
+if TYPE_CHECKING:
+    from envspec.cache.store import Cache
+    from envspec.resolve import Resolution, WheelCandidate
+    from envspec.sources import Sources
 
 # PEP 517: a source tree without [build-system] is built with setuptools' legacy backend
 LEGACY_REQUIRES = ("setuptools>=40.8.0",)
@@ -79,7 +84,7 @@ class Derivation:
 
 
 def _names(sdist: Path) -> list[str]:
-    if sdist.name.endswith(".zip"):
+    if zipfile.is_zipfile(sdist):
         with zipfile.ZipFile(sdist) as z:
             return z.namelist()
     with tarfile.open(sdist) as t:
@@ -87,7 +92,7 @@ def _names(sdist: Path) -> list[str]:
 
 
 def _read_member(sdist: Path, name: str) -> bytes | None:
-    if sdist.name.endswith(".zip"):
+    if zipfile.is_zipfile(sdist):
         with zipfile.ZipFile(sdist) as z:
             return z.read(name) if name in z.namelist() else None
     with tarfile.open(sdist) as t:
@@ -137,7 +142,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _unpack(sdist: Path, dest: Path) -> Path:
-    if sdist.name.endswith(".zip"):
+    if zipfile.is_zipfile(sdist):
         with zipfile.ZipFile(sdist) as z:
             z.extractall(dest)
     else:
@@ -239,3 +244,51 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
             return entry / made.name, True
         finally:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def compiler_of(debs: list) -> str:
+    """The C compiler a lock's Debian base carries, as its pin ("gcc-12 12.2.0-14+deb12u1"): what
+    an sdist's C code is compiled with; "" where the lock has none."""
+    import re
+
+    found = sorted(f"{d.name} {d.version}" for d in debs if re.fullmatch(r"gcc-\d+", d.name))
+    return found[-1] if found else ""
+
+
+def derivation(w: "WheelCandidate", build: list["WheelCandidate"], *, python: str, platform: str,
+               compiler: str) -> Derivation:
+    """The derivation of a locked sdist (``w``) with its pinned build requirements."""
+    return Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
+                      build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in build),
+                      python=python, platform=platform, compiler=compiler)
+
+
+def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path) -> "Resolution":
+    """The resolution with each sdist it takes (``WheelCandidate.is_sdist``) given its build inputs
+    (``WheelCandidate.source``): the sdist is fetched by its sha256 into the cache, its
+    ``[build-system]`` read (``build_system``), its build requirements pinned as wheels for the
+    image's platform and Python (``resolve.build_inputs``; a package the lock also pins, torch, at
+    the lock's version), and the derivation's key computed with the exact Python and the compiler
+    of the lock's Debian base."""
+    import dataclasses
+
+    from envspec import debian
+    from envspec.resolve import SourceInputs, build_inputs
+    from envspec.wheels.fetch import WheelFetcher
+
+    todo = [w for w in res.wheels if w.is_sdist and w.source is None]
+    if not todo:
+        return res
+    ch = res.choice
+    files = WheelFetcher(cache, sources.mirrors).fetch_all(todo)
+    python = (debian.python_full_version(list(res.debs), ch.suite) if ch.suite else "") or ch.python
+    compiler = compiler_of(list(res.debs))
+    locked = [f"{w.name}=={w.version}" for w in res.wheels if not w.is_sdist]
+    done: dict[str, "WheelCandidate"] = {}
+    for w in todo:
+        requires, backend = build_system(files[w.sha256])
+        build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
+        d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler)
+        done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
+            backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key))
+    return dataclasses.replace(res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels])
