@@ -40,6 +40,10 @@ class PackageChange:
     new: str = ""  # version in the new lock ("" when removed)
     group: str = ""  # wheel layer group, or Debian architecture
     size_delta: int = 0  # bytes, new size - old size (0 when unknown)
+    # a wheel built from its sdist ([wheels.source]): "built from source" (the new pin, or the one
+    # added or removed), "now built from its sdist", "now a wheel, was built from its sdist",
+    # "same sdist, other build inputs"; "" for the rest
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,25 +172,47 @@ def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin]
         pa, pb = a.get(k, []), b.get(k, [])
         name = k[0]
         if not pa:
-            changes += [PackageChange(name, "added", "", p.version, group_of(p), p.size) for p in pb]
+            changes += [PackageChange(name, "added", "", p.version, group_of(p), p.size, _source_note(None, p))
+                        for p in pb]
             continue
         if not pb:
-            changes += [PackageChange(name, "removed", p.version, "", group_of(p), -p.size) for p in pa]
+            changes += [PackageChange(name, "removed", p.version, "", group_of(p), -p.size, _source_note(p, None))
+                        for p in pa]
             continue
         # one pin per key is the norm; several (a wheel twice) compare the newest of each side
         x, y = max(pa, key=by_version), max(pb, key=by_version)
         delta = y.size - x.size
         c = cmp(x.version, y.version)
+        note = _source_note(x, y)
         if c < 0:
-            changes.append(PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta))
+            changes.append(PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta, note))
         elif c > 0:
-            changes.append(PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta))
-        elif (x.sha256, x.filename) != (y.sha256, y.filename):
-            changes.append(PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta))
+            changes.append(PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta, note))
+        elif (x.sha256, x.filename) != (y.sha256, y.filename) or _source_key(x) != _source_key(y):
+            changes.append(PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta, note))
         elif group_of(x) != group_of(y):
             changes.append(PackageChange(name, "rebuilt", x.version, y.version, f"{group_of(x)} -> {group_of(y)}",
-                                         delta))
+                                         delta, note))
     return tuple(changes)
+
+
+def _source_key(p: Pin) -> str:
+    """The derivation key of a wheel built from its sdist; "" for any other pin."""
+    return p.source.key if isinstance(p, Wheel) and p.source is not None else ""
+
+
+def _source_note(old: Pin | None, new: Pin | None) -> str:
+    """What ``PackageChange.source`` says of a wheel built from its sdist."""
+    a, b = old is not None and bool(_source_key(old)), new is not None and bool(_source_key(new))
+    if old is None or new is None:
+        return "built from source" if (a or b) else ""
+    if b and not a:
+        return "now built from its sdist"
+    if a and not b:
+        return "now a wheel, was built from its sdist"
+    if a and b and old.sha256 == new.sha256 and _source_key(old) != _source_key(new):
+        return "same sdist, other build inputs"
+    return "built from source" if b else ""
 
 
 def _wheel_group(p: Pin) -> str:
@@ -475,9 +501,12 @@ def _one_lines(d: LockDiff) -> list[str]:
             elif c.change == "removed":
                 what = c.old
             elif c.change == "rebuilt":
-                what = f"{c.new} (same version, other file)"
+                what = f"{c.new} ({c.source})" if c.source and c.source != "built from source" else \
+                    f"{c.new} (same version, other file)"
             else:
                 what = f"{c.old} -> {c.new}"
+            if c.source == "built from source" or (c.source and c.change != "rebuilt"):
+                what += f" ({c.source})"
             where = f"  [{c.group}]" if c.group else ""
             lines.append(f"  {mark} {c.name} {what}{where}")
 

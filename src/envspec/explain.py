@@ -69,6 +69,7 @@ def choice_json(choice, *, packages: bool = False) -> dict:
     }
     if packages:
         out["passed_over"] = passed_over_json(choice)
+        out["from_source"] = list(choice.from_source)
     return out
 
 
@@ -97,6 +98,14 @@ def passed_over_lines(choice) -> list[str]:
         why = "; ".join(f"{h.package} {h.version} requires {h.requires}" for h in held if h.package)
         lines.append(f"  torch {release}: {why or 'a dependency of the named packages does not accept it'}")
     return lines
+
+
+def from_source_lines(choice) -> list[str]:
+    """The named packages `lock` takes as sdists and `build` builds (``Choice.from_source``)."""
+    if not choice.from_source:
+        return []
+    return [f"built from source (their newest release has no wheel for {choice.platform} and Python "
+            f"{choice.python}; `envspec build` builds each from its sdist): {', '.join(choice.from_source)}"]
 
 
 def passed_over_json(choice) -> list[dict]:
@@ -156,6 +165,7 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     if packages:
         lines += passed_over_lines(choice) or [f"torch {t.release.version} is the newest release that fits, and the "
                                              "packages the spec names accept it"]
+        lines += from_source_lines(choice)
     elif (note := packages_note(choice)) is not None:
         lines.append(f"note: {note}")
     return lines

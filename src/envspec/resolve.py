@@ -108,6 +108,9 @@ class Choice:
     arch: str = "x86_64"  # the CPU architecture of the hosts: "x86_64" | "aarch64" (from the GPUs)
     # the newer fitting torch releases passed over for a named package (empty: the newest fitting one)
     passed_over: tuple[PassedOver, ...] = ()
+    # the named packages whose newest release has no wheel, built from their sdists (``source_only``;
+    # set where the indexes were read: ``explain --packages``)
+    from_source: tuple[str, ...] = ()
 
     @property
     def platform(self) -> str:

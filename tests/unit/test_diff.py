@@ -173,3 +173,35 @@ def test_a_platform_added_to_a_lock_is_named():
     assert "platform added: linux-aarch64 (a new image in the index)" in diff_lines(d)
     again = diff_locks(new, new)
     assert again.identical and diff_lines(again)[-1] == "the locks are identical: same images, nothing to rebuild"
+
+
+def test_a_package_built_from_its_sdist_is_shown_so():
+    """[wheels.source]: a wheel that becomes an sdist built from source, and an sdist whose build
+    inputs change (same sdist, other key), are named; an added one says it is built from source."""
+    from envspec.lock import BuildInput, Lockfile, SourceBuild, Wheel
+
+    old = load(GOLDEN / "old.lock")
+    tqdm = next(w for w in old.wheels if w.name == "tqdm")
+    src = SourceBuild(backend="setuptools.build_meta", requires=["setuptools"], python="3.11.2", key="sha256:" + "1" * 64,
+                      build=[BuildInput(name="setuptools", version="80.9.0", filename="setuptools-80.9.0-py3-none-any.whl",
+                                        index="https://pypi.org/simple", sha256="2" * 64)])
+    sdist = tqdm.model_copy(update={"filename": f"tqdm-{tqdm.version}.tar.gz", "sha256": "3" * 64, "source": src})
+    extra = Wheel(name="deepspeed", version="0.19.8", filename="deepspeed-0.19.8.tar.gz", index="https://pypi.org/simple",
+                  sha256="4" * 64, group="team", source=src)
+
+    def with_wheels(wheels):
+        part = old.parts[0].model_copy(update={"wheels": wheels})
+        return Lockfile.model_validate(old.model_copy(update={"parts": [part]}).model_dump()).with_hash()
+
+    a = old
+    b = with_wheels([sdist if w.name == "tqdm" else w for w in old.wheels] + [extra])
+    by = {c.name: c for c in diff_locks(a, b).wheels}
+    assert (by["tqdm"].change, by["tqdm"].source) == ("rebuilt", "now built from its sdist")
+    assert (by["deepspeed"].change, by["deepspeed"].source) == ("added", "built from source")
+    text = "\n".join(diff_lines(diff_locks(a, b)))
+    assert f"~ tqdm {tqdm.version} (now built from its sdist)" in text and "+ deepspeed 0.19.8 (built from source)" in text
+    c = with_wheels([sdist.model_copy(update={"source": src.model_copy(update={"key": "sha256:" + "5" * 64})})
+                     if w.name == "tqdm" else w for w in old.wheels] + [extra])
+    by = {ch.name: ch for ch in diff_locks(b, c).wheels}
+    assert (by["tqdm"].change, by["tqdm"].source) == ("rebuilt", "same sdist, other build inputs") and "deepspeed" not in by
+    assert {ch.name: ch.source for ch in diff_locks(b, a).wheels}["tqdm"] == "now a wheel, was built from its sdist"

@@ -338,3 +338,31 @@ def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, mon
     assert not _is_fresh(markers[0], env)  # PyPI's own max-age: 600 s
     with pytest.raises(UsageError, match="ENVSPEC_INDEX_MAX_AGE='soon' is not a number of seconds"):
         _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "soon"})
+
+
+def test_lock_and_explain_say_which_packages_are_built_from_source(tmp_path, monkeypatch, capsys):
+    import json
+
+    from envspec import lock as lockmod
+    from envspec.cli import main
+
+    spec = cli_spec("newest-release-sdist-only-is-built", tmp_path, monkeypatch)
+    out = tmp_path / "ds.lock"
+    assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    [f] = said["from_source"]
+    assert (f["name"], f["version"], f["sdist"], f["build"]) == ("deepspeed", "0.19.8", "deepspeed-0.19.8.tar.gz",
+                                                                 ["setuptools 80.9.0"])
+    assert said["held_back"] == []  # taken at its newest release: nothing held back
+    pin = next(w for w in lockmod.load(out).wheels if w.name == "deepspeed")
+    assert pin.source is not None and pin.source.key == f["key"] and lockmod.load(out).revision == 4
+    out.unlink()
+    assert main(["lock", str(spec), "-o", str(out)]) == 0
+    assert "from source: deepspeed 0.19.8 (deepspeed-0.19.8.tar.gz; setuptools.build_meta:__legacy__ with setuptools 80.9.0)" \
+        in " ".join(capsys.readouterr().err.split())  # as printed, wrapped to the terminal
+    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(spec), "--packages", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["from_source"] == ["deepspeed"]
+    assert main(["explain", str(spec), "--packages"]) == 0
+    assert "`envspec build` builds each from its sdist): deepspeed" in " ".join(capsys.readouterr().out.split())

@@ -8,6 +8,7 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
@@ -56,11 +57,15 @@ def _with_packages(choice, db):
     packages the spec names (``resolve.with_packages``: reads the indexes)."""
     import tempfile
 
-    from envspec.resolve import with_packages
+    from envspec.resolve import source_only, with_packages
     from envspec.sources import discover
 
+    sources = discover(choice.spec.sources)
     with tempfile.TemporaryDirectory(prefix="envspec-explain-") as tmp:
-        return with_packages(choice, db, discover(choice.spec.sources), workdir=Path(tmp))
+        moved = with_packages(choice, db, sources, workdir=Path(tmp))
+        if choice.spec.python.from_source != "auto":
+            return moved
+        return dataclasses.replace(moved, from_source=tuple(sorted(source_only(moved, sources, Path(tmp)))))
 
 
 def _explain_platforms(args, spec, db) -> int:
