@@ -15,6 +15,9 @@ APT_PACKAGES="$APT_PACKAGES qemu-user-static binfmt-support"
 # the ABI check's unit tests compile small shared objects that export and import mangled torch-like
 # symbols (tests/unit/test_abi.py); libstdc++ also demangles the symbols its errors name
 APT_PACKAGES="$APT_PACKAGES g++"
+# wheels built from sdists run in a sandbox of the lock's own Debian base (its Python and compiler), with
+# no network (src/envspec/wheels/sdist.py)
+APT_PACKAGES="$APT_PACKAGES bubblewrap"
 # to compile envspec-put-layer (src/envspec/image/putlayer/main.go) against Debian's containers/storage (and
 # ISA-L, whose CRC-64 it records in the tar-split)
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev libisal-dev"

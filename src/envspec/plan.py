@@ -9,6 +9,8 @@ high up rebuilds little:
  torch      wheels of group "torch" (torch, triton, their dependencies)
  deps       wheels of group "deps"
  team       wheels of group "team" (the spec's own packages)
+ source     the wheels built from their sdists (``[wheels.source]``, any group), keyed by their
+            derivations: a team change does not build them again, and a registry cache shares them
  envspec    the verifier, the lock, the SBOM, the entrypoint (always rebuilt: tiny)
 ==========  ===========================================================================
 
@@ -43,9 +45,10 @@ MAKER_VERSIONS: dict[str, str] = {
     "torch": "2",
     "deps": "2",
     "team": "2",
+    "source": "1",
     "envspec": "2",  # 2: .pyc of the verifier
 }
-LAYER_ORDER: tuple[str, ...] = ("base", *WHEEL_GROUPS, "envspec")
+LAYER_ORDER: tuple[str, ...] = ("base", *WHEEL_GROUPS, "source", "envspec")
 
 # The layers' .pyc recipe (envspec.image.bytecode): bump its number when the bytes made for
 # the same source by the same compiler change.
@@ -165,7 +168,8 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
         debs=debs,
     )]
     for group in WHEEL_GROUPS:
-        pins = tuple(sorted((w for w in lock.wheels if w.group == group), key=lambda w: (w.name, w.version, w.filename)))
+        pins = tuple(sorted((w for w in lock.wheels if w.group == group and not w.built),
+                            key=lambda w: (w.name, w.version, w.filename)))
         if pins:
             layers.append(Layer(
                 group=group,
@@ -174,6 +178,14 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
                                  "pyc": pyc}),
                 wheels=pins,
             ))
+    built = tuple(sorted((w for w in lock.wheels if w.built), key=lambda w: (w.name, w.version, w.filename)))
+    if built:  # named by what the wheels are built from (the derivations' keys), not the sdists alone
+        layers.append(Layer(
+            group="source",
+            key=_key("source", {"derivations": sorted(w.source.key for w in built if w.source is not None),
+                                "venv": platform.venv, "python": platform.python, "arch": platform.arch, "pyc": pyc}),
+            wheels=built,
+        ))
     layers.append(Layer(
         group="envspec",
         key=_key("envspec", {"lock": lock.meta.content_hash, "venv": platform.venv, "python": platform.python,
@@ -191,6 +203,8 @@ def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
     if lock.multi:
         return [e for view in lock.views() for e in cache_entries(view)]
     out = [("wheel", w.sha256) for w in lock.wheels]
+    out += [("wheel", b.sha256) for w in lock.wheels if w.source is not None for b in w.source.build]
+    out += [("built", w.source.key.split(":", 1)[-1]) for w in lock.wheels if w.source is not None]
     out += [("deb", d.sha256) for d in (lock.debian.packages if lock.debian else ())]
     try:
         plan = make_plan(lock)

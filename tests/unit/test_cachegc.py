@@ -213,3 +213,25 @@ def test_cli_cache_and_gc(tmp_path, monkeypatch, capsys):
     assert "removed 6 entries" in capsys.readouterr().out
     assert cachegc.scan(c) == []
     assert main(["cache", "gc", str(tmp_path / "missing.lock")]) == 2
+
+
+def test_wheels_built_from_sdists_are_entries_kept_by_the_locks_that_build_them(tmp_path):
+    """<cache>/built/<key>/ (wheels/sdist.py): one entry (wheel, wheel.json, build.log), kept where a
+    lock's [wheels.source].key names it, removed whole otherwise."""
+    c, names = fake_cache(tmp_path)
+    for k in ("built-a", "built-b"):
+        d = c.root / "built" / hexof(k)
+        put(d / "pkg-1.0-py3-none-any.whl", 500)
+        put(d / "build.log", 20)
+        put(d / "wheel.json", 10)
+    put(c.root / "built" / "not-a-key" / "x", 5)
+    entries = cachegc.scan(c)
+    built = {e.name: e for e in entries if e.kind == "built"}
+    assert set(built) == {hexof("built-a"), hexof("built-b")} and built[hexof("built-a")].size == 530
+    assert cachegc.summary(c, entries)["kinds"]["built"] == {"count": 2, "bytes": 1060}
+    needed = needed_of(names, "wheel-a", "wheel-b", "deb-a", "deb-b", "layer-a", "layer-b")
+    needed.add("x.lock", [("built", hexof("built-a"))])
+    plan = cachegc.collect(c, needed)
+    assert [(e.kind, e.name) for e in plan.remove] == [("built", hexof("built-b"))]
+    assert (c.root / "built" / hexof("built-a") / "pkg-1.0-py3-none-any.whl").exists()
+    assert not (c.root / "built" / hexof("built-b")).exists() and (c.root / "built" / "not-a-key" / "x").exists()

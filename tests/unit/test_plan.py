@@ -20,7 +20,7 @@ def keys(plan):
 
 def test_layers_in_stability_order_with_their_pins():
     plan = make_plan(helpers.load())
-    assert [lay.group for lay in plan.layers] == list(LAYER_ORDER)
+    assert [lay.group for lay in plan.layers] == [g for g in LAYER_ORDER if g != "source"]  # no sdist in this lock
     assert [w.name for w in plan.layer("deps").wheels] == ["idna", "iniconfig"]
     assert [w.name for w in plan.layer("team").wheels] == ["six"]
     assert plan.layer("envspec").cacheable is False
@@ -62,7 +62,7 @@ def test_a_team_change_changes_only_team_and_above():
     b = make_plan(helpers.with_wheel(helpers.load(), "six", version="1.16.0",
                                      filename="six-1.16.0-py2.py3-none-any.whl",
                                      sha256="8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"))
-    changed = [g for g in LAYER_ORDER if keys(a)[g] != keys(b)[g]]
+    changed = [g for g in LAYER_ORDER if g in keys(a) and keys(a)[g] != keys(b)[g]]
     assert changed == ["team", "envspec"]
 
 
@@ -73,7 +73,7 @@ def test_two_locks_sharing_torch_and_cuda_share_those_keys():
     b = helpers.with_wheel(other, "idna", version="3.7", filename="idna-3.7-py3-none-any.whl",
                            sha256="82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0")
     ka, kb = keys(make_plan(a)), keys(make_plan(b))
-    assert [g for g in LAYER_ORDER if ka[g] == kb[g]] == ["base", "cuda", "torch", "team"]
+    assert [g for g in LAYER_ORDER if g in ka and ka[g] == kb[g]] == ["base", "cuda", "torch", "team"]
 
 
 def test_venv_and_python_are_part_of_every_wheel_key():
@@ -81,7 +81,7 @@ def test_venv_and_python_are_part_of_every_wheel_key():
     b = copy.deepcopy(a)
     b["platform"]["venv"] = "/opt/other"
     ka, kb = keys(make_plan(helpers.rehash(a))), keys(make_plan(helpers.rehash(b)))
-    assert all(ka[g] != kb[g] for g in LAYER_ORDER)
+    assert all(ka[g] != kb[g] for g in LAYER_ORDER if g in ka)
 
 
 def test_every_problem_is_reported_at_once():
@@ -159,3 +159,35 @@ def test_every_buildable_committed_lock_has_a_golden_plan():
     buildable = {p.stem + (f".{v.platform_names[0]}" if v is not lk else "") for p in LOCKS.glob("*.lock")
                  for lk in [lockmod.load(p)] for v in lk.views() if v.platform.base != "none"}
     assert buildable == {p.stem for p in GOLDEN_PLANS.glob("*.json")}
+
+
+def _with_source(lock: dict, key: str = "1" * 64) -> dict:
+    """``lock`` (data) with six locked by its sdist, built from source ([wheels.source])."""
+    lock = copy.deepcopy(lock)
+    for w in lock["wheels"]:
+        if w["name"] == "six":
+            w.update(filename=f"six-{w['version']}.tar.gz", sha256="9" * 64,
+                     source={"backend": "setuptools.build_meta", "requires": ["setuptools"], "python": "3.11.2",
+                             "key": "sha256:" + key,
+                             "build": [{"name": "setuptools", "version": "80.9.0", "index": "https://pypi.org/simple",
+                                        "filename": "setuptools-80.9.0-py3-none-any.whl", "sha256": "8" * 64}]})
+    return lock
+
+
+def test_wheels_built_from_source_get_a_layer_named_by_their_derivations():
+    from envspec.plan import cache_entries
+
+    plain = make_plan(helpers.load())
+    built = make_plan(helpers.rehash(_with_source(helpers.data())))
+    assert [lay.group for lay in built.layers] == [g for g in LAYER_ORDER if g != "team"]  # six was team's one pin
+    assert [w.name for w in built.layer("source").wheels] == ["six"]
+    assert keys(built)["deps"] == keys(plain)["deps"]  # the other layers are as they were
+    other = make_plan(helpers.rehash(_with_source(helpers.data(), key="2" * 64)))
+    assert keys(other)["source"] != keys(built)["source"]  # other build inputs: another layer
+    entries = cache_entries(built.lock)
+    assert ("built", "1" * 64) in entries and ("wheel", "8" * 64) in entries and ("wheel", "9" * 64) in entries
+    lock = helpers.data()
+    six = next(w for w in lock["wheels"] if w["name"] == "six")
+    six["filename"] = "six-1.0.tar.gz"
+    with pytest.raises(PlanError, match="is not a wheel, and the lock gives no build inputs"):
+        make_plan(helpers.rehash(lock))

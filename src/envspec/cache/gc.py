@@ -39,13 +39,13 @@ from envspec.errors import UsageError
 
 GRACE_S = 15 * 60  # entries used this recently are kept whatever the plan says
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-KINDS = ("wheel", "deb", "layer")
+KINDS = ("wheel", "deb", "layer", "built")
 
 
 @dataclass(frozen=True)
 class Entry:
-    kind: str  # "wheel" | "deb" | "layer"
-    name: str  # the sha256 hex (wheel, deb) or the layer key's hex
+    kind: str  # "wheel" | "deb" | "layer" | "built"
+    name: str  # the sha256 hex (wheel, deb), the layer key's hex, a built wheel's derivation key's hex
     paths: tuple[Path, ...]
     size: int
     used: float  # the newest atime/mtime of its files (seconds since the epoch)
@@ -69,7 +69,7 @@ def _stat(paths: Iterable[Path]) -> tuple[int, float] | None:
 
 
 def scan(cache: Cache) -> list[Entry]:
-    """Every wheel, .deb and layer in the cache (sorted by kind, then name)."""
+    """Every wheel, .deb, layer and wheel built from an sdist in the cache (sorted by kind, then name)."""
     out: list[Entry] = []
     for kind, d in (("wheel", cache.root / "blobs" / "sha256"), ("deb", cache.root / "debs" / "sha256")):
         for p in sorted(d.iterdir()) if d.is_dir() else ():
@@ -93,6 +93,13 @@ def scan(cache: Cache) -> list[Entry]:
             st = _stat([p])
             if st:
                 out.append(Entry("layer", p.stem, (p,), *st))
+    built = cache.root / "built"  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
+    for d in sorted(built.iterdir()) if built.is_dir() else ():
+        if _HEX.match(d.name) and d.is_dir():
+            files = tuple(sorted(p for p in d.iterdir() if p.is_file()))
+            st = _stat(files)
+            if st:
+                out.append(Entry("built", d.name, files, *st))
     return out
 
 
@@ -131,7 +138,7 @@ def summary(cache: Cache, entries: Sequence[Entry] | None = None) -> dict[str, A
     counted = {p for e in entries for p in e.paths}
     other: dict[str, int] = {}
     for p in sorted(cache.root.iterdir()):
-        if p.name in ("blobs", "debs", "layers"):
+        if p.name in ("blobs", "debs", "layers", "built"):
             loose = sum(q.stat().st_size for q in p.rglob("*") if q.is_file() and q not in counted)
             if loose:
                 other[f"{p.name}/ (not entries)"] = loose
@@ -152,16 +159,20 @@ class Needed:
     wheels: set[str] = field(default_factory=set)
     debs: set[str] = field(default_factory=set)
     layers: set[str] = field(default_factory=set)
+    built: set[str] = field(default_factory=set)  # derivation key hexes of wheels built from sdists
     by: dict[str, list[str]] = field(default_factory=dict)  # "kind:name" -> lock paths
 
     def add(self, lock_path: str, entries: Iterable[tuple[str, str]]) -> None:
         """What the lock at ``lock_path`` needs: (kind, name) entries (``envspec.plan.cache_entries``)."""
         for kind, name in entries:
-            {"wheel": self.wheels, "deb": self.debs, "layer": self.layers}[kind].add(name)
+            self._set(kind).add(name)
             self.by.setdefault(f"{kind}:{name}", []).append(lock_path)
 
     def needs(self, e: Entry) -> bool:
-        return e.name in {"wheel": self.wheels, "deb": self.debs, "layer": self.layers}[e.kind]
+        return e.name in self._set(e.kind)
+
+    def _set(self, kind: str) -> set[str]:
+        return {"wheel": self.wheels, "deb": self.debs, "layer": self.layers, "built": self.built}[kind]
 
 
 def repository_root(start: Path) -> Path:
@@ -271,6 +282,12 @@ def _remove(cache: Cache, e: Entry) -> None:
         with cache.locked("layer-" + e.name):
             for p in sorted(e.paths, key=lambda p: p.suffix != ".json"):  # the .json first
                 p.unlink(missing_ok=True)
+    elif e.kind == "built":
+        import shutil
+
+        with cache.locked("built-" + e.name):
+            (cache.root / "built" / e.name / "wheel.json").unlink(missing_ok=True)  # first: no longer an entry
+            shutil.rmtree(cache.root / "built" / e.name, ignore_errors=True)
     else:
         for p in e.paths:
             p.unlink(missing_ok=True)

@@ -60,6 +60,12 @@ class _Progress:
             def pushed(self, dest, digest):
                 outer._line(f"pushed {dest}@{digest}")
 
+            def source_building(self, name, version):
+                outer._line(f"building {name} {version} from its sdist (in the lock's Debian base, no network)")
+
+            def source_built(self, name, version, wheel, seconds, cached):
+                outer._line(f"built {wheel}" + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s"))
+
             def warning(self, message):  # printed even with --quiet
                 (outer.progress.console if outer.progress else outer.con).print(f"warning: {message}", markup=False)
 
@@ -120,10 +126,12 @@ def cmd_build(args) -> int:
     from envspec.registry.stage import Registry
 
     spec_sources = None
+    spec_build = None
     if Path(args.target).suffix == ".toml":
         from envspec.spec import load_spec
 
-        spec_sources = load_spec(args.target).sources
+        spec = load_spec(args.target)
+        spec_sources, spec_build = spec.sources, spec.build
     cache_from, cache_to = _cache_refs(args, spec_sources)
     # checked before building; only for a push or a registry cache (a stale REGISTRY_AUTH_FILE does
     # not stop a local build)
@@ -140,6 +148,8 @@ def cmd_build(args) -> int:
     options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
                            registry=Registry(key=sign_key, lock_path=rel(lock_path)),
                            cache_from=cache_from, cache_to=cache_to,
+                           source_parallel=spec_build.parallel if spec_build else 1,
+                           source_jobs=spec_build.jobs if spec_build else 0,
                            compression=args.compression or DEFAULT_COMPRESSION,
                            # named, or for --check-digest's comparison with a pushed image: compressed now
                            compress=True if (args.compression or args.check_digest) else None)

@@ -42,7 +42,7 @@ from envspec.lock import DebPin, Lockfile, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
-from envspec.wheels import abi
+from envspec.wheels import abi, sdist
 from envspec.wheels.fetch import WheelFetcher
 
 # Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
@@ -102,6 +102,10 @@ class BuildOptions:
     registry: "RegistrySide | None" = None
     cache_from: str = ""  # a registry repository to take layers from (registry/regcache.py)
     cache_to: str = ""  # a registry repository to put the layers in
+    # wheels built from sdists (the spec's [build]): builds at once, compile jobs each (0: the cores
+    # divided among them)
+    source_parallel: int = 1
+    source_jobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,9 @@ class Reporter:
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
     def warning(self, message: str) -> None: ...  # something the user should know (no .pyc, ...)
+    def source_building(self, name: str, version: str) -> None: ...  # a wheel's build from its sdist starts
+    # ... and its wheel is there: built now (``seconds``), or found in the cache (``cached``)
+    def source_built(self, name: str, version: str, wheel: str, seconds: float, cached: bool) -> None: ...
     def phase(self, phase: Phase) -> None: ...  # a step of the build ended (``BuiltImage.phases``)
 
 
@@ -266,6 +273,8 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                 rc.fetch_layers(layers, entries)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
+        with clock.span("source builds"):
+            layers.build_sources(mirrors, parallel=options.source_parallel, jobs=options.source_jobs)
         with layers.wheel_makers(options.workers, fork=not early) as pending:
             if importer is not None and not early:  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
@@ -323,6 +332,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp, cache_comp=wanted)
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
     debs = [d for lay in layers.todo for d in lay.debs]
+    built = [w for lay in layers.todo for w in lay.wheels if w.source is not None]
     engine = RecordingEngine()
     ref = plan.tag if options.tag is None else options.tag
     image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
@@ -343,6 +353,9 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
         row["compressed"] = lay.key not in todo and lay.cacheable and lay.key not in layers.to_compress
     summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
                         "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
+    summary["source_builds"] = [{"name": w.name, "version": w.version, "sdist": w.filename, "key": w.source.key,
+                                 "cached": sdist.cached_wheel(sdist.derivation_of(w, plan.platform), cache.root) is not None}
+                                for w in built if w.source is not None]
     summary["compression"] = comp.name
     summary["carried_compression"] = wanted.name
     summary["cache"] = {"from": options.cache_from, "to": options.cache_to}  # not asked in a dry run
@@ -551,6 +564,43 @@ class Layers:
             need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
 
+    def build_sources(self, mirrors: Sequence[Mirror], *, parallel: int = 1, jobs: int = 0) -> None:
+        """The wheels of the source layer, if it is to be made: each from the cache (by its
+        derivation's key) or built from its sdist in a sandbox of the lock's Debian base (its Python
+        and compiler, no network: ``wheels.sdist``), with its build requirements fetched by hash;
+        ``paths`` then maps each sdist's sha256 to its wheel."""
+        lay = next((lay for lay in self.todo if lay.group == "source"), None)
+        if lay is None:
+            return
+        r = self.reporter
+        inputs = [b for w in lay.wheels if w.source is not None for b in w.source.build]
+        files = dict(self.paths)
+        files.update(WheelFetcher(self.cache, mirrors).fetch_all(
+            inputs, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
+            on_done=lambda p, path: r.fetched(p.name, p.filename, path)))
+        scratch: list[Path] = []
+
+        def sandbox() -> sdist.Sandbox:
+            base = self.plan.layer("base")
+            where = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
+            scratch.append(where / "sandbox-rootfs")
+            with self.clock.span("source sandbox"):
+                rootfs = self._rootfs(base.debs, where / "sandbox-rootfs")
+            if rootfs is None:
+                raise BuildError("a wheel built from its sdist needs the lock's Debian base, and it has none",
+                                 step="build from source", hint="lock with a Debian base ([system].base)")
+            return sdist.Sandbox(rootfs, f"/usr/bin/python{self.plan.platform.python}")
+
+        try:
+            built = sdist.build_all(
+                self.plan.lock, lay.wheels, files, self.cache.root, sandbox=sandbox, parallel=parallel, jobs=jobs,
+                on_start=lambda w: r.source_building(w.name, w.version),
+                on_done=lambda w, path, secs, cached: r.source_built(w.name, w.version, path.name, secs, cached))
+        finally:
+            for d in scratch:
+                shutil.rmtree(d if d.parent == self.work else d.parent, ignore_errors=True)
+        self.paths.update(built)
+
     def wheel_makers(self, workers: int, *, fork: bool = True) -> "WheelMakers":
         """Worker processes that make the wheel layers, the costliest first (``estimated_cost``:
         its maker also runs ahead of the others, ``WheelMakers``); ``fork=False``: started by a
@@ -661,7 +711,9 @@ class WheelMakers:
         for lay in self.todo:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.writing_path(lay)
-            files = [(w.filename, str(self.layers.paths[w.sha256])) for w in lay.wheels]
+            # a wheel built from its sdist goes in under its own file name (``build_sources``)
+            files = [(self.layers.paths[w.sha256].name if w.built else w.filename, str(self.layers.paths[w.sha256]))
+                     for w in lay.wheels]
             tree = self.layers.tree_for(lay)
             pipe = self.layers.pipe_for(lay)
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,

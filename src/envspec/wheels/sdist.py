@@ -38,7 +38,10 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 from envspec.errors import SourceBuildError
 
 if TYPE_CHECKING:
+    from typing import Callable, Sequence
+
     from envspec.cache.store import Cache
+    from envspec.lock import Lockfile, Platform, Wheel
     from envspec.resolve import Resolution, WheelCandidate
     from envspec.sources import Sources
 
@@ -164,11 +167,54 @@ def build_env(work: Path, epoch: int, base: dict[str, str] | None = None) -> dic
     return env
 
 
+@dataclass(frozen=True)
+class Sandbox:
+    """The lock's own Debian base as the build's whole world (bubblewrap): its Python and its
+    compiler, read-only, with a private /tmp, /dev and /proc, the build's folder at its fixed path,
+    uv at ``SANDBOX_UV``, and no network, no host environment, no other process."""
+
+    rootfs: Path  # a root file system made from the lock's Debian packages (``debian.make_rootfs``)
+    python: str  # the interpreter inside it: "/usr/bin/python3.11"
+
+
+SANDBOX_UV = "/tmp/.envspec-tools/uv"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def jobs_env(jobs: int) -> dict[str, str]:
+    """The compile jobs of one build, as make, ninja via setuptools (MAX_JOBS: torch's cpp_extension)
+    and CMake read them; nothing where ``jobs`` is 0 (the build's own default)."""
+    if jobs <= 0:
+        return {}
+    return {"MAKEFLAGS": f"-j{jobs}", "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)}
+
+
+def _sandboxed(argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mapping[str, str]) -> list[str]:
+    """``argv`` (uv first) as bubblewrap runs it in ``box``."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SourceBuildError("bubblewrap (bwrap) is not installed: wheels built from sdists run in a sandbox "
+                               "of the lock's Debian base", step="build from source",
+                               hint="apt-get install bubblewrap (scripts/dev.sh setup installs it)")
+    out = [bwrap, "--ro-bind", str(box.rootfs), "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           "--bind", str(work), str(work), "--ro-bind", argv[0], SANDBOX_UV,
+           "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+           "--chdir", str(cwd), "--clearenv"]
+    if os.geteuid() != 0:  # an unprivileged bwrap needs a user namespace of its own
+        out.append("--unshare-user")
+    for k, v in sorted(env.items()):
+        out += ["--setenv", k, v]
+    return out + ["--", SANDBOX_UV, *argv[1:]]
+
+
 def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], out_dir: Path, *,
-                uv: str, python: str, log: Path, root: Path = BUILD_ROOT) -> Path:
+                uv: str, python: str, log: Path, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
+                jobs: int = 0) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
     of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
-    path. ``python``: the interpreter (or version) uv builds with. Raises ``SourceBuildError``."""
+    path. ``python``: the interpreter (or version) uv builds with, on this host; with ``sandbox``,
+    the build runs in it with its Python instead (``envspec build``: the lock's Debian base).
+    ``jobs``: compile jobs (``jobs_env``). Raises ``SourceBuildError``."""
     work = root / d.key.split(":", 1)[1][:16]
     with _locked(root / f"{work.name}.lock"):
         shutil.rmtree(work, ignore_errors=True)
@@ -184,18 +230,20 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
                                        for p in sorted(d.build_requires, key=lambda p: p.name)))
         argv = [uv, "build", "--wheel", "--offline", "--no-index", "--find-links", str(work / "wheels"),
-                "--build-constraints", str(constraints), "--require-hashes", "--python", python,
-                "--out-dir", str(work / "out"), str(src)]
+                "--build-constraints", str(constraints), "--require-hashes",
+                "--python", sandbox.python if sandbox else python, "--out-dir", str(work / "out"), str(src)]
+        if sandbox is not None:
+            env = build_env(work, d.epoch, base={"PATH": SANDBOX_PATH}) | jobs_env(jobs) | {"TMPDIR": "/tmp"}
+            argv = _sandboxed(argv, sandbox, work, src, env)
+        else:
+            env = build_env(work, d.epoch) | jobs_env(jobs)
         log.parent.mkdir(parents=True, exist_ok=True)
-        old = os.umask(0o022)
-        try:
-            with open(log, "w") as f:
-                f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
-                        f"# {' '.join(argv)}\n")
-                f.flush()
-                proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=build_env(work, d.epoch))
-        finally:
-            os.umask(old)
+        with open(log, "w") as f:
+            f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
+                    f"# {' '.join(argv)}\n")
+            f.flush()
+            # umask in the child only: builds run on several threads at once (``build_all``)
+            proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022)
         wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
         if proc.returncode != 0 or len(wheels) != 1:
             shutil.rmtree(work, ignore_errors=True)  # the log is kept, not the tree
@@ -212,8 +260,24 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         return dest
 
 
+def cached_wheel(d: Derivation, cache_root: Path) -> Path | None:
+    """``d``'s wheel from the cache, checked against the sha256 recorded when it was built; None
+    where it is not there or is damaged."""
+    entry = cache_root / "built" / d.key.split(":", 1)[1]
+    try:
+        m = json.loads((entry / "wheel.json").read_text())
+        wheel = entry / m["filename"]
+        with open(wheel, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() == m["sha256"]:
+                return wheel
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], cache_root: Path, *,
-                 uv: str, python: str, root: Path = BUILD_ROOT) -> tuple[Path, bool]:
+                 uv: str, python: str, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
+                 jobs: int = 0) -> tuple[Path, bool]:
     """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
     when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
     also kept when the build fails). Returns (the wheel, whether it was built now)."""
@@ -221,19 +285,18 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
 
     entry = cache_root / "built" / d.key.split(":", 1)[1]
     meta = entry / "wheel.json"
-    try:
-        m = json.loads(meta.read_text())
-        wheel = entry / m["filename"]
-        with open(wheel, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() == m["sha256"]:
-                return wheel, False
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    found = cached_wheel(d, cache_root)
+    if found is not None:
+        return found, False
     entry.mkdir(parents=True, exist_ok=True)
     with _locked(entry / ".lock"):
+        found = cached_wheel(d, cache_root)  # built by another process while this one waited
+        if found is not None:
+            return found, False
         out = Path(tempfile.mkdtemp(prefix=".out-", dir=entry))
         try:
-            made = build_wheel(d, sdist, build_wheels, out, uv=uv, python=python, log=entry / "build.log", root=root)
+            made = build_wheel(d, sdist, build_wheels, out, uv=uv, python=python, log=entry / "build.log", root=root,
+                               sandbox=sandbox, jobs=jobs)
             with open(made, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
             os.replace(made, entry / made.name)
@@ -292,3 +355,78 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
         done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
             backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key))
     return dataclasses.replace(res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels])
+
+
+def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
+    """The derivation of a lock's pin built from its sdist (``Wheel.source``), checked against the
+    key the lock records: a lock whose inputs do not give its key (edited by hand, or written by an
+    envspec that hashes otherwise) is refused (``LockError``), not built under a wrong name."""
+    from envspec.errors import LockError
+
+    src = w.source
+    if src is None:
+        raise ValueError(f"{w.filename} is not built from source")
+    d = Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
+                   build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.build),
+                   python=src.python, platform=platform.platform_tag, compiler=src.compiler)
+    if d.key != src.key:
+        raise LockError(f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
+                        f"its inputs ({d.key[:19]}…)", hint="re-create the lock with `envspec lock`",
+                        reference="lock-source-key")
+    return d
+
+
+def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Path], cache_root: Path, *,
+              sandbox: "Callable[[], Sandbox]", parallel: int = 1, jobs: int = 0,
+              on_start: "Callable[[Wheel], None] | None" = None,
+              on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None) -> dict[str, Path]:
+    """The wheels of the lock's pins built from source: sdist sha256 -> the wheel, each taken from
+    the cache (``cached_wheel``) or built (``cached_build``) in the lock's Debian base (``sandbox``,
+    made only where something is built), ``parallel`` at once with ``jobs`` compile jobs each (0:
+    the cores divided among them). ``files``: sha256 -> the checked file of every sdist and build
+    requirement. ``on_done(pin, wheel, seconds, cached)``."""
+    import platform as host_platform
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envspec.resolve import _uv
+
+    derivations = {w.sha256: derivation_of(w, lock.platform) for w in pins}
+    out: dict[str, Path] = {}
+    todo = []
+    for w in pins:
+        hit = cached_wheel(derivations[w.sha256], cache_root)
+        if hit is not None:
+            out[w.sha256] = hit
+            if on_done:
+                on_done(w, hit, 0.0, True)
+        else:
+            todo.append(w)
+    if not todo:
+        return out
+    machine = host_platform.machine()
+    if {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine) != lock.platform.arch:
+        names = ", ".join(f"{w.name} {w.version}" for w in todo)
+        raise SourceBuildError(f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
+                               step="build from source",
+                               hint=f"build this lock on a {lock.platform.arch} host once with --cache-to, and take "
+                                    "the layer from the registry cache here (--cache-from)")
+    box = sandbox()
+    uv = _uv()
+    parallel = max(1, min(parallel, len(todo)))
+    per = jobs if jobs > 0 else max(1, (os.cpu_count() or 1) // parallel)
+
+    def one(w: "Wheel") -> tuple[str, Path]:
+        if on_start:
+            on_start(w)
+        start = time.monotonic()
+        wheel, made = cached_build(derivations[w.sha256], files[w.sha256], files, cache_root, uv=uv,
+                                   python=box.python, sandbox=box, jobs=per)
+        if on_done:
+            on_done(w, wheel, time.monotonic() - start, not made)
+        return w.sha256, wheel
+
+    with ThreadPoolExecutor(max_workers=parallel) as ex:
+        for sha, wheel in ex.map(one, todo):
+            out[sha] = wheel
+    return out
