@@ -1,0 +1,133 @@
+"""A package with no wheel, end to end (issue 37): deepspeed 0.19.8 is published as an sdist only.
+
+- `envspec lock` of specs/cpu.toml plus `deepspeed` (PyPI, real) locks deepspeed 0.19.8 by its
+  sdist with its build inputs, not 0.3.1.dev5 (its one release with a wheel, of 2020);
+- machine A's `envspec build --cache-to` builds its wheel in a sandbox of the lock's Debian base
+  (ops not prebuilt, deepspeed's own default without torch at build time), puts it in the source
+  layer, pushes the layers to a registry (tests/e2e/tlsregistry.py), and the image imports it;
+- the wheel built a second time (its cache entry and layer gone) has the same bytes, and the
+  image the same digest;
+- machine B, with an empty cache, builds from the registry cache (`--cache-from`): the source
+  layer comes from the registry and nothing is built from source there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tlsregistry  # noqa: E402
+
+from envspec import lock as lockmod  # noqa: E402
+from envspec import sources  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [*tlsregistry.pytest_marks(),
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/dev.sh setup)"),
+              pytest.mark.skipif(not sources.reachable("https://pypi.org/simple") and not os.environ.get("CI"),
+                                 reason="PyPI unreachable")]
+
+
+def machine(base: Path, name: str) -> dict[str, str]:
+    """A machine's environment: its own envspec cache (the .debs shared, to fetch them once)."""
+    cache = base / f"cache-{name}"
+    if not cache.exists():
+        cache.mkdir()
+        (cache / "debs").symlink_to(base / "debs")
+    return {**os.environ, "ENVSPEC_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src"),
+            "XDG_RUNTIME_DIR": str(base / f"runtime-{name}")}
+
+
+def envspec(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=1200)
+
+
+def ok(cp: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert cp.returncode == 0, (cp.stdout[-3000:], cp.stderr[-4000:])
+    return cp
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    base = tmp_path_factory.mktemp("source-build-e2e")
+    (base / "debs").mkdir()
+    spec = base / "ds.toml"
+    spec.write_text((ROOT / "specs" / "cpu.toml").read_text().replace('name = "cpu"', 'name = "cpu-deepspeed"')
+                    .replace('packages = ["numpy>=2"]', 'packages = ["numpy>=2", "deepspeed"]'))
+    lock = base / "ds.lock"
+    said = json.loads(ok(envspec(machine(base, "a"), "lock", str(spec), "-o", str(lock), "--json")).stdout)
+    with tlsregistry.start_tls_registry(base / "reg") as reg:
+        yield base, spec, lock, said, reg
+
+
+def _run(host, image: str, code: str) -> str:
+    from envspec.run import podman_args
+
+    cp = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
+                         image, "python", "-c", code], capture_output=True, text=True, timeout=600)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    return cp.stdout
+
+
+def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(world, tmp_path):
+    from conftest import private_storage
+
+    base, spec, lock_path, said, reg = world
+    lock = lockmod.load(lock_path)
+    ds = next(w for w in lock.wheels if w.name == "deepspeed")
+    assert (ds.version, ds.filename, lock.revision) == ("0.19.8", "deepspeed-0.19.8.tar.gz", 4)
+    assert ds.source is not None and ds.source.backend == "setuptools.build_meta:__legacy__"
+    assert [b.name for b in ds.source.build] == ["setuptools"] and ds.source.python.startswith("3.11.")
+    assert ds.source.compiler.startswith("gcc-12 ")  # the compiler of the lock's Debian base
+    assert [f["name"] for f in said["from_source"]] == ["deepspeed"] and said["held_back"] == []
+    torch = next(w for w in lock.wheels if w.name == "torch")
+    assert torch.version == "2.13.0+cpu"
+
+    cache_ref = f"{reg.address}/team/envspec-source"
+    regargs = ("--authfile", str(reg.authfile), "--cert-dir", str(reg.cert_dir))
+    built_a = Path(machine(base, "a")["ENVSPEC_CACHE"]) / "built" / ds.source.key.split(":", 1)[1]
+    with private_storage(tmp_path / "storage-a") as host:
+        env_a = machine(base, "a")  # in the block: with its ENVSPEC_STORAGE_ROOT
+        cp = ok(envspec(env_a, "build", str(lock_path), "--tag", "localhost/envspec-ds:1", "--cache-to", cache_ref,
+                        *regargs))
+        assert "building deepspeed 0.19.8 from its sdist" in cp.stderr and "built deepspeed-0.19.8-py3-none-any.whl" in cp.stderr
+        first = json.loads((built_a / "wheel.json").read_text())
+        assert first["filename"] == "deepspeed-0.19.8-py3-none-any.whl" and (built_a / "build.log").is_file()
+        out = _run(host, "localhost/envspec-ds:1", "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)")
+        assert out.split()[-2:] == ["0.19.8", "2.13.0+cpu"], out
+        digest = subprocess.run(["podman", *host.storage.args(), "image", "inspect", "--format", "{{.Digest}}",
+                                 "localhost/envspec-ds:1"], capture_output=True, text=True).stdout.strip()
+
+    # the wheel built again, from nothing cached (its entry and its layer gone): the same bytes
+    from envspec.plan import make_plan
+
+    source_layer = make_plan(lock).layer("source").key.split(":", 1)[1]
+    shutil.rmtree(built_a)
+    for p in (built_a.parents[1] / "layers").glob(source_layer + "*"):
+        p.unlink()
+    with private_storage(tmp_path / "storage-a2") as host:
+        env_a = machine(base, "a")
+        again = json.loads(ok(envspec(env_a, "build", str(lock_path), "--tag", "localhost/envspec-ds:2", "--json")).stdout)
+    second = json.loads((built_a / "wheel.json").read_text())
+    assert second["sha256"] == first["sha256"], "the same inputs gave another wheel"
+    layers = {lay["group"]: lay for lay in again["layers"]}
+    assert layers["source"]["source"] == "made" and again["store_digest"] == digest
+
+    # machine B: an empty cache, the layers from the registry; nothing is built from source there
+    with private_storage(tmp_path / "storage-b") as host:
+        env_b = machine(base, "b")
+        b = json.loads(ok(envspec(env_b, "build", str(lock_path), "--tag", "localhost/envspec-ds:3", "--json",
+                                  "--cache-from", cache_ref, *regargs)).stdout)
+        assert {lay["group"]: lay["source"] for lay in b["layers"]}["source"] == "registry"
+        assert b["store_digest"] == digest
+        assert not (Path(env_b["ENVSPEC_CACHE"]) / "built").exists()
+        out = _run(host, "localhost/envspec-ds:3", "import deepspeed; print(deepspeed.__version__)")
+        assert out.split()[-1] == "0.19.8"
