@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Measure the builds of a lock's wheels from their sdists (src/envspec/wheels/sdist.py, issue 37).
+
+    python bench/source_build.py LOCK [--runs 3] [--parallel 1] [--jobs 0] [--keep]
+
+In a new temp cache (``--keep``: not removed), for the lock's pins built from source
+(``[wheels.source]``):
+
+- fetch: the sdists and their build requirements, by sha256 (the configured mirrors, then the
+  indexes);
+- sandbox: the lock's Debian base laid down as the builds' root file system (once per build
+  that has something to build; the .debs come from the usual cache);
+- cold: every source pin built (``build_all``: in the sandbox, ``--parallel`` at once with
+  ``--jobs`` compile jobs each), its cache entries removed before each of ``--runs`` runs; the
+  median per package and of the whole, and whether every run gave the same wheel bytes;
+- cached: the same call with the wheels in the cache (what every later build does), median.
+
+Prints a Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def main() -> int:
+    from envspec import debian, sources
+    from envspec import lock as lockmod
+    from envspec.cache.store import Cache
+    from envspec.host import cache_dir_for
+    from envspec.wheels import sdist
+    from envspec.wheels.fetch import WheelFetcher
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("lock")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=0)
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    lock = lockmod.load(a.lock)
+    pins = [w for w in lock.wheels if w.source is not None]
+    if not pins:
+        print(f"{a.lock} builds nothing from source", file=sys.stderr)
+        return 1
+    root = Path(tempfile.mkdtemp(prefix="envspec-bench-source-"))
+    cache = Cache(root / "cache")
+    mirrors = sources.discover(None).mirrors
+    try:
+        t = time.monotonic()
+        files = WheelFetcher(cache, mirrors).fetch_all(pins + [b for w in pins for b in w.source.build])
+        fetch_s = time.monotonic() - t
+
+        sandbox_s: list[float] = []
+        boxes: list[Path] = []
+
+        def sandbox() -> sdist.Sandbox:
+            debs = list(lock.debian.packages)
+            start = time.monotonic()
+            paths = debian.fetch_debs(debs, mirrors=debian.mirror_list(lock.debian.mirror),
+                                      cache_dir=cache_dir_for(os.environ) / "debs")
+            dest = root / f"rootfs-{len(boxes)}"
+            debian.make_rootfs(debs, paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
+            boxes.append(dest)
+            sandbox_s.append(time.monotonic() - start)
+            return sdist.Sandbox(dest, f"/usr/bin/python{lock.platform.python}")
+
+        per: dict[str, list[float]] = {w.name: [] for w in pins}
+        shas: dict[str, set[str]] = {w.name: set() for w in pins}
+        whole: list[float] = []
+        for _ in range(a.runs):
+            shutil.rmtree(root / "cache" / "built", ignore_errors=True)
+            for box in boxes:
+                shutil.rmtree(box, ignore_errors=True)
+            t = time.monotonic()
+            built = sdist.build_all(lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs,
+                                    on_done=lambda w, p, s, c: per[w.name].append(s))
+            whole.append(time.monotonic() - t)
+            for w in pins:
+                shas[w.name].add(json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"])
+        cached: list[float] = []
+        for _ in range(max(3, a.runs)):
+            t = time.monotonic()
+            sdist.build_all(lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs)
+            cached.append(time.monotonic() - t)
+
+        med = statistics.median
+        print(f"lock {a.lock}: {len(pins)} package(s) from source; {a.runs} cold runs, parallel {a.parallel}, "
+              f"jobs {a.jobs or 'auto'}, {os.cpu_count()} cores")
+        print()
+        print("| step | median | runs |")
+        print("|---|---|---|")
+        print(f"| fetch sdists and build requirements (once) | {fetch_s:.2f} s | 1 |")
+        print(f"| sandbox: the lock's Debian base as a root file system | {med(sandbox_s):.2f} s | {len(sandbox_s)} |")
+        for w in pins:
+            same = "same bytes every run" if len(shas[w.name]) == 1 else f"{len(shas[w.name])} different wheels"
+            print(f"| build {w.name} {w.version} from its sdist ({same}) | {med(per[w.name]):.2f} s | {len(per[w.name])} |")
+        print(f"| all of them, cold (sandbox included) | {med(whole):.2f} s | {len(whole)} |")
+        print(f"| all of them, cached (every later build) | {med(cached) * 1000:.1f} ms | {len(cached)} |")
+        return 0 if all(len(s) == 1 for s in shas.values()) else 1
+    finally:
+        if a.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
