@@ -131,3 +131,94 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
         assert not (Path(env_b["ENVSPEC_CACHE"]) / "built").exists()
         out = _run(host, "localhost/envspec-ds:3", "import deepspeed; print(deepspeed.__version__)")
         assert out.split()[-1] == "0.19.8"
+
+
+def _sdist(dest: Path, name: str, setup: str) -> Path:
+    """A legacy sdist ``name``-1.0.tar.gz whose setup.py is ``setup``."""
+    import io
+    import tarfile
+
+    path = dest / f"{name}-1.0.tar.gz"
+    files = {f"{name}-1.0/setup.py": setup,
+             f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"}
+    with tarfile.open(path, "w:gz") as t:
+        for n, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(n)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return path
+
+
+PROBE = '''
+import json, os, socket, subprocess, sys
+from setuptools import setup
+try:
+    socket.create_connection(("pypi.org", 443), timeout=5).close()
+    net = "reached pypi.org"
+except OSError as e:
+    net = type(e).__name__
+cc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+os.makedirs("probe", exist_ok=True)
+with open("probe/__init__.py", "w") as f:
+    f.write("SEEN = " + repr(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "net": net,
+                                          "cc": cc, "env": sorted(os.environ)})) + "\\n")
+setup(name="probe", version="1.0", packages=["probe"])
+'''
+
+
+def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keeps_its_log(world, tmp_path):
+    """What a build from an sdist sees (wheels/sdist.py's sandbox): the lock's Python and gcc, no
+    network, no host environment; a failing build says where its log is (source-build-failed)."""
+    import zipfile
+
+    from envspec import debian
+    from envspec.errors import SourceBuildError
+    from envspec.resolve import _uv
+    from envspec.wheels import sdist as sd
+
+    base, _spec, lock_path, _said, _reg = world
+    lock = lockmod.load(lock_path)
+    setuptools = next(w for w in lock.wheels if w.name == "deepspeed").source.build[0]
+    cache = Path(machine(base, "a")["ENVSPEC_CACHE"])
+    files = {setuptools.sha256: cache / "blobs" / "sha256" / setuptools.sha256}
+    if not files[setuptools.sha256].is_file():  # the first test fetched it; alone, fetch it here
+        from envspec.cache.store import Cache
+        from envspec.wheels.fetch import WheelFetcher
+
+        files = WheelFetcher(Cache(cache), sources.discover(None).mirrors).fetch_all([setuptools])
+    debs = list(lock.debian.packages)
+    paths = debian.fetch_debs(debs, mirrors=debian.mirror_list(lock.debian.mirror), cache_dir=base / "debs")
+    debian.make_rootfs(debs, paths, tmp_path / "rootfs")
+    box = sd.Sandbox(tmp_path / "rootfs", f"/usr/bin/python{lock.platform.python}")
+    pin = sd.Pin(setuptools.name, setuptools.version, setuptools.filename, setuptools.sha256)
+
+    def derivation(path: Path) -> sd.Derivation:
+        import hashlib
+
+        return sd.Derivation(sd.Pin(path.name.split("-")[0], "1.0", path.name, hashlib.sha256(path.read_bytes()).hexdigest()),
+                             (pin,), python=lock.platform.python_full, platform=lock.platform.platform_tag)
+
+    probe = _sdist(tmp_path, "probe", PROBE)
+    os.environ["ENVSPEC_TEST_SECRET"] = "host"
+    try:
+        wheel = sd.build_wheel(derivation(probe), probe, files, tmp_path / "out", uv=_uv(), python="unused",
+                               log=tmp_path / "probe.log", sandbox=box, jobs=3)
+    finally:
+        del os.environ["ENVSPEC_TEST_SECRET"]
+    with zipfile.ZipFile(wheel) as z:
+        seen = json.loads(z.read("probe/__init__.py").decode().split("=", 1)[1].strip().strip("'"))
+    assert seen["python"] == lock.platform.python_full  # the image's Python, not the host's
+    assert seen["executable"].startswith("/tmp/envspec-sdist/")  # uv's build venv of /usr/bin/python3.11
+    compiler = next(w for w in lock.wheels if w.name == "deepspeed").source.compiler
+    assert compiler.split()[1].split("-")[0] in seen["cc"] and "Debian" in seen["cc"], seen["cc"]
+    assert seen["net"] != "reached pypi.org", seen["net"]
+    assert "ENVSPEC_TEST_SECRET" not in seen["env"] and "MAKEFLAGS" in seen["env"] and "SOURCE_DATE_EPOCH" in seen["env"]
+
+    broken = _sdist(tmp_path, "broken", "raise SystemExit('this package cannot be built here')\n")
+    with pytest.raises(SourceBuildError) as e:
+        sd.build_wheel(derivation(broken), broken, files, tmp_path / "out", uv=_uv(), python="unused",
+                       log=tmp_path / "broken.log", sandbox=box)
+    assert e.value.exit_code == 4 and e.value.reference == "source-build-failed"
+    assert "this package cannot be built here" in e.value.stderr_tail and (tmp_path / "broken.log").is_file()
+    assert str(tmp_path / "broken.log") in (e.value.hint or "")
