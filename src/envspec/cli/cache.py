@@ -104,7 +104,8 @@ def cmd_cache(args) -> int:
     for e in plan.remove:
         con.print(f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
                   markup=False)
-    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {k}s" for k in cachegc.KINDS)
+    plural = {"wheel": "wheels", "deb": "debs", "layer": "layers", "built": "built wheels"}
+    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {plural[k]}" for k in cachegc.KINDS)
     kept = plan.to_json()["kept"]
     con.print(f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
               f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
