@@ -149,6 +149,10 @@ class SourceBuild(_M):
     python: str
     compiler: str = ""
     key: str
+    # a CUDA extension: NVIDIA's toolkit wheels (nvcc, its headers, the runtime) for the lock's CUDA,
+    # unpacked as CUDA_HOME, and the GPU architectures compiled for (TORCH_CUDA_ARCH_LIST)
+    toolkit: list[BuildInput] = Field(default_factory=list)
+    arch_list: list[str] = Field(default_factory=list)
 
 
 class Wheel(_M):
@@ -505,10 +509,13 @@ def _wheel(w: Any) -> Wheel:
     if w.is_sdist and src is None:
         raise ValueError(f"{w.filename}: an sdist without its build inputs (wheels.sdist.pin_inputs)")
     if src is not None:
+        def inputs(pins: Any) -> list[BuildInput]:
+            return [BuildInput(name=b.name, version=b.version, filename=b.filename, index=b.index, sha256=b.sha256,
+                               size=b.size) for b in pins]
+
         d["source"] = SourceBuild(backend=src.backend, requires=list(src.requires), python=src.python,
-                                  compiler=src.compiler, key=src.key,
-                                  build=[BuildInput(name=b.name, version=b.version, filename=b.filename, index=b.index,
-                                                    sha256=b.sha256, size=b.size) for b in src.build])
+                                  compiler=src.compiler, key=src.key, build=inputs(src.build),
+                                  toolkit=inputs(src.toolkit), arch_list=list(src.arch_list))
     return Wheel(**d)
 
 

@@ -203,7 +203,7 @@ def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
     if lock.multi:
         return [e for view in lock.views() for e in cache_entries(view)]
     out = [("wheel", w.sha256) for w in lock.wheels]
-    out += [("wheel", b.sha256) for w in lock.wheels if w.source is not None for b in w.source.build]
+    out += [("wheel", b.sha256) for w in lock.wheels if w.source is not None for b in (*w.source.build, *w.source.toolkit)]
     out += [("built", w.source.key.split(":", 1)[-1]) for w in lock.wheels if w.source is not None]
     out += [("deb", d.sha256) for d in (lock.debian.packages if lock.debian else ())]
     try:

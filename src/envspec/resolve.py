@@ -164,6 +164,10 @@ class SourceInputs:
     python: str  # the exact CPython that builds it ("3.11.2")
     compiler: str  # the locked Debian compiler ("gcc-12 12.2.0-14+deb12u1"), "" where the lock has none
     key: str
+    # a CUDA extension (it builds against a CUDA torch): NVIDIA's toolkit wheels for the lock's CUDA,
+    # and the lock's GPU architectures
+    toolkit: tuple[WheelCandidate, ...] = ()
+    arch_list: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

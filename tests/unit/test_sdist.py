@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -113,3 +114,76 @@ def test_compiler_of_a_lock_is_its_debian_gcc():
             NS(name="libgcc-12-dev", version="12.2.0-14+deb12u1")]
     assert sd.compiler_of(debs) == "gcc-12 12.2.0-14+deb12u1"
     assert sd.compiler_of([NS(name="bash", version="5.2")]) == ""
+
+
+def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, monkeypatch):
+    """An sdist that builds against a CUDA torch (issue 38): NVIDIA's toolkit wheels for the lock's
+    CUDA (never the system's nvcc) pinned beside its build requirements, and the lock's arch list,
+    both inputs of its key; recorded in the lock and read back."""
+    from envspec import lock as lockmod
+    from envspec.cache.store import Cache
+    from envspec.compat import load_db
+    from envspec.resolve import Resolution, choose, resolve_python
+    from envspec.spec import load_spec
+    from tests.unit.test_resolve_packages import CASES, make_wheel, offline_sources
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = CASES / "newest-release-sdist-only-is-built"
+    sources = offline_sources(case, tmp_path)
+    index = tmp_path / "index"
+    _tar(index / "cuext-1.0.tar.gz", {"cuext-1.0/PKG-INFO": "Metadata-Version: 2.2\nName: cuext\nVersion: 1.0\nRequires-Dist: torch\n",
+                                      "cuext-1.0/pyproject.toml": '[build-system]\nrequires = ["setuptools", "torch"]\n'
+                                                                  'build-backend = "setuptools.build_meta"\n'})
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text((case / "spec.toml").read_text().replace('["deepspeed"]', '["cuext"]'))
+    choice = choose(load_spec(spec_path), load_db())
+    cuda = choice.torch.variant.cuda
+    major, minor = cuda.split(".")
+    for name in sd.TOOLKIT_WHEELS[major]:
+        make_wheel(index, name, f"{major}.{minor}.7", [])
+        make_wheel(index, name, f"{major}.{int(minor) + 1}.1", [])  # a newer CUDA: not the lock's
+    wheels = resolve_python(choice, sources, workdir=tmp_path / "w")
+    res = Resolution(choice=choice, wheels=wheels, debs=[], deb_requested=[])
+    done = sd.pin_inputs(res, sources, Cache(tmp_path / "cache"), workdir=tmp_path / "w")
+    src = next(w for w in done.wheels if w.name == "cuext").source
+    assert sorted(b.name for b in src.toolkit) == sorted(sd.TOOLKIT_WHEELS[major])
+    assert {b.version for b in src.toolkit} == {f"{major}.{minor}.7"}  # the lock's CUDA, not the newest
+    assert [b.name for b in src.build] == ["setuptools", "torch"] and src.arch_list == tuple(choice.torch.variant.arch_list)
+    assert src.key != sd.derivation(next(w for w in done.wheels if w.name == "cuext"), list(src.build),
+                                    python=src.python, platform=choice.platform_tag, compiler="").key
+    lock = lockmod.loads(lockmod.dumps(lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")))
+    pin = next(w for w in lock.wheels if w.name == "cuext")
+    assert [b.name for b in pin.source.toolkit] == [b.name for b in src.toolkit] and pin.source.arch_list == list(src.arch_list)
+    assert sd.derivation_of(pin, lock.platform).key == src.key  # the build computes the key the lock recorded
+
+
+def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_wants(tmp_path):
+    import zipfile
+
+    def wheel(name: str, files: dict[str, bytes]) -> Path:
+        path = tmp_path / f"{name}-13.0.1-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            for n, data in files.items():
+                info = zipfile.ZipInfo(n)
+                info.external_attr = (0o755 if "/bin/" in n else 0o644) << 16
+                z.writestr(info, data)
+            z.writestr(f"{name}-13.0.1.dist-info/METADATA", "Name: x\n")
+        return path
+
+    nvcc = wheel("nvidia_cuda_nvcc", {"nvidia/cu13/bin/nvcc": b"#!/bin/sh\n", "nvidia/cu13/include/crt/host_config.h": b""})
+    rt = wheel("nvidia_cuda_runtime", {"nvidia/cu13/lib/libcudart.so.13": b"\x7fELF", "nvidia/cu13/include/cuda_runtime.h": b""})
+    cu12 = wheel("nvidia_cuda_cccl_cu12", {"nvidia/cuda_cccl/include/cub/cub.cuh": b""})
+    home = sd.cuda_home([nvcc, rt, cu12], tmp_path / "cuda")
+    assert os.access(home / "bin" / "nvcc", os.X_OK)
+    assert (home / "include" / "cuda_runtime.h").is_file() and (home / "include" / "cub" / "cub.cuh").is_file()
+    assert os.readlink(home / "lib" / "libcudart.so") == "libcudart.so.13" and (home / "lib64" / "libcudart.so.13").is_file()
+    assert not any(p.name.endswith(".dist-info") for p in home.iterdir())
+    assert sd.torch_arch_list(["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]) == "8.0;9.0;10.0;12.0+PTX"
+    assert sd.torch_arch_list(["sm_90a", "sm_100a"]) == "9.0a;10.0a"
+    assert sd.toolkit_requirements("13.0") == [f"{n}==13.0.*" for n in sd.TOOLKIT_WHEELS["13"]]
+    assert sd.toolkit_requirements("12.8")[0] == "nvidia-cuda-nvcc-cu12==12.8.*" and sd.toolkit_requirements("11.8") == []
+    assert sd.memory_jobs() >= 1 and sd.memory_jobs(per_job=1 << 60) == 1
+    plain = BASE.key
+    assert dataclasses.replace(BASE, toolkit=(), arch_list=()).key == plain  # no CUDA: keys as before
+    assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != plain
+    assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != dataclasses.replace(BASE, arch_list=("sm_100",)).key

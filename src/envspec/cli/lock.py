@@ -226,8 +226,9 @@ def cmd_lock(args) -> int:
     if not args.json and not args.quiet:
         for f in _from_source(lock):
             con.print((f"{f['platform']}: " if lock.multi else "") + f"from source: {f['name']} {f['version']} "
-                      f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}), "
-                      f"built by `envspec build`", markup=False)
+                      f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}"
+                      + (f"; CUDA from {', '.join(f['toolkit'])} for {' '.join(f['arch_list'])}" if f['toolkit'] else "")
+                      + "), built by `envspec build`", markup=False)
     if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
         for h in held:
             con.print(f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
@@ -254,7 +255,8 @@ def _from_source(lock) -> list[dict]:
     """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform."""
     return [{"platform": part.name, "name": w.name, "version": w.version, "sdist": w.filename, "sha256": w.sha256,
              "backend": w.source.backend, "build": [f"{b.name} {b.version}" for b in w.source.build],
-             "python": w.source.python, "compiler": w.source.compiler, "key": w.source.key}
+             "python": w.source.python, "compiler": w.source.compiler, "key": w.source.key,
+             "toolkit": [f"{b.name} {b.version}" for b in w.source.toolkit], "arch_list": list(w.source.arch_list)}
             for part in lock.parts for w in part.wheels if w.source is not None]
 
 

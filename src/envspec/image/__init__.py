@@ -573,7 +573,7 @@ class Layers:
         if lay is None:
             return
         r = self.reporter
-        inputs = [b for w in lay.wheels if w.source is not None for b in w.source.build]
+        inputs = [b for w in lay.wheels if w.source is not None for b in (*w.source.build, *w.source.toolkit)]
         files = dict(self.paths)
         files.update(WheelFetcher(self.cache, mirrors).fetch_all(
             inputs, on_start=lambda p: r.fetching(p.name, p.filename, p.size),

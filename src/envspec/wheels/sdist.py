@@ -74,15 +74,22 @@ class Derivation:
     compiler: str = ""  # the C/C++ compiler's identity ("gcc (Debian 12.2.0-14) 12.2.0"), "" for none
     epoch: int = DEFAULT_EPOCH
     extra: tuple[tuple[str, str], ...] = field(default=())  # further inputs by name (torch's sha256, ...)
+    # a CUDA extension's compiler and headers: NVIDIA's toolkit wheels for the lock's CUDA, unpacked
+    # as CUDA_HOME (``cuda_home``), and the GPU architectures it is compiled for (the lock's arch list)
+    toolkit: tuple[Pin, ...] = ()
+    arch_list: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
-        body = {
+        body: dict = {
             "sdist": [self.sdist.name, self.sdist.version, self.sdist.sha256],
             "build_requires": sorted([p.name, p.version, p.sha256] for p in self.build_requires),
             "python": self.python, "platform": self.platform, "compiler": self.compiler,
             "epoch": self.epoch, "extra": sorted(list(x) for x in self.extra),
         }
+        if self.toolkit or self.arch_list:  # only then: the keys of builds without CUDA stay as they were
+            body["toolkit"] = sorted([p.name, p.version, p.sha256] for p in self.toolkit)
+            body["arch_list"] = list(self.arch_list)
         return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -226,6 +233,15 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
                                        step=f"build {d.sdist.name} {d.sdist.version}")
             shutil.copyfile(build_wheels[p.sha256], work / "wheels" / p.filename)
         src = _unpack(sdist, work / "src")
+        toolkit_env: dict[str, str] = {}
+        if d.toolkit:  # a CUDA extension: the pinned toolkit as CUDA_HOME, at the build's fixed path
+            missing = [p.filename for p in d.toolkit if p.sha256 not in build_wheels]
+            if missing:
+                raise SourceBuildError(f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
+                                       step=f"build {d.sdist.name} {d.sdist.version}")
+            home = cuda_home([build_wheels[p.sha256] for p in d.toolkit], work / "cuda")
+            toolkit_env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home),
+                           "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list)}
         constraints = work / "build-constraints.txt"
         constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
                                        for p in sorted(d.build_requires, key=lambda p: p.name)))
@@ -233,10 +249,13 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
                 "--build-constraints", str(constraints), "--require-hashes",
                 "--python", sandbox.python if sandbox else python, "--out-dir", str(work / "out"), str(src)]
         if sandbox is not None:
-            env = build_env(work, d.epoch, base={"PATH": SANDBOX_PATH}) | jobs_env(jobs) | {"TMPDIR": "/tmp"}
+            path = f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}" if toolkit_env else SANDBOX_PATH
+            env = build_env(work, d.epoch, base={"PATH": path}) | jobs_env(jobs) | toolkit_env | {"TMPDIR": "/tmp"}
             argv = _sandboxed(argv, sandbox, work, src, env)
         else:
-            env = build_env(work, d.epoch) | jobs_env(jobs)
+            env = build_env(work, d.epoch) | jobs_env(jobs) | toolkit_env
+            if toolkit_env:
+                env["PATH"] = f"{toolkit_env['CUDA_HOME']}/bin:{env.get('PATH', '')}"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
             f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
@@ -309,6 +328,76 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
             shutil.rmtree(out, ignore_errors=True)
 
 
+# NVIDIA's wheels that make a CUDA toolkit for building extensions, per CUDA major version: nvcc (and
+# for CUDA 13 its front end's headers, crt, and cicc, nvvm), the CUDA C++ core libraries' headers
+# (cccl) and the runtime (cuda_runtime.h, libcudart), each pinned to the lock's CUDA major.minor
+TOOLKIT_WHEELS: dict[str, tuple[str, ...]] = {
+    "13": ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl", "nvidia-cuda-runtime"),
+    "12": ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl-cu12", "nvidia-cuda-runtime-cu12"),
+}
+
+
+def toolkit_requirements(cuda: str) -> list[str]:
+    """The toolkit wheels for CUDA ``cuda`` ("13.0"): ``nvidia-cuda-nvcc==13.0.*``, ...; [] where
+    envspec knows no toolkit wheels for that major version."""
+    major, _, minor = cuda.partition(".")
+    return [f"{n}=={major}.{minor or 0}.*" for n in TOOLKIT_WHEELS.get(major, ())]
+
+
+def torch_arch_list(arch_list: "Sequence[str]") -> str:
+    """The lock's arch list (``sm_90``, ``compute_120``) as TORCH_CUDA_ARCH_LIST reads it: "9.0;12.0+PTX"."""
+    out: list[str] = []
+    for a in arch_list:
+        import re
+
+        kind, _, num = a.partition("_")
+        m = re.fullmatch(r"(\d+)(\d)([a-z]?)", num)  # 90 -> 9.0, 100a -> 10.0a
+        v = f"{m.group(1)}.{m.group(2)}{m.group(3)}" if m else num
+        if kind == "compute":
+            if v in out:
+                out[out.index(v)] = f"{v}+PTX"
+            else:
+                out.append(f"{v}+PTX")
+        elif v not in out and f"{v}+PTX" not in out:
+            out.append(v)
+    return ";".join(out)
+
+
+def cuda_home(toolkit: "Sequence[Path]", dest: Path) -> Path:
+    """NVIDIA's toolkit wheels (``toolkit``) unpacked into one CUDA_HOME at ``dest``: each wheel's
+    ``nvidia/<part>/`` tree merged (CUDA 13 wheels share ``nvidia/cu13/``, CUDA 12 ones have a folder
+    each), ``lib64`` as ``lib``, and the unversioned ``libcudart.so`` the linker asks for."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for wheel in toolkit:
+        with zipfile.ZipFile(wheel) as z:
+            for info in z.infolist():
+                parts = info.filename.split("/")
+                if len(parts) < 3 or parts[0] != "nvidia" or info.is_dir():
+                    continue
+                target = dest.joinpath(*parts[2:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                mode = (info.external_attr >> 16) & 0o777
+                os.chmod(target, mode or 0o644)
+    lib = dest / "lib"
+    if lib.is_dir() and not (dest / "lib64").exists():
+        (dest / "lib64").symlink_to("lib")
+    for so in sorted(lib.glob("libcudart.so.*")) if lib.is_dir() else ():
+        if not (lib / "libcudart.so").exists():
+            (lib / "libcudart.so").symlink_to(so.name)
+    return dest
+
+
+def memory_jobs(per_job: int = 4 << 30) -> int:
+    """How many compile jobs the machine's memory holds (nvcc of a large kernel: about 4 GiB each)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return os.cpu_count() or 1
+    return max(1, total // per_job)
+
+
 def compiler_of(debs: list) -> str:
     """The C compiler a lock's Debian base carries, as its pin ("gcc-12 12.2.0-14+deb12u1"): what
     an sdist's C code is compiled with; "" where the lock has none."""
@@ -319,11 +408,14 @@ def compiler_of(debs: list) -> str:
 
 
 def derivation(w: "WheelCandidate", build: list["WheelCandidate"], *, python: str, platform: str,
-               compiler: str) -> Derivation:
-    """The derivation of a locked sdist (``w``) with its pinned build requirements."""
+               compiler: str, toolkit: "Sequence[WheelCandidate]" = (), arch_list: "Sequence[str]" = ()) -> Derivation:
+    """The derivation of a locked sdist (``w``) with its pinned build requirements (and, for a CUDA
+    extension, its toolkit wheels and arch list)."""
     return Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
                       build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in build),
-                      python=python, platform=platform, compiler=compiler)
+                      python=python, platform=platform, compiler=compiler,
+                      toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in toolkit),
+                      arch_list=tuple(arch_list))
 
 
 def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path) -> "Resolution":
@@ -348,12 +440,24 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
     compiler = compiler_of(list(res.debs))
     locked = [f"{w.name}=={w.version}" for w in res.wheels if not w.is_sdist]
     done: dict[str, "WheelCandidate"] = {}
+    from envspec.spec import requirement_name
+
+    cuda = ch.torch.variant.cuda if ch.torch is not None else ""
     for w in todo:
         requires, backend = build_system(files[w.sha256])
         build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
-        d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler)
+        toolkit: list["WheelCandidate"] = []
+        arch_list: tuple[str, ...] = ()
+        # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
+        if cuda and any(requirement_name(r).lower() == "torch" for r in requires):
+            toolkit = build_inputs(toolkit_requirements(cuda), ch, sources, workdir=workdir, name=f"{w.name}-cuda",
+                                   constraints=locked)
+            arch_list = tuple(ch.torch.variant.arch_list) if ch.torch is not None else ()
+        d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler, toolkit=toolkit,
+                       arch_list=arch_list)
         done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
-            backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key))
+            backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key,
+            toolkit=tuple(toolkit), arch_list=arch_list))
     return dataclasses.replace(res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels])
 
 
@@ -368,7 +472,9 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
         raise ValueError(f"{w.filename} is not built from source")
     d = Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
                    build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.build),
-                   python=src.python, platform=platform.platform_tag, compiler=src.compiler)
+                   python=src.python, platform=platform.platform_tag, compiler=src.compiler,
+                   toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.toolkit),
+                   arch_list=tuple(src.arch_list))
     if d.key != src.key:
         raise LockError(f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
                         f"its inputs ({d.key[:19]}…)", hint="re-create the lock with `envspec lock`",
@@ -415,6 +521,8 @@ def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Pat
     uv = _uv()
     parallel = max(1, min(parallel, len(todo)))
     per = jobs if jobs > 0 else max(1, (os.cpu_count() or 1) // parallel)
+    if jobs <= 0 and any(derivations[w.sha256].toolkit for w in todo):  # nvcc: about 4 GiB a job
+        per = max(1, min(per, memory_jobs() // parallel))
 
     def one(w: "Wheel") -> tuple[str, Path]:
         if on_start:
