@@ -59,7 +59,7 @@ def main() -> int:
     mirrors = sources.discover(None).mirrors
     try:
         t = time.monotonic()
-        files = WheelFetcher(cache, mirrors).fetch_all(pins + [b for w in pins for b in w.source.build])
+        files = WheelFetcher(cache, mirrors).fetch_all(pins + [b for w in pins for b in (*w.source.build, *w.source.toolkit)])
         fetch_s = time.monotonic() - t
 
         sandbox_s: list[float] = []
@@ -89,6 +89,9 @@ def main() -> int:
             whole.append(time.monotonic() - t)
             for w in pins:
                 shas[w.name].add(json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"])
+                kept = root / f"run-{len(whole)}"  # each run's wheel, to compare where they differ
+                kept.mkdir(exist_ok=True)
+                shutil.copy2(built[w.sha256], kept / built[w.sha256].name)
         cached: list[float] = []
         for _ in range(max(3, a.runs)):
             t = time.monotonic()

@@ -51,6 +51,19 @@ def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path)
     assert sd.build_system(legacy) == (["setuptools>=40.8.0"], "setuptools.build_meta:__legacy__")
     no_table = _tar(tmp_path / "c-1.tar.gz", {"c-1/pyproject.toml": "[tool.black]\n", "c-1/setup.py": ""})
     assert sd.build_system(no_table)[1] == "setuptools.build_meta:__legacy__"
+    # a legacy setup.py's unconditional imports of what it builds against (flash-attn's): build inputs;
+    # an import in a try (deepspeed's optional torch), a local module or the standard library: not
+    imports = _tar(tmp_path / "f-1.tar.gz", {"f-1/setup.py": (
+        "import os, sys\nfrom packaging.version import Version\nimport torch.utils.cpp_extension\n"
+        "from torch.utils import cpp_extension\nfrom wheel.bdist_wheel import bdist_wheel\nimport op_builder\n"
+        "try:\n    import numpy\nexcept ImportError:\n    pass\n"), "f-1/PKG-INFO": ""})
+    assert sd.build_system(imports) == (["setuptools>=40.8.0", "packaging", "torch", "wheel"],
+                                        "setuptools.build_meta:__legacy__")
+    broken = _tar(tmp_path / "g-1.tar.gz", {"g-1/setup.py": "import torch\nthis is not python(", "g-1/PKG-INFO": ""})
+    assert sd.build_system(broken)[0] == ["setuptools>=40.8.0"]
+    declared = _tar(tmp_path / "h-1.tar.gz", {"h-1/pyproject.toml": '[build-system]\nrequires = ["setuptools"]\n',
+                                              "h-1/setup.py": "import torch\n"})
+    assert sd.build_system(declared)[0] == ["setuptools"]  # declared: taken as declared
     two = _tar(tmp_path / "d-1.tar.gz", {"d-1/setup.py": "", "e-1/setup.py": ""})
     with pytest.raises(SourceBuildError, match="one top folder"):
         sd.build_system(two)
@@ -148,7 +161,7 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     src = next(w for w in done.wheels if w.name == "cuext").source
     assert sorted(b.name for b in src.toolkit) == sorted(sd.TOOLKIT_WHEELS[major])
     assert {b.version for b in src.toolkit} == {f"{major}.{minor}.7"}  # the lock's CUDA, not the newest
-    assert [b.name for b in src.build] == ["setuptools", "torch"] and src.arch_list == tuple(choice.torch.variant.arch_list)
+    assert [b.name for b in src.build] == ["setuptools", "torch"] and src.arch_list == tuple(f"sm_{cc.replace('.', '')}" for cc in choice.compute_capabilities) == ("sm_90",)
     assert src.key != sd.derivation(next(w for w in done.wheels if w.name == "cuext"), list(src.build),
                                     python=src.python, platform=choice.platform_tag, compiler="").key
     lock = lockmod.loads(lockmod.dumps(lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")))

@@ -6,15 +6,21 @@ sha256: the build backend and what ``[build-system].requires`` names, or setupto
 sdist without pyproject.toml), the Python, the platform and the compiler. ``Derivation.key`` hashes
 them; the wheel it produces is cached under that key.
 
-``build_wheel`` runs uv's build (``uv build --wheel``) of the unpacked sdist in an isolated build
-environment that holds exactly the pinned build requirements (``--build-constraints`` with
-``--require-hashes``, found only in a folder of the pinned files: ``--offline --no-index``), with:
+``build_wheel`` makes the build environment at a fixed path (``<work>/env``: ``uv venv``, then
+``uv pip install --require-hashes`` of exactly the pinned build requirements, found only in a
+folder of the pinned files: ``--offline --no-index``) and runs the backend in it (``uv build
+--wheel --no-build-isolation``), with:
 
-- a fixed path for the source (``/tmp/envspec-sdist/<key>``, the same on every machine: compilers
-  write the source and build directories into objects' debug information);
+- a fixed path for the source and the environment (``/tmp/envspec-sdist/<key>``, the same on every
+  machine: compilers write the source folder and the include paths, torch's headers in the
+  environment among them, into objects' debug information);
 - ``SOURCE_DATE_EPOCH`` (the build backends' zip timestamps), ``PYTHONHASHSEED=0``, ``TZ=UTC``,
   ``LC_ALL=C.UTF-8``, umask 022, and an empty HOME and uv cache of its own;
-- no network: uv runs offline with no index, and the sdist's own code sees no configured index.
+- no network: uv runs offline with no index, and the sdist's own code sees no configured index;
+  ``envspec build`` runs it in a sandbox of the lock's Debian base (``Sandbox``).
+
+A CUDA extension (an sdist that builds against a CUDA torch) also gets NVIDIA's toolkit wheels for
+the lock's CUDA unpacked as CUDA_HOME (``cuda_home``) and the lock's GPUs as TORCH_CUDA_ARCH_LIST.
 
 A failed build raises ``SourceBuildError`` (exit 4, ``source-build-failed``) with the log's tail and
 where the whole log is kept.
@@ -122,19 +128,54 @@ def _top(sdist: Path) -> str:
     return tops.pop()
 
 
+# What a legacy setup.py imports at its top level that is a distribution of its own, built against:
+# module -> the distribution that provides it (flash-attn's setup.py imports torch, packaging and
+# wheel, and declares none of them: `pip install --no-build-isolation` is its documented way)
+SETUP_IMPORTS: dict[str, str] = {
+    "torch": "torch", "packaging": "packaging", "wheel": "wheel", "ninja": "ninja", "psutil": "psutil",
+    "numpy": "numpy", "Cython": "cython", "pybind11": "pybind11", "setuptools_scm": "setuptools-scm",
+    "cpuinfo": "py-cpuinfo", "einops": "einops", "triton": "triton",
+}
+
+
+def setup_imports(sdist: Path) -> list[str]:
+    """The distributions a legacy sdist's setup.py imports unconditionally (its module body's
+    imports, not those in a ``try``), as ``SETUP_IMPORTS`` names them: what it builds against
+    without declaring it. [] where there is no setup.py or it does not parse."""
+    import ast
+
+    raw = _read_member(sdist, f"{_top(sdist)}/setup.py")
+    if raw is None:
+        return []
+    try:
+        tree = ast.parse(raw.decode("utf-8", "replace"))
+    except SyntaxError:
+        return []
+    found: list[str] = []
+    for node in tree.body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for n in names:
+            dist = SETUP_IMPORTS.get(n.split(".")[0])
+            if dist and dist not in found:
+                found.append(dist)
+    return found
+
+
 def build_system(sdist: Path) -> tuple[list[str], str]:
     """``[build-system]``'s ``requires`` and ``build-backend`` from the sdist's pyproject.toml; a
-    legacy sdist (no pyproject.toml, or no [build-system]) gets setuptools' legacy backend."""
+    legacy sdist (no pyproject.toml, or no [build-system]) gets setuptools' legacy backend, and what
+    its setup.py imports unconditionally (``setup_imports``: torch for a CUDA extension)."""
     raw = _read_member(sdist, f"{_top(sdist)}/pyproject.toml")
     if raw is None:
-        return list(LEGACY_REQUIRES), LEGACY_BACKEND
+        return list(LEGACY_REQUIRES) + setup_imports(sdist), LEGACY_BACKEND
     try:
         table = tomllib.loads(raw.decode()).get("build-system")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise SourceBuildError(f"{sdist.name}: its pyproject.toml cannot be read: {e}",
                                step=f"read {sdist.name}", hint="pin a release with a wheel") from e
     if not isinstance(table, dict) or "requires" not in table:
-        return list(LEGACY_REQUIRES), LEGACY_BACKEND
+        return list(LEGACY_REQUIRES) + setup_imports(sdist), LEGACY_BACKEND
     return [str(r) for r in table["requires"]], str(table.get("build-backend") or LEGACY_BACKEND)
 
 
@@ -169,7 +210,7 @@ def build_env(work: Path, epoch: int, base: dict[str, str] | None = None) -> dic
     env.update({
         "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0", "TZ": "UTC", "LC_ALL": "C.UTF-8",
         "HOME": str(work / "home"), "UV_CACHE_DIR": str(work / "uv-cache"), "UV_NO_CONFIG": "1",
-        "UV_OFFLINE": "1", "PIP_NO_INDEX": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never", "PIP_NO_INDEX": "1", "PYTHONDONTWRITEBYTECODE": "1",
     })
     return env
 
@@ -196,22 +237,22 @@ def jobs_env(jobs: int) -> dict[str, str]:
     return {"MAKEFLAGS": f"-j{jobs}", "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)}
 
 
-def _sandboxed(argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mapping[str, str]) -> list[str]:
-    """``argv`` (uv first) as bubblewrap runs it in ``box``."""
+def _sandboxed(argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mapping[str, str], uv: str) -> list[str]:
+    """``argv`` as bubblewrap runs it in ``box``, with this host's ``uv`` at ``SANDBOX_UV``."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SourceBuildError("bubblewrap (bwrap) is not installed: wheels built from sdists run in a sandbox "
                                "of the lock's Debian base", step="build from source",
                                hint="apt-get install bubblewrap (scripts/dev.sh setup installs it)")
     out = [bwrap, "--ro-bind", str(box.rootfs), "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--bind", str(work), str(work), "--ro-bind", argv[0], SANDBOX_UV,
+           "--bind", str(work), str(work), "--ro-bind", uv, SANDBOX_UV,
            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
            "--chdir", str(cwd), "--clearenv"]
     if os.geteuid() != 0:  # an unprivileged bwrap needs a user namespace of its own
         out.append("--unshare-user")
     for k, v in sorted(env.items()):
         out += ["--setenv", k, v]
-    return out + ["--", SANDBOX_UV, *argv[1:]]
+    return out + ["--", *argv]
 
 
 def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], out_dir: Path, *,
@@ -240,18 +281,36 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
                 raise SourceBuildError(f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
                                        step=f"build {d.sdist.name} {d.sdist.version}")
             home = cuda_home([build_wheels[p.sha256] for p in d.toolkit], work / "cuda")
+            # nvcc names its intermediate files tmpxft_<its PID>_..., and those names end up in the
+            # object (a static initializer's symbol): in the object's own folder they are named after it
             toolkit_env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home),
-                           "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list)}
+                           "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
+                           "NVCC_APPEND_FLAGS": "--objdir-as-tempdir"}
         constraints = work / "build-constraints.txt"
         constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
                                        for p in sorted(d.build_requires, key=lambda p: p.name)))
-        argv = [uv, "build", "--wheel", "--offline", "--no-index", "--find-links", str(work / "wheels"),
-                "--build-constraints", str(constraints), "--require-hashes",
-                "--python", sandbox.python if sandbox else python, "--out-dir", str(work / "out"), str(src)]
+        # The build environment at a fixed path (<work>/env), holding exactly the pinned build
+        # requirements, and the backend run in it without another isolation layer: uv's own isolated
+        # environment lives in a folder of a random name, which a compiler writes into the objects'
+        # debug information (the include paths of torch's headers, for a torch extension).
+        venv = work / "env"
+        tool = SANDBOX_UV if sandbox is not None else uv
+        steps = [
+            [tool, "venv", "--offline", "--python", sandbox.python if sandbox else python, str(venv)],
+            [tool, "pip", "install", "--offline", "--no-index", "--find-links", str(work / "wheels"), "--require-hashes",
+             "--python", str(venv / "bin" / "python"), "-r", str(constraints)],
+            [tool, "build", "--wheel", "--no-build-isolation", "--offline", "--no-index", "--python",
+             str(venv / "bin" / "python"), "--out-dir", str(work / "out"), str(src)],
+        ]
+        if not d.build_requires:
+            del steps[1]
+        import shlex
+
+        argv = ["/bin/sh", "-ec", " && ".join(shlex.join(s) for s in steps)]
         if sandbox is not None:
             path = f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}" if toolkit_env else SANDBOX_PATH
             env = build_env(work, d.epoch, base={"PATH": path}) | jobs_env(jobs) | toolkit_env | {"TMPDIR": "/tmp"}
-            argv = _sandboxed(argv, sandbox, work, src, env)
+            argv = _sandboxed(argv, sandbox, work, src, env, uv)
         else:
             env = build_env(work, d.epoch) | jobs_env(jobs) | toolkit_env
             if toolkit_env:
@@ -452,7 +511,9 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
         if cuda and any(requirement_name(r).lower() == "torch" for r in requires):
             toolkit = build_inputs(toolkit_requirements(cuda), ch, sources, workdir=workdir, name=f"{w.name}-cuda",
                                    constraints=locked)
-            arch_list = tuple(ch.torch.variant.arch_list) if ch.torch is not None else ()
+            # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
+            arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or (
+                tuple(ch.torch.variant.arch_list) if ch.torch is not None else ())
         d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler, toolkit=toolkit,
                        arch_list=arch_list)
         done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
