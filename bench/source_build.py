@@ -48,6 +48,9 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=0)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--progress", action="store_true",
+                    help="print each compile step with the seconds since the build began (for a build too long to "
+                         "finish: run it under `timeout` and count the steps per minute)")
     a = ap.parse_args()
     lock = lockmod.load(a.lock)
     pins = [w for w in lock.wheels if w.source is not None]
@@ -84,8 +87,11 @@ def main() -> int:
             for box in boxes:
                 shutil.rmtree(box, ignore_errors=True)
             t = time.monotonic()
+            began = time.monotonic()
             built = sdist.build_all(lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs,
-                                    on_done=lambda w, p, s, c: per[w.name].append(s))
+                                    on_done=lambda w, p, s, c: per[w.name].append(s),
+                                    on_progress=(lambda w, step: print(f"{time.monotonic() - began:8.1f} s  {w.name}: {step}",
+                                                                       flush=True)) if a.progress else None)
             whole.append(time.monotonic() - t)
             for w in pins:
                 shas[w.name].add(json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"])

@@ -153,6 +153,8 @@ class SourceBuild(_M):
     # unpacked as CUDA_HOME, and the GPU architectures compiled for (TORCH_CUDA_ARCH_LIST)
     toolkit: list[BuildInput] = Field(default_factory=list)
     arch_list: list[str] = Field(default_factory=list)
+    # the package's own build settings, read by its setup.py (flash-attn's FLASH_ATTN_CUDA_ARCHS)
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class Wheel(_M):
@@ -515,7 +517,7 @@ def _wheel(w: Any) -> Wheel:
 
         d["source"] = SourceBuild(backend=src.backend, requires=list(src.requires), python=src.python,
                                   compiler=src.compiler, key=src.key, build=inputs(src.build),
-                                  toolkit=inputs(src.toolkit), arch_list=list(src.arch_list))
+                                  toolkit=inputs(src.toolkit), arch_list=list(src.arch_list), env=dict(src.env))
     return Wheel(**d)
 
 

@@ -168,6 +168,7 @@ class SourceInputs:
     # and the lock's GPU architectures
     toolkit: tuple[WheelCandidate, ...] = ()
     arch_list: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # the package's own build settings (``wheels.sdist.PACKAGE_ENV``)
 
 
 @dataclass(frozen=True)

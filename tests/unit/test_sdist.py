@@ -152,6 +152,7 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     choice = choose(load_spec(spec_path), load_db())
     cuda = choice.torch.variant.cuda
     major, minor = cuda.split(".")
+    make_wheel(index, "ninja", "1.13.0", [])  # torch's cpp_extension compiles in parallel with it
     for name in sd.TOOLKIT_WHEELS[major]:
         make_wheel(index, name, f"{major}.{minor}.7", [])
         make_wheel(index, name, f"{major}.{int(minor) + 1}.1", [])  # a newer CUDA: not the lock's
@@ -161,13 +162,20 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     src = next(w for w in done.wheels if w.name == "cuext").source
     assert sorted(b.name for b in src.toolkit) == sorted(sd.TOOLKIT_WHEELS[major])
     assert {b.version for b in src.toolkit} == {f"{major}.{minor}.7"}  # the lock's CUDA, not the newest
-    assert [b.name for b in src.build] == ["setuptools", "torch"] and src.arch_list == tuple(f"sm_{cc.replace('.', '')}" for cc in choice.compute_capabilities) == ("sm_90",)
+    assert [b.name for b in src.build] == ["ninja", "setuptools", "torch"] and src.requires[-1] == "ninja" and src.arch_list == tuple(f"sm_{cc.replace('.', '')}" for cc in choice.compute_capabilities) == ("sm_90",)
     assert src.key != sd.derivation(next(w for w in done.wheels if w.name == "cuext"), list(src.build),
                                     python=src.python, platform=choice.platform_tag, compiler="").key
     lock = lockmod.loads(lockmod.dumps(lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")))
     pin = next(w for w in lock.wheels if w.name == "cuext")
     assert [b.name for b in pin.source.toolkit] == [b.name for b in src.toolkit] and pin.source.arch_list == list(src.arch_list)
     assert sd.derivation_of(pin, lock.platform).key == src.key  # the build computes the key the lock recorded
+    # a CUDA with no compiler on the indexes (CUDA 12: nvidia-cuda-nvcc-cu12 has ptxas alone): said at lock time
+    from envspec.errors import ResolutionImpossible
+
+    monkeypatch.setattr(sd, "TOOLKIT_WHEELS", {})
+    with pytest.raises(ResolutionImpossible) as e:
+        sd.pin_inputs(res, sources, Cache(tmp_path / "cache"), workdir=tmp_path / "w3")
+    assert e.value.reference == "no-cuda-compiler" and e.value.exit_code == 2 and "CUDA 13" in e.value.hint
 
 
 def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_wants(tmp_path):
@@ -194,9 +202,58 @@ def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_
     assert sd.torch_arch_list(["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]) == "8.0;9.0;10.0;12.0+PTX"
     assert sd.torch_arch_list(["sm_90a", "sm_100a"]) == "9.0a;10.0a"
     assert sd.toolkit_requirements("13.0") == [f"{n}==13.0.*" for n in sd.TOOLKIT_WHEELS["13"]]
-    assert sd.toolkit_requirements("12.8")[0] == "nvidia-cuda-nvcc-cu12==12.8.*" and sd.toolkit_requirements("11.8") == []
+    assert sd.toolkit_requirements("12.8") == [] and sd.toolkit_requirements("11.8") == []  # no nvcc wheel
     assert sd.memory_jobs() >= 1 and sd.memory_jobs(per_job=1 << 60) == 1
     plain = BASE.key
     assert dataclasses.replace(BASE, toolkit=(), arch_list=()).key == plain  # no CUDA: keys as before
     assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != plain
     assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != dataclasses.replace(BASE, arch_list=("sm_100",)).key
+
+
+def test_a_builds_compile_steps_are_reported_as_its_log_shows_them(tmp_path):
+    """Progress of a long compile (issue 38): each compiler run, or ninja's [n/m], as the log grows."""
+    import subprocess
+    import sys
+
+    text = ("x86_64-linux-gnu-g++ -DNDEBUG -fPIC -I/a -c torchsort/isotonic_cpu.cpp -o build/x.o\n"
+            "/tmp/envspec-sdist/1d61/cuda/bin/nvcc -I/x -c torchsort/isotonic_cuda.cu -o b/i.o -gencode=arch=compute_90,code=sm_90\n"
+            "[3/12] /usr/bin/nvcc flash_fwd_hdim128.cu\n"
+            "x86_64-linux-gnu-g++ -shared build/x.o -o y.so\n"
+            "writing build/lib/torchsort/__init__.py\n")
+    assert sd.compile_steps(text) == ["x86_64-linux-gnu-g++ isotonic_cpu.cpp", "nvcc isotonic_cuda.cu", "[3/12]"]
+    log = tmp_path / "build.log"
+    log.write_text("# header written before the build\n-c not_a_step.c by the header\n")
+    seen: list[str] = []
+    script = ("import sys, time\n"
+              "for i in range(3):\n"
+              "    print(f'gcc -O2 -c src/m{i}.c -o m{i}.o', flush=True)\n"
+              "    time.sleep(0.2)\n")
+    with open(log, "a") as f:
+        start = f.tell()
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=f, stderr=subprocess.STDOUT)
+        sd._follow(proc, log, seen.append, every=0.05, start=start)
+    assert proc.returncode == 0 and seen == ["gcc m0.c", "gcc m1.c", "gcc m2.c"]
+
+
+def test_a_cuda_extensions_own_settings_follow_the_lock_and_name_the_wheel():
+    env = sd.package_env("flash-attn", ["sm_90", "sm_100"])
+    assert env == {"FLASH_ATTN_CUDA_ARCHS": "90;100", "FLASH_ATTENTION_FORCE_BUILD": "TRUE"}
+    assert sd.package_env("torchsort", ["sm_90"]) == {}
+    w = dataclasses.replace(BASE.sdist)
+    from types import SimpleNamespace as NS
+
+    pin = NS(name=w.name, version=w.version, filename=w.filename, sha256=w.sha256)
+    a = sd.derivation(pin, [], python="3.11.2", platform="manylinux_2_36_x86_64", compiler="", arch_list=["sm_90"], env=env)
+    b = sd.derivation(pin, [], python="3.11.2", platform="manylinux_2_36_x86_64", compiler="", arch_list=["sm_90"])
+    assert a.key != b.key and ("env:FLASH_ATTN_CUDA_ARCHS", "90;100") in a.extra
+
+
+def test_a_failed_compile_shows_its_first_errors_and_its_end():
+    log = "\n".join(["[1/73] nvcc a.cu", "FAILED: [code=255] build/a.o",
+                     "intrusive_ptr.h(775): error: namespace \"std\" has no member \"strong_ordering\"",
+                     *[f"ninja line {i}" for i in range(60)], "RuntimeError: Error compiling objects for extension"])
+    out = sd.failure_excerpt(log, tail=5)
+    assert out.splitlines()[:3] == ["first errors in the log:", "FAILED: [code=255] build/a.o",
+                                    "intrusive_ptr.h(775): error: namespace \"std\" has no member \"strong_ordering\""]
+    assert out.endswith("RuntimeError: Error compiling objects for extension") and "ninja line 10" not in out
+    assert sd.failure_excerpt("a\nb\nc", tail=5) == "a\nb\nc"  # nothing more to show than the end

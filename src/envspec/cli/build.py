@@ -63,6 +63,9 @@ class _Progress:
             def source_building(self, name, version):
                 outer._line(f"building {name} {version} from its sdist (in the lock's Debian base, no network)")
 
+            def source_progress(self, name, version, step):
+                outer._line(f"  {name}: {step}")
+
             def source_built(self, name, version, wheel, seconds, cached):
                 outer._line(f"built {wheel}" + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s"))
 

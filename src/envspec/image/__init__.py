@@ -219,6 +219,7 @@ class Reporter:
     def source_building(self, name: str, version: str) -> None: ...  # a wheel's build from its sdist starts
     # ... and its wheel is there: built now (``seconds``), or found in the cache (``cached``)
     def source_built(self, name: str, version: str, wheel: str, seconds: float, cached: bool) -> None: ...
+    def source_progress(self, name: str, version: str, step: str) -> None: ...  # a compile step of that build
     def phase(self, phase: Phase) -> None: ...  # a step of the build ended (``BuiltImage.phases``)
 
 
@@ -595,7 +596,8 @@ class Layers:
             built = sdist.build_all(
                 self.plan.lock, lay.wheels, files, self.cache.root, sandbox=sandbox, parallel=parallel, jobs=jobs,
                 on_start=lambda w: r.source_building(w.name, w.version),
-                on_done=lambda w, path, secs, cached: r.source_built(w.name, w.version, path.name, secs, cached))
+                on_done=lambda w, path, secs, cached: r.source_built(w.name, w.version, path.name, secs, cached),
+                on_progress=lambda w, step: r.source_progress(w.name, w.version, step))
         finally:
             for d in scratch:
                 shutil.rmtree(d if d.parent == self.work else d.parent, ignore_errors=True)

@@ -39,12 +39,12 @@ import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from envspec.errors import SourceBuildError
 
 if TYPE_CHECKING:
-    from typing import Callable, Sequence
+    from typing import Sequence
 
     from envspec.cache.store import Cache
     from envspec.lock import Lockfile, Platform, Wheel
@@ -255,14 +255,71 @@ def _sandboxed(argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mappin
     return out + ["--", *argv]
 
 
+# a compile step in a build's log: the compiler run on one source (setuptools prints each command),
+# or ninja's "[3/12] ..." (compiled by re as the log is read)
+_COMPILE_LINE = r"^\[(\d+)/(\d+)\] |(?:^|/)(nvcc|[\w.+-]*(?:gcc|g\+\+|c\+\+|clang\+*))(?:-\d+)? .* -c ['\"]?([^ '\"]+)"
+
+
+def compile_steps(text: str) -> list[str]:
+    """The compile steps a piece of a build's log shows, in words: "nvcc isotonic_cuda.cu",
+    "[3/12]"; what ``build_wheel`` reports as the build's progress."""
+    import re
+
+    out = []
+    for line in text.splitlines():
+        m = re.search(_COMPILE_LINE, line)
+        if m is None:
+            continue
+        out.append(f"[{m.group(1)}/{m.group(2)}]" if m.group(1) else f"{m.group(3)} {Path(m.group(4)).name}")
+    return out
+
+
+def failure_excerpt(text: str, tail: int = LOG_TAIL, first: int = 8) -> str:
+    """What a failed build shows of its log: the first compiler errors (a parallel compile's
+    error is far above the traceback its driver ends with: flash-attn's nvcc error, then 60 lines
+    of ninja and setuptools), then the last ``tail`` lines."""
+    import re
+
+    lines = text.splitlines()
+    end = lines[-tail:]
+    early = [ln for ln in lines[:-tail] if re.search(r"\berror\b|^FAILED:|\bfatal\b", ln)][:first]
+    if not early:
+        return "\n".join(end)
+    return "\n".join(["first errors in the log:", *early, "...", "its end:", *end])
+
+
+def _follow(proc: "subprocess.Popen[bytes]", log: Path, on_progress: "Callable[[str], None] | None",
+            every: float = 1.0, start: int | None = None) -> None:
+    """Wait for ``proc``, reading what it writes to ``log`` from ``start`` (default: the end as it is
+    now) and reporting its compile steps."""
+    if on_progress is None:
+        proc.wait()
+        return
+    import time
+
+    with open(log, "rb") as r:
+        r.seek(0, os.SEEK_END) if start is None else r.seek(start)
+        rest = b""
+        while True:
+            done = proc.poll() is not None
+            chunk = rest + r.read()
+            lines, _, rest = chunk.rpartition(b"\n")
+            for step in compile_steps(lines.decode("utf-8", "replace")):
+                on_progress(step)
+            if done:
+                return
+            time.sleep(every)
+
+
 def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], out_dir: Path, *,
                 uv: str, python: str, log: Path, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
-                jobs: int = 0) -> Path:
+                jobs: int = 0, on_progress: "Callable[[str], None] | None" = None) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
     of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
     path. ``python``: the interpreter (or version) uv builds with, on this host; with ``sandbox``,
     the build runs in it with its Python instead (``envspec build``: the lock's Debian base).
-    ``jobs``: compile jobs (``jobs_env``). Raises ``SourceBuildError``."""
+    ``jobs``: compile jobs (``jobs_env``); ``on_progress``: each compile step the log shows
+    (``compile_steps``), as it shows it. Raises ``SourceBuildError``."""
     work = root / d.key.split(":", 1)[1][:16]
     with _locked(root / f"{work.name}.lock"):
         shutil.rmtree(work, ignore_errors=True)
@@ -286,6 +343,7 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
             toolkit_env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home),
                            "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
                            "NVCC_APPEND_FLAGS": "--objdir-as-tempdir"}
+        toolkit_env |= {k.removeprefix("env:"): v for k, v in d.extra if k.startswith("env:")}
         constraints = work / "build-constraints.txt"
         constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
                                        for p in sorted(d.build_requires, key=lambda p: p.name)))
@@ -320,12 +378,14 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
             f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
                     f"# {' '.join(argv)}\n")
             f.flush()
+            start = f.tell()
             # umask in the child only: builds run on several threads at once (``build_all``)
-            proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022)
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022)
+            _follow(proc, log, on_progress, start=start)
         wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
         if proc.returncode != 0 or len(wheels) != 1:
             shutil.rmtree(work, ignore_errors=True)  # the log is kept, not the tree
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL:])
+            tail = failure_excerpt(log.read_text(errors="replace"))
             raise SourceBuildError(
                 f"building {d.sdist.name} {d.sdist.version} from {d.sdist.filename} failed"
                 + ("" if proc.returncode != 0 else f": it made {len(wheels)} wheels"),
@@ -355,7 +415,7 @@ def cached_wheel(d: Derivation, cache_root: Path) -> Path | None:
 
 def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], cache_root: Path, *,
                  uv: str, python: str, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
-                 jobs: int = 0) -> tuple[Path, bool]:
+                 jobs: int = 0, on_progress: "Callable[[str], None] | None" = None) -> tuple[Path, bool]:
     """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
     when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
     also kept when the build fails). Returns (the wheel, whether it was built now)."""
@@ -374,7 +434,7 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
         out = Path(tempfile.mkdtemp(prefix=".out-", dir=entry))
         try:
             made = build_wheel(d, sdist, build_wheels, out, uv=uv, python=python, log=entry / "build.log", root=root,
-                               sandbox=sandbox, jobs=jobs)
+                               sandbox=sandbox, jobs=jobs, on_progress=on_progress)
             with open(made, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
             os.replace(made, entry / made.name)
@@ -387,13 +447,30 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
             shutil.rmtree(out, ignore_errors=True)
 
 
-# NVIDIA's wheels that make a CUDA toolkit for building extensions, per CUDA major version: nvcc (and
-# for CUDA 13 its front end's headers, crt, and cicc, nvvm), the CUDA C++ core libraries' headers
-# (cccl) and the runtime (cuda_runtime.h, libcudart), each pinned to the lock's CUDA major.minor
+# NVIDIA's wheels that make a CUDA toolkit for building extensions, per CUDA major version: nvcc, its
+# front end's headers (crt) and cicc (nvvm), the CUDA C++ core libraries' headers (cccl) and the
+# runtime (cuda_runtime.h, libcudart), each pinned to the lock's CUDA major.minor. CUDA 13 only:
+# PyPI's nvidia-cuda-nvcc-cu12 carries ptxas and no nvcc (12.8.93: bin/ptxas alone)
 TOOLKIT_WHEELS: dict[str, tuple[str, ...]] = {
     "13": ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl", "nvidia-cuda-runtime"),
-    "12": ("nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl-cu12", "nvidia-cuda-runtime-cu12"),
 }
+
+
+# What a CUDA extension's own setup.py reads instead of TORCH_CUDA_ARCH_LIST, and its switch that
+# stops it from downloading a prebuilt wheel from its project's releases: set from the lock ("{archs}":
+# the arch list's numbers, "90;100"), inputs of the derivation like any other
+PACKAGE_ENV: dict[str, dict[str, str]] = {
+    "flash-attn": {"FLASH_ATTN_CUDA_ARCHS": "{archs}", "FLASH_ATTENTION_FORCE_BUILD": "TRUE"},
+    "causal-conv1d": {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE"},
+    "mamba-ssm": {"MAMBA_FORCE_BUILD": "TRUE"},
+    "fast-hadamard-transform": {"FAST_HADAMARD_TRANSFORM_FORCE_BUILD": "TRUE"},
+}
+
+
+def package_env(name: str, arch_list: "Sequence[str]") -> dict[str, str]:
+    """``PACKAGE_ENV``'s settings for package ``name``, for the lock's arch list."""
+    archs = ";".join(a.split("_", 1)[-1] for a in arch_list if a.startswith("sm_"))
+    return {k: v.replace("{archs}", archs) for k, v in PACKAGE_ENV.get(name, {}).items()}
 
 
 def toolkit_requirements(cuda: str) -> list[str]:
@@ -467,14 +544,15 @@ def compiler_of(debs: list) -> str:
 
 
 def derivation(w: "WheelCandidate", build: list["WheelCandidate"], *, python: str, platform: str,
-               compiler: str, toolkit: "Sequence[WheelCandidate]" = (), arch_list: "Sequence[str]" = ()) -> Derivation:
+               compiler: str, toolkit: "Sequence[WheelCandidate]" = (), arch_list: "Sequence[str]" = (),
+               env: "Mapping[str, str] | None" = None) -> Derivation:
     """The derivation of a locked sdist (``w``) with its pinned build requirements (and, for a CUDA
     extension, its toolkit wheels and arch list)."""
     return Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
                       build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in build),
                       python=python, platform=platform, compiler=compiler,
                       toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in toolkit),
-                      arch_list=tuple(arch_list))
+                      arch_list=tuple(arch_list), extra=tuple(sorted((f"env:{k}", v) for k, v in (env or {}).items())))
 
 
 def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path) -> "Resolution":
@@ -509,16 +587,34 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
         arch_list: tuple[str, ...] = ()
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
         if cuda and any(requirement_name(r).lower() == "torch" for r in requires):
+            if not toolkit_requirements(cuda):
+                from envspec.errors import ResolutionImpossible
+
+                t = ch.torch
+                raise ResolutionImpossible(
+                    f"{w.name} {w.version} has no wheel and builds a CUDA extension, and there is no CUDA compiler "
+                    f"for CUDA {cuda} on the package indexes",
+                    causes=[{"kind": "no-cuda-compiler", "text": f"{w.name} {w.version} builds against torch "
+                             f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
+                             f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
+                             f"carries ptxas alone), and envspec never compiles with a system's nvcc"}],
+                    hint=f"lock a CUDA 13 torch ([torch].cuda = \"13.0\": torch 2.11 or later on PyPI), or pin a "
+                         f"release of {w.name} that has a wheel", reference="no-cuda-compiler")
             toolkit = build_inputs(toolkit_requirements(cuda), ch, sources, workdir=workdir, name=f"{w.name}-cuda",
                                    constraints=locked)
+            if not any(requirement_name(r).lower() == "ninja" for r in requires):
+                # torch's cpp_extension compiles in parallel (MAX_JOBS) with ninja, else one file at a time
+                requires = [*requires, "ninja"]
+                build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
             # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
             arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or (
                 tuple(ch.torch.variant.arch_list) if ch.torch is not None else ())
+        env = package_env(w.name, arch_list) if toolkit else {}
         d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler, toolkit=toolkit,
-                       arch_list=arch_list)
+                       arch_list=arch_list, env=env)
         done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
             backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key,
-            toolkit=tuple(toolkit), arch_list=arch_list))
+            toolkit=tuple(toolkit), arch_list=arch_list, env=tuple(sorted(env.items()))))
     return dataclasses.replace(res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels])
 
 
@@ -535,7 +631,7 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
                    build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.build),
                    python=src.python, platform=platform.platform_tag, compiler=src.compiler,
                    toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.toolkit),
-                   arch_list=tuple(src.arch_list))
+                   arch_list=tuple(src.arch_list), extra=tuple(sorted((f"env:{k}", v) for k, v in src.env.items())))
     if d.key != src.key:
         raise LockError(f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
                         f"its inputs ({d.key[:19]}…)", hint="re-create the lock with `envspec lock`",
@@ -546,7 +642,8 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
 def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Path], cache_root: Path, *,
               sandbox: "Callable[[], Sandbox]", parallel: int = 1, jobs: int = 0,
               on_start: "Callable[[Wheel], None] | None" = None,
-              on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None) -> dict[str, Path]:
+              on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None,
+              on_progress: "Callable[[Wheel, str], None] | None" = None) -> dict[str, Path]:
     """The wheels of the lock's pins built from source: sdist sha256 -> the wheel, each taken from
     the cache (``cached_wheel``) or built (``cached_build``) in the lock's Debian base (``sandbox``,
     made only where something is built), ``parallel`` at once with ``jobs`` compile jobs each (0:
@@ -590,7 +687,8 @@ def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Pat
             on_start(w)
         start = time.monotonic()
         wheel, made = cached_build(derivations[w.sha256], files[w.sha256], files, cache_root, uv=uv,
-                                   python=box.python, sandbox=box, jobs=per)
+                                   python=box.python, sandbox=box, jobs=per,
+                                   on_progress=(lambda text: on_progress(w, text)) if on_progress else None)
         if on_done:
             on_done(w, wheel, time.monotonic() - start, not made)
         return w.sha256, wheel
