@@ -126,8 +126,8 @@ class DebianLock(_M):
 WHEEL_GROUPS: tuple[str, ...] = ("cuda", "torch", "deps", "team")  # the wheel layers, lowest first
 
 
-class BuildInput(_M):
-    """A build requirement of an sdist, pinned as the wheel its build environment holds."""
+class PinnedFile(_M):
+    """A file on a canonical index, known by its sha256 (``wheels.fetch`` takes it by that)."""
 
     name: str
     version: str
@@ -135,6 +135,10 @@ class BuildInput(_M):
     index: str
     sha256: str
     size: int = 0
+
+
+class BuildInput(PinnedFile):
+    """A build requirement of an sdist, pinned as the wheel its build environment holds."""
 
 
 class SourceBuild(_M):
@@ -157,16 +161,10 @@ class SourceBuild(_M):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class Wheel(_M):
+class Wheel(PinnedFile):
     """The one pin of a Python wheel: lock, plan and build use it as it is. With ``source``, the
     pin is the package's sdist (``filename``, ``sha256``) and the wheel is built from it."""
 
-    name: str
-    version: str
-    filename: str
-    index: str
-    sha256: str
-    size: int = 0
     group: str
     direct: bool = False
     # a package the spec names, held below its newest release for the platform and Python (or at a

@@ -986,7 +986,7 @@ def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Pa
     spec = choice.spec
     if choice.torch is None or spec.torch is None:
         return choice
-    named = list(spec.python.packages) + list(spec.torch.packages)
+    named = _named(spec)
     fitting = fitting_releases(spec, db, choice.gpus, choice.arch)
     if not named or len(fitting) < 2:
         return choice
@@ -1136,60 +1136,73 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     return sorted(out, key=lambda w: (w.name, w.version, w.filename))
 
 
+def _named(spec: EnvSpec) -> list[str]:
+    """The requirements the spec names: [python].packages, then [torch].packages."""
+    return list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
+
+
+def _newest_any(choice: Choice, sources: Sources, workdir: Path) -> dict[str, tuple[str, bool]] | None:
+    """name -> (version, has a wheel) of the newest release of each package the spec names, of any
+    kind (uv without ``--only-binary``, no dependencies); None where they cannot be resolved alone.
+    Read once per work directory: ``source_only`` and ``held_back`` both ask."""
+    import json
+
+    from packaging.utils import canonicalize_name
+
+    named = _named(choice.spec)
+    workdir.mkdir(parents=True, exist_ok=True)
+    memo = workdir / "newest-any.json"
+    asked = [*named, choice.platform_tag, choice.python]
+    if memo.is_file():
+        kept = json.loads(memo.read_text())
+        if kept["asked"] == asked:
+            return {k: (v[0], v[1]) for k, v in kept["found"].items()} if kept["found"] is not None else None
+    found: dict[str, tuple[str, bool]] | None
+    try:
+        found = {canonicalize_name(p["name"]): (str(p["version"]), bool(p.get("wheels"))) for p in
+                 _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
+                         only_binary=False)}
+    except (ResolutionImpossible, SourceError):
+        found = None
+    memo.write_text(json.dumps({"asked": asked, "found": found}))
+    return found
+
+
 def source_only(choice: Choice, sources: Sources, workdir: Path) -> set[str]:
     """The packages the spec names whose newest release (for its own requirement, the platform and
     Python) is published as an sdist only: deepspeed 0.19.8, where a wheel-only resolution takes
-    0.3.1.dev5, its one release with a wheel. One uv run without dependencies; an empty set where
-    the packages cannot be resolved alone (the full resolution then says why)."""
-    from packaging.utils import canonicalize_name
-
-    spec = choice.spec
-    named = list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
-    if not named:
+    0.3.1.dev5, its one release with a wheel. An empty set where the packages cannot be resolved
+    alone (the full resolution then says why)."""
+    if not _named(choice.spec):
         return set()
-    try:
-        found = _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
-                        only_binary=False)
-    except (ResolutionImpossible, SourceError):
-        return set()
-    return {canonicalize_name(p["name"]) for p in found if not p.get("wheels") and p.get("sdist")}
+    found = _newest_any(choice, sources, workdir) or {}
+    return {name for name, (_, has_wheel) in found.items() if not has_wheel}
 
 
 def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False) -> WheelCandidate:
-    """A package of uv's pylock.toml output as the pin of its wheel (``no-wheel`` where it has none)."""
+    """A package of uv's pylock.toml output as its pin: its wheel, or its sdist where uv took that
+    (``resolve_python``'s no_binary: built from source); ``no-wheel`` where it has neither."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
     name = canonicalize_name(p["name"])
     wheels = p.get("wheels") or []
-    if not wheels and p.get("sdist"):  # taken as an sdist (``resolve_python``'s no_binary): built from source
-        sd = p["sdist"]
-        url = sd.get("url") or sd.get("path") or ""
-        size = int(sd.get("size") or 0)
-        if not size and url.startswith("file://"):
-            with contextlib.suppress(OSError):
-                size = os.stat(unquote(urlparse(url).path)).st_size
-        return WheelCandidate(name=name, version=str(p["version"]),
-                              filename=sd.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0]),
-                              index=_attribute_index(url, name, choice, sources), sha256=sd["hashes"]["sha256"],
-                              size=size, group=group, direct=direct)
-    if not wheels:
+    f = wheels[0] if wheels else p.get("sdist")
+    if not f:
         raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
-                                   causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} is published as a source distribution only"}],
-                                   hint="envspec installs wheels only: pick a version with a manylinux wheel",
-                                   reference="no-wheel")
-    w = wheels[0]
-    url = w.get("url") or w.get("path") or ""
-    filename = w.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
-    parse_wheel_filename(filename)
-    size = int(w.get("size") or 0)
+                                   causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} has neither a wheel "
+                                            f"for {choice.platform_tag} nor a source distribution"}],
+                                   hint="pick a version with a manylinux wheel or an sdist", reference="no-wheel")
+    url = f.get("url") or f.get("path") or ""
+    filename = f.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
+    if wheels:
+        parse_wheel_filename(filename)
+    size = int(f.get("size") or 0)
     if not size and url.startswith("file://"):  # a local mirror's page may omit sizes; the file says
-        try:
+        with contextlib.suppress(OSError):
             size = os.stat(unquote(urlparse(url).path)).st_size
-        except OSError:
-            size = 0
     return WheelCandidate(name=name, version=str(p["version"]), filename=filename,
                           index=_attribute_index(url, name, choice, sources),
-                          sha256=w["hashes"]["sha256"], size=size, group=group, direct=direct)
+                          sha256=f["hashes"]["sha256"], size=size, group=group, direct=direct)
 
 
 def build_inputs(requires: list[str], choice: Choice, sources: Sources, *, workdir: Path,
@@ -1239,7 +1252,7 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
     """name -> why, for each package the spec names that the resolution holds below the newest
     release its own requirement admits for the platform and Python, or at a pre-release nobody
     asked for: the newest release's requirement on torch that the lock's torch does not meet, a
-    newer release with no wheel (envspec installs wheels only), a newer Python where the index does
+    newer release with no wheel (where source builds are off), a newer Python where the index does
     not say a release's Requires-Python (uv takes it for this Python, and it then cannot be
     installed), else the other packages' requirements. A release for a newer Python only, on an index
     that says so, is no release for this Python: not held back (numpy 2.5 on Python 3.11). Found
@@ -1249,18 +1262,18 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
 
     spec = choice.spec
     pins = {w.name: w for w in wheels}
-    named = [r for r in list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
-             if canonicalize_name(requirement_name(r)) in pins]
+    named = [r for r in _named(spec) if canonicalize_name(requirement_name(r)) in pins]
     if not named:
         return {}
     try:
         newest = {canonicalize_name(p["name"]): p for p in
                   _run_uv(named, choice, sources, workdir, "newest", [], [], torch_index=False, no_deps=True)}
-        any_kind = {canonicalize_name(p["name"]): str(p["version"]) for p in
-                    _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
-                            only_binary=False)}
     except (ResolutionImpossible, SourceError):
         return {}
+    found = _newest_any(choice, sources, workdir)
+    if found is None:
+        return {}
+    any_kind = {name: version for name, (version, _) in found.items()}
     torch_version = next((w.version for w in wheels if w.name == "torch"), None)
     out: dict[str, str] = {}
     for req in named:

@@ -135,19 +135,10 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
 
 def _sdist(dest: Path, name: str, setup: str) -> Path:
     """A legacy sdist ``name``-1.0.tar.gz whose setup.py is ``setup``."""
-    import io
-    import tarfile
+    from tests.unit.test_sdist import _tar
 
-    path = dest / f"{name}-1.0.tar.gz"
-    files = {f"{name}-1.0/setup.py": setup,
-             f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"}
-    with tarfile.open(path, "w:gz") as t:
-        for n, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(n)
-            info.size = len(data)
-            t.addfile(info, io.BytesIO(data))
-    return path
+    return _tar(dest / f"{name}-1.0.tar.gz", {f"{name}-1.0/setup.py": setup,
+                                               f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"})
 
 
 PROBE = '''

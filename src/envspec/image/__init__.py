@@ -574,7 +574,11 @@ class Layers:
         if lay is None:
             return
         r = self.reporter
-        inputs = [b for w in lay.wheels if w.source is not None for b in (*w.source.build, *w.source.toolkit)]
+        # the build inputs of the wheels to build, not of those in the cache (a CUDA extension's are
+        # torch and its NVIDIA wheels: gigabytes to fetch and hash)
+        inputs = [b for w in lay.wheels if w.source is not None
+                  and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root) is None
+                  for b in (*w.source.build, *w.source.toolkit)]
         files = dict(self.paths)
         files.update(WheelFetcher(self.cache, mirrors).fetch_all(
             inputs, on_start=lambda p: r.fetching(p.name, p.filename, p.size),

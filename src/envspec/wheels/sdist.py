@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from envspec.lock import Lockfile, Platform, Wheel
     from envspec.resolve import Resolution, WheelCandidate
     from envspec.sources import Sources
+    from envspec.wheels.fetch import FilePin
 
 # PEP 517: a source tree without [build-system] is built with setuptools' legacy backend
 LEGACY_REQUIRES = ("setuptools>=40.8.0",)
@@ -67,6 +68,11 @@ class Pin:
     version: str
     filename: str
     sha256: str
+
+    @classmethod
+    def of(cls, f: "FilePin") -> "Pin":
+        """The pin of a lock's or a resolution's file (a wheel, an sdist, a build input)."""
+        return cls(f.name, f.version, f.filename, f.sha256)
 
 
 @dataclass(frozen=True)
@@ -366,12 +372,12 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
 
         argv = ["/bin/sh", "-ec", " && ".join(shlex.join(s) for s in steps)]
         if sandbox is not None:
-            path = f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}" if toolkit_env else SANDBOX_PATH
+            path = f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}" if "CUDA_HOME" in toolkit_env else SANDBOX_PATH
             env = build_env(work, d.epoch, base={"PATH": path}) | jobs_env(jobs) | toolkit_env | {"TMPDIR": "/tmp"}
             argv = _sandboxed(argv, sandbox, work, src, env, uv)
         else:
             env = build_env(work, d.epoch) | jobs_env(jobs) | toolkit_env
-            if toolkit_env:
+            if "CUDA_HOME" in toolkit_env:
                 env["PATH"] = f"{toolkit_env['CUDA_HOME']}/bin:{env.get('PATH', '')}"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
@@ -398,10 +404,15 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         return dest
 
 
+def _entry(d: Derivation, cache_root: Path) -> Path:
+    """``d``'s folder in the cache: ``<cache>/built/<key hex>/``."""
+    return cache_root / "built" / d.key.split(":", 1)[1]
+
+
 def cached_wheel(d: Derivation, cache_root: Path) -> Path | None:
     """``d``'s wheel from the cache, checked against the sha256 recorded when it was built; None
     where it is not there or is damaged."""
-    entry = cache_root / "built" / d.key.split(":", 1)[1]
+    entry = _entry(d, cache_root)
     try:
         m = json.loads((entry / "wheel.json").read_text())
         wheel = entry / m["filename"]
@@ -421,8 +432,7 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
     also kept when the build fails). Returns (the wheel, whether it was built now)."""
     import tempfile
 
-    entry = cache_root / "built" / d.key.split(":", 1)[1]
-    meta = entry / "wheel.json"
+    entry = _entry(d, cache_root)
     found = cached_wheel(d, cache_root)
     if found is not None:
         return found, False
@@ -441,7 +451,7 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
             tmp = entry / ".wheel.json.tmp"
             tmp.write_text(json.dumps({"filename": made.name, "sha256": digest, "key": d.key,
                                        "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256]}, indent=1))
-            os.replace(tmp, meta)  # last: an entry without its record is not an entry
+            os.replace(tmp, entry / "wheel.json")  # last: an entry without its record is not an entry
             return entry / made.name, True
         finally:
             shutil.rmtree(out, ignore_errors=True)
@@ -482,10 +492,10 @@ def toolkit_requirements(cuda: str) -> list[str]:
 
 def torch_arch_list(arch_list: "Sequence[str]") -> str:
     """The lock's arch list (``sm_90``, ``compute_120``) as TORCH_CUDA_ARCH_LIST reads it: "9.0;12.0+PTX"."""
+    import re
+
     out: list[str] = []
     for a in arch_list:
-        import re
-
         kind, _, num = a.partition("_")
         m = re.fullmatch(r"(\d+)(\d)([a-z]?)", num)  # 90 -> 9.0, 100a -> 10.0a
         v = f"{m.group(1)}.{m.group(2)}{m.group(3)}" if m else num
@@ -543,15 +553,14 @@ def compiler_of(debs: list) -> str:
     return found[-1] if found else ""
 
 
-def derivation(w: "WheelCandidate", build: list["WheelCandidate"], *, python: str, platform: str,
-               compiler: str, toolkit: "Sequence[WheelCandidate]" = (), arch_list: "Sequence[str]" = (),
+def derivation(w: "FilePin", build: "Sequence[FilePin]", *, python: str, platform: str,
+               compiler: str, toolkit: "Sequence[FilePin]" = (), arch_list: "Sequence[str]" = (),
                env: "Mapping[str, str] | None" = None) -> Derivation:
     """The derivation of a locked sdist (``w``) with its pinned build requirements (and, for a CUDA
-    extension, its toolkit wheels and arch list)."""
-    return Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
-                      build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in build),
-                      python=python, platform=platform, compiler=compiler,
-                      toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in toolkit),
+    extension, its toolkit wheels, arch list and the package's own settings), as the lock makes it
+    (``pin_inputs``) and the build makes it again (``derivation_of``)."""
+    return Derivation(sdist=Pin.of(w), build_requires=tuple(Pin.of(b) for b in build),
+                      python=python, platform=platform, compiler=compiler, toolkit=tuple(Pin.of(b) for b in toolkit),
                       arch_list=tuple(arch_list), extra=tuple(sorted((f"env:{k}", v) for k, v in (env or {}).items())))
 
 
@@ -566,6 +575,7 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
 
     from envspec import debian
     from envspec.resolve import SourceInputs, build_inputs
+    from envspec.spec import requirement_name
     from envspec.wheels.fetch import WheelFetcher
 
     todo = [w for w in res.wheels if w.is_sdist and w.source is None]
@@ -577,16 +587,17 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
     compiler = compiler_of(list(res.debs))
     locked = [f"{w.name}=={w.version}" for w in res.wheels if not w.is_sdist]
     done: dict[str, "WheelCandidate"] = {}
-    from envspec.spec import requirement_name
-
     cuda = ch.torch.variant.cuda if ch.torch is not None else ""
+
+    def names(requires: list[str]) -> set[str]:
+        return {requirement_name(r).lower() for r in requires}
+
     for w in todo:
         requires, backend = build_system(files[w.sha256])
-        build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
         toolkit: list["WheelCandidate"] = []
         arch_list: tuple[str, ...] = ()
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
-        if cuda and any(requirement_name(r).lower() == "torch" for r in requires):
+        if cuda and "torch" in names(requires):
             if not toolkit_requirements(cuda):
                 from envspec.errors import ResolutionImpossible
 
@@ -602,13 +613,13 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
                          f"release of {w.name} that has a wheel", reference="no-cuda-compiler")
             toolkit = build_inputs(toolkit_requirements(cuda), ch, sources, workdir=workdir, name=f"{w.name}-cuda",
                                    constraints=locked)
-            if not any(requirement_name(r).lower() == "ninja" for r in requires):
+            if "ninja" not in names(requires):
                 # torch's cpp_extension compiles in parallel (MAX_JOBS) with ninja, else one file at a time
                 requires = [*requires, "ninja"]
-                build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
             # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
             arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or (
                 tuple(ch.torch.variant.arch_list) if ch.torch is not None else ())
+        build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
         env = package_env(w.name, arch_list) if toolkit else {}
         d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler, toolkit=toolkit,
                        arch_list=arch_list, env=env)
@@ -627,11 +638,8 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
     src = w.source
     if src is None:
         raise ValueError(f"{w.filename} is not built from source")
-    d = Derivation(sdist=Pin(w.name, w.version, w.filename, w.sha256),
-                   build_requires=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.build),
-                   python=src.python, platform=platform.platform_tag, compiler=src.compiler,
-                   toolkit=tuple(Pin(b.name, b.version, b.filename, b.sha256) for b in src.toolkit),
-                   arch_list=tuple(src.arch_list), extra=tuple(sorted((f"env:{k}", v) for k, v in src.env.items())))
+    d = derivation(w, src.build, python=src.python, platform=platform.platform_tag, compiler=src.compiler,
+                   toolkit=src.toolkit, arch_list=src.arch_list, env=src.env)
     if d.key != src.key:
         raise LockError(f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
                         f"its inputs ({d.key[:19]}…)", hint="re-create the lock with `envspec lock`",
@@ -669,7 +677,7 @@ def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Pat
     if not todo:
         return out
     machine = host_platform.machine()
-    if {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine) != lock.platform.arch:
+    if machine != lock.platform.arch:  # Linux names them as the lock does (x86_64, aarch64), as run.py compares
         names = ", ".join(f"{w.name} {w.version}" for w in todo)
         raise SourceBuildError(f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
                                step="build from source",
