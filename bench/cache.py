@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,12 @@ from conftest import private_storage, start_registry  # noqa: E402  (the tests' 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
 
 DECOMPRESS = {"zstd": "zstd -dc", "gzip": "gzip -dc", "tar": "cat"}
+
+
+def cpu_s() -> float:
+    """User + system seconds of this script's waited-for children so far (their children too)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def drop_caches() -> bool:
@@ -145,7 +152,7 @@ def main() -> int:
                 # the same image: its config (the image ID podman shows) is A's
                 assert b["config"] == a["config"], (b["config"], a["config"])
                 return {"what": "envspec", "round": n, "seconds": dt, "sources": srcs, "same_image": True,
-                        "phases": {p["name"]: p["s"] for p in b["phases"]}}
+                        "build_s": b["seconds"], "phases": b["phases"]}
 
             def pull(n: int) -> dict:
                 with private_storage(base / f"storage-p{n}") as host:
@@ -172,7 +179,9 @@ def main() -> int:
             steps = [from_cache, pull, floors]
             for n in range(args.rounds):
                 for fn in steps[n % 3:] + steps[:n % 3]:
+                    c0 = cpu_s()
                     rows.append(fn(n))
+                    rows[-1]["cpu_s"] = round(cpu_s() - c0, 2)  # the floor's: of its three runs
                     print(json.dumps(rows[-1]), flush=True)
     res["load_after"] = os.getloadavg()
     for what in ("envspec", "podman pull", "floor"):

@@ -34,7 +34,7 @@ from envspec.errors import BuildError, UsageError
 from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
 from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
-from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, die_with_parent
+from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, chain_id, die_with_parent
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.sbom import make_sbom
@@ -136,10 +136,14 @@ class Phase:
     name: str
     start: float
     end: float
+    detail: tuple[tuple[str, float], ...] = ()  # where its seconds went (a layer's stream: ``regcache.StreamTimes``)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "start_s": round(self.start, 3), "end_s": round(self.end, 3),
-                "s": round(self.end - self.start, 3)}
+        out: dict[str, Any] = {"name": self.name, "start_s": round(self.start, 3), "end_s": round(self.end, 3),
+                               "s": round(self.end - self.start, 3)}
+        if self.detail:
+            out["detail"] = dict(self.detail)
+        return out
 
 
 class Clock:
@@ -151,9 +155,9 @@ class Clock:
         self.phases: list[Phase] = []
         self._guard = threading.Lock()  # the importer's thread adds phases too
 
-    def add(self, name: str, start: float, end: float) -> None:
+    def add(self, name: str, start: float, end: float, detail: tuple[tuple[str, float], ...] = ()) -> None:
         """A phase that ran from ``start`` to ``end`` (``time.monotonic()`` values)."""
-        phase = Phase(name, start - self.t0, end - self.t0)
+        phase = Phase(name, start - self.t0, end - self.t0, detail)
         with self._guard:
             self.phases.append(phase)
         self.reporter.phase(phase)
@@ -259,19 +263,28 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         return Importer(store, layers.files(), on_progress=reporter.importing,
                         on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
 
-    importer = new_importer() if store and layers.todo else None
+    importer: Importer | None = None
     early = False
     try:
+        entries: dict[str, Any] = {}
         if rc is not None and rc.cache_from and not options.no_cache:
             entries = rc.lookup_layers(layers)
             # every layer to make is in the registry cache: import each one as it arrives, beside the
             # others' downloads (should an entry fail its checks, its layer is made by worker
             # processes that are not forked from this one, whose import thread is then running)
-            early = importer is not None and bool(entries) and all(lay.key in entries for lay in layers.todo)
+            early = store is not None and bool(layers.todo) and bool(entries) and all(
+                lay.key in entries for lay in layers.todo)
+            if early and store is not None and _streams(rc, store, options, comp):
+                # a node's pull: each blob checked, decompressed and untarred as it arrives, no file between
+                layers.stream(entries, store.stored_layers())
+        importer = new_importer() if store and layers.todo else None
+        if entries:
             if early and importer is not None:
                 importer.start()
-            if entries:
-                rc.fetch_layers(layers, entries)
+            if layers.streams:
+                rc.stream_layers(layers, entries, layers.streams)  # type: ignore[union-attr]
+            else:
+                rc.fetch_layers(layers, entries)  # type: ignore[union-attr]
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with clock.span("source builds"):
@@ -284,7 +297,7 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
         layers.make_top(options.verify_dir)
         layers.compress_cached()
         with clock.span("layout"):
-            image = write_image(work / "oci", plan, layers.made(), [layers.path(lay) for lay in plan.layers],
+            image = write_image(work / "oci", plan, layers.made(), [layers.layout_path(lay) for lay in plan.layers],
                                 comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
         with clock.span("deliver"):
             outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
@@ -463,9 +476,42 @@ class Layers:
         self.tree_root: Path | None = None  # where wheel layers are also made as files (``tree_for``)
         self.trees: dict[str, Path] = {}
         self.pipes = False  # the layers made here go to the store's stagers through FIFOs (``pipe_for``)
+        # the layers streamed from the registry cache into the store's stagers (``regcache.stream_layers``),
+        # by key: each future ends with its stream (an exception: the layer is made here after all)
+        self.streams: dict[str, Future[bool]] = {}
 
     def path(self, lay: Layer) -> Path:
         return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
+
+    def layout_path(self, lay: Layer) -> Path | None:
+        """The layer's tar for the image's OCI layout; None for one streamed into the store alone
+        (the layout then lacks its blob: it is for the store only, ``_streams``)."""
+        if lay.key in self.streams and self.metas.get(lay.key, {}).get("source") in ("registry", "store"):
+            return None
+        return self.path(lay)
+
+    def stream(self, entries: dict[str, Any], present: dict[str, str]) -> None:
+        """Stream the layers of ``entries`` from the registry cache into the store (``streams``;
+        ``regcache.RegistryCache.stream_layers``), but those the store has already (``present``:
+        layer ID -> diff_id, containers/image's chain of diff_ids) : done with no read at all."""
+        parent: str | None = ""
+        now = time.monotonic()
+        for lay in self.plan.layers:
+            entry = entries.get(lay.key)
+            meta = self.metas.get(lay.key)
+            diff_id = entry.diff_id if entry is not None else (meta or {}).get("diff_id")
+            if not diff_id or parent is None:
+                parent = None  # an ID above an unknown layer is not known before it is made
+                continue
+            parent = chain_id(parent, diff_id)
+            if entry is None or lay not in self.todo:
+                continue
+            self.streams[lay.key] = Future()
+            if present.get(parent) == diff_id:
+                self.streams[lay.key].set_result(True)
+                self.todo.remove(lay)
+                self.clock.add(f"cache fetch {lay.group}", now, now)
+                self._done(lay, {**entry.local_meta(lay.group), "cached": True, "source": "store"})
 
     def blob_path(self, lay: Layer) -> Path:
         """The layer's blob as pushed: its compressed file, or its tar."""
@@ -485,14 +531,15 @@ class Layers:
                 self.metas[lay.key]["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work)
         self.to_compress.clear()
 
-    def took(self, lay: Layer, meta: dict[str, Any], start: float) -> None:
-        """The layer ``lay`` taken from a registry layer cache into the local cache (``store_fetched``)
-        instead of being made, since ``start``: done, and compressed later where it lacks this
-        build's blob."""
+    def took(self, lay: Layer, meta: dict[str, Any], start: float, *,
+             detail: tuple[tuple[str, float], ...] = (), kept: bool = True) -> None:
+        """The layer ``lay`` taken from a registry layer cache instead of being made, since
+        ``start``: done. ``kept``: put into the local cache (``store_fetched``), and compressed
+        later where it lacks this build's blob; else streamed into the store alone (``streams``)."""
         if self.comp.name == "none":  # the blob is kept in the cache for a later push; this image has the tar
             meta.pop("blob", None)
-        self.clock.add(f"cache fetch {lay.group}", start, time.monotonic())
-        if "blob" not in meta and self.comp.name != "none":
+        self.clock.add(f"cache fetch {lay.group}", start, time.monotonic(), detail)
+        if kept and "blob" not in meta and self.comp.name != "none":
             with self._guard:
                 self.to_compress.add(lay.key)
         self._done(lay, {**meta, "cached": True, "source": "registry"})
@@ -504,7 +551,7 @@ class Layers:
     def tree_for(self, lay: Layer) -> Path | None:
         """Where a wheel layer's maker also makes its files, for a staged import into the store
         (``tree_root``: the store's staging area; importer.py); None where there is none."""
-        if self.tree_root is None or not lay.wheels or lay not in self.todo:
+        if self.tree_root is None or not lay.wheels or lay not in self.todo or lay.key in self.streams:
             return None
         if lay.group in UNTARRED_GROUPS and os.environ.get("ENVSPEC_LAYER_TREES") != "all":
             return None
@@ -518,7 +565,9 @@ class Layers:
         writes it (made here, before the maker starts; ``tarball.PipeTee``), so the stager does not
         read the file back: the tar goes to the cache past the page cache (``tarball.DirectFile``).
         None where the import does not stage (``pipes``), or the layer is not made here."""
-        if not self.pipes or lay not in self.todo:
+        if not (self.pipes or lay.key in self.streams) or lay not in self.todo:
+            return None
+        if lay.key in self.streams and self.streams[lay.key].done():  # a stream that failed: made, and untarred from its file
             return None
         fifo = self.work / f"{lay.group}.tar.fifo"
         if not fifo.exists():
@@ -530,7 +579,7 @@ class Layers:
         todo = {lay.key for lay in self.todo}
         return [LayerFile(lay.group, self.path(lay), self.futures[lay.key],
                           writing=self.writing_path(lay) if lay.key in todo else None, tree=self.tree_for(lay),
-                          pipe=self.pipe_for(lay))
+                          pipe=self.pipe_for(lay), streamed=self.streams.get(lay.key))
                 for lay in self.plan.layers]
 
     def made(self) -> tuple[LayerInfo, ...]:
@@ -746,7 +795,7 @@ class Image:
         return self.compressed or self
 
 
-def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path], *,
+def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path | None], *,
                 comp: Compression = Compression("none"), blobs: Sequence[Path] = ()) -> Image:
     """The OCI layout of the plan's image from its made layers (``paths``: their tar files), and
     with a compression a second layout ``<layout>-<name>`` whose layers are the compressed
@@ -922,6 +971,21 @@ def registry_stage(options: BuildOptions) -> RegistrySide:
                          hint="pass BuildOptions(registry=envspec.registry.Registry(...))",
                          reference="registry-stage-missing")
     return options.registry
+
+
+def _streams(rc: LayerCache | None, store: Any, options: BuildOptions, comp: Compression) -> bool:
+    """Whether this build streams the registry cache's layers into the store (``Layers.stream``):
+    a tagged build into a store that stages (``StorageCLI.can_stage``), of uncompressed layers,
+    with nothing else that needs the layers' files (no output, no push, no other ``--cache-to``),
+    from a registry read directly (``RegistryCache.can_stream``); ``ENVSPEC_CACHE_STREAM=off``: never."""
+    if os.environ.get("ENVSPEC_CACHE_STREAM", "on").lower() in ("0", "off", "no", "false"):
+        return False
+    if rc is None or store is None or not getattr(store, "can_stage", False) or comp.name != "none":
+        return False
+    if options.outputs or options.push or (rc.cache_to and rc.cache_to != rc.cache_from):
+        return False
+    can = getattr(rc, "can_stream", None)
+    return bool(can and can())
 
 
 def _registry_cache(engine: Engine, options: BuildOptions) -> LayerCache | None:

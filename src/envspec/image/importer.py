@@ -44,6 +44,9 @@ class LayerFile:
     writing: Path | None = None  # where its maker writes it while it is made (a staged import follows it)
     tree: Path | None = None  # where its maker also makes its files, in the store's staging area
     pipe: Path | None = None  # a FIFO its maker also writes the tar into, for the stager (``tarball.PipeTee``)
+    # the layer comes through ``pipe`` from the registry cache (``regcache.stream_layers``): ends
+    # with the stream, True or its exception (then the layer is made, and staged from its file)
+    streamed: Future | None = None
 
     def result(self, cancel: threading.Event) -> dict:
         while not self.made.done():
@@ -211,7 +214,17 @@ class Importer:
 
     def _stage_one(self, i: int, lay: LayerFile) -> dict | None:
         """Stage layer ``i`` from its file: the finished one (from the cache, or made already), or
-        the one its maker is writing. None where the layer is in the store already."""
+        the one its maker is writing, or the stream from the registry cache. None where the layer
+        is in the store already. A stream that fails is staged again from the layer made here."""
+        use_pipe = True
+        while True:
+            got = self._stage_attempt(i, lay, use_pipe)
+            if got is not _AGAIN:
+                return got  # type: ignore[return-value]
+            use_pipe = False
+
+    def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> "dict | None | object":
+        streaming = False  # reading the registry cache's stream of it (``lay.streamed``)
         while True:
             if self._halt.is_set():
                 raise Cancelled()
@@ -223,7 +236,8 @@ class Importer:
                     return None
                 fd, follow, size = os.open(lay.path, os.O_RDONLY), False, int(made["size"])
                 break
-            if lay.pipe is not None:
+            stream_failed = lay.streamed is not None and lay.streamed.done() and lay.streamed.exception() is not None
+            if lay.pipe is not None and use_pipe and not stream_failed:
                 try:  # the read end first: its maker waits for it before it writes
                     fd = os.open(lay.pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                 except FileNotFoundError:
@@ -231,6 +245,7 @@ class Importer:
                 else:
                     os.set_blocking(fd, True)
                     follow, size, tree = True, -1, lay.tree
+                    streaming = lay.streamed is not None
                     break
             if lay.writing is not None:
                 try:
@@ -239,7 +254,8 @@ class Importer:
                     break
                 except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
                     pass
-            wait([lay.made], timeout=0.05)
+            wait([lay.made] + ([lay.streamed] if lay.streamed is not None and not lay.streamed.done() else []),
+                 timeout=0.05, return_when="FIRST_COMPLETED")
         started = time.monotonic()
         stage: Stage | None = None
         try:
@@ -248,7 +264,8 @@ class Importer:
             def progress(n: int) -> None:
                 self.on_progress(group, n)
 
-            own = follow or made.get("source") == "made"  # this build's maker wrote it
+            # this build's maker wrote it (a registry's bytes are untarred in a chroot, as podman does)
+            own = not streaming and (follow or made.get("source") == "made")
             piped = follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
             # a stager fed through a pipe paces its maker: it runs at the makers' priority
             stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, tree=tree,
@@ -274,6 +291,9 @@ class Importer:
             raise Cancelled()
         try:
             if follow:
+                if streaming and not _ended_well(lay.streamed, self._halt):
+                    stage.kill()  # the stream failed its checks: the layer is made here, staged from its file
+                    return _AGAIN
                 try:
                     made = lay.result(self._halt)
                 except BaseException:
@@ -313,6 +333,19 @@ class Importer:
         if self._thread is not None:
             while self._thread.is_alive():
                 self._thread.join(0.2)
+
+
+_AGAIN = object()  # ``_stage_attempt``: the stream failed, stage the layer again from its file
+
+
+def _ended_well(fut: Future | None, halt: threading.Event) -> bool:
+    """Wait for a stream's future: True where it ended with every check held."""
+    assert fut is not None
+    while not fut.done():
+        if halt.is_set():
+            raise Cancelled()
+        wait([fut], timeout=0.1)
+    return fut.exception() is None
 
 
 def _sha256_file(path: Path, halt: threading.Event) -> str:

@@ -44,7 +44,7 @@ def created_at() -> str:
 class LayerBlob:
     group: str
     key: str
-    path: Path  # the blob: the uncompressed tar or its compressed file (in the cache)
+    path: Path | None  # the blob: the uncompressed tar or its compressed file (in the cache); None: not in the layout
     digest: str  # the blob's digest (== diff_id when uncompressed)
     size: int  # the blob's size
     description: str = ""
@@ -150,7 +150,8 @@ def _place_blob(blobs: Path, digest: str, src: Path | None = None, data: bytes |
         tmp.write_bytes(data)
         os.replace(tmp, dest)
         return
-    assert src is not None
+    if src is None:  # a layer streamed into the store alone: this layout is the store's (image.Layers.layout_path)
+        return
     try:
         os.link(src, dest)  # same file system as the cache: no copy of gigabytes
     except OSError:

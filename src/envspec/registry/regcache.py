@@ -38,16 +38,18 @@ import shutil
 import tempfile
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from envspec.errors import EnvspecError, UsageError
 from envspec.image import Layers, store_fetched
 from envspec.image.compress import MT_LAYER, Compression
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
+from envspec.image.tarball import PipeTee
 from envspec.plan import Layer
+from envspec.registry.client import RegistryClient, RegistryHTTPError, Unsupported, credentials, split_ref
 
 ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"
 VERSION = "1"
@@ -177,47 +179,135 @@ def unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
     """Check the fetched ``blob`` against ``entry`` (size, sha256) while decompressing it to
     ``tar``, then the tar (size, sha256 = diff_id); ``BadEntry`` (and no ``tar``) otherwise."""
     try:
-        _unpack(blob, tar, entry, comp)
+        with open(blob, "rb") as src, open(tar, "wb") as out:
+            check_stream(iter(lambda: src.read(CHUNK), b""), out.write, entry, comp)
     except BaseException:
         tar.unlink(missing_ok=True)
         raise
 
 
-def _unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
-    bh, th = hashlib.sha256(), hashlib.sha256()
-    n_in = n_out = 0
-    dec = _decompressor(comp)
+@dataclass
+class StreamTimes:
+    """Where a layer's stream spent its seconds (``check_stream``): waiting for the blob's bytes,
+    hashing them, decompressing, hashing the tar, handing the tar on (to the store's untar)."""
+
+    wait: float = 0.0
+    sha256_blob: float = 0.0
+    decompress: float = 0.0
+    sha256_tar: float = 0.0
+    write: float = 0.0
+
+    def items(self) -> tuple[tuple[str, float], ...]:
+        return tuple((k, round(v, 3)) for k, v in vars(self).items())
+
+
+def check_stream(chunks: Iterable[Any], write: Callable[[Any], Any], entry: Entry, comp: Compression,
+                 times: StreamTimes | None = None) -> None:
+    """Decompress the blob's ``chunks`` into ``write`` as they come, each byte hashed once on
+    each side: the blob (size, sha256) must be ``entry``'s and the tar it decompresses to its
+    diff size and diff_id, else ``BadEntry`` (after the last chunk: what was written is the
+    caller's to drop). ``times``: where the seconds went. ``write`` gets a view of a buffer that
+    is used again after it returns."""
+    t = times or StreamTimes()
+    src = _Blob(iter(chunks), t)
+    th = hashlib.sha256()
+    n_out = 0
     problem = ""
-    with open(blob, "rb") as src, open(tar, "wb") as out:
-        try:
-            while chunk := src.read(CHUNK):
-                bh.update(chunk)
-                n_in += len(chunk)
-                data = dec(chunk)
-                th.update(data)
-                out.write(data)
-                n_out += len(data)
-                if n_out > entry.diff_size:
-                    raise BadEntry(f"its blob decompresses to more than the {entry.diff_size} bytes recorded")
-            data = dec(b"")
-            th.update(data)
-            out.write(data)
-            n_out += len(data)
-        except (zlib.error, EOFError, _ZstdError, BadEntry) as e:
-            problem = str(e) if isinstance(e, BadEntry) else f"its blob does not decompress as {comp.name} ({e})"
-            while chunk := src.read(CHUNK):  # the blob's digest says more than where the stream broke
-                bh.update(chunk)
-                n_in += len(chunk)
-    blob_digest = "sha256:" + bh.hexdigest()
-    if n_in != entry.size or blob_digest != entry.digest:
-        raise BadEntry(f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({n_in} bytes), "
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    read = _tar_reader(src, comp)
+    clock = time.monotonic
+    try:
+        while True:
+            t0, w0 = clock(), t.wait + t.sha256_blob
+            n = read(buf)
+            t1 = clock()
+            t.decompress += (t1 - t0) - (t.wait + t.sha256_blob - w0)  # less the blob's own reads
+            if not n:
+                break
+            n_out += n
+            if n_out > entry.diff_size:
+                raise BadEntry(f"its blob decompresses to more than the {entry.diff_size} bytes recorded")
+            th.update(view[:n])
+            t2 = clock()
+            write(view[:n])
+            t.sha256_tar += t2 - t1
+            t.write += clock() - t2
+    except (zlib.error, EOFError, _ZstdError, BadEntry) as e:
+        problem = str(e) if isinstance(e, BadEntry) else f"its blob does not decompress as {comp.name} ({e})"
+    src.drain()  # the blob's digest says more than where the stream broke
+    blob_digest = "sha256:" + src.h.hexdigest()
+    if src.n != entry.size or blob_digest != entry.digest:
+        raise BadEntry(f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({src.n} bytes), "
                        f"recorded {entry.digest} ({entry.size} bytes)")
     if problem:
         raise BadEntry(problem)
+    if not src.ended:
+        raise BadEntry(f"its blob holds more after the end of its {comp.name} stream")
     diff_id = "sha256:" + th.hexdigest()
     if n_out != entry.diff_size or diff_id != entry.diff_id:
         raise BadEntry(f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
                        f"{entry.diff_id} ({entry.diff_size} bytes)")
+
+
+class _Blob:
+    """The blob's chunks as a file to read (the decompressor's source), each byte hashed as it
+    is read; ``wait`` and ``sha256_blob`` of ``times`` counted here."""
+
+    def __init__(self, it: Iterator[Any], times: StreamTimes) -> None:
+        self.it, self.t = it, times
+        self.h = hashlib.sha256()
+        self.n = 0
+        self.ended = False  # every chunk was read
+
+    def read(self, _size: int = -1) -> bytes:
+        t0 = time.monotonic()
+        chunk = next(self.it, None)
+        t1 = time.monotonic()
+        self.t.wait += t1 - t0
+        if chunk is None:
+            self.ended = True
+            return b""
+        self.h.update(chunk)
+        self.n += len(chunk)
+        self.t.sha256_blob += time.monotonic() - t1
+        return bytes(chunk)
+
+    def drain(self) -> None:
+        while not self.ended:
+            self.read()
+
+
+def _tar_reader(src: _Blob, comp: Compression) -> Callable[[bytearray], int]:
+    """buffer -> bytes of the tar read into it (0: the end), decompressing ``src``'s blob;
+    raises where the stream is damaged or cut short."""
+    if comp.name == "zstd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(src, read_size=CHUNK, read_across_frames=True)  # type: ignore[arg-type]
+
+        def zs(buf: bytearray) -> int:
+            n = reader.readinto(buf)
+            if not n and not src.ended:
+                raise EOFError("the zstd stream ends before its blob does")
+            return n
+
+        return zs
+    dec = _decompressor(comp)
+    pending = bytearray()
+
+    def chunked(buf: bytearray) -> int:
+        while not pending:
+            chunk = src.read()
+            pending.extend(dec(chunk))
+            if not chunk:
+                break
+        n = min(len(buf), len(pending))
+        buf[:n] = pending[:n]
+        del pending[:n]
+        return n
+
+    return chunked
 
 
 try:
@@ -228,7 +318,7 @@ except ImportError:  # pragma: no cover (zstandard is a dependency)
     _ZstdError = zlib.error
 
 
-def _decompressor(comp: Compression) -> Callable[[bytes], bytes]:
+def _decompressor(comp: Compression) -> Callable[[Any], bytes]:
     """chunk -> bytes; ``b""`` ends the stream (and raises where it is cut short)."""
     if comp.name == "none":
         return lambda b: b
@@ -279,15 +369,37 @@ class RegistryCache:
     reader: Reader
     push: Callable[[Path, str], None]  # the engine's push: credentials and TLS of the image's
     usable: bool = True  # False once ``cache_from`` could not be reached: asked no more
+    # the distribution API read directly (manifests, and blobs as streams: ``stream_layers``);
+    # None, or a registry whose credentials only a helper has: skopeo (``reader``) reads
+    client: RegistryClient | None = None
+
+    def _client(self) -> RegistryClient | None:
+        """The direct client where it can read ``cache_from``, else None (skopeo reads)."""
+        if self.client is None:
+            return None
+        try:
+            credentials(self.client.access, split_ref(self.cache_from + ":x")[0], self.client.env)
+        except Unsupported:
+            return None
+        return self.client
+
+    def can_stream(self) -> bool:
+        """Whether the blobs of ``cache_from`` can be read as streams (``stream_layers``)."""
+        return self.usable and self._client() is not None
 
     def lookup(self, key: str, comp: Compression) -> Entry | None:
         """The checked manifest of ``key``'s entry in ``cache_from``; None where there is none.
         ``BadEntry`` where it is not usable, ``Unavailable`` where the registry cannot be read."""
         ref = f"{self.cache_from}:{tag_for(key, comp)}"
+        client = self._client()
         try:
-            raw = self.reader.manifest(ref)
+            raw = client.manifest(ref) if client is not None else self.reader.manifest(ref)
         except EnvspecError as e:
             raise Unavailable(e.message) from None
+        except RegistryHTTPError as e:
+            if e.status and e.status not in (401, 403):
+                raise BadEntry(f"its manifest could not be read ({e})") from None
+            raise Unavailable(str(e)) from None
         return None if raw is None else check_entry(raw, ref=ref, key=key, comp=comp)
 
     def fetch(self, entry: Entry, work: Path, tar: Path, comp: Compression) -> Path:
@@ -392,6 +504,71 @@ class RegistryCache:
 
         layers.work.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+            got = list(pool.map(one, wanted))
+        for lay, ok in zip(wanted, got):
+            if ok:
+                layers.todo.remove(lay)
+
+    def stream_layers(self, layers: Layers, entries: dict[str, Entry], streams: dict[str, Future]) -> None:
+        """The layers of ``entries`` read from ``cache_from`` as streams, all at once, each
+        checked and decompressed as it arrives (``check_stream``) into its FIFO (``Layers.pipe_for``),
+        from which the store's stager untars it (``importer.Importer``): no file of the blob or of
+        the tar. ``streams[key]`` ends with the stream: True once its every check held (then the
+        layer is done, ``Layers.took``), else the exception, and the layer stays to be made here
+        (a warning; its stager starts again from the made tar). Nothing goes to the local cache:
+        the store has the layer. Returns once every stream has ended."""
+        client = self._client()
+        assert client is not None
+        wanted = [lay for lay in layers.todo if lay.key in entries]
+        comp = layers.cache_comp
+
+        def one(lay: Layer) -> bool:
+            start = time.monotonic()
+            entry, fut = entries[lay.key], streams[lay.key]
+            times = StreamTimes()
+            tee = None
+            try:
+                try:
+                    resp = client.open_blob(self.cache_from, entry.digest)
+                except RegistryHTTPError as e:
+                    raise BadEntry(f"its blob could not be read: {e}") from None
+                if resp is None:
+                    raise BadEntry(f"the registry does not have its blob {entry.digest}")
+                with resp:
+                    pipe = layers.pipe_for(lay)
+                    assert pipe is not None
+                    tee = PipeTee(pipe)
+                    buf = bytearray(CHUNK)
+                    view = memoryview(buf)
+
+                    def chunks() -> Iterator[memoryview]:
+                        while True:
+                            try:
+                                n = resp.readinto(buf)  # type: ignore[attr-defined]
+                            except OSError as e:
+                                raise BadEntry(f"its blob's download broke off ({e})") from None
+                            if not n:
+                                return
+                            yield view[:n]  # taken whole by check_stream before the next read
+
+                    check_stream(chunks(), lambda b: tee.write(memoryview(b)), entry, comp, times)
+                if tee.fd < 0:
+                    raise BadEntry("the store's untar went away before the layer's end")
+            except BaseException as e:
+                if tee is not None:
+                    tee.close()
+                fut.set_exception(e)
+                if isinstance(e, BadEntry):
+                    self._bad_entry(layers, lay, e)
+                    return False
+                raise
+            tee.close()
+            fut.set_result(True)
+            layers.took(lay, entry.local_meta(lay.group), start, detail=times.items(), kept=False)
+            return True
+
+        layers.work.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted))), thread_name_prefix="envspec-stream") as pool:
             got = list(pool.map(one, wanted))
         for lay, ok in zip(wanted, got):
             if ok:

@@ -10,6 +10,7 @@ from envspec.image.engine import Engine, RegistryAccess
 from envspec.image.sbom import make_sbom
 from envspec.plan import BuildPlan
 from envspec.registry.attest import SigningKey, att_tag, attach, repository, sig_tag, sign
+from envspec.registry.client import RegistryClient
 from envspec.registry.regcache import RegistryCache
 from envspec.registry.verify_image import RegistryReader
 
@@ -52,4 +53,4 @@ class Registry:
         """The registries ``cache_from``/``cache_to``, read and written with the engine's registry
         access (credentials, TLS) and its push."""
         access = getattr(engine, "registry", None) or RegistryAccess()
-        return RegistryCache(cache_from, cache_to, RegistryReader(access), engine.push)
+        return RegistryCache(cache_from, cache_to, RegistryReader(access), engine.push, client=RegistryClient(access))
