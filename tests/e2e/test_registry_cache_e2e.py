@@ -94,6 +94,8 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
         assert (b["compression"], a["compression"]) == ("none", "zstd")
         assert b["digest"] == b["store_digest"] == a["store_digest"] and b["config"] == a["config"]
         assert b["cache"] == {"from": cache_ref, "to": "", "pushed": []}
+        # streamed over HTTPS with the authfile's credentials (registry/client.py), not through skopeo
+        assert {p["name"] for p in b["phases"] if "detail" in p} == {f"cache fetch {lay['group']}" for lay in cacheable}
         assert [lay["diff_id"] for lay in b["layers"]] == [lay["diff_id"] for lay in a["layers"]]
         run = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
                               b["image"],

@@ -379,13 +379,18 @@ def _stage_flags(tool: str) -> frozenset[str] | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (killed, not yet reaped by an init that may never
+    reap it) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
 
 
 def _drop_staged(staged: dict) -> None:
@@ -601,6 +606,8 @@ class StorageCLI:
                 continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
+            elif p.name.endswith(".tar-split.gz"):
+                p.unlink(missing_ok=True)
             else:
                 p.unlink(missing_ok=True)
 
