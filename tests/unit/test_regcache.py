@@ -323,3 +323,8 @@ def test_the_summary_says_where_the_layers_came_from():
     assert f"pushed 1 layers to the layer cache {REF}" in lines
     assert built.to_json()["cache"] == {"from": REF, "to": REF, "pushed": [f"{REF}:t"]}
     assert [row["source"] for row in built.to_json()["layers"]] == ["registry", "registry", "local", "made"]
+    # a node's second pull: the layers its store holds are not read again (image.Layers.stream)
+    again = BuiltImage(image="", digest="sha256:" + "3" * 64, cache_from=REF,
+                       layers=(lay("base", "store"), lay("torch", "store"), lay("team", "registry"), lay("envspec", "made")))
+    assert _built_lines(again, None, None, target="x.lock")[0].endswith(
+        f"(1 of 4 layers made, 2 in the store already, 1 from the registry cache {REF})")

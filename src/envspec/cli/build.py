@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from envspec.image.index import BuiltIndex
 
 
-_SOURCE_WORDS = {"made": "made", "local": "from the local cache", "registry": "from the registry cache"}
+_SOURCE_WORDS = {"made": "made", "local": "from the local cache", "registry": "from the registry cache",
+                 "store": "in the store already"}
 
 
 class _Progress:
@@ -330,9 +331,11 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     name = built.image or "(not named in containers-storage: --tag '')"
     local = sum(lay.source == "local" for lay in built.layers)
     remote = sum(lay.source == "registry" for lay in built.layers)
-    made = len(built.layers) - local - remote
+    stored = sum(lay.source == "store" for lay in built.layers)
+    made = len(built.layers) - local - remote - stored
     lines = [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
              + (f", {local} from the cache" if local else "")
+             + (f", {stored} in the store already" if stored else "")
              + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
              f"digest {built.digest}" + ("" if built.compression == built.carried_compression else
                                           " (its layers uncompressed, as the store keeps them; a push carries them "

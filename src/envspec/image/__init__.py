@@ -120,7 +120,9 @@ class LayerInfo:
     key: str = ""
     diff_size: int = 0  # the uncompressed tar's size
     media_type: str = ""
-    source: str = "made"  # where it came from: "made" here, "local" (the layer cache), "registry" (--cache-from)
+    # where it came from: "made" here, "local" (the layer cache), "registry" (--cache-from), "store"
+    # (--cache-from named it, and containers-storage had it already: not read, ``Layers.stream``)
+    source: str = "made"
 
 
 @dataclass(frozen=True)
