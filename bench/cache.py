@@ -19,13 +19,20 @@ Under a temp dir (removed at the end), Debian's docker-registry on loopback:
                  registry (curl), decompressed (zstd) and untarred (GNU tar) into a fresh directory
                  on the storage's disk, all layers at once; also each step alone (fetch to
                  /dev/null; fetch and decompress to /dev/null), to say where the floor's time goes
-Seconds are wall-clock of each command as a user runs it; the medians, the spread (min, max)
-and the machine's load are recorded (on a shared machine the numbers are noisy).
+Every timed run writes to a file system of its own (--fresh-fs, the default where root can
+loop-mount: a new ext4 on a sparse file, as a fresh node's disk is): this machine's root ext4 has
+no journal, and there ext4 skips, one by one, the inodes deleted in the last minutes when it
+makes a file (``recently_deleted``, perf: up to half of an untar's CPU right after the previous
+run's store was removed), which made each run pay for the one before it.
+Seconds are wall-clock of each command as a user runs it, CPU seconds are the command's with its
+children (user + system); the medians, the spread (min, max) and the machine's load are recorded
+(on a shared machine the numbers are noisy).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -61,6 +68,30 @@ def drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def fresh_fs(base: Path, name: str, on: bool):
+    """A directory on a new ext4 of its own (a sparse file, loop-mounted), removed afterwards;
+    ``on`` False: a plain directory under ``base``."""
+    d = base / name
+    d.mkdir()
+    if not on:
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        return
+    img = base / f"{name}.img"
+    subprocess.run(["truncate", "-s", "60G", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(img), str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+        img.unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def envspec(lock: str, env: dict[str, str], *args: str) -> tuple[float, dict]:
@@ -122,10 +153,12 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--a-cache", help="machine A's envspec cache (default: an empty one under the temp dir)")
+    ap.add_argument("--no-fresh-fs", dest="fresh_fs", action="store_false",
+                    help="write under the temp dir instead of on a new loop-mounted ext4 per run")
     args = ap.parse_args()
     rows: list[dict] = []
     res: dict = {"lock": args.lock, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "cpus": os.cpu_count(), "load_before": os.getloadavg(), "rows": rows}
+                 "cpus": os.cpu_count(), "fresh_fs": args.fresh_fs, "load_before": os.getloadavg(), "rows": rows}
     with tempfile.TemporaryDirectory(prefix="envspec-bench-cache-", dir=args.tmp) as td:
         base = Path(td)
         (base / "reg").mkdir()
@@ -142,11 +175,10 @@ def main() -> int:
             blobs = blobs_of(addr, "bench/img", a["digest"])
 
             def from_cache(n: int) -> dict:
-                with private_storage(base / f"storage-b{n}"):
-                    env = {**os.environ, "ENVSPEC_CACHE": str(base / f"cache-b{n}"), "PYTHONPATH": str(ROOT / "src")}
+                with fresh_fs(base, f"node-b{n}", args.fresh_fs) as fs, private_storage(fs / "storage"):
+                    env = {**os.environ, "ENVSPEC_CACHE": str(fs / "cache"), "PYTHONPATH": str(ROOT / "src")}
                     res["drop_caches"] = drop_caches()
                     dt, b = envspec(args.lock, env, "--cache-from", cache_ref)
-                shutil.rmtree(base / f"cache-b{n}", ignore_errors=True)
                 srcs = {lay["group"]: lay["source"] for lay in b["layers"]}
                 assert all(s == "registry" for g, s in srcs.items() if g != "envspec"), srcs
                 # the same image: its config (the image ID podman shows) is A's
@@ -155,7 +187,7 @@ def main() -> int:
                         "build_s": b["seconds"], "phases": b["phases"]}
 
             def pull(n: int) -> dict:
-                with private_storage(base / f"storage-p{n}") as host:
+                with fresh_fs(base, f"node-p{n}", args.fresh_fs) as fs, private_storage(fs / "storage") as host:
                     drop_caches()
                     t = time.monotonic()
                     cp = subprocess.run(["podman", *host.storage.args(), "pull", "--quiet", "--tls-verify=false",
@@ -169,10 +201,9 @@ def main() -> int:
             def floors(n: int) -> dict:
                 row: dict = {"what": "floor", "round": n}
                 for upto in ("fetch", "decompress", "untar"):
-                    dest = base / f"floor-{n}"
-                    drop_caches()
-                    row[upto] = round(floor(addr, "bench/img", blobs, dest, upto), 3)
-                    shutil.rmtree(dest, ignore_errors=True)
+                    with fresh_fs(base, f"node-f{n}-{upto}", args.fresh_fs) as fs:
+                        drop_caches()
+                        row[upto] = round(floor(addr, "bench/img", blobs, fs / "files", upto), 3)
                 row["seconds"] = row["untar"]
                 return row
 

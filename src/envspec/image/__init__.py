@@ -130,7 +130,8 @@ class Phase:
     """One step of a build and when it ran, in seconds since the build began (the monotonic
     clock, which the layer makers' processes share): ``fetch`` (the wheels), ``debs`` (the
     .debs), ``rootfs`` (the Debian tree laid down), ``layer GROUP`` (a layer's tar made),
-    ``import GROUP`` (a layer untarred into containers-storage), ``layout`` (config, manifest,
+    ``import GROUP`` (a layer untarred into containers-storage and made a layer there; ``untar
+    GROUP``: its untar alone, where it is staged), ``layout`` (config, manifest,
     OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
     store), ``cache fetch GROUP`` (a layer taken from the registry cache) and ``cache push`` (the
     layers put into it). Phases overlap: layers are made in parallel and imported beside the makers."""
@@ -263,7 +264,8 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     def new_importer() -> Importer:
         assert store is not None
         return Importer(store, layers.files(), on_progress=reporter.importing,
-                        on_stored=lambda group, start, end: clock.add(f"import {group}", start, end))
+                        on_stored=lambda group, start, end: clock.add(f"import {group}", start, end),
+                        on_staged=lambda group, start, end: clock.add(f"untar {group}", start, end))
 
     importer: Importer | None = None
     early = False

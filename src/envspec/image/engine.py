@@ -580,6 +580,15 @@ class StorageCLI:
             return False
         return _stage_flags(self.put_tool) is not None
 
+    def prepare(self) -> None:
+        """The driver's checks that mount a test overlay, run now (``envspec-put-layer prepare``),
+        before layers are untarred: the unmount syncs the store's file system, which with the
+        staged files of a pull still dirty took seconds in the first commit. Best effort: a tool
+        without ``prepare`` (or a failed check) leaves the check to the first commit, as before."""
+        if self.put_tool:
+            self.engine.run("prepare store", [self.put_tool, "prepare", "--graph", self.root, "--run", self.runroot,
+                                              "--storage-driver", self.driver], check=False)
+
     def stored_layers(self) -> dict[str, str]:
         """Layer ID -> diff digest of every layer in the store ("" for one without content)."""
         cp = self.engine.run("layers", self._cs("layers", "--json"), check=False)

@@ -65,6 +65,7 @@ class Importer:
     layers: Sequence[LayerFile]
     on_progress: Callable[[str, int], None] = lambda group, sent: None
     on_stored: Callable[[str, float, float], None] = lambda group, start, end: None  # a layer this import stored, when
+    on_staged: Callable[[str, float, float], None] = lambda group, start, end: None  # ... untarred (staged), when
     cancel: threading.Event = field(default_factory=threading.Event)
     top: str = ""
     stored: list[str] = field(default_factory=list)  # groups this import stored (the others were there)
@@ -134,6 +135,7 @@ class Importer:
     def _run_staged(self) -> None:
         with self.store.locked():
             self.store.clean_staging()
+            self.store.prepare()
             self._present = self.store.stored_layers()
             jobs = []
             for i, lay in enumerate(self.layers):
@@ -154,6 +156,7 @@ class Importer:
                     got = job.result()
                     if got is not None:
                         start, digest = got.pop("started"), got.pop("digest")
+                        self.on_staged(lay.group, start, got.pop("staged"))
                         with self._lock:
                             self._staged.pop(i, None)
                         if got["size"] != int(made["size"]) or (digest and digest != want):
@@ -311,7 +314,7 @@ class Importer:
         if halted:  # staged whole, but the import has ended without it
             _drop_staged(got)
             raise Cancelled()
-        return {**got, "started": started, "digest": digest}
+        return {**got, "started": started, "digest": digest, "staged": time.monotonic()}
 
     def join(self) -> str:
         """Wait for every layer; the top layer's ID. Raises what the import raised."""
