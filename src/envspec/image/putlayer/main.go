@@ -66,10 +66,9 @@ import (
 	"github.com/containers/storage/pkg/chrootarchive"
 	"github.com/containers/storage/pkg/ioutils"
 	"github.com/containers/storage/pkg/reexec"
-	"github.com/containers/storage/pkg/tarlog"
 	"github.com/klauspost/pgzip"
 	digest "github.com/opencontainers/go-digest"
-	"github.com/vbatts/tar-split/tar/asm"
+	"golang.org/x/sys/unix"
 	tsstorage "github.com/vbatts/tar-split/tar/storage"
 )
 
@@ -286,7 +285,7 @@ func (r *follower) Read(p []byte) (int, error) {
 	}
 }
 
-// counter counts what passes (into the uid/gid log), and reports progress every 64 MiB.
+// counter counts what passes, and reports progress every 64 MiB.
 type counter struct {
 	n, next int64
 	w       io.Writer
@@ -398,7 +397,9 @@ func stage(args []string) int {
 	}
 	uids, gids := map[uint32]struct{}{}, map[uint32]struct{}{}
 	rootSet := false
-	idLogger, err := tarlog.NewLogger(func(h *tar.Header) {
+	// what containers/storage's tarlog records (the owners each entry names, whether the tar sets
+	// its root), read from the headers the tar-split pass parses anyway, not by a second parse
+	logHeader := func(h *tar.Header) {
 		if n := strings.Trim(h.Name, "/"); n == "" || n == "." {
 			rootSet = true
 		}
@@ -406,39 +407,54 @@ func stage(args []string) int {
 			uids[uint32(h.Uid)] = struct{}{}
 			gids[uint32(h.Gid)] = struct{}{}
 		}
-	})
-	if err != nil {
-		return fail(err)
 	}
-	cnt := &counter{w: idLogger, report: func(n int64) {
+	cnt := &counter{w: io.Discard, report: func(n int64) {
 		fmt.Fprintf(out, "progress %d\n", n)
 		out.Flush()
 	}}
 	// buffered: the tar reader asks for 512-byte headers, and each read of the file is a syscall
-	payload, err := asm.NewInputTarStream(io.TeeReader(bufio.NewReaderSize(in, 1<<20), cnt), tsstorage.NewJSONPacker(compressor),
-		&crcPutter{})
-	if err != nil {
-		return fail(err)
-	}
+	src := io.TeeReader(bufio.NewReaderSize(in, 1<<20), cnt)
 	opts := &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}
+	var untarred chan error
+	var toUntar *os.File
 	if *tree == "" {
 		// A tar from elsewhere (the layer cache, a registry) is untarred chrooted into the staging
 		// directory, as containers/storage's overlay driver does, so that no entry reaches outside
 		// it before the tar's digest is checked. One envspec is making now holds only the wheels'
 		// files and directories under paths it chose; untarring it here saves the copy of every
 		// byte through a pipe into a child (2 of 11 CPU-s for h100-train's torch layer).
+		// The untar reads a pipe of 1 MiB that the tar-split pass below writes every byte into
+		// as it reads it, one copy and few wake-ups (issue 44: a tenth of the stager's CPU went
+		// to handing the bytes between goroutines and a 64 KiB pipe).
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20) // best effort: a smaller pipe works too
+		toUntar = pw
 		untar := chrootarchive.UntarUncompressed
 		if *own {
 			untar = archive.UntarUncompressed
 		}
-		if err := untar(payload, dir, opts); err != nil {
-			return fail(err)
+		untarred = make(chan error, 1)
+		go func() {
+			err := untar(pr, dir, opts)
+			if err == nil { // the padding after the tar's end: read, so the writer never blocks on it
+				_, err = io.Copy(io.Discard, pr)
+			}
+			pr.Close() // a writer still writing (the untar failed) gets EPIPE, not a wait
+			untarred <- err
+		}()
+		src = io.TeeReader(src, pw)
+	}
+	err = disassemble(src, tsstorage.NewJSONPacker(compressor), &crcPutter{}, logHeader)
+	if toUntar != nil {
+		toUntar.Close()
+		if uerr := <-untarred; uerr != nil {
+			return fail(uerr) // the untar's own error says more than a broken pipe
 		}
 	}
-	if _, err := io.Copy(io.Discard, payload); err != nil { // padding after the tar's end
-		return fail(err)
-	}
-	if err := idLogger.Close(); err != nil {
+	if err != nil {
 		return fail(err)
 	}
 	if err := compressor.Close(); err != nil {
@@ -457,6 +473,67 @@ func stage(args []string) int {
 	}
 	done = true
 	return 0
+}
+
+// disassemble reads the tar r to its end and packs its tar-split record into p, as tar-split's
+// asm.NewInputTarStream does (the same entries in the same order: the raw header bytes as
+// segments, each file's name, size and CRC-64, the padding and whatever follows the tar's end),
+// but in this goroutine and with every header handed to logHeader: no pipe to another goroutine
+// for the bytes, no second parse of the tar for its owners.
+func disassemble(r io.Reader, p tsstorage.Packer, fp tsstorage.FilePutter, logHeader func(*tar.Header)) error {
+	segment := func(b []byte) error {
+		if len(b) == 0 {
+			return nil
+		}
+		_, err := p.AddEntry(tsstorage.Entry{Type: tsstorage.SegmentType, Payload: b})
+		return err
+	}
+	tr := tar.NewReader(r)
+	tr.RawAccounting = true
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF || (err == nil && hdr == nil) {
+			if err := segment(tr.RawBytes()); err != nil { // the end: its blocks of zeros
+				return err
+			}
+			break
+		}
+		if err != nil {
+			return err
+		}
+		logHeader(hdr)
+		if err := segment(tr.RawBytes()); err != nil {
+			return err
+		}
+		var csum []byte
+		if hdr.Size > 0 {
+			if _, csum, err = fp.Put(hdr.Name, tr); err != nil {
+				return err
+			}
+		}
+		entry := tsstorage.Entry{Type: tsstorage.FileType, Size: hdr.Size, Payload: csum}
+		entry.SetName(hdr.Name)
+		if _, err := p.AddEntry(entry); err != nil {
+			return err
+		}
+		if err := segment(tr.RawBytes()); err != nil {
+			return err
+		}
+	}
+	// what follows the tar's end (more zeros, or anything) is part of its bytes: kept, in pieces
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := r.Read(buf)
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if _, aerr := p.AddEntry(tsstorage.Entry{Type: tsstorage.SegmentType, Payload: buf[:n]}); aerr != nil {
+			return aerr
+		}
+		if err == io.EOF {
+			return nil
+		}
+	}
 }
 
 // stagingRoot: beside the driver's layer directories (a rename into one of them must not cross
