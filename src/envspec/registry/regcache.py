@@ -260,7 +260,7 @@ class _Blob:
         self.n = 0
         self.ended = False  # every chunk was read
 
-    def read(self, _size: int = -1) -> bytes:
+    def read(self, _size: int = -1) -> Any:
         t0 = time.monotonic()
         chunk = next(self.it, None)
         t1 = time.monotonic()
@@ -271,7 +271,7 @@ class _Blob:
         self.h.update(chunk)
         self.n += len(chunk)
         self.t.sha256_blob += time.monotonic() - t1
-        return bytes(chunk)
+        return chunk  # a view of the reader's buffer: taken whole before the next read
 
     def drain(self) -> None:
         while not self.ended:
