@@ -497,7 +497,7 @@ class Layers:
     def stream(self, entries: dict[str, Any], present: dict[str, str]) -> None:
         """Stream the layers of ``entries`` from the registry cache into the store (``streams``;
         ``regcache.RegistryCache.stream_layers``), but those the store has already (``present``:
-        layer ID -> diff_id, containers/image's chain of diff_ids) : done with no read at all."""
+        layer ID -> diff_id, containers/image's chain of diff_ids): done with no read at all."""
         parent: str | None = ""
         now = time.monotonic()
         for lay in self.plan.layers:
