@@ -60,14 +60,16 @@ __all__ = ["build", "preview", "compress_layers", "compress_now", "DEFAULT_COMPR
 
 class LayerCache(Protocol):
     """A registry layer cache as a build uses it (``envspec.registry.regcache.RegistryCache``): the
-    layers to make looked up and fetched from ``cache_from`` (``Layers.took``), the layers made
-    pushed to ``cache_to``."""
+    layers to make looked up and fetched from ``cache_from`` (``Layers.took``), or streamed into
+    the store on a node's pull (``Layers.stream``), the layers made pushed to ``cache_to``."""
 
     cache_from: str
     cache_to: str
 
     def lookup_layers(self, layers: "Layers") -> dict[str, Any]: ...
     def fetch_layers(self, layers: "Layers", entries: dict[str, Any]) -> None: ...
+    def can_stream(self) -> bool: ...
+    def stream_layers(self, layers: "Layers", entries: dict[str, Any], streams: dict[str, Future[bool]]) -> None: ...
     def push_layers(self, layers: "Layers") -> tuple[str, ...]: ...
 
 
@@ -282,13 +284,13 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
                 # a node's pull: each blob checked, decompressed and untarred as it arrives, no file between
                 layers.stream(entries, store.stored_layers())
         importer = new_importer() if store and layers.todo else None
-        if entries:
+        if entries and rc is not None:
             if early and importer is not None:
                 importer.start()
             if layers.streams:
-                rc.stream_layers(layers, entries, layers.streams)  # type: ignore[union-attr]
+                rc.stream_layers(layers, entries, layers.streams)
             else:
-                rc.fetch_layers(layers, entries)  # type: ignore[union-attr]
+                rc.fetch_layers(layers, entries)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with clock.span("source builds"):
@@ -988,8 +990,7 @@ def _streams(rc: LayerCache | None, store: Any, options: BuildOptions, comp: Com
         return False
     if options.outputs or options.push or (rc.cache_to and rc.cache_to != rc.cache_from):
         return False
-    can = getattr(rc, "can_stream", None)
-    return bool(can and can())
+    return rc.can_stream()
 
 
 def _registry_cache(engine: Engine, options: BuildOptions) -> LayerCache | None:
