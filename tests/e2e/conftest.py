@@ -120,8 +120,9 @@ def start_dockerd(subnet: str = "172.29.0.1/24"):
 
 
 @contextlib.contextmanager
-def start_registry(base: Path):
-    """Debian's docker-registry on a free loopback port; yields "127.0.0.1:PORT"."""
+def start_registry(base: Path, proxy_of: str = ""):
+    """Debian's docker-registry on a free loopback port; yields "127.0.0.1:PORT". ``proxy_of``
+    ("HOST:PORT", plain HTTP): a pull-through mirror of that registry (``proxy.remoteurl``)."""
     import socket
     import time
 
@@ -131,7 +132,8 @@ def start_registry(base: Path):
     cfg = base / "registry.yml"
     cfg.write_text("version: 0.1\nlog:\n  level: error\n"
                    f"storage:\n  filesystem:\n    rootdirectory: {base / 'registry-data'}\n"
-                   f"http:\n  addr: 127.0.0.1:{port}\n")
+                   f"http:\n  addr: 127.0.0.1:{port}\n"
+                   + (f"proxy:\n  remoteurl: http://{proxy_of}\n" if proxy_of else ""))
     proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

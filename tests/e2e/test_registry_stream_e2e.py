@@ -19,11 +19,9 @@ front of it (a pull-through mirror, as a cluster-local mirror is), with real pod
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,37 +38,6 @@ REPO = "team/envspec-cache"
 pytestmark = pytest.mark.skipif(
     any(subprocess.run(["which", t], capture_output=True).returncode for t in ("docker-registry", "podman", "skopeo")),
     reason="needs docker-registry, podman and skopeo")
-
-
-@contextlib.contextmanager
-def mirror_of(base: Path, upstream: str):
-    """Debian's docker-registry as a pull-through mirror of ``upstream`` (``proxy.remoteurl``) on a
-    free loopback port; yields "127.0.0.1:PORT"."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base.mkdir(parents=True, exist_ok=True)
-    cfg = base / "mirror.yml"
-    cfg.write_text("version: 0.1\nlog:\n  level: error\n"
-                   f"storage:\n  filesystem:\n    rootdirectory: {base / 'mirror-data'}\n"
-                   f"http:\n  addr: 127.0.0.1:{port}\n"
-                   f"proxy:\n  remoteurl: http://{upstream}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > end:
-                    raise AssertionError("the mirror registry did not start") from None
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +124,8 @@ def test_through_a_pull_through_mirror_the_digests_are_unchanged(world, tmp_path
     from envspec.image.compress import Compression
     from envspec.registry.regcache import tag_for
 
-    with mirror_of(tmp_path / "mirror", reg) as mirror:
+    (tmp_path / "mirror").mkdir()
+    with start_registry(tmp_path / "mirror", proxy_of=reg) as mirror:
         for lay in cacheable(a):
             tag = tag_for(lay["key"], Compression("zstd"))
             digests = [subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{r}/{REPO}:{tag}"],

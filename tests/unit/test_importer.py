@@ -618,23 +618,33 @@ def test_a_maker_waiting_for_its_stager_goes_on_when_the_import_fails_before_sta
     assert not maker.is_alive() and tees[0].fd == -1 and not fifo.exists()
 
 
+def _import_stream(tmp_path, group, path, stream):
+    """One layer ``group`` streamed through its FIFO (``regcache.stream_layers``' part played by
+    ``stream(tee, fifo, made, streamed)`` on a thread) into a StagingStore's import, run to its end."""
+    from envspec.image.tarball import PipeTee
+
+    store = StagingStore()
+    fifo = tmp_path / f"{group}.tar.fifo"
+    os.mkfifo(fifo)
+    made: Future = Future()
+    streamed: Future = Future()
+    imp = Importer(store, [LayerFile(group, path, made, pipe=fifo, streamed=streamed)]).start()
+    t = threading.Thread(target=lambda: stream(PipeTee(fifo, wait=60), fifo, made, streamed))
+    t.start()
+    imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
+    t.join()
+    return store, imp
+
+
 def test_a_stream_that_fails_its_checks_is_staged_again_from_the_layer_made_here(tmp_path):
     """regcache.stream_layers: a layer from the registry cache comes through its FIFO; a stream
     that fails (here half-way) ends its future with the error, its stager is killed, and the
     layer, made here instead, is staged from its file (a chrooted untar: not this build's own)."""
-    from envspec.image.tarball import PipeTee
     from envspec.registry.regcache import BadEntry
 
-    store = StagingStore()
-    fifo = tmp_path / "torch.tar.fifo"
-    os.mkfifo(fifo)
     data = os.urandom(300_000)
-    made: Future = Future()
-    streamed: Future = Future()
-    imp = Importer(store, [LayerFile("torch", tmp_path / "torch.tar", made, pipe=fifo, streamed=streamed)]).start()
 
-    def stream():
-        tee = PipeTee(fifo, wait=60)
+    def stream(tee, fifo, made, streamed):
         tee.write(memoryview(data[: len(data) // 2]))
         tee.close()
         streamed.set_exception(BadEntry("the blob's bytes are not the ones recorded"))
@@ -642,10 +652,7 @@ def test_a_stream_that_fails_its_checks_is_staged_again_from_the_layer_made_here
         (tmp_path / "torch.tar").write_bytes(data)  # made here after all
         made.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(), "source": "made"})
 
-    t = threading.Thread(target=stream)
-    t.start()
-    imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
-    t.join()
+    store, imp = _import_stream(tmp_path, "torch", tmp_path / "torch.tar", stream)
     assert store.stages == [("torch", True), ("torch", False)]  # the stream followed, then the file
     assert store.owns == [("torch", False), ("torch", True)]  # the registry's bytes chrooted; its own file not
     assert list(store.layers.values()) == [("", "sha256:" + hashlib.sha256(data).hexdigest())]
@@ -653,18 +660,9 @@ def test_a_stream_that_fails_its_checks_is_staged_again_from_the_layer_made_here
 
 
 def test_a_stream_that_holds_is_committed_without_a_file(tmp_path):
-    from envspec.image.tarball import PipeTee
-
-    store = StagingStore()
-    fifo = tmp_path / "base.tar.fifo"
-    os.mkfifo(fifo)
     data = os.urandom(200_000)
-    made: Future = Future()
-    streamed: Future = Future()
-    imp = Importer(store, [LayerFile("base", tmp_path / "nowhere.tar", made, pipe=fifo, streamed=streamed)]).start()
 
-    def stream():
-        tee = PipeTee(fifo, wait=60)
+    def stream(tee, fifo, made, streamed):
         for i in range(0, len(data), 65536):
             tee.write(memoryview(data[i:i + 65536]))
         tee.close()
@@ -672,10 +670,7 @@ def test_a_stream_that_holds_is_committed_without_a_file(tmp_path):
         made.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
                          "source": "registry", "cached": True})
 
-    t = threading.Thread(target=stream)
-    t.start()
-    imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
-    t.join()
+    store, imp = _import_stream(tmp_path, "base", tmp_path / "nowhere.tar", stream)
     assert store.stages == [("base", True)] and store.owns == [("base", False)]
     assert not (tmp_path / "nowhere.tar").exists()
     assert imp.stored == ["base"]

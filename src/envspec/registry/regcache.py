@@ -373,15 +373,19 @@ class RegistryCache:
     # None, or a registry whose credentials only a helper has: skopeo (``reader``) reads
     client: RegistryClient | None = None
 
+    _direct: bool | None = None  # whether ``client`` can read ``cache_from`` (asked once: ``_client``)
+
     def _client(self) -> RegistryClient | None:
         """The direct client where it can read ``cache_from``, else None (skopeo reads)."""
         if self.client is None:
             return None
-        try:
-            credentials(self.client.access, split_ref(self.cache_from + ":x")[0], self.client.env)
-        except Unsupported:
-            return None
-        return self.client
+        if self._direct is None:
+            try:
+                credentials(self.client.access, split_ref(self.cache_from + ":x")[0], self.client.env)
+                self._direct = True
+            except Unsupported:
+                self._direct = False
+        return self.client if self._direct else None
 
     def can_stream(self) -> bool:
         """Whether the blobs of ``cache_from`` can be read as streams (``stream_layers``)."""
