@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -227,6 +228,16 @@ class SourceBuildError(BuildError):
 
 class HashMismatch(BuildError):
     reference = "hash-mismatch"
+
+
+class DamagedEntry(HashMismatch):
+    """A cache entry (``paths``: its files) whose bytes are no longer those recorded when it
+    entered the cache: the build drops it and makes it again (``image.build``); raised to the user
+    only when the entry made again is damaged too."""
+
+    def __init__(self, message: str, *, paths: tuple[Path, ...] = (), **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.paths = tuple(paths)
 
 
 class RegistryError(EnvspecError):

@@ -215,31 +215,66 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
 
 
 @needs_store_tools
-def test_a_cached_layer_damaged_on_disk_stops_the_import_into_a_new_store(engine, tmp_path, debs):
-    from envspec.image import BuildahEngine
+def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mirror_heals(engine, tmp_path, debs):
+    """One byte of a cached layer and one of a cached wheel of that layer changed: the next build,
+    into a new store, finds the layer damaged on its way in, drops it, makes it again from the
+    wheel, finds the wheel damaged, fetches it again from its file:// mirror (whose files stay as
+    they were: the cache shares no inode with them) and ends with the same image."""
+    from envspec import sources
+    from envspec.cache.store import Cache
+    from envspec.image import BuildahEngine, BuildOptions, Reporter, build
+    from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
     from conftest import private_storage
 
     lock = small_debian()
+    first = do_build(lock, engine, new_cache(tmp_path, debs, "fill"))
+    mirror = tmp_path / "mirror"  # a find-links folder of the lock's wheels, as a team's file:// mirror
+    mirror.mkdir()
+    for w in lock.wheels:
+        shutil.copyfile(tmp_path / "fill" / "blobs" / "sha256" / w.sha256, mirror / w.filename)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()}
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test mirror")]
+
+    class Warnings(Reporter):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def warning(self, message: str) -> None:
+            self.said.append(message)
+
+    def flip(path: Path, at: int) -> None:
+        path.chmod(0o644)  # entries are read-only: a write needs this first (root aside)
+        with open(path, "r+b") as f:  # one byte, same size: only a hash can tell
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0xFF]))
+
     cache = new_cache(tmp_path, debs)
-    a = do_build(lock, engine, cache)
-    biggest = max((lay for lay in a.layers if lay.group != "envspec"), key=lambda lay: lay.diff_size)
-    tar = next(t for t in (cache / "layers").glob("*.tar") if t.stat().st_size == biggest.diff_size)
-    with open(tar, "r+b") as f:  # one byte of file content, same size: only a hash can tell
-        f.seek(biggest.diff_size // 2)
-        b = f.read(1)
-        f.seek(biggest.diff_size // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
+    a = build(make_plan(lock), engine, Cache(cache), mirrors, options=BuildOptions(registry=Registry()))
+    assert a.digest == first.digest
+    blobs = cache / "blobs" / "sha256"
+    assert all(p.stat().st_nlink == 1 and p.stat().st_mode & 0o777 == 0o444 for p in blobs.iterdir())
+    layer = next(lay for lay in a.layers if lay.group == "team")
+    tar = cache / "layers" / (layer.key.split(":", 1)[1] + ".tar")
+    assert tar.stat().st_mode & 0o777 == 0o444 and tar.with_suffix(".json").stat().st_mode & 0o777 == 0o444
+    flip(tar, layer.diff_size // 2)
+    wheel = next(w for w in lock.wheels if w.group == "team")
+    flip(blobs / wheel.sha256, 100)
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()} == before
+
     with private_storage(tmp_path / "storage2"):
         other = BuildahEngine()
-        with pytest.raises(HashMismatch, match="cached layer file"):
-            do_build(lock, other, cache)
-        assert not other.exists(a.image)
-        store = other.storage_cli()
-        stored = json.loads(subprocess.run(store._cs("layers", "--json"), capture_output=True, text=True,
-                                           check=True).stdout or "null") or []  # none: null
-        assert biggest.diff_id not in [x.get("diff-digest") for x in stored]
-        img = do_build(lock, other, cache, no_cache=True)  # made again: the way out the error names
-        assert img.digest == a.digest and other.exists(a.image)
+        said = Warnings()
+        b = build(make_plan(lock), other, Cache(cache), mirrors, options=BuildOptions(registry=Registry()),
+                  reporter=said)
+        assert b.digest == a.digest and other.exists(b.image)
+        assert any("cached layer file" in m and str(tar) in m and "made again" in m for m in said.said), said.said
+        assert any(wheel.filename in m and "fetched again" in m for m in said.said), said.said
+    assert hashlib.sha256((blobs / wheel.sha256).read_bytes()).hexdigest() == wheel.sha256
+    assert hashlib.sha256(tar.read_bytes()).hexdigest() == layer.diff_id.split(":", 1)[1]
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()} == before
 
 
 def test_unchanged_lock_rebuilds_nothing(engine, tmp_path, debs):

@@ -15,7 +15,7 @@ import pytest
 from envspec.debian import (DebPin, RecordingReporter, base_packages, fetch_deb, fetch_debs, make_rootfs,
                             mirror_list, resolve_closure)
 from envspec.debian.fetch import SNAPSHOT_ENV, KeepAliveOpener
-from envspec.errors import HashMismatch, ResolutionImpossible, SourceError
+from envspec.errors import ResolutionImpossible, SourceError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
@@ -156,16 +156,22 @@ def test_cache_reuse_does_not_touch_the_network(small, cache):
     assert len(calls) == first  # the second fetch came from the cache
 
 
-def test_tampered_cache_file(small, tmp_path):
+def test_a_tampered_cache_file_is_fetched_again(small, tmp_path):
     pins, _ = small
     pin = next(p for p in pins if p.name == "tini")
     path = fetch_deb(pin, mirrors=[MIRROR], cache_dir=tmp_path)
-    data = bytearray(path.read_bytes())
+    assert path.stat().st_mode & 0o777 == 0o444
+    good = path.read_bytes()
+    data = bytearray(good)
     data[len(data) // 2] ^= 0xFF
+    path.chmod(0o644)
     path.write_bytes(bytes(data))
-    with pytest.raises(HashMismatch) as ei:
-        fetch_deb(pin, mirrors=[MIRROR], cache_dir=tmp_path)
-    assert pin.sha256 in ei.value.message and hashlib.sha256(data).hexdigest() in ei.value.message
+    rep = RecordingReporter()
+    again = fetch_deb(pin, mirrors=[MIRROR], cache_dir=tmp_path, reporter=rep)
+    assert again == path and path.read_bytes() == good
+    assert [e for e in rep.events if e[0] == "fetched"][-1][1][2] is False  # downloaded, not taken as cached
+    warned = [e[1][0] for e in rep.events if e[0] == "warning"]
+    assert len(warned) == 1 and hashlib.sha256(data).hexdigest() in warned[0]
 
 
 def test_pinned_version_gone_from_the_mirror(small, tmp_path):

@@ -328,6 +328,44 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
     assert got[sha].read_bytes() == path.read_bytes()
 
 
+def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touching_the_mirror(tmp_path):
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
+    mirror_bytes = path.read_bytes()
+    cache = Cache(tmp_path / "cache")
+    warned: list[str] = []
+    f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")], on_damaged=warned.append)
+    pin = Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+    got = f.fetch(pin)
+    assert got.stat().st_ino != path.stat().st_ino and got.stat().st_nlink == 1  # no inode shared with the source
+    assert got.stat().st_mode & 0o777 == 0o444
+    got.chmod(0o644)  # what a stray write by the owner (or by root) needs; then one byte changed
+    with open(got, "r+b") as fh:
+        fh.seek(10)
+        b = fh.read(1)
+        fh.seek(10)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert path.read_bytes() == mirror_bytes  # the mirror is not damaged with it
+    again = WheelFetcher(cache, f.mirrors, on_damaged=warned.append).fetch(pin)
+    assert again.read_bytes() == mirror_bytes and again.stat().st_mode & 0o777 == 0o444
+    assert len(warned) == 1 and path.name in warned[0] and "fetched again" in warned[0]
+
+
+def test_no_source_with_the_locked_bytes_names_every_source_tried(tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "a", "pkg", "1.0")
+    (tmp_path / "b" / path.name).write_bytes(b"other bytes")
+    path.write_bytes(b"changed bytes")
+    mirrors = [sources.Mirror((tmp_path / d).as_uri(), "links", d) for d in ("a", "b")]
+    pin = Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+    with pytest.raises(HashMismatch) as e:
+        WheelFetcher(Cache(tmp_path / "cache"), mirrors).fetch(pin)
+    msg = e.value.message
+    assert sha in msg and (tmp_path / "a").as_uri() in msg and (tmp_path / "b").as_uri() in msg
+    assert hashlib.sha256(b"changed bytes").hexdigest() in msg and hashlib.sha256(b"other bytes").hexdigest() in msg
+
+
 def test_installed_record_matches_every_file_written_rewritten_script_included(tmp_path):
     from envspec.image import layers as layer_makers
 
@@ -474,3 +512,77 @@ def test_phases_say_what_the_build_spent_its_time_on_as_each_ends(env):
 
     again = build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors)
     assert [p.name for p in again.phases if p.name.startswith("layer ")] == ["layer envspec"]  # the rest cached
+
+
+def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_path, monkeypatch):
+    import envspec.image as image_mod
+    from envspec.errors import DamagedEntry
+
+    cache = Cache(tmp_path / "cache")
+    hexkey = "ab" * 32
+    tar, meta = cache.layer_tar(hexkey), cache.layer_meta(hexkey)
+    blob = cache.root / "layers" / f"{hexkey}.zstd-1.tar.zst"
+    outside = tmp_path / "outside.tar"
+    outside.write_bytes(b"not the cache's")
+    runs: list[int] = []
+
+    def damaged(*a, **kw):
+        runs.append(1)
+        for p in (tar, meta, blob):
+            p.write_bytes(b"x")
+        raise DamagedEntry(f"the cached layer file {tar} is not sha256:...", paths=(tar,))
+
+    class Said(image_mod.Reporter):
+        said: list[str] = []
+
+        def warning(self, message: str) -> None:
+            self.said.append(message)
+
+    monkeypatch.setattr(image_mod, "_build", damaged)
+    with pytest.raises(DamagedEntry):  # damaged again once made again: the second time stops the build
+        image_mod.build(None, None, cache, [], reporter=Said())
+    assert len(runs) == 2 and len(Said.said) == 1 and "made again" in Said.said[0]
+
+    def once(*a, **kw):
+        runs.append(1)
+        if len(runs) == 3:
+            raise DamagedEntry("damaged", paths=(tar,))
+        assert not tar.exists() and not meta.exists() and not blob.exists()  # dropped, compressed blob too
+        return "built"
+
+    monkeypatch.setattr(image_mod, "_build", once)
+    assert image_mod.build(None, None, cache, []) == "built" and len(runs) == 4
+
+    def elsewhere(*a, **kw):  # not a layer of this cache: nothing is removed, the error stands
+        raise DamagedEntry("damaged", paths=(outside,))
+
+    monkeypatch.setattr(image_mod, "_build", elsewhere)
+    with pytest.raises(DamagedEntry):
+        image_mod.build(None, None, cache, [])
+    assert outside.exists()
+
+
+def test_a_read_only_entry_refuses_a_write_by_its_owner(tmp_path):
+    import subprocess
+
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
+    entry = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")]).fetch(
+        Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    # the write is tried by the entry's owner, not root (whom no mode stops): through an O_PATH
+    # descriptor, so only the entry's own mode decides, not the directories above it
+    fd = os.open(entry, os.O_PATH)
+    try:
+        owner = 65534 if os.geteuid() == 0 else os.geteuid()
+        if os.geteuid() == 0:
+            os.chown(entry, owner, owner)
+        probe = ("import sys\ntry:\n    open(f'/proc/self/fd/{sys.argv[1]}', 'r+b')\nexcept PermissionError:\n"
+                 "    sys.exit(13)\n")
+        kw = {"user": owner, "group": owner, "extra_groups": []} if os.geteuid() == 0 else {}
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # one nobody can run
+        ro = subprocess.run([python, "-c", probe, str(fd)], pass_fds=(fd,), cwd="/", **kw)
+        entry.chmod(0o644)  # the same write on a writable entry goes through: the probe can tell
+        rw = subprocess.run([python, "-c", probe, str(fd)], pass_fds=(fd,), cwd="/", **kw)
+    finally:
+        os.close(fd)
+    assert (ro.returncode, rw.returncode) == (13, 0)

@@ -235,3 +235,36 @@ def test_wheels_built_from_sdists_are_entries_kept_by_the_locks_that_build_them(
     assert [(e.kind, e.name) for e in plan.remove] == [("built", hexof("built-b"))]
     assert (c.root / "built" / hexof("built-a") / "pkg-1.0-py3-none-any.whl").exists()
     assert not (c.root / "built" / hexof("built-b")).exists() and (c.root / "built" / "not-a-key" / "x").exists()
+
+
+def test_gc_never_follows_a_link_out_of_the_cache(tmp_path):
+    c, names = fake_cache(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = put(outside / "mirror.whl", 123)
+    tree = outside / "tree"
+    tree.mkdir()
+    put(tree / "wheel.json", 10)  # what the removal of a built entry takes first
+    blob_link = c.blob(hexof("linked-wheel"))
+    blob_link.symlink_to(victim)  # a link named as an entry, to a file outside
+    (c.root / "layers" / f"{hexof('linked-layer')}.tar").symlink_to(victim)
+    (c.root / "built").mkdir(exist_ok=True)
+    (c.root / "built" / hexof("linked-built")).symlink_to(tree)  # a link to a directory outside
+    os.utime(blob_link, (OLD, OLD), follow_symlinks=False)
+    entries = cachegc.scan(c)
+    assert not [e for e in entries if e.name in (hexof("linked-wheel"), hexof("linked-layer"), hexof("linked-built"))]
+    cachegc.collect(c, cachegc.Needed())  # nothing is needed: every entry goes
+    assert victim.read_bytes() == b"x" * 123 and (tree / "wheel.json").exists()
+    assert not c.blob(names["wheel-a"]).exists()  # the real entries did go
+
+
+def test_gc_does_not_enter_a_kind_directory_that_links_out_of_the_cache(tmp_path):
+    c = Cache(tmp_path / "cache")
+    outside = tmp_path / "mirror"
+    outside.mkdir()
+    victim = put(outside / hexof("a-wheel"), 50)
+    (c.root / "blobs" / "sha256").rmdir()
+    (c.root / "blobs" / "sha256").symlink_to(outside)
+    assert cachegc.scan(c) == []
+    cachegc.collect(c, cachegc.Needed())
+    assert victim.exists()

@@ -61,19 +61,36 @@ def test_fetch_then_cache_hit_without_network(tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".part")]
 
 
-def test_tampered_cache_file_stops(tmp_path):
+def test_a_tampered_cache_file_is_fetched_again(tmp_path):
     body = b"original"
     pin = make_pin("tini", body)
     opener = FakeOpener({f"{MAIN}/{pin.filename}": body})
     path = fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=opener)
+    assert path.stat().st_mode & 0o777 == 0o444  # entries are read-only
+    path.chmod(0o644)
     path.write_bytes(b"evil")
+    rep = RecordingReporter()
+    again = fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=opener, reporter=rep)
+    assert again == path and path.read_bytes() == body and len(opener.calls) == 2
+    warned = [e[1][0] for e in rep.events if e[0] == "warning"]
+    assert len(warned) == 1 and str(path) in warned[0] and hashlib.sha256(b"evil").hexdigest() in warned[0]
+
+
+def test_a_tampered_cache_file_no_source_can_heal_stops_naming_every_source(tmp_path):
+    pin = make_pin("tini", b"original")
+    other = "http://mirror.example/debian"
+    path = cache_path(tmp_path, pin.sha256)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"evil")
+    opener = FakeOpener({f"{MAIN}/{pin.filename}": b"other", f"{other}/{pin.filename}": b"third"})
     with pytest.raises(HashMismatch) as ei:
-        fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=opener)
+        fetch_deb(pin, mirrors=[MAIN, other], cache_dir=tmp_path, opener=opener)
     e = ei.value
     assert e.exit_code == EXIT_BUILD and e.reference == "hash-mismatch"
-    assert str(path) in e.message and pin.sha256 in e.message
-    assert hashlib.sha256(b"evil").hexdigest() in e.message
-    assert len(opener.calls) == 1
+    assert pin.sha256 in e.message
+    for url, got in ((f"{MAIN}/{pin.filename}", b"other"), (f"{other}/{pin.filename}", b"third")):
+        assert url in e.message and hashlib.sha256(got).hexdigest() in e.message
+    assert not path.exists()
 
 
 def test_mirror_serving_other_bytes(tmp_path):
@@ -84,6 +101,14 @@ def test_mirror_serving_other_bytes(tmp_path):
     assert url in ei.value.message and hashlib.sha256(b"other").hexdigest() in ei.value.message
     assert not cache_path(tmp_path, pin.sha256).exists()
     assert list((tmp_path / "sha256").iterdir()) == []  # no temporary file left either
+
+
+def test_a_mirror_serving_other_bytes_is_passed_for_the_next(tmp_path):
+    pin = make_pin("tini", b"pinned")
+    other = "http://mirror.example/debian"
+    opener = FakeOpener({f"{MAIN}/{pin.filename}": b"other", f"{other}/{pin.filename}": b"pinned"})
+    path = fetch_deb(pin, mirrors=[MAIN, other], cache_dir=tmp_path, opener=opener)
+    assert path.read_bytes() == b"pinned" and len(opener.calls) == 2
 
 
 def test_deb_gone_names_package_and_ways_out(tmp_path):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,46 +58,66 @@ class Entry:
 
 
 def _stat(paths: Iterable[Path]) -> tuple[int, float] | None:
+    """Size and last use of an entry's files; None where one is missing or is not a regular file
+    of the cache (a link is never followed: what it points to is not the cache's)."""
     size, used = 0, 0.0
     for p in paths:
         try:
-            st = p.stat()
+            st = p.lstat()
         except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
             return None
         size += st.st_size
         used = max(used, st.st_atime, st.st_mtime)
     return size, used
 
 
+def _own_dir(d: Path, root: Path) -> bool:
+    """``d`` is a directory of the cache itself: no link on the way from the cache's root to it, so
+    nothing found in it lies outside the cache."""
+    p = d
+    while p != root:
+        if p.is_symlink() or not p.is_dir():
+            return False
+        if p.parent == p:
+            return False
+        p = p.parent
+    return True
+
+
 def scan(cache: Cache) -> list[Entry]:
-    """Every wheel, .deb, layer and wheel built from an sdist in the cache (sorted by kind, then name)."""
+    """Every wheel, .deb, layer and wheel built from an sdist in the cache (sorted by kind, then
+    name). Entries are regular files in the cache's own directories: a link in the cache (to a file
+    or a directory) is no entry, so neither ``cache gc`` nor eviction follows it out of the cache."""
     out: list[Entry] = []
     for kind, d in (("wheel", cache.root / "blobs" / "sha256"), ("deb", cache.root / "debs" / "sha256")):
-        for p in sorted(d.iterdir()) if d.is_dir() else ():
-            if _HEX.match(p.name) and p.is_file():
+        for p in sorted(d.iterdir()) if _own_dir(d, cache.root) else ():
+            if _HEX.match(p.name):
                 st = _stat([p])
                 if st:
                     out.append(Entry(kind, p.name, (p,), *st))
     layers = cache.root / "layers"
-    for p in sorted(layers.glob("*.tar")) if layers.is_dir() else ():
+    own_layers = _own_dir(layers, cache.root)
+    for p in sorted(layers.glob("*.tar")) if own_layers else ():
         if not _HEX.match(p.stem):
             continue
         meta = p.with_suffix(".json")
-        paths = (meta, p) if meta.is_file() else (p,)
+        paths = (meta, p) if meta.is_file() and not meta.is_symlink() else (p,)
         st = _stat(paths)
         if st is None:
             continue
         group = str(_read_json(meta).get("group", "")) if meta.is_file() else ""
         out.append(Entry("layer", p.stem, paths, *st, group=group))
-    for p in sorted(layers.glob("*.json")) if layers.is_dir() else ():  # a .json whose tar is gone
-        if _HEX.match(p.stem) and not p.with_suffix(".tar").exists():
+    for p in sorted(layers.glob("*.json")) if own_layers else ():  # a .json whose tar is gone
+        if _HEX.match(p.stem) and not os.path.lexists(p.with_suffix(".tar")):
             st = _stat([p])
             if st:
                 out.append(Entry("layer", p.stem, (p,), *st))
     built = cache.root / "built"  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
-    for d in sorted(built.iterdir()) if built.is_dir() else ():
-        if _HEX.match(d.name) and d.is_dir():
-            files = tuple(sorted(p for p in d.iterdir() if p.is_file()))
+    for d in sorted(built.iterdir()) if _own_dir(built, cache.root) else ():
+        if _HEX.match(d.name) and d.is_dir() and not d.is_symlink():
+            files = tuple(sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
             st = _stat(files)
             if st:
                 out.append(Entry("built", d.name, files, *st))

@@ -13,6 +13,49 @@ from typing import Callable, Iterator
 
 from envspec.cache.dirs import cache_dir_for
 
+ENTRY_MODE = 0o444  # a checked entry: a stray write fails instead of damaging it (root aside)
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), a reflink of a whole file
+CHUNK = 1 << 20
+
+
+def admit(tmp: Path, dest: Path) -> Path:
+    """Make the checked file ``tmp`` the cache entry ``dest``: read-only, then renamed into place
+    (atomic: a reader sees the whole entry or none). Its mode is set on ``tmp``, a file of ours,
+    never through ``dest``, which may be a link a user left in the cache."""
+    os.chmod(tmp, ENTRY_MODE)
+    os.replace(tmp, dest)
+    return dest
+
+
+def copy_local(src: Path, dest: Path) -> str:
+    """Copy the local source file ``src`` to the new file ``dest`` without sharing an inode with
+    it: a reflink (``FICLONE``) where the file system has them, else ``copy_file_range`` (the copy
+    stays in the kernel), else through this process. Returns how (``"reflink"``, ``"kernel"``,
+    ``"read"``)."""
+    with open(src, "rb") as fi, open(dest, "wb") as fo:
+        try:
+            fcntl.ioctl(fo.fileno(), FICLONE, fi.fileno())
+            return "reflink"
+        except OSError:
+            pass
+        size = os.fstat(fi.fileno()).st_size
+        try:
+            off = 0
+            while off < size:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), size - off, off, off)
+                if n == 0:
+                    break
+                off += n
+            if off == size:
+                return "kernel"
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        fi.seek(0)
+        fo.seek(0)
+        fo.truncate()
+        shutil.copyfileobj(fi, fo, CHUNK)
+        return "read"
 
 
 def default_cache_dir() -> Path:

@@ -1,9 +1,9 @@
 """Build time: the pinned .debs, fetched into a content-addressed cache and checked.
 
-The cache is ``cache_dir/sha256/<hex>`` (shared with the wheels). A file only ever appears
-there by an atomic rename of a download whose sha256 was checked, so a file there whose hash is
-wrong was changed behind envspec's back: that stops the build (HashMismatch), it is not
-silently fetched again.
+The cache is ``cache_dir/sha256/<hex>``. A file only ever appears there, read-only, by an atomic
+rename of a download whose sha256 was checked, so a file there whose hash is wrong was changed
+behind envspec's back: it is removed, with a warning, and fetched again. Only when no source has
+the locked bytes does the build stop (HashMismatch, naming every source tried).
 
 Where a file is looked for, in order, for each mirror given (snapshot first when configured):
 the mirror itself for pins of the main archive; for pins of the security pocket, the security
@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol
 
+from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceError
 
 from .closure import security_mirror_for
@@ -185,6 +186,10 @@ class _Gone(Exception):
     pass
 
 
+class _Mismatch(Exception):
+    """A source's bytes under the pinned name are not the pinned ones (what it gave)."""
+
+
 def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opener | None = None,
               reporter: DebianReporter | None = None, timeout: float = 60.0, retries: int = 2) -> Path:
     """The checked cache file of ``pin``, downloading it from the first mirror that has it.
@@ -198,13 +203,13 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
     dest = cache_path(cache_dir, pin.sha256)
     if dest.exists():
         got = _sha256_file(dest)
-        if got != pin.sha256:
-            raise HashMismatch(
-                f"cached file for {pin.label()} does not match the lock: {dest}\n"
-                f"  expected sha256 {pin.sha256}\n  got      sha256 {got}",
-                step="fetch", hint=f"something changed the cache; remove {dest} to fetch it again")
-        reporter.fetched(pin, dest, True)
-        return dest
+        if got == pin.sha256:
+            reporter.fetched(pin, dest, True)
+            return dest
+        # changed behind envspec's back: dropped (a link: only the link) and fetched again
+        dest.unlink(missing_ok=True)
+        reporter.warning(f"the cached {pin.filename} ({dest}) no longer matched its sha256 (sha256 {got}); "
+                         "it was removed and is fetched again")
 
     # The caller's order, with the environment's snapshot (the documented way out) first.
     env_snap = os.environ.get(SNAPSHOT_ENV, "").strip().rstrip("/")
@@ -213,11 +218,15 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     failures: list[str] = []
+    mismatches: list[str] = []
     gone = 0
     urls = candidate_urls(pin, ordered)
     for url in urls:
         try:
             path = _download(pin, url, dest, opener=opener, reporter=reporter, timeout=timeout, retries=retries)
+        except _Mismatch as e:  # other bytes under this name: the next source may have the right ones
+            mismatches.append(f"{url} gave {e}")
+            continue
         except _Gone as e:
             gone += 1
             failures.append(f"{url}: {e}")
@@ -229,6 +238,12 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
         return path
 
     detail = "\n".join(f"  {f}" for f in failures)
+    if mismatches:  # no source has the locked bytes: every one tried is named
+        raise HashMismatch(
+            f"no source has the locked bytes of {pin.label()} (sha256 {pin.sha256}, {pin.size} bytes):\n"
+            + "\n".join(f"  {m}" for m in [*mismatches, *failures]),
+            step="fetch", hint="a mirror serves other bytes under this name; check the mirrors, or re-lock "
+                               "(`envspec lock`) if the archive itself changed")
     if gone:
         raise SourceError(
             f"{pin.label()} is pinned by the lock but no mirror has it any more:\n{detail}",
@@ -265,13 +280,9 @@ def _download(pin: DebPin, url: str, dest: Path, *, opener: Opener, reporter: De
                 os.fsync(out.fileno())
             got = h.hexdigest()
             if got != pin.sha256:
-                raise HashMismatch(
-                    f"{url} does not match the lock ({size} bytes, {pin.size} expected) for {pin.label()}\n"
-                    f"  expected sha256 {pin.sha256}\n  got      sha256 {got}",
-                    step="fetch", hint="the mirror serves other bytes under this name; try another mirror")
+                raise _Mismatch(f"sha256 {got}, {size} bytes")
             # Another process may have renamed the same checked bytes here first: same content.
-            os.replace(tmp, dest)
-            return dest
+            return admit(tmp, dest)
         except urllib.error.HTTPError as e:
             if e.code in (404, 410):
                 raise _Gone(f"HTTP {e.code}") from None

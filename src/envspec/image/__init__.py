@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from envspec import debian
-from envspec.cache.store import Cache, _pid_alive
-from envspec.errors import BuildError, UsageError
+from envspec.cache.store import Cache, _pid_alive, admit
+from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
 from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
@@ -237,11 +237,45 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
           registry_cache: LayerCache | None = None) -> BuiltImage:
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5).
     ``registry_cache``: the --cache-from/--cache-to registries (default: made from ``options`` by
-    ``options.registry`` with the engine's registry access)."""
+    ``options.registry`` with the engine's registry access).
+
+    A cached layer found damaged on its way into the store (``DamagedEntry``) is dropped from the
+    cache with a warning and the build runs again, making that layer anew: what was already made,
+    fetched or stored is found again, and the image is the same. A second damaged entry stops it."""
+    reporter = reporter or Reporter()
+    healed: set[Path] = set()
+    while True:
+        try:
+            return _build(plan, engine, cache, mirrors, options=options, reporter=reporter,
+                          registry_cache=registry_cache)
+        except DamagedEntry as e:
+            if not e.paths or set(e.paths) & healed or not all(_evict_layer(cache, p) for p in e.paths):
+                raise
+            healed.update(e.paths)
+            reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache; the layer is made again")
+
+
+def _evict_layer(cache: Cache, tar: Path) -> bool:
+    """Drop the cached layer whose tar is ``tar`` (its record first, then the tar and its compressed
+    blobs, under the layer's lock); False where ``tar`` is not a layer of this cache."""
+    layers = cache.root / "layers"
+    if tar.parent != layers or tar.suffix != ".tar":
+        return False
+    hexkey = tar.stem
+    with cache.locked("layer-" + hexkey):
+        cache.layer_meta(hexkey).unlink(missing_ok=True)
+        tar.unlink(missing_ok=True)
+        for p in layers.glob(f"{hexkey}.*"):  # its compressed blobs and their records
+            p.unlink(missing_ok=True)
+    return True
+
+
+def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
+           options: BuildOptions, reporter: Reporter, registry_cache: LayerCache | None) -> BuiltImage:
+    """One run of ``build``."""
     if options.push:
         registry_stage(options)  # what goes beside the push: asked for before anything is made
     rc = registry_cache or _registry_cache(engine, options)
-    reporter = reporter or Reporter()
     clock = Clock(reporter)
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
@@ -616,7 +650,7 @@ class Layers:
         """Every wheel the layers to make need, into the cache (checked), one event per wheel."""
         need = [w for lay in self.todo for w in lay.wheels]
         r = self.reporter
-        self.paths = WheelFetcher(self.cache, mirrors).fetch_all(
+        self.paths = WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
             need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
 
@@ -635,7 +669,7 @@ class Layers:
                   and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root) is None
                   for b in (*w.source.build, *w.source.toolkit)]
         files = dict(self.paths)
-        files.update(WheelFetcher(self.cache, mirrors).fetch_all(
+        files.update(WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
             inputs, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path)))
         scratch: list[Path] = []
@@ -911,6 +945,9 @@ class _DebEvents(debian.DebianReporter):
         if not cached:
             self.reporter.fetched(pin.name, pin.filename, path)
 
+    def warning(self, message: str) -> None:
+        self.reporter.warning(message)
+
 
 def _timed_wheel_job(args: tuple, niceness: int) -> dict[str, Any]:
     """``layers.wheel_layer_job`` in a worker at ``niceness``, with when it ran (``time.monotonic``
@@ -951,17 +988,17 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
     meta = {"key": lay.key, "compressor": comp.id, "media_type": comp.media_type, "digest": blob["digest"],
             "size": blob["size"]}
     tmp = Path(blob["path"])
-    os.replace(tmp, cache.layer_blob(lay.key, comp.id, comp.suffix))
+    admit(tmp, cache.layer_blob(lay.key, comp.id, comp.suffix))
     tmp_meta = tmp.with_name(tmp.name + ".json")
     tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-    os.replace(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
+    admit(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
     return meta
 
 
 def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter: Reporter) -> None:
     """The lock's compiled packages against its torch (``wheels.abi``): the wheels it reads are
     fetched into the cache, where the build takes them from; raises ``AbiMismatch`` (exit 2)."""
-    fetcher = WheelFetcher(cache, mirrors)
+    fetcher = WheelFetcher(cache, mirrors, on_damaged=reporter.warning)
 
     def fetch(pins: list[Wheel]) -> dict[str, Path]:
         return fetcher.fetch_all(pins, on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
@@ -1008,10 +1045,10 @@ def store_fetched(cache: Cache, lay: Layer, tar: Path, meta: dict[str, Any], com
     size, path) too where it is this build's compressor's (else ``compress_cached`` makes this
     machine's)."""
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
-        os.replace(tar, cache.layer_tar(lay.key))
+        admit(tar, cache.layer_tar(lay.key))
         tmp_meta = tar.with_suffix(".json")
         tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-        os.replace(tmp_meta, cache.layer_meta(lay.key))
+        admit(tmp_meta, cache.layer_meta(lay.key))
         if blob is not None:
             meta["blob"] = _store_blob(cache, lay, comp, blob)
     return meta
@@ -1025,10 +1062,10 @@ def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any]
             "pins": [f"{p.name}=={p.version}" for p in pins], "duplicates": result.get("duplicates", []),
             "pyc": result.get("pyc", {"files": 0, "bytes": 0})}
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
-        os.replace(tmp_tar, cache.layer_tar(lay.key))
+        admit(tmp_tar, cache.layer_tar(lay.key))
         tmp_meta = tmp_tar.with_suffix(".json")
         tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-        os.replace(tmp_meta, cache.layer_meta(lay.key))
+        admit(tmp_meta, cache.layer_meta(lay.key))
         if "blob" in result:
             meta["blob"] = _store_blob(cache, lay, comp, result["blob"])
     return meta

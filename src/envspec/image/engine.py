@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Callable, Protocol, Sequence
 
 from envspec.cache.store import flocked
-from envspec.errors import BuildError, HashMismatch, HostError, RegistryError, UsageError
+from envspec.errors import BuildError, DamagedEntry, HashMismatch, HostError, RegistryError, UsageError
 from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
 log = logging.getLogger("envspec.image.engine")
@@ -358,8 +358,8 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
             off += n
             progress(off)
     if h is not None and f"sha256:{h.hexdigest()}" != want:
-        raise HashMismatch(f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
-                           step="import layer", hint="it changed on disk; build again with --no-cache")
+        raise DamagedEntry(f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
+                           step="import layer", paths=(tar,), hint="it changed on disk; build again with --no-cache")
 
 
 STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's stagingRoot)

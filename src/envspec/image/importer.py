@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from envspec.errors import HashMismatch
+from envspec.errors import DamagedEntry, HashMismatch
 from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
 
 
@@ -119,6 +119,8 @@ class Importer:
                 if have != want:
                     if ours:
                         self.store.delete_layer(layer_id)
+                    if ours and made.get("cached"):
+                        raise self._mismatch(lay, made, have)
                     raise HashMismatch(
                         f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
                         f"{layer_id[:12]}, but this build made {want}", step="import layer",
@@ -194,8 +196,8 @@ class Importer:
                                 hint="the store's layer of this ID holds other bytes (changed on disk?); remove the "
                                      "images using it (`podman rmi`) and build again")
         if made.get("cached"):
-            return HashMismatch(f"the cached layer file {lay.path} is not {want} ({have})", step="import layer",
-                                hint="it changed on disk; build again with --no-cache")
+            return DamagedEntry(f"the cached layer file {lay.path} is not {want} ({have})", step="import layer",
+                                paths=(lay.path,), hint="it changed on disk; build again with --no-cache")
         return HashMismatch(f"the {lay.group} layer's file untarred into containers-storage is {have}, but its "
                             f"maker wrote {want}", step="import layer",
                             hint="the layer's file changed while it was imported; build again")

@@ -1,7 +1,7 @@
 """The lock's wheels as files in the cache: each found by filename on the mirrors, then on its
 canonical index, and checked against its sha256 before it enters the cache (a mismatch raises
 ``HashMismatch``; the cache's layout: ``envspec.cache``). Only bytes whose sha256 the lock knows
-are fetched; everything enters by atomic rename, so concurrent builds sharing a cache see a file
+are fetched; everything enters read-only by atomic rename, so concurrent builds sharing a cache see a file
 whole or not at all.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
 from envspec import sources
-from envspec.cache.store import Cache
+from envspec.cache.store import Cache, admit, copy_local
 from envspec.errors import HashMismatch, SourceError
 
 
@@ -42,25 +42,15 @@ CHUNK = 1 << 20
 
 
 def _copy_verified(src_url: str, dest_tmp: Path, timeout: float) -> str:
-    """Copy (or hardlink, for a local file on the same file system) ``src_url`` to ``dest_tmp``;
-    return the sha256 hex of the bytes."""
+    """Copy ``src_url`` to ``dest_tmp``; return the sha256 hex of the bytes. A local file (a
+    ``file://`` mirror, a find-links folder) is copied, never linked: an entry of the cache shares
+    no inode with its source, so damage to one never reaches the other (``copy_local``: a reflink
+    or an in-kernel copy where the file system has them); the copy is what is hashed."""
     parsed = urllib.parse.urlparse(src_url)
     h = hashlib.sha256()
     if parsed.scheme in ("", "file"):
-        src = Path(urllib.parse.unquote(parsed.path))
-        try:
-            os.link(src, dest_tmp)
-            with open(dest_tmp, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-            return h.hexdigest()
-        except OSError:
-            dest_tmp.unlink(missing_ok=True)
-        with open(src, "rb") as fi, open(dest_tmp, "wb") as fo:
-            while chunk := fi.read(CHUNK):
-                h.update(chunk)
-                fo.write(chunk)
-        return h.hexdigest()
+        copy_local(Path(urllib.parse.unquote(parsed.path)), dest_tmp)
+        return _sha256_file(dest_tmp)
     req = urllib.request.Request(src_url, headers={"User-Agent": "envspec"})
     with urllib.request.urlopen(req, timeout=timeout) as resp, open(dest_tmp, "wb") as fo:  # noqa: S310
         while chunk := resp.read(CHUNK):
@@ -79,8 +69,9 @@ class WheelFetcher:
     the verified bytes in the cache."""
 
     def __init__(self, cache: Cache, mirrors: Sequence[sources.Mirror], *, timeout: float = 120,
-                 allow_canonical: bool = True) -> None:
+                 allow_canonical: bool = True, on_damaged: Callable[[str], None] | None = None) -> None:
         self.cache = cache
+        self.on_damaged = on_damaged  # told of a cache entry that no longer matched and is fetched again
         self.mirrors = list(mirrors)
         self.timeout = timeout
         self.allow_canonical = allow_canonical
@@ -116,7 +107,10 @@ class WheelFetcher:
         if dest.is_file():
             if _sha256_file(dest) == pin.sha256:  # checked before each use, not only on entry
                 return dest
-            dest.unlink(missing_ok=True)  # damaged in the cache: fetch it again
+            dest.unlink(missing_ok=True)  # damaged in the cache: fetch it again (a link: only the link goes)
+            if self.on_damaged:
+                self.on_damaged(f"the cached {pin.filename} ({dest}) no longer matched its sha256; "
+                                "it was removed and is fetched again")
         mismatches: list[str] = []
         failures: list[str] = []
         for where, url in self.candidates(pin):
@@ -132,12 +126,11 @@ class WheelFetcher:
                 tmp.unlink(missing_ok=True)
                 mismatches.append(f"{where} ({url}) gave sha256 {got}")
                 continue
-            os.replace(tmp, dest)
-            return dest
-        if mismatches:
+            return admit(tmp, dest)
+        if mismatches:  # no source has the locked bytes: every one tried is named
             raise HashMismatch(
-                f"{pin.filename}: the lock says sha256 {pin.sha256}, but\n"
-                + "\n".join(f"    {m}" for m in mismatches),
+                f"{pin.filename}: the lock says sha256 {pin.sha256}, but no source has those bytes:\n"
+                + "\n".join(f"    {m}" for m in [*mismatches, *failures]),
                 step=f"fetch {pin.filename}",
                 hint="the file changed upstream or the lock was edited by hand; re-lock with `envspec lock` "
                      "and review the change",

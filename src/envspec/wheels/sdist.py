@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
+from envspec.cache.store import admit
 from envspec.errors import SourceBuildError
 
 if TYPE_CHECKING:
@@ -447,11 +448,12 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
                                sandbox=sandbox, jobs=jobs, on_progress=on_progress)
             with open(made, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
-            os.replace(made, entry / made.name)
+            admit(made, entry / made.name)  # read-only, as every entry
             tmp = entry / ".wheel.json.tmp"
+            tmp.unlink(missing_ok=True)
             tmp.write_text(json.dumps({"filename": made.name, "sha256": digest, "key": d.key,
                                        "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256]}, indent=1))
-            os.replace(tmp, entry / "wheel.json")  # last: an entry without its record is not an entry
+            admit(tmp, entry / "wheel.json")  # last: an entry without its record is not an entry
             return entry / made.name, True
         finally:
             shutil.rmtree(out, ignore_errors=True)
