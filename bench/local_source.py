@@ -3,15 +3,18 @@
 the cache, measured by the cold build it is part of (issue 39, point 1).
 
     .venv/bin/python bench/local_source.py [--lock lockfiles/h100-train.lock] [--rounds 2]
-                                           [--ways copy,inplace,read] [--json OUT]
+                                           [--ways inplace,copy,link,read] [--json OUT]
 
-The ways (``envspec.wheels.fetch``'s ``copy_local``, swapped in this process):
-  copy      what envspec does: a reflink (FICLONE) where the file system has them, else
-            copy_file_range, the copy staying in the kernel; then the copy is hashed
-  inplace   no copy: the source's own file, read where it is, hashed and unzipped from there
-            (measured as a hard link of it into the cache, which reads and writes exactly what
-            reading in place does; envspec no longer links: a link shares the inode)
-  read      the copy through this process (read, hash, write 1 MiB at a time)
+The ways (``envspec.wheels.fetch.WheelFetcher``, switched in this process):
+  inplace   what envspec does where the file system has no reflinks: the mirror's file read
+            where it is, hashed there when fetched, and checked unchanged (its identity) by the
+            layer maker that unzips it (``read_in_place``)
+  copy      a copy into the cache (``read_in_place = False``: ``copy_local``, a reflink where the
+            file system has them, else copy_file_range, the copy staying in the kernel), then
+            the copy hashed
+  read      the copy through this process (read, write 1 MiB at a time)
+  link      a hard link into the cache, as envspec did until issue 39 (reads and writes what
+            reading in place does, but the inode is the mirror's)
 The unzip floor: `unzip -q` of every wheel, one after another, from the same mirror.
 
 Per round, rotating which goes first, each run on a new ext4 of its own (bench/cache.py's
@@ -45,9 +48,9 @@ from _common import emit  # noqa: E402
 from cache import drop_caches, fresh_fs  # noqa: E402  bench/cache.py
 
 
-def _inplace(src: Path, dest: Path) -> str:
+def _link(src: Path, dest: Path) -> str:
     os.link(src, dest)
-    return "inplace"
+    return "link"
 
 
 def _read(src: Path, dest: Path) -> str:
@@ -69,11 +72,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lock", default="lockfiles/h100-train.lock")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--ways", default="copy,inplace,read")
+    ap.add_argument("--ways", default="inplace,copy,link")
     ap.add_argument("--json")
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/var/tmp"))
     a = ap.parse_args()
-    ways = {"copy": store.copy_local, "inplace": _inplace, "read": _read}
+    ways = {"inplace": None, "copy": store.copy_local, "read": _read, "link": _link}
     chosen = a.ways.split(",")
     lock = lockmod.load(ROOT / a.lock if not Path(a.lock).is_absolute() else a.lock)
     plan = make_plan(lock)
@@ -115,7 +118,9 @@ def main() -> int:
                 cache = fs / "cache"
                 cache.mkdir()
                 (cache / "debs").symlink_to(seed.root / "debs")
-                fetchmod.copy_local = ways[way]  # type: ignore[assignment]
+                if ways[way] is not None:
+                    fetchmod.copy_local = ways[way]  # type: ignore[assignment]
+                    fetchmod.WheelFetcher.read_in_place = False
                 try:
                     drop_caches()
                     t = time.monotonic()
@@ -124,6 +129,7 @@ def main() -> int:
                     dt = time.monotonic() - t
                 finally:
                     fetchmod.copy_local = store.copy_local  # type: ignore[assignment]
+                    fetchmod.WheelFetcher.read_in_place = True
                 fetch = sum(p.end - p.start for p in img.phases if p.name in ("fetch", "abi check"))
                 return {"what": way, "round": n, "seconds": round(dt, 2), "digest": img.digest,
                         "fetch_and_abi_s": round(fetch, 2),

@@ -58,7 +58,7 @@ def main() -> int:
         for lay in plan.layers:
             if not lay.wheels:
                 continue
-            files = [(w.filename, str(paths[w.sha256])) for w in lay.wheels]
+            files = [(w.filename, str(paths[w.sha256]), None) for w in lay.wheels]
             row: dict = {"group": lay.group, "wheels": len(files)}
             for mode, comp in (("plain", None), ("pyc", (choice.python, choice.cache_tag))):
                 out = Path(tmp) / f"{lay.group}-{mode}.tar"

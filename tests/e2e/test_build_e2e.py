@@ -218,8 +218,9 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
 def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mirror_heals(engine, tmp_path, debs):
     """One byte of a cached layer and one of a cached wheel of that layer changed: the next build,
     into a new store, finds the layer damaged on its way in, drops it, makes it again from the
-    wheel, finds the wheel damaged, fetches it again from its file:// mirror (whose files stay as
-    they were: the cache shares no inode with them) and ends with the same image."""
+    wheel, finds the wheel damaged, drops it, takes it again from its file:// mirror (read where
+    it is, or a reflink: the cache shares no inode with the mirror, whose files stay as they
+    were) and ends with the same image."""
     from envspec import sources
     from envspec.cache.store import Cache
     from envspec.image import BuildahEngine, BuildOptions, Reporter, build
@@ -231,8 +232,11 @@ def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mi
     first = do_build(lock, engine, new_cache(tmp_path, debs, "fill"))
     mirror = tmp_path / "mirror"  # a find-links folder of the lock's wheels, as a team's file:// mirror
     mirror.mkdir()
+    from envspec.wheels.fetch import WheelFetcher
+
+    got = WheelFetcher(Cache(tmp_path / "fill"), sources.discover().mirrors).fetch_all(list(lock.wheels))
     for w in lock.wheels:
-        shutil.copyfile(tmp_path / "fill" / "blobs" / "sha256" / w.sha256, mirror / w.filename)
+        shutil.copyfile(got[w.sha256], mirror / w.filename)
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()}
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test mirror")]
 
@@ -255,13 +259,18 @@ def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mi
     a = build(make_plan(lock), engine, Cache(cache), mirrors, options=BuildOptions(registry=Registry()))
     assert a.digest == first.digest
     blobs = cache / "blobs" / "sha256"
-    assert all(p.stat().st_nlink == 1 and p.stat().st_mode & 0o777 == 0o444 for p in blobs.iterdir())
+    mirror_inodes = {p.stat().st_ino for p in mirror.iterdir()}
+    for p in blobs.iterdir():  # read in place (ext4), or a reflink of its own (btrfs, XFS): never the mirror's inode
+        assert p.stat().st_ino not in mirror_inodes and p.stat().st_nlink == 1 and p.stat().st_mode & 0o777 == 0o444
     layer = next(lay for lay in a.layers if lay.group == "team")
     tar = cache / "layers" / (layer.key.split(":", 1)[1] + ".tar")
     assert tar.stat().st_mode & 0o777 == 0o444 and tar.with_suffix(".json").stat().st_mode & 0o777 == 0o444
     flip(tar, layer.diff_size // 2)
     wheel = next(w for w in lock.wheels if w.group == "team")
-    flip(blobs / wheel.sha256, 100)
+    damaged = blobs / wheel.sha256  # a cached copy of the team's wheel with one byte changed (an older build's)
+    if not damaged.exists():
+        shutil.copyfile(mirror / wheel.filename, damaged)
+    flip(damaged, 100)
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()} == before
 
     with private_storage(tmp_path / "storage2"):
@@ -272,7 +281,7 @@ def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mi
         assert b.digest == a.digest and other.exists(b.image)
         assert any("cached layer file" in m and str(tar) in m and "made again" in m for m in said.said), said.said
         assert any(wheel.filename in m and "fetched again" in m for m in said.said), said.said
-    assert hashlib.sha256((blobs / wheel.sha256).read_bytes()).hexdigest() == wheel.sha256
+    assert not damaged.exists() or hashlib.sha256(damaged.read_bytes()).hexdigest() == wheel.sha256
     assert hashlib.sha256(tar.read_bytes()).hexdigest() == layer.diff_id.split(":", 1)[1]
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir()} == before
 
@@ -516,6 +525,44 @@ def test_outputs_oci_and_archives(engine, tmp_path, debs):
 
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == img.digest
     assert (tmp_path / "img.tar").stat().st_size > 0 and (tmp_path / "docker.tar").stat().st_size > 0
+
+
+def test_a_damaged_cached_layer_is_made_again_before_it_goes_into_an_oci_output(engine, tmp_path, debs):
+    """Without an import into a store nothing else reads a cached layer: an output build checks
+    the files it carries (and a tar it compresses), drops the damaged one, makes it again."""
+    from envspec.cache.store import Cache
+    from envspec.image import BuildOptions, Reporter, build
+    from envspec.plan import make_plan
+    from envspec.registry.stage import Registry
+    from envspec import sources
+
+    lock = lockmod.load(DATA / "small.lock")
+    cache = new_cache(tmp_path, debs)
+    a = do_build(lock, engine, cache, outputs=[f"oci:{tmp_path / 'a'}"], tag="")
+    for tar in (cache / "layers").glob("*.tar"):  # every cached tar, one byte changed (its blob is compressed from it)
+        tar.chmod(0o644)
+        with open(tar, "r+b") as f:
+            f.seek(700)
+            b = f.read(1)
+            f.seek(700)
+            f.write(bytes([b[0] ^ 0xFF]))
+    for blob in (cache / "layers").glob("*.tar.*"):  # and the compressed blobs gone: made again from the tars
+        blob.unlink()
+
+    class Said(Reporter):
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        def warning(self, message: str) -> None:
+            self.said.append(message)
+
+    said = Said()
+    b = build(make_plan(lock), engine, Cache(cache), sources.discover().mirrors, reporter=said,
+              options=BuildOptions(registry=Registry(), outputs=(f"oci:{tmp_path / 'b'}",), tag=""))
+    assert b.digest == a.digest
+    assert sum("made again" in m for m in said.said) == len([lay for lay in a.layers if lay.group != "envspec"])
+    for blob in (tmp_path / "b" / "blobs" / "sha256").iterdir():  # every blob of the output is what its name says
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
 
 
 SMOKE = DATA.parents[2] / "lockfiles" / "smoke.lock"

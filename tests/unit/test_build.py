@@ -271,7 +271,7 @@ def test_fetch_from_a_simple_index_mirror_by_filename(tmp_path):
     (page / "index.html").write_text(f'<a href="../../files/{path.name}#sha256={sha}">{path.name}</a>')
     f = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "simple").as_uri(), "index", "t")])
     got = f.fetch(Wheel(name="pkg-x", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
-    assert got.read_bytes() == path.read_bytes() and got.name == sha
+    assert got.read_bytes() == path.read_bytes() and (got == path or got.name == sha)  # read in place, or a reflink
 
 
 def test_nvidia_require_cuda_follows_the_policy():
@@ -328,7 +328,17 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
     assert got[sha].read_bytes() == path.read_bytes()
 
 
-def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touching_the_mirror(tmp_path):
+def _flip(path: Path, at: int) -> None:
+    path.chmod(0o644)  # what a stray write by the owner (or by root) needs; then one byte changed
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touching_the_mirror(tmp_path, monkeypatch):
+    monkeypatch.setattr(WheelFetcher, "read_in_place", False)  # the copy (reflink or in-kernel)
     (tmp_path / "w").mkdir()
     path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
     mirror_bytes = path.read_bytes()
@@ -337,18 +347,35 @@ def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touch
     f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")], on_damaged=warned.append)
     pin = Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
     got = f.fetch(pin)
-    assert got.stat().st_ino != path.stat().st_ino and got.stat().st_nlink == 1  # no inode shared with the source
+    assert got == cache.blob(sha) and got.stat().st_ino != path.stat().st_ino and got.stat().st_nlink == 1
     assert got.stat().st_mode & 0o777 == 0o444
-    got.chmod(0o644)  # what a stray write by the owner (or by root) needs; then one byte changed
-    with open(got, "r+b") as fh:
-        fh.seek(10)
-        b = fh.read(1)
-        fh.seek(10)
-        fh.write(bytes([b[0] ^ 0xFF]))
+    _flip(got, 10)
     assert path.read_bytes() == mirror_bytes  # the mirror is not damaged with it
     again = WheelFetcher(cache, f.mirrors, on_damaged=warned.append).fetch(pin)
     assert again.read_bytes() == mirror_bytes and again.stat().st_mode & 0o777 == 0o444
     assert len(warned) == 1 and path.name in warned[0] and "fetched again" in warned[0]
+
+
+def test_a_wheel_from_a_local_mirror_without_reflinks_is_read_where_it_is(tmp_path):
+    from envspec.cache.store import reflink
+    from envspec.image import layers as layer_makers
+
+    (tmp_path / "w").mkdir()
+    path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
+    if reflink(path, tmp_path / "probe"):
+        pytest.skip("this file system has reflinks: the wheel enters the cache as one")
+    assert not (tmp_path / "probe").exists()
+    cache = Cache(tmp_path / "cache")
+    f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    got = f.fetch(Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    assert got == path and not cache.has_blob(sha) and list((cache.root / "tmp").iterdir()) == []
+    assert path.stat().st_mode & 0o777 == 0o644  # nothing of the mirror's changed
+    ident = f.in_place[sha]
+    out = layer_makers.make_wheel_layer([(path.name, str(path), ident)], helpers.load().platform, tmp_path / "a.tar")
+    assert out["size"] > 0  # unchanged: made
+    _flip(path, 10)  # the mirror's file written after its hash was checked: the maker refuses it
+    with pytest.raises(HashMismatch, match="changed after its sha256 was checked"):
+        layer_makers.make_wheel_layer([(path.name, str(path), ident)], helpers.load().platform, tmp_path / "b.tar")
 
 
 def test_no_source_with_the_locked_bytes_names_every_source_tried(tmp_path):
@@ -567,8 +594,10 @@ def test_a_read_only_entry_refuses_a_write_by_its_owner(tmp_path):
 
     (tmp_path / "w").mkdir()
     path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
-    entry = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")]).fetch(
-        Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    f = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    f.read_in_place = False  # an entry of the cache, not the mirror's file
+    entry = f.fetch(Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    assert entry.parent == Cache(tmp_path / "cache").blob(sha).parent
     # the write is tried by the entry's owner, not root (whom no mode stops): through an O_PATH
     # descriptor, so only the entry's own mode decides, not the directories above it
     fd = os.open(entry, os.O_PATH)

@@ -53,7 +53,7 @@ def _wheel(tmp_path):
 
 def _make(tmp_path, out, compiler=(CHOICE.python, CHOICE.cache_tag)):
     path, _ = _wheel(tmp_path)
-    return layers.make_wheel_layer([(path.name, str(path))], LOCK.platform, out, compiler=compiler)
+    return layers.make_wheel_layer([(path.name, str(path), None)], LOCK.platform, out, compiler=compiler)
 
 
 def _record(tf):

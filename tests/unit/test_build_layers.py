@@ -40,7 +40,7 @@ def _set_central_crc(path: Path, member: str, crc: int) -> None:
 
 def test_a_wheel_member_is_written_as_inflated(tmp_path):
     path = _wheel(tmp_path)
-    layers.make_wheel_layer([(path.name, str(path))], LOCK.platform, tmp_path / "l.tar")
+    layers.make_wheel_layer([(path.name, str(path), None)], LOCK.platform, tmp_path / "l.tar")
     with tarfile.open(tmp_path / "l.tar") as tf:
         got = tf.extractfile("opt/venv/lib/python3.11/site-packages/crcpkg/data.bin").read()
     assert got == FILES["crcpkg/data.bin"]
@@ -54,7 +54,7 @@ def test_a_wheel_member_whose_crc_differs_stops_the_layer(tmp_path):
         crc = zf.getinfo("crcpkg/data.bin").CRC
     _set_central_crc(path, "crcpkg/data.bin", crc ^ 1)
     with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32 for file 'crcpkg/data.bin'"):
-        layers.make_wheel_layer([(path.name, str(path))], LOCK.platform, tmp_path / "l.tar")
+        layers.make_wheel_layer([(path.name, str(path), None)], LOCK.platform, tmp_path / "l.tar")
 
 
 def test_the_crc_is_isal_s_on_a_deflated_member(tmp_path, monkeypatch):
@@ -75,5 +75,5 @@ def test_the_crc_is_isal_s_on_a_deflated_member(tmp_path, monkeypatch):
         return real_zip(data, *value)
 
     monkeypatch.setattr(zipfile, "crc32", binascii_counting)
-    layers.make_wheel_layer([(path.name, str(path))], LOCK.platform, tmp_path / "l.tar")
+    layers.make_wheel_layer([(path.name, str(path), None)], LOCK.platform, tmp_path / "l.tar")
     assert sum(calls) >= len(FILES["crcpkg/data.bin"]) > sum(zip_calls)

@@ -98,7 +98,6 @@ def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monke
     cache = Cache(tmp_path / "cache")
     done = sd.pin_inputs(res, sources, cache, workdir=tmp_path / "w")
     ds = next(w for w in done.wheels if w.name == "deepspeed")
-    assert cache.has_blob(ds.sha256)
     src = ds.source
     assert (src.backend, src.requires) == ("setuptools.build_meta:__legacy__", ("setuptools",))
     assert [(b.name, b.version) for b in src.build] == [("setuptools", "81.0.0")] and src.build[0].filename.endswith(".whl")

@@ -27,17 +27,26 @@ def admit(tmp: Path, dest: Path) -> Path:
     return dest
 
 
-def copy_local(src: Path, dest: Path) -> str:
-    """Copy the local source file ``src`` to the new file ``dest`` without sharing an inode with
-    it: a reflink (``FICLONE``) where the file system has them, else ``copy_file_range`` (the copy
-    stays in the kernel), else through this process. Returns how (``"reflink"``, ``"kernel"``,
-    ``"read"``)."""
-    with open(src, "rb") as fi, open(dest, "wb") as fo:
-        try:
+def reflink(src: Path, dest: Path) -> bool:
+    """Make the new file ``dest`` a reflink of ``src`` (``FICLONE``: an inode of its own sharing
+    the blocks copy-on-write, no byte copied), where the file system has them (btrfs, XFS); False
+    (and no ``dest``) where it has not (ext4) or they are on two file systems."""
+    try:
+        with open(src, "rb") as fi, open(dest, "wb") as fo:
             fcntl.ioctl(fo.fileno(), FICLONE, fi.fileno())
-            return "reflink"
-        except OSError:
-            pass
+        return True
+    except OSError:
+        dest.unlink(missing_ok=True)
+        return False
+
+
+def copy_local(src: Path, dest: Path) -> str:
+    """Copy the local file ``src`` to the new file ``dest``, an inode of its own: a reflink where
+    the file system has them, else ``copy_file_range`` (the copy stays in the kernel), else
+    through this process. Returns how (``"reflink"``, ``"kernel"``, ``"read"``)."""
+    if reflink(src, dest):
+        return "reflink"
+    with open(src, "rb") as fi, open(dest, "wb") as fo:
         size = os.fstat(fi.fileno()).st_size
         try:
             off = 0
@@ -56,6 +65,16 @@ def copy_local(src: Path, dest: Path) -> str:
         fo.truncate()
         shutil.copyfileobj(fi, fo, CHUNK)
         return "read"
+
+
+Identity = tuple[int, int, int, int, int]
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What tells a file read in place from the same path changed or replaced: its device and
+    inode, size, and modification and change times (a write, a chmod or a rename over it moves
+    the change time, which no user can set back)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def default_cache_dir() -> Path:

@@ -16,6 +16,7 @@ are safe: files enter the cache by atomic rename, and equal keys mean equal byte
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import multiprocessing
 import os
@@ -23,13 +24,13 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from envspec import debian
-from envspec.cache.store import Cache, _pid_alive, admit
+from envspec.cache.store import Cache, Identity, _pid_alive, admit
 from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
@@ -135,8 +136,8 @@ class Phase:
     ``import GROUP`` (a layer untarred into containers-storage and made a layer there; ``untar
     GROUP``: its untar alone, where it is staged), ``layout`` (config, manifest,
     OCI layout), ``deliver`` (outputs and push), ``commit`` (the image made and named in the
-    store), ``cache fetch GROUP`` (a layer taken from the registry cache) and ``cache push`` (the
-    layers put into it). Phases overlap: layers are made in parallel and imported beside the makers."""
+    store), ``cache fetch GROUP`` (a layer taken from the registry cache), ``cache push`` (the
+    layers put into it) and ``check cached layers`` (the cached files an output or push carries, hashed). Phases overlap: layers are made in parallel and imported beside the makers."""
 
     name: str
     start: float
@@ -336,6 +337,9 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             layers.finish(pending)
         layers.make_top(options.verify_dir)
         layers.compress_cached()
+        if options.outputs or options.push:  # the cached layers' files go out as they are: checked first
+            with clock.span("check cached layers"):
+                layers.check_cached()
         with clock.span("layout"):
             image = write_image(work / "oci", plan, layers.made(), [layers.layout_path(lay) for lay in plan.layers],
                                 comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
@@ -456,7 +460,12 @@ def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: 
             meta = _cached_meta(cache, lay) if lay.cacheable else None
             if meta is None or _cached_blob(cache, lay, comp) is not None:
                 continue
-            blob, new = _compress_layer(cache, lay, comp, work)
+            try:
+                blob, new = _compress_layer(cache, lay, comp, work)
+            except DamagedEntry as e:  # dropped: the next build of the lock makes it again
+                _evict_layer(cache, cache.layer_tar(lay.key))
+                reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache")
+                continue
             if new:
                 info = _info(lay, {**meta, "blob": blob, "cached": True, "source": "local"})
                 made.append(info)
@@ -476,7 +485,8 @@ def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path) -> 
             return found, False
         work.mkdir(parents=True, exist_ok=True)
         tmp = work / f"{lay.group}.tar{comp.suffix}"
-        digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp)
+        meta = _cached_meta(cache, lay)  # the tar is checked against its diff_id as it is compressed
+        digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp, want=meta["diff_id"] if meta else "")
         return _store_blob(cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}), True
 
 
@@ -498,6 +508,7 @@ class Layers:
         self.futures: dict[str, Future[dict[str, Any]]] = {}
         self.todo: list[Layer] = []  # cacheable layers not in the cache
         self.to_compress: set[str] = set()  # keys of cached layers without this compressor's blob
+        self.checked: set[str] = set()  # keys of cached layers whose files this build has hashed
         for lay in plan.layers:
             self.futures[lay.key] = Future()
             meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
@@ -510,7 +521,8 @@ class Layers:
                 self._done(lay, {**meta, "cached": True, "source": "local"})
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
-        self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache
+        self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache (or a local mirror's: ``in_place``)
+        self.in_place: dict[str, Identity] = {}  # sha256 -> identity of a local mirror's file read where it is
         self._guard = threading.Lock()  # registry fetches finish on threads
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
         self.tree_root: Path | None = None  # where wheel layers are also made as files (``tree_for``)
@@ -569,7 +581,33 @@ class Layers:
         for lay in self.plan.layers:
             if lay.key in self.to_compress:
                 self.metas[lay.key]["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work)
+                self.checked.add(lay.key)  # its tar was checked as it was compressed
         self.to_compress.clear()
+
+    def check_cached(self) -> None:
+        """Hash the files of the layers taken from the local cache that this build neither made nor
+        read (an import into the store reads and checks what it takes; ``compress_cached`` checks
+        the tars it compresses), before outputs and pushes carry them: ``DamagedEntry`` where one
+        is not what its record says, so that the build drops it and makes it again."""
+        todo = []
+        for lay in self.plan.layers:
+            meta = self.metas.get(lay.key, {})
+            if meta.get("source") != "local" or lay.group == "envspec" or lay.key in self.checked:
+                continue
+            blob = meta.get("blob")
+            path = self.blob_path(lay)
+            todo.append((lay, path, blob["digest"] if blob and path != self.path(lay) else meta["diff_id"]))
+
+        def one(item: tuple[Layer, Path, str]) -> None:
+            lay, path, want = item
+            with open(path, "rb") as f:
+                have = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+            if have != want:
+                raise DamagedEntry(f"the cached layer file {path} is not {want} ({have})", step="check cached layers",
+                                   paths=(self.cache.layer_tar(lay.key),), hint="it changed on disk; build again")
+
+        with ThreadPoolExecutor(max_workers=2) as ex:  # hashlib frees the GIL
+            list(ex.map(one, todo))
 
     def took(self, lay: Layer, meta: dict[str, Any], start: float, *,
              detail: tuple[tuple[str, float], ...] = (), kept: bool = True) -> None:
@@ -650,9 +688,11 @@ class Layers:
         """Every wheel the layers to make need, into the cache (checked), one event per wheel."""
         need = [w for lay in self.todo for w in lay.wheels]
         r = self.reporter
-        self.paths = WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
+        fetcher = WheelFetcher(self.cache, mirrors, on_damaged=r.warning)
+        self.paths = fetcher.fetch_all(
             need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
             on_done=lambda p, path: r.fetched(p.name, p.filename, path))
+        self.in_place = fetcher.in_place  # the local mirrors' files read where they are, by sha256
 
     def build_sources(self, mirrors: Sequence[Mirror], *, parallel: int = 1, jobs: int = 0) -> None:
         """The wheels of the source layer, if it is to be made: each from the cache (by its
@@ -807,8 +847,9 @@ class WheelMakers:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.writing_path(lay)
             # a wheel built from its sdist goes in under its own file name (``build_sources``)
-            files = [(self.layers.paths[w.sha256].name if w.built else w.filename, str(self.layers.paths[w.sha256]))
-                     for w in lay.wheels]
+            # one read where it is (a local mirror's) goes with its identity: its maker checks it is unchanged
+            files = [(self.layers.paths[w.sha256].name if w.built else w.filename, str(self.layers.paths[w.sha256]),
+                      self.layers.in_place.get(w.sha256)) for w in lay.wheels]
             tree = self.layers.tree_for(lay)
             pipe = self.layers.pipe_for(lay)
             job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,

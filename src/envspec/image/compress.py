@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from envspec.errors import BuildError
+from envspec.errors import BuildError, DamagedEntry
 
 NAMES = ("zstd", "gzip", "none")
 DEFAULT = "zstd"  # docs/build.md says why: smaller than podman's gzip, several times faster
@@ -227,14 +227,21 @@ class GzipSink(Sink):
         super().abort()
 
 
-def compress_file(src: Path, dest: Path, comp: Compression) -> tuple[str, int]:
-    """Compress a finished layer tar (one taken from the cache without this compressor's blob)."""
+def compress_file(src: Path, dest: Path, comp: Compression, want: str = "") -> tuple[str, int]:
+    """Compress a finished layer tar (one taken from the cache without this compressor's blob).
+    ``want``: its diff_id, checked as it is read (``DamagedEntry`` where the tar is not that)."""
     sink = comp.sink(dest)
     assert sink is not None
+    h = hashlib.sha256() if want else None
     try:
         with open(src, "rb") as f:
             while chunk := f.read(1 << 20):
+                if h is not None:
+                    h.update(chunk)
                 sink.write(chunk)
+        if h is not None and f"sha256:{h.hexdigest()}" != want:
+            raise DamagedEntry(f"the cached layer file {src} is not {want} (sha256:{h.hexdigest()})",
+                               step="compress layer", paths=(src,), hint="it changed on disk; build again")
         return sink.close()
     except BaseException:
         sink.abort()

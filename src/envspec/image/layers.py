@@ -19,6 +19,7 @@ envspec layer's verifier get theirs the same way (``add_pyc``), after the layer'
 from __future__ import annotations
 
 import contextlib
+import os
 import hashlib
 import io
 import types
@@ -37,6 +38,8 @@ from installer.records import parse_record_file
 
 from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
+from envspec.cache.store import Identity, identity
+from envspec.errors import HashMismatch
 from envspec.image.bytecode import Compiler, pyc_path
 from envspec.image.compress import Compression
 from envspec.image.tarball import TarResult, TarWriter
@@ -200,10 +203,11 @@ def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
     }
 
 
-def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out: str | Path,
+def make_wheel_layer(wheel_files: list[tuple[str, str, Identity | None]], platform: Platform, out: str | Path,
                      compression: Compression | None = None, compiler: tuple[str, str] | None = None,
                      tree: str | Path | None = None, pipe: str | Path | None = None) -> dict:
-    """Install wheels ``[(filename, path), ...]`` (already in layer order) into a layer tar at
+    """Install wheels ``[(filename, path, identity), ...]`` (already in layer order; ``identity``:
+    a local mirror's file read where it is, ``WheelFetcher.in_place``, else None) into a layer tar at
     ``out`` (and its compressed blob beside it, with ``compression``); ``compiler`` ``(python,
     cache tag)`` (``bytecode.find_compiler``) adds the .pyc; ``tree``: the files made there too,
     as an untar would (``TarWriter``); ``pipe``: the FIFO the store's stager reads the tar from.
@@ -215,9 +219,11 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
             (Compiler(*compiler) if compiler else contextlib.nullcontext()) as comp:
         duplicates: list[str] = []
         pyc: list[tuple[Scheme, RecordEntry]] = []
-        for filename, path in wheel_files:
+        for filename, path, ident in wheel_files:
             # The cache names files by sha256; installer reads name and version off the filename.
             with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+                if ident is not None:  # hashed where it is when fetched: still that file, unchanged?
+                    _unchanged(fh, path, ident)
                 zf.filename = filename
                 source = _SortedWheelFile(zf)
                 dest = TarDestination(
@@ -228,6 +234,8 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
                     compiler=comp,
                 )
                 install(source, dest, {"INSTALLER": INSTALLER_NAME})
+                if ident is not None:  # ... and not written to while it was read
+                    _unchanged(fh, path, ident)
                 duplicates += dest.duplicates
                 pyc += dest.compiled
         res = w.close()
@@ -236,6 +244,13 @@ def make_wheel_layer(wheel_files: list[tuple[str, str]], platform: Platform, out
     if tree is not None:
         made["tree"] = str(tree)
     return made
+
+
+def _unchanged(fh: IO[bytes], path: str, ident: Identity) -> None:
+    """Raise HashMismatch where the open file ``fh`` is no longer the one hashed (``ident``)."""
+    if identity(os.fstat(fh.fileno())) != tuple(ident):
+        raise HashMismatch(f"{path} changed after its sha256 was checked (a local mirror's file, read where it is)",
+                           step="make layer", hint="something wrote to the mirror during the build; build again")
 
 
 def _result(res: TarResult, duplicates: list[str]) -> dict:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from envspec.cache.store import admit
-from envspec.errors import SourceBuildError
+from envspec.errors import HashMismatch, SourceBuildError
 
 if TYPE_CHECKING:
     from typing import Sequence
@@ -199,13 +199,24 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _unpack(sdist: Path, dest: Path) -> Path:
-    if zipfile.is_zipfile(sdist):
-        with zipfile.ZipFile(sdist) as z:
-            z.extractall(dest)
-    else:
-        with tarfile.open(sdist) as t:
-            t.extractall(dest, filter="data")
+def _unpack(sdist: Path, dest: Path, sha256: str = "") -> Path:
+    """Unpack ``sdist`` into ``dest``; with ``sha256``, from the one open file whose bytes were
+    just hashed and found to be those (the sdist may be a local mirror's file, read where it is)."""
+    with open(sdist, "rb") as f:
+        if sha256:
+            got = hashlib.file_digest(f, "sha256").hexdigest()
+            if got != sha256:
+                raise HashMismatch(f"{sdist} is not the locked sdist (sha256 {got}, the lock says {sha256})",
+                                   step=f"unpack {sdist.name}", hint="it changed after it was fetched; build again")
+            f.seek(0)
+        if zipfile.is_zipfile(f):
+            f.seek(0)
+            with zipfile.ZipFile(f) as z:
+                z.extractall(dest)
+        else:
+            f.seek(0)
+            with tarfile.open(fileobj=f) as t:
+                t.extractall(dest, filter="data")
     return dest / _top(sdist)
 
 
@@ -337,7 +348,7 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
                 raise SourceBuildError(f"{p.filename} (a build requirement of {d.sdist.name}) was not given",
                                        step=f"build {d.sdist.name} {d.sdist.version}")
             shutil.copyfile(build_wheels[p.sha256], work / "wheels" / p.filename)
-        src = _unpack(sdist, work / "src")
+        src = _unpack(sdist, work / "src", d.sdist.sha256)
         toolkit_env: dict[str, str] = {}
         if d.toolkit:  # a CUDA extension: the pinned toolkit as CUDA_HOME, at the build's fixed path
             missing = [p.filename for p in d.toolkit if p.sha256 not in build_wheels]
