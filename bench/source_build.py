@@ -48,6 +48,11 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=0)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--host-python", default="",
+                    help="a host-mode lock (no Debian base, so no sandbox): build with this interpreter of the "
+                         "lock's Python on this host, its C++ compiler the host's, its CUDA compiler the pinned one; "
+                         "the wheels are copied to --out")
+    ap.add_argument("--out", default="", help="with --host-python: the folder the built wheels are copied to")
     ap.add_argument("--progress", action="store_true",
                     help="print each compile step with the seconds since the build began (for a build too long to "
                          "finish: run it under `timeout` and count the steps per minute)")
@@ -64,6 +69,9 @@ def main() -> int:
         t = time.monotonic()
         files = WheelFetcher(cache, mirrors).fetch_all(pins + [b for w in pins for b in (*w.source.build, *w.source.toolkit)])
         fetch_s = time.monotonic() - t
+
+        if a.host_python:  # no Debian base: the build on this host (sdist.cached_build without a sandbox)
+            return host_build(a, lock, pins, files, cache, fetch_s)
 
         sandbox_s: list[float] = []
         boxes: list[Path] = []
@@ -123,6 +131,37 @@ def main() -> int:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
+    """Each pin of a host-mode lock built once on this host with ``--host-python``, timed, and its
+    wheel copied to ``--out``; prints what was built with what."""
+    from envspec.resolve import _uv
+    from envspec.wheels import sdist
+
+    out = Path(a.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    for w in pins:
+        d = sdist.derivation_of(w, lock.platform)
+        jobs = a.jobs or max(1, min(os.cpu_count() or 1, sdist.memory_jobs()))
+        t = time.monotonic()
+        wheel, _ = sdist.cached_build(d, files[w.sha256], files, cache.root, uv=_uv(), python=a.host_python,
+                                      jobs=jobs, on_progress=(lambda step: print(
+                                          f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True))
+                                      if a.progress else None)
+        secs = time.monotonic() - t
+        shutil.copy2(wheel, out / wheel.name)
+        import hashlib
+        import subprocess
+
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        version = subprocess.run([a.host_python, "-VV"], capture_output=True, text=True).stdout.strip()
+        print(f"built {wheel.name} ({wheel.stat().st_size} bytes, sha256 {digest}) in {secs:.1f} s: "
+              f"{jobs} jobs, arch list {' '.join(d.arch_list)}, toolkit "
+              f"{', '.join(f'{t.name} {t.version}' for t in d.toolkit)}, Python {version} ({a.host_python}); "
+              f"fetch {fetch_s:.1f} s")
+    return 0
 
 
 if __name__ == "__main__":

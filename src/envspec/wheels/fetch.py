@@ -86,8 +86,9 @@ class WheelFetcher:
     cache: it enters as a reflink (an inode of its own) where the file system has them; where it
     has not, it is read where it is (``read_in_place``): hashed there, not copied, its path
     returned and its identity kept in ``in_place``, so that whoever reads it later (the layer
-    makers) can tell it changed since. A copy (``copy_local``) costs a cold build of h100-train
-    8.9% on ext4 (bench/local_source.py, docs/benchmarks.md)."""
+    makers) can tell it changed since. Reading in place costs h100-train's cold build what the
+    hard link of earlier versions did; a copy (``copy_local``) 9-12% more on ext4
+    (bench/local_source.py, docs/benchmarks.md)."""
 
     read_in_place = True  # False: a local file is copied into the cache (bench/local_source.py's "copy")
 
