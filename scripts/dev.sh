@@ -18,6 +18,9 @@ APT_PACKAGES="$APT_PACKAGES g++"
 # wheels built from sdists run in a sandbox of the lock's own Debian base (its Python and compiler), with
 # no network (src/envspec/wheels/sdist.py)
 APT_PACKAGES="$APT_PACKAGES bubblewrap"
+# a local mirror's wheel enters the cache as a reflink where the file system has them: tested on a
+# loop-mounted XFS (tests/e2e/test_cache_files_e2e.py)
+APT_PACKAGES="$APT_PACKAGES xfsprogs"
 # to compile envspec-put-layer (src/envspec/image/putlayer/main.go) against Debian's containers/storage (and
 # ISA-L, whose CRC-64 it records in the tar-split)
 GO_PACKAGES="golang-go golang-github-containers-storage-dev golang-github-ulikunitz-xz-dev gcc libc6-dev libisal-dev"
