@@ -33,6 +33,7 @@ EXIT_SOURCE = 3
 EXIT_BUILD = 4
 EXIT_HOST = 5
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports it
 
 
 @dataclass

@@ -596,6 +596,19 @@ def load(path: str | Path) -> Lockfile:
         raise LockError(f"{p}: no such lockfile", hint="run `envspec lock SPEC` first", reference="lock-not-found") from None
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc/self/status)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write to a temp file in the same folder, fsync, rename: the old file stays whole until then."""
     p = Path(path)
@@ -606,6 +619,12 @@ def write_atomic(path: str | Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp's file is 0600: the file gets the mode it had, or a new file's (0666 less the umask)
+        try:
+            mode = p.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         try:

@@ -307,3 +307,21 @@ def test_model_copy_of_a_part_field_changes_the_one_part():
     with pytest.raises(LockError) as e:
         multi.model_copy(update={"wheels": []})
     assert e.value.reference == "multi-platform-lock"
+
+
+def test_a_new_lock_gets_the_umask_mode_and_a_rewritten_one_keeps_its_mode(tmp_path):
+    """issue 43, 8: mkstemp's 0600 leaked into every new lock (and the `db show --html` page)."""
+    from envspec.lock import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "new.lock", "x")
+        assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o644
+        (tmp_path / "new.lock").chmod(0o664)
+        write_atomic(tmp_path / "new.lock", "y")
+        assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o664 and (tmp_path / "new.lock").read_text() == "y"
+        os.umask(0o077)
+        write_atomic(tmp_path / "private.lock", "z")
+        assert (tmp_path / "private.lock").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)

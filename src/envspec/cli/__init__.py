@@ -9,12 +9,14 @@ Exit codes are listed in ``envspec.errors``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 from envspec import __version__
 from envspec.cli import build, cache, cluster, db, diff, doctor, lock, run, verify, verify_image
 from envspec.cli.common import console, print_json, say
-from envspec.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EnvspecError, ResolutionImpossible
+from envspec.errors import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EnvspecError, ResolutionImpossible
 
 # Each command's sub-parser, in the order `envspec --help` lists them.
 _COMMANDS = {
@@ -57,6 +59,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`envspec explain SPEC | head`): no traceback; stdout pointed at
+        # /dev/null so the interpreter's last flush does not fail again; 141, as a command that
+        # SIGPIPE ended (128 + 13) gives a shell
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["verify"]:  # the verifier parses its own arguments (it also runs alone inside images)
         return verify.run_verify(argv[1:])

@@ -1,0 +1,46 @@
+"""The cases of tests/data/first-hour/ (issue 43: a new user's surprises), one parametrized test:
+each runs `python -m envspec ARGS` as a user would, reads its output as the case says (closing it
+early, as `| head` does), and checks the exit code, stderr and the modes of the files written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "data" / "first-hour"
+
+
+def _fill(text: str, tmp: Path) -> str:
+    return text.replace("{root}", str(ROOT)).replace("{tmp}", str(tmp))
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if (p / "case.toml").is_file()))
+def test_first_hour_case(case, tmp_path):
+    c = tomllib.loads((CASES / case / "case.toml").read_text())
+    args = [_fill(a, tmp_path) for a in c["args"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "envspec", *args], cwd=CASES / case, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o022))
+    assert proc.stdout is not None and proc.stderr is not None
+    if "read_lines" in c:  # `| head -N`: N lines read, then the pipe closed while the command still writes
+        for _ in range(c["read_lines"]):
+            proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+    else:
+        _out, errb = proc.communicate(timeout=300)
+        err = errb.decode()
+    rc = proc.wait(timeout=300)
+    assert rc == c["exit"], (rc, err[-2000:])
+    for want in c.get("stderr", []):
+        assert want in err, (want, err[-2000:])
+    for bad in c.get("stderr_not", []):
+        assert bad not in err, (bad, err[-2000:])
+    for path, mode in c.get("modes", {}).items():
+        assert oct(Path(_fill(path, tmp_path)).stat().st_mode & 0o777)[2:] == mode, path
