@@ -559,6 +559,9 @@ def text_data(lock: Lockfile) -> dict[str, Any]:
     return ordered
 
 
+SPEC_TABLES = ("target", "python", "torch", "system", "services")  # a spec's tables, which a lock spells otherwise
+
+
 def loads(text: str, source: str = "<lock>") -> Lockfile:
     try:
         data = tomllib.loads(text)
@@ -566,6 +569,11 @@ def loads(text: str, source: str = "<lock>") -> Lockfile:
         raise LockError(f"{source}: not valid TOML: {e}", hint="regenerate it with `envspec lock`",
                         reference="invalid-lock") from None
     ver = data.get("version")
+    if ver is None and "meta" not in data and any(isinstance(data.get(k), dict) for k in SPEC_TABLES):
+        raise LockError(f"{source} is a spec, not a lockfile (it has [{next(k for k in SPEC_TABLES if k in data)}] "
+                        "and no [meta] or version)",
+                        hint=f"lock it first, `envspec lock {source}`, and give the lock it writes; `envspec build` "
+                             "takes either", reference="spec-not-lock")
     if ver not in READ_VERSIONS:
         raise LockError(f"{source}: lock format version {ver!r} is not one this envspec reads "
                         f"({', '.join(map(str, READ_VERSIONS))})",

@@ -397,6 +397,13 @@ def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
         msg = re.sub(_TOML_ERR, "", str(e)).strip()
         raise SpecError(file, [Problem(f"not valid TOML: {msg}", path="", line=line,
                                        hint="check quotes, brackets and '=' on that line", reference="toml-syntax")]) from None
+    meta = data.get("meta")
+    if isinstance(meta, dict) and "version" in data and ("content_hash" in meta or "wheels" in data):
+        made_from = f" (written from {meta['spec']})" if isinstance(meta.get("spec"), str) else ""
+        raise SpecError(file, [Problem(f"this is a lockfile{made_from}, not a spec", path="", line=1,
+                                       hint="give the spec it was locked from (`envspec explain` and `envspec lock` "
+                                            "take a spec; `build`, `diff`, `doctor` and `verify` a lock)",
+                                       reference="lock-not-spec")])
     lines = _LineIndex.build(text)
     problems: list[Problem] = []
     spec: EnvSpec | None = None
