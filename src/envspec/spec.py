@@ -389,6 +389,7 @@ _TOML_ERR = r"\(at line (\d+), column (\d+)\)"  # compiled by re for a spec that
 def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
     """Parse and validate spec text. Raises SpecError listing every problem."""
     file = str(file)
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors save: not TOML, and no meaning here
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -411,7 +412,7 @@ def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
         spec = EnvSpec.model_validate(data)
     except ValidationError as e:
         for err in e.errors():
-            problems.append(_problem_from_pydantic(err, lines))
+            problems.append(_problem_from_pydantic(err, lines, text))
     if spec is not None:
         spec._file = file
         spec._lines = lines
@@ -457,7 +458,17 @@ _TYPE_WORDS = {
 }
 
 
-def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int]) -> Problem:
+def _source_number(text: str, lines: dict[tuple, int], loc: tuple) -> str:
+    """The number as the spec's text spells it at ``loc`` (``3.10``, where TOML reads 3.1), or ""."""
+    line = _nearest_line(lines, loc)
+    if not text or not line or not loc:
+        return ""
+    src = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+    m = re.match(rf"\s*{re.escape(str(loc[-1]))}\s*=\s*([-+0-9._eE]+)\s*(#.*)?$", src)
+    return m.group(1) if m else ""
+
+
+def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int], text: str = "") -> Problem:
     loc = tuple(err["loc"])
     etype = err["type"]
     path = toml_path(loc)
@@ -482,8 +493,15 @@ def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int]) -> Proble
         expected = err.get("ctx", {}).get("expected", "")
         msg = f"{err['input']!r} is not allowed; expected {expected}"
     elif etype in _TYPE_WORDS and _TYPE_WORDS[etype]:
-        msg = f"expected {_TYPE_WORDS[etype]}, got {_toml_type(err.get('input'))} {err.get('input')!r}"
+        got = err.get("input")
+        msg = f"expected {_TYPE_WORDS[etype]}, got {_toml_type(got)} {got!r}"
         ref = "wrong-type"
+        if etype == "string_type" and isinstance(got, (int, float)) and not isinstance(got, bool):
+            # TOML reads 3.10 as the number 3.1: a version must be quoted, or its last zero is lost
+            spelled = _source_number(text, lines, loc)
+            hint = f'quote it: {loc[-1]} = "{spelled or got}"' + (
+                f" (unquoted, {spelled} is the number {got!r})" if isinstance(got, float) and spelled not in ("", repr(got))
+                else "")
     elif etype in ("greater_than_equal", "less_than_equal"):
         msg = f"{err['input']!r} is out of range: {err['msg'].lower()}"
     elif etype == "value_error":
