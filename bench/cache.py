@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
+from conftest import loop_fs, private_storage, start_registry  # noqa: E402  (the tests' registry, storage, loop file systems)
 
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
 
@@ -91,22 +91,12 @@ def fresh_fs(base: Path, name: str, on: bool):
         finally:
             shutil.rmtree(d, ignore_errors=True)
         return
-    img = base / f"{name}.img"
-    subprocess.run(["truncate", "-s", "60G", str(img)], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
     # direct I/O to the backing file: its pages are not cached twice (a sync of the loop device
     # then takes what one of the disk takes: 0.7 s against 1.6-2.5 s for 887 MB here)
-    dev = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", str(img)], capture_output=True, text=True,
-                         check=True).stdout.strip()
     try:
-        subprocess.run(["mount", dev, str(d)], check=True)
-        try:
+        with loop_fs(base / f"{name}.img", d, ["mkfs.ext4", "-q", "-F"], "60G", direct_io=True):
             yield d
-        finally:
-            subprocess.run(["umount", "-l", str(d)], check=False)
     finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
-        img.unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
 
 

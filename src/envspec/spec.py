@@ -461,9 +461,10 @@ _TYPE_WORDS = {
 def _source_number(text: str, lines: dict[tuple, int], loc: tuple) -> str:
     """The number as the spec's text spells it at ``loc`` (``3.10``, where TOML reads 3.1), or ""."""
     line = _nearest_line(lines, loc)
-    if not text or not line or not loc:
+    rows = text.splitlines()
+    if not loc or not line or line > len(rows):
         return ""
-    src = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+    src = rows[line - 1]
     m = re.match(rf"\s*{re.escape(str(loc[-1]))}\s*=\s*([-+0-9._eE]+)\s*(#.*)?$", src)
     return m.group(1) if m else ""
 

@@ -35,6 +35,30 @@ def private_storage(root: Path):
             os.environ["ENVSPEC_STORAGE_ROOT"] = old
 
 
+@contextlib.contextmanager
+def loop_fs(img: Path, mnt: Path, mkfs: list[str], size: str, *, direct_io: bool = False):
+    """A new file system of its own (``mkfs``: e.g. ``["mkfs.ext4", "-q", "-F"]``) on the sparse
+    file ``img`` of ``size``, loop-mounted on ``mnt`` (made) for the block (root only); unmounted,
+    detached and the file removed afterwards. ``direct_io``: the loop device reads and writes the
+    file past the page cache (its pages are not cached twice)."""
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["truncate", "-s", size, str(img)], check=True)
+    try:
+        subprocess.run([*mkfs, str(img)], check=True)
+        dev = subprocess.run(["losetup", *(["--direct-io=on"] if direct_io else []), "-f", "--show", str(img)],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        try:
+            subprocess.run(["mount", dev, str(mnt)], check=True)
+            try:
+                yield mnt
+            finally:
+                subprocess.run(["umount", "-l", str(mnt)], check=False)
+        finally:
+            subprocess.run(["losetup", "-d", dev], check=False)
+    finally:
+        img.unlink(missing_ok=True)
+
+
 # --- docker: Debian's dockerd, started by a test on its own -------------------------------------
 
 class Dockerd:

@@ -6,11 +6,9 @@ next fetch heals it. On ext4 (no reflinks) the same wheel is read where it is
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,25 +27,10 @@ if shutil.which("mkfs.xfs") is None or os.geteuid() != 0:
     pytestmark.append(pytest.mark.skip(reason="needs root and mkfs.xfs (apt-get install xfsprogs) for a loop-mounted XFS"))
 
 
-@contextlib.contextmanager
-def xfs(base: Path):
-    img, mnt = base / "xfs.img", base / "xfs"
-    mnt.mkdir()
-    subprocess.run(["truncate", "-s", "512M", str(img)], check=True)
-    subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)], check=True)
-    dev = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        subprocess.run(["mount", dev, str(mnt)], check=True)
-        try:
-            yield mnt
-        finally:
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
-
-
 def test_a_wheel_from_a_mirror_on_xfs_enters_the_cache_as_a_reflink_and_heals(tmp_path):
-    with xfs(tmp_path) as fs:
+    from conftest import loop_fs
+
+    with loop_fs(tmp_path / "xfs.img", tmp_path / "xfs", ["mkfs.xfs", "-q", "-m", "reflink=1"], "512M") as fs:
         (fs / "mirror").mkdir()
         path, sha = helpers.make_wheel(fs / "mirror", "pkg", "1.0", files={"pkg/data.bin": os.urandom(1 << 20)})
         before = hashlib.sha256(path.read_bytes()).hexdigest()

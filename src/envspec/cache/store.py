@@ -148,6 +148,21 @@ class Cache:
     def layer_blob_meta(self, key: str, compressor: str) -> Path:
         return self.root / "layers" / f"{key.split(':', 1)[-1]}.{compressor}.json"
 
+    def evict_layer(self, tar: Path) -> bool:
+        """Drop the cached layer whose tar is ``tar``: its record first (no longer an entry), then
+        the tar and its compressed blobs with their records, under the layer's lock; False where
+        ``tar`` is not a layer of this cache."""
+        layers = self.root / "layers"
+        if tar.parent != layers or tar.suffix != ".tar":
+            return False
+        hexkey = tar.stem
+        with self.locked("layer-" + hexkey):
+            self.layer_meta(hexkey).unlink(missing_ok=True)
+            tar.unlink(missing_ok=True)
+            for p in layers.glob(f"{hexkey}.*"):
+                p.unlink(missing_ok=True)
+        return True
+
     # -- locks and work dirs ----------------------------------------------------------------------
     def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
         """An exclusive flock; released by the kernel if this process dies."""

@@ -250,25 +250,10 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
             return _build(plan, engine, cache, mirrors, options=options, reporter=reporter,
                           registry_cache=registry_cache)
         except DamagedEntry as e:
-            if not e.paths or set(e.paths) & healed or not all(_evict_layer(cache, p) for p in e.paths):
+            if not e.paths or set(e.paths) & healed or not all(cache.evict_layer(p) for p in e.paths):
                 raise
             healed.update(e.paths)
             reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache; the layer is made again")
-
-
-def _evict_layer(cache: Cache, tar: Path) -> bool:
-    """Drop the cached layer whose tar is ``tar`` (its record first, then the tar and its compressed
-    blobs, under the layer's lock); False where ``tar`` is not a layer of this cache."""
-    layers = cache.root / "layers"
-    if tar.parent != layers or tar.suffix != ".tar":
-        return False
-    hexkey = tar.stem
-    with cache.locked("layer-" + hexkey):
-        cache.layer_meta(hexkey).unlink(missing_ok=True)
-        tar.unlink(missing_ok=True)
-        for p in layers.glob(f"{hexkey}.*"):  # its compressed blobs and their records
-            p.unlink(missing_ok=True)
-    return True
 
 
 def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
@@ -461,9 +446,9 @@ def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: 
             if meta is None or _cached_blob(cache, lay, comp) is not None:
                 continue
             try:
-                blob, new = _compress_layer(cache, lay, comp, work)
+                blob, new = _compress_layer(cache, lay, comp, work, meta["diff_id"])
             except DamagedEntry as e:  # dropped: the next build of the lock makes it again
-                _evict_layer(cache, cache.layer_tar(lay.key))
+                cache.evict_layer(cache.layer_tar(lay.key))
                 reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache")
                 continue
             if new:
@@ -476,17 +461,17 @@ def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: 
     return made
 
 
-def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path) -> tuple[dict[str, Any], bool]:
+def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path, diff_id: str) -> tuple[dict[str, Any], bool]:
     """The cached layer's blob of ``comp``: found (made meanwhile by another process) or made
-    now from its tar, under the layer's lock; and whether it was made here."""
+    now from its tar, checked against its ``diff_id`` as it is read, under the layer's lock; and
+    whether it was made here."""
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         found = _cached_blob(cache, lay, comp)
         if found is not None:
             return found, False
         work.mkdir(parents=True, exist_ok=True)
         tmp = work / f"{lay.group}.tar{comp.suffix}"
-        meta = _cached_meta(cache, lay)  # the tar is checked against its diff_id as it is compressed
-        digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp, want=meta["diff_id"] if meta else "")
+        digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp, want=diff_id)
         return _store_blob(cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}), True
 
 
@@ -580,7 +565,8 @@ class Layers:
         compressing now is waited for, not compressed twice."""
         for lay in self.plan.layers:
             if lay.key in self.to_compress:
-                self.metas[lay.key]["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work)
+                meta = self.metas[lay.key]
+                meta["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work, meta["diff_id"])
                 self.checked.add(lay.key)  # its tar was checked as it was compressed
         self.to_compress.clear()
 

@@ -47,15 +47,10 @@ def _local_path(url: str) -> Path | None:
     return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme in ("", "file") else None
 
 
-def _copy_verified(src_url: str, dest_tmp: Path, timeout: float) -> str:
-    """Copy ``src_url`` to ``dest_tmp``; return the sha256 hex of the bytes. A local file is
-    copied (``copy_local``: an inode of its own, never a link to the source) and the copy hashed."""
-    local = _local_path(src_url)
-    if local is not None:
-        copy_local(local, dest_tmp)
-        return _sha256_file(dest_tmp)
+def _download(url: str, dest_tmp: Path, timeout: float) -> str:
+    """Download ``url`` to ``dest_tmp``; return the sha256 hex of the bytes."""
     h = hashlib.sha256()
-    req = urllib.request.Request(src_url, headers={"User-Agent": "envspec"})
+    req = urllib.request.Request(url, headers={"User-Agent": "envspec"})
     with urllib.request.urlopen(req, timeout=timeout) as resp, open(dest_tmp, "wb") as fo:  # noqa: S310
         while chunk := resp.read(CHUNK):
             h.update(chunk)
@@ -143,7 +138,14 @@ class WheelFetcher:
             tmp.unlink(missing_ok=True)
             local = _local_path(url)
             try:
-                if local is not None and self.read_in_place and not reflink(local, tmp):
+                if local is None:
+                    got = _download(url, tmp, self.timeout)
+                elif not self.read_in_place:  # a copy of its own: the copy is what is hashed
+                    copy_local(local, tmp)
+                    got = _sha256_file(tmp)
+                elif reflink(local, tmp):
+                    got = _sha256_file(tmp)
+                else:  # no reflinks here: hashed where it is, returned with its identity
                     got, ident = _hash_in_place(local)
                     if ident is None:
                         failures.append(f"{where} ({url}): changed while it was read")
@@ -153,8 +155,6 @@ class WheelFetcher:
                         return local
                     mismatches.append(f"{where} ({url}) gave sha256 {got}")
                     continue
-                got = _sha256_file(tmp) if local is not None and self.read_in_place else \
-                    _copy_verified(url, tmp, self.timeout)
             except (OSError, urllib.error.URLError) as e:
                 tmp.unlink(missing_ok=True)
                 failures.append(f"{where}: {e}")
