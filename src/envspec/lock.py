@@ -562,7 +562,9 @@ def text_data(lock: Lockfile) -> dict[str, Any]:
 SPEC_TABLES = ("target", "python", "torch", "system", "services")  # a spec's tables, which a lock spells otherwise
 
 
-def loads(text: str, source: str = "<lock>") -> Lockfile:
+def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lockfile:
+    """A lock from its text; ``check_hash``: refuse one whose tables do not hash to its content hash
+    (``LockTampered``), as every reader does but ``envspec lock`` re-locking over it."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -582,7 +584,7 @@ def loads(text: str, source: str = "<lock>") -> Lockfile:
         raise LockError(f"{source}: unknown table [parts]", hint="regenerate it with `envspec lock`",
                         reference="invalid-lock")
     try:
-        return Lockfile.model_validate(data)
+        lock = Lockfile.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         loc = list(first["loc"])
@@ -593,13 +595,130 @@ def loads(text: str, source: str = "<lock>") -> Lockfile:
         where = ".".join(str(x) for x in loc)
         raise LockError(f"{source}: {len(e.errors())} problem(s), first at {where}: {first['msg']}",
                         hint="regenerate it with `envspec lock`", reference="invalid-lock") from None
+    if check_hash and lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
+        raise LockTampered(source, data, _as_written(Path(source), lock.meta.content_hash))
+    return lock
 
 
-def load(path: str | Path) -> Lockfile:
+class LockTampered(LockError):
+    """A lock whose tables do not hash to its ``[meta].content_hash``: edited after ``envspec lock``
+    wrote it. Every command that reads a lock refuses it (``lock`` rewrites it); the message names
+    the first field that differs from the lock as written where a copy of that is at hand (envspec's
+    cache keeps every lock it writes, git every lock committed)."""
+
+    reference = "lock-tampered"
+
+    def __init__(self, source: str, data: dict[str, Any], written: dict[str, Any] | None) -> None:
+        self.first = _first_difference(written, data) if written is not None else None
+        if self.first is not None:
+            path, was, now = self.first
+            what = f"first difference: {path}, {_show(was)} as written, {_show(now)} now"
+        elif written is not None:
+            what = "only its [meta] differs"
+        else:
+            what = ("no copy of it as written is at hand to name the field: not in envspec's cache, "
+                    "not in git")
+        super().__init__(
+            f"{source}: its content does not match its [meta].content_hash: it was changed after "
+            f"`envspec lock` wrote it ({what})",
+            hint="edit the spec, not the lock, and run `envspec lock SPEC`, which rewrites it; or restore "
+                 f"the lock as written (`git checkout -- {source}`)")
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "absent" if value is _MISSING else json.dumps(value)
+
+
+def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A lock's tables as ``path -> value`` in the text's order; array entries named by their
+    ``name`` (``wheels[numpy].version``), else by their index."""
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out |= _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
+        names = [x.get("name") for x in data]
+        named = all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+        for i, x in enumerate(data):
+            out |= _leaves(x, f"{prefix}[{names[i] if named else i}]")
+    else:
+        out[prefix] = data
+    return out
+
+
+def _first_difference(written: dict[str, Any], now: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first field, in the text's order, whose value differs between the lock as written and
+    now (``meta`` aside): (path, value as written, value now); ``_MISSING`` where one lacks it."""
+    a = _leaves({k: v for k, v in written.items() if k != "meta"})
+    b = _leaves({k: v for k, v in now.items() if k != "meta"})
+    for path, value in b.items():
+        if a.get(path, _MISSING) != value:
+            return path, a.get(path, _MISSING), value
+    for path, value in a.items():
+        if path not in b:
+            return path, value, _MISSING
+    return None
+
+
+def _text_hash(data: dict[str, Any]) -> str:
+    """The content hash of a lock's parsed text: its tables but [meta], as ``Lockfile.compute_hash``."""
+    body = {k: v for k, v in data.items() if k != "meta"}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def written_copy_path(content_hash: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where envspec's cache keeps the text of a lock it wrote, by its content hash."""
+    from envspec.cache.dirs import cache_dir_for
+
+    return cache_dir_for(os.environ if env is None else env) / "locks" / (content_hash.split(":", 1)[-1] + ".lock")
+
+
+def remember(text: str, content_hash: str) -> None:
+    """Keep the text of a lock just written in envspec's cache, so that a later hand edit can be
+    shown against it (``LockTampered``). Best effort: a cache that cannot be written loses nothing."""
+    try:
+        write_atomic(written_copy_path(content_hash), text)
+    except OSError:
+        pass
+
+
+def _as_written(path: Path, content_hash: str) -> dict[str, Any] | None:
+    """The lock as ``envspec lock`` wrote it, found by its content hash: in envspec's cache, else
+    in git (the index, then HEAD); None when neither has it."""
+    import subprocess
+
+    texts: list[str] = []
+    try:
+        texts.append(written_copy_path(content_hash).read_text(encoding="utf-8"))
+    except OSError:
+        pass
+    if path.is_file():
+        for rev in (":", "HEAD:"):
+            try:
+                got = subprocess.run(["git", "-C", str(path.resolve().parent), "show", f"{rev}./{path.name}"],
+                                     capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.SubprocessError):
+                break
+            if got.returncode == 0:
+                texts.append(got.stdout)
+    for text in texts:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue
+        if _text_hash(data) == content_hash:
+            return data
+    return None
+
+
+def load(path: str | Path, *, check_hash: bool = True) -> Lockfile:
     """Read and check a lockfile: the one way a lock enters the stages after ``lock``."""
     p = Path(path)
     try:
-        return loads(p.read_text(encoding="utf-8"), str(p))
+        return loads(p.read_text(encoding="utf-8"), str(p), check_hash=check_hash)
     except FileNotFoundError:
         raise LockError(f"{p}: no such lockfile", hint="run `envspec lock SPEC` first", reference="lock-not-found") from None
 

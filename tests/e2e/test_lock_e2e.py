@@ -73,6 +73,29 @@ def test_check_fails_with_reasons_when_the_spec_changes(tmp_path, capsys):
     assert "idna 3.7 in the lock does not satisfy 'idna==3.6'" in err and "envspec lock" in err
 
 
+def test_a_hand_edited_lock_is_refused_and_relocking_rewrites_it(tmp_path, capsys, monkeypatch):
+    """issue 43, 1: `lock --check` and `build` refuse a lock edited by hand, naming the field (the
+    text `envspec lock` wrote is in the cache); `envspec lock` rewrites it from the spec."""
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    spec = tmp_path / "smoke.toml"
+    spec.write_text(SMOKE.read_text())
+    out = tmp_path / "smoke.lock"
+    assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
+    written = out.read_text()
+    idna = next(w for w in lockmod.load(out).wheels if w.name == "idna")
+    at = written.index('name = "idna"')
+    out.write_text(written[:at] + written[at:].replace(f'version = "{idna.version}"', 'version = "3.99"', 1))
+    capsys.readouterr()
+    for argv in (["lock", str(spec), "-o", str(out), "--check"], ["build", "--dry-run", str(out)], ["doctor", str(out)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "lock-tampered" in err and f'wheels[idna].version, "{idna.version}" as written, "3.99" now' in err, err
+    assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
+    assert "keeping none of its versions" in capsys.readouterr().err
+    assert out.read_text() == written
+    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0
+
+
 def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
     spec = tmp_path / "s.toml"
     spec.write_text('name = "pins"\n[python]\nversion = "3.11"\npackages = ["six", "idna"]\n[system]\nbase = "none"\n')

@@ -22,9 +22,16 @@ def _fill(text: str, tmp: Path) -> str:
 
 @pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if (p / "case.toml").is_file()))
 def test_first_hour_case(case, tmp_path):
+    """A case's ``args`` (one command) or ``commands`` (several, each held to the same exit code
+    and messages); ``[env]`` adds variables ({tmp}, {root} filled in)."""
     c = tomllib.loads((CASES / case / "case.toml").read_text())
-    args = [_fill(a, tmp_path) for a in c["args"]]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env |= {k: _fill(v, tmp_path) for k, v in c.get("env", {}).items()}
+    for args in c.get("commands", [c.get("args")]):
+        _run(case, c, [_fill(a, tmp_path) for a in args], env, tmp_path)
+
+
+def _run(case: str, c: dict, args: list[str], env: dict[str, str], tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "envspec", *args], cwd=CASES / case, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o022))
     assert proc.stdout is not None and proc.stderr is not None
@@ -37,10 +44,10 @@ def test_first_hour_case(case, tmp_path):
         _out, errb = proc.communicate(timeout=300)
         err = errb.decode()
     rc = proc.wait(timeout=300)
-    assert rc == c["exit"], (rc, err[-2000:])
+    assert rc == c["exit"], (args, rc, err[-2000:])
     for want in c.get("stderr", []):
-        assert want in err, (want, err[-2000:])
+        assert want in err, (args, want, err[-2000:])
     for bad in c.get("stderr_not", []):
-        assert bad not in err, (bad, err[-2000:])
+        assert bad not in err, (args, bad, err[-2000:])
     for path, mode in c.get("modes", {}).items():
         assert oct(Path(_fill(path, tmp_path)).stat().st_mode & 0o777)[2:] == mode, path

@@ -94,10 +94,56 @@ def test_stale_reasons_name_what_changed():
     assert "six 1.16.0 in the lock does not satisfy" in text
 
 
-def test_hand_edit_is_detected():
+def test_hand_edit_is_refused_naming_the_field(tmp_path, monkeypatch):
+    """issue 43, 1: a lock whose tables no longer hash to its content hash is refused by the reader
+    every command uses, naming the first field that differs from the copy envspec's cache kept."""
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    text = lockmod.dumps(make_lock())
+    path = tmp_path / "demo.lock"
+    path.write_text(text.replace("a" * 64, "c" * 64))
+    with pytest.raises(lockmod.LockTampered, match="no copy of it as written") as e:
+        lockmod.load(path)
+    assert e.value.reference == "lock-tampered" and e.value.exit_code == 2
+    assert "envspec lock SPEC" in e.value.hint
+    lockmod.remember(text, make_lock().meta.content_hash)  # as `envspec lock` does after writing
+    with pytest.raises(lockmod.LockTampered) as e:
+        lockmod.load(path)
+    assert e.value.first is not None and e.value.first[0].endswith(".sha256")
+    assert f'"{"a" * 64}" as written, "{"c" * 64}" now' in e.value.message
+    # the edited lock still reads where it is asked not to check (`envspec lock` rewriting it)
+    assert lockmod.load(path, check_hash=False).meta.name == make_lock().meta.name
+
+
+def test_hand_edit_named_against_git(tmp_path, monkeypatch):
+    """Without the cache's copy, the lock as committed (git's index or HEAD) names the field."""
+    import subprocess
+
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    text = lockmod.dumps(make_lock())
+    (repo / "demo.lock").write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "demo.lock"], check=True)
+    subprocess.run([*git, "commit", "-qm", "lock"], check=True)
     lk = make_lock()
-    edited = lockmod.loads(lockmod.dumps(lk).replace("a" * 64, "c" * 64))
-    assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, parse_spec(SPEC, "demo.toml")))
+    w = lk.wheels[-1]
+    at = text.index(f'name = "{w.name}"')
+    edited = text[:at] + text[at:].replace(f'version = "{w.version}"', 'version = "99.0"', 1)
+    assert edited != text
+    (repo / "demo.lock").write_text(edited)
+    with pytest.raises(lockmod.LockTampered) as e:
+        lockmod.load(repo / "demo.lock")
+    assert e.value.first == (f"wheels[{w.name}].version", w.version, "99.0")
+    # an entry removed is named too
+    first = text.index("[[wheels]]")
+    second = text.index("[[wheels]]", first + 1)
+    (repo / "demo.lock").write_text(text[:first] + text[second:])
+    with pytest.raises(lockmod.LockTampered) as e:
+        lockmod.load(repo / "demo.lock")
+    assert e.value.first is not None and e.value.first[0].startswith(f"wheels[{lk.wheels[0].name}]")
+    assert "absent now" in e.value.message
 
 
 def test_authorized_keys_are_pinned_by_hash(tmp_path):
@@ -222,6 +268,9 @@ def test_one_content_hash_covers_every_section():
     spec = load_spec(_repo() / "specs" / "smoke-multi.toml")
     assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64", "linux-aarch64"]) == []
     assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, spec))
+    with pytest.raises(lockmod.LockTampered, match="platforms.linux-aarch64"):  # as written (git), so named
+        lockmod.loads(lockmod.dumps(edited.model_copy(update={"meta": lock.meta})),
+                      str(_repo() / "lockfiles" / "smoke-multi.lock"))
     # the platforms the spec resolves to now, against the lock's sections
     assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64"]) == [
         "the spec resolves for linux-x86_64 hosts ([target].platforms, else its GPUs), the lock was made for "

@@ -19,7 +19,7 @@ import tomli_w
 from envspec.verify.checks import run_checks
 from envspec.verify.torchprobe import CompileProbe
 
-from test_verify_fakes import FakeSystem, by_check, make_lock
+from test_verify_fakes import FakeSystem, by_check, content_hash, make_lock
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
@@ -148,6 +148,7 @@ sys.exit(cli.main(["--lock", sys.argv[4], "--level", "full", "--compile-timeout"
 def test_sigterm_to_the_verifier_kills_the_probes_group(tmp_path):
     lock = make_lock()
     lock.pop("__path__")
+    lock["meta"]["content_hash"] = content_hash(lock)
     (tmp_path / "test.lock").write_text(tomli_w.dumps(lock))
     verifier = subprocess.Popen([sys.executable, "-c", VERIFIER, str(SRC), str(HERE), str(tmp_path / "pids"),
                                  str(tmp_path / "test.lock")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -11,6 +11,23 @@ from envspec.verify.checks import System
 from envspec.verify.probes import DriverInfo
 
 
+def content_hash(lock: dict[str, Any]) -> str:
+    """The content hash of a lock's tables (all but [meta] and the reader's own ``__*__`` keys)."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in lock.items() if k != "meta" and not k.startswith("__")}
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def rehash_text(text: str) -> str:
+    """A lock's text with its content hash made right again after an edit (as `envspec lock` writes it)."""
+    import tomllib
+
+    data = tomllib.loads(text)
+    return text.replace(data["meta"]["content_hash"], content_hash(data), 1)
+
+
 def make_lock(**over: Any) -> dict[str, Any]:
     """A CUDA lock in the docs/lockfile.md shape, as load_lock returns it; `over` replaces tables."""
     lock: dict[str, Any] = {

@@ -4,6 +4,8 @@ import pytest
 from envspec.verify import cli
 from envspec.verify.lockfile import DEFAULT_LOCK, LockReadError, find_lock, load_lock, lock_hash
 
+from test_verify_fakes import content_hash, rehash_text
+
 GOOD = """version = 1
 revision = 3
 [meta]
@@ -17,6 +19,7 @@ arch_list = []
 name = "torch"
 version = "2.14.1"
 """ % ("0" * 64)
+GOOD = rehash_text(GOOD)  # the hash of its tables, as `envspec lock` writes it
 
 
 def test_find_lock_order(monkeypatch, tmp_path):
@@ -32,7 +35,17 @@ def test_load_good_lock_and_hash(tmp_path):
     p.write_text(GOOD)
     lock = load_lock(p)
     assert lock["revision"] == 3  # additive revisions are read
-    assert lock_hash(lock) == "sha256:" + "0" * 64
+    assert lock_hash(lock) == content_hash(lock) != "sha256:" + "0" * 64
+
+
+def test_a_lock_edited_by_hand_is_refused(tmp_path):
+    """issue 43, 1: the verifier, as envspec's own reader, refuses a lock whose tables no longer give
+    its content hash; the start-up hook, which reads a few tables only, does not hash."""
+    p = tmp_path / "a.lock"
+    p.write_text(GOOD.replace('version = "2.14.1"', 'version = "2.14.2"'))
+    with pytest.raises(LockReadError, match="lock-tampered"):
+        load_lock(p)
+    assert load_lock(p, tables=("meta", "platform", "hardware"))["meta"]["name"] == "x"
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,8 @@ import pytest
 from envspec.verify import startup
 from envspec.verify.lockfile import load_lock
 
+from test_verify_fakes import rehash_text
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 LOCKS = ROOT / "lockfiles"
@@ -197,7 +199,7 @@ def test_lock_tables_read_as_the_whole_file():
 def test_lock_tables_fall_back_to_the_whole_file(tmp_path):
     # a header-like line inside a multi-line array: the cut does not parse, the whole file does
     p = tmp_path / "odd.lock"
-    p.write_text(GPU_LOCK.read_text().replace("[hardware]\n", "[hardware]\nextra = [\n[1, 2],\n]\n", 1))
+    p.write_text(rehash_text(GPU_LOCK.read_text().replace("[hardware]\n", "[hardware]\nextra = [\n[1, 2],\n]\n", 1)))
     part = load_lock(p, tables=startup.LOCK_TABLES)
     assert part["hardware"]["extra"] == [[1, 2]] and part["hardware"]["driver_floor"] == "580.65.06"
 

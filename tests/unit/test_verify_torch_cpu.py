@@ -15,7 +15,7 @@ from envspec.verify.torchprobe import CompileProbe  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "verify"))
-from this_python import lock_text_for_this_python  # noqa: E402
+from this_python import lock_text_for_this_python, with_content_hash  # noqa: E402
 
 
 @pytest.fixture
@@ -81,8 +81,8 @@ def test_startup_hook_is_quiet_when_all_is_well(this_lock, capsys):
 def test_startup_leaves_torch_to_verify(tmp_path, capsys):
     # the hook imports no torch (docs/verify.md): a wrong torch starts, and `envspec verify` fails it
     p = tmp_path / "wrong.lock"
-    p.write_text(lock_text_for_this_python(sys.prefix).replace(f'version = "{torch.__version__.split("+")[0]}"',
-                                                               'version = "1.0.0"', 1))
+    p.write_text(with_content_hash(lock_text_for_this_python(sys.prefix).replace(
+        f'version = "{torch.__version__.split("+")[0]}"', 'version = "1.0.0"', 1)))
     assert cli.startup_check("strict", lock_path=str(p)) == 0
     assert "torch" not in capsys.readouterr().err
     assert cli.main(["--lock", str(p), "--skip", "torch.compile,integrity"]) == 1

@@ -157,8 +157,14 @@ def cmd_lock(args) -> int:
     sources = discover(spec.sources)
     keep: dict[str, dict[str, str]] = {}
     if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
+        con = console(stderr=True)
         try:
             keep = {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
+        except lockmod.LockTampered as e:  # rewritten from the spec, none of its versions kept
+            keep = {}
+            if not args.json:
+                con.print(f"warning: {e.message}; it is rewritten from the spec, keeping none of its versions",
+                          markup=False)
         except EnvspecError:
             keep = {}
     con = console(stderr=True)
@@ -198,6 +204,7 @@ def cmd_lock(args) -> int:
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
         lockmod.write_atomic(out, text)
+    lockmod.remember(text, lock.meta.content_hash)
     mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
     if args.json:
         print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,

@@ -11,6 +11,7 @@ for additive changes), an unknown ``version`` is refused. A lock with a section 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tomllib
@@ -76,18 +77,20 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
         raise LockReadError(f"cannot read lockfile {p}: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
-        data = None
+        part: dict[str, Any] | None = None
         if tables is not None:
             try:
-                data = tomllib.loads(_only_tables(text, tables))
+                part = tomllib.loads(_only_tables(text, tables))
             except tomllib.TOMLDecodeError:
-                data = None  # a cut in an odd place: the whole file says what is wrong
-        if data is None or data.get("version") == MULTI_VERSION:  # the sections are under [platforms]
-            data = tomllib.loads(text)
+                part = None  # a cut in an odd place: the whole file says what is wrong
+        full = part is None or part.get("version") == MULTI_VERSION  # the sections are under [platforms]
+        data = tomllib.loads(text) if full or part is None else part
     except UnicodeDecodeError as e:
         raise LockReadError(f"{p} is not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise LockReadError(f"{p} is not valid TOML: {e}") from None
+    if full:  # the whole text was read: its tables must give its content hash
+        _check_hash(data, p)
     version = data.get("version")
     if version not in KNOWN_VERSIONS or (version == MULTI_VERSION and not isinstance(data.get("platforms"), dict)):
         raise LockReadError(
@@ -115,6 +118,23 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
     data["__path__"] = str(p)
     data["__file_sha256__"] = "sha256:" + hashlib.sha256(raw).hexdigest()
     return data
+
+
+def _check_hash(data: dict[str, Any], p: Path) -> None:
+    """A lock changed after ``envspec lock`` wrote it (its tables but [meta] no longer hash to
+    ``[meta].content_hash``) is refused, as envspec's own reader refuses it (``lock-tampered``)."""
+    meta = data.get("meta")
+    claimed = meta.get("content_hash") if isinstance(meta, dict) else None
+    if not isinstance(claimed, str) or not claimed:
+        return
+    body = {k: v for k, v in data.items() if k != "meta"}
+    got = "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    if got != claimed:
+        raise LockReadError(
+            f"{p}: its content does not match its [meta].content_hash: it was changed after `envspec lock` "
+            "wrote it (lock-tampered)",
+            "edit the spec, not the lock, and run `envspec lock SPEC`; or restore the lock as written",
+        )
 
 
 def host_platform() -> str:
