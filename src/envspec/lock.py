@@ -761,8 +761,51 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-def default_path(spec_name: str, root: Path | None = None) -> Path:
-    return (root or Path("lockfiles")) / f"{spec_name}.lock"
+LOCK_DIR = "lockfiles"
+
+
+def default_path(spec_path: str | Path, spec_name: str) -> Path:
+    """Where a spec's lock is when no ``-o`` says otherwise, found from the spec, not from the
+    current directory: ``lockfiles/<name>.lock`` in the nearest folder, from the spec's own up to
+    the top of its git work tree, that has a ``lockfiles/``; else beside the ``specs/`` folder the
+    spec is in (``specs/x.toml`` -> ``lockfiles/x.lock``), else in the spec's folder. Relative to
+    the current directory where it is under it, as the user typed the spec."""
+    spec_dir = Path(os.path.abspath(spec_path)).parent
+    top = _work_tree_top(spec_dir)
+    for d in (spec_dir, *spec_dir.parents):
+        if (d / LOCK_DIR).is_dir():
+            return _shown(d / LOCK_DIR / f"{spec_name}.lock")
+        if d == top or top is None and d != spec_dir:  # no further than the work tree, else the spec's parent
+            break
+    base = spec_dir.parent if spec_dir.name == "specs" else spec_dir
+    return _shown(base / LOCK_DIR / f"{spec_name}.lock")
+
+
+def _work_tree_top(start: Path) -> Path | None:
+    for d in (start, *start.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def _shown(p: Path) -> Path:
+    try:
+        return p.relative_to(Path.cwd())
+    except ValueError:
+        return p
+
+
+def lock_base(lock_path: str | Path) -> Path:
+    """The folder a lock's ``[meta].spec`` is relative to: the one holding ``lockfiles/`` for a
+    lock in a ``lockfiles/`` folder, else the lock's own folder."""
+    d = Path(os.path.abspath(lock_path)).parent
+    return d.parent if d.name == LOCK_DIR else d
+
+
+def spec_relative_to_lock(spec_path: str | Path, lock_path: str | Path) -> str:
+    """``[meta].spec``: the spec's path from ``lock_base`` (``specs/h100.toml``), the same from
+    whatever directory `envspec lock` runs in."""
+    return Path(os.path.relpath(os.path.abspath(spec_path), lock_base(lock_path))).as_posix()
 
 
 # ---------------------------------------------------------------------------------------

@@ -78,8 +78,7 @@ def resolve_runnable(target: str | Path | Lockfile) -> Runnable:
     if p.is_file():
         if p.suffix == ".toml":
             spec = load_spec(p)
-            candidates = [lockmod.default_path(spec.name), lockmod.default_path(spec.name, p.parent.parent / "lockfiles"),
-                          p.parent / f"{spec.name}.lock"]
+            candidates = [lockmod.default_path(p, spec.name), p.parent / f"{spec.name}.lock"]
             lp = next((c for c in candidates if c.is_file()), None)
             if lp is None:
                 raise UsageError(f"{p}: no lock for spec {spec.name!r} (looked for {candidates[0]})",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -374,3 +375,26 @@ def test_a_new_lock_gets_the_umask_mode_and_a_rewritten_one_keeps_its_mode(tmp_p
         assert (tmp_path / "private.lock").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
+
+
+def test_a_specs_lock_is_found_from_the_spec_not_the_current_directory(tmp_path, monkeypatch):
+    """issue 43, 7: the default lock path and the lock's [meta].spec do not depend on where
+    `envspec lock` runs."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    # specs/x.toml -> lockfiles/x.lock beside specs/ (the repository's layout), made or not
+    (tmp_path / "a" / "specs").mkdir(parents=True)
+    assert lockmod.default_path(tmp_path / "a" / "specs" / "x.toml", "x") == tmp_path / "a" / "lockfiles" / "x.lock"
+    # a spec on its own: lockfiles/ in its folder
+    assert lockmod.default_path(tmp_path / "b" / "x.toml", "x") == tmp_path / "b" / "lockfiles" / "x.lock"
+    # in a git work tree: the nearest lockfiles/ up to its top
+    proj = tmp_path / "proj"
+    (proj / ".git").mkdir(parents=True)
+    (proj / "lockfiles").mkdir()
+    (proj / "conf" / "deep").mkdir(parents=True)
+    lock = lockmod.default_path(proj / "conf" / "deep" / "x.toml", "x")
+    assert lock == proj / "lockfiles" / "x.lock"
+    assert lockmod.spec_relative_to_lock(proj / "conf" / "deep" / "x.toml", lock) == "conf/deep/x.toml"
+    monkeypatch.chdir(proj)  # relative to the current directory where it is under it
+    assert lockmod.default_path(Path("conf/deep/x.toml"), "x") == Path("lockfiles/x.lock")
+    assert lockmod.spec_relative_to_lock("conf/deep/x.toml", "lockfiles/x.lock") == "conf/deep/x.toml"

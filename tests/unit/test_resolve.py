@@ -171,13 +171,14 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
         monkeypatch.chdir(root)
         for spec_path in sorted(Path("specs").glob("*.toml")):
             s = load_spec(spec_path)
-            path = lockmod.default_path(s.name)
+            path = lockmod.default_path(spec_path, s.name)
             old = lockmod.load(path)
             results = [Resolution(choice=c, wheels=[WheelCandidate(**w.model_dump()) for w in part.wheels],
                                   debs=list(part.debian.packages) if part.debian else [],
                                   deb_requested=list(part.debian.requested) if part.debian else [])
                        for c, part in zip(choose_all(s, db), old.parts, strict=True)]
-            new = lockmod.from_resolutions(results, spec_path=str(spec_path), db_version=old.meta.db_version)
+            new = lockmod.from_resolutions(results, spec_path=lockmod.spec_relative_to_lock(spec_path, path),
+                                           db_version=old.meta.db_version)
             assert lockmod.dumps(new) == path.read_text(encoding="utf-8"), root / path
             checked += 1
     assert checked >= 7

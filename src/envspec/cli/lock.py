@@ -12,7 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from envspec.cli.common import console, print_json, rel, say
+from envspec.cli.common import console, print_json, say
 from envspec.errors import (EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, LockError, ResolutionImpossible,
                             StaleLock)
 
@@ -121,7 +121,7 @@ def cmd_lock(args) -> int:
     from envspec.spec import load_spec
 
     spec = load_spec(args.spec)
-    out = Path(args.output) if args.output else lockmod.default_path(spec.name)
+    out = Path(args.output) if args.output else lockmod.default_path(args.spec, spec.name)
     if args.check:
         old = lockmod.load(out)
         now = _offline_platforms(spec)
@@ -185,7 +185,8 @@ def cmd_lock(args) -> int:
             with tempfile.TemporaryDirectory(prefix="envspec-build-inputs-") as tmp:
                 res = sdist.pin_inputs(res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp))
         results.append(res)
-    lock = lockmod.from_resolutions(results, spec_path=rel(Path(args.spec)), db_version=db.version)
+    lock = lockmod.from_resolutions(results, spec_path=lockmod.spec_relative_to_lock(args.spec, out),
+                                    db_version=db.version)
     held = _held_back(lock)
     if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
         raise ResolutionImpossible(
@@ -283,7 +284,7 @@ def lock_for(target: str, *, locked: bool, quiet: bool):
     from envspec.spec import load_spec
 
     spec = load_spec(path)
-    out = lockmod.default_path(spec.name)
+    out = lockmod.default_path(path, spec.name)
     con = console(stderr=True)
     if out.exists():
         now = _offline_platforms(spec)
