@@ -61,6 +61,8 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "driver_policy": choice.driver_policy,
         "python": choice.python,
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
+        "torch_range": choice.spec.torch.version if t else None,  # [torch].version as read ("2.9" is "==2.9.*")
+        "newer_releases": [{"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer] if t else [],
         "gpus": [{"name": g.name, "cc": g.cc, "min_driver": g.min_driver or None, "host_arch": list(g.host_arch)}
                  for g in choice.gpus],
         "base": choice.base,
@@ -157,6 +159,7 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     if v.cuda:
         lines.append(f"arch list: {' '.join(v.arch_list)}")
         lines.append(f"driver floor: {t.min_driver} ({choice.driver_policy})")
+    lines += newer_lines(choice)
     lines.append(f"candidates of torch {t.release.version}:")
     for c in t.candidates:
         mark = "*" if c.preferred else ("+" if c.ok else "-")
@@ -169,6 +172,55 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     elif (note := packages_note(choice)) is not None:
         lines.append(f"note: {note}")
     return lines
+
+
+def newer_lines(choice) -> list[str]:
+    """Why the releases within ``[torch].version`` newer than the chosen one were passed over, runs
+    of releases with the same reason on one line (``2.8.0 to 2.15.0: ...``); the range as envspec
+    reads it (``"2.9"`` is ``==2.9.*``)."""
+    t = choice.torch
+    wanted = choice.spec.torch.version
+    head = f'releases in [torch].version "{wanted}": torch {t.release.version} is the newest that fits'
+    if not t.newer:
+        return [head]
+    runs: list[tuple[list[str], str]] = []
+    for version, causes in t.newer:
+        why = release_reason(causes, choice)
+        if runs and runs[-1][1] == why:
+            runs[-1][0].append(version)
+        else:
+            runs.append(([version], why))
+    lines = [head + "; newer ones passed over:"]
+    for versions, why in runs:
+        span = versions[0] if len(versions) == 1 else f"{versions[-1]} to {versions[0]}"
+        lines.append(f"  - {span}: {why}")
+    return lines
+
+
+def release_reason(causes: list[dict], choice) -> str:
+    """Why no build of one release fits, in a few words: the GPU kernels, the driver, Python."""
+    kinds = {c["kind"] for c in causes}
+    if "release-needs-review" in kinds:
+        return "needs review in the compatibility DB (`envspec db show`)"
+    if "python-unsupported" in kinds:
+        c = next(c for c in causes if c["kind"] == "python-unsupported")
+        return f"no wheels for Python {c['python']}"
+    arch = sorted({f"{c['gpu']} (sm_{c['cc'].replace('.', '')})" for c in causes if c["kind"] == "arch-missing"})
+    lacking = {c.get("build") for c in causes if c["kind"] == "arch-missing"}
+    # the driver floors of the builds that have the GPUs' kernels (all builds where none lacks them)
+    floors = [c for c in causes if c["kind"] == "driver-too-old" and c.get("build") not in lacking]
+
+    def lowest(cs: list[dict]) -> str:
+        return min((c["needed"] for c in cs), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+
+    if arch and not floors:
+        return f"no build has kernels for {', '.join(arch)}"
+    if arch:
+        return (f"the builds with kernels for {', '.join(arch)} need driver >= {lowest(floors)}, "
+                f"above {floors[0]['driver']}")
+    if floors:
+        return f"every build needs driver >= {lowest(floors)}, above {floors[0]['driver']}"
+    return "; ".join(_sentence(c) for c in causes) or "no build fits"
 
 
 def impossible_lines(err: ResolutionImpossible) -> list[str]:

@@ -75,6 +75,9 @@ class TorchChoice:
     min_driver: str
     candidates: list[Candidate]
     skipped: list[dict] = field(default_factory=list)  # newer releases left out: they need review
+    # the releases within [torch].version newer than the chosen one, newest first, each with the
+    # causes none of its builds fits (explain words them: ``explain.newer_lines``)
+    newer: list[tuple[str, list[dict]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -454,15 +457,21 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
                                                  reference="no-such-torch")])
     all_causes: list[dict] = []
     first_candidates: list[Candidate] | None = None
+    newer: list[tuple[str, list[dict]]] = []
     for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
         if rel.needs_review:
             # `db refresh` added it without the facts to judge its builds: not a candidate until curated
             all_causes.append({"kind": "release-needs-review", "torch": rel.version, "items": list(rel.needs_review),
                                "where": _where(spec, {"kind": "release-needs-review"})})
+            newer.append((rel.version, [all_causes[-1]]))
             continue
         pick, judged = _judge_release(spec, db, rel, gpus, arch)
-        all_causes.extend(c | {"torch": rel.version, "where": _where(spec, c)} for _, ok, facts in judged
-                          if not ok for c in facts if c["kind"] != "variant-not-requested")
+        causes = [c | {"torch": rel.version, "where": _where(spec, c)} for _, ok, facts in judged
+                  if not ok for c in facts if c["kind"] != "variant-not-requested"]
+        all_causes.extend(causes)
+        if pick is None:  # each cause with the build it rejects, for explain to say which builds lack what
+            newer.append((rel.version, [c | {"torch": rel.version, "build": v.name} for v, ok, facts in judged
+                                        if not ok for c in facts if c["kind"] != "variant-not-requested"]))
         cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name),
                            index=v.served_from(spec.sources.torch_index).index)
                  for v, ok, facts in judged]
@@ -476,7 +485,8 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
             return TorchChoice(release=rel, variant=on_platform(pick, rel, arch).served_from(spec.sources.torch_index),
                                min_driver=floor,
                                candidates=cands,
-                               skipped=[c for c in all_causes if c["kind"] == "release-needs-review"])
+                               skipped=[c for c in all_causes if c["kind"] == "release-needs-review"],
+                               newer=newer)
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,

@@ -124,7 +124,9 @@ class Torch(_Model):
         text = v.strip()
         if text in ("", "*"):
             return "*"
-        if text[0].isdigit():
+        if re.fullmatch(r"\d+(\.\d+)?", text):  # "2.9" means any 2.9 release (2.9.*), as most users mean it,
+            text = f"=={text}.*"                    # not PEP 440's 2.9.0 (docs/spec.md)
+        elif text[0].isdigit():
             text = "==" + text
         try:
             SpecifierSet(text)

@@ -41,8 +41,10 @@ def _run(case: str, c: dict, args: list[str], env: dict[str, str], tmp_path: Pat
         proc.stdout.close()
         err = proc.stderr.read().decode()
     else:
-        _out, errb = proc.communicate(timeout=300)
+        outb, errb = proc.communicate(timeout=300)
         err = errb.decode()
+        for want in c.get("stdout", []):
+            assert want in outb.decode(), (args, want, outb.decode()[-3000:])
     rc = proc.wait(timeout=300)
     assert rc == c["exit"], (args, rc, err[-2000:])
     for want in c.get("stderr", []):
