@@ -116,6 +116,12 @@ class Choice:
     from_source: tuple[str, ...] = ()
 
     @property
+    def driver_assumed(self) -> bool:
+        """The spec targets GPUs with a CUDA build but sets no [target].driver: the lock's floor is
+        what the chosen build needs, assumed of the hosts (docs/lockfile.md)."""
+        return bool(self.gpus) and not self.spec.target.driver and self.torch is not None and bool(self.torch.variant.cuda)
+
+    @property
     def platform(self) -> str:
         """"linux-x86_64" or "linux-aarch64": what wheels, Python tags and Debian packages are for."""
         return PLATFORMS[self.arch]
@@ -256,6 +262,11 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
                      "(compat/data/torch_platforms.toml)" if row else
                      f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
                      f"every build of it comes from the PyTorch index ({torch.variant.index})")
+    if gpus and not spec.target.driver and torch is not None and torch.variant.cuda:
+        notes.append(f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
+                     f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
+                     "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
+                     "that runs there")
     return Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
                   driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
 

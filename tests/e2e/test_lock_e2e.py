@@ -96,6 +96,30 @@ def test_a_hand_edited_lock_is_refused_and_relocking_rewrites_it(tmp_path, capsy
     assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0
 
 
+def test_a_dry_run_of_a_spec_without_a_lock_writes_no_lockfile(tmp_path, capsys, monkeypatch):
+    """issue 43, 6: `build --dry-run SPEC` resolved the spec into its lockfile and printed ~330 lines
+    of JSON; it now locks in a temporary folder, leaves the lockfile alone, and says what it would
+    build in a few lines (the whole plan with --json)."""
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "specs").mkdir()
+    spec = tmp_path / "specs" / "smoke.toml"
+    spec.write_text(SMOKE.read_text())
+    capsys.readouterr()
+    assert main(["build", "--dry-run", str(spec)]) == 0
+    out, err = capsys.readouterr()
+    assert not (tmp_path / "lockfiles").exists(), "a dry run writes no lockfile"
+    assert "does not exist; locking" in err and "--dry-run" in err and "is not written" in err
+    lines = out.splitlines()
+    assert lines[0].startswith("dry run of ") and "nothing is built, fetched or written" in lines[0]
+    assert any(line.startswith("image localhost/envspec/smoke:") for line in lines)
+    assert len(lines) < 20 and "{" not in out
+    assert main(["build", "--dry-run", "--json", str(spec)]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["image"].startswith("localhost/envspec/smoke:")
+    assert not (tmp_path / "lockfiles").exists()
+
+
 def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
     spec = tmp_path / "s.toml"
     spec.write_text('name = "pins"\n[python]\nversion = "3.11"\npackages = ["six", "idna"]\n[system]\nbase = "none"\n')

@@ -84,8 +84,13 @@ def test_dry_run_of_a_multi_platform_lock_previews_each_platform(capsys, monkeyp
 
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
     assert main(["build", str(MULTI), "--dry-run", "--push", "localhost:5000/x:1"]) == 0
-    out = json.loads(capsys.readouterr().out)
     lock = lockmod.load(MULTI)
+    said = capsys.readouterr().out  # a person's summary (issue 43, 6): each platform's image and layers
+    assert said.startswith(f"dry run of {MULTI}: nothing is built, fetched or written")
+    assert all(f"{v.platform_names[0]}: image {v.image_tag}" in said for v in lock.views())
+    assert "(--json: the whole plan, with each layer's pins)" in said and "{" not in said
+    assert main(["build", str(MULTI), "--dry-run", "--push", "localhost:5000/x:1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     assert out["index"] is True
     assert [p["platform"] for p in out["platforms"]] == ["linux-x86_64", "linux-aarch64"]
     assert [p["image"] for p in out["platforms"]] == [v.image_tag for v in lock.views()]

@@ -159,7 +159,8 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
     spec_path.write_text('name = "ws"\n[services.ssh]\nauthorized_keys = "keys.pub"\n')
     spec = parse_spec(spec_path.read_text(), spec_path)
     choice = SimpleNamespace(spec=spec, torch=None, suite=None, python="3.11", platform_tag="manylinux_2_28_x86_64", arch="x86_64", debian_arch="amd64",
-                             base="none", gpus=[], compute_capabilities=[], driver_policy="compat")
+                             base="none", gpus=[], compute_capabilities=[], driver_policy="compat",
+                             driver_assumed=False)
     res = SimpleNamespace(choice=choice, debs=[], deb_requested=[], wheels=[])
     lk = lockmod.from_resolution(res, spec_path=str(spec_path), db_version="test")
     assert lk.services.ssh is not None and lk.services.ssh.authorized_keys_sha256 == lockmod.keys_sha256(pub)
@@ -398,3 +399,38 @@ def test_a_specs_lock_is_found_from_the_spec_not_the_current_directory(tmp_path,
     monkeypatch.chdir(proj)  # relative to the current directory where it is under it
     assert lockmod.default_path(Path("conf/deep/x.toml"), "x") == Path("lockfiles/x.lock")
     assert lockmod.spec_relative_to_lock("conf/deep/x.toml", "lockfiles/x.lock") == "conf/deep/x.toml"
+
+
+def test_a_gpu_spec_without_a_driver_says_the_floor_it_assumes():
+    """issue 43, 2: a spec that sets no [target].driver gets the floor of the build chosen, and says
+    so: a note in explain's choice, [hardware].driver_assumed in the lock (revision 5), a note in
+    the build's summary; a spec that sets it keeps revision 0 and no such key."""
+    from envspec.cli.build import _driver_lines
+    from envspec.compat import load_db
+    from envspec.resolve import Resolution, choose
+
+    text = '''name = "nodriver"
+[target]
+gpus = ["H100"]
+[python]
+version = "3.11"
+[torch]
+version = "2.14.*"
+'''
+    db = load_db()
+    for spec_text, assumed in ((text, True), (text.replace('gpus = ["H100"]', 'gpus = ["H100"]\ndriver = "580.95.05"'),
+                                              False)):
+        choice = choose(parse_spec(spec_text, "nodriver.toml"), db)
+        assert choice.driver_assumed is assumed
+        notes = [n for n in choice.notes if "[target].driver is not set" in n]
+        lk = lockmod.from_resolutions([Resolution(choice=choice, wheels=[], debs=[], deb_requested=[])],
+                                      spec_path="nodriver.toml", db_version=db.version)
+        if assumed:
+            assert notes and f">= {choice.torch.min_driver}" in notes[0] and "nvidia-smi" in notes[0]
+            assert lk.hardware.driver_assumed is True and lk.revision == 5
+            assert "driver_assumed = true" in lockmod.dumps(lk)
+            assert _driver_lines(lk) and f">= {lk.hardware.driver_floor}" in _driver_lines(lk)[0]
+        else:
+            assert not notes and lk.hardware.driver_assumed is None and lk.revision == 0
+            assert "driver_assumed" not in lockmod.dumps(lk) and _driver_lines(lk) == []
+        assert lockmod.loads(lockmod.dumps(lk)) == lk

@@ -141,7 +141,7 @@ def cmd_build(args) -> int:
     # not stop a local build)
     access = (registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify))
               if args.push or cache_from or cache_to else None)
-    lock, lock_path = lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json)
+    lock, lock_path = lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json, write=not args.dry_run)
     if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
         os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
     plan = make_plan(lock) if not lock.multi else None
@@ -167,12 +167,18 @@ def cmd_build(args) -> int:
             from envspec.image.index import platform_tag, preview_index
 
             # each platform's image as it is built (tagged, no push or output of its own), then the index
-            print_json({"index": True, "push": options.push, "outputs": list(options.outputs),
-                         "engine": preview_index(lock, options), "platforms": [
-                {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
-                    options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]})
+            shown = {"index": True, "push": options.push, "outputs": list(options.outputs),
+                     "engine": preview_index(lock, options), "platforms": [
+                         {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
+                             options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]}
         else:
-            print_json(preview(plan, dry_cache, options=options))
+            shown = preview(plan, dry_cache, options=options)
+        if args.json:
+            print_json(shown)
+        else:
+            con = console()
+            for line in _dry_run_lines(shown, lock, lock_path):
+                con.print(line, markup=False)
         return EXIT_OK
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
@@ -296,6 +302,45 @@ def _check_digest(args, built) -> int:
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
+def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
+    """What `build --dry-run` says to a person (``--json``: the whole plan, each layer's pins): the
+    image, its layers and whether each is cached, what would be fetched and built, the steps."""
+    from envspec.cache.gc import human
+
+    lines = [f"dry run of {lock_path}: nothing is built, fetched or written"]
+    lines += _driver_lines(lock)
+    for one in shown["platforms"] if shown.get("index") else [shown]:
+        where = f"{one['platform']}: " if "platform" in one else ""
+        lines.append(f"{where}image {one['image']}")
+        lines.append(f"  {'layer':<8} {'pins':>5}  {'key':<12}  state")
+        for lay in one["layers"]:
+            state = ("made at build (never cached)" if not lay["cacheable"] else
+                     "cached" if lay["cached"] else "to make")
+            lines.append(f"  {lay['group']:<8} {len(lay['pins']):>5}  {lay['key'].split(':')[-1][:12]}  {state}")
+        f = one["fetch"]
+        lines.append(f"  to fetch: {f['wheels']} wheels ({human(f['wheel_bytes'])}), {f['debs']} Debian packages "
+                     f"({human(f['deb_bytes'])})" + (f"; built from sdists: {len(one['source_builds'])}"
+                                                     if one["source_builds"] else ""))
+        cache = one.get("cache") or {}
+        if cache.get("from") or cache.get("to"):
+            lines.append(f"  registry layer cache: from {cache.get('from') or '-'}, to {cache.get('to') or '-'}")
+        steps = one.get("engine") or []
+        if steps and not shown.get("index"):
+            lines.append("  then: " + "; ".join(" ".join(str(x) for x in step) for step in steps))
+    if shown.get("index"):
+        lines.append("then: " + "; ".join(" ".join(str(x) for x in step) for step in shown["engine"]))
+    lines.append("(--json: the whole plan, with each layer's pins)")
+    return lines
+
+
+def _driver_lines(lock) -> list[str]:
+    """A lock whose spec set no [target].driver: the floor it assumed, said where a person reads."""
+    return [f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the image needs driver "
+            f">= {p.hardware.driver_floor} ({lock.torch.variant if lock.torch else 'its torch'} asks for it); set "
+            "[target].driver to your hosts' oldest driver if theirs is older"
+            for p in (lock.parts if lock is not None else ()) if p.hardware.driver_assumed]
+
+
 def _storage_json(host) -> dict[str, str]:
     st = host.storage
     return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
@@ -333,7 +378,7 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     remote = sum(lay.source == "registry" for lay in built.layers)
     stored = sum(lay.source == "store" for lay in built.layers)
     made = len(built.layers) - local - remote - stored
-    lines = [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
+    lines = _driver_lines(lock) + [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
              + (f", {local} from the cache" if local else "")
              + (f", {stored} in the store already" if stored else "")
              + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
@@ -389,8 +434,9 @@ def add_build(sub) -> None:
     s.add_argument("--no-cache", action="store_true", help="rebuild every layer (no local or registry cache is read)")
     s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
     s.add_argument("--dry-run", action="store_true",
-                   help="print the plan (layers, pins, content keys, cached or not), what would be fetched, and "
-                        "the engine steps; do nothing")
+                   help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
+                        "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
+                        "lockfile written (a missing or stale lock is made in a temporary folder)")
     s.add_argument("--json", action="store_true")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_build)

@@ -13,7 +13,14 @@ from envspec.errors import UsageError
 def console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """rich exits 1 when the reader goes away; raised on, ``cli.main`` ends with 141 as for
+            plain output (``| head``)."""
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def say(text: str, stderr: bool = False) -> None:

@@ -219,6 +219,14 @@ def cmd_lock(args) -> int:
                      "torch": [{"platform": res.choice.platform,
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
                                 "passed_over": explain.passed_over_json(res.choice)} for res in results]})
+    if not args.json:  # said even with -q: the lock's driver floor is a guess about the hosts
+        for part in lock.parts:
+            if part.hardware.driver_assumed:
+                con.print(f"note: {part.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock "
+                          f"assumes the hosts run driver >= {part.hardware.driver_floor} (what torch "
+                          f"{part.torch.version if part.torch else ''} {part.torch.variant if part.torch else ''} "
+                          "needs; [hardware].driver_assumed); set [target].driver to their oldest driver if older",
+                          markup=False)
     if mismatches:
         warn = console(stderr=True)
         for m in dict.fromkeys(mismatches):
@@ -274,8 +282,10 @@ def _held_back(lock) -> list[dict]:
             for part in lock.parts for w in part.wheels if w.held_back]
 
 
-def lock_for(target: str, *, locked: bool, quiet: bool):
-    """A lockfile path, or a spec whose lock is found, checked, and made or refreshed when needed."""
+def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
+    """A lockfile path, or a spec whose lock is found, checked, and made or refreshed when needed;
+    ``write=False`` (``build --dry-run``): a lock that must be made is made in a temporary folder
+    and the lockfile is left as it is."""
     from envspec import lock as lockmod
 
     path = Path(target)
@@ -295,13 +305,25 @@ def lock_for(target: str, *, locked: bool, quiet: bool):
         if locked:
             raise StaleLock(out, reasons)
         if not quiet:
-            con.print(f"{out} is out of date with {path} ({reasons[0]}); locking first", markup=False)
+            con.print(f"{out} is out of date with {path} ({reasons[0]}); locking first"
+                      + ("" if write else f" (--dry-run: {out} is not written)"), markup=False)
     else:
         if locked:
             raise LockError(f"{out}: no lockfile for {path}", hint=f"run `envspec lock {path}` (or drop --locked)",
                             reference="lock-not-found")
         if not quiet:
-            con.print(f"{out} does not exist; locking {path} first", markup=False)
+            con.print(f"{out} does not exist; locking {path} first"
+                      + ("" if write else f" (--dry-run: {out} is not written)"), markup=False)
+    if not write:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="envspec-dry-lock-") as tmp:
+            made = Path(tmp) / out.name
+            if out.exists():  # re-locking keeps the old lock's versions, as `envspec lock` would
+                made.write_bytes(out.read_bytes())
+            cmd_lock(argparse.Namespace(spec=str(path), output=str(made), check=False, upgrade_package=None,
+                                        json=False, quiet=True))
+            return lockmod.load(made), out
     ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
     cmd_lock(ns)
     return lockmod.load(out), out

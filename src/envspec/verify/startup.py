@@ -341,6 +341,9 @@ class MachineChecks:
             status = FAIL
             hint = (f"this lock needs driver >= {floor} under the '{policy}' policy; upgrade the host "
                     "driver, or lock for an older CUDA (a lower floor)")
+            if self.hardware.get("driver_assumed"):  # the spec set no [target].driver: the floor was a guess
+                hint += (f"; the spec set no [target].driver, so the lock assumed {floor}: set it to this "
+                         f"host's {d.version} and lock again for a build that runs here")
         tcuda = str(self.torch_lock.get("cuda", ""))
         extra = ""
         if d.cuda and tcuda:
