@@ -680,7 +680,7 @@ def written_copy_path(content_hash: str, env: Mapping[str, str] | None = None) -
     """Where envspec's cache keeps the text of a lock it wrote, by its content hash."""
     from envspec.cache.dirs import cache_dir_for
 
-    return cache_dir_for(os.environ if env is None else env) / "locks" / (content_hash.split(":", 1)[-1] + ".lock")
+    return cache_dir_for(os.environ if env is None else env) / "lockfiles" / (content_hash.split(":", 1)[-1] + ".lock")
 
 
 def remember(text: str, content_hash: str) -> None:

@@ -159,15 +159,20 @@ def test_gc_waits_for_a_running_build(tmp_path):
     c, names = fake_cache(tmp_path)
     build = c.in_use()  # what build() holds while it runs
     waiting, done = threading.Event(), threading.Event()
+    said: list[list[str]] = []
+    # a dry run removes nothing and waits for nobody (issue 43, 11: it waited 36 s)
+    plan = cachegc.collect(c, cachegc.Needed(), dry_run=True, on_wait=lambda users: said.append(users))
+    assert said == [] and plan.remove and c.blob(names["wheel-a"]).exists()
 
     def gc():
-        cachegc.collect(c, cachegc.Needed(), on_wait=waiting.set)
+        cachegc.collect(c, cachegc.Needed(), on_wait=lambda users: (said.append(users), waiting.set()))
         done.set()
 
     t = threading.Thread(target=gc)
     t.start()
     assert waiting.wait(30)
     assert not done.is_set() and c.blob(names["wheel-a"]).exists()  # blocked on the build's lock
+    assert said and any(u.startswith(f"pid {os.getpid()}: ") for u in said[0]), said  # the builds are named
     build.release()
     t.join(30)
     assert done.is_set() and not c.blob(names["wheel-a"]).exists()
@@ -268,3 +273,30 @@ def test_gc_does_not_enter_a_kind_directory_that_links_out_of_the_cache(tmp_path
     assert cachegc.scan(c) == []
     cachegc.collect(c, cachegc.Needed())
     assert victim.exists()
+
+
+def test_a_layers_compressed_blobs_are_part_of_it_and_go_with_it(tmp_path):
+    """issue 43, 11: `envspec cache` listed a layer's compressed blobs as "layers/ (not entries)",
+    never collected; they are part of the layer's entry (its size, its removal), and a blob whose
+    layer is gone is an entry of that layer's key, collected as the layer would be. Every other
+    directory is listed with what it is."""
+    c, names = fake_cache(tmp_path)
+    layers = c.root / "layers"
+    for key, part in ((names["layer-a"], "a"), (hexof("layer-gone"), "gone")):
+        put(layers / f"{key}.zstd-1.5.7-3.tar.zst", 300)
+        (layers / f"{key}.zstd-1.5.7-3.json").write_text(json.dumps({"compressor": "zstd-1.5.7-3"}))
+        os.utime(layers / f"{key}.zstd-1.5.7-3.json", (OLD, OLD))
+        os.utime(layers / f"{key}.zstd-1.5.7-3.tar.zst", (OLD, OLD))
+    entries = {e.name: e for e in cachegc.scan(c) if e.kind == "layer"}
+    a = entries[names["layer-a"]]
+    assert a.paths[0] == c.layer_meta(names["layer-a"]) and len(a.paths) == 4 and a.group == "layer-a"
+    gone = entries[hexof("layer-gone")]
+    assert {p.name.split(".", 1)[1] for p in gone.paths} == {"zstd-1.5.7-3.json", "zstd-1.5.7-3.tar.zst"}
+    info = cachegc.summary(c)
+    assert info["other"]["layers/ (not entries)"] == 10  # junk.tmp only
+    assert "interrupted" in info["other_what"]["layers/ (not entries)"] or "killed" in info["other_what"]["layers/ (not entries)"]
+    assert "resolver" in info["other_what"]["uv/"] and "running builds" in info["other_what"]["tmp/"]
+    plan = cachegc.collect(c, needed_of(names, "layer-b"), grace=0)
+    assert {e.name for e in plan.remove if e.kind == "layer"} == {names["layer-a"], hexof("layer-gone")}
+    assert sorted(p.name for p in layers.iterdir()) == sorted(
+        [f"{names['layer-b']}.tar", f"{names['layer-b']}.json", "junk.tmp"])

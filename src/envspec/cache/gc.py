@@ -4,10 +4,11 @@ The cache's entries (layout in ``envspec.cache``):
 
 - ``wheel``: ``blobs/sha256/<hex>``, a wheel named by its sha256;
 - ``deb``: ``debs/sha256/<hex>``, a .deb named by its sha256;
-- ``layer``: ``layers/<key>.tar`` with ``layers/<key>.json``, a finished layer named by its content key.
+- ``layer``: ``layers/<key>.tar`` with ``layers/<key>.json``, a finished layer named by its content key,
+  and its compressed blobs (``<key>.<compressor>.tar.zst``/``.tar.gz`` with their ``.json``).
 
 Anything else (``apt/``, ``uv/``: the resolver's index caches, which ``envspec lock`` manages;
-``locks/``; ``tmp/``, the work directories of builds; files whose names are not those above, such
+``locks/``; ``lockfiles/``; ``tmp/``, the work directories of builds; files whose names are not those above, such
 as a .deb being downloaded) is listed as ``other`` and never removed here.
 
 A collection keeps what the given locks need (each lock's wheels and .debs by sha256, and the keys
@@ -98,29 +99,26 @@ def scan(cache: Cache) -> list[Entry]:
                 if st:
                     out.append(Entry(kind, p.name, (p,), *st))
     layers = cache.root / "layers"
-    own_layers = _own_dir(layers, cache.root)
-    for p in sorted(layers.glob("*.tar")) if own_layers else ():
-        if not _HEX.match(p.stem):
-            continue
-        meta = p.with_suffix(".json")
-        paths = (meta, p) if meta.is_file() and not meta.is_symlink() else (p,)
+    by_key: dict[str, list[Path]] = {}  # a layer: <key>.json, <key>.tar and its compressed blobs with theirs
+    for p in sorted(layers.iterdir()) if _own_dir(layers, cache.root) else ():
+        key, dot, _rest = p.name.partition(".")
+        if dot and _HEX.match(key) and not p.is_symlink() and p.is_file():
+            by_key.setdefault(key, []).append(p)
+    for key, files in by_key.items():
+        meta = layers / f"{key}.json"
+        paths = tuple(sorted(files, key=lambda q: (q != meta, q.name)))  # the record first: removed first
         st = _stat(paths)
         if st is None:
             continue
-        group = str(_read_json(meta).get("group", "")) if meta.is_file() else ""
-        out.append(Entry("layer", p.stem, paths, *st, group=group))
-    for p in sorted(layers.glob("*.json")) if own_layers else ():  # a .json whose tar is gone
-        if _HEX.match(p.stem) and not os.path.lexists(p.with_suffix(".tar")):
-            st = _stat([p])
-            if st:
-                out.append(Entry("layer", p.stem, (p,), *st))
+        group = str(_read_json(meta).get("group", "")) if meta in files else ""
+        out.append(Entry("layer", key, paths, *st, group=group))
     built = cache.root / "built"  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
     for d in sorted(built.iterdir()) if _own_dir(built, cache.root) else ():
         if _HEX.match(d.name) and d.is_dir() and not d.is_symlink():
-            files = tuple(sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
-            st = _stat(files)
+            made = tuple(sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
+            st = _stat(made)
             if st:
-                out.append(Entry("built", d.name, files, *st))
+                out.append(Entry("built", d.name, made, *st))
     return out
 
 
@@ -158,17 +156,39 @@ def summary(cache: Cache, entries: Sequence[Entry] | None = None) -> dict[str, A
         kinds[e.kind]["bytes"] += e.size
     counted = {p for e in entries for p in e.paths}
     other: dict[str, int] = {}
+    what: dict[str, str] = {}
     for p in sorted(cache.root.iterdir()):
         if p.name in ("blobs", "debs", "layers", "built"):
             loose = sum(q.stat().st_size for q in p.rglob("*") if q.is_file() and q not in counted)
             if loose:
-                other[f"{p.name}/ (not entries)"] = loose
+                name = f"{p.name}/ (not entries)"
+                other[name] = loose
+                what[name] = ("files being written by a running build, or left by one that was killed; "
+                              "not collected (a build of the same file replaces them)")
         elif p.is_dir():
             other[p.name + "/"] = _tree_size(p)
+            what[p.name + "/"] = OTHER.get(p.name, "not envspec's: not collected")
         elif p.is_file():
             other[p.name] = p.stat().st_size
-    return {"cache": str(cache.root), "kinds": kinds, "other": other,
+            what[p.name] = OTHER.get(p.name, "not envspec's: not collected")
+    return {"cache": str(cache.root), "kinds": kinds, "other": other, "other_what": what,
             "total_bytes": sum(v["bytes"] for v in kinds.values()) + sum(other.values())}
+
+
+# what the cache's other directories and files are, for `envspec cache` (none is collected by gc)
+OTHER = {
+    "apt": "Debian's package indexes, as `envspec lock` read them (refreshed by lock)",
+    "uv": "the Python resolver's index cache (uv's own; `uv cache clean` empties it)",
+    "compat-db": "the compatibility DB as `envspec db refresh` last wrote it",
+    "abi": "what the ABI check read of compiled wheels, by wheel hash",
+    "index-names": "package names read from the indexes, for did-you-mean",
+    "index-reads": "index pages read at lock time",
+    "emulation": "what `envspec run --emulate` found of qemu-user-static",
+    "locks": "the flock files that keep builds and `cache gc` apart (empty files)",
+    "lockfiles": "the text of each lock `envspec lock` wrote, by content hash: it names a hand edit's field",
+    "tmp": "the work directories of running builds (a dead build's are removed by the next build)",
+    "compress.log": "the log of the last background compression after a build",
+}
 
 
 # --- what locks need -------------------------------------------------------------------------------
@@ -286,22 +306,49 @@ def plan_gc(entries: Sequence[Entry], needed: Needed, *, keep_size: int | None =
 
 
 def collect(cache: Cache, needed: Needed, *, keep_size: int | None = None, dry_run: bool = False,
-            grace: float = GRACE_S, on_wait: Callable[[], None] = lambda: None) -> GcPlan:
+            grace: float = GRACE_S, on_wait: Callable[[list[str]], None] = lambda users: None) -> GcPlan:
     """Plan and (unless ``dry_run``) carry out a collection under the cache's exclusive lock.
-    ``on_wait`` is called once when running builds hold the cache and the collection waits."""
+    ``on_wait`` is called once, with the builds using the cache (``users``), when the collection
+    waits for them. A dry run removes nothing, so it waits for nobody: it plans from the cache as
+    it is (what running builds use now is kept as recently used)."""
     started = time.time()
-    with cache.exclusive(on_wait=on_wait):
+    if dry_run:
+        return plan_gc(scan(cache), needed, keep_size=keep_size, now=started, grace=grace)
+    with cache.exclusive(on_wait=lambda: on_wait(users(cache))):
         plan = plan_gc(scan(cache), needed, keep_size=keep_size, now=started, grace=grace)
-        if not dry_run:
-            for e in plan.remove:
-                _remove(cache, e)
+        for e in plan.remove:
+            _remove(cache, e)
     return plan
+
+
+def users(cache: Cache) -> list[str]:
+    """The processes holding the cache's shared lock (running builds), as "pid N: command line",
+    read from /proc/locks (the flock's inode) and /proc/N/cmdline; empty where they cannot be read."""
+    try:
+        ino = os.stat(cache.root / "locks" / "cache.lock").st_ino
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    out = []
+    for line in table.splitlines():
+        f = line.split()
+        # "1: FLOCK  ADVISORY  READ 12345 fd:01:123456 0 EOF" ("->" marks a waiter)
+        if "->" in f or len(f) < 6 or f[1] != "FLOCK":
+            continue
+        if f[5].rsplit(":", 1)[-1] == str(ino) and f[4].isdigit():
+            try:
+                argv = Path(f"/proc/{f[4]}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                cmd = " ".join(a.decode(errors="replace") for a in argv)
+            except OSError:
+                cmd = "?"
+            out.append(f"pid {f[4]}: {cmd}")
+    return sorted(set(out))
 
 
 def _remove(cache: Cache, e: Entry) -> None:
     if e.kind == "layer":
         with cache.locked("layer-" + e.name):
-            for p in sorted(e.paths, key=lambda p: p.suffix != ".json"):  # the .json first
+            for p in e.paths:  # the .json (the record) first: no longer an entry, then its files
                 p.unlink(missing_ok=True)
     elif e.kind == "built":
         import shutil

@@ -73,9 +73,11 @@ def cmd_cache(args) -> int:
         for kind, row in info["kinds"].items():
             con.print(f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}", markup=False)
         for name, size in info["other"].items():
-            con.print(f"  {name:<24} {cachegc.human(size):>11}  (not collected)", markup=False)
+            con.print(f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False)
         for e in (e for e in entries if e.kind == "layer"):
-            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}", markup=False)
+            tar = any(q.name == f"{e.name}.tar" for q in e.paths)
+            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
+                      + ("" if tar else "  (its compressed blob only: the layer was removed)"), markup=False)
         return EXIT_OK
     if args.locks:
         paths = [Path(p) for p in args.locks]
@@ -94,7 +96,9 @@ def cmd_cache(args) -> int:
         err.print(f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
                   markup=False)
     plan = cachegc.collect(cache, needed, keep_size=keep_size, dry_run=args.dry_run,
-                           on_wait=lambda: err.print("waiting for the builds using the cache to finish", markup=False))
+                           on_wait=lambda users: err.print(
+                               f"waiting for the {len(users) or ''} build(s) using the cache to finish"
+                               + "".join(f"\n  {u}" for u in users), markup=False))
     if args.json:
         print_json({"ok": True, "cache": str(cache.root), "dry_run": args.dry_run,
                      "locks": [str(p) for p in paths], "skipped_locks": bad} | plan.to_json())
