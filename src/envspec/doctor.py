@@ -330,18 +330,21 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     # The build keeps the downloads and the layer tars in its cache, then copies the layers into
     # containers-storage: compressed + unpacked in the cache, unpacked again in the storage.
     need_cache, need_store = packed + unpacked, unpacked
+    in_cache = f"{_human(packed)} of package downloads and ~{_human(unpacked)} of layer tars in the cache"
+    in_store = f"~{_human(unpacked)} of unpacked image in containers-storage"
     if fs_cache is not None and fs_cache.device == fs_store.device:
-        checks = [(root + f" and the cache {cache}", fs_store.free, need_cache + need_store)]
+        checks = [(root + f" and the cache {cache}", fs_store.free, need_cache + need_store, f"{in_cache}, {in_store}")]
     else:
-        checks = [(root, fs_store.free, need_store)]
+        checks = [(root, fs_store.free, need_store, in_store)]
         if fs_cache is not None:
-            checks.append((f"the cache {cache}", fs_cache.free, need_cache))
+            checks.append((f"the cache {cache}", fs_cache.free, need_cache, in_cache))
     out = []
-    note = f" ({unknown} package sizes unknown to the lock: more may be needed)" if unknown else ""
-    for where, free, need in checks:
+    note = f"; {unknown} package sizes unknown to the lock: more may be needed" if unknown else ""
+    for where, free, need, parts in checks:
         detail = {"where": where, "free": free, "need": int(need), "packages": packed, "unknown_sizes": unknown}
-        msg = f"{_human(free)} free for {where}; the image needs about {_human(need)}" \
-              f" ({_human(packed)} of packages, ~{UNPACK_FACTOR}x unpacked){note}"
+        msg = (f"{_human(free)} free for {where}; a first build of {lock.meta.name}'s image needs about "
+               f"{_human(need)} there: {parts} (packages unpack to ~{UNPACK_FACTOR}x; what the cache holds "
+               f"already is not written again){note}")
         if free < need:
             out.append(Diagnosis("disk", "fail", msg, fix=f"free {_human(need - free)} or point ENVSPEC_CACHE / "
                                                           "ENVSPEC_STORAGE_ROOT at a larger disk", detail=detail))

@@ -272,3 +272,19 @@ def test_a_driver_that_knows_the_gpu_says_so():
     f = run_doctor(gpu_host(driver="580.82.07"), load(GPU_LOCK))
     d = [x for x in by(f, "driver") if x.detail.get("min_driver")]
     assert [x.status for x in d] == ["ok"] and "needs R520 or newer" in d[0].what
+
+
+def test_the_disk_check_says_what_the_space_is_for():
+    """issue 43, 12: "about 24.2 GiB (4.0 GiB of packages, ~2.5x unpacked)" said nothing of what for:
+    the space is a first build's, split into the cache's part and containers-storage's."""
+    from envspec.doctor import check_disk
+
+    lock = load(GPU_LOCK)
+    one = check_disk(build_host(), lock)  # one file system for both
+    assert len(one) == 1 and f"a first build of {lock.meta.name}'s image needs about" in one[0].what
+    assert "of package downloads" in one[0].what and "layer tars in the cache" in one[0].what
+    assert "unpacked image in containers-storage" in one[0].what
+    two = check_disk(build_host(cache_free=DiskFree(80 * GIB, 2)), lock)  # the cache on another disk
+    assert [("containers-storage" in d.what, "layer tars" in d.what) for d in two] == [(True, False), (False, True)]
+    short = check_disk(build_host(storage_free=DiskFree(1 << 20, 1), cache_free=DiskFree(1 << 20, 1)), lock)
+    assert short[0].status == "fail" and "ENVSPEC_CACHE" in short[0].fix
