@@ -408,7 +408,10 @@ def _driver_tuple(v: Any) -> tuple[int, ...]:
         return ()
 
 
-_HEADLINE = (  # (label, path) of what a GPU host cares about, in this order
+_HEADLINE = (  # (label, path) of what a GPU host cares about, in this order: what changes the platform first
+    ("CPU architecture", "platform.arch"),
+    ("wheel platform", "platform.platform_tag"),
+    ("base", "platform.base"),
     ("torch", "torch.version"),
     ("torch build", "torch.local"),
     ("CUDA variant", "torch.variant"),
@@ -448,6 +451,18 @@ def _per_platform_lines(d: LockDiff) -> list[str]:
             continue
         lines += [("  " + line) if line else "" for line in _one_lines(sub)[1:]]
     return lines
+
+
+def _arch_swaps(changes) -> dict[tuple[str, str], list[str]]:
+    """The Debian packages removed for one architecture and added at the same version for another
+    (an x86_64 lock against an aarch64 one): {(old arch, new arch): names}."""
+    gone = {(c.name, c.old): c.group for c in changes if c.change == "removed"}
+    out: dict[tuple[str, str], list[str]] = {}
+    for c in changes:
+        was = gone.get((c.name, c.new)) if c.change == "added" else None
+        if was and c.group and was != c.group:
+            out.setdefault((was, c.group), []).append(c.name)
+    return out
 
 
 def _one_lines(d: LockDiff) -> list[str]:
@@ -494,7 +509,13 @@ def _one_lines(d: LockDiff) -> list[str]:
                   ("added", "removed", "upgraded", "downgraded", "rebuilt")}
         summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
         lines += ["", f"{title} ({summary}):"]
+        swapped = _arch_swaps(changes) if title == "Debian packages" else {}
+        for (was, now), names in swapped.items():  # one line, not a - and a + for each package
+            lines.append(f"  = {len(names)} packages at the same versions, built for {now} instead of {was}")
+        moved = {n for names in swapped.values() for n in names}
         for c in changes:
+            if c.name in moved and c.change in ("added", "removed"):
+                continue
             mark = {"added": "+", "removed": "-", "upgraded": "^", "downgraded": "v", "rebuilt": "~"}[c.change]
             if c.change == "added":
                 what = c.new

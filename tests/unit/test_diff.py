@@ -205,3 +205,18 @@ def test_a_package_built_from_its_sdist_is_shown_so():
     by = {ch.name: ch for ch in diff_locks(b, c).wheels}
     assert (by["tqdm"].change, by["tqdm"].source) == ("rebuilt", "same sdist, other build inputs") and "deepspeed" not in by
     assert {ch.name: ch.source for ch in diff_locks(b, a).wheels}["tqdm"] == "now a wheel, was built from its sdist"
+
+
+def test_an_x86_64_lock_against_an_aarch64_one_says_the_platform_first():
+    """issue 43, 13: `platform.arch` came under "Other fields" after 190 lines of package pairs;
+    what changes the platform comes first, and a Debian package at the same version for the other
+    architecture is one line for all of them."""
+    root = Path(__file__).resolve().parents[2] / "lockfiles"
+    lines = diff_lines(diff_files(root / "cpu.lock", root / "cpu-arm64.lock"))
+    assert lines[2:5] == ["GPU stack and platform:", "  CPU architecture:     x86_64 -> aarch64",
+                          "  wheel platform:       manylinux_2_36_x86_64 -> manylinux_2_36_aarch64"]
+    swaps = [x for x in lines if x.startswith("  = ")]
+    assert len(swaps) == 1 and "packages at the same versions, built for arm64 instead of amd64" in swaps[0]
+    assert not any(x.startswith("  - bash ") or x.startswith("  + bash ") for x in lines)
+    assert "  + binutils-aarch64-linux-gnu 2.40-2  [arm64]" in lines  # one architecture only: shown
+    assert len(lines) < 40 and not any("platform.arch" in x for x in lines)
