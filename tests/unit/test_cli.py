@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -69,3 +70,28 @@ def test_unknown_lock_is_a_clear_error(capsys):
     code = main(["diff", "nope.lock", str(ROOT / "lockfiles" / "smoke.lock")])
     err = capsys.readouterr().err
     assert code == 2 and "nope.lock" in err and "Traceback" not in err
+
+
+def test_db_show_piped_gives_each_entry_one_line():
+    """issue 43, 14: piped, `db show` wrapped entries at 80 columns and left out aliases, driver
+    floors and arch lists: each GPU and each build of each release is one line that has them."""
+    import subprocess
+    import sys
+
+    from envspec.compat import load_db
+    from envspec.resolve import driver_floor
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-m", "envspec", "db", "show"], capture_output=True, text=True, env=env,
+                         timeout=120, check=True).stdout.splitlines()
+    db = load_db()
+    for g in db.gpus:
+        line = next(x for x in out if x.startswith(f" {g.name} "))
+        assert all(a in line for a in g.aliases) and f" {g.cc} " in line
+        assert (f" R{g.min_driver} " in line) if g.min_driver else True
+    for r in db.torch_releases:
+        for v in r.variants.values():
+            line = next(x for x in out if x.split()[:2] == [r.version, v.name])
+            assert " ".join(v.arch_list) in line
+            if v.cuda:
+                assert f"{driver_floor(db, v, 'compat')} / {driver_floor(db, v, 'strict')}" in line

@@ -71,21 +71,45 @@ def cmd_db(args: argparse.Namespace) -> int:
         console().print(f"wrote {args.html}: the GPU x torch x CUDA-variant matrix of DB {db.version} "
                          "(one self-contained page)", markup=False)
         return EXIT_OK
+    _show(db)
+    return EXIT_OK
+
+
+def _show(db) -> None:
+    """The DB as two tables: a row per build of each torch release (its CUDA, cuDNN, NCCL, driver
+    floors, arch list) and a row per GPU (its aliases, compute capability, first driver branch,
+    host CPUs). In a terminal, rich tables; piped, the same rows one line each, never wrapped, so
+    that grep finds a whole entry."""
+    import sys
+
+    from rich.box import SIMPLE_HEAD
     from rich.table import Table
 
+    from envspec.resolve import driver_floor
+
+    tty = sys.stdout.isatty()
     con = console()
+    if not tty:
+        con.width = 100_000  # a line per row: no wrapping where no person reads the width
     con.print(f"compatibility DB {db.version} ({db.date})", markup=False)
-    t = Table("torch", "python", "PyPI build", "variants (CUDA / cuDNN / NCCL)", title="torch releases")
+    t = Table("torch", "build", "python", "CUDA", "cuDNN", "NCCL", "driver >= (compat / strict)", "arch list",
+              title="torch releases (* the build PyPI serves)", box=SIMPLE_HEAD if tty else None,
+              title_justify="left")
     for r in db.torch_releases:
-        vs = ", ".join(f"{v.name}" + (f" {v.cuda}/{v.cudnn or '-'}/{v.nccl or '-'}" if v.cuda else "")
-                       for v in r.variants.values())
-        t.add_row(r.version, " ".join(r.python), r.pypi_variant or "-", vs)
+        for v in r.variants.values():
+            floors = (f"{driver_floor(db, v, 'compat') or '?'} / {driver_floor(db, v, 'strict') or '?'}"
+                      if v.cuda else "-")
+            t.add_row(r.version, v.name + (" *" if v.name == r.pypi_variant else ""), " ".join(r.python),
+                      v.cuda or "-", v.cudnn or "-", v.nccl or "-", floors, " ".join(v.arch_list) or "-")
     con.print(t)
-    g = Table("GPU", "cc", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s", title="GPUs")
+    g = Table("GPU", "aliases", "cc", "first driver", "hosts", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
+              title="GPUs (the names \\[target].gpus takes: the name or an alias)", box=SIMPLE_HEAD if tty else None,
+              title_justify="left")
     for x in db.gpus:
-        g.add_row(x.name, x.cc, _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops), _n(x.mem_bw_gbs))
+        g.add_row(x.name, ", ".join(x.aliases) or "-", x.cc, f"R{x.min_driver}" if x.min_driver else "-",
+                  " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
+                  _n(x.mem_bw_gbs))
     con.print(g)
-    return EXIT_OK
 
 
 def _n(v) -> str:
