@@ -40,6 +40,10 @@ def _sentence(c: dict) -> str:
         return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
     if k == "release-needs-review":
         return f"torch {c['torch']} needs review before it can be resolved: " + "; ".join(c.get("items", []))
+    if k == "unknown-debian-package":
+        guess = c.get("did_you_mean") or []
+        return (f"no package named {c['name']!r} in Debian {c['suite']} ({', '.join(c.get('pockets') or [c['suite']])})"
+                + (f"; did you mean {' or '.join(repr(x) for x in guess)}?" if guess else ""))
     if k == "unknown-cuda":
         return f"CUDA {c['cuda']} is not in the compatibility DB"
     return c.get("text") or str(c)

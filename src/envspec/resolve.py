@@ -1263,9 +1263,16 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
     if choice.suite is None:
         return [], []
     requested = debian_request(choice)
-    pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
-                                  security_mirror=sources.debian_security_mirror, cache_dir=cache_dir,
-                                  architecture=choice.debian_arch)
+    try:
+        pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
+                                      security_mirror=sources.debian_security_mirror, cache_dir=cache_dir,
+                                      architecture=choice.debian_arch)
+    except ResolutionImpossible as e:  # an unknown package the spec names: its key and line
+        spec = choice.spec
+        for c in e.causes:
+            if isinstance(c, dict) and c.get("kind") == "unknown-debian-package" and c["name"] in spec.system.packages:
+                c["where"] = spec.problem(("system", "packages", spec.system.packages.index(c["name"])), "").where(spec.file)
+        raise
     return pins, requested
 
 

@@ -10,11 +10,11 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from envspec.errors import Problem, SpecError
 
@@ -59,19 +59,28 @@ def requirement_name(text: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as packaging.utils.canonicalize_name
 
 
-def _check_requirements(values: list[str]) -> list[str]:
-    out = []
-    for i, v in enumerate(values):
-        if not _SIMPLE_REQUIREMENT.fullmatch(v):
-            from packaging.requirements import InvalidRequirement, Requirement
+def _check_requirement(v: str) -> str:
+    """One item of a list of requirements: each item is checked on its own, so that every bad item
+    is reported, not only the first."""
+    if not _SIMPLE_REQUIREMENT.fullmatch(v):
+        from packaging.requirements import InvalidRequirement, Requirement
 
-            try:
-                Requirement(v)
-            except InvalidRequirement as e:
-                reason = str(e).splitlines()[0]
-                raise ValueError(f"item {i}: {v!r} is not a PEP 508 requirement ({reason})") from None
-        out.append(v)
-    return out
+        try:
+            Requirement(v)
+        except InvalidRequirement as e:
+            reason = str(e).splitlines()[0]
+            raise ValueError(f"{v!r} is not a PEP 508 requirement ({reason})") from None
+    return v
+
+
+def _check_deb(v: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", v):
+        raise ValueError(f"{v!r} is not a Debian package name")
+    return v
+
+
+Req = Annotated[str, AfterValidator(_check_requirement)]  # a PEP 508 requirement
+DebName = Annotated[str, AfterValidator(_check_deb)]  # a Debian package name
 
 
 class Target(_Model):
@@ -93,8 +102,8 @@ class Target(_Model):
 
 class Python(_Model):
     version: str = "3.11"
-    packages: list[str] = []
-    constraints: list[str] = Field(default=[], description="pins applied without requesting")
+    packages: list[Req] = []
+    constraints: list[Req] = Field(default=[], description="pins applied without requesting")
     # a named package held below its newest release (a torch pin, no wheel, the Python version) or at
     # a pre-release nobody asked for: "warn" (the lock is written and says why), "error" (refused,
     # for CI); a policy of `envspec lock`, not an input of the resolution: not in the spec hash
@@ -110,13 +119,12 @@ class Python(_Model):
             raise ValueError(f"{v!r} is not a Python version like '3.11'")
         return v
 
-    _pk = field_validator("packages", "constraints")(classmethod(lambda cls, v: _check_requirements(v)))
 
 
 class Torch(_Model):
     version: str = "*"
     cuda: str = "auto"
-    packages: list[str] = Field(default=[], description="torch-family packages from the same index, e.g. torchvision")
+    packages: list[Req] = Field(default=[], description="torch-family packages from the same index, e.g. torchvision")
 
     @field_validator("version")
     @classmethod
@@ -141,24 +149,15 @@ class Torch(_Model):
             return v
         raise ValueError(f"{v!r} is not 'auto', 'cpu' or a CUDA version like '12.8'")
 
-    _pk = field_validator("packages")(classmethod(lambda cls, v: _check_requirements(v)))
 
     def specifier(self) -> SpecifierSet:
         return SpecifierSet("" if self.version == "*" else self.version)
 
 
 class System(_Model):
-    packages: list[str] = Field(default=[], description="Debian packages")
+    packages: list[DebName] = Field(default=[], description="Debian packages")
     base: str = Field(default="auto", description="'auto', 'debian:bookworm', 'debian:trixie' or 'none'")
     compiler: bool | None = Field(default=None, description="C compiler + Python headers (torch.compile); default on for GPU images")
-
-    @field_validator("packages")
-    @classmethod
-    def _debs(cls, v: list[str]) -> list[str]:
-        for i, p in enumerate(v):
-            if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", p):
-                raise ValueError(f"item {i}: {p!r} is not a Debian package name")
-        return v
 
     @field_validator("base")
     @classmethod
@@ -171,9 +170,8 @@ class System(_Model):
 class Jupyter(_Model):
     enabled: bool = True
     port: int = Field(default=8888, ge=1, le=65535)
-    extensions: list[str] = Field(default=[], description="extra Python packages for JupyterLab")
+    extensions: list[Req] = Field(default=[], description="extra Python packages for JupyterLab")
 
-    _pk = field_validator("extensions")(classmethod(lambda cls, v: _check_requirements(v)))
 
 
 class Ssh(_Model):

@@ -104,6 +104,30 @@ def test_unknown_package_with_did_you_mean(small, cache):
         resolve_closure("bookworm", ["pyton3", "bash"], mirror=MIRROR, cache_dir=cache)
     assert ei.value.reference == "unknown-debian-package"
     assert "did you mean 'python3'" in ei.value.message
+    # each cause in words, not a raw dict (issue 43, 15)
+    from envspec.explain import cause_sentence
+
+    said = cause_sentence(ei.value.causes[0])
+    assert said.startswith("no package named 'pyton3' in Debian bookworm (bookworm")
+    assert "did you mean 'python3'" in said and "{" not in said
+
+
+def test_an_unknown_package_the_spec_names_is_shown_at_its_key_and_line(tmp_path, monkeypatch):
+    """issue 43, 15: `envspec lock` printed each unknown Debian package as a raw Python dict."""
+    from envspec.cli import main
+
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\n[python]\nversion = "3.11"\n[system]\npackages = ["nosuchpkg-xyz", "libgomp1"]\n')
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["lock", str(spec), "-o", str(tmp_path / "s.lock"), "-q"]) == 2
+    text = err.getvalue()
+    assert f"[system].packages[0] ({spec}:5): no package named 'nosuchpkg-xyz' in Debian bookworm" in text, text
+    assert "{'kind'" not in text
 
 
 def test_unsatisfiable_request(small, cache):
