@@ -12,12 +12,15 @@ not look at the machine itself, so tests give it a ``Host`` they build. Nothing 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from envspec.compat import best_arch, driver_branch, load_db
 from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host
+from envspec.errors import HostError
 from envspec.lock import Lockfile
 
 Status = Literal["ok", "warn", "fail", "info"]
@@ -353,6 +356,61 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
         else:
             out.append(Diagnosis("disk", "ok", msg, detail=detail))
     return out
+
+
+def _need_words(lock: Lockfile) -> tuple[int, str]:
+    """What a first build of the lock's image writes, in bytes and in words (as ``check_disk``)."""
+    packed = sum(w.size for w in lock.wheels) + (sum(p.size for p in lock.debian.packages) if lock.debian else 0)
+    unpacked = packed * UNPACK_FACTOR
+    return int(packed + 2 * unpacked), (
+        f"a first build of {lock.meta.name}'s image needs about {_human(packed + 2 * unpacked)}: "
+        f"{_human(packed)} of package downloads and ~{_human(unpacked)} of layer tars in the cache, "
+        f"~{_human(unpacked)} of unpacked image in containers-storage")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """The error is the disk running out (ENOSPC), raised here or said by a tool it ran."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = f"{getattr(err, 'message', '')} {getattr(err, 'stderr_tail', '')} {err}".lower()
+    return "no space left on device" in text
+
+
+def disk_full_error(err: BaseException, host: Host, lock: Lockfile) -> HostError:
+    """A build that ran out of disk, said as which of its directories (containers-storage, the
+    cache, the temporary folder) is full, how much each has free now, and what the build needs;
+    ``is_disk_full(err)`` must hold."""
+    import tempfile
+
+    places = [("containers-storage", host.storage.root or "/var/lib/containers/storage", "`podman image prune` or "
+               "`podman rmi` of images no longer used; ENVSPEC_STORAGE_ROOT moves it"),
+              ("the cache", str(host.cache_dir), "`envspec cache gc`; ENVSPEC_CACHE moves it"),
+              ("the temporary folder", tempfile.gettempdir(), "remove what is left there; TMPDIR moves it")]
+    free = {path: _free_now(path) for _, path, _ in places}
+    text = f"{getattr(err, 'filename', '') or ''} {getattr(err, 'message', '')} {getattr(err, 'stderr_tail', '')} {err}"
+    named = [pl for pl in places if pl[1] and pl[1] in text]  # the path the error names, else the fullest
+    full = max(named, key=lambda pl: len(pl[1])) if named else min(places, key=lambda pl: free[pl[1]])
+    _need, need_words = _need_words(lock)
+    rows = "\n".join(f"  {what:<21} {path:<40} {_human(free[path])} free" + ("  <- full" if (what, path) == full[:2] else "")
+                     for what, path, _ in places)
+    return HostError(
+        f"the disk ran out while building: no space left on device in {full[0]} ({full[1]}, "
+        f"{_human(free[full[1]])} free now); {need_words}\n{rows}",
+        hint=f"free space in {full[0]}: {full[2]}; `envspec doctor LOCK` checks the space before a build",
+        reference="disk-full")
+
+
+def _free_now(path: str) -> int:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def check_arch(host: Host, lock: Lockfile | None) -> list[Diagnosis]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from envspec.cli.common import bool_flag, console, print_json, rel
 from envspec.cli.lock import lock_for
-from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, UsageError
+from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, UsageError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -184,14 +184,21 @@ def cmd_build(args) -> int:
     cache = Cache(host.cache_dir)
     engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
-    with _Progress(args.quiet or args.json) as prog:
-        if plan is None:  # a section per platform: an image each, one image index over them
-            from envspec.image.index import build_index
+    try:
+        with _Progress(args.quiet or args.json) as prog:
+            if plan is None:  # a section per platform: an image each, one image index over them
+                from envspec.image.index import build_index
 
-            built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
-                                                         reporter=prog.reporter)
-        else:
-            built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+                built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
+                                                             reporter=prog.reporter)
+            else:
+                built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
+    except (OSError, EnvspecError) as e:  # a full disk: which directory, how much the build needs
+        from envspec.doctor import disk_full_error, is_disk_full
+
+        if is_disk_full(e):
+            raise disk_full_error(e, host, lock) from None
+        raise
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
     background = _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
