@@ -23,12 +23,19 @@ def _fill(text: str, tmp: Path) -> str:
 @pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if (p / "case.toml").is_file()))
 def test_first_hour_case(case, tmp_path):
     """A case's ``args`` (one command) or ``commands`` (several, each held to the same exit code
-    and messages); ``[env]`` adds variables ({tmp}, {root} filled in)."""
+    and messages); ``[env]`` adds variables ({tmp}, {root} filled in); ``copy``: case files copied
+    into {tmp} first; ``absent``: paths that must not exist after."""
+    import shutil
+
     c = tomllib.loads((CASES / case / "case.toml").read_text())
+    for name in c.get("copy", []):
+        shutil.copy(CASES / case / name, tmp_path / name)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env |= {k: _fill(v, tmp_path) for k, v in c.get("env", {}).items()}
     for args in c.get("commands", [c.get("args")]):
         _run(case, c, [_fill(a, tmp_path) for a in args], env, tmp_path)
+    for path in c.get("absent", []):
+        assert not Path(_fill(path, tmp_path)).exists(), path
 
 
 def _run(case: str, c: dict, args: list[str], env: dict[str, str], tmp_path: Path) -> None:

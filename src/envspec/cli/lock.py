@@ -251,8 +251,12 @@ def cmd_lock(args) -> int:
                       "([python].held_back = \"error\" refuses the lock)", markup=False)
         counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
                            f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
-        con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
-                  markup=False)
+        if getattr(args, "dry_run_of", None):  # `build --dry-run`: made in a temporary folder, the lockfile left alone
+            con.print(f"locked {args.dry_run_of} without writing it (--dry-run): {counts}, lock "
+                      f"{lock.meta.content_hash[:19]}…", markup=False)
+        else:
+            con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
+                      markup=False)
     return EXIT_OK
 
 
@@ -322,7 +326,7 @@ def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
             if out.exists():  # re-locking keeps the old lock's versions, as `envspec lock` would
                 made.write_bytes(out.read_bytes())
             cmd_lock(argparse.Namespace(spec=str(path), output=str(made), check=False, upgrade_package=None,
-                                        json=False, quiet=True))
+                                        json=False, quiet=True, dry_run_of=str(out)))
             return lockmod.load(made), out
     ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
     cmd_lock(ns)
