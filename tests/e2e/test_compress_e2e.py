@@ -190,7 +190,7 @@ def test_a_local_build_is_uncompressed_and_compresses_in_the_background_for_the_
         assert f"compressed {len(cacheable)} layers" in Path(bg["log"]).read_text()
         assert len(list((cache / "layers").glob("*.tar.zst"))) == len(cacheable)
         dry = subprocess.run([sys.executable, "-m", "envspec", "build", str(LOCK), "--push", f"{addr}/envspec/small:bg",
-                              "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+                              "--dry-run", "--json"], capture_output=True, text=True, env=env, timeout=300)
         assert dry.returncode == 0, dry.stderr[-2000:]
         rows = [r for r in json.loads(dry.stdout)["layers"] if r["group"] != "envspec"]
         assert rows and all(r["cached"] and r["compressed"] for r in rows)

@@ -78,7 +78,7 @@ def image(tmp_path_factory):
     """(lock, image ref): the spec locked into a temporary lockfile and built."""
     from envspec import lock as lockmod
     from envspec import sources
-    from envspec.image import BuildahEngine, build
+    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
@@ -90,7 +90,10 @@ def image(tmp_path_factory):
     _LOCKFILE["path"] = out
     assert lock.services.enabled() == ["jupyter", "ssh"], \
         f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
-    built = build(make_plan(lock), BuildahEngine(), Cache(), sources.discover().mirrors)
+    # the files the spec names (authorized_keys) are read beside the spec, as `envspec build` does
+    built = build(make_plan(lock), BuildahEngine(), Cache(), sources.discover().mirrors,
+                  options=BuildOptions(spec_dir=lockmod.lock_base(out) / Path(lock.meta.spec).parent))
+    assert (lockmod.lock_base(out) / lock.meta.spec).resolve() == SPEC.resolve()  # [meta].spec: from the lock's folder
     ls = _sh_in_image(built.image, "ls /opt/envspec/services/")
     if "jupyter.sh" not in ls.stdout or "ssh.sh" not in ls.stdout:
         pytest.fail(f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "

@@ -122,6 +122,7 @@ class _Progress:
 
 def cmd_build(args) -> int:
     from envspec import sources
+    from envspec.lock import lock_base
     from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
     from envspec.image.engine import registry_access
     from envspec.cache.store import Cache
@@ -156,7 +157,9 @@ def cmd_build(args) -> int:
                            source_jobs=spec_build.jobs if spec_build else 0,
                            compression=args.compression or DEFAULT_COMPRESSION,
                            # named, or for --check-digest's comparison with a pushed image: compressed now
-                           compress=True if (args.compression or args.check_digest) else None)
+                           compress=True if (args.compression or args.check_digest) else None,
+                           # [meta].spec is relative to the folder holding lockfiles/, not to where envspec runs
+                           spec_dir=(lock_base(lock_path) / Path(lock.meta.spec).parent) if lock.meta.spec else None)
     if lock.multi:
         from envspec.image.index import check_options
 
@@ -326,8 +329,11 @@ def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
             lines.append(f"  {lay['group']:<8} {len(lay['pins']):>5}  {lay['key'].split(':')[-1][:12]}  {state}")
         f = one["fetch"]
         lines.append(f"  to fetch: {f['wheels']} wheels ({human(f['wheel_bytes'])}), {f['debs']} Debian packages "
-                     f"({human(f['deb_bytes'])})" + (f"; built from sdists: {len(one['source_builds'])}"
-                                                     if one["source_builds"] else ""))
+                     f"({human(f['deb_bytes'])})")
+        if one["source_builds"]:
+            lines.append("  built from sdists: " + ", ".join(
+                f"{b.get('name')} {b.get('version')} ({'cached' if b.get('cached') else 'to build'})"
+                for b in one["source_builds"]))
         cache = one.get("cache") or {}
         if cache.get("from") or cache.get("to"):
             lines.append(f"  registry layer cache: from {cache.get('from') or '-'}, to {cache.get('to') or '-'}")

@@ -109,6 +109,9 @@ class BuildOptions:
     # divided among them)
     source_parallel: int = 1
     source_jobs: int = 0
+    # the folder of the spec the lock was made from (``lock.lock_base`` joined with [meta].spec's
+    # folder): files the spec names, such as [services.ssh].authorized_keys, are read from it
+    spec_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,8 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
     _clean_stale_scratch()
     wanted, comp = _compressions(options)
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted)
+    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted,
+                    spec_dir=options.spec_dir)
     layers.compiler = compiler
     store = engine.storage_cli() if ref else None
     if store is not None and store.can_stage:
@@ -483,8 +487,9 @@ class Layers:
 
     def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
                  comp: Compression = Compression("none"), clock: Clock | None = None,
-                 cache_comp: Compression | None = None) -> None:
+                 cache_comp: Compression | None = None, spec_dir: Path | None = None) -> None:
         self.plan, self.cache, self.work, self.reporter, self.comp = plan, cache, work, reporter, comp
+        self.spec_dir = spec_dir  # where the files the spec names are (``BuildOptions.spec_dir``)
         # the compression of the registry cache's entries (``--cache-from``): the one asked for,
         # also where this build keeps its layers uncompressed (``compress_now``)
         self.cache_comp = cache_comp or comp
@@ -794,7 +799,7 @@ class Layers:
             out = self.work / "envspec.tar"
             with self.clock.span("layer envspec"):
                 res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
-                                                      service_files=render_service_files(self.plan.lock),
+                                                      service_files=render_service_files(self.plan.lock, spec_dir=self.spec_dir),
                                                       compression=self._comp(), compiler=self.compiler)
             os.replace(out, self.path(top))
             meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
