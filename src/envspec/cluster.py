@@ -126,19 +126,26 @@ def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envspec cluster render",
                                 description="Write an sbatch script or a Kubernetes Indexed Job running "
-                                            "`envspec verify` across N nodes.")
+                                            "`envspec verify` across N nodes.",
+                                epilog="examples:\n  envspec cluster render --slurm --image REG/ml/train@sha256:... "
+                                       "--nnodes 4 --gpus-per-node 8 --lock lockfiles/h100-train.lock -o verify.sbatch\n"
+                                       "  envspec cluster render --kubernetes --image REG/ml/train@sha256:... --nnodes 2 "
+                                       "--gpus-per-node 8 -o verify.yaml",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     k = p.add_mutually_exclusive_group(required=True)
-    k.add_argument("--slurm", action="store_const", const="slurm", dest="kind")
-    k.add_argument("--kubernetes", action="store_const", const="kubernetes", dest="kind")
-    p.add_argument("--image", required=True, metavar="REF@sha256:...")
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--gpus-per-node", type=int, required=True)
-    p.add_argument("--level", choices=("quick", "full"), default="full")
-    p.add_argument("--job-name", default="envspec-verify")
-    p.add_argument("--namespace", default="default")
-    p.add_argument("--rdzv-port", type=int, default=29400)
-    p.add_argument("--partition", default="")
-    p.add_argument("--time", dest="time_limit", default="00:15:00")
+    k.add_argument("--slurm", action="store_const", const="slurm", dest="kind", help="an sbatch script")
+    k.add_argument("--kubernetes", action="store_const", const="kubernetes", dest="kind",
+                   help="a Kubernetes Indexed Job with a headless Service (YAML)")
+    p.add_argument("--image", required=True, metavar="REF@sha256:...", help="the image every node runs, by digest")
+    p.add_argument("--nnodes", type=int, required=True, help="how many nodes")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs on each node (torchrun --nproc-per-node)")
+    p.add_argument("--level", choices=("quick", "full"), default="full",
+                   help="envspec verify's level (default full: GEMM and the NCCL all-reduce across the nodes)")
+    p.add_argument("--job-name", default="envspec-verify", help="the job's name (default envspec-verify)")
+    p.add_argument("--namespace", default="default", help="Kubernetes: the namespace (default: default)")
+    p.add_argument("--rdzv-port", type=int, default=29400, help="torchrun's rendezvous port (default 29400)")
+    p.add_argument("--partition", default="", help="Slurm: the partition (default: the cluster's)")
+    p.add_argument("--time", dest="time_limit", default="00:15:00", help="Slurm: the time limit (default 00:15:00)")
     p.add_argument("--shm-size", default="", help="the containers' /dev/shm (default: the lock's, else 16g)")
     p.add_argument("--container", choices=CONTAINERS, default="pyxis",
                    help="Slurm: how each task starts the image: pyxis (srun --container-image, the default), "

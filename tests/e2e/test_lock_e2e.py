@@ -237,3 +237,15 @@ def test_an_ancient_vllm_the_index_leaves_is_refused_not_locked(tmp_path):
         assert err["reference"] == "abi-mismatch"
         assert [(m["package"], m["version"]) for m in err["mismatches"]] == [("vllm", "0.2.2")]
         assert err["mismatches"][0]["built_for"].startswith("2.1; companion table:")
+
+
+def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
+    """issue 42, 2: `envspec init` with every value given writes a spec that `envspec lock` takes."""
+    monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "--name", "fresh", "--cpu", "--torch", "==2.13.0", "--python", "3.11",
+                 "--packages", "numpy>=2"]) == 0
+    assert main(["lock", "specs/fresh.toml", "-q"]) == 0
+    lk = lockmod.load(tmp_path / "lockfiles" / "fresh.lock")
+    assert lk.torch is not None and (lk.torch.version, lk.torch.variant) == ("2.13.0", "cpu")
+    assert "numpy" in {w.name for w in lk.wheels} and lk.meta.spec == "specs/fresh.toml"

@@ -14,12 +14,13 @@ import os
 import sys
 
 from envspec import __version__
-from envspec.cli import build, cache, cluster, db, diff, doctor, lock, run, verify, verify_image
+from envspec.cli import build, cache, cluster, db, diff, doctor, init, lock, run, verify, verify_image
 from envspec.cli.common import console, print_json, say
 from envspec.errors import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EnvspecError, ResolutionImpossible
 
 # Each command's sub-parser, in the order `envspec --help` lists them.
 _COMMANDS = {
+    "init": init.add_init,
     "lock": lock.add_lock,
     "explain": lock.add_explain,
     "db": db.add_db,
@@ -31,6 +32,16 @@ _COMMANDS = {
     "diff": diff.add_diff,
     "verify": verify.add_verify,
     "cluster": cluster.add_cluster,
+}
+
+
+# How `envspec --help` groups the commands: a newcomer's path first.
+GROUPS = {
+    "start here": ("init", "explain", "lock", "build", "run"),
+    "images": ("diff", "verify-image", "cache"),
+    "machines": ("doctor", "verify"),
+    "cluster": ("cluster",),
+    "database": ("db",),
 }
 
 
@@ -48,13 +59,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parses a command line with: it parses, helps and fails the same way for that command, and
     argparse's set-up of every command is about 2% of `envspec explain`, docs/benchmarks.md
     session 12)."""
-    p = argparse.ArgumentParser(prog="envspec", description="Reproducible GPU deep-learning environments.")
+    p = argparse.ArgumentParser(prog="envspec", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="envspec [-h] [--version] [-v] COMMAND ...",
+                                description="Reproducible GPU deep-learning environments: a spec (TOML) locked\n"
+                                            "against a compatibility DB, built into an OCI image bit for bit,\n"
+                                            "verified on the machine it runs on.",
+                                epilog="`envspec COMMAND --help` says more, with examples; docs/cli.md lists every "
+                                       "option.")
     p.add_argument("--version", action="version", version=f"envspec {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", help=argparse.SUPPRESS)
     for name, add in _COMMANDS.items():
         if command is None or name == command:
             add(sub)
+    if command is None:  # the commands by group, each with its one line
+        helps = {a.dest: a.help or "" for a in sub._choices_actions}
+        width = max(map(len, helps)) + 2
+        p.description = (p.description or "") + "".join(
+            f"\n\n{group}:\n" + "\n".join(f"  {name:<{width}}{helps[name]}" for name in names)
+            for group, names in GROUPS.items())
     return p
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envspec.cli.common import bool_flag, console, print_json, rel
+from envspec.cli.common import JSON_HELP, bool_flag, command, console, print_json, rel
 from envspec.cli.lock import lock_for
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, UsageError
 
@@ -416,8 +416,16 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
 
 
 def add_build(sub) -> None:
-    s = sub.add_parser("build", help="build the lock's OCI image with buildah")
-    s.add_argument("target", metavar="SPEC|LOCK")
+    s = command(sub, "build", help="build the lock's OCI image with buildah (locks first when needed)",
+                description="Build the lock's OCI image with buildah, bit for bit the same from the same lock on any "
+                            "machine, in layers (base, cuda, torch, deps, team, envspec) so that a small change "
+                            "rebuilds and pushes a small layer. Given a spec, its lock is made or refreshed first.",
+                examples=["envspec build specs/h100.toml",
+                          "envspec build lockfiles/h100-train.lock --dry-run        # what it would do",
+                          "envspec build lockfiles/h100-train.lock --push registry.example/ml/train:v3 \\",
+                          "    --cache-to registry.example/ml/cache             # CI: push the image and its layers",
+                          "envspec build lockfiles/h100-train.lock --cache-from registry.example/ml/cache  # a node"])
+    s.add_argument("target", metavar="SPEC|LOCK", help="a spec (its lock is found, made or refreshed) or a lockfile")
     s.add_argument("--tag", help="image reference (default localhost/envspec/<name>:<lock hash>)")
     s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
                    help="also write the image here (repeatable)")
@@ -450,6 +458,6 @@ def add_build(sub) -> None:
                    help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
                         "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
                         "lockfile written (a missing or stale lock is made in a temporary folder)")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--json", action="store_true", help=JSON_HELP + "; with the build's phases and each layer's source")
+    s.add_argument("-q", "--quiet", action="store_true", help="print only the digest")
     s.set_defaults(func=cmd_build)

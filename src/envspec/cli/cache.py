@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from envspec.cli.common import console, print_json
+from envspec.cli.common import JSON_HELP, command, console, print_json
 from envspec.errors import EXIT_OK, EnvspecError
 
 
@@ -123,19 +123,28 @@ def cmd_cache(args) -> int:
 
 
 def add_cache(sub) -> None:
-    s = sub.add_parser("cache", help="what envspec's cache holds; `cache gc` removes what no lock needs")
-    s.add_argument("--json", action="store_true")
-    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION")
-    c = csub.add_parser("gc", help="remove the wheels, .debs and layers that the locks do not need")
+    s = command(sub, "cache", help="what envspec's cache holds; `cache gc` removes what no lock needs",
+                description="List what envspec's cache holds (wheels, .debs, layers, wheels built from sdists, and "
+                            "what each other folder is); `cache gc` removes the entries no lock needs; `cache "
+                            "compress` makes a lock's compressed layer blobs ahead of a push.",
+                examples=["envspec cache", "envspec cache gc --dry-run", "envspec cache gc --keep-size 50G",
+                          "envspec cache compress lockfiles/h100-train.lock"])
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
+    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION", help="gc or compress (none: list the cache)")
+    c = command(csub, "gc", help="remove the wheels, .debs and layers that the locks do not need",
+                examples=["envspec cache gc                    # keep what this repository's locks need",
+                          "envspec cache gc lockfiles/h100-train.lock --keep-size 50G"])
     c.add_argument("locks", nargs="*", metavar="LOCK",
                    help="keep what these locks need (default: every envspec *.lock in this repository)")
     c.add_argument("--keep-size", metavar="SIZE",
                    help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
     c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
-    c.add_argument("--json", action="store_true")
-    c = csub.add_parser("compress", help="make the compressed blobs of a lock's cached layers now, so that a push "
-                                         "need not (a local build starts this in the background)")
-    c.add_argument("lock", metavar="LOCK")
-    c.add_argument("--compression", choices=("zstd", "gzip"), default="zstd")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c = command(csub, "compress", help="make the compressed blobs of a lock's cached layers now, so that a push "
+                                       "need not (a local build starts this in the background)",
+                examples=["envspec cache compress lockfiles/h100-train.lock --compression gzip"])
+    c.add_argument("lock", metavar="LOCK", help="the lockfile whose layers to compress")
+    c.add_argument("--compression", choices=("zstd", "gzip"), default="zstd",
+                   help="the compression a later push will use (default zstd)")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_cache, cache_cmd=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from envspec.errors import UsageError
 
@@ -21,6 +22,20 @@ def console(stderr: bool = False):
             raise BrokenPipeError
 
     return _Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+JSON_HELP = "print the result as JSON on stdout (an error too: {\"ok\": false, \"error\": ...})"
+QUIET_HELP = "say nothing but warnings and errors"
+
+
+def command(sub, name: str, *, help: str, examples: Sequence[str], description: str = ""):
+    """A command's sub-parser: its one-line ``help`` (``envspec --help`` lists it), and for its own
+    --help a description (``description``, else the help) and examples."""
+    import argparse
+
+    return sub.add_parser(name, help=help, description=description or (help[:1].upper() + help[1:] + "."),
+                          epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def say(text: str, stderr: bool = False) -> None:

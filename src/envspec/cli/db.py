@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envspec.cli.common import console, print_json
+from envspec.cli.common import command, console, print_json
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_SOURCE
 
 
@@ -117,13 +117,19 @@ def _n(v) -> str:
 
 
 def add_db(sub) -> None:
-    s = sub.add_parser("db", help="the compatibility database")
-    dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True)
-    d = dsub.add_parser("show", help="print the DB")
-    d.add_argument("--json", action="store_true")
+    s = command(sub, "db", help="the compatibility database: torch builds, CUDA, cuDNN, NCCL, GPUs, driver branches",
+                description="The versioned, sourced compatibility database that `explain` and `lock` resolve "
+                            "against: `db show` prints it (or writes one HTML page), `db refresh` regenerates its "
+                            "PyPI-derived part.",
+                examples=["envspec db show | grep H100", "envspec db show --html db.html", "envspec db refresh -o /tmp/db.toml"])
+    dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True, help="show or refresh")
+    d = command(dsub, "show", help="print the DB: a row per torch build and per GPU (the names a spec takes)",
+                examples=["envspec db show", "envspec db show --json", "envspec db show --html db.html"])
+    d.add_argument("--json", action="store_true", help="print the whole DB as JSON")
     d.add_argument("--html", metavar="FILE", help="write one self-contained HTML page: the GPU x torch x CUDA-variant "
                                                   "matrix with driver floors, filterable, each cell linked to its source")
-    d = dsub.add_parser("refresh", help="regenerate the PyPI-derived part from the package index")
-    d.add_argument("-o", "--output", help="where to write (default: the bundled data file)")
-    d.add_argument("--json", action="store_true")
+    d = command(dsub, "refresh", help="regenerate the PyPI-derived part from the package index",
+                examples=["envspec db refresh", "envspec db refresh -o /tmp/torch_pypi.toml --json"])
+    d.add_argument("-o", "--output", metavar="PATH", help="where to write (default: the bundled data file)")
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=cmd_db)

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from envspec.cli.common import console, print_json, say
+from envspec.cli.common import JSON_HELP, QUIET_HELP, command, console, print_json, say
 from envspec.errors import (EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, LockError, ResolutionImpossible,
                             StaleLock)
 
@@ -334,20 +334,35 @@ def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
 
 
 def add_lock(sub) -> None:
-    s = sub.add_parser("lock", help="resolve a spec into a lockfile")
-    s.add_argument("spec")
-    s.add_argument("-o", "--output", help="lockfile path (default lockfiles/<name>.lock)")
-    s.add_argument("--check", action="store_true", help="exit 1 with reasons when the lock no longer matches the spec")
-    s.add_argument("--upgrade-package", action="append", metavar="NAME", help="let NAME move to its newest version")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s = command(sub, "lock", help="resolve a spec into a lockfile: every wheel and .deb pinned by sha256",
+                description="Resolve a spec against the compatibility DB and the package indexes, torch together "
+                            "with the packages on it, into a lockfile: every wheel, sdist and Debian package pinned "
+                            "with its sha256, and the hardware contract (GPUs, arch list, driver floor). Re-locking "
+                            "keeps the versions the spec still allows.",
+                examples=["envspec lock specs/h100.toml                 # writes lockfiles/h100-train.lock",
+                          "envspec lock specs/h100.toml --check         # in CI: exit 1 when the lock is stale",
+                          "envspec lock specs/h100.toml --upgrade-package vllm"])
+    s.add_argument("spec", metavar="SPEC", help="the spec (TOML)")
+    s.add_argument("-o", "--output", metavar="PATH",
+                   help="lockfile path (default lockfiles/<name>.lock beside the spec's specs/ folder)")
+    s.add_argument("--check", action="store_true", help="write nothing; exit 1 with reasons when the lock no longer "
+                                                        "matches the spec")
+    s.add_argument("--upgrade-package", action="append", metavar="NAME", help="let NAME move to its newest version "
+                                                                               "(repeatable)")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
+    s.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     s.set_defaults(func=cmd_lock)
 
 
 def add_explain(sub) -> None:
-    s = sub.add_parser("explain", help="which torch build fits the spec, and why (offline)")
-    s.add_argument("spec")
-    s.add_argument("--json", action="store_true")
+    s = command(sub, "explain", help="which torch build, CUDA and driver floor a spec gets, and why (offline)",
+                description="Say which torch release and build fit the spec's GPUs, driver, Python and platform, "
+                            "every candidate with the reason it fits or not, and why newer releases were passed "
+                            "over. Offline: reads only the compatibility DB.",
+                examples=["envspec explain specs/h100.toml",
+                          "envspec explain specs/h100.toml --packages   # with the packages, as `lock` chooses"])
+    s.add_argument("spec", metavar="SPEC", help="the spec (TOML)")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("--packages", action="store_true",
                    help="choose torch together with the packages the spec names, as `lock` does, and say which "
                         "newer releases they pass over (reads the package indexes)")

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from envspec.cli.common import console, print_json
+from envspec.cli.common import JSON_HELP, command, console, print_json
 from envspec.errors import EXIT_OK, UsageError
 
 
@@ -90,18 +90,27 @@ def _run_foreground(argv: list[str]) -> int:
 
 
 def add_run(sub) -> None:
-    s = sub.add_parser("run", help="start the image with podman or docker, GPUs, shm, ports and this directory")
-    s.add_argument("target", metavar="SPEC|LOCK|IMAGE")
+    s = command(sub, "run", help="start the image with podman or docker: GPUs, shm, ports, services, this directory",
+                description="Start the lock's image with podman or docker, with the GPUs (CDI or the NVIDIA "
+                            "runtime), the lock's shm size, ulimits and environment, its services' ports on "
+                            "loopback, and the current directory on /workspace. A command after -- runs instead "
+                            "of the services.",
+                examples=["envspec run specs/h100.toml                              # Jupyter and SSH, as the spec says",
+                          "envspec run lockfiles/h100-train.lock -- python train.py --epochs 3",
+                          "envspec run lockfiles/h100-train.lock --print -- envspec verify   # the command, not run"])
+    s.add_argument("target", metavar="SPEC|LOCK|IMAGE", help="a spec (its lock's image), a lockfile, or an image "
+                                                             "reference")
     s.add_argument("--print", action="store_true", help="print the command instead of running it")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--engine", choices=("podman", "docker"))
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
+    s.add_argument("--engine", choices=("podman", "docker"), help="the container engine (default: podman where "
+                                                                   "it works, else a reachable docker)")
     s.add_argument("--image", help="run this image reference instead of the lock's tag")
     s.add_argument("--bind", default="127.0.0.1", help="address the services' ports listen on (default loopback)")
     s.add_argument("--port", action="append", metavar="HOST:CONTAINER", help="publish a service port elsewhere")
-    s.add_argument("-d", "--detach", action="store_true")
-    s.add_argument("--name")
+    s.add_argument("-d", "--detach", action="store_true", help="start it in the background and print its name")
+    s.add_argument("--name", help="the container's name (default: envspec-run-<random>)")
     s.add_argument("--no-mount", action="store_true", help="do not mount the current directory on /workspace")
-    s.add_argument("--no-gpu", action="store_true")
+    s.add_argument("--no-gpu", action="store_true", help="start it without GPUs (a GPU image then runs its CPU paths)")
     s.add_argument("--emulate", action="store_true",
                    help="run an image of another CPU architecture (arm64 on amd64) under qemu-user-static "
                         "(binfmt_misc); without it such an image is refused (exit 2)")

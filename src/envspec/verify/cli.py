@@ -30,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="envspec verify",
         description="Check this machine against an envspec lock: driver, GPUs, libraries, integrity, "
                     "speed. Exit 0: nothing failed; 1: a check failed; 2: bad input.",
+        epilog="examples:\n  envspec verify                                   # in an image: its own lock\n"
+               "  envspec verify --lock lockfiles/h100-train.lock --level full --json\n"
+               "  srun envspec verify --level full --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node1:29400",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--lock", metavar="PATH", help="the lockfile (default: $ENVSPEC_LOCK, else "
                    "/opt/envspec/envspec.lock, the path baked into images)")
@@ -66,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend (default c10d)")
     g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (static rendezvous)")
     g.add_argument("--master-addr", metavar="HOST", help="static rendezvous instead of c10d")
-    g.add_argument("--master-port", type=int, default=29500, metavar="PORT")
+    g.add_argument("--master-port", type=int, default=29500, metavar="PORT",
+                   help="the static rendezvous's port on --master-addr (default 29500)")
     return p
 
 

@@ -1,0 +1,36 @@
+"""docs/cli.md is the parsers' own text (issue 42, points 1 and 4): it is regenerated and compared,
+and every command has a description and examples, every argument a help text."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from envspec.cli import GROUPS, _COMMANDS
+from envspec.cli.reference import _parsers, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_docs_cli_md_is_the_parsers_text():
+    assert (ROOT / "docs" / "cli.md").read_text() == markdown(), \
+        "docs/cli.md is stale: python -m envspec.cli.reference > docs/cli.md"
+
+
+def test_every_command_says_what_it_does_with_examples_and_every_argument_has_help():
+    seen = []
+    for words, p in _parsers():
+        seen.append(words)
+        assert p.description and len(p.description) > 20, words
+        assert p.epilog and p.epilog.startswith("examples:\n  envspec "), words
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            assert a.help, f"{words}: {a.option_strings or a.dest} has no help"
+    assert {"envspec db show", "envspec cache gc", "envspec verify", "envspec cluster render"} <= set(seen)
+
+
+def test_the_top_level_groups_every_command_once():
+    grouped = [n for names in GROUPS.values() for n in names]
+    assert sorted(grouped) == sorted(_COMMANDS) and len(grouped) == len(set(grouped))
+    assert list(GROUPS)[0] == "start here" and GROUPS["start here"][0] == "init"
