@@ -84,11 +84,23 @@ DebName = Annotated[str, AfterValidator(_check_deb)]  # a Debian package name
 
 
 class Target(_Model):
-    gpus: list[str] = Field(default=[], description="GPU models or sm_XY the image must run on")
-    driver: str | None = Field(default=None, description="the oldest NVIDIA driver on the hosts")
-    driver_policy: Literal["compat", "strict"] = "compat"
-    platforms: list[str] = Field(default=[],
-                                 description="'linux-x86_64' or 'linux-aarch64'; default from the GPUs (x86_64 without GPUs)")
+    """The hardware the image runs on: the GPUs, the hosts' oldest driver, the CPU platforms."""
+
+    gpus: list[str] = Field(default=[], examples=[["H100"], ["A100 80GB", "L40S"]],
+                            description="the GPUs the image must run on, by the names `envspec db show` lists (or "
+                                        "sm_XY); empty: a CPU image")
+    driver: str | None = Field(default=None, examples=["580.65.06"],
+                               description="the oldest NVIDIA driver on the hosts (`nvidia-smi "
+                                           "--query-gpu=driver_version --format=csv,noheader`); left out, the newest "
+                                           "build's floor is assumed and said (docs/lockfile.md)")
+    driver_policy: Literal["compat", "strict"] = Field(
+        default="compat", examples=["strict"],
+        description="\"compat\": a driver runs a newer CUDA of its major version (CUDA's minor-version "
+                    "compatibility); \"strict\": only the toolkit's own driver floor")
+    platforms: list[str] = Field(default=[], examples=[["linux-x86_64", "linux-aarch64"]],
+                                 description="the hosts' CPU platforms, \"linux-x86_64\" and/or \"linux-aarch64\"; "
+                                             "both give one lock with a section each; default from the GPUs "
+                                             "(x86_64 without GPUs)")
 
     @field_validator("driver")
     @classmethod
@@ -101,16 +113,26 @@ class Target(_Model):
 
 
 class Python(_Model):
-    version: str = "3.11"
-    packages: list[Req] = []
-    constraints: list[Req] = Field(default=[], description="pins applied without requesting")
-    # a named package held below its newest release (a torch pin, no wheel, the Python version) or at
-    # a pre-release nobody asked for: "warn" (the lock is written and says why), "error" (refused,
-    # for CI); a policy of `envspec lock`, not an input of the resolution: not in the spec hash
-    held_back: Literal["warn", "error"] = "warn"
-    # a package with no wheel for the platform: "auto" locks its sdist and builds the wheel from it
-    # with pinned inputs (docs/build.md, "Wheels built from sdists"); "never": wheels only (no-wheel)
-    from_source: Literal["auto", "never"] = "auto"
+    """The image's Python and the packages a team adds, resolved together with torch."""
+
+    version: str = Field(default="3.11", examples=["3.13"],
+                         description="the image's Python: 3.11 (Debian bookworm) or 3.13 (trixie); with "
+                                     "[system].base = \"none\", any")
+    packages: list[Req] = Field(default=[], examples=[["transformers>=4.50", "datasets", "vllm"]],
+                                description="PEP 508 requirements, resolved with torch: torch moves to the newest "
+                                            "release they all accept")
+    constraints: list[Req] = Field(default=[], examples=[["numpy<2.3"]],
+                                   description="pins applied to whatever needs the package, without asking for it")
+    # a policy of `envspec lock`, not an input of the resolution: not in the spec hash
+    held_back: Literal["warn", "error"] = Field(
+        default="warn", examples=["error"],
+        description="a named package held below its newest release (a torch pin, no wheel, the Python version) "
+                    "or at a pre-release nobody asked for: \"warn\" writes the lock and says why, \"error\" "
+                    "refuses it (for CI)")
+    from_source: Literal["auto", "never"] = Field(
+        default="auto", examples=["never"],
+        description="a package with no wheel for the platform: \"auto\" locks its sdist and builds the wheel "
+                    "from it with pinned inputs (docs/build.md); \"never\": wheels only (no-wheel)")
 
     @field_validator("version")
     @classmethod
@@ -122,9 +144,17 @@ class Python(_Model):
 
 
 class Torch(_Model):
-    version: str = "*"
-    cuda: str = "auto"
-    packages: list[Req] = Field(default=[], description="torch-family packages from the same index, e.g. torchvision")
+    """torch: the range of releases, the CUDA build, and its family from the same index. Left out,
+    the image has no torch."""
+
+    version: str = Field(default="*", examples=["2.14", "==2.14.1", ">=2.12,<2.15"],
+                         description="a PEP 440 range; a bare version of one or two parts is every release it "
+                                     "starts (\"2.14\" is ==2.14.*); \"*\": the newest that fits")
+    cuda: str = Field(default="auto", examples=["cpu", "12.8"],
+                      description="\"auto\": the build that fits the GPUs and driver (PyPI's where it fits); "
+                                  "\"cpu\": the CPU build; \"12.8\": that CUDA's build")
+    packages: list[Req] = Field(default=[], examples=[["torchvision", "torchaudio"]],
+                                description="torch-family packages from the same index as torch, e.g. torchvision")
 
     @field_validator("version")
     @classmethod
@@ -155,9 +185,17 @@ class Torch(_Model):
 
 
 class System(_Model):
-    packages: list[DebName] = Field(default=[], description="Debian packages")
-    base: str = Field(default="auto", description="'auto', 'debian:bookworm', 'debian:trixie' or 'none'")
-    compiler: bool | None = Field(default=None, description="C compiler + Python headers (torch.compile); default on for GPU images")
+    """The Debian base under the image and the Debian packages a team adds."""
+
+    packages: list[DebName] = Field(default=[], examples=[["libgl1", "ffmpeg"]],
+                                    description="Debian packages, pinned with their dependencies by sha256")
+    base: str = Field(default="auto", examples=["debian:trixie", "none"],
+                      description="\"auto\" (the Debian release of [python].version), \"debian:bookworm\", "
+                                  "\"debian:trixie\", or \"none\": a lock for a host's own Python, verified "
+                                  "but not built")
+    compiler: bool | None = Field(default=None, examples=[False],
+                                  description="a C compiler and Python headers (torch.compile's Triton and "
+                                              "Inductor need them); default: on where the spec has torch")
 
     @field_validator("base")
     @classmethod
@@ -168,31 +206,52 @@ class System(_Model):
 
 
 class Jupyter(_Model):
-    enabled: bool = True
-    port: int = Field(default=8888, ge=1, le=65535)
-    extensions: list[Req] = Field(default=[], description="extra Python packages for JupyterLab")
+    """JupyterLab in the image, started by `envspec run` with a token of its own."""
+
+    enabled: bool = Field(default=True, examples=[False], description="start JupyterLab when the image runs "
+                                                                     "without a command")
+    port: int = Field(default=8888, ge=1, le=65535, examples=[8890], description="its port in the container")
+    extensions: list[Req] = Field(default=[], examples=[["jupyterlab-git"]],
+                                  description="extra Python packages for JupyterLab")
 
 
 
 class Ssh(_Model):
-    enabled: bool = True
-    port: int = Field(default=2222, ge=1, le=65535)
-    authorized_keys: str = Field(default="", description="file of public keys, relative to the spec")
+    """An SSH server in the image: keys only, no password, no root, a host key made at start."""
+
+    enabled: bool = Field(default=True, examples=[False], description="start sshd when the image runs without "
+                                                                     "a command")
+    port: int = Field(default=2222, ge=1, le=65535, examples=[2200], description="its port in the container")
+    authorized_keys: str = Field(default="", examples=["authorized_keys"],
+                                 description="a file of public keys, relative to the spec, baked into the image "
+                                             "(its hash is in the lock); empty: keys given at run time in "
+                                             "ENVSPEC_AUTHORIZED_KEYS")
 
 
 class Services(_Model):
-    jupyter: Jupyter | None = None
-    ssh: Ssh | None = None
+    """What the image serves when it runs without a command."""
+
+    jupyter: Jupyter | None = Field(default=None, description="[services.jupyter]: JupyterLab")
+    ssh: Ssh | None = Field(default=None, description="[services.ssh]: an SSH server")
 
 
 class Runtime(_Model):
-    tf32: bool = True
-    matmul_precision: Literal["highest", "high", "medium"] | None = None
-    shm_size: str = "16g"
-    env: dict[str, str] = {}
-    ulimits: dict[str, int] = {"memlock": -1, "stack": 67108864}
-    user: str = "envspec"
-    uid: int = Field(default=1000, ge=1, le=65533)
+    """How the image runs: torch's math settings, the container's limits, its user."""
+
+    tf32: bool = Field(default=True, examples=[False], description="TF32 matmuls and convolutions on Ampere and "
+                                                                  "newer (torch.backends.*.allow_tf32)")
+    matmul_precision: Literal["highest", "high", "medium"] | None = Field(
+        default=None, examples=["medium"],
+        description="torch.set_float32_matmul_precision; default \"high\" with tf32, else \"highest\"")
+    shm_size: str = Field(default="16g", examples=["64g"],
+                          description="the container's /dev/shm (DataLoader workers, NCCL)")
+    env: dict[str, str] = Field(default={}, examples=[{"NCCL_DEBUG": "WARN"}],
+                                description="environment variables of the image")
+    ulimits: dict[str, int] = Field(default={"memlock": -1, "stack": 67108864}, examples=[{"nofile": 1048576}],
+                                    description="the container's limits (-1: unlimited); `envspec run` keeps them "
+                                                "within the host's")
+    user: str = Field(default="envspec", examples=["ml"], description="the image's user (not root)")
+    uid: int = Field(default=1000, ge=1, le=65533, examples=[1001], description="that user's uid")
 
     @field_validator("shm_size")
     @classmethod
@@ -221,38 +280,59 @@ class Runtime(_Model):
 
 
 class Build(_Model):
-    """How `envspec build` spends the machine on wheels built from sdists (not an input of the lock:
-    not in the spec hash). ``parallel``: source builds at once; ``jobs``: the compile jobs each one
-    runs (MAKEFLAGS -j, MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL); 0: the cores divided among them."""
+    """How `envspec build` spends the machine on wheels built from sdists; not an input of the lock
+    (not in the spec hash)."""
 
-    parallel: int = Field(default=1, ge=1, le=64)
-    jobs: int = Field(default=0, ge=0, le=1024)
+    parallel: int = Field(default=1, ge=1, le=64, examples=[2], description="wheels built from sdists at once")
+    jobs: int = Field(default=0, ge=0, le=1024, examples=[16],
+                      description="compile jobs of each (MAKEFLAGS -j, MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL); 0: "
+                                  "the cores divided among the builds")
 
 
 class Sources(_Model):
-    index: str = "https://pypi.org/simple"
-    extra_indexes: list[str] = []
-    torch_index: str = "https://download.pytorch.org/whl"
-    mirrors: list[str] = Field(default=[], description="indexes or folders serving the same files")
-    use_pip_config: bool = True
-    debian_mirror: str = "http://deb.debian.org/debian"
-    debian_security_mirror: str = "http://deb.debian.org/debian-security"
-    debian_snapshot: str = ""
-    cache_from: str = Field("", description="a registry repository to take layers from (build --cache-from)")
-    cache_to: str = Field("", description="a registry repository to push made layers to (build --cache-to)")
+    """Where packages and layers come from. The indexes are part of the lock's identity; mirrors
+    (which serve the same files) are not."""
+
+    index: str = Field(default="https://pypi.org/simple", examples=["https://pypi.example/simple"],
+                       description="the Python package index")
+    extra_indexes: list[str] = Field(default=[], examples=[["https://pkgs.example/simple"]],
+                                     description="more indexes, after index")
+    torch_index: str = Field(default="https://download.pytorch.org/whl", examples=["https://mirror.example/whl"],
+                             description="the PyTorch index (its cuXYZ/ and cpu/ builds)")
+    mirrors: list[str] = Field(default=[], examples=[["file:///srv/wheels", "https://proxy.example/simple"]],
+                               description="indexes or folders serving the same files, tried first; not in the "
+                                           "lock")
+    use_pip_config: bool = Field(default=True, examples=[False],
+                                 description="also take pip's configured index-url, extra-index-url and "
+                                             "find-links as mirrors")
+    debian_mirror: str = Field(default="http://deb.debian.org/debian", examples=["http://mirror.example/debian"],
+                               description="the Debian mirror")
+    debian_security_mirror: str = Field(default="http://deb.debian.org/debian-security",
+                                        examples=["http://mirror.example/debian-security"],
+                                        description="the Debian security mirror")
+    debian_snapshot: str = Field(default="", examples=["https://snapshot.debian.org/archive/debian/20261201T000000Z"],
+                                 description="a snapshot mirror tried first for pinned .debs that Debian's mirror "
+                                             "no longer serves")
+    cache_from: str = Field("", examples=["registry.example/ml/cache"],
+                            description="a registry repository to take layers from (build --cache-from)")
+    cache_to: str = Field("", examples=["registry.example/ml/cache"],
+                          description="a registry repository to push made layers to (build --cache-to)")
 
 
 class EnvSpec(_Model):
-    name: str
-    description: str = ""
-    target: Target = Field(default_factory=Target)
-    python: Python = Field(default_factory=Python)
-    torch: Torch | None = None
-    system: System = Field(default_factory=System)
-    services: Services = Field(default_factory=Services)
-    runtime: Runtime = Field(default_factory=Runtime)
-    build: Build = Field(default_factory=Build)
-    sources: Sources = Field(default_factory=Sources)
+    """An envspec spec: one TOML file."""
+
+    name: str = Field(examples=["h100-train"], description="names the lock (lockfiles/<name>.lock) and the image "
+                                                           "(localhost/envspec/<name>:<lock hash>)")
+    description: str = Field(default="", examples=["PyTorch training on H100 nodes"], description="for people")
+    target: Target = Field(default_factory=Target, description="[target]")
+    python: Python = Field(default_factory=Python, description="[python]")
+    torch: Torch | None = Field(default=None, description="[torch]")
+    system: System = Field(default_factory=System, description="[system]")
+    services: Services = Field(default_factory=Services, description="[services]")
+    runtime: Runtime = Field(default_factory=Runtime, description="[runtime]")
+    build: Build = Field(default_factory=Build, description="[build]")
+    sources: Sources = Field(default_factory=Sources, description="[sources]")
 
     _file: str = PrivateAttr(default="")
     _lines: dict[tuple, int] = PrivateAttr(default={})

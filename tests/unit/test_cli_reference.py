@@ -34,3 +34,24 @@ def test_the_top_level_groups_every_command_once():
     grouped = [n for names in GROUPS.values() for n in names]
     assert sorted(grouped) == sorted(_COMMANDS) and len(grouped) == len(set(grouped))
     assert list(GROUPS)[0] == "start here" and GROUPS["start here"][0] == "init"
+
+
+def test_docs_spec_md_is_the_models_text_and_every_key_is_on_it():
+    """issue 42, 3: every key of the spec with its type, default, an example and its meaning; the
+    page is regenerated and compared, and each example is a value the models take."""
+    from envspec.cli.reference import _model_of, _tables, spec_markdown
+
+    page = (ROOT / "docs" / "spec.md").read_text()
+    assert page == spec_markdown(), "docs/spec.md is stale: python -m envspec.cli.reference spec > docs/spec.md"
+    keys = 0
+    for table, model in _tables():
+        assert model.__doc__ and f"## {'[' + table + ']' if table else 'Top level'}" in page
+        for key, info in model.model_fields.items():
+            if _model_of(info.annotation) is not None:
+                continue
+            keys += 1
+            assert info.description and info.examples, f"[{table}].{key}: no meaning or no example"
+            assert f"| `{key}` |" in page
+            given = {} if table else {"name": "x"}
+            model.model_validate(given | {key: info.examples[0]})  # the example is a value the spec takes
+    assert keys >= 40

@@ -1,7 +1,9 @@
-"""docs/cli.md, generated from the parsers: every command, its description, usage, options and
-examples, so that the page and `--help` cannot disagree (tests/unit/test_cli_reference.py).
+"""docs/cli.md and docs/spec.md, generated: every command from the parsers (its description,
+usage, options and examples), every spec key from the pydantic models (its type, default, example
+and meaning), so that the pages and the code cannot disagree (tests/unit/test_cli_reference.py).
 
     python -m envspec.cli.reference > docs/cli.md
+    python -m envspec.cli.reference spec > docs/spec.md
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ def _option(a: argparse.Action) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
+    """A table cell's code (shown as written)."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _plain(text: str) -> str:
+    """A table cell's words: a <name> is not an HTML tag."""
+    return _cell(text).replace("<", "&lt;")
 
 
 def markdown() -> str:
@@ -64,17 +72,121 @@ def markdown() -> str:
     out += ["| group | commands |", "| --- | --- |"]
     out += [f"| {g} | {', '.join(f'`{n}`' for n in names)} |" for g, names in GROUPS.items()]
     for words, p in _parsers():
-        out += ["", f"## `{words}`", "", _cell(p.description or ""), "", "```", _usage(words, p), "```", ""]
+        out += ["", f"## `{words}`", "", _plain(p.description or ""), "", "```", _usage(words, p), "```", ""]
         rows = [a for a in p._actions if not isinstance(a, argparse._HelpAction)]
         if rows:
             out += ["| argument | meaning |", "| --- | --- |"]
-            out += [f"| `{_cell(_option(a))}` | {_cell(a.help or '')} |" for a in rows]
+            out += [f"| `{_cell(_option(a))}` | {_plain(a.help or '')} |" for a in rows]
         if p.epilog and p.epilog.startswith("examples:"):
             out += ["", "Examples:", "", "```sh", *[line[2:] for line in p.epilog.splitlines()[1:]], "```"]
+    return "\n".join(out) + "\n"
+
+
+# --- docs/spec.md ---------------------------------------------------------------------------------
+
+def _toml(v: object) -> str:
+    """A value as TOML writes it inline."""
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }" if v else "{}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def _type(info) -> str:
+    """A field's type in a reader's words."""
+    import typing
+
+    from envspec import spec as specmod
+
+    def words(t) -> str:
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if t is specmod.Req:
+            return "PEP 508 requirement"
+        if t is specmod.DebName:
+            return "Debian package name"
+        if origin is typing.Literal:
+            return "one of " + ", ".join(_toml(a) for a in args)
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            return " or ".join(words(a) for a in args if a is not type(None))
+        if origin is list:
+            return f"array of {words(args[0])}s"
+        if origin is dict:
+            return f"table of {words(args[1])}s"
+        return {str: "string", bool: "boolean", int: "integer"}.get(t, getattr(t, "__name__", str(t)))
+
+    text = words(info.annotation)
+    bounds = [m for m in info.metadata if hasattr(m, "ge") or hasattr(m, "le")]
+    lo = next((m.ge for m in bounds if getattr(m, "ge", None) is not None), None)
+    hi = next((m.le for m in bounds if getattr(m, "le", None) is not None), None)
+    return text + (f", {lo} to {hi}" if lo is not None and hi is not None else "")
+
+
+def _default(info) -> str:
+    from pydantic_core import PydanticUndefined
+
+    if info.default is PydanticUndefined and info.default_factory is None:
+        return "(required)"
+    value = info.default_factory() if info.default_factory is not None else info.default
+    return "(none)" if value is None else f"`{_toml(value)}`"
+
+
+def _tables():
+    """(TOML table name, model) of the spec, in its order: the top level, each table, the services'."""
+    from envspec import spec as specmod
+
+    yield "", specmod.EnvSpec
+    for name, info in specmod.EnvSpec.model_fields.items():
+        model = _model_of(info.annotation)
+        if model is None:
+            continue
+        if model is specmod.Services:
+            for sname, sinfo in model.model_fields.items():
+                yield f"services.{sname}", _model_of(sinfo.annotation)
+            continue
+        yield name, model
+
+
+def _model_of(t):
+    import typing
+
+    from pydantic import BaseModel
+
+    for c in (t, *typing.get_args(t)):
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+    return None
+
+
+def spec_markdown() -> str:
+    from envspec.spec import EnvSpec
+
+    out = ["# The spec", "",
+           "A spec is one TOML file (`specs/<name>.toml`; `envspec init` writes a commented one). "
+           "Generated from the models in `src/envspec/spec.py` by `python -m envspec.cli.reference spec > "
+           "docs/spec.md`; a test keeps it in sync. A key the models do not know is an error, with did-you-mean.",
+           "", "```toml", "name = \"h100-train\"", "", "[target]", "gpus = [\"H100\"]", "driver = \"580.65.06\"", "",
+           "[python]", "packages = [\"transformers>=4.50\"]", "", "[torch]", "version = \"2.14\"", "```"]
+    for table, model in _tables():
+        out += ["", f"## {'[' + table + ']' if table else 'Top level'}", ""]
+        out += [" ".join((model.__doc__ or "").split()), ""]
+        out += ["| key | type | default | example | meaning |", "| --- | --- | --- | --- | --- |"]
+        for key, info in model.model_fields.items():
+            if _model_of(info.annotation) is not None and model is EnvSpec:
+                continue  # a table: its own section
+            if _model_of(info.annotation) is not None:
+                continue
+            example = (info.examples or [None])[0]
+            out.append(f"| `{key}` | {_plain(_type(info))} | {_cell(_default(info))} | "
+                       f"{'`' + _cell(_toml(example)) + '`' if example is not None else ''} | {_plain(info.description or '')} |")
     return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
     import sys
 
-    sys.stdout.write(markdown())
+    sys.stdout.write(spec_markdown() if sys.argv[1:] == ["spec"] else markdown())
