@@ -110,3 +110,12 @@ def test_in_a_browser_the_filters_mark_a_known_cell(page: Path):
     dom = _dom(page, "?driver=470.82.01")  # all GPUs shown; R470 drives no Hopper, whatever the CUDA
     assert "too-old" in dom.cells[("b-2_3_1-cu118", H100)]["class"].split()
     assert "hidden" not in dom.cells[(ROW, B200)]["class"].split()
+
+
+def test_the_page_has_a_legend_for_each_kind_of_cell(page: Path):
+    """issue 42, 5: read as a newcomer, the page said nowhere what green, yellow, red and (PyPI) mean."""
+    text = page.read_text()
+    legend = text[text.index('<ul id="legend">'):text.index("</ul>", text.index('<ul id="legend">'))]
+    for kind in ("runs", "too-old", "none"):
+        assert f'class="swatch {kind}"' in legend and f"td.{kind}, .swatch.{kind}" in text
+    assert "(PyPI)" in legend and "no kernel image is available" in legend
