@@ -32,6 +32,7 @@ class Cells(HTMLParser):
         self.links: list[str] = []
         self.srcs: list[str] = []
         self.ids: set[str] = set()
+        self.rows: dict[str, dict[str, str]] = {}
 
     def handle_starttag(self, tag, attrs):
         a = {k: v or "" for k, v in attrs}
@@ -39,6 +40,7 @@ class Cells(HTMLParser):
             self.ids.add(a["id"])
         if tag == "tr":
             self.row = a.get("id", "")
+            self.rows[self.row] = a
         if tag == "td" and "data-gpu" in a:
             self.cells[(self.row, a["data-gpu"])] = a
         if "src" in a or tag in ("link", "img", "iframe"):
@@ -119,3 +121,14 @@ def test_the_page_has_a_legend_for_each_kind_of_cell(page: Path):
     for kind in ("runs", "too-old", "none"):
         assert f'class="swatch {kind}"' in legend and f"td.{kind}, .swatch.{kind}" in text
     assert "(PyPI)" in legend and "no kernel image is available" in legend
+
+
+def test_only_the_builds_that_run_on_the_chosen_gpu_and_driver(page: Path):
+    """issue 29, 4 (its switch): with "only the builds that run there" ticked, a build none of whose
+    shown cells runs on the driver is hidden, one that runs stays."""
+    dom = _dom(page, "?gpu=H100&driver=535.104.05&only=1")
+    hidden = {r for r, a in dom.rows.items() if r and "hidden" in a.get("class", "").split()}
+    assert ROW in hidden  # 2.14.1 cu130 needs 580.65.06 on an H100
+    assert "b-2_3_1-cu118" not in hidden  # runs from R520 on
+    dom = _dom(page, "?gpu=H100&driver=535.104.05")  # not ticked: every row shown
+    assert not any("hidden" in a.get("class", "").split() for a in dom.rows.values())
