@@ -12,14 +12,13 @@ not look at the machine itself, so tests give it a ``Host`` they build. Nothing 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from envspec.compat import best_arch, driver_branch, load_db
-from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host
+from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host, disk_free
 from envspec.errors import HostError
 from envspec.lock import Lockfile
 
@@ -325,16 +324,11 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     if lock is None:
         return [Diagnosis("disk", "info", f"{_human(fs_store.free)} free for containers-storage ({root})",
                           detail={"free": fs_store.free, "root": root})]
-    sizes = [w.size for w in lock.wheels]
-    sizes += [p.size for p in lock.debian.packages] if lock.debian else []
-    unknown = sum(1 for s in sizes if s == 0)
-    packed = sum(sizes)
-    unpacked = packed * UNPACK_FACTOR
+    packed, unpacked, unknown = _first_build(lock)
     # The build keeps the downloads and the layer tars in its cache, then copies the layers into
     # containers-storage: compressed + unpacked in the cache, unpacked again in the storage.
     need_cache, need_store = packed + unpacked, unpacked
-    in_cache = f"{_human(packed)} of package downloads and ~{_human(unpacked)} of layer tars in the cache"
-    in_store = f"~{_human(unpacked)} of unpacked image in containers-storage"
+    in_cache, in_store = _first_build_words(packed, unpacked)
     if fs_cache is not None and fs_cache.device == fs_store.device:
         checks = [(root + f" and the cache {cache}", fs_store.free, need_cache + need_store, f"{in_cache}, {in_store}")]
     else:
@@ -358,14 +352,19 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
     return out
 
 
-def _need_words(lock: Lockfile) -> tuple[int, str]:
-    """What a first build of the lock's image writes, in bytes and in words (as ``check_disk``)."""
-    packed = sum(w.size for w in lock.wheels) + (sum(p.size for p in lock.debian.packages) if lock.debian else 0)
-    unpacked = packed * UNPACK_FACTOR
-    return int(packed + 2 * unpacked), (
-        f"a first build of {lock.meta.name}'s image needs about {_human(packed + 2 * unpacked)}: "
-        f"{_human(packed)} of package downloads and ~{_human(unpacked)} of layer tars in the cache, "
-        f"~{_human(unpacked)} of unpacked image in containers-storage")
+def _first_build(lock: Lockfile) -> tuple[int, float, int]:
+    """What a first build of the lock's image writes: the packages' bytes (downloads), their
+    estimated bytes unpacked (a layer tar in the cache, the same again in containers-storage), and
+    how many packages the lock gives no size for."""
+    sizes = [w.size for w in lock.wheels] + ([p.size for p in lock.debian.packages] if lock.debian else [])
+    packed = sum(sizes)
+    return packed, packed * UNPACK_FACTOR, sum(1 for s in sizes if s == 0)
+
+
+def _first_build_words(packed: float, unpacked: float) -> tuple[str, str]:
+    """The cache's part and containers-storage's part of a first build, in words."""
+    return (f"{_human(packed)} of package downloads and ~{_human(unpacked)} of layer tars in the cache",
+            f"~{_human(unpacked)} of unpacked image in containers-storage")
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -388,11 +387,13 @@ def disk_full_error(err: BaseException, host: Host, lock: Lockfile) -> HostError
                "`podman rmi` of images no longer used; ENVSPEC_STORAGE_ROOT moves it"),
               ("the cache", str(host.cache_dir), "`envspec cache gc`; ENVSPEC_CACHE moves it"),
               ("the temporary folder", tempfile.gettempdir(), "remove what is left there; TMPDIR moves it")]
-    free = {path: _free_now(path) for _, path, _ in places}
+    free = {path: (f.free if (f := disk_free(Path("/"), path)) else 0) for _, path, _ in places}
     text = f"{getattr(err, 'filename', '') or ''} {getattr(err, 'message', '')} {getattr(err, 'stderr_tail', '')} {err}"
     named = [pl for pl in places if pl[1] and pl[1] in text]  # the path the error names, else the fullest
     full = max(named, key=lambda pl: len(pl[1])) if named else min(places, key=lambda pl: free[pl[1]])
-    _need, need_words = _need_words(lock)
+    packed, unpacked, _unknown = _first_build(lock)
+    need_words = (f"a first build of {lock.meta.name}'s image needs about {_human(packed + 2 * unpacked)}: "
+                  + ", ".join(_first_build_words(packed, unpacked)))
     rows = "\n".join(f"  {what:<21} {path:<40} {_human(free[path])} free" + ("  <- full" if (what, path) == full[:2] else "")
                      for what, path, _ in places)
     return HostError(
@@ -400,17 +401,6 @@ def disk_full_error(err: BaseException, host: Host, lock: Lockfile) -> HostError
         f"{_human(free[full[1]])} free now); {need_words}\n{rows}",
         hint=f"free space in {full[0]}: {full[2]}; `envspec doctor LOCK` checks the space before a build",
         reference="disk-full")
-
-
-def _free_now(path: str) -> int:
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        st = os.statvfs(p)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
 
 
 def check_arch(host: Host, lock: Lockfile | None) -> list[Diagnosis]:

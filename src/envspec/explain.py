@@ -227,6 +227,16 @@ def release_reason(causes: list[dict], choice) -> str:
     return "; ".join(_sentence(c) for c in causes) or "no build fits"
 
 
+def driver_assumed_lines(lock) -> list[str]:
+    """A lock whose spec set no [target].driver (``[hardware].driver_assumed``): the floor it assumed
+    of the hosts, one note per platform, as `lock`, `build` and `build --dry-run` say it."""
+    return [f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock assumes the "
+            f"hosts run driver >= {p.hardware.driver_floor} (what torch {p.torch.version if p.torch else ''} "
+            f"{p.torch.variant if p.torch else ''} needs; [hardware].driver_assumed); set [target].driver to "
+            "their oldest driver if older"
+            for p in (lock.parts if lock is not None else ()) if p.hardware.driver_assumed]
+
+
 def impossible_lines(err: ResolutionImpossible) -> list[str]:
     lines = [err.message + ":"]
     for c in err.causes:

@@ -548,7 +548,7 @@ def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, eui
     return Storage(graph, "", driver_env, FROM_DEFAULT, driver_from_env=bool(driver_env))
 
 
-def _free(root: Path, path: str | Path) -> DiskFree | None:
+def disk_free(root: Path, path: str | Path) -> DiskFree | None:
     """Free space of the file system that holds ``path`` (or would: its nearest existing parent)."""
     p = _under(root, str(Path(path).absolute()))
     while not p.exists() and p != p.parent:
@@ -673,9 +673,9 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
         gpu_error=gpu_error,
         cdi_gpu_specs=_cdi_gpu_specs(root),
         storage=storage,
-        storage_free=_free(root, storage.root) if storage.root else None,
+        storage_free=disk_free(root, storage.root) if storage.root else None,
         cache_dir=cache,
-        cache_free=_free(root, cache),
+        cache_free=disk_free(root, cache),
     )
 
 

@@ -4,10 +4,9 @@ checked by the spec's own parser before it is written, so that it locks as writt
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from envspec.errors import SpecError
 from envspec.spec import EnvSpec, parse_spec
 
 COMMENT_COLUMN = 27  # where the keys' comments start
@@ -22,7 +21,7 @@ class Answers:
     driver: str = ""  # the hosts' oldest driver; empty: left out (explain says what is assumed)
     torch: str = "*"
     python: str = "3.11"
-    packages: tuple[str, ...] = field(default_factory=tuple)
+    packages: tuple[str, ...] = ()
 
 
 def spec_text(a: Answers, path: Path, lock: Path) -> str:
@@ -59,4 +58,4 @@ def make_spec(a: Answers, path: Path, lock: Path) -> tuple[str, EnvSpec]:
     return text, spec
 
 
-__all__ = ["Answers", "SpecError", "make_spec", "spec_text"]
+__all__ = ["Answers", "make_spec", "spec_text"]

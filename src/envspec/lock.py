@@ -380,8 +380,7 @@ class Lockfile(_M):
         return d | {"platforms": {p.name: dp for p, dp in zip(self.parts, parts)}}
 
     def compute_hash(self) -> str:
-        blob = json.dumps(self.body(), sort_keys=True, separators=(",", ":")).encode()
-        return "sha256:" + hashlib.sha256(blob).hexdigest()
+        return _hash_body(self.body())
 
     @property
     def short_hash(self) -> str:
@@ -670,10 +669,14 @@ def _first_difference(written: dict[str, Any], now: dict[str, Any]) -> tuple[str
     return None
 
 
+def _hash_body(body: dict[str, Any]) -> str:
+    """The content hash: the sha256 of the tables' canonical JSON (sorted keys, no spaces)."""
+    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _text_hash(data: dict[str, Any]) -> str:
     """The content hash of a lock's parsed text: its tables but [meta], as ``Lockfile.compute_hash``."""
-    body = {k: v for k, v in data.items() if k != "meta"}
-    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return _hash_body({k: v for k, v in data.items() if k != "meta"})
 
 
 def written_copy_path(content_hash: str, env: Mapping[str, str] | None = None) -> Path:
@@ -777,22 +780,18 @@ def default_path(spec_path: str | Path, spec_name: str) -> Path:
     the top of its git work tree, that has a ``lockfiles/``; else beside the ``specs/`` folder the
     spec is in (``specs/x.toml`` -> ``lockfiles/x.lock``), else in the spec's folder. Relative to
     the current directory where it is under it, as the user typed the spec."""
+    from envspec.cache.gc import repository_root
+
     spec_dir = Path(os.path.abspath(spec_path)).parent
-    top = _work_tree_top(spec_dir)
+    top = repository_root(spec_dir)
+    in_git = (top / ".git").exists()
     for d in (spec_dir, *spec_dir.parents):
         if (d / LOCK_DIR).is_dir():
             return _shown(d / LOCK_DIR / f"{spec_name}.lock")
-        if d == top or top is None and d != spec_dir:  # no further than the work tree, else the spec's parent
+        if d == top or not in_git and d != spec_dir:  # no further than the work tree, else the spec's parent
             break
     base = spec_dir.parent if spec_dir.name == "specs" else spec_dir
     return _shown(base / LOCK_DIR / f"{spec_name}.lock")
-
-
-def _work_tree_top(start: Path) -> Path | None:
-    for d in (start, *start.parents):
-        if (d / ".git").exists():
-            return d
-    return None
 
 
 def _shown(p: Path) -> Path:

@@ -262,13 +262,14 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
                      "(compat/data/torch_platforms.toml)" if row else
                      f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
                      f"every build of it comes from the PyTorch index ({torch.variant.index})")
-    if gpus and not spec.target.driver and torch is not None and torch.variant.cuda:
+    choice = Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
+                    driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
+    if choice.driver_assumed and torch is not None:
         notes.append(f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
                      f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
                      "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
                      "that runs there")
-    return Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
-                  driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
+    return choice
 
 
 def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tuple[str, Problem | None]:

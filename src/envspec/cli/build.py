@@ -318,7 +318,9 @@ def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
     from envspec.cache.gc import human
 
     lines = [f"dry run of {lock_path}: nothing is built, fetched or written"]
-    lines += _driver_lines(lock)
+    from envspec.explain import driver_assumed_lines
+
+    lines += driver_assumed_lines(lock)
     for one in shown["platforms"] if shown.get("index") else [shown]:
         where = f"{one['platform']}: " if "platform" in one else ""
         lines.append(f"{where}image {one['image']}")
@@ -344,14 +346,6 @@ def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
         lines.append("then: " + "; ".join(" ".join(str(x) for x in step) for step in shown["engine"]))
     lines.append("(--json: the whole plan, with each layer's pins)")
     return lines
-
-
-def _driver_lines(lock) -> list[str]:
-    """A lock whose spec set no [target].driver: the floor it assumed, said where a person reads."""
-    return [f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the image needs driver "
-            f">= {p.hardware.driver_floor} ({lock.torch.variant if lock.torch else 'its torch'} asks for it); set "
-            "[target].driver to your hosts' oldest driver if theirs is older"
-            for p in (lock.parts if lock is not None else ()) if p.hardware.driver_assumed]
 
 
 def _storage_json(host) -> dict[str, str]:
@@ -384,6 +378,7 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     start it (with its services, with a command)."""
     import shlex
 
+    from envspec.explain import driver_assumed_lines
     from envspec.run import start_lines
 
     name = built.image or "(not named in containers-storage: --tag '')"
@@ -391,7 +386,7 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     remote = sum(lay.source == "registry" for lay in built.layers)
     stored = sum(lay.source == "store" for lay in built.layers)
     made = len(built.layers) - local - remote - stored
-    lines = _driver_lines(lock) + [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
+    lines = driver_assumed_lines(lock) + [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
              + (f", {local} from the cache" if local else "")
              + (f", {stored} in the store already" if stored else "")
              + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",

@@ -16,6 +16,12 @@ def _ask(question: str, default: str) -> str:
     return answer or default
 
 
+def _refuse_existing(out: Path) -> None:
+    if out.exists():
+        raise UsageError(f"{out} exists; envspec init never overwrites a file",
+                         hint=f"edit {out}, or give another path with -o", reference="file-exists")
+
+
 def _split(values: list[str] | None) -> tuple[str, ...]:
     return tuple(v.strip() for item in values or () for v in item.split(",") if v.strip())
 
@@ -28,9 +34,7 @@ def cmd_init(args) -> int:
     tty = sys.stdin.isatty() and not args.yes
     name = args.name or Path.cwd().name.lower().replace(" ", "-") or "env"
     out = Path(args.output) if args.output else Path("specs") / f"{name}.toml"
-    if out.exists():  # before any question: nothing to ask for a file that is never overwritten
-        raise UsageError(f"{out} exists; envspec init never overwrites a file",
-                         hint=f"edit {out}, or give another path with -o", reference="file-exists")
+    _refuse_existing(out)  # before any question: nothing to ask for a file that is never overwritten
     notes = []
     gpus = _split(args.gpu)
     if not gpus and not args.cpu:
@@ -55,9 +59,7 @@ def cmd_init(args) -> int:
     text, spec = init.make_spec(answers, out, default_path(out, name))
     from envspec.lock import write_atomic
 
-    if out.exists():  # written meanwhile (while the questions were asked)
-        raise UsageError(f"{out} exists; envspec init never overwrites a file", hint="give another path with -o",
-                         reference="file-exists")
+    _refuse_existing(out)  # written meanwhile, while the questions were asked
     write_atomic(out, text)
     con = console(stderr=True)
     for n in notes:

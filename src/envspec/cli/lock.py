@@ -220,13 +220,8 @@ def cmd_lock(args) -> int:
                                 "version": res.choice.torch.release.version if res.choice.torch else None,
                                 "passed_over": explain.passed_over_json(res.choice)} for res in results]})
     if not args.json:  # said even with -q: the lock's driver floor is a guess about the hosts
-        for part in lock.parts:
-            if part.hardware.driver_assumed:
-                con.print(f"note: {part.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock "
-                          f"assumes the hosts run driver >= {part.hardware.driver_floor} (what torch "
-                          f"{part.torch.version if part.torch else ''} {part.torch.variant if part.torch else ''} "
-                          "needs; [hardware].driver_assumed); set [target].driver to their oldest driver if older",
-                          markup=False)
+        for line in explain.driver_assumed_lines(lock):
+            con.print(line, markup=False)
     if mismatches:
         warn = console(stderr=True)
         for m in dict.fromkeys(mismatches):
@@ -318,19 +313,17 @@ def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
         if not quiet:
             con.print(f"{out} does not exist; locking {path} first"
                       + ("" if write else f" (--dry-run: {out} is not written)"), markup=False)
-    if not write:
-        import tempfile
+    import contextlib
+    import tempfile
 
-        with tempfile.TemporaryDirectory(prefix="envspec-dry-lock-") as tmp:
-            made = Path(tmp) / out.name
-            if out.exists():  # re-locking keeps the old lock's versions, as `envspec lock` would
-                made.write_bytes(out.read_bytes())
-            cmd_lock(argparse.Namespace(spec=str(path), output=str(made), check=False, upgrade_package=None,
-                                        json=False, quiet=True, dry_run_of=str(out)))
-            return lockmod.load(made), out
-    ns = argparse.Namespace(spec=str(path), output=str(out), check=False, upgrade_package=None, json=False, quiet=True)
-    cmd_lock(ns)
-    return lockmod.load(out), out
+    # a dry run locks in a temporary folder (from a copy of the old lock, whose versions re-locking keeps)
+    with tempfile.TemporaryDirectory(prefix="envspec-dry-lock-") if not write else contextlib.nullcontext() as tmp:
+        made = Path(tmp) / out.name if tmp else out
+        if tmp and out.exists():
+            made.write_bytes(out.read_bytes())
+        cmd_lock(argparse.Namespace(spec=str(path), output=str(made), check=False, upgrade_package=None, json=False,
+                                    quiet=True, dry_run_of=None if write else str(out)))
+        return lockmod.load(made), out
 
 
 def add_lock(sub) -> None:

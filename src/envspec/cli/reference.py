@@ -99,6 +99,7 @@ def _toml(v: object) -> str:
 
 def _type(info) -> str:
     """A field's type in a reader's words."""
+    import types
     import typing
 
     from envspec import spec as specmod
@@ -111,7 +112,7 @@ def _type(info) -> str:
             return "Debian package name"
         if origin is typing.Literal:
             return "one of " + ", ".join(_toml(a) for a in args)
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if origin in (typing.Union, types.UnionType):
             return " or ".join(words(a) for a in args if a is not type(None))
         if origin is list:
             return f"array of {words(args[0])}s"
