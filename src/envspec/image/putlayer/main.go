@@ -21,6 +21,8 @@
 // (stdin closed without it: the maker failed; the staging directory is removed, exit 1).
 // --tree: the layer's maker wrote its files into that staging directory itself, beside the tar
 // (as the untar would have made them); only the tar-split record and the uid/gid log are made.
+// The tar is read once: the untar (in a re-executed copy of this binary chrooted into the staging
+// directory) and the tar-split pass read the same chunks from memory, in the same process.
 // --own: envspec's maker is writing this tar in this build (not a cached or pulled one): the untar
 // runs in this process instead of a chrooted child (the same archive.Unpack and options).
 //
@@ -58,18 +60,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containers/storage"
 	drivers "github.com/containers/storage/drivers"
 	"github.com/containers/storage/pkg/archive"
-	"github.com/containers/storage/pkg/chrootarchive"
 	"github.com/containers/storage/pkg/ioutils"
 	"github.com/containers/storage/pkg/reexec"
 	"github.com/klauspost/pgzip"
 	digest "github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 	tsstorage "github.com/vbatts/tar-split/tar/storage"
+	"golang.org/x/sys/unix"
 )
 
 // ISA-L's CRC-64 (Debian's libisal-dev): the tar-split record holds the CRC-64 (ISO polynomial,
@@ -285,23 +287,6 @@ func (r *follower) Read(p []byte) (int, error) {
 	}
 }
 
-// counter counts what passes, and reports progress every 64 MiB.
-type counter struct {
-	n, next int64
-	w       io.Writer
-	report  func(int64)
-}
-
-func (c *counter) Write(p []byte) (int, error) {
-	c.w.Write(p)
-	c.n += int64(len(p))
-	if c.n >= c.next {
-		c.report(c.n)
-		c.next = c.n + 64<<20
-	}
-	return len(p), nil
-}
-
 func stage(args []string) int {
 	flags := flag.NewFlagSet("envspec-put-layer stage", flag.ContinueOnError)
 	graph := flags.String("graph", "", "the store's graph root")
@@ -328,31 +313,6 @@ func stage(args []string) int {
 		}
 	}
 	defer f.Close()
-	in := &follower{f: f, final: *size}
-	if *follow {
-		go func() { // the control stream: "end SIZE" once the maker has closed the file
-			sc := bufio.NewScanner(os.Stdin)
-			for sc.Scan() {
-				if line := sc.Text(); strings.HasPrefix(line, "end ") {
-					if n, err := strconv.ParseInt(strings.TrimSpace(line[4:]), 10, 64); err == nil && n >= 0 {
-						in.mu.Lock()
-						in.final = n
-						in.mu.Unlock()
-						return
-					}
-				}
-			}
-			in.mu.Lock()
-			in.closed = true
-			in.mu.Unlock()
-		}()
-	} else if *size < 0 {
-		st, err := f.Stat()
-		if err != nil {
-			return fail(err)
-		}
-		in.final = st.Size()
-	}
 
 	root := stagingRoot(*graph, *driver)
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -387,18 +347,165 @@ func stage(args []string) int {
 		return fail(err)
 	}
 	defer ts.Close()
-	// what containers/storage's applyDiffWithOptions does around the driver's untar
-	compressor, err := pgzip.NewWriterLevel(ts, pgzip.BestSpeed)
+	job := stageJob{src: f, follow: *follow, size: *size, split: ts, out: out}
+	var st staged
+	switch {
+	case *tree != "":
+		st, err = job.run()
+	case *own:
+		job.dest = dir
+		st, err = job.run()
+	default:
+		st, err = job.chrooted(dir)
+	}
 	if err != nil {
 		return fail(err)
 	}
-	if err := compressor.SetConcurrency(1024*1024, 1); err != nil {
+	if err := ts.Close(); err != nil {
 		return fail(err)
+	}
+	res := Staged{Staging: dir, TarSplit: tsPath, Size: st.Size, UIDs: st.UIDs, GIDs: st.GIDs, RootSet: st.RootSet}
+	if err := json.NewEncoder(out).Encode(res); err != nil {
+		return 1
+	}
+	if err := out.Flush(); err != nil {
+		return 1
+	}
+	done = true
+	return 0
+}
+
+// staged is what one pass over a layer's tar learns: its size and what containers/storage's
+// tarlog records (the owners each entry names, whether the tar sets its root).
+type staged struct {
+	Size    int64    `json:"size"`
+	UIDs    []uint32 `json:"uids"`
+	GIDs    []uint32 `json:"gids"`
+	RootSet bool     `json:"root_set"`
+}
+
+// stageJob: one pass over the tar at src that writes its tar-split record (gzip) into split and,
+// where dest is set, untars it there; "progress N" lines go to out.
+type stageJob struct {
+	src    *os.File
+	follow bool  // src is still being written: "end SIZE" comes on stdin
+	size   int64 // -1: src's size now (not following), or unknown until "end"
+	split  *os.File
+	out    *bufio.Writer
+	dest   string
+}
+
+const untarChild = "envspec-stage-untar"
+
+func init() {
+	reexec.Register(untarChild, untarMain)
+}
+
+// chrooted runs the job in a re-executed copy of this binary chrooted into dir, as
+// containers/storage's overlay driver untars a layer (chrootarchive), so that no entry of a tar
+// from elsewhere (the layer cache, a registry) reaches outside dir before its digest is checked.
+// Unlike chrootarchive, the child reads the tar itself and makes the tar-split record in the same
+// pass (issue 44: the tar no longer goes through a second pipe, from this process to the untar).
+func (j stageJob) chrooted(dir string) (staged, error) {
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		return staged{}, err
+	}
+	defer rr.Close()
+	cmd := reexec.Command(untarChild, dir, strconv.FormatBool(j.follow), strconv.FormatInt(j.size, 10))
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{j.src, j.split, rw} // 3: the tar, 4: the tar-split record, 5: the result
+	if err := cmd.Start(); err != nil {
+		rw.Close()
+		return staged{}, fmt.Errorf("starting the chrooted untar: %w", err)
+	}
+	rw.Close()
+	var st staged
+	derr := json.NewDecoder(rr).Decode(&st)
+	if err := cmd.Wait(); err != nil {
+		return staged{}, fmt.Errorf("the chrooted untar failed: %w", err)
+	}
+	if derr != nil {
+		return staged{}, fmt.Errorf("the chrooted untar said nothing: %w", derr)
+	}
+	return st, nil
+}
+
+// untarMain is the child's: chroot into its directory, then the job on the descriptors it was given.
+func untarMain() {
+	die := func(err error) {
+		fmt.Fprintln(os.Stderr, "envspec-put-layer (untar):", err)
+		os.Exit(1)
+	}
+	if len(os.Args) != 4 {
+		die(errors.New("usage: DIR FOLLOW SIZE"))
+	}
+	follow, err1 := strconv.ParseBool(os.Args[2])
+	size, err2 := strconv.ParseInt(os.Args[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		die(errors.New("bad arguments"))
+	}
+	// A plain chroot: this process runs only the untar, and the tar's entries, not code, are
+	// what must not reach outside (every thread of a Go process shares its root: CLONE_FS).
+	if err := unix.Chroot(os.Args[1]); err != nil {
+		die(err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		die(err)
+	}
+	out := bufio.NewWriter(os.Stdout)
+	job := stageJob{src: os.NewFile(3, "tar"), follow: follow, size: size, split: os.NewFile(4, "tar-split"),
+		out: out, dest: "/"}
+	st, err := job.run()
+	if err != nil {
+		die(err)
+	}
+	if err := json.NewEncoder(os.NewFile(5, "result")).Encode(st); err != nil {
+		die(err)
+	}
+	os.Exit(0)
+}
+
+// run: the pass itself. The tar is read once, in chunks of 1 MiB that the untar and the tar-split
+// pass both read from memory (no pipe between them, no copy through the kernel).
+func (j stageJob) run() (staged, error) {
+	in := &follower{f: j.src, final: j.size}
+	if j.follow {
+		go func() { // the control stream: "end SIZE" once the maker has closed the file
+			sc := bufio.NewScanner(os.Stdin)
+			for sc.Scan() {
+				if line := sc.Text(); strings.HasPrefix(line, "end ") {
+					if n, err := strconv.ParseInt(strings.TrimSpace(line[4:]), 10, 64); err == nil && n >= 0 {
+						in.mu.Lock()
+						in.final = n
+						in.mu.Unlock()
+						return
+					}
+				}
+			}
+			in.mu.Lock()
+			in.closed = true
+			in.mu.Unlock()
+		}()
+	} else if j.size < 0 {
+		fi, err := j.src.Stat()
+		if err != nil {
+			return staged{}, err
+		}
+		in.final = fi.Size()
+	}
+	// what containers/storage's applyDiffWithOptions does around the driver's untar
+	compressor, err := pgzip.NewWriterLevel(j.split, pgzip.BestSpeed)
+	if err != nil {
+		return staged{}, err
+	}
+	if err := compressor.SetConcurrency(1024*1024, 1); err != nil {
+		return staged{}, err
 	}
 	uids, gids := map[uint32]struct{}{}, map[uint32]struct{}{}
 	rootSet := false
-	// what containers/storage's tarlog records (the owners each entry names, whether the tar sets
-	// its root), read from the headers the tar-split pass parses anyway, not by a second parse
+	// what containers/storage's tarlog records, read from the headers the tar-split pass parses
+	// anyway, not by a second parse
 	logHeader := func(h *tar.Header) {
 		if n := strings.Trim(h.Name, "/"); n == "" || n == "." {
 			rootSet = true
@@ -408,71 +515,190 @@ func stage(args []string) int {
 			gids[uint32(h.Gid)] = struct{}{}
 		}
 	}
-	cnt := &counter{w: io.Discard, report: func(n int64) {
-		fmt.Fprintf(out, "progress %d\n", n)
-		out.Flush()
-	}}
-	// buffered: the tar reader asks for 512-byte headers, and each read of the file is a syscall
-	src := io.TeeReader(bufio.NewReaderSize(in, 1<<20), cnt)
-	opts := &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat}
-	var untarred chan error
-	var toUntar *os.File
-	if *tree == "" {
-		// A tar from elsewhere (the layer cache, a registry) is untarred chrooted into the staging
-		// directory, as containers/storage's overlay driver does, so that no entry reaches outside
-		// it before the tar's digest is checked. One envspec is making now holds only the wheels'
-		// files and directories under paths it chose; untarring it here saves the copy of every
-		// byte through a pipe into a child (2 of 11 CPU-s for h100-train's torch layer).
-		// The untar reads a pipe of 1 MiB that the tar-split pass below writes every byte into
-		// as it reads it, one copy and few wake-ups (issue 44: a tenth of the stager's CPU went
-		// to handing the bytes between goroutines and a 64 KiB pipe).
-		pr, pw, err := os.Pipe()
-		if err != nil {
-			return fail(err)
+	var next, total int64
+	progress := func(n int64) {
+		total = n
+		if n >= next {
+			fmt.Fprintf(j.out, "progress %d\n", n)
+			j.out.Flush()
+			next = n + 64<<20
 		}
-		_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20) // best effort: a smaller pipe works too
-		toUntar = pw
-		untar := chrootarchive.UntarUncompressed
-		if *own {
-			untar = archive.UntarUncompressed
-		}
-		untarred = make(chan error, 1)
-		go func() {
-			err := untar(pr, dir, opts)
-			if err == nil { // the padding after the tar's end: read, so the writer never blocks on it
-				_, err = io.Copy(io.Discard, pr)
-			}
-			pr.Close() // a writer still writing (the untar failed) gets EPIPE, not a wait
-			untarred <- err
-		}()
-		src = io.TeeReader(src, pw)
 	}
-	err = disassemble(src, tsstorage.NewJSONPacker(compressor), &crcPutter{}, logHeader)
-	if toUntar != nil {
-		toUntar.Close()
-		if uerr := <-untarred; uerr != nil {
-			return fail(uerr) // the untar's own error says more than a broken pipe
-		}
+	packer := tsstorage.NewJSONPacker(compressor)
+	if j.dest == "" {
+		// buffered: the tar reader asks for 512-byte headers, and each read of the file is a syscall
+		src := &countReader{r: bufio.NewReaderSize(in, 1<<20), report: progress}
+		err = disassemble(src, packer, &crcPutter{}, logHeader)
+	} else {
+		err = splitAndUntar(in, j.dest, packer, logHeader, progress)
 	}
 	if err != nil {
-		return fail(err)
+		return staged{}, err
 	}
 	if err := compressor.Close(); err != nil {
-		return fail(err)
+		return staged{}, err
 	}
-	if err := ts.Close(); err != nil {
-		return fail(err)
+	return staged{Size: total, UIDs: sorted(uids), GIDs: sorted(gids), RootSet: rootSet}, nil
+}
+
+// countReader reports the bytes read so far after each read.
+type countReader struct {
+	r      io.Reader
+	n      int64
+	report func(int64)
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	c.report(c.n)
+	return n, err
+}
+
+// splitAndUntar reads r once and hands every chunk to two readers, each in a goroutine of its
+// own: containers/storage's untar into dest (archive.Unpack, the overlay driver's options) and
+// the tar-split pass (disassemble). A chunk's buffer is used again once both have read it.
+func splitAndUntar(r io.Reader, dest string, p tsstorage.Packer, logHeader func(*tar.Header), progress func(int64)) error {
+	const nbuf, size = 8, 1 << 20
+	free := make(chan *chunk, nbuf)
+	for i := 0; i < nbuf; i++ {
+		free <- &chunk{buf: make([]byte, size)}
 	}
-	res := Staged{Staging: dir, TarSplit: tsPath, Size: cnt.n,
-		UIDs: sorted(uids), GIDs: sorted(gids), RootSet: rootSet}
-	if err := json.NewEncoder(out).Encode(res); err != nil {
-		return 1
+	abort := make(chan struct{})
+	var once sync.Once
+	stop := func() { once.Do(func() { close(abort) }) }
+	untarIn := &chunkReader{ch: make(chan *chunk, nbuf), free: free, abort: abort}
+	splitIn := &chunkReader{ch: make(chan *chunk, nbuf), free: free, abort: abort}
+
+	untarred := make(chan error, 1)
+	go func() {
+		opts := &archive.TarOptions{WhiteoutFormat: archive.OverlayWhiteoutFormat, ExcludePatterns: []string{}}
+		err := archive.Unpack(untarIn, dest, opts)
+		if err == nil { // the padding after the tar's end: read, so the reader never waits on it
+			_, err = io.Copy(io.Discard, untarIn)
+		}
+		if err != nil {
+			stop()
+		}
+		untarred <- err
+	}()
+	split := make(chan error, 1)
+	go func() {
+		err := disassemble(splitIn, p, &crcPutter{}, logHeader)
+		if err != nil {
+			stop()
+		}
+		split <- err
+	}()
+
+	var n int64
+	var rerr error
+read:
+	for {
+		var c *chunk
+		select {
+		case c = <-free:
+		case <-abort:
+			break read
+		}
+		k, err := io.ReadFull(r, c.buf)
+		if k > 0 {
+			n += int64(k)
+			c.n = k
+			atomic.StoreInt32(&c.refs, 2)
+			for _, to := range []*chunkReader{untarIn, splitIn} {
+				select {
+				case to.ch <- c:
+				case <-abort:
+					break read
+				}
+			}
+			progress(n)
+		} else {
+			free <- c
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			rerr = err
+			stop()
+			break
+		}
 	}
-	if err := out.Flush(); err != nil {
-		return 1
+	untarIn.end(rerr)
+	splitIn.end(rerr)
+	uerr, serr := <-untarred, <-split
+	switch {
+	case rerr != nil:
+		return rerr
+	case uerr != nil && uerr != errAborted:
+		return uerr // the untar's own error says more than the other side's stop
+	case serr != nil && serr != errAborted:
+		return serr
+	case uerr != nil:
+		return uerr
 	}
-	done = true
-	return 0
+	return serr
+}
+
+var errAborted = errors.New("the other reader of the tar failed")
+
+// chunk: a buffer read once from the tar, released when both readers are past it.
+type chunk struct {
+	buf  []byte
+	n    int
+	refs int32
+}
+
+// chunkReader is one reader's side of splitAndUntar: the chunks in order, then the end.
+type chunkReader struct {
+	ch    chan *chunk
+	free  chan *chunk
+	abort chan struct{}
+	cur   *chunk
+	off   int
+	mu    sync.Mutex
+	err   error // after the last chunk: io.EOF, or why the tar could not be read
+}
+
+func (c *chunkReader) end(err error) {
+	c.mu.Lock()
+	if err == nil {
+		err = io.EOF
+	}
+	c.err = err
+	c.mu.Unlock()
+	close(c.ch)
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	for c.cur == nil || c.off == c.cur.n {
+		if c.cur != nil {
+			c.release()
+		}
+		select {
+		case k, ok := <-c.ch:
+			if !ok {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return 0, c.err
+			}
+			c.cur, c.off = k, 0
+		case <-c.abort:
+			return 0, errAborted
+		}
+	}
+	n := copy(p, c.cur.buf[c.off:c.cur.n])
+	c.off += n
+	return n, nil
+}
+
+func (c *chunkReader) release() {
+	if atomic.AddInt32(&c.cur.refs, -1) == 0 {
+		c.free <- c.cur
+	}
+	c.cur = nil
 }
 
 // disassemble reads the tar r to its end and packs its tar-split record into p, as tar-split's
