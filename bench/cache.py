@@ -100,12 +100,23 @@ def fresh_fs(base: Path, name: str, on: bool):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def envspec(lock: str, env: dict[str, str], *args: str, perf: Path | None = None) -> tuple[float, dict]:
-    """``perf``: the run recorded there, the whole machine's (kernel threads too), with call graphs."""
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment a user's envspec runs in: this one, with src/ on the path and envspec's
+    modules compiled once as pip would have installed them (PYTHONDONTWRITEBYTECODE, where this
+    shell sets it, would make every run compile them again: 0.1 s of each cpu.lock run)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT / "src"), **extra}
+
+
+def envspec(lock: str, env: dict[str, str], *args: str, perf: Path | None = None,
+            cprofile: Path | None = None) -> tuple[float, dict]:
+    """``perf``: the run recorded there, the whole machine's (kernel threads too), with call graphs;
+    ``cprofile``: the Python side's profile written there."""
     wrap = ["perf", "record", "-q", "-a", "-g", "-F", "499", "-o", str(perf), "--"] if perf else []
+    prof = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
     t = time.monotonic()
-    cp = subprocess.run([*wrap, sys.executable, "-m", "envspec", "build", lock, "--json", *args], capture_output=True,
-                        text=True, env=env, cwd=ROOT)
+    cp = subprocess.run([*wrap, sys.executable, *prof, "-m", "envspec", "build", lock, "--json", *args],
+                        capture_output=True, text=True, env=env, cwd=ROOT)
     dt = time.monotonic() - t
     if cp.returncode != 0:
         raise SystemExit(f"envspec build {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
@@ -166,6 +177,7 @@ def main() -> int:
     ap.add_argument("--steps", default="envspec,podman,floor",
                     help="which runs each round makes (comma-separated, of envspec, podman, floor)")
     ap.add_argument("--perf", help="record each envspec run with `perf record -a -g` into DIR/envspec-<round>.data")
+    ap.add_argument("--cprofile", help="profile each envspec run's Python with cProfile into DIR/envspec-<round>.prof")
     args = ap.parse_args()
     rows: list[dict] = []
     res: dict = {"lock": args.lock, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -176,8 +188,8 @@ def main() -> int:
         with start_registry(base / "reg") as addr:
             cache_ref = f"{addr}/bench/cache"
             with private_storage(base / "storage-a"):
-                env = {**os.environ, "ENVSPEC_CACHE": args.a_cache or str(base / "cache-a"),
-                       "PYTHONPATH": str(ROOT / "src")}
+                subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "envspec")], check=True)
+                env = user_env(ENVSPEC_CACHE=args.a_cache or str(base / "cache-a"))
                 _, a = envspec(args.lock, env, "--cache-to", cache_ref, "--push", f"{addr}/bench/img:cpu", "--tag", "")
             res["digest"], res["config"] = a["digest"], a["config"]
             res["blob_bytes"] = sum(lay["size"] for lay in a["layers"])
@@ -187,10 +199,11 @@ def main() -> int:
 
             def from_cache(n: int) -> dict:
                 with fresh_fs(base, f"node-b{n}", args.fresh_fs) as fs, private_storage(fs / "storage"):
-                    env = {**os.environ, "ENVSPEC_CACHE": str(fs / "cache"), "PYTHONPATH": str(ROOT / "src")}
+                    env = user_env(ENVSPEC_CACHE=str(fs / "cache"))
                     res["drop_caches"] = drop_caches()
                     perf = Path(args.perf, f"envspec-{n}.data") if args.perf else None
-                    dt, b = envspec(args.lock, env, "--cache-from", cache_ref, perf=perf)
+                    prof = Path(args.cprofile, f"envspec-{n}.prof") if args.cprofile else None
+                    dt, b = envspec(args.lock, env, "--cache-from", cache_ref, perf=perf, cprofile=prof)
                 srcs = {lay["group"]: lay["source"] for lay in b["layers"]}
                 assert all(s == "registry" for g, s in srcs.items() if g != "envspec"), srcs
                 # the same image: its config (the image ID podman shows) is A's

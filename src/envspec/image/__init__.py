@@ -269,9 +269,15 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
     cache.clean_stale()
-    with clock.span("abi check"):  # before the first layer: a lock whose extensions cannot load is not built
-        check_abi(plan.lock, cache, mirrors, reporter)
-    plan, compiler = _bytecode_compiler(plan, reporter)
+    # before the first layer: a lock whose extensions cannot load is not built. It runs beside the
+    # set-up below (the .pyc compiler's probe, the registry cache's lookups), which makes nothing,
+    # and is waited for before anything is made, fetched for a layer or untarred (issue 44)
+    abi_checked = _in_thread("envspec-abi", clock, "abi check", check_abi, plan.lock, cache, mirrors, reporter)
+    try:
+        plan, compiler = _bytecode_compiler(plan, reporter)
+    except Exception:
+        abi_checked.exception()  # not left writing into the cache behind the error
+        raise
     _clean_stale_scratch()
     wanted, comp = _compressions(options)
     work = cache.workdir()
@@ -299,6 +305,8 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
         entries: dict[str, Any] = {}
         if rc is not None and rc.cache_from and not options.no_cache:
             entries = rc.lookup_layers(layers)
+        abi_checked.result()
+        if entries:
             # every layer to make is in the registry cache: import each one as it arrives, beside the
             # others' downloads (should an entry fail its checks, its layer is made by worker
             # processes that are not forked from this one, whose import thread is then running)
@@ -312,7 +320,12 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             if early and importer is not None:
                 importer.start()
             if layers.streams:
-                rc.stream_layers(layers, entries, layers.streams)
+                streamed = _in_thread("envspec-streams", None, "", rc.stream_layers, layers, entries, layers.streams)
+                try:  # the envspec layer (made from the lock alone) beside the streams: ready when they end
+                    layers.make_top(options.verify_dir)
+                finally:
+                    streamed.exception()  # every stream ended (each layer's errors are its future's)
+                streamed.result()
             else:
                 rc.fetch_layers(layers, entries)
         with clock.span("fetch"):
@@ -324,7 +337,8 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
                 importer.start()
             layers.make_base()
             layers.finish(pending)
-        layers.make_top(options.verify_dir)
+        if not layers.top_made():
+            layers.make_top(options.verify_dir)
         layers.compress_cached()
         if options.outputs or options.push:  # the cached layers' files go out as they are: checked first
             with clock.span("check cached layers"):
@@ -354,6 +368,8 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             with clock.span("cache push"):
                 cached_to = rc.push_layers(layers)
     except BaseException as e:
+        if isinstance(e, Exception):  # an interrupt does not wait for the check's downloads
+            abi_checked.exception()
         layers.fail(e)
         if importer is not None:
             importer.abort()
@@ -790,6 +806,9 @@ class Layers:
 
             self._make(lay, done)
 
+    def top_made(self) -> bool:
+        return self.futures[self.plan.layer("envspec").key].done()
+
     def make_top(self, verify_dir: Path | None) -> None:
         """The envspec layer: lock, SBOM, verifier, entrypoint and services (always made; it is tiny)."""
         top = self.plan.layer("envspec")
@@ -1037,6 +1056,25 @@ def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter:
                                  on_done=lambda p, path: reporter.fetched(p.name, p.filename, path))
 
     abi.check_lock(lock, cache.root / "abi", fetch, lock_name=f"the lock of {lock.meta.name}")
+
+
+def _in_thread(name: str, clock: Clock | None, phase: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn(*args)`` on a thread of its own (timed as ``phase`` on ``clock`` where given); its
+    result or exception in the future."""
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        fut.set_running_or_notify_cancel()
+        try:
+            with clock.span(phase) if clock else contextlib.nullcontext():
+                res = fn(*args)
+        except BaseException as e:
+            fut.set_exception(e)
+        else:
+            fut.set_result(res)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
 
 
 def registry_stage(options: BuildOptions) -> RegistrySide:

@@ -134,6 +134,8 @@ class CompilerChoice:
 
 
 def _probe(python: str) -> tuple[str, str, str] | None:
+    if python == sys.executable:  # this interpreter: asked here, not in a process of its own
+        return sys.implementation.name, "%d.%d.%d" % sys.version_info[:3], sys.implementation.cache_tag or ""
     try:
         res = subprocess.run([python, "-I", "-S", "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
