@@ -157,6 +157,9 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
         assert cli.storage_cli() is not None and cli.storage_cli().put_tool is None
         c = do_build(lock, cli, new_cache(tmp_path, debs, "c3"))
         assert c.digest == a.digest and cli.image_digest(c.image) == a.store_digest
+        # the image record `envspec-put-layer image` made is the one containers-storage's own
+        # create-image, set-image-data and add-names make
+        assert _image_record(store, a.image) == _image_record(cli.storage_cli(), c.image)
 
     monkeypatch.setenv("ENVSPEC_IMPORT", "skopeo")
     with private_storage(tmp_path / "storage-skopeo"):
@@ -164,6 +167,15 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
         assert other.storage_cli() is None
         b = do_build(lock, other, new_cache(tmp_path, debs, "c2"))
         assert b.digest == a.digest and other.image_digest(b.image) == a.store_digest
+
+
+def _image_record(store, ref: str) -> dict:
+    """What containers-storage records of the image ``ref``, less the times it was made at."""
+    rec = json.loads(subprocess.run(store._cs("image", "--json", ref), capture_output=True, text=True,
+                                    check=True).stdout)
+    rec = rec[0] if isinstance(rec, list) else rec
+    assert rec["id"] and rec["layer"] and rec["names"] == [ref] and rec["big-data-names"], rec
+    return {k: v for k, v in rec.items() if k not in ("created", "metadata-time")}
 
 
 def _tree(root: Path) -> list[tuple]:

@@ -683,6 +683,21 @@ class StorageCLI:
 
         image_id = hashlib.sha256(config).hexdigest()
         mdigest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        items = (("sha256:" + image_id, config), ("manifest-" + mdigest, manifest), ("manifest", manifest))
+        if self.put_tool:  # one process (``envspec-put-layer image``); a tool built before it says usage (2)
+            with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
+                data = []
+                for i, (name, blob) in enumerate(items):
+                    (Path(td) / str(i)).write_bytes(blob)
+                    data += ["--data", f"{name}={Path(td) / str(i)}"]
+                argv = [self.put_tool, "image", "--graph", self.root, "--run", self.runroot, "--storage-driver",
+                        self.driver, "--id", image_id, "--digest", mdigest, "--top", top_layer, "--name", ref, *data]
+                cp = self.engine.run("create image", argv, check=False)
+            if cp.returncode == 0:
+                return
+            if cp.returncode != 2:
+                raise BuildError("creating the image in containers-storage failed", step="create image", argv=argv,
+                                 returncode=cp.returncode, stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
         if self.engine.run("image", self._cs("image", image_id), check=False).returncode != 0:
             cp = self.engine.run("create image", self._cs("create-image", "--id", image_id, "--digest", mdigest,
                                                           "--metadata", "{}", top_layer), check=False)
@@ -691,8 +706,7 @@ class StorageCLI:
                                  argv=cp.args, returncode=cp.returncode,
                                  stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
         with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
-            for name, data in (("sha256:" + image_id, config), ("manifest-" + mdigest, manifest),
-                               ("manifest", manifest)):
+            for name, data in items:
                 f = Path(td) / "data"
                 f.write_bytes(data)
                 self.engine.run("image data", self._cs("set-image-data", "--file", str(f), image_id, name))
