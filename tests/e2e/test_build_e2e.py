@@ -192,6 +192,29 @@ def _tree(root: Path) -> list[tuple]:
 
 
 @needs_store_tools
+def test_a_layer_left_without_content_by_a_killed_import_is_made_again(engine, tmp_path, debs):
+    """A layer record a killed import left with no content (no diff digest) under the ID the build
+    needs is replaced by the staged layer: the image builds, and the layer holds its bytes."""
+    from envspec.image import BuildahEngine
+    from conftest import private_storage
+
+    lock = small_debian()
+    a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"))
+    base_id = a.layers[0].diff_id.split(":", 1)[1]  # the bottom layer's ID is its diff_id (chain of one)
+    with private_storage(tmp_path / "storage-b"):
+        eng = BuildahEngine()
+        store = eng.storage_cli()
+        assert store is not None and store.can_stage
+        subprocess.run(store._cs("create-layer", "--id", base_id), check=True, capture_output=True)
+        assert store.layer_diff_id(base_id) == ""
+        b = do_build(lock, eng, new_cache(tmp_path, debs, "c2"))
+        assert eng.image_digest(b.image) == a.store_digest
+        assert store.layer_diff_id(base_id) == a.layers[0].diff_id
+        diff = subprocess.run(store._cs("diff", base_id), capture_output=True, check=True).stdout
+        assert "sha256:" + hashlib.sha256(diff).hexdigest() == a.layers[0].diff_id
+
+
+@needs_store_tools
 def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(engine, tmp_path, debs, monkeypatch):
     """Staged import: what a killed build left in the staging area goes with the next import; a
     maker that fails while its layer is being untarred leaves no layer, no staging, no image."""

@@ -653,13 +653,8 @@ class StorageCLI:
     def commit_staged(self, layer_id: str, parent: str, diff_id: str, staged: dict) -> tuple[str, bool]:
         """Make layer ``layer_id`` on ``parent`` from a finished ``Stage``'s result, unless it is
         stored already (then the staged files are dropped). Returns (the stored diff digest,
-        whether this call stored it)."""
-        have = self.layer_diff_id(layer_id)
-        if have:
-            _drop_staged(staged)
-            return have, False
-        if have == "":  # left by a killed import: gone before ours
-            self.delete_layer(layer_id)
+        whether this call stored it). A layer of that ID left without content by a killed import
+        is made again. One process: the tool looks for the layer itself."""
         assert self.put_tool
         argv = [self.put_tool, "commit", "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
                 "--id", layer_id, "--parent", parent, "--diff-digest", diff_id, "--staged", json.dumps(staged)]
@@ -672,7 +667,8 @@ class StorageCLI:
             raise BuildError("making a staged layer in containers-storage failed", step="import layer", argv=argv[:-2],
                              returncode=cp.returncode, stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
         try:
-            return json.loads(cp.stdout).get("diff-digest") or "", True
+            rec = json.loads(cp.stdout)
+            return rec.get("diff-digest") or "", not rec.get("envspec-existing", False)
         except (ValueError, AttributeError):
             return self.layer_diff_id(layer_id) or "", True
 

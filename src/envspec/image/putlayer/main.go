@@ -31,7 +31,9 @@
 //
 // makes the layer from a staged directory (JSON: what stage printed last): creates the layer
 // record, copies the tar-split record in, moves the directory in (a rename), and sets the digest.
-// A layer of that ID already stored with that digest is kept and the staged one removed.
+// A layer of that ID already stored with that digest is kept and the staged one removed; one left
+// without content by a killed import is made again. Prints the layer's record, with
+// "envspec-existing" true where it was kept.
 //
 //	envspec-put-layer prepare --graph DIR --run DIR [--storage-driver overlay]
 //
@@ -879,9 +881,16 @@ func commit(args []string) int {
 	defer store.Shutdown(false)
 	layer, err := store.CreateLayer(*sf.id, *sf.parent, nil, "", false, nil)
 	if errors.Is(err, storage.ErrDuplicateID) {
-		if have, err2 := store.Layer(*sf.id); err2 == nil && have.UncompressedDigest == d {
-			json.NewEncoder(os.Stdout).Encode(have)
-			return 0
+		if have, err2 := store.Layer(*sf.id); err2 == nil {
+			switch have.UncompressedDigest {
+			case d: // stored by another build meanwhile, or before: kept
+				return printLayer(have, true)
+			case "": // left without content by a killed import: made again
+				if err := store.DeleteLayer(*sf.id); err != nil {
+					return fail(err)
+				}
+				layer, err = store.CreateLayer(*sf.id, *sf.parent, nil, "", false, nil)
+			}
 		}
 	}
 	if err != nil {
@@ -934,7 +943,22 @@ func commit(args []string) int {
 		return fail(err)
 	}
 	ok = true
-	if err := json.NewEncoder(os.Stdout).Encode(stored); err != nil {
+	return printLayer(stored, false)
+}
+
+// printLayer prints the layer's record as containers/storage writes it, with "envspec-existing":
+// whether it was in the store already (this call stored nothing).
+func printLayer(layer *storage.Layer, existing bool) int {
+	b, err := json.Marshal(layer)
+	if err != nil {
+		return fail(err)
+	}
+	rec := map[string]interface{}{}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fail(err)
+	}
+	rec["envspec-existing"] = existing
+	if err := json.NewEncoder(os.Stdout).Encode(rec); err != nil {
 		return 1
 	}
 	return 0
