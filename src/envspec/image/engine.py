@@ -682,12 +682,12 @@ class StorageCLI:
         items = (("sha256:" + image_id, config), ("manifest-" + mdigest, manifest), ("manifest", manifest))
         if self.put_tool:  # one process (``envspec-put-layer image``); a tool built before it says usage (2)
             with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
-                data = []
+                args: list[str] = []
                 for i, (name, blob) in enumerate(items):
                     (Path(td) / str(i)).write_bytes(blob)
-                    data += ["--data", f"{name}={Path(td) / str(i)}"]
+                    args += ["--data", f"{name}={Path(td) / str(i)}"]
                 argv = [self.put_tool, "image", "--graph", self.root, "--run", self.runroot, "--storage-driver",
-                        self.driver, "--id", image_id, "--digest", mdigest, "--top", top_layer, "--name", ref, *data]
+                        self.driver, "--id", image_id, "--digest", mdigest, "--top", top_layer, "--name", ref, *args]
                 cp = self.engine.run("create image", argv, check=False)
             if cp.returncode == 0:
                 return
