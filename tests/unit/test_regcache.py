@@ -328,3 +328,35 @@ def test_the_summary_says_where_the_layers_came_from():
                        layers=(lay("base", "store"), lay("torch", "store"), lay("team", "registry"), lay("envspec", "made")))
     assert _built_lines(again, None, None, target="x.lock")[0].endswith(
         f"(1 of 4 layers made, 2 in the store already, 1 from the registry cache {REF})")
+
+
+def test_a_build_from_the_registry_reads_no_wheel_for_the_abi_check(env, monkeypatch):
+    """The ABI check runs first with the wheels at hand; the wheels it could not read are read
+    (fetched) only where a layer is made here: not where every layer comes from the registry."""
+    import envspec.image as image
+
+    calls: list[str] = []
+    monkeypatch.setattr(image, "check_abi_at_hand", lambda lock, cache, mirrors: calls.append("at hand") or ["torchish"])
+
+    def full(lock, cache, mirrors, reporter):
+        calls.append("full")
+    monkeypatch.setattr(image, "check_abi", full)
+    reg = FakeRegistry()
+    a, _ = _build(env, reg, "a", cache_to=REF)
+    assert calls == ["at hand", "full"] and set(_sources(a).values()) == {"made"}  # made here: read first
+
+    calls.clear()
+    b, _ = _build(env, reg, "b", cache_from=REF)
+    assert calls == ["at hand"] and b.store_digest == a.store_digest
+    assert {lay.source for lay in b.layers if lay.group != "envspec"} == {"registry"}
+
+    calls.clear()
+    torch = next(lay for lay in a.layers if lay.group == "torch")
+    del reg.tags[f"{REF}:{tag_for(torch.key, Compression('zstd'))}"]  # one layer to make here after all
+    c, _ = _build(env, reg, "c", cache_from=REF)
+    assert calls == ["at hand", "full"] and _sources(c)["torch"] == "made"
+
+    calls.clear()
+    monkeypatch.setattr(image, "check_abi_at_hand", lambda lock, cache, mirrors: calls.append("at hand") or [])
+    d, _ = _build(env, reg, "d")  # every wheel at hand: read once
+    assert calls == ["at hand"]

@@ -269,10 +269,13 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
     ref = plan.tag if options.tag is None else options.tag
     in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
     cache.clean_stale()
-    # before the first layer: a lock whose extensions cannot load is not built. It runs beside the
-    # set-up below (the .pyc compiler's probe, the registry cache's lookups), which makes nothing,
-    # and is waited for before anything is made, fetched for a layer or untarred (issue 44)
-    abi_checked = _in_thread("envspec-abi", clock, "abi check", check_abi, plan.lock, cache, mirrors, reporter)
+    # before the first layer: a lock whose extensions cannot load is not built. First with the wheels
+    # at hand (the cache, a mirror on this machine: nothing downloaded), beside the set-up below (the
+    # .pyc compiler's probe, the registry cache's lookups), which makes nothing, and waited for before
+    # anything is fetched for a layer or untarred; the wheels it could not read are read before the
+    # first layer is made here. A layer taken from the registry cache was made by a build that read
+    # them all: a node's pull reads nothing from the package indexes (issue 44)
+    abi_checked = _in_thread("envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors)
     try:
         plan, compiler = _bytecode_compiler(plan, reporter)
     except Exception:
@@ -305,7 +308,7 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
         entries: dict[str, Any] = {}
         if rc is not None and rc.cache_from and not options.no_cache:
             entries = rc.lookup_layers(layers)
-        abi_checked.result()
+        abi_unread = abi_checked.result()
         if entries:
             # every layer to make is in the registry cache: import each one as it arrives, beside the
             # others' downloads (should an entry fail its checks, its layer is made by worker
@@ -328,6 +331,9 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
                 streamed.result()
             else:
                 rc.fetch_layers(layers, entries)
+        if abi_unread and layers.todo:  # a layer is made here after all: every wheel the check needs is read
+            with clock.span("abi check"):
+                check_abi(plan.lock, cache, mirrors, reporter)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with clock.span("source builds"):
@@ -1044,6 +1050,12 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
     tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
     admit(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
     return meta
+
+
+def check_abi_at_hand(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror]) -> list[str]:
+    """The lock's compiled packages against its torch with the wheels at hand (``abi.check_at_hand``):
+    raises ``AbiMismatch`` (exit 2); returns the names of the wheels it could not read."""
+    return abi.check_at_hand(lock, cache, mirrors, lock_name=f"the lock of {lock.meta.name}").unchecked
 
 
 def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter: Reporter) -> None:
