@@ -11,7 +11,8 @@ Under a temp dir (removed at the end), Debian's docker-registry on loopback:
                  envspec cache, e.g. ~/.cache/envspec where the lock was built before)
   then, per round, rotating which goes first, each after `sync` and a drop of the page cache
   (the registry's blobs are read from its disk by every one alike):
-  from cache     a fresh node (empty storage root, empty envspec cache: no wheels, no .debs)
+  from cache     a fresh node (empty storage root, empty envspec cache: no wheels, no .debs, and
+                 no pip configuration: none of this machine's wheel mirrors)
                  runs envspec build --cache-from REG/bench/cache; every cacheable layer must come
                  from the registry and the image (its config digest, the ID podman shows) must be A's
   podman pull    `podman pull REG/bench/img@DIGEST` into another empty storage root
@@ -199,7 +200,9 @@ def main() -> int:
 
             def from_cache(n: int) -> dict:
                 with fresh_fs(base, f"node-b{n}", args.fresh_fs) as fs, private_storage(fs / "storage"):
-                    env = user_env(ENVSPEC_CACHE=str(fs / "cache"))
+                    # a compute node reaches the registry, not this machine's wheel mirrors
+                    env = {k: v for k, v in user_env(ENVSPEC_CACHE=str(fs / "cache"), PIP_CONFIG_FILE=os.devnull).items()
+                           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
                     res["drop_caches"] = drop_caches()
                     perf = Path(args.perf, f"envspec-{n}.data") if args.perf else None
                     prof = Path(args.cprofile, f"envspec-{n}.prof") if args.cprofile else None
