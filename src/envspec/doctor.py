@@ -97,8 +97,9 @@ def check_driver(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
 
 
 def check_driver_knows_gpus(host: Host) -> list[Diagnosis]:
-    """The driver's branch against each GPU's first one (the compat DB's gpus.toml, by nvidia-smi name,
-    else by compute capability): a driver older than that cannot drive the GPU under any policy."""
+    """The driver's branch against each GPU's first and last ones (the compat DB's gpus.toml, by
+    nvidia-smi name, else by compute capability): a driver outside them cannot drive the GPU under
+    any policy."""
     if not host.driver_version or not host.gpus:
         return []
     db = load_db()
@@ -111,14 +112,23 @@ def check_driver_knows_gpus(host: Host) -> list[Diagnosis]:
             continue
         detail = {"name": name, "cc": cc, "driver": host.driver_version, "min_driver": gpu.min_driver,
                   "source": gpu.min_driver_source}
+        if gpu.max_driver:
+            detail.update(max_driver=gpu.max_driver, max_driver_source=gpu.max_driver_source)
         if gpu.driver_too_old(host.driver_version):
             out.append(Diagnosis("driver", "fail",
                                  f"NVIDIA driver {host.driver_version} cannot drive {name}: it needs driver branch "
                                  f"R{gpu.min_driver} or newer, whatever the CUDA policy (from: {gpu.min_driver_source})",
                                  fix=f"upgrade the NVIDIA driver to R{gpu.min_driver} or newer", detail=detail))
+        elif gpu.driver_too_new(host.driver_version):
+            out.append(Diagnosis("driver", "fail",
+                                 f"NVIDIA driver {host.driver_version} cannot drive {name}: R{gpu.max_driver} is the "
+                                 f"last driver branch for it (from: {gpu.max_driver_source})",
+                                 fix=f"install an R{gpu.max_driver} driver on this host, or move the job to newer GPUs",
+                                 detail=detail))
         else:
+            last = f" and R{gpu.max_driver} or older" if gpu.max_driver else ""
             out.append(Diagnosis("driver", "ok", f"driver branch R{driver_branch(host.driver_version)} drives {name} "
-                                                 f"(needs R{gpu.min_driver} or newer)", detail=detail))
+                                                 f"(needs R{gpu.min_driver} or newer{last})", detail=detail))
     return out
 
 

@@ -28,6 +28,9 @@ def _sentence(c: dict) -> str:
     if k == "driver-too-old":
         return (f"driver {c['driver']} < {c['needed']}, the floor of CUDA {c['cuda']} under the "
                 f"'{c['policy']}' policy")
+    if k == "driver-past-gpu":
+        return (f"CUDA {c['cuda']} needs driver >= {c['needed']} ('{c['policy']}' policy), newer than R{c['last']}, "
+                f"the last driver branch for {c['gpu']} (source: {c['source']})")
     if k == "python-unsupported":
         return f"torch {c['torch']} has no wheels for Python {c['python']} (it has {', '.join(c['supported'])})"
     if k == "variant-not-requested":
@@ -49,6 +52,12 @@ def _sentence(c: dict) -> str:
     return c.get("text") or str(c)
 
 
+def _last_branch(gpus) -> str | None:
+    """The oldest of the GPUs' last driver branches ("580"), None where none has one."""
+    last = [g.max_driver for g in gpus if g.max_driver]
+    return min(last, key=int) if last else None
+
+
 def choice_json(choice, *, packages: bool = False) -> dict:
     """The fixed `envspec explain --json` shape for a successful choice; ``packages``: the choice
     was made with the packages (``explain --packages``), and says which releases they passed over."""
@@ -62,13 +71,14 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "nccl": (t.variant.nccl or None) if t else None,
         "arch_list": list(t.variant.arch_list) if t else [],
         "min_driver": (t.min_driver or None) if t else None,
+        "max_driver": _last_branch(choice.gpus),  # the newest driver branch every GPU is driven by (None: no end)
         "driver_policy": choice.driver_policy,
         "python": choice.python,
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
         "torch_range": choice.spec.torch.version if t else None,  # [torch].version as read ("2.9" is "==2.9.*")
         "newer_releases": [{"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer] if t else [],
-        "gpus": [{"name": g.name, "cc": g.cc, "min_driver": g.min_driver or None, "host_arch": list(g.host_arch)}
-                 for g in choice.gpus],
+        "gpus": [{"name": g.name, "cc": g.cc, "min_driver": g.min_driver or None, "max_driver": g.max_driver or None,
+                  "host_arch": list(g.host_arch)} for g in choice.gpus],
         "base": choice.base,
         "platform": choice.platform,
         "notes": list(choice.notes) + ([] if packages else [n for n in [packages_note(choice)] if n]),
@@ -152,7 +162,8 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     lines = [f"spec {choice.spec.name}: Python {choice.python} on {choice.base}, {choice.platform}"]
     if choice.gpus:
         lines.append("targets: " + ", ".join(f"{g.name} (sm_{g.cc.replace('.', '')}"
-                                             + (f", driver >= R{g.min_driver}" if g.min_driver else "") + ")"
+                                             + (f", driver >= R{g.min_driver}" if g.min_driver else "")
+                                             + (f", <= R{g.max_driver}" if g.max_driver else "") + ")"
                                              for g in choice.gpus))
     lines += [f"note: {n}" for n in choice.notes]
     if t is None:

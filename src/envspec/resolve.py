@@ -311,9 +311,9 @@ def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tu
 
 
 def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
-    """[target].driver against each GPU's first driver branch: the rule holds under every driver
-    policy (CUDA's minor-version compatibility lets a runtime load on an older driver, it does not
-    teach an old driver a newer GPU)."""
+    """[target].driver against each GPU's first and last driver branches: the rule holds under
+    every driver policy (CUDA's minor-version compatibility lets a runtime load on an older driver,
+    it does not teach an old driver a newer GPU, nor a new driver a GPU its branch dropped)."""
     driver = spec.target.driver or ""
     out: list[Problem] = []
     for g in {g.name: g for g in gpus}.values():  # each GPU once, in the spec's order
@@ -325,6 +325,14 @@ def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
                 hint=f"upgrade the hosts' driver to R{g.min_driver} or newer; CUDA minor-version compatibility "
                      "does not add GPU support to an older driver",
                 reference="driver-too-old-for-gpu"))
+        elif driver and g.driver_too_new(driver):
+            out.append(spec.problem(
+                ("target", "driver"),
+                f"driver {driver} cannot drive {g.short} ({g.name}, sm_{g.cc.replace('.', '')}): R{g.max_driver} is "
+                f"the last driver branch for it, whatever the driver policy (source: {g.max_driver_source})",
+                hint=f"hosts with {g.short} stay on an R{g.max_driver} driver (set [target].driver to the one they "
+                     f"run); a fleet moving past R{g.max_driver} needs newer GPUs",
+                reference="driver-too-new-for-gpu"))
     return out
 
 
@@ -373,6 +381,12 @@ def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: lis
         elif spec.target.driver and Version(spec.target.driver) < Version(floor):
             causes.append({"kind": "driver-too-old", "driver": spec.target.driver, "needed": floor, "cuda": v.cuda,
                            "policy": spec.target.driver_policy, "variant": v.name})
+        elif floor and not spec.target.driver:  # the floor the hosts are assumed to run: no newer than a GPU's last branch
+            for g in gpus:
+                if g.driver_too_new(floor):
+                    causes.append({"kind": "driver-past-gpu", "gpu": _short(g), "gpu_name": g.name, "needed": floor,
+                                   "last": g.max_driver, "cuda": v.cuda, "policy": spec.target.driver_policy,
+                                   "variant": v.name, "source": g.max_driver_source})
     if causes:
         return False, causes
     fits: list[dict] = [{"kind": "arch-fits", "gpu": _short(g), "why": why_arch(g.cc, v.arch_list)[1]} for g in gpus]
@@ -514,6 +528,7 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
 
 
 _CAUSE_KEYS = {"arch-missing": ("target", "gpus"), "driver-too-old": ("target", "driver"),
+               "driver-past-gpu": ("target", "gpus"),
                "python-unsupported": ("python", "version"), "unknown-cuda": ("torch", "cuda")}
 
 
@@ -554,6 +569,7 @@ def _dedupe(causes: list[dict]) -> list[dict]:
 def _main_reference(causes: list[dict]) -> str:
     kinds = [c["kind"] for c in causes]
     for k, ref in (("arch-missing", "no-kernels-for-gpu"), ("driver-too-old", "driver-too-old"),
+                   ("driver-past-gpu", "driver-too-new-for-gpu"),
                    ("python-unsupported", "python-unsupported"), ("release-needs-review", "release-needs-review")):
         if k in kinds:
             return ref

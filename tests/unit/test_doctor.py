@@ -268,6 +268,17 @@ def test_a_driver_older_than_the_gpus_first_branch_fails_without_a_lock():
     assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "520"] == ["fail"]
 
 
+def test_a_driver_newer_than_the_gpus_last_branch_fails():
+    # gpus.toml: R580 is the last branch for Volta, R470 for Kepler
+    f = run_doctor(gpu_host(driver="590.48.01", gpus=(Gpu("Tesla V100-SXM2-32GB", "7.0"),)))
+    d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
+    assert [x.status for x in d] == ["fail"] and doctor_exit_code(f) != 0
+    assert "cannot drive Tesla V100-SXM2-32GB" in d[0].what and "R580 is the last" in d[0].what and "R580" in d[0].fix
+    f = run_doctor(gpu_host(driver="470.256.02", gpus=(Gpu("Tesla K80", "3.7"),)))
+    d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
+    assert [x.status for x in d] == ["ok"] and "R340 or newer and R470 or older" in d[0].what
+
+
 def test_a_driver_that_knows_the_gpu_says_so():
     f = run_doctor(gpu_host(driver="580.82.07"), load(GPU_LOCK))
     d = [x for x in by(f, "driver") if x.detail.get("min_driver")]

@@ -26,6 +26,21 @@ def test_each_gpu_has_the_same_first_branch_in_both(gpu):
 
 def test_verify_knows_no_capability_the_db_lacks():
     assert set(driverrule.FIRST_BRANCH) == {g.cc for g in DB.gpus if g.min_driver}
+    assert set(driverrule.LAST_BRANCH) == {g.cc for g in DB.gpus if g.max_driver}
+
+
+@pytest.mark.parametrize("gpu", DB.gpus, ids=[g.name for g in DB.gpus])
+def test_each_gpu_has_the_same_last_branch_in_both(gpu):
+    last = driverrule.last_branch(gpu.cc)
+    if not gpu.max_driver:
+        assert last is None, f"{gpu.name}: verify knows R{last} as the last for cc {gpu.cc}, gpus.toml has none"
+        assert not gpu.driver_too_new("999.1")
+        return
+    assert last == driver_branch(gpu.max_driver) and gpu.max_driver_source.strip(), (gpu.name, gpu.max_driver, last)
+    for driver, too_new in ((f"{last}.99.99", False), (f"{last + 5}.00.01", True), (f"{last + 10}.1", True)):
+        assert gpu.driver_too_new(driver) is too_new
+        assert driverrule.too_new(driver, gpu.cc)[0] is too_new
+    assert {g.short for g in DB.gpus if g.max_driver == "470"} == {"K80"}
 
 
 def test_every_floor_has_a_source_and_grace_systems_are_arm():

@@ -226,3 +226,24 @@ def test_uv_knows_the_newest_manylinux_target():
     target = "x86_64-manylinux_{}_{}".format(*UV_MAX_MANYLINUX)
     help_text = subprocess.run([uv, "pip", "compile", "--help"], capture_output=True, text=True, check=True).stdout
     assert target in help_text
+
+
+def test_a_build_whose_driver_floor_passes_a_gpus_last_branch_is_not_chosen(db):
+    """Without [target].driver the hosts are assumed to run the build's floor: a build whose floor
+    is newer than a GPU's last driver branch cannot run there. (No GPU of the DB is in that case
+    with a build that has its kernels, so an H100 is given R550 as its last branch here.)"""
+    h100 = db.find_gpu("H100").model_copy(update={"max_driver": "550", "max_driver_source": "test"})
+    from envspec.compat.model import CompatDB
+
+    test_db = CompatDB(version=db.version, date=db.date, format=db.format, torch_releases=db.torch_releases,
+                       cuda_toolkits=db.cuda_toolkits, gpus=[h100 if g.name == h100.name else g for g in db.gpus],
+                       sources=db.sources)
+    c = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\n'), test_db)
+    assert c.torch.variant.cuda.startswith("12.") and int(c.torch.min_driver.split(".")[0]) <= 550
+    from envspec.explain import candidate_reason
+
+    rejected = {x.variant: candidate_reason(x) for x in c.torch.candidates if not x.ok}
+    assert "R550, the last driver branch for H100" in rejected["cu130"]
+    with pytest.raises(ResolutionImpossible) as ei:
+        choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\ncuda = "13.0"\n'), test_db)
+    assert ei.value.reference == "driver-too-new-for-gpu"

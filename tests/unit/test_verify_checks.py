@@ -245,6 +245,18 @@ def test_driver_older_than_the_gpus_first_branch_fails_whatever_the_floor():
     assert by_check(run(torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"
 
 
+def test_driver_newer_than_the_gpus_last_branch_fails():
+    # a V100 host whose driver moved past R580, the last branch for Volta
+    lock = make_lock(hardware={"gpus": ["Tesla V100-SXM2-32GB"], "compute_capabilities": ["7.0"],
+                               "arch_list": ["sm_70"], "driver_floor": "525.60.13", "driver_policy": "compat"})
+    drv = DriverInfo("590.48.01", "13.1", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}])
+    g = by_check(run(lock, torch=FakeTorch(), driver=drv))["driver.gpu.0"]
+    assert g.status == "fail" and "R384 to R580" in g.expected and "590.48.01" in g.observed
+    assert "R580" in g.hint and "newer GPUs" in g.hint
+    drv = DriverInfo("580.95.05", "13.0", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}])
+    assert by_check(run(lock, torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"
+
+
 def test_the_lock_arch_list_is_checked_without_a_gpu():
     """An aarch64 torch (sm_80 sm_90 sm_100 sm_110 sm_120) against a lock written with x86_64's
     list: caught on a machine with no GPU (no driver, under emulation), where gpu.* are skipped."""

@@ -102,12 +102,12 @@ def _show(db) -> None:
             t.add_row(r.version, v.name + (" *" if v.name == r.pypi_variant else ""), " ".join(r.python),
                       v.cuda or "-", v.cudnn or "-", v.nccl or "-", floors, " ".join(v.arch_list) or "-")
     con.print(t)
-    g = Table("GPU", "aliases", "cc", "first driver", "hosts", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
+    g = Table("GPU", "aliases", "cc", "first driver", "last driver", "hosts", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
               title="GPUs (the names \\[target].gpus takes: the name or an alias)", box=SIMPLE_HEAD if tty else None,
               title_justify="left")
     for x in db.gpus:
         g.add_row(x.name, ", ".join(x.aliases) or "-", x.cc, f"R{x.min_driver}" if x.min_driver else "-",
-                  " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
+                  f"R{x.max_driver}" if x.max_driver else "-", " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
                   _n(x.mem_bw_gbs))
     con.print(g)
 

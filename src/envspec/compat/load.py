@@ -166,6 +166,14 @@ def _build(root: Path) -> CompatDB:
                 problems.add("gpus.toml", f"{where}.min_driver", f"{g.min_driver!r} is not a driver branch (\"520\")")
             if not g.min_driver_source.strip():
                 problems.add("gpus.toml", f"{where}.min_driver_source", "empty: a driver floor needs its source")
+        if g.max_driver:
+            if not g.max_driver.isdigit():
+                problems.add("gpus.toml", f"{where}.max_driver", f"{g.max_driver!r} is not a driver branch (\"580\")")
+            elif g.min_driver.isdigit() and int(g.max_driver) < int(g.min_driver):
+                problems.add("gpus.toml", f"{where}.max_driver", f"R{g.max_driver} is older than its first branch "
+                                                                 f"R{g.min_driver}")
+            if not g.max_driver_source.strip():
+                problems.add("gpus.toml", f"{where}.max_driver_source", "empty: a last driver branch needs its source")
         if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
             problems.add("gpus.toml", f"{where}.host_arch", f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}")
         elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():

@@ -86,6 +86,8 @@ class Gpu(BaseModel):
     source: str = ""
     min_driver: str = ""  # the first driver branch that drives this GPU ("520"); "" where none applies
     min_driver_source: str = ""
+    max_driver: str = ""  # the last driver branch that drives this GPU ("580"); "" where NVIDIA named none
+    max_driver_source: str = ""
     host_arch: list[str] = ["x86_64", "aarch64"]  # CPU architectures of the servers it ships in
     host_arch_source: str = ""
 
@@ -102,6 +104,10 @@ class Gpu(BaseModel):
     def driver_too_old(self, driver: str) -> bool:
         """Whether ``driver`` ("470.82.01") is of an older branch than this GPU's first one."""
         return bool(self.min_driver) and driver_branch(driver) < driver_branch(self.min_driver)
+
+    def driver_too_new(self, driver: str) -> bool:
+        """Whether ``driver`` ("590.44.01") is of a newer branch than this GPU's last one."""
+        return bool(self.max_driver) and driver_branch(driver) > driver_branch(self.max_driver)
 
     @property
     def sm(self) -> str:

@@ -61,6 +61,8 @@ class GpuRow(Row):
     mem_bw_gbs: float | None = None
     min_driver: str = ""
     min_driver_source: str = ""
+    max_driver: str = ""
+    max_driver_source: str = ""
     host_arch: list[str]
     host_arch_source: str = ""
     source: str

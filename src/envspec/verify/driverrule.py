@@ -1,10 +1,11 @@
-"""The GPU driver-branch rule, kept here because the verifier imports nothing from envspec.
+"""The GPU driver-branch rules, kept here because the verifier imports nothing from envspec.
 
 A driver drives only the GPUs its branch knows: whatever CUDA's minor-version compatibility lets a
 runtime load on, a 470 driver cannot drive a Hopper GPU. Each compute capability's first production
 branch is the branch of the GA driver of the CUDA toolkit that first compiled for it (CUDA Toolkit
-release notes, Table 3). The compat DB's gpus.toml carries the same floors per GPU, with sources;
-tests/unit/test_driver_rules_agree.py keeps the two in step.
+release notes, Table 3). And a GPU whose architecture NVIDIA retired is driven by no branch after
+its last one. The compat DB's gpus.toml carries the same floors and last branches per GPU, with
+sources; tests/unit/test_driver_rules_agree.py keeps the two in step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ FIRST_BRANCH: dict[str, tuple[int, str, str]] = {
 }
 # 8.7 (Jetson Orin) is absent on purpose: Jetson Linux brings its own driver.
 
+# compute capability -> (last driver branch, the source): NVIDIA named R470 the last branch for
+# Kepler and R580 the last for Maxwell, Pascal and Volta; a newer branch does not drive them.
+_R470 = "NVIDIA: R470 is the last driver branch for Kepler (Data Center GPU driver documentation)"
+_R580 = ("NVIDIA's Unix graphics feature deprecation schedule: the 580 series is the last to support Maxwell, "
+         "Pascal and Volta")
+# (Jetson's 5.3, 6.2 and 7.2 are absent: Jetson Linux brings its own driver.)
+LAST_BRANCH: dict[str, tuple[int, str]] = {
+    "3.7": (470, _R470), "6.0": (580, _R580), "6.1": (580, _R580), "7.0": (580, _R580),
+}
+
 
 def branch(version: str) -> int:
     """The branch of a driver version: "570.86.16" -> 570."""
@@ -47,3 +58,18 @@ def too_old(driver: str, cc: str) -> tuple[bool, str]:
     need, family, toolkit = row
     words = f"{family} (cc {cc}) needs driver branch R{need} or newer (first with {toolkit})"
     return branch(driver) < need, words
+
+
+def last_branch(cc: str) -> int | None:
+    """The last driver branch that drives a GPU of this compute capability, None where there is none."""
+    row = LAST_BRANCH.get(str(cc).strip())
+    return row[0] if row else None
+
+
+def too_new(driver: str, cc: str) -> tuple[bool, str]:
+    """(whether ``driver`` is of a branch newer than the GPU's last one, and the rule in words)."""
+    row = LAST_BRANCH.get(str(cc).strip())
+    if row is None:
+        return False, f"no last-branch fact for compute capability {cc}"
+    last, source = row
+    return branch(driver) > last, f"R{last} is the last driver branch for cc {cc} ({source})"

@@ -370,10 +370,20 @@ class MachineChecks:
             need = driverrule.first_branch(cc)
             if need is None:
                 continue
-            self.add(f"driver.gpu.{i}", FAIL if old else PASS, expected=f"driver branch >= R{need} for {name}: {words}",
-                     observed=f"driver {d.version} (branch R{driverrule.branch(d.version)})",
-                     hint=(f"a driver older than R{need} cannot drive {name}, whatever the CUDA compatibility policy: "
-                           "upgrade the host driver" if old else ""))
+            new, last_words = driverrule.too_new(d.version, cc)
+            last = driverrule.last_branch(cc)
+            expected = f"driver branch >= R{need} for {name}: {words}"
+            if last is not None:
+                expected = f"driver branch R{need} to R{last} for {name}: {words}; {last_words}"
+            hint = ""
+            if old:
+                hint = (f"a driver older than R{need} cannot drive {name}, whatever the CUDA compatibility policy: "
+                        "upgrade the host driver")
+            elif new:
+                hint = (f"a driver newer than R{last} cannot drive {name}: run an R{last} driver on this host, or the "
+                        "job on newer GPUs")
+            self.add(f"driver.gpu.{i}", FAIL if old or new else PASS, expected=expected,
+                     observed=f"driver {d.version} (branch R{driverrule.branch(d.version)})", hint=hint)
 
 
 
