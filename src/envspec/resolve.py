@@ -212,7 +212,15 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
     gpus: list[Gpu] = []
     for i, name in enumerate(spec.target.gpus):
         g = db.find_gpu(name)
-        if g is None:
+        vendor = None if g is not None else not_nvidia(name)
+        if vendor is not None:
+            problems.append(spec.problem(
+                ("target", "gpus", i), f"'{name}' is not an NVIDIA GPU: it is {vendor}'s, and envspec builds "
+                                       "CUDA images for NVIDIA GPUs only",
+                hint="name the NVIDIA GPUs the image runs on; for this one, use its vendor's PyTorch build and "
+                     "container images (envspec does not lock them)",
+                reference="gpu-not-nvidia"))
+        elif g is None:
             sugg = db.suggest_gpus(name)
             problems.append(spec.problem(("target", "gpus", i), f"unknown GPU '{name}'",
                                          hint=(f"did you mean '{sugg[0]}'?" if sugg else
@@ -308,6 +316,27 @@ def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tu
         hint="name both: [target].platforms = [\"linux-x86_64\", \"linux-aarch64\"] (one lock with a section per "
              "platform, each targeting its GPUs), or split the spec",
         reference="mixed-platforms")
+
+
+# Accelerators of other vendors, by the names people write: AMD Instinct and Radeon, Intel Gaudi,
+# Data Center GPU Max and Arc, Apple silicon, Google TPU, AWS Trainium and Inferentia.
+_OTHER_VENDORS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("AMD", re.compile(r"\b(amd|instinct|radeon|mi\s?[1-4]\d{2}[a-z]*|mi\s?\d{2}|rx\s?\d{4}[a-z]*|w\d{4})\b", re.I)),
+    ("Intel", re.compile(r"\b(intel|gaudi\s?\d?|habana|arc\s?[ab]\d{3}|(data center )?gpu max(\s?\d{4})?|max\s?1[15][05]0|ponte vecchio)\b", re.I)),
+    ("Apple", re.compile(r"\b(apple|m[1-5]\s?(pro|max|ultra)|mps)\b", re.I)),
+    ("Google", re.compile(r"\b(tpu(\s?v\d+[a-z]*)?)\b", re.I)),
+    ("AWS", re.compile(r"\b(trainium\d?|inferentia\d?|trn[12]|inf[12])\b", re.I)),
+)
+
+
+def not_nvidia(name: str) -> str | None:
+    """The vendor of an accelerator that is not NVIDIA's, by its name ("MI300X" -> "AMD"); None otherwise."""
+    if re.search(r"nvidia|geforce|quadro|tesla|rtx|gtx", name, re.I):
+        return None
+    for vendor, pattern in _OTHER_VENDORS:
+        if pattern.search(name):
+            return vendor
+    return None
 
 
 def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:

@@ -247,3 +247,16 @@ def test_a_build_whose_driver_floor_passes_a_gpus_last_branch_is_not_chosen(db):
     with pytest.raises(ResolutionImpossible) as ei:
         choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\ncuda = "13.0"\n'), test_db)
     assert ei.value.reference == "driver-too-new-for-gpu"
+
+
+def test_no_name_or_alias_of_an_nvidia_gpu_is_taken_for_another_vendors(db):
+    from envspec.resolve import not_nvidia
+
+    for g in db.gpus:
+        for label in (g.name, *g.aliases, g.sm):
+            assert not_nvidia(label) is None, (g.name, label)
+    for name, vendor in (("MI300X", "AMD"), ("Instinct MI250X", "AMD"), ("Radeon Pro W7900", "AMD"),
+                         ("Gaudi2", "Intel"), ("Data Center GPU Max 1550", "Intel"), ("M3 Max", "Apple"),
+                         ("TPU v5p", "Google"), ("Trainium2", "AWS")):
+        assert not_nvidia(name) == vendor, name
+    assert not_nvidia("Tesla M4") is None and not_nvidia("M40") is None  # NVIDIA's Maxwell, not Apple's M4
