@@ -346,19 +346,20 @@ def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
     driver = spec.target.driver or ""
     out: list[Problem] = []
     for g in {g.name: g for g in gpus}.values():  # each GPU once, in the spec's order
+        cannot = f"driver {driver} cannot drive {g.short} ({g.name}, {g.sm}): "
         if driver and g.driver_too_old(driver):
             out.append(spec.problem(
                 ("target", "driver"),
-                f"driver {driver} cannot drive {g.short} ({g.name}, sm_{g.cc.replace('.', '')}): it needs driver "
-                f"branch R{g.min_driver} or newer, whatever the driver policy (source: {g.min_driver_source})",
+                cannot + f"it needs driver branch R{g.min_driver} or newer, whatever the driver policy "
+                         f"(source: {g.min_driver_source})",
                 hint=f"upgrade the hosts' driver to R{g.min_driver} or newer; CUDA minor-version compatibility "
                      "does not add GPU support to an older driver",
                 reference="driver-too-old-for-gpu"))
         elif driver and g.driver_too_new(driver):
             out.append(spec.problem(
                 ("target", "driver"),
-                f"driver {driver} cannot drive {g.short} ({g.name}, sm_{g.cc.replace('.', '')}): R{g.max_driver} is "
-                f"the last driver branch for it, whatever the driver policy (source: {g.max_driver_source})",
+                cannot + f"R{g.max_driver} is the last driver branch for it, whatever the driver policy "
+                         f"(source: {g.max_driver_source})",
                 hint=f"hosts with {g.short} stay on an R{g.max_driver} driver (set [target].driver to the one they "
                      f"run); a fleet moving past R{g.max_driver} needs newer GPUs",
                 reference="driver-too-new-for-gpu"))

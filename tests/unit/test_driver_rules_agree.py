@@ -40,7 +40,11 @@ def test_each_gpu_has_the_same_last_branch_in_both(gpu):
     for driver, too_new in ((f"{last}.99.99", False), (f"{last + 5}.00.01", True), (f"{last + 10}.1", True)):
         assert gpu.driver_too_new(driver) is too_new
         assert driverrule.too_new(driver, gpu.cc)[0] is too_new
+
+
+def test_kepler_ends_at_r470_and_pascal_and_volta_at_r580():
     assert {g.short for g in DB.gpus if g.max_driver == "470"} == {"K80"}
+    assert {g.cc for g in DB.gpus if g.max_driver == "580"} == {"6.0", "6.1", "7.0"}
 
 
 def test_every_floor_has_a_source_and_grace_systems_are_arm():

@@ -738,17 +738,14 @@ type chunkReader struct {
 	abort chan struct{}
 	cur   *chunk
 	off   int
-	mu    sync.Mutex
-	err   error // after the last chunk: io.EOF, or why the tar could not be read
+	err   error // after the last chunk: io.EOF, or why the tar could not be read (set before ch is closed)
 }
 
 func (c *chunkReader) end(err error) {
-	c.mu.Lock()
 	if err == nil {
 		err = io.EOF
 	}
 	c.err = err
-	c.mu.Unlock()
 	close(c.ch)
 }
 
@@ -760,8 +757,6 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 		select {
 		case k, ok := <-c.ch:
 			if !ok {
-				c.mu.Lock()
-				defer c.mu.Unlock()
 				return 0, c.err
 			}
 			c.cur, c.off = k, 0
