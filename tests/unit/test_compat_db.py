@@ -1,7 +1,9 @@
 """The bundled compatibility DB: coverage, integrity, lookups, and the loader's errors."""
 
 import json
+import re
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -257,17 +259,19 @@ def test_loads_from_a_directory_or_its_manifest(tmp_path):
 
 def test_unknown_format_is_rejected(tmp_path):
     d = _copy(tmp_path)
-    (d / "gpus.toml").write_text((d / "gpus.toml").read_text().replace("format = 1", "format = 2", 1))
+    (d / "gpus.toml").write_text((d / "gpus.toml").read_text().replace("format = 2", "format = 3", 1))
     with pytest.raises(CompatDBError) as exc:
         load_db(d)
-    assert "gpus.toml: format: unknown format 2" in exc.value.message
+    assert "gpus.toml: format: unknown format 3; this envspec reads format 2" in exc.value.message
     assert exc.value.exit_code == 2 and exc.value.hint
 
 
 def test_every_bad_row_is_reported_with_file_and_row(tmp_path):
     d = _copy(tmp_path)
     g = (d / "gpus.toml").read_text()
-    g = g.replace('cc = "3.7"', 'cc = "three"', 1)
+    k80 = g.index('name = "Tesla K80"')
+    g = g[:k80] + g[k80:].replace('cc = "3.7"', 'cc = "three"', 1)
+    rows = [r["name"] for r in tomllib.loads(g)["gpu"]]
     g = g.replace('source = "https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 and TF32 120 with sparsity)"',
                   'source = " "', 1)
     (d / "gpus.toml").write_text(g)
@@ -279,8 +283,8 @@ def test_every_bad_row_is_reported_with_file_and_row(tmp_path):
         load_db(d)
     msg = exc.value.message
     assert "7 problems" in msg  # the four above, and the three cu128 rows whose CUDA 12.8 row is now invalid
-    assert "gpus.toml: gpu[0] ('Tesla K80').cc" in msg
-    assert "gpus.toml: gpu[16] ('NVIDIA L4').source: empty" in msg
+    assert f"gpus.toml: gpu[{rows.index('Tesla K80')}] ('Tesla K80').cc: 'three'" in msg
+    assert f"gpus.toml: gpu[{rows.index('NVIDIA L4')}] ('NVIDIA L4').source: empty" in msg
     assert "cuda.toml: toolkit[" in msg and "driver_strict: 'r570' is not a version" in msg
     assert "torch_variants.toml: build[1] ('cu117').arch_list[0]" in msg
 
@@ -307,7 +311,7 @@ def test_overlapping_rows_are_rejected(tmp_path):
 def test_missing_file_and_bad_toml(tmp_path):
     d = _copy(tmp_path)
     (d / "cuda.toml").unlink()
-    (d / "gpus.toml").write_text("format = 1\n[[gpu]\n")
+    (d / "gpus.toml").write_text("format = 2\n[[gpu]\n")
     with pytest.raises(CompatDBError) as exc:
         load_db(d)
     assert "cuda.toml: missing" in exc.value.message and "gpus.toml: not valid TOML" in exc.value.message
@@ -329,3 +333,38 @@ def test_a_release_newer_than_the_curated_rows_gets_pypi_variant_from_metadata(t
     assert v.arch_list == load_db(d).torch_release("2.15.0").variants["cu130"].arch_list
     assert "assumed unchanged" in v.source
     assert set(rel.variants) == {"cpu", "cu130", "cu132"}  # open-ended rows carry forward
+
+
+def test_gpus_take_their_architecture_and_driver_branches_from_their_family():
+    db = load_db()
+    by_cc = {f.cc: f for f in db.families}
+    assert len(by_cc) == len(db.families)
+    for g in db.gpus:
+        f = by_cc[g.cc]
+        assert (g.architecture, g.min_driver, g.max_driver) == (f.architecture, f.min_driver, f.max_driver), g.name
+        assert g.line in ("datacenter", "workstation", "geforce", "jetson"), g.name
+    assert db.find_gpu("V100").architecture == "Volta" and db.find_gpu("H100").architecture == "Hopper"
+    assert [f.cc for f in db.families] == sorted(by_cc, key=lambda c: tuple(map(int, c.split("."))))
+
+
+def test_bad_family_rows_are_each_reported(tmp_path):
+    d = _copy(tmp_path)
+    g = (d / "gpus.toml").read_text()
+    # the Jetson Orin family loses its reason for having no driver branch; the Volta one is written twice;
+    # a GPU names a capability no family has, and a product line that does not exist
+    orin = g.index('[[family]]\ncc = "8.7"')
+    g = g[:orin] + re.sub(r'driver_note = "[^"]*"\n', "", g[orin:], count=1)
+    volta = g.index('[[family]]\ncc = "7.0"')
+    g = g[:volta] + g[volta:g.index("[[family]]", volta + 5)] + g[volta:]
+    t4 = g.index('name = "Tesla T4"')
+    g = g[:t4] + g[t4:].replace('cc = "7.5"', 'cc = "7.6"', 1)
+    l4 = g.index('name = "NVIDIA L4"')
+    g = g[:l4] + g[l4:].replace('line = "datacenter"', 'line = "server"', 1)
+    (d / "gpus.toml").write_text(g)
+    with pytest.raises(CompatDBError) as exc:
+        load_db(d)
+    msg = exc.value.message
+    assert "('8.7').driver_note: empty: a family without min_driver says why" in msg
+    assert "('7.0').cc: '7.0': a second family for this compute capability" in msg
+    assert "('Tesla T4').cc: '7.6': no [[family]] row has this compute capability" in msg
+    assert "('NVIDIA L4').line: 'server': one of datacenter, workstation, geforce, jetson" in msg

@@ -24,9 +24,12 @@ def test_each_gpu_has_the_same_first_branch_in_both(gpu):
         assert driverrule.too_old(driver, gpu.cc)[0] is too_old
 
 
-def test_verify_knows_no_capability_the_db_lacks():
-    assert set(driverrule.FIRST_BRANCH) == {g.cc for g in DB.gpus if g.min_driver}
-    assert set(driverrule.LAST_BRANCH) == {g.cc for g in DB.gpus if g.max_driver}
+def test_verify_knows_the_families_of_the_db_and_no_other():
+    assert set(driverrule.FIRST_BRANCH) == {f.cc for f in DB.families if f.min_driver}
+    assert set(driverrule.LAST_BRANCH) == {f.cc for f in DB.families if f.max_driver}
+    for f in DB.families:
+        assert driverrule.first_branch(f.cc) == (driver_branch(f.min_driver) if f.min_driver else None), f.cc
+        assert driverrule.last_branch(f.cc) == (driver_branch(f.max_driver) if f.max_driver else None), f.cc
 
 
 @pytest.mark.parametrize("gpu", DB.gpus, ids=[g.name for g in DB.gpus])
@@ -42,9 +45,17 @@ def test_each_gpu_has_the_same_last_branch_in_both(gpu):
         assert driverrule.too_new(driver, gpu.cc)[0] is too_new
 
 
-def test_kepler_ends_at_r470_and_pascal_and_volta_at_r580():
-    assert {g.short for g in DB.gpus if g.max_driver == "470"} == {"K80"}
-    assert {g.cc for g in DB.gpus if g.max_driver == "580"} == {"6.0", "6.1", "7.0"}
+def test_kepler_ends_at_r470_and_maxwell_pascal_and_volta_at_r580():
+    assert {f.architecture for f in DB.families if f.max_driver == "470"} == {"Kepler"}
+    assert {f.cc for f in DB.families if f.max_driver == "580"} == {"5.0", "5.2", "6.0", "6.1", "7.0"}
+    # every discrete Kepler, Maxwell, Pascal and Volta GPU has its last branch; Jetson has no branch at all
+    for g in DB.gpus:
+        if g.line == "jetson":
+            assert not g.min_driver and not g.max_driver and g.driver_note, g.name
+        elif g.architecture in ("Kepler", "Maxwell", "Pascal", "Volta"):
+            assert g.max_driver == ("470" if g.architecture == "Kepler" else "580"), g.name
+        else:
+            assert not g.max_driver, g.name
 
 
 def test_every_floor_has_a_source_and_grace_systems_are_arm():

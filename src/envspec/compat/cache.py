@@ -28,9 +28,9 @@ from typing import Any, Iterable, Mapping
 
 import envspec
 from envspec.cache.dirs import cache_dir_for
-from envspec.compat.model import CompatDB, CudaToolkit, Gpu, TorchRelease, Variant
+from envspec.compat.model import CompatDB, CudaToolkit, Family, Gpu, TorchRelease, Variant
 
-CACHE_FORMAT = 1  # of the entry (header + payload); part of the key
+CACHE_FORMAT = 2  # of the entry (header + payload); part of the key
 KEEP = 8  # entries kept in the folder: the bundled DB under a few envspec versions, and data dirs
 SUBDIR = "compat-db"
 _CODE = ("load.py", "rows.py", "model.py", "arch.py")  # the modules whose code decides what a data file becomes
@@ -115,4 +115,5 @@ def from_json(data: dict[str, Any]) -> CompatDB:
     return CompatDB(version=data["db_version"], date=data["date"], format=data["format"],
                     torch_releases=releases,
                     cuda_toolkits=[CudaToolkit.model_construct(**t) for t in data["cuda_toolkits"]],
-                    gpus=[Gpu.model_construct(**g) for g in data["gpus"]], sources=dict(data["sources"]))
+                    gpus=[Gpu.model_construct(**g) for g in data["gpus"]], sources=dict(data["sources"]),
+                    families=[Family.model_construct(**f) for f in data["families"]])

@@ -14,22 +14,27 @@ from pydantic import ValidationError
 
 from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
-from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Gpu, TorchRelease,
+from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Family, Gpu, TorchRelease,
                                   Variant)
 from envspec.errors import CompatDBError
 
 if TYPE_CHECKING:
     from envspec.compat.rows import Row
 
-FORMAT = 1  # the data format this code reads
+FORMAT = 1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
 DATA_DIR = Path(__file__).parent / "data"
 MANIFEST = "db.toml"
 FILES = {
     "torch_pypi.toml": "torch releases on PyPI: Python versions, the PyPI build's CUDA/cuDNN/NCCL pins (generated)",
     "torch_variants.toml": "CUDA variants on the PyTorch index: CUDA, cuDNN, NCCL, arch lists (curated)",
     "cuda.toml": "CUDA toolkits: driver floors and nvcc targets (curated)",
-    "gpus.toml": "GPUs: names, aliases, compute capability, memory, peak rates (curated)",
+    "gpus.toml": "GPUs: architecture families by compute capability (driver branches), and each GPU's names, "
+                 "product line, memory, peak rates (curated)",
 }
+# the format of each file this code reads (gpus.toml 2: [[family]] rows per compute capability)
+FILE_FORMATS = {MANIFEST: FORMAT, "torch_pypi.toml": 1, "torch_variants.toml": 1, "cuda.toml": 1, "gpus.toml": 2}
+LINES = {"datacenter": "data center", "workstation": "workstation", "geforce": "GeForce and TITAN",
+         "jetson": "Jetson (integrated)"}
 
 
 _R = TypeVar("_R", bound="Row")
@@ -66,10 +71,10 @@ def _read(root: Path, name: str, problems: _Problems) -> dict:
     except tomllib.TOMLDecodeError as exc:
         problems.add(name, "", f"not valid TOML: {exc}")
         return {}
-    fmt = data.get("format")
-    if fmt != FORMAT:
-        problems.add(name, "format", f"unknown format {fmt!r}; this envspec reads format {FORMAT}"
-                     + (" (a newer envspec wrote it?)" if isinstance(fmt, int) and fmt > FORMAT else ""))
+    fmt, want = data.get("format"), FILE_FORMATS[name]
+    if fmt != want:
+        problems.add(name, "format", f"unknown format {fmt!r}; this envspec reads format {want}"
+                     + (" (a newer envspec wrote it?)" if isinstance(fmt, int) and fmt > want else ""))
         return {}
     return data
 
@@ -113,6 +118,44 @@ def _arch_ok(entries: list[str], file: str, where: str, problems: _Problems) -> 
             problems.add(file, f"{where}[{j}]", str(exc))
 
 
+def _cc_key(cc: str) -> tuple[int, ...]:
+    return tuple(int(x) if x.isdigit() else 0 for x in cc.split("."))
+
+
+def _families(rows: list, problems: _Problems) -> dict:
+    """The [[family]] rows by compute capability, each checked: a real capability, driver branches
+    as numbers with their sources, the last not older than the first, and a reason where a family
+    has no first branch."""
+    out: dict = {}
+    for where, f in rows:
+        try:
+            parse_cc(f.cc)
+        except ValueError as exc:
+            problems.add("gpus.toml", f"{where}.cc", str(exc))
+            continue
+        if f.cc in out:
+            problems.add("gpus.toml", f"{where}.cc", f"{f.cc!r}: a second family for this compute capability")
+            continue
+        if f.min_driver:
+            if not f.min_driver.isdigit():
+                problems.add("gpus.toml", f"{where}.min_driver", f"{f.min_driver!r} is not a driver branch (\"520\")")
+            if not f.min_driver_source.strip():
+                problems.add("gpus.toml", f"{where}.min_driver_source", "empty: a driver floor needs its source")
+        elif not f.driver_note.strip():
+            problems.add("gpus.toml", f"{where}.driver_note", "empty: a family without min_driver says why "
+                                                               "(Jetson Linux brings its own driver)")
+        if f.max_driver:
+            if not f.max_driver.isdigit():
+                problems.add("gpus.toml", f"{where}.max_driver", f"{f.max_driver!r} is not a driver branch (\"580\")")
+            elif f.min_driver.isdigit() and int(f.max_driver) < int(f.min_driver):
+                problems.add("gpus.toml", f"{where}.max_driver", f"R{f.max_driver} is older than its first branch "
+                                                                 f"R{f.min_driver}")
+            if not f.max_driver_source.strip():
+                problems.add("gpus.toml", f"{where}.max_driver_source", "empty: a last driver branch needs its source")
+        out[f.cc] = f
+    return out
+
+
 def _cuda_key(v: Variant) -> tuple:
     return (0, Version("0")) if v.cuda is None else (1, Version(v.cuda))
 
@@ -120,7 +163,7 @@ def _cuda_key(v: Variant) -> tuple:
 def _build(root: Path) -> CompatDB:
     # the row models are imported here, on a cache miss: a process that reads a checked DB from the
     # cache (cache.py) does not make them
-    from envspec.compat.rows import BuildRow, GpuRow, PypiRow, ToolkitRow
+    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PypiRow, ToolkitRow
 
     problems = _Problems()
     manifest = _read(root, MANIFEST, problems)
@@ -130,6 +173,7 @@ def _build(root: Path) -> CompatDB:
     pypi_rows = _rows(files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version")
     build_rows = _rows(files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant")
     tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
+    fam_rows = _rows(files["gpus.toml"], "family", FamilyRow, "gpus.toml", problems, "cc")
     gpu_rows = _rows(files["gpus.toml"], "gpu", GpuRow, "gpus.toml", problems, "name")
 
     # -- CUDA toolkits
@@ -152,28 +196,18 @@ def _build(root: Path) -> CompatDB:
                                           driver_compat=compat, archs=tk.archs, source=tk.source,
                                           estimated=list(tk.estimated))
 
-    # -- GPUs
+    # -- GPUs: a family per compute capability, then the GPUs of each
+    families = _families(fam_rows, problems)
     gpus: list[Gpu] = []
     seen_labels: dict[str, str] = {}
     for where, g in gpu_rows:
-        try:
-            parse_cc(g.cc)
-        except ValueError as exc:
-            problems.add("gpus.toml", f"{where}.cc", str(exc))
+        fam = families.get(g.cc.strip())
+        if fam is None:
+            problems.add("gpus.toml", f"{where}.cc", f"{g.cc!r}: no [[family]] row has this compute capability"
+                         + (f" (the families: {', '.join(sorted(families, key=_cc_key))})" if families else ""))
             continue
-        if g.min_driver:
-            if not g.min_driver.isdigit():
-                problems.add("gpus.toml", f"{where}.min_driver", f"{g.min_driver!r} is not a driver branch (\"520\")")
-            if not g.min_driver_source.strip():
-                problems.add("gpus.toml", f"{where}.min_driver_source", "empty: a driver floor needs its source")
-        if g.max_driver:
-            if not g.max_driver.isdigit():
-                problems.add("gpus.toml", f"{where}.max_driver", f"{g.max_driver!r} is not a driver branch (\"580\")")
-            elif g.min_driver.isdigit() and int(g.max_driver) < int(g.min_driver):
-                problems.add("gpus.toml", f"{where}.max_driver", f"R{g.max_driver} is older than its first branch "
-                                                                 f"R{g.min_driver}")
-            if not g.max_driver_source.strip():
-                problems.add("gpus.toml", f"{where}.max_driver_source", "empty: a last driver branch needs its source")
+        if g.line not in LINES:
+            problems.add("gpus.toml", f"{where}.line", f"{g.line!r}: one of {', '.join(LINES)}")
         if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
             problems.add("gpus.toml", f"{where}.host_arch", f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}")
         elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
@@ -183,7 +217,9 @@ def _build(root: Path) -> CompatDB:
             if k in seen_labels and seen_labels[k] != g.name:
                 problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
             seen_labels[k] = g.name
-        gpus.append(Gpu(**g.model_dump()))
+        gpus.append(Gpu(**g.model_dump(), architecture=fam.architecture, min_driver=fam.min_driver,
+                        min_driver_source=fam.min_driver_source, max_driver=fam.max_driver,
+                        max_driver_source=fam.max_driver_source, driver_note=fam.driver_note))
 
     # -- torch variants (curated) and releases (generated)
     builds: list[tuple[str, BuildRow, SpecifierSet]] = []
@@ -278,7 +314,8 @@ def _build(root: Path) -> CompatDB:
     problems.raise_if_any(root)
     return CompatDB(version=version, date=date, format=FORMAT, torch_releases=releases,
                     cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)), gpus=gpus,
-                    sources=dict(FILES))
+                    sources=dict(FILES),
+                    families=[Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))])
 
 
 @functools.lru_cache(maxsize=8)

@@ -73,12 +73,30 @@ class CudaToolkit(BaseModel):
     estimated: list[str] = []  # the fields that are estimates, not read from a source ("driver_strict", "archs")
 
 
+class Family(BaseModel):
+    """What a compute capability fixes for every GPU that has it (gpus.toml's [[family]] rows)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    cc: str
+    architecture: str  # the generation: "Kepler" ... "Blackwell"
+    chips: str = ""
+    min_driver: str = ""
+    min_driver_source: str = ""
+    max_driver: str = ""
+    max_driver_source: str = ""
+    driver_note: str = ""
+    source: str = ""
+
+
 class Gpu(BaseModel):
     model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str  # as nvidia-smi prints it; "sm_90" for a synthetic GPU named by capability
     aliases: list[str] = []
+    line: str = ""  # product line: "datacenter", "workstation", "geforce", "jetson"; "" for a synthetic GPU
     cc: str  # compute capability "9.0"
+    architecture: str = ""  # the generation its compute capability belongs to ("Hopper"), from its family
     memory_gib: float | None = None
     bf16_tflops: float | None = None  # dense
     tf32_tflops: float | None = None  # dense
@@ -88,6 +106,7 @@ class Gpu(BaseModel):
     min_driver_source: str = ""
     max_driver: str = ""  # the last driver branch that drives this GPU ("580"); "" where NVIDIA named none
     max_driver_source: str = ""
+    driver_note: str = ""  # where min_driver is "": why (Jetson Linux brings its own driver)
     host_arch: list[str] = ["x86_64", "aarch64"]  # CPU architectures of the servers it ships in
     host_arch_source: str = ""
 
@@ -143,6 +162,7 @@ class CompatDB:
     cuda_toolkits: list[CudaToolkit]  # ascending by version
     gpus: list[Gpu]
     sources: dict[str, str] = field(default_factory=dict)  # data file -> what it holds
+    families: list[Family] = field(default_factory=list)  # by compute capability, ascending
     _releases: dict[str, TorchRelease] = field(default_factory=dict, repr=False, compare=False)
     _toolkits: dict[str, CudaToolkit] = field(default_factory=dict, repr=False, compare=False)
     _gpu_keys: dict[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
@@ -243,6 +263,7 @@ class CompatDB:
             "format": self.format,
             "torch_releases": [r.model_dump() for r in self.torch_releases],
             "cuda_toolkits": [t.model_dump() for t in self.cuda_toolkits],
+            "families": [f.model_dump() for f in self.families],
             "gpus": [g.model_dump() for g in self.gpus],
             "sources": dict(self.sources),
         }

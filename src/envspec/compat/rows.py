@@ -51,18 +51,28 @@ class ToolkitRow(Row):
     source: str
 
 
+class FamilyRow(Row):
+    """The facts a GPU's compute capability fixes: its architecture and driver branches."""
+    cc: str
+    architecture: str
+    chips: str = ""
+    min_driver: str = ""
+    min_driver_source: str = ""
+    max_driver: str = ""
+    max_driver_source: str = ""
+    driver_note: str = ""
+    source: str
+
+
 class GpuRow(Row):
     name: str
     aliases: list[str] = []
+    line: str
     cc: str
     memory_gib: float | None = None
     bf16_tflops: float | None = None
     tf32_tflops: float | None = None
     mem_bw_gbs: float | None = None
-    min_driver: str = ""
-    min_driver_source: str = ""
-    max_driver: str = ""
-    max_driver_source: str = ""
     host_arch: list[str]
     host_arch_source: str = ""
     source: str

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 # compute capability -> (first driver branch, family, the CUDA toolkit that introduced it)
 FIRST_BRANCH: dict[str, tuple[int, str, str]] = {
+    "3.5": (304, "Kepler GK110", "CUDA 5.0"),
     "3.7": (340, "Kepler GK210", "CUDA 6.5 (estimated)"),
+    "5.0": (331, "Maxwell GM107", "CUDA 6.0"),
+    "5.2": (340, "Maxwell GM20x", "CUDA 6.5"),
     "6.0": (367, "Pascal GP100", "CUDA 8.0"),
     "6.1": (367, "Pascal GP10x", "CUDA 8.0"),
     "7.0": (384, "Volta", "CUDA 9.0"),
@@ -26,16 +29,16 @@ FIRST_BRANCH: dict[str, tuple[int, str, str]] = {
     "12.0": (570, "Blackwell (GeForce, RTX PRO)", "CUDA 12.8"),
     "12.1": (575, "Blackwell GB10", "CUDA 12.9"),
 }
-# 8.7 (Jetson Orin) is absent on purpose: Jetson Linux brings its own driver.
+# Jetson's 5.3, 6.2, 7.2, 8.7 and 11.0 are absent on purpose: Jetson Linux brings its own driver.
 
 # compute capability -> (last driver branch, the source): NVIDIA named R470 the last branch for
 # Kepler and R580 the last for Maxwell, Pascal and Volta; a newer branch does not drive them.
 _R470 = "NVIDIA: R470 is the last driver branch for Kepler (Data Center GPU driver documentation)"
 _R580 = ("NVIDIA's Unix graphics feature deprecation schedule: the 580 series is the last to support Maxwell, "
          "Pascal and Volta")
-# (Jetson's 5.3, 6.2 and 7.2 are absent: Jetson Linux brings its own driver.)
 LAST_BRANCH: dict[str, tuple[int, str]] = {
-    "3.7": (470, _R470), "6.0": (580, _R580), "6.1": (580, _R580), "7.0": (580, _R580),
+    "3.5": (470, _R470), "3.7": (470, _R470),
+    "5.0": (580, _R580), "5.2": (580, _R580), "6.0": (580, _R580), "6.1": (580, _R580), "7.0": (580, _R580),
 }
 
 
