@@ -265,7 +265,8 @@ def impossible_lines(err: ResolutionImpossible) -> list[str]:
 
 def db_matrix(db) -> dict:
     """The GPU x torch x CUDA-variant matrix, as plain data for templates/db_matrix.html.j2: for each
-    CUDA build of each release (newest first) and each GPU, whether a kernel of the build runs on it
+    CUDA build of each release (newest first) and each GPU (with its product line, architecture and
+    last driver branch), whether a kernel of the build runs on it
     (and which), and the driver floor under each policy (the CUDA runtime's, raised to the GPU's first
     branch), each cell pointing at its build's sources. Sorted, no timestamps: the page is a function
     of the DB."""
@@ -277,8 +278,10 @@ def db_matrix(db) -> dict:
     gpus = []
     for i, g in enumerate(db.gpus):
         gpus.append({"id": f"g{i}", "name": g.name, "short": g.short, "cc": g.cc, "min_driver": g.min_driver,
-                     "host_arch": " ".join(g.host_arch), "sources": [s for s in (g.source, g.min_driver_source,
-                                                                                   g.host_arch_source) if s]})
+                     "max_driver": g.max_driver, "line": g.line, "architecture": g.architecture,
+                     "host_arch": " ".join(g.host_arch),
+                     "sources": [s for s in (g.source, g.min_driver_source, g.max_driver_source, g.driver_note,
+                                             g.host_arch_source) if s]})
     builds = []
     for rel in sorted(db.torch_releases, key=lambda r: Version(r.version), reverse=True):
         for v in rel.variants.values():
@@ -293,13 +296,15 @@ def db_matrix(db) -> dict:
                 arch = best_arch(g.cc, v.arch_list)
                 compat = floor(tk.driver_compat, g.min_driver)
                 strict = floor(tk.driver_strict, g.min_driver)
-                cells.append({"gpu": gd["id"], "runs": bool(arch), "arch": arch, "compat": compat, "strict": strict,
-                              "estimated": "driver_strict" in tk.estimated})
+                cells.append({"gpu": gd["id"], "line": g.line, "last": g.max_driver, "runs": bool(arch), "arch": arch,
+                              "compat": compat, "strict": strict, "estimated": "driver_strict" in tk.estimated})
             builds.append({"id": bid, "torch": rel.version, "variant": v.name, "cuda": v.cuda, "cudnn": v.cudnn or "",
                            "nccl": v.nccl or "", "pypi": v.pypi, "index": v.index,
                            "arch_list": " ".join(v.arch_list), "cells": cells,
                            "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"]})
-    return {"db_version": db.version, "date": db.date, "gpus": gpus, "builds": builds}
+    from envspec.compat.load import LINES
+
+    return {"db_version": db.version, "date": db.date, "gpus": gpus, "builds": builds, "lines": LINES}
 
 
 _URL = r"https?://[^\s,;()]+[^\s,;().]"  # compiled by re on first use: db --html, not explain

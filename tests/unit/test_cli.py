@@ -79,16 +79,28 @@ def test_db_show_piped_gives_each_entry_one_line():
     import sys
 
     from envspec.compat import load_db
+    from envspec.compat.load import LINES
     from envspec.resolve import driver_floor
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-m", "envspec", "db", "show"], capture_output=True, text=True, env=env,
                          timeout=120, check=True).stdout.splitlines()
     db = load_db()
+    import re
+
+    titles = [x for x in out if x.startswith("GPUs, ")]
+    assert [t.split(" (")[0] for t in titles] == ["GPUs, data center", "GPUs, workstation", "GPUs, GeForce and TITAN",
+                                                  "GPUs, Jetson"]
     for g in db.gpus:
-        line = next(x for x in out if x.startswith(f" {g.name} "))
-        assert all(a in line for a in g.aliases) and f" {g.cc} " in line
+        # the name, then at least two spaces: "NVIDIA H100" is not the start of "NVIDIA H100 80GB HBM3"'s line
+        i, line = next((i, x) for i, x in enumerate(out) if re.match(rf" {re.escape(g.name)}  ", x))
+        assert all(a in line for a in g.aliases) and f" {g.cc} " in line and f" {g.architecture} " in line
         assert (f" R{g.min_driver} " in line) if g.min_driver else True
+        assert (f" R{g.max_driver} " in line) if g.max_driver else True
+        # in its product line's table: the last title above it
+        assert [t for t in titles if out.index(t) < i][-1].startswith(f"GPUs, {LINES[g.line]} ("), g.name
+    for f in db.families:
+        assert any(x.split()[:2] == [f.cc, f.architecture.split()[0]] for x in out), f.cc
     for r in db.torch_releases:
         for v in r.variants.values():
             line = next(x for x in out if x.split()[:2] == [r.version, v.name])

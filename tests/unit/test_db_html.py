@@ -132,3 +132,24 @@ def test_only_the_builds_that_run_on_the_chosen_gpu_and_driver(page: Path):
     assert "b-2_3_1-cu118" not in hidden  # runs from R520 on
     dom = _dom(page, "?gpu=H100&driver=535.104.05")  # not ticked: every row shown
     assert not any("hidden" in a.get("class", "").split() for a in dom.rows.values())
+
+
+def test_a_driver_past_a_gpus_last_branch_marks_its_cells_and_the_switch_hides_its_column(page: Path):
+    """issue 29, 2 and 4: a V100 is driven by no branch after R580, so on driver 590 none of its cells
+    runs, whatever the build; "only what runs there" then hides its column, and a product line
+    shows its GPUs only."""
+    gpus = explain.db_matrix(DB)["gpus"]
+    v100 = next(g["id"] for g in gpus if g["short"] == "V100")
+    row = "b-2_3_1-cu118"  # has sm_70 kernels
+    dom = _dom(page, "?driver=590.44.01")
+    assert "too-new" in dom.cells[(row, v100)]["class"].split()
+    assert "too-new" not in dom.cells[(row, H100)]["class"].split()  # Hopper has no last branch
+    dom = _dom(page, "?driver=580.95.05")
+    assert "too-new" not in dom.cells[(row, v100)]["class"].split()  # R580 itself drives it
+    dom = _dom(page, "?driver=590.44.01&only=1")
+    assert "hidden" in dom.cells[(row, v100)]["class"].split()
+    assert "hidden" not in dom.cells[(ROW, H100)]["class"].split()
+    dom = _dom(page, "?line=geforce")
+    rtx4090 = next(g["id"] for g in gpus if g["short"] == "RTX 4090")
+    assert "hidden" in dom.cells[(ROW, H100)]["class"].split()
+    assert "hidden" not in dom.cells[(ROW, rtx4090)]["class"].split()

@@ -76,15 +76,17 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _show(db) -> None:
-    """The DB as two tables: a row per build of each torch release (its CUDA, cuDNN, NCCL, driver
-    floors, arch list) and a row per GPU (its aliases, compute capability, first driver branch,
-    host CPUs). In a terminal, rich tables; piped, the same rows one line each, never wrapped, so
+    """The DB as tables: a row per build of each torch release (its CUDA, cuDNN, NCCL, driver
+    floors, arch list), a row per GPU family (compute capability, architecture, driver branches),
+    and a table per product line (data center, workstation, GeForce and TITAN, Jetson) with a row
+    per GPU (its aliases, compute capability, architecture, driver branches, host CPUs, rates). In a terminal, rich tables; piped, the same rows one line each, never wrapped, so
     that grep finds a whole entry."""
     import sys
 
     from rich.box import SIMPLE_HEAD
     from rich.table import Table
 
+    from envspec.compat.load import LINES
     from envspec.resolve import driver_floor
 
     tty = sys.stdout.isatty()
@@ -102,14 +104,26 @@ def _show(db) -> None:
             t.add_row(r.version, v.name + (" *" if v.name == r.pypi_variant else ""), " ".join(r.python),
                       v.cuda or "-", v.cudnn or "-", v.nccl or "-", floors, " ".join(v.arch_list) or "-")
     con.print(t)
-    g = Table("GPU", "aliases", "cc", "first driver", "last driver", "hosts", "memory GiB", "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
-              title="GPUs (the names \\[target].gpus takes: the name or an alias)", box=SIMPLE_HEAD if tty else None,
-              title_justify="left")
-    for x in db.gpus:
-        g.add_row(x.name, ", ".join(x.aliases) or "-", x.cc, f"R{x.min_driver}" if x.min_driver else "-",
-                  f"R{x.max_driver}" if x.max_driver else "-", " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
-                  _n(x.mem_bw_gbs))
-    con.print(g)
+    f = Table("cc", "architecture", "chips", "first driver", "last driver",
+              title="GPU families (a compute capability fixes the architecture and the driver branches)",
+              box=SIMPLE_HEAD if tty else None, title_justify="left")
+    for x in db.families:
+        f.add_row(x.cc, x.architecture, x.chips or "-", f"R{x.min_driver}" if x.min_driver else "(Jetson Linux's)",
+                  f"R{x.max_driver}" if x.max_driver else "-")
+    con.print(f)
+    for line, title in LINES.items():
+        g = Table("GPU", "aliases", "cc", "architecture", "first driver", "last driver", "hosts", "memory GiB",
+                  "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
+                  title=f"GPUs, {title} (the names \\[target].gpus takes: the name or an alias)",
+                  box=SIMPLE_HEAD if tty else None, title_justify="left")
+        for x in db.gpus:
+            if x.line != line:
+                continue
+            g.add_row(x.name, ", ".join(x.aliases) or "-", x.cc, x.architecture,
+                      f"R{x.min_driver}" if x.min_driver else "-", f"R{x.max_driver}" if x.max_driver else "-",
+                      " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
+                      _n(x.mem_bw_gbs))
+        con.print(g)
 
 
 def _n(v) -> str:

@@ -151,6 +151,54 @@ _PREFIXES = ("nvidiageforce", "nvidia", "tesla", "geforce")
 _SM_NAME = r"^(?:sm_?|compute_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$"
 
 
+def _model_tokens(name: str) -> list[str]:
+    """The model numbers in a GPU name: "NVIDIA H100 80GB HBM3" -> ["h100"], "GeForce RTX 3060 Ti" ->
+    ["3060"], "Tesla V100-SXM2-32GB" -> ["v100", "sxm2"]; sizes ("80gb") and memory kinds are not models."""
+    out = []
+    for chunk in re.findall(r"[a-z0-9]+", name.lower()):
+        if re.fullmatch(r"\d+(g|gb|tb)|hbm\d+e?|gddr\d+x?|lpddr\d+x?", chunk):
+            continue
+        if re.fullmatch(r"[a-z]{1,4}\d{1,4}[a-z]{0,2}|\d{3,4}", chunk):
+            out.append(chunk)
+    return out
+
+
+def _one_swap(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with two neighbouring characters swapped."""
+    if len(a) != len(b) or a == b:
+        return False
+    diff = [i for i in range(len(a)) if a[i] != b[i]]
+    return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+
+
+def _series(token: str) -> tuple[str, str] | None:
+    """A model number's series, whose models are of one generation or a few: NVIDIA's letter
+    ("h300" is of h100's, H; "a800" of a100's, A; "gb10" of gb200's), else the leading digits of a
+    GeForce number ("3065" of the 30s, "780" of the 700s). None for an interface ("sxm7")."""
+    m = re.fullmatch(r"([a-z]*)(\d+)[a-z]*", token)
+    if not m or m.group(1) == "sxm":
+        return None
+    letters, digits = m.group(1), m.group(2)
+    if letters:
+        return (letters, "")
+    return ("", digits[:2] if len(digits) == 4 else digits[:1])
+
+
+_LINE_WORDS = (("jetson", ("jetson", "orin", "xavier", "thor", "tx2", "tx1")),
+               ("workstation", ("quadro", "rtxa", "ada", "rtxpro", "workstation")),
+               ("geforce", ("geforce", "gtx", "titan", "rtx")),
+               ("datacenter", ("tesla", "hgx", "dgx", "sxm", "pcie", "nvl")))
+
+
+def _line_of(name: str) -> str:
+    """The product line a name's words suggest ("" when none does)."""
+    key = _norm(name)
+    for line, words in _LINE_WORDS:
+        if any(w in key for w in words):
+            return line
+    return ""
+
+
 @dataclass(frozen=True, eq=False)  # identity equality and hash: usable as a cache key
 class CompatDB:
     """The loaded database. Build it with ``load_db()``; all queries are pure."""
@@ -167,6 +215,7 @@ class CompatDB:
     _toolkits: dict[str, CudaToolkit] = field(default_factory=dict, repr=False, compare=False)
     _gpu_keys: dict[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
     _gpu_labels: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    _gpu_tokens: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for r in self.torch_releases:
@@ -220,32 +269,59 @@ class CompatDB:
         return None
 
     def suggest_gpus(self, name: str, n: int = 3) -> list[str]:
-        """Did-you-mean: the closest known names and aliases, as written in the DB."""
-        key = _norm(str(name))
-        for p in _PREFIXES:
-            if key.startswith(p) and len(key) > len(p):
-                key = key[len(p):]
-                break
+        """Did-you-mean: the closest known names and aliases, as written in the DB. Where the name
+        carries a model number of a known generation ("H100-SXM5-80GB": h100, Hopper; "RTX 3065":
+        the RTX 30s, Ampere), only GPUs of that generation are offered when one of them is close;
+        among those, the product line the name suggests (GeForce, Quadro/RTX, Tesla, Jetson) first."""
+        import difflib  # only for an unknown GPU's suggestions: kept off the path of a known one
+
+        key = self._strip(_norm(str(name)))
         keys: dict[str, str] = {}
         for k, label in self._gpu_labels.items():
             keys.setdefault(k, label)
-            for p in _PREFIXES:
-                if k.startswith(p) and len(k) > len(p):
-                    keys.setdefault(k[len(p):], label)
-        import difflib  # only for an unknown GPU's suggestions: kept off the path of a known one
-
-        close = difflib.get_close_matches(key, list(keys), n=n * 3, cutoff=0.5)
-        out: list[str] = []
-        for k in close:
-            # of the matched GPU's names, offer the one written most like the query
+            keys.setdefault(self._strip(k), label)
+        gens = self._generations_of(str(name))
+        line = _line_of(str(name))
+        scored: dict[int, tuple[float, Gpu]] = {}  # id(gpu) -> (best ratio of its names, gpu)
+        matcher = difflib.SequenceMatcher()
+        matcher.set_seq2(key)
+        for k in keys:
+            matcher.set_seq1(k)
+            if matcher.quick_ratio() < 0.5:  # an upper bound of ratio(); a swap keeps it at 1
+                continue
+            r = 0.95 if _one_swap(key, k) else matcher.ratio()  # "4900" for "4090": a slip of two keys
+            if r < 0.5:
+                continue
             g = self._gpu_keys[k]
-            label = max([g.name, *g.aliases],
-                        key=lambda s: (difflib.SequenceMatcher(None, key, self._strip(_norm(s))).ratio(), -len(s)))
-            if label not in out:
-                out.append(label)
-            if len(out) == n:
-                break
+            if r > scored.get(id(g), (0.0, g))[0]:
+                scored[id(g)] = (r, g)
+        ranked = list(scored.values())
+        if gens and any(g.architecture in gens for _, g in ranked):
+            ranked = [(r, g) for r, g in ranked if g.architecture in gens]
+        ranked.sort(key=lambda rg: (-(rg[1].line == line), -rg[0], rg[1].name))
+        out: list[str] = []
+        for _, g in ranked[:n]:
+            # of the GPU's names, offer the one written most like the query
+            out.append(max([g.name, *g.aliases],
+                           key=lambda s: (difflib.SequenceMatcher(None, key, self._strip(_norm(s))).ratio(), -len(s))))
         return out
+
+    def _generations_of(self, name: str) -> set[str]:
+        """The architectures a name's model numbers belong to: "h100" in "H100-SXM5-80GB" is Hopper's;
+        an unknown number takes the generation of the known ones of its series ("3065": the 30s)."""
+        if not self._gpu_tokens:
+            for g in self.gpus:
+                for label in [g.name, *g.aliases]:
+                    for t in _model_tokens(label):
+                        self._gpu_tokens.setdefault(t, set()).add(g.architecture)
+        models: set[str] = set()
+        forms: set[str] = set()  # from an interface ("sxm5"): only where no model number speaks
+        for t in _model_tokens(name):
+            found = self._gpu_tokens.get(t)
+            if found is None and (series := _series(t)) is not None:
+                found = set().union(*(a for k, a in self._gpu_tokens.items() if _series(k) == series))
+            (forms if t.startswith("sxm") else models).update(found or ())
+        return models or forms
 
     @staticmethod
     def _strip(key: str) -> str:
