@@ -77,7 +77,8 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
         "torch_range": choice.spec.torch.version if t else None,  # [torch].version as read ("2.9" is "==2.9.*")
         "newer_releases": [{"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer] if t else [],
-        "gpus": [{"name": g.name, "cc": g.cc, "min_driver": g.min_driver or None, "max_driver": g.max_driver or None,
+        "gpus": [{"name": g.name, "cc": g.cc, "architecture": g.architecture or None, "line": g.line or None,
+                  "min_driver": g.min_driver or None, "max_driver": g.max_driver or None,
                   "host_arch": list(g.host_arch)} for g in choice.gpus],
         "base": choice.base,
         "platform": choice.platform,
@@ -281,7 +282,7 @@ def db_matrix(db) -> dict:
                      "max_driver": g.max_driver, "line": g.line, "architecture": g.architecture,
                      "host_arch": " ".join(g.host_arch),
                      "sources": [s for s in (g.source, g.min_driver_source, g.max_driver_source, g.driver_note,
-                                             g.host_arch_source) if s]})
+                                             g.torch_note, g.host_arch_source) if s]})
     builds = []
     for rel in sorted(db.torch_releases, key=lambda r: Version(r.version), reverse=True):
         for v in rel.variants.values():

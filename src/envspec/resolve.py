@@ -227,6 +227,16 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
                                                "use a name as nvidia-smi prints it, a short form like 'H100', or 'sm_90'; "
                                                "`envspec db show` lists the known GPUs"),
                                          reference="unknown-gpu"))
+        elif not g.pypi_torch and spec.torch is not None:
+            problems.append(spec.problem(
+                ("target", "gpus", i),
+                f"'{name}' is a Jetson GPU ({g.name}, {g.architecture}, cc {g.cc}): no torch from PyPI or "
+                f"download.pytorch.org runs on it (Jetson Linux's CUDA is not the server-Arm CUDA their aarch64 "
+                f"wheels are built for, and none has {g.sm} kernels)",
+                hint="on the device use NVIDIA's PyTorch for Jetson (https://docs.nvidia.com/deeplearning/frameworks/"
+                     "install-pytorch-jetson-platform/index.html) or its l4t containers, and lock this spec for the "
+                     f"servers' GPUs only; the facts and their sources: gpus.toml's family of cc {g.cc} "
+                     "(`envspec db show --json`)", reference="gpu-jetson-no-pypi-torch"))
         else:
             gpus.append(g)
     arch = "x86_64"

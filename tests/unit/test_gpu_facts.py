@@ -38,6 +38,8 @@ def test_explain_answers_the_fact(case: Path, capsys):
     assert (cause["path"], cause["line"]) == (exp["path"], exp["line"])
     for words in exp["says"]:
         assert words in cause["message"], cause["message"]
+    for words in exp.get("hint_says", []):
+        assert words in cause["hint"], cause["hint"]
     # the human form names the spec's file and line, with the reference
     assert main(["explain", str(spec)]) == 2
     text = capsys.readouterr().err

@@ -152,6 +152,9 @@ def _families(rows: list, problems: _Problems) -> dict:
                                                                  f"R{f.min_driver}")
             if not f.max_driver_source.strip():
                 problems.add("gpus.toml", f"{where}.max_driver_source", "empty: a last driver branch needs its source")
+        if not f.pypi_torch and not f.torch_note.strip():
+            problems.add("gpus.toml", f"{where}.torch_note", "empty: a family no PyPI torch runs on says why and "
+                                                             "what to use instead, with sources")
         out[f.cc] = f
     return out
 
@@ -219,7 +222,8 @@ def _build(root: Path) -> CompatDB:
             seen_labels[k] = g.name
         gpus.append(Gpu(**g.model_dump(), architecture=fam.architecture, min_driver=fam.min_driver,
                         min_driver_source=fam.min_driver_source, max_driver=fam.max_driver,
-                        max_driver_source=fam.max_driver_source, driver_note=fam.driver_note))
+                        max_driver_source=fam.max_driver_source, driver_note=fam.driver_note,
+                        pypi_torch=fam.pypi_torch, torch_note=fam.torch_note))
 
     # -- torch variants (curated) and releases (generated)
     builds: list[tuple[str, BuildRow, SpecifierSet]] = []

@@ -86,6 +86,8 @@ class Family(BaseModel):
     max_driver: str = ""
     max_driver_source: str = ""
     driver_note: str = ""
+    pypi_torch: bool = True  # False: no torch from PyPI or download.pytorch.org runs on it (Jetson before Thor)
+    torch_note: str = ""  # an integrated GPU's: what PyPI's torch runs on it, what to use where none does; sources
     source: str = ""
 
 
@@ -107,6 +109,8 @@ class Gpu(BaseModel):
     max_driver: str = ""  # the last driver branch that drives this GPU ("580"); "" where NVIDIA named none
     max_driver_source: str = ""
     driver_note: str = ""  # where min_driver is "": why (Jetson Linux brings its own driver)
+    pypi_torch: bool = True  # its family's: False where no torch from PyPI or download.pytorch.org runs on it
+    torch_note: str = ""  # its family's: what PyPI's torch runs on this integrated GPU, with sources
     host_arch: list[str] = ["x86_64", "aarch64"]  # CPU architectures of the servers it ships in
     host_arch_source: str = ""
 
@@ -163,6 +167,18 @@ def _model_tokens(name: str) -> list[str]:
     return out
 
 
+def _number(name: str) -> int | None:
+    """The first model number of three or more digits in a name ("Quadro RTX 9000" -> 9000)."""
+    m = re.search(r"(?<!\d)(\d{3,5})(?!\d)", name)
+    return int(m.group(1)) if m else None
+
+
+def _gap(number: int | None, gpu: Gpu) -> int:
+    """How far a GPU's model number is from ``number``: the nearer first among equally close names."""
+    theirs = _number(gpu.short) or _number(gpu.name)
+    return abs(number - theirs) if number is not None and theirs is not None else 1 << 30
+
+
 def _one_swap(a: str, b: str) -> bool:
     """Whether ``b`` is ``a`` with two neighbouring characters swapped."""
     if len(a) != len(b) or a == b:
@@ -216,6 +232,7 @@ class CompatDB:
     _gpu_keys: dict[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
     _gpu_labels: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     _gpu_tokens: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
+    _token_gpus: dict[str, list[Gpu]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for r in self.torch_releases:
@@ -280,7 +297,7 @@ class CompatDB:
         for k, label in self._gpu_labels.items():
             keys.setdefault(k, label)
             keys.setdefault(self._strip(k), label)
-        gens = self._generations_of(str(name))
+        gens = self._generations_of(str(name))  # also makes self._token_gpus
         line = _line_of(str(name))
         scored: dict[int, tuple[float, Gpu]] = {}  # id(gpu) -> (best ratio of its names, gpu)
         matcher = difflib.SequenceMatcher()
@@ -295,10 +312,15 @@ class CompatDB:
             g = self._gpu_keys[k]
             if r > scored.get(id(g), (0.0, g))[0]:
                 scored[id(g)] = (r, g)
+        # a model number the name carries ("T4 Turbo": t4) names its GPUs, however much else the name says
+        for t in _model_tokens(str(name)):
+            for g in [] if t.startswith("sxm") else self._token_gpus.get(t, []):
+                scored[id(g)] = (max(0.75, scored.get(id(g), (0.0, g))[0]), g)
         ranked = list(scored.values())
         if gens and any(g.architecture in gens for _, g in ranked):
             ranked = [(r, g) for r, g in ranked if g.architecture in gens]
-        ranked.sort(key=lambda rg: (-(rg[1].line == line), -rg[0], rg[1].name))
+        number = _number(str(name))
+        ranked.sort(key=lambda rg: (-(rg[1].line == line), -rg[0], _gap(number, rg[1]), rg[1].name))
         out: list[str] = []
         for _, g in ranked[:n]:
             # of the GPU's names, offer the one written most like the query
@@ -314,6 +336,8 @@ class CompatDB:
                 for label in [g.name, *g.aliases]:
                     for t in _model_tokens(label):
                         self._gpu_tokens.setdefault(t, set()).add(g.architecture)
+                        if g not in self._token_gpus.setdefault(t, []):
+                            self._token_gpus[t].append(g)
         models: set[str] = set()
         forms: set[str] = set()  # from an interface ("sxm5"): only where no model number speaks
         for t in _model_tokens(name):

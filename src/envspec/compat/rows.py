@@ -61,6 +61,8 @@ class FamilyRow(Row):
     max_driver: str = ""
     max_driver_source: str = ""
     driver_note: str = ""
+    pypi_torch: bool = True
+    torch_note: str = ""
     source: str
 
 

@@ -15,7 +15,7 @@ FIRST_BRANCH: dict[str, tuple[int, str, str]] = {
     "3.5": (304, "Kepler GK110", "CUDA 5.0"),
     "3.7": (340, "Kepler GK210", "CUDA 6.5 (estimated)"),
     "5.0": (331, "Maxwell GM107", "CUDA 6.0"),
-    "5.2": (340, "Maxwell GM20x", "CUDA 6.5"),
+    "5.2": (343, "Maxwell GM20x", "CUDA 6.5 for GeForce GTX 9xx"),
     "6.0": (367, "Pascal GP100", "CUDA 8.0"),
     "6.1": (367, "Pascal GP10x", "CUDA 8.0"),
     "7.0": (384, "Volta", "CUDA 9.0"),
