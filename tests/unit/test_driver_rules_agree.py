@@ -64,3 +64,22 @@ def test_every_floor_has_a_source_and_grace_systems_are_arm():
     arm_only = {g.short for g in DB.gpus if g.host_arch == ["aarch64"]}
     assert {"GH200", "GB200", "GB300", "GB10"} <= arm_only
     assert DB.find_gpu("H100").host_arch == ["x86_64"] and "aarch64" in DB.find_gpu("T4").host_arch
+
+
+def test_the_verifiers_gemm_rates_are_the_db_ones():
+    """issue 29, 1: the verifier's speed check expects each GPU's dense bf16 and tf32 rate from gpus.toml
+    (verify/rates.py carries a copy: the verifier imports nothing from envspec), found by the name
+    torch and nvidia-smi print; a GPU without a published rate gets none, never another GPU's."""
+    from envspec.verify import rates
+
+    with_rates = {g.name: g for g in DB.gpus if g.bf16_tflops is not None or g.tf32_tflops is not None}
+    assert set(rates.RATES) == set(with_rates)
+    for g in DB.gpus:
+        for kind, want in (("bf16", g.bf16_tflops), ("tf32", g.tf32_tflops)):
+            got = rates.expected_rate(g.name, kind)
+            assert (got[0] if got else None) == want, (g.name, kind, got, want)
+            if got:
+                assert got[1] and got[1] in g.source, (g.name, got[1])
+    # older drivers print the name without "NVIDIA "; a longer name is not taken for a shorter one
+    assert rates.expected_rate("A100-SXM4-80GB", "bf16")[0] == 312.0
+    assert rates.expected_rate("NVIDIA RTX A1000", "bf16") is None and rates.expected_rate("NVIDIA L40", "bf16")[0] == 181.05

@@ -1,31 +1,63 @@
 """Expected dense GEMM rates per GPU model, in TFLOP/s (no structured sparsity).
 
-verify/ cannot import envspec.compat, so it carries this small table; a lock may override it
-with ``[hardware.expected]`` (see docs/verify.md). Sources: NVIDIA datasheets, dense figures
-(half the "with sparsity" numbers): H100/H200 SXM datasheet (BF16 989.4, TF32 494.7),
-H100 PCIe (756.5 / 378), H100 NVL and H200 NVL (835.5 / 417.5), A100 (312 / 156),
-L40S (366 / 183), L4 (121 / 60), A10 (125 / 62.5), B200 HGX (2250 / 1100).
+verify/ cannot import envspec.compat, so it carries this table: every GPU whose row in the compat
+DB's gpus.toml has a dense BF16 or TF32 rate, by the name nvidia-smi and torch print, with the
+datasheet the rate comes from (gpus.toml's row says which figure: half the "with sparsity" one
+where the datasheet gives only that). tests/unit/test_driver_rules_agree.py keeps it equal to
+gpus.toml. A lock may override it with ``[hardware.expected]`` (see docs/verify.md).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-# (substring of torch's device name, bf16 dense TFLOP/s, tf32 dense TFLOP/s, source); first match
-# wins, so the more specific names come first.
-RATES: tuple[tuple[str, float, float, str], ...] = (
-    ("H200 NVL", 835.5, 417.5, "NVIDIA H200 NVL datasheet"),
-    ("H200", 989.4, 494.7, "NVIDIA H200 SXM datasheet"),
-    ("GH200", 989.4, 494.7, "NVIDIA GH200 datasheet"),
-    ("H100 NVL", 835.5, 417.5, "NVIDIA H100 NVL datasheet"),
-    ("H100 PCIe", 756.5, 378.0, "NVIDIA H100 PCIe datasheet"),
-    ("H100", 989.4, 494.7, "NVIDIA H100 SXM datasheet"),
-    ("A100", 312.0, 156.0, "NVIDIA A100 datasheet"),
-    ("L40S", 366.0, 183.0, "NVIDIA L40S datasheet"),
-    ("L4", 121.0, 60.0, "NVIDIA L4 datasheet"),
-    ("A10", 125.0, 62.5, "NVIDIA A10 datasheet"),
-    ("B200", 2250.0, 1100.0, "NVIDIA HGX B200 datasheet"),
-)
+# nvidia-smi name -> (bf16 dense TFLOP/s, tf32 dense TFLOP/s, source); None where not published
+RATES: dict[str, tuple[float | None, float | None, str]] = {
+    "NVIDIA A30": (165.0, 82.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/a30-gpu/pdf/a30-datasheet.pdf"),
+    "NVIDIA A100-SXM4-40GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "NVIDIA A100-PCIE-40GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "NVIDIA A100-SXM4-80GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "NVIDIA A100 80GB PCIe": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "NVIDIA A800-SXM4-80GB": (312.0, 156.0, "NVIDIA A800 Tensor Core GPU datasheet"),
+    "NVIDIA A800 80GB PCIe": (312.0, 156.0, "NVIDIA A800 Tensor Core GPU datasheet"),
+    "NVIDIA A10": (125.0, 62.5, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"),
+    "NVIDIA A10G": (70.0, 35.0, "https://aws.amazon.com/ec2/instance-types/g5/"),
+    "NVIDIA A40": (149.7, 74.8, "https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf"),
+    "NVIDIA A2": (18.0, 9.0, "https://www.nvidia.com/en-us/data-center/products/a2/"),
+    "NVIDIA A16": (17.9, 9.0, "https://www.nvidia.com/en-us/data-center/products/a16-gpu/"),
+    "NVIDIA L4": (121.0, 60.0, "https://www.nvidia.com/en-us/data-center/l4/"),
+    "NVIDIA L40S": (362.05, 183.0, "https://www.nvidia.com/en-us/data-center/l40s/"),
+    "NVIDIA L40": (181.05, 90.5, "https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf"),
+    "NVIDIA H100 PCIe": (756.0, 378.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "NVIDIA H100 80GB HBM3": (989.0, 494.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "NVIDIA H100 NVL": (835.0, 417.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "NVIDIA H200": (989.0, 494.0, "https://www.nvidia.com/en-us/data-center/h200/"),
+    "NVIDIA H200 NVL": (835.0, 417.0, "https://www.nvidia.com/en-us/data-center/h200/"),
+    "NVIDIA GH200 480GB": (989.0, 494.0, "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip"),
+    "NVIDIA GH200 144G HBM3e": (989.0, 494.0, "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip"),
+    "NVIDIA H800": (989.5, 494.5, "NVIDIA H800 Tensor Core GPU datasheet"),
+    "NVIDIA H800 PCIe": (756.5, 378.0, "NVIDIA H800 Tensor Core GPU datasheet"),
+    "NVIDIA B200": (2250.0, 1125.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
+    "NVIDIA GB200": (2500.0, 1250.0, "https://www.nvidia.com/en-us/data-center/gb200-nvl72/"),
+    "NVIDIA B300 SXM6 AC": (2250.0, 1125.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
+    "NVIDIA GB300": (2500.0, 1250.0, "https://www.nvidia.com/en-us/data-center/gb300-nvl72/"),
+    "NVIDIA RTX A6000": (154.8, 77.4, "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web.pdf"),
+    "NVIDIA RTX 6000 Ada Generation": (364.2, 182.1, "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx-6000/proviz-print-rtx6000-datasheet-web-2504660.pdf"),
+    "NVIDIA GeForce RTX 3090": (71.0, 35.6, "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"),
+    "NVIDIA GeForce RTX 4090": (165.2, 82.6, "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),
+    "NVIDIA GeForce RTX 5090": (209.5, 104.8, "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"),
+}
+
+
+def _key(name: str) -> str:
+    """A name without case, spaces, punctuation and the "NVIDIA" prefix older drivers left out."""
+    key = re.sub(r"[^0-9a-z]", "", name.lower())
+    return key[len("nvidia"):] if key.startswith("nvidia") else key
+
+
+_BY_KEY = {_key(n): v for n, v in RATES.items()}
+
 
 # A GEMM below PASS_FRACTION of the datasheet rate is a warning, below FAIL_FRACTION a failure.
 # Large square bf16 GEMMs reach 75-85% of the dense datasheet rate on healthy Hopper parts (the
@@ -45,7 +77,8 @@ def expected_rate(name: str, kind: str, lock_expected: dict[str, Any] | None = N
             return float(per_gpu[key]), "lock [hardware.expected]"
         if key in lock_expected and not isinstance(lock_expected[key], dict):
             return float(lock_expected[key]), "lock [hardware.expected]"
-    for sub, bf16, tf32, src in RATES:
-        if sub in name:
-            return (bf16 if kind == "bf16" else tf32), src
-    return None
+    row = _BY_KEY.get(_key(name))
+    if row is None:
+        return None
+    rate = row[0] if kind == "bf16" else row[1]
+    return (rate, row[2]) if rate is not None else None
