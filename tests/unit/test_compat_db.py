@@ -159,10 +159,11 @@ def test_every_gpu_row_is_complete(db):
     for g in db.gpus:
         assert g.source
         parse_cc(g.cc)
-        # a laptop GPU's memory is the laptop maker's choice where NVIDIA sells more than one size, and a
+        # a notebook GPU's memory is the laptop maker's choice where NVIDIA sells more than one size, and a
         # low-end GeForce board's its board maker's ("memory varies by board" in its source)
-        assert (g.memory_gib and g.memory_gib > 0 or g.name.endswith("Laptop GPU")
-                or g.line == "geforce" and "varies" in g.source), g.name
+        notebook = re.search(r"Laptop GPU|Max-Q|\d+MX?$|\bMX\d+|Quadro [KMPT]\d+M?$", g.name)
+        assert (g.memory_gib and g.memory_gib > 0 or notebook
+                or "varies" in g.source), g.name
     for required in ["K80", "P100", "GTX 1080 Ti", "V100", "T4", "A10", "A30", "A40", "A100 40GB", "A100 80GB",
                      "L4", "L40S", "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "B300", "GB200",
                      "RTX 3090", "RTX 4090", "RTX 5090", "RTX A6000", "RTX 6000 Ada", "Jetson AGX Orin"]:
