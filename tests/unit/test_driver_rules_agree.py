@@ -83,3 +83,17 @@ def test_the_verifiers_gemm_rates_are_the_db_ones():
     # older drivers print the name without "NVIDIA "; a longer name is not taken for a shorter one
     assert rates.expected_rate("A100-SXM4-80GB", "bf16")[0] == 312.0
     assert rates.expected_rate("NVIDIA RTX A1000", "bf16") is None and rates.expected_rate("NVIDIA L40", "bf16")[0] == 181.05
+
+
+def test_the_verifiers_node_figures_are_the_db_ones():
+    """issue 31, 3: the node check's expected figures come from gpus.toml with their sources: the
+    PCIe generations' rates (copy bandwidth) and the all-reduce bus bandwidth of 8 GPUs of a model."""
+    from envspec.verify import health, rates
+
+    assert {x.gen: x.gbs_per_lane for x in DB.pcie} == health.PCIE_GBS_PER_LANE
+    assert all(x.source.strip() for x in DB.pcie)
+    want = {g.name: g.node_allreduce_busbw_gbs for g in DB.gpus if g.node_allreduce_busbw_gbs is not None}
+    assert {k: v for k, (v, _) in rates.ALLREDUCE_8.items()} == want
+    for name, (_, src) in rates.ALLREDUCE_8.items():
+        g = DB.find_gpu(name)
+        assert src.split(", ")[-1] in g.node_allreduce_source, (name, src)

@@ -84,8 +84,11 @@ class FakeTorch:
 class FakeSystem(System):
     def __init__(self, *, env=None, driver=DriverInfo("580.95.05", "13.0", "kernel module"), torch=None,
                  torch_error="No module named 'torch'", nodes=("nvidia0", "nvidiactl", "nvidia-uvm"),
-                 shm=32 * 2**30, container=False, ib=False, sites=(), prefix="/opt/venv", libs=None) -> None:
+                 shm=32 * 2**30, container=False, ib=False, sites=(), prefix="/opt/venv", libs=None,
+                 nvml=None, kmsg=None) -> None:
         super().__init__()
+        self._nvml = nvml  # recorded NVML answers (health.record's shape), played back by health.FakeNvml
+        self._kmsg = kmsg
         self.env = dict(env or {})
         self._driver = driver
         self._torch_mod = torch
@@ -124,6 +127,14 @@ class FakeSystem(System):
 
     def infiniband(self) -> bool:
         return self._ib
+
+    def nvml(self):
+        from envspec.verify import health
+
+        return health.Nvml(health.FakeNvml(self._nvml)) if self._nvml is not None else None
+
+    def kernel_log(self):
+        return self._kmsg
 
     def site_dirs(self):
         return self._sites

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 
 import envspec
 from envspec.cache.dirs import cache_dir_for
-from envspec.compat.model import CompatDB, CudaToolkit, Family, Gpu, TorchRelease, Variant
+from envspec.compat.model import CompatDB, CudaToolkit, Family, Gpu, PcieLink, TorchRelease, Variant
 
 CACHE_FORMAT = 2  # of the entry (header + payload); part of the key
 KEEP = 8  # entries kept in the folder: the bundled DB under a few envspec versions, and data dirs
@@ -116,4 +116,5 @@ def from_json(data: dict[str, Any]) -> CompatDB:
                     torch_releases=releases,
                     cuda_toolkits=[CudaToolkit.model_construct(**t) for t in data["cuda_toolkits"]],
                     gpus=[Gpu.model_construct(**g) for g in data["gpus"]], sources=dict(data["sources"]),
-                    families=[Family.model_construct(**f) for f in data["families"]])
+                    families=[Family.model_construct(**f) for f in data["families"]],
+                    pcie=[PcieLink.model_construct(**x) for x in data["pcie"]])

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
-from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Family, Gpu, TorchRelease,
+from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Family, Gpu, PcieLink, TorchRelease,
                                   Variant)
 from envspec.errors import CompatDBError
 
@@ -166,7 +166,7 @@ def _cuda_key(v: Variant) -> tuple:
 def _build(root: Path) -> CompatDB:
     # the row models are imported here, on a cache miss: a process that reads a checked DB from the
     # cache (cache.py) does not make them
-    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PypiRow, ToolkitRow
+    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PcieRow, PypiRow, ToolkitRow
 
     problems = _Problems()
     manifest = _read(root, MANIFEST, problems)
@@ -177,6 +177,7 @@ def _build(root: Path) -> CompatDB:
     build_rows = _rows(files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant")
     tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
     fam_rows = _rows(files["gpus.toml"], "family", FamilyRow, "gpus.toml", problems, "cc")
+    pcie_rows = _rows(files["gpus.toml"], "pcie", PcieRow, "gpus.toml", problems, "gen")
     gpu_rows = _rows(files["gpus.toml"], "gpu", GpuRow, "gpus.toml", problems, "name")
 
     # -- CUDA toolkits
@@ -215,6 +216,9 @@ def _build(root: Path) -> CompatDB:
             problems.add("gpus.toml", f"{where}.host_arch", f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}")
         elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
             problems.add("gpus.toml", f"{where}.host_arch_source", "empty: say where the GPU ships on Arm hosts")
+        if g.node_allreduce_busbw_gbs is not None and not g.node_allreduce_source.strip():
+            problems.add("gpus.toml", f"{where}.node_allreduce_source", "empty: an expected bus bandwidth needs its "
+                                                                       "source")
         for label in [g.name, *g.aliases]:
             k = "".join(ch for ch in label.lower() if ch.isalnum())
             if k in seen_labels and seen_labels[k] != g.name:
@@ -319,7 +323,8 @@ def _build(root: Path) -> CompatDB:
     return CompatDB(version=version, date=date, format=FORMAT, torch_releases=releases,
                     cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)), gpus=gpus,
                     sources=dict(FILES),
-                    families=[Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))])
+                    families=[Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))],
+                    pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)])
 
 
 @functools.lru_cache(maxsize=8)

@@ -91,6 +91,17 @@ class Family(BaseModel):
     source: str = ""
 
 
+class PcieLink(BaseModel):
+    """A PCIe generation: GB/s per lane and direction after line encoding (gpus.toml's [[pcie]])."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    gen: int
+    gt_s: float
+    gbs_per_lane: float
+    source: str = ""
+
+
 class Gpu(BaseModel):
     model_config = ConfigDict(frozen=True, defer_build=True)
 
@@ -103,6 +114,9 @@ class Gpu(BaseModel):
     bf16_tflops: float | None = None  # dense
     tf32_tflops: float | None = None  # dense
     mem_bw_gbs: float | None = None
+    # NCCL all-reduce bus bandwidth a healthy node of 8 of these GPUs reaches (GB/s), and its source
+    node_allreduce_busbw_gbs: float | None = None
+    node_allreduce_source: str = ""
     source: str = ""
     min_driver: str = ""  # the first driver branch that drives this GPU ("520"); "" where none applies
     min_driver_source: str = ""
@@ -227,6 +241,7 @@ class CompatDB:
     gpus: list[Gpu]
     sources: dict[str, str] = field(default_factory=dict)  # data file -> what it holds
     families: list[Family] = field(default_factory=list)  # by compute capability, ascending
+    pcie: list[PcieLink] = field(default_factory=list)  # by generation
     _releases: dict[str, TorchRelease] = field(default_factory=dict, repr=False, compare=False)
     _toolkits: dict[str, CudaToolkit] = field(default_factory=dict, repr=False, compare=False)
     _gpu_keys: dict[str, Gpu] = field(default_factory=dict, repr=False, compare=False)
@@ -364,6 +379,7 @@ class CompatDB:
             "torch_releases": [r.model_dump() for r in self.torch_releases],
             "cuda_toolkits": [t.model_dump() for t in self.cuda_toolkits],
             "families": [f.model_dump() for f in self.families],
+            "pcie": [x.model_dump() for x in self.pcie],
             "gpus": [g.model_dump() for g in self.gpus],
             "sources": dict(self.sources),
         }

@@ -66,6 +66,14 @@ class FamilyRow(Row):
     source: str
 
 
+class PcieRow(Row):
+    """A PCIe generation's data rate per lane and direction, after line encoding."""
+    gen: int
+    gt_s: float
+    gbs_per_lane: float
+    source: str
+
+
 class GpuRow(Row):
     name: str
     aliases: list[str] = []
@@ -75,6 +83,8 @@ class GpuRow(Row):
     bf16_tflops: float | None = None
     tf32_tflops: float | None = None
     mem_bw_gbs: float | None = None
+    node_allreduce_busbw_gbs: float | None = None
+    node_allreduce_source: str = ""
     host_arch: list[str]
     host_arch_source: str = ""
     source: str

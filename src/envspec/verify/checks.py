@@ -99,6 +99,7 @@ class _Run(startup.MachineChecks):
         self.compile_probe: torchprobe.CompileProbe | None = None
         self.dists: dict[str, integrity.Dist] = {}
         self.libs: dict[str, list[str]] = {}
+        self.gemm_digest = ""  # the full level's exact GEMM's digest(s)
 
     def is_torch_stack(self, name: str) -> bool:
         """The binary core of torch's stack: what host mode still holds to the lock exactly."""
@@ -129,6 +130,8 @@ class _Run(startup.MachineChecks):
         self.timed("env", self.check_env)
         self.timed("container", self.check_container)
         self.timed("driver", self.check_driver)
+        if self.level != "startup":
+            self.timed("health", self.check_health)
         self.timed("torch", self.check_torch)
         if self.torch is not None and self.tinfo.get("cuda_available"):
             self.timed("gpu", self.check_gpus)
@@ -151,6 +154,8 @@ class _Run(startup.MachineChecks):
             self.timed("imports", self.check_imports)
         if self.level == "full" and self.torch is not None and self.tinfo.get("cuda_available"):
             self.timed("perf", self.check_perf)
+            self.timed("perf.copy", self.check_copy)
+            self.timed("health.sdc", self.check_sdc)
             self.timed("nccl", self.check_allreduce)
         if self.level != "startup" and self.lock.get("torch"):
             self.timed("torch.compile.toolchain", self.check_compile_toolchain)
@@ -451,11 +456,13 @@ class _Run(startup.MachineChecks):
     # speed -------------------------------------------------------------------------------
     def check_perf(self) -> None:
         lock_expected = self.hardware.get("expected") if isinstance(self.hardware.get("expected"), dict) else None
+        bf16: dict[int, float] = {}
         for d in self.tinfo["devices"]:
             i = d["index"]
             results = {}
             for kind in ("bf16", "tf32", "fp32"):
                 results[kind] = torchprobe.gemm_tflops(self.torch, i, kind)
+            bf16[i] = results["bf16"]
             for kind in ("bf16", "tf32"):
                 got = results[kind]
                 exp = rates.expected_rate(d["name"], kind, lock_expected)
@@ -476,6 +483,87 @@ class _Run(startup.MachineChecks):
                          "on the GPU, and thermal throttling",
                          tflops=got, expected_tflops=rate, fraction=frac,
                          **({"fp32_tflops": results["fp32"]} if kind == "tf32" else {}))
+        self.gemm_spread(bf16)
+
+    def gemm_spread(self, bf16: dict[int, float]) -> None:
+        """The slowest GPU of the node against its fastest (bf16 GEMM): a GPU that lags its peers by
+        more than 10% slows every synchronous step of a job that spans them."""
+        want = f"the slowest GPU's bf16 GEMM >= {rates.GEMM_SPREAD:.0%} of the node's fastest"
+        if len(bf16) < 2:
+            self.add("perf.gemm_spread", SKIP, expected=want, observed=f"{len(bf16)} GPU: no peer to compare with")
+            return
+        best, worst = max(bf16, key=lambda i: bf16[i]), min(bf16, key=lambda i: bf16[i])
+        frac = bf16[worst] / bf16[best] if bf16[best] else 0.0
+        ok = frac >= rates.GEMM_SPREAD
+        self.add("perf.gemm_spread", PASS if ok else FAIL, expected=want,
+                 observed=f"GPU {worst} {bf16[worst]:.0f} TFLOP/s = {frac:.0%} of GPU {best}'s {bf16[best]:.0f}",
+                 hint="" if ok else f"GPU {worst} is slower than its peers: check its clocks, temperature and power "
+                                    f"(health.gpu.{worst}.throttle, nvidia-smi -q -d PERFORMANCE -i {worst}); drain the "
+                                    "node, and reseat or RMA the GPU if it stays slow",
+                 slowest_gpu=worst, fastest_gpu=best, fraction=frac)
+
+    def _link_of(self, d: dict[str, Any]) -> dict[str, Any]:
+        """The PCIe link NVML reported for torch's device ``d`` (matched by PCI address, else by index)."""
+        from . import health  # noqa: PLC0415
+
+        gpus = self.health_gpus
+        key = health.pci_key(d.get("pci", "")) if d.get("pci") else None
+        for g in gpus:
+            if key is not None and g.bus_id and health.pci_key(g.bus_id) == key:
+                return dict(g.pcie)
+        same = [g for g in gpus if g.index == d["index"]]
+        return dict(same[0].pcie) if len(gpus) == len(self.tinfo["devices"]) and same else {}
+
+    def check_copy(self) -> None:
+        """Host-to-device and device-to-host copy bandwidth per GPU against what its PCIe link should
+        give (lanes x the generation's rate x the share a healthy node reaches)."""
+        from . import health  # noqa: PLC0415
+
+        for d in self.tinfo["devices"]:
+            i = d["index"]
+            got = torchprobe.copy_gbps(self.torch, i)
+            link = self._link_of(d)
+            gen, width = link.get("max_gen"), link.get("max_width")
+            per_lane = health.PCIE_GBS_PER_LANE.get(gen or 0)
+            for way, words in (("h2d", "host to GPU"), ("d2h", "GPU to host")):
+                v = got[way]
+                if not per_lane or not width:
+                    self.add(f"perf.{i}.{way}", WARN, expected=f"{words} copies at the PCIe link's rate",
+                             observed=f"{v:.1f} GB/s; NVML gave no PCIe link to judge it against",
+                             gbps=v)
+                    continue
+                line = per_lane * width
+                floor = rates.COPY_FRACTION * line
+                status = PASS if v >= floor else WARN if v >= floor / 2 else FAIL
+                self.add(f"perf.{i}.{way}", status,
+                         expected=f">= {floor:.0f} GB/s ({rates.COPY_FRACTION:.0%} of PCIe gen {gen} x{width}'s "
+                                  f"{line:.0f} GB/s: {rates.COPY_SOURCE})",
+                         observed=f"{v:.1f} GB/s = {v / line:.0%} of the link's rate",
+                         hint="" if status == PASS else
+                         "slow copies starve the data loader and checkpoints: the link may run below its width or "
+                         f"generation under load (health.gpu.{i}.pcie), the GPU may sit behind the other CPU "
+                         "socket's PCIe switch (run it under numactl on its own socket), or the IOMMU may be in "
+                         "translation mode (iommu=pt); reseat the GPU if it persists",
+                         gbps=v, expected_gbps=floor, link_gbps=line)
+
+    def check_sdc(self) -> None:
+        """Silent data corruption: a GEMM whose exact result every GPU must reproduce bit for bit."""
+        ref = torchprobe.exact_gemm_reference(self.torch)
+        digests = set()
+        for d in self.tinfo["devices"]:
+            i = d["index"]
+            res = torchprobe.exact_gemm(self.torch, self.torch.device("cuda", i), ref)
+            digests.add(res["digest"])
+            n = torchprobe.EXACT_GEMM_N
+            self.add(f"health.gpu.{i}.sdc", PASS if res["ok"] else FAIL,
+                     expected=f"a {n}x{n}x{n} GEMM of integers with an exact result (TF32 tensor cores and FP32): "
+                              "row and column sums equal the CPU's",
+                     observed=f"exact, digest {res['digest']}" if res["ok"] else
+                     f"wrong result in {', '.join(res['wrong'])}: the GPU computes wrong bits",
+                     hint="" if res["ok"] else "silent data corruption: drain the node now, run DCGM's diagnostics "
+                                               "(dcgmi diag -r 3) and RMA the GPU",
+                     digest=res["digest"])
+        self.gemm_digest = "/".join(sorted(digests))
 
     def check_allreduce(self) -> None:
         devices = [d["index"] for d in self.tinfo["devices"]]
@@ -495,6 +583,7 @@ class _Run(startup.MachineChecks):
                 res["note"] = f"in-process torch.cuda.nccl failed ({type(e).__name__}: {e}); one process a GPU"
         sizes = res["sizes"]
         table_ = "; ".join(f"{probes.human_bytes(s['bytes'])}: {s['busbw_gbps']:.0f}" for s in sizes)
+        self.allreduce_speed(sizes, len(devices))
         self.add("nccl.allreduce", PASS if res["correct"] else FAIL,
                  expected=f"sum {res['expected_sum']:g} on every GPU; bus bandwidth (GB/s) reported",
                  observed=("correct" if res["correct"] else f"wrong sum on GPU(s) {res['wrong_devices']}")
@@ -502,6 +591,23 @@ class _Run(startup.MachineChecks):
                  hint="" if res["correct"] else "NCCL returned a wrong result: a faulty link or GPU; run nccl-tests "
                                                 "and check dmesg for Xid errors",
                  gpus=len(devices), sizes=sizes)
+
+    def allreduce_speed(self, sizes: list[dict[str, Any]], n: int) -> None:
+        """The largest message's bus bandwidth against what a healthy node of n such GPUs reaches,
+        where that figure is known (8 GPUs of one model: rates.ALLREDUCE_8)."""
+        names = {d["name"] for d in self.tinfo["devices"]}
+        exp = rates.ALLREDUCE_8.get(next(iter(names))) if len(names) == 1 and n == 8 else None
+        got = max(sizes, key=lambda s: s["bytes"])["busbw_gbps"] if sizes else 0.0
+        if exp is None:
+            return  # no sourced figure for this GPU and count: nccl.allreduce reports what was measured
+        want, src = exp
+        ok = got >= want
+        self.add("nccl.allreduce.busbw", PASS if ok else FAIL, expected=f">= {want:g} GB/s at 8 GPUs ({src})",
+                 observed=f"{got:.0f} GB/s ({probes.human_bytes(max(s['bytes'] for s in sizes))} message)",
+                 hint="" if ok else "slow all-reduce: an NVLink down (health.gpu.N.nvlink), NCCL_P2P_DISABLE or "
+                                    "NCCL_NVLS_ENABLE set (env.*), the fabric manager down (systemctl status "
+                                    "nvidia-fabricmanager); drain the node and run nccl-tests' all_reduce_perf",
+                 busbw_gbps=got, expected_busbw_gbps=want)
 
     def check_compile(self, probe: torchprobe.CompileProbe) -> None:
         res = probe.result()
@@ -558,6 +664,8 @@ class _Run(startup.MachineChecks):
             "gpu": "",
             "nccl_lib": "",
         }
+        if self.gemm_digest:
+            fp["gemm_result"] = self.gemm_digest  # the full level's exact GEMM: the same on every node
         devs = self.tinfo.get("devices", [])
         if devs:
             names = sorted({d["name"] for d in devs})

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
-COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda")
+COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda", "gemm_result")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
 # rank's fingerprint so a CPU test can make one "node" differ. A finding says it was used.
 FAKE_ENV = "ENVSPEC_FAKE_FINGERPRINT"

@@ -50,6 +50,21 @@ RATES: dict[str, tuple[float | None, float | None, str]] = {
 }
 
 
+# nvidia-smi name -> (NCCL all-reduce bus bandwidth in GB/s a healthy node of 8 such GPUs reaches,
+# source): gpus.toml's node_allreduce_busbw_gbs, kept equal by the same test
+ALLREDUCE_8: dict[str, tuple[float, str]] = {
+    "NVIDIA H100 80GB HBM3": (460.0, "Azure HPC node health checks, nd96isr_h100_v5.conf"),
+    "NVIDIA H200": (431.0, "Azure HPC node health checks, nd96isr_h200_v5.conf"),
+}
+# host<->GPU copies: a healthy node reaches this share of the link's rate (lanes x GB/s per lane):
+# Azure's node health checks mark an H100 node unhealthy below 48 GB/s (check_gpu_bw 48) on its
+# PCIe gen 5 x16 link, 16 x 3.938 = 63.0 GB/s (health.PCIE_GBS_PER_LANE)
+COPY_FRACTION = 48.0 / (16 * 3.938)
+COPY_SOURCE = "Azure HPC node health checks: check_gpu_bw 48 on PCIe gen 5 x16"
+# the slowest GPU of a node within this share of its fastest (gpu-fryer's rule)
+GEMM_SPREAD = 0.90
+
+
 def _key(name: str) -> str:
     """A name without case, spaces, punctuation and the "NVIDIA" prefix older drivers left out."""
     key = re.sub(r"[^0-9a-z]", "", name.lower())

@@ -84,6 +84,29 @@ def prometheus(report: Report, now: float | None = None) -> str:
         for f in gemm:
             _, gpu, kind = f.check.split(".", 2)
             out.append(f'envspec_verify_gemm_tflops{{{base},gpu="{gpu}",kind="{kind}"}} {f.data["tflops"]:.1f}')
+    copies = [f for f in report.findings if f.check.startswith("perf.") and "gbps" in f.data]
+    if copies:
+        fam("envspec_verify_copy_gbps", "measured host<->GPU copy bandwidth per GPU and direction (h2d, d2h)")
+        for f in copies:
+            _, gpu, way = f.check.split(".", 2)
+            out.append(f'envspec_verify_copy_gbps{{{base},gpu="{gpu}",direction="{way}"}} {f.data["gbps"]:.2f}')
+    numbers = (("ecc", "uncorrected", "envspec_verify_gpu_ecc_uncorrected",
+                "uncorrected ECC errors since the driver loaded, per GPU"),
+               ("row_remap", "pending", "envspec_verify_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset"),
+               ("throttle", "reasons", "envspec_verify_gpu_clocks_event_reasons",
+                "NVML's active clocks event (throttle) reasons, a bit mask"),
+               ("nvlink", "up", "envspec_verify_gpu_nvlinks_up", "NVLinks up per GPU"))
+    for suffix, key, name, help_ in numbers:
+        rows = [f for f in report.findings
+                if f.check.startswith("health.gpu.") and f.check.endswith("." + suffix) and key in f.data]
+        if rows:
+            fam(name, help_)
+            for f in rows:
+                out.append(f'{name}{{{base},gpu="{f.check.split(".")[2]}"}} {int(f.data[key])}')
+    xid = [f for f in report.findings if f.check == "health.xid" and "events" in f.data]
+    if xid:
+        fam("envspec_verify_xid_events", "XID events in the kernel log since boot")
+        out.append(f"envspec_verify_xid_events{{{base}}} {int(xid[0].data['events'])}")
     ar = [f for f in report.findings if f.check.endswith("allreduce") and f.data.get("sizes")]
     if ar:
         fam("envspec_verify_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth by message size")

@@ -96,6 +96,18 @@ class Machine:
     def infiniband(self) -> bool:
         return probes.infiniband_present(self.path("/sys/class/infiniband"))
 
+    def nvml(self) -> Any:
+        """NVML for the health checks (``health.Nvml``), or None where it is absent."""
+        from . import health  # noqa: PLC0415 (the start-up hook runs no health check)
+
+        return health.Nvml.open(probes.NVML_LIB if self.root == "/" else self.path(f"/lib/{probes.NVML_LIB}"))
+
+    def kernel_log(self) -> str | None:
+        """The kernel log since boot (/dev/kmsg), None where it cannot be read."""
+        from . import health  # noqa: PLC0415
+
+        return health.read_kmsg(self.path("/dev/kmsg"))
+
 
 def arch_judgement(arch_list: list[str], cc: str, name: str, *, declared: list[str], names: list[str],
                    torch_arch: list[str] | None = None) -> tuple[str, str, list[str]]:
@@ -148,6 +160,7 @@ class MachineChecks:
         self.report = Report(level=level, lock_path=lock.get("__path__", ""), lock_hash=lock_hash(lock),
                              lock_name=table(lock, "meta").get("name", ""), mode=mode)
         self.driver: probes.DriverInfo | None = None
+        self.health_gpus: list[Any] = []  # health.GpuHealth of each GPU, once check_health ran
 
     # helpers -----------------------------------------------------------------------------
     def add(self, check: str, status: str, expected: str = "", observed: str = "", hint: str = "",
@@ -296,6 +309,12 @@ class MachineChecks:
                               "or --device nvidia.com/gpu=all (CDI)")
             elif nodes:
                 missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in nodes]
+                if not missing and "nvidia-uvm-tools" not in nodes:
+                    self.add("container.devices.uvm_tools", WARN, expected="/dev/nvidia-uvm-tools",
+                             observed="absent: CUDA runs, but profilers (Nsight Systems, CUPTI, DCGM's profiling "
+                                      "metrics) cannot attach",
+                             hint="pass it to the container (--device /dev/nvidia-uvm-tools; the toolkit's CDI "
+                                  "spec lists it), or create it on the host (nvidia-modprobe -u -c=0)")
                 self.add("container.devices", FAIL if missing else PASS,
                          expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
                          observed=f"{len(gpu_nodes)} GPU node(s); " + ", ".join(f"/dev/{n}" for n in nodes[:6])
@@ -322,6 +341,32 @@ class MachineChecks:
                 self.add("container.shm", PASS, expected=f">= {want}", observed=f"/dev/shm is {probes.human_bytes(have)}")
 
     # driver ------------------------------------------------------------------------------
+    def check_health(self) -> None:
+        """The node's health (issue 31): per GPU, over NVML, uncorrected ECC errors, row remapping or
+        page retirement, throttling, persistence mode, the PCIe link and the NVLinks; and the XID
+        events of the kernel log (health.py)."""
+        from . import health  # noqa: PLC0415
+
+        if not self.expects_gpu and not (self.driver and self.driver.gpus):
+            return
+        nvml = self.sys.nvml()
+        if nvml is None:
+            self.add("health", SKIP, expected="the GPUs' health over NVML",
+                     observed="no NVML (libnvidia-ml.so.1) here: the GPUs' health is not read",
+                     hint="the NVIDIA container toolkit mounts it with NVIDIA_DRIVER_CAPABILITIES=utility")
+            return
+        try:
+            gpus = health.read_all(nvml)
+        finally:
+            nvml.close()
+        self.health_gpus = gpus  # the full level's copy check reads the PCIe links
+        for g in gpus:
+            for f in health.gpu_findings(g, gpus_in_node=len(gpus)):
+                if self.wanted(f.check):
+                    self.report.add(f)
+        if self.wanted("health.xid"):
+            self.report.extend(health.xid_findings(self.sys.kernel_log(), {g.bus_id: g.index for g in gpus if g.bus_id}))
+
     def check_driver(self) -> None:
         floor = str(self.hardware.get("driver_floor", ""))
         policy = str(self.hardware.get("driver_policy", "compat"))

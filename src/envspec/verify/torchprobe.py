@@ -114,9 +114,18 @@ def torch_info(torch: Any) -> dict[str, Any]:
                     "cc": f"{p.major}.{p.minor}",
                     "memory_total": int(p.total_memory),
                     "sm_count": int(getattr(p, "multi_processor_count", 0)),
+                    "pci": _pci_of(p),
                 }
             )
     return info
+
+
+def _pci_of(props: Any) -> str:
+    """The device's PCI address as NVML writes it ("00000000:18:00.0"), "" where torch does not say."""
+    try:
+        return f"{int(props.pci_domain_id):08x}:{int(props.pci_bus_id):02x}:{int(props.pci_device_id):02x}.0"
+    except (AttributeError, TypeError, ValueError):
+        return ""
 
 
 def memory_free(torch: Any, index: int) -> int | None:
@@ -251,6 +260,88 @@ def gemm_tflops(torch: Any, index: int, kind: str, n: int = 8192, warmup: int = 
             warnings.simplefilter("ignore")
             torch.backends.cuda.matmul.allow_tf32 = saved
     return 2.0 * n**3 * iters / (ms / 1e3) / 1e12
+
+
+def copy_gbps(torch: Any, index: int, nbytes: int = 256 << 20, iters: int = 5) -> dict[str, float]:
+    """Host-to-device and device-to-host copy bandwidth in GB/s over pinned host memory, timed with
+    CUDA events after a warm-up (what a data loader's transfers and a checkpoint's get)."""
+    dev = torch.device("cuda", index)
+    out: dict[str, float] = {}
+    with torch.cuda.device(dev):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        for name, dst, src in (("h2d", gpu, host), ("d2h", host, gpu)):
+            for _ in range(2):
+                dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize(dev)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            out[name] = nbytes * iters / (start.elapsed_time(end) / 1e3) / 1e9
+        del host, gpu
+    return out
+
+
+EXACT_GEMM_N = 4096
+EXACT_GEMM_SEED = 20261205
+
+
+def exact_gemm_reference(torch: Any, n: int = EXACT_GEMM_N, seed: int = EXACT_GEMM_SEED) -> dict[str, Any]:
+    """The inputs of the silent-data-corruption GEMM and its exact row and column sums, made on the
+    CPU from a fixed seed: every node and every GPU computes the same product of the same inputs."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-1, 2, (n, n), generator=g, dtype=torch.int8)
+    b = torch.randint(-1, 2, (n, n), generator=g, dtype=torch.int8)
+    a64, b64 = a.to(torch.int64), b.to(torch.int64)
+    rows = a64 @ b64.sum(dim=1)  # (A B) 1 = A (B 1)
+    cols = a64.sum(dim=0) @ b64  # 1' (A B) = (1' A) B
+    return {"a": a, "b": b, "rows": rows, "cols": cols}
+
+
+def exact_gemm(torch: Any, dev: Any, ref: dict[str, Any]) -> dict[str, Any]:
+    """The product of ``ref``'s inputs on one GPU, in TF32 on the tensor cores and in FP32 on the
+    CUDA cores. The inputs are -1, 0 or 1, so every product and partial sum is an integer far below
+    2^24: exact in TF32 and FP32 in any order of summation, on any GPU and any cuBLAS kernel. So the
+    row and column sums must equal the CPU's exactly, and the result's digest is the same everywhere;
+    a GPU that computes wrong bits (silent data corruption) differs."""
+    import contextlib  # noqa: PLC0415
+    import hashlib  # noqa: PLC0415
+
+    saved = torch.backends.cuda.matmul.allow_tf32
+    out: dict[str, Any] = {"ok": True, "wrong": []}
+    digests = []
+    try:
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
+            a = ref["a"].to(dev).to(torch.float32)
+            b = ref["b"].to(dev).to(torch.float32)
+            for kind in ("tf32", "fp32"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+                c = (a @ b).to(torch.int64)
+                rows, cols = c.sum(dim=1).cpu(), c.sum(dim=0).cpu()
+                good = bool(torch.equal(rows, ref["rows"])) and bool(torch.equal(cols, ref["cols"]))
+                if not good:
+                    out["ok"] = False
+                    out["wrong"].append(kind)
+                weights = torch.arange(1, c.shape[1] + 1, device=dev, dtype=torch.int64)
+                mix = (c * weights).sum(dim=1).cpu()
+                digests.append(hashlib.sha256(str(rows.tolist() + cols.tolist() + mix.tolist()).encode()).hexdigest())
+                del c
+            del a, b
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.cuda.matmul.allow_tf32 = saved
+    out["digest"] = digests[0][:16]
+    out["agree"] = len(set(digests)) == 1
+    if not out["agree"] and out["ok"]:
+        out["ok"] = False
+        out["wrong"].append("tf32 and fp32 differ")
+    return out
 
 
 ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
