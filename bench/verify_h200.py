@@ -55,6 +55,29 @@ def machine() -> dict:
     }
 
 
+# the quick level's health step alone, five times in one process: NVML opened, every GPU read, the
+# kernel log read (what check_health does), each round timed
+HEALTH_TIMING = r"""
+import json, time
+from envspec.verify import health
+rounds = []
+for _ in range(5):
+    t0 = time.perf_counter()
+    nvml = health.Nvml.open()
+    t1 = time.perf_counter()
+    gpus = health.read_all(nvml) if nvml else []
+    t2 = time.perf_counter()
+    if nvml:
+        nvml.close()
+    log = health.read_kmsg()
+    t3 = time.perf_counter()
+    rounds.append({"open_s": t1 - t0, "read_s": t2 - t1, "kmsg_s": t3 - t2, "total_s": t3 - t0,
+                   "gpus": len(gpus), "kmsg_readable": log is not None,
+                   "xids": health.parse_xids(log or "")})
+print(json.dumps({"rounds": rounds}, indent=1))
+"""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -79,9 +102,17 @@ def main() -> int:
     (no_torch / "torch").mkdir(parents=True)
     (no_torch / "torch" / "__init__.py").write_text("raise ImportError('the start-up hook imported torch')\n")
     hook_env = {"ENVSPEC_LOCK": lock, "ENVSPEC_VERIFY": "warn"}
+    # the node health's NVML answers (tests/data/verify/nvml-*.json) and what reading them costs
+    rec = subprocess.run(verify[:2] + ["envspec.verify.health", "--record"], env=base_env, capture_output=True,
+                         text=True, timeout=a.timeout)
+    (out / "nvml.json").write_text(rec.stdout or json.dumps({"rc": rec.returncode, "stderr": rec.stderr[-2000:]}))
+    timing = subprocess.run([sys.executable, "-c", HEALTH_TIMING], env=base_env, capture_output=True, text=True,
+                            timeout=a.timeout)
+    (out / "health-timing.json").write_text(timing.stdout or json.dumps({"stderr": timing.stderr[-2000:]}))
     runs = [
         ("quick-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "quick"]),
-        ("full-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "full"]),
+        ("full-1gpu", {"CUDA_VISIBLE_DEVICES": "0"}, verify + ["--lock", lock, "--level", "full", "--prometheus",
+                                                               str(work / "verify.prom")]),
         ("quick-2gpu", {}, verify + ["--lock", lock, "--level", "quick"]),
         ("full-2gpu", {}, verify + ["--lock", lock, "--level", "full", "--prometheus", str(work / "verify.prom")]),
         ("allreduce-processes-2gpu", {}, verify + ["--lock", lock, "--level", "full", "--allreduce", "processes",
@@ -119,6 +150,9 @@ def main() -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         (out / "report.txt").write_text("\n".join(text))
     if gpus < 2:
+        prom = work / "verify.prom"
+        if prom.exists():
+            (out / "verify.prom").write_text(prom.read_text())
         return 0
     # two "nodes" on this host, one GPU each, c10d on loopback: the cross-node path with NCCL
     t0 = time.perf_counter()
