@@ -45,3 +45,13 @@ def test_torchrun_argv_passes_rendezvous_and_drops_launch_options():
     tail = cmd[cmd.index("envspec.verify") + 1:]
     assert tail == ["--lock", "a.lock", "--nnodes", "2", "--level", "full"]
     assert forwarded_argv(["--rdzv-id", "x", "--json"]) == ["--json"]
+
+
+def test_a_node_whose_exact_gemm_differs_is_named():
+    """issue 31, 2: every node computes the same exact GEMM (health.gpu.N.sdc); its digest is compared
+    across nodes like the driver, so a node with a GPU that computes wrong bits is named."""
+    es = [entry(r, gemm_result="10b6d1ea06cefaec") for r in range(4)]
+    es[1]["fingerprint"]["gemm_result"] = "10b6d1ea06cefaec/ffff0000aaaa5555"  # one of its GPUs differs
+    d = {f.check: f for f in compare(es)}["cluster.gemm_result"]
+    assert d.status == "fail" and "node 1 (n1, rank 1)" in d.observed
+    assert {f.check: f for f in compare([entry(0), entry(1)])}["cluster.gemm_result"].status == "pass"  # quick level
