@@ -48,7 +48,9 @@ def timed_child(argv: list[str], env: dict, cwd: Path, label: str = "") -> tuple
     after = os.times()
     if proc.returncode not in (0, 2):
         sys.exit(f"{label or argv}: exit {proc.returncode}\n{proc.stderr.decode()}")
-    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return wall, (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
 
 
 def instructions(argv: list[str], env: dict, cwd: Path) -> int | None:
@@ -60,7 +62,12 @@ def instructions(argv: list[str], env: dict, cwd: Path) -> int | None:
 
     if not shutil.which("valgrind"):
         return None
-    proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], cwd=cwd,
-                          env=dict(env, PYTHONHASHSEED="0"), capture_output=True, text=True)
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        cwd=cwd,
+        env=dict(env, PYTHONHASHSEED="0"),
+        capture_output=True,
+        text=True,
+    )
     m = re.search(r"Collected : (\d+)", proc.stderr)
     return int(m.group(1)) if m else None

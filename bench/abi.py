@@ -57,7 +57,9 @@ def main() -> int:
         def once() -> tuple[float, list[str], str]:
             t = time.perf_counter()
             try:
-                read = abi.check_lock(lock, root / "abi", lambda ps: {p.sha256: paths[p.sha256] for p in ps})
+                read = abi.check_lock(
+                    lock, root / "abi", lambda ps: {p.sha256: paths[p.sha256] for p in ps}
+                )
                 verdict = "accepted"
             except AbiMismatch as e:
                 read, verdict = [], f"refused: {len(e.mismatches)} extension module(s)"
@@ -77,15 +79,21 @@ def main() -> int:
         check = abi.AbiCheck(root / "abi")
         check.check(lock, {}, partial=True) if verdict == "accepted" else None
         judged = check.judged
-        print(f"lock {a.lock}: {len(lock.wheels)} wheels, {len(pins) - 1} candidates + torch "
-              f"({size / 1e9:.2f} GB), fetched in {fetch_s:.1f} s; {verdict}; packages with extensions on "
-              f"torch: {', '.join(judged) or '-'}")
+        print(
+            f"lock {a.lock}: {len(lock.wheels)} wheels, {len(pins) - 1} candidates + torch "
+            f"({size / 1e9:.2f} GB), fetched in {fetch_s:.1f} s; {verdict}; packages with extensions on "
+            f"torch: {', '.join(judged) or '-'}"
+        )
         print()
         print("| check | median (s) | runs |")
         print("| --- | --- | --- |")
-        print(f"| cold (every wheel read) | {statistics.median(cold):.2f} | {', '.join(f'{x:.2f}' for x in cold)} |")
-        print(f"| warm (kept reads and verdicts) | {statistics.median(warm) * 1000:.1f} ms | "
-              f"{', '.join(f'{x * 1000:.1f}' for x in warm)} ms |")
+        print(
+            f"| cold (every wheel read) | {statistics.median(cold):.2f} | {', '.join(f'{x:.2f}' for x in cold)} |"
+        )
+        print(
+            f"| warm (kept reads and verdicts) | {statistics.median(warm) * 1000:.1f} ms | "
+            f"{', '.join(f'{x * 1000:.1f}' for x in warm)} ms |"
+        )
     finally:
         if not a.keep and not a.cache:
             shutil.rmtree(root, ignore_errors=True)

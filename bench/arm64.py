@@ -52,8 +52,10 @@ from envspec.host import detect_host  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 ROOT = bench_build.ROOT
-LOCKS = {"amd64": ROOT / "lockfiles" / "h100-train.lock",
-         "arm64": ROOT / "lockfiles" / "gh200-train.lock"}
+LOCKS = {
+    "amd64": ROOT / "lockfiles" / "h100-train.lock",
+    "arm64": ROOT / "lockfiles" / "gh200-train.lock",
+}
 
 
 def machine_cpu_s() -> float:
@@ -82,19 +84,31 @@ def fetch(plan, cache: Path) -> dict:
     for w in plan.wheels:
         where = next(fetcher.candidates(w), ("?", ""))[0]
         origin[where] = origin.get(where, 0) + w.size
-    return {"paths": paths, "row": {
-        "wheels_s": round(wheels_s, 1), "debs_s": round(debs_s, 1), "total_s": round(wheels_s + debs_s, 1),
-        "wheels": len(plan.wheels), "wheels_already_cached": len(before), "debs": ndebs,
-        "wheel_bytes": sum(w.size for w in plan.wheels),
-        "wheel_bytes_fetched": sum(w.size for w in plan.wheels if w.sha256 not in before),
-        "wheel_bytes_by_source": origin}}
+    return {
+        "paths": paths,
+        "row": {
+            "wheels_s": round(wheels_s, 1),
+            "debs_s": round(debs_s, 1),
+            "total_s": round(wheels_s + debs_s, 1),
+            "wheels": len(plan.wheels),
+            "wheels_already_cached": len(before),
+            "debs": ndebs,
+            "wheel_bytes": sum(w.size for w in plan.wheels),
+            "wheel_bytes_fetched": sum(w.size for w in plan.wheels if w.sha256 not in before),
+            "wheel_bytes_by_source": origin,
+        },
+    }
 
 
 def podman_size(storage: Path, image: str) -> int | None:
     env = {**os.environ, "ENVSPEC_STORAGE_ROOT": str(storage)}
     st = detect_host(ask=(), env=env).storage
-    cp = subprocess.run(["podman", *st.args(), "image", "inspect", "--format", "{{.Size}}", image],
-                        capture_output=True, text=True, env=env)
+    cp = subprocess.run(
+        ["podman", *st.args(), "image", "inspect", "--format", "{{.Size}}", image],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     return int(cp.stdout.strip()) if cp.returncode == 0 and cp.stdout.strip().isdigit() else None
 
 
@@ -112,7 +126,9 @@ def one_build(name: str, cache: Path, storage: Path) -> dict:
     watcher.start()
     load0, cpu0 = load(), machine_cpu_s()
     try:
-        row = bench_build.cli_build(LOCKS[name], cache, storage, as_json=True)  # sync + settle first
+        row = bench_build.cli_build(
+            LOCKS[name], cache, storage, as_json=True
+        )  # sync + settle first
     finally:
         done.set()
         watcher.join()
@@ -131,25 +147,55 @@ def one_build(name: str, cache: Path, storage: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2, choices=(1, 2),
-                    help="2: amd64, arm64, arm64, amd64; 1: amd64, arm64")
-    ap.add_argument("--settle", type=float, default=bench_build.SETTLE,
-                    help="seconds to wait (after a sync) before each timed unzip and build (bench/build.py timed())")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        choices=(1, 2),
+        help="2: amd64, arm64, arm64, amd64; 1: amd64, arm64",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=bench_build.SETTLE,
+        help="seconds to wait (after a sync) before each timed unzip and build (bench/build.py timed())",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the cache (the temp dir)")
-    ap.add_argument("--json", default=str(ROOT / "bench" / "arm64-result-h100-train.json"))  # session 7: arm64-result.json
-    ap.add_argument("--amd64-lock", default=str(LOCKS["amd64"]), help="another pair of locks (a quick try: lockfiles/smoke.lock)")
-    ap.add_argument("--arm64-lock", default=str(LOCKS["arm64"]), help="(lockfiles/smoke-arm64.lock)")
+    ap.add_argument(
+        "--json", default=str(ROOT / "bench" / "arm64-result-h100-train.json")
+    )  # session 7: arm64-result.json
+    ap.add_argument(
+        "--amd64-lock",
+        default=str(LOCKS["amd64"]),
+        help="another pair of locks (a quick try: lockfiles/smoke.lock)",
+    )
+    ap.add_argument(
+        "--arm64-lock", default=str(LOCKS["arm64"]), help="(lockfiles/smoke-arm64.lock)"
+    )
     args = ap.parse_args()
     LOCKS.update(amd64=Path(args.amd64_lock).resolve(), arm64=Path(args.arm64_lock).resolve())
     bench_build.SETTLE = args.settle
-    work = Path(tempfile.mkdtemp(prefix="envspec-bench-arm64-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
+    work = Path(
+        tempfile.mkdtemp(
+            prefix="envspec-bench-arm64-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")
+        )
+    )
     cache = work / "cache"
-    res: dict = {"command": " ".join(["bench/arm64.py", *sys.argv[1:]]),
-                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                 "machine": {"arch": platform.machine(), "cpus": os.cpu_count(),
-                             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
-                 "load_start": load(), "settle_s": args.settle, "envspec": " ".join(bench_build.envspec_argv()),
-                 "locks": {k: str(v.relative_to(ROOT) if v.is_relative_to(ROOT) else v) for k, v in LOCKS.items()}}
+    res: dict = {
+        "command": " ".join(["bench/arm64.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "arch": platform.machine(),
+            "cpus": os.cpu_count(),
+            "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        },
+        "load_start": load(),
+        "settle_s": args.settle,
+        "envspec": " ".join(bench_build.envspec_argv()),
+        "locks": {
+            k: str(v.relative_to(ROOT) if v.is_relative_to(ROOT) else v) for k, v in LOCKS.items()
+        },
+    }
     storages: list[Path] = []
     try:
         plans = {k: make_plan(lockmod.load(p)) for k, p in LOCKS.items()}
@@ -157,8 +203,10 @@ def main() -> int:
         for k, plan in plans.items():
             got = fetch(plan, cache)
             res["fetch"][k], paths[k] = got["row"], got["paths"]
-        res["unzip_floor_s"] = {k: bench_build.unzip_floor(plan, paths[k], work / f"unzipped-{k}")
-                                for k, plan in plans.items()}
+        res["unzip_floor_s"] = {
+            k: bench_build.unzip_floor(plan, paths[k], work / f"unzipped-{k}")
+            for k, plan in plans.items()
+        }
         order = ["amd64", "arm64", "arm64", "amd64"][: 2 * args.rounds]
         res["order"] = order
         builds = []
@@ -174,11 +222,17 @@ def main() -> int:
             med = {k: statistics.median(b["wall_s"] for b in rows) for k, rows in ok.items()}
             res["median_wall_s"] = med
             res["arm64_over_amd64"] = round(med["arm64"] / med["amd64"], 2)
-            res["median_x_unzip_floor"] = {k: round(med[k] / res["unzip_floor_s"][k], 2) if res["unzip_floor_s"][k] else None
-                                          for k in LOCKS}
-            res["one_digest_per_platform"] = {k: len({b["digest"] for b in rows}) == 1 for k, rows in ok.items()}
-            res["image_bytes"] = {k: {"layers": rows[0]["layers_bytes"], "podman": rows[0].get("podman_size")}
-                                  for k, rows in ok.items()}
+            res["median_x_unzip_floor"] = {
+                k: round(med[k] / res["unzip_floor_s"][k], 2) if res["unzip_floor_s"][k] else None
+                for k in LOCKS
+            }
+            res["one_digest_per_platform"] = {
+                k: len({b["digest"] for b in rows}) == 1 for k, rows in ok.items()
+            }
+            res["image_bytes"] = {
+                k: {"layers": rows[0]["layers_bytes"], "podman": rows[0].get("podman_size")}
+                for k, rows in ok.items()
+            }
     finally:
         for st in storages:
             if st.exists():

@@ -69,24 +69,39 @@ from envspec.registry.stage import Registry  # noqa: E402
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
 
 
-def run_build(lock: lockmod.Lockfile, engine, cache_dir: Path, reporter: Reporter | None = None, **options):
+def run_build(
+    lock: lockmod.Lockfile, engine, cache_dir: Path, reporter: Reporter | None = None, **options
+):
     """One build as the CLI runs it: the lock's plan, this machine's mirrors."""
-    return build(make_plan(lock), engine, Cache(cache_dir), sources.discover().mirrors,
-                 options=BuildOptions(**{"registry": Registry(), **options}), reporter=reporter)
+    return build(
+        make_plan(lock),
+        engine,
+        Cache(cache_dir),
+        sources.discover().mirrors,
+        options=BuildOptions(**{"registry": Registry(), **options}),
+        reporter=reporter,
+    )
 
 
 def other_version(name: str, current: str, python_tag: str = "py3") -> dict | None:
     """Another wheel of ``name`` from PyPI's simple API (for the one-package change)."""
     import urllib.request
 
-    req = urllib.request.Request(f"https://pypi.org/simple/{name}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = urllib.request.Request(
+        f"https://pypi.org/simple/{name}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
     data = json.load(urllib.request.urlopen(req, timeout=60))
     for f in reversed(data["files"]):
         fn = f["filename"]
         if fn.endswith("-py3-none-any.whl") and f"-{current}-" not in fn and not f.get("yanked"):
             version = fn.split("-")[1]
-            return {"version": version, "filename": fn, "sha256": f["hashes"]["sha256"], "size": f.get("size", 0)}
+            return {
+                "version": version,
+                "filename": fn,
+                "sha256": f["hashes"]["sha256"],
+                "size": f.get("size", 0),
+            }
     return None
 
 
@@ -109,8 +124,10 @@ class Phases(Reporter):
 
     def split(self):
         end = time.monotonic()
-        out = {"until_layout_s": round(self.commit_at - self.t0, 1),
-               "import_after_layout_s": round(end - self.commit_at, 1)}
+        out = {
+            "until_layout_s": round(self.commit_at - self.t0, 1),
+            "import_after_layout_s": round(end - self.commit_at, 1),
+        }
         if self.import_from:
             out["import_began_s"] = {g: round(t - self.t0, 1) for g, t in self.import_from.items()}
         return out
@@ -136,8 +153,12 @@ def timed(fn, settle: bool = True, phases: "Phases | None" = None):
 
 
 def podman_size(engine, ref: str) -> int:
-    cp = subprocess.run(["podman", *engine.host.storage.args(), "image", "inspect", ref], capture_output=True,
-                        text=True, check=True)
+    cp = subprocess.run(
+        ["podman", *engine.host.storage.args(), "image", "inspect", ref],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(json.loads(cp.stdout)[0]["Size"])
 
 
@@ -148,15 +169,31 @@ def main() -> int:
     ap.add_argument("--skip-containerfile", action="store_true")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
-    ap.add_argument("--containers-storage", default="", help="also a cold build with this containers-storage binary")
-    ap.add_argument("--settle", type=float, default=SETTLE,
-                    help="seconds to wait (after a sync) before each big phase; 0: none (see timed())")
-    ap.add_argument("--cli", action="store_true",
-                    help="time `envspec build LOCK --no-cache` as a user runs it (a subprocess in a pty), warm and "
-                         "empty cache, with its phases, against the unzip floor and build() in-process")
-    ap.add_argument("--skip-empty-cache", action="store_true", help="--cli: only the warm-cache runs")
-    ap.add_argument("--evict", action="store_true",
-                    help="--cli: drop the cache's wheels and .debs from the page cache before each warm-cache run")
+    ap.add_argument(
+        "--containers-storage",
+        default="",
+        help="also a cold build with this containers-storage binary",
+    )
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE,
+        help="seconds to wait (after a sync) before each big phase; 0: none (see timed())",
+    )
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="time `envspec build LOCK --no-cache` as a user runs it (a subprocess in a pty), warm and "
+        "empty cache, with its phases, against the unzip floor and build() in-process",
+    )
+    ap.add_argument(
+        "--skip-empty-cache", action="store_true", help="--cli: only the warm-cache runs"
+    )
+    ap.add_argument(
+        "--evict",
+        action="store_true",
+        help="--cli: drop the cache's wheels and .debs from the page cache before each warm-cache run",
+    )
     args = ap.parse_args()
     SETTLE = args.settle
     EVICT = args.evict
@@ -166,15 +203,36 @@ def main() -> int:
     lock_path = Path(args.lock)
     if not lock_path.exists():
         lock_path = Path(tempfile.mkdtemp()) / "h100.lock"
-        subprocess.run([sys.executable, "-m", "envspec", "lock", str(ROOT / "specs" / "h100.toml"), "-o",
-                        str(lock_path), "-q"], check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "envspec",
+                "lock",
+                str(ROOT / "specs" / "h100.toml"),
+                "-o",
+                str(lock_path),
+                "-q",
+            ],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
     lock = lockmod.load(lock_path)
     plan = make_plan(lock)
-    work = Path(tempfile.mkdtemp(prefix="envspec-bench-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
+    work = Path(
+        tempfile.mkdtemp(
+            prefix="envspec-bench-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")
+        )
+    )
     os.environ["ENVSPEC_STORAGE_ROOT"] = str(work / "storage")
     engine = BuildahEngine()
-    res: dict = {"lock": str(lock_path), "settle_s": SETTLE, "wheels": len(plan.wheels), "debs": len(plan.debs),
-                 "wheel_bytes": sum(w.size for w in plan.wheels)}
+    res: dict = {
+        "lock": str(lock_path),
+        "settle_s": SETTLE,
+        "wheels": len(plan.wheels),
+        "debs": len(plan.debs),
+        "wheel_bytes": sum(w.size for w in plan.wheels),
+    }
     try:
         # wheels into a separate cache first: the unzip floor and the Containerfile need the files
         mirrors = sources.discover().mirrors
@@ -187,11 +245,20 @@ def main() -> int:
         res["untar_floor_s"] = round(untar_layers(plan, paths, mirrors, work, untar), 1)
 
         # cold builds by the other import paths first, each in its own storage and cache
-        others = [("containers-storage import-layer", {"ENVSPEC_PUT_LAYER": "off"}),
-                  ("skopeo", {"ENVSPEC_IMPORT": "skopeo"})]
+        others = [
+            ("containers-storage import-layer", {"ENVSPEC_PUT_LAYER": "off"}),
+            ("skopeo", {"ENVSPEC_IMPORT": "skopeo"}),
+        ]
         if args.containers_storage:
-            others.append((f"containers-storage import-layer, {args.containers_storage}",
-                           {"ENVSPEC_CONTAINERS_STORAGE": args.containers_storage, "ENVSPEC_PUT_LAYER": "off"}))
+            others.append(
+                (
+                    f"containers-storage import-layer, {args.containers_storage}",
+                    {
+                        "ENVSPEC_CONTAINERS_STORAGE": args.containers_storage,
+                        "ENVSPEC_PUT_LAYER": "off",
+                    },
+                )
+            )
         res["cold_by_import"] = {}
         for name, env in others:
             sub = work / ("other-" + str(len(res["cold_by_import"])))
@@ -202,7 +269,11 @@ def main() -> int:
                 eng = BuildahEngine()
                 ph = Phases()
                 t, img = timed(lambda: run_build(lock, eng, sub / "cache", reporter=ph), phases=ph)
-                res["cold_by_import"][name] = {"cold_s": round(t, 1), **ph.split(), "digest": img.digest}
+                res["cold_by_import"][name] = {
+                    "cold_s": round(t, 1),
+                    **ph.split(),
+                    "digest": img.digest,
+                }
             finally:
                 reset_storage(eng, sub)
                 shutil.rmtree(sub, ignore_errors=True)
@@ -218,7 +289,9 @@ def main() -> int:
         res["cold_s"] = round(t, 1)
         res["cold_phases"] = ph.split()
         store = engine.storage_cli()
-        res["cold_import"] = (store.put_tool or "containers-storage import-layer") if store else "skopeo"
+        res["cold_import"] = (
+            (store.put_tool or "containers-storage import-layer") if store else "skopeo"
+        )
         res["digest"] = img.digest
         res["layers"] = [{"group": lay.group, "size": lay.size} for lay in img.layers]
         res["layers_bytes"] = sum(lay.size for lay in img.layers)
@@ -246,8 +319,17 @@ def main() -> int:
         cache2.mkdir()
         (cache2 / "debs").symlink_to(cache / "debs")  # the .debs were fetched once (network)
         ph2 = Phases()
-        t, img3 = timed(lambda: run_build(lock, engine, cache2, no_cache=True, reporter=ph2,
-                                          tag="localhost/envspec/bench-again:1"), phases=ph2)
+        t, img3 = timed(
+            lambda: run_build(
+                lock,
+                engine,
+                cache2,
+                no_cache=True,
+                reporter=ph2,
+                tag="localhost/envspec/bench-again:1",
+            ),
+            phases=ph2,
+        )
         res["no_cache_again_phases"] = ph2.split()
         shutil.rmtree(cache2, ignore_errors=True)
         res["no_cache_again_s"] = round(t, 1)
@@ -256,7 +338,10 @@ def main() -> int:
         if not args.skip_containerfile:
             res.update(containerfile(engine, plan, paths, cache, work))
     finally:
-        subprocess.run(["podman", *engine.host.storage.args(), "system", "reset", "--force"], capture_output=True)
+        subprocess.run(
+            ["podman", *engine.host.storage.args(), "system", "reset", "--force"],
+            capture_output=True,
+        )
         mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
         for m in sorted((m for m in mounts if m.startswith(str(work))), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
@@ -268,7 +353,9 @@ def main() -> int:
 
 
 def reset_storage(engine, under: Path) -> None:
-    subprocess.run(["podman", *engine.host.storage.args(), "system", "reset", "--force"], capture_output=True)
+    subprocess.run(
+        ["podman", *engine.host.storage.args(), "system", "reset", "--force"], capture_output=True
+    )
     mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(str(under))), reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True)
@@ -300,9 +387,16 @@ def peer_containerfile(engine, plan, paths, cache, work) -> Path:
     from envspec.image.oci import LayerBlob, write_layout
 
     base = plan.layer("base")
-    meta = json.loads(cache.__truediv__("layers").joinpath(base.key.split(":")[1] + ".json").read_text())
-    blob = LayerBlob("base", base.key, cache / "layers" / (base.key.split(":")[1] + ".tar"), meta["diff_id"],
-                     meta["size"])
+    meta = json.loads(
+        cache.__truediv__("layers").joinpath(base.key.split(":")[1] + ".json").read_text()
+    )
+    blob = LayerBlob(
+        "base",
+        base.key,
+        cache / "layers" / (base.key.split(":")[1] + ".tar"),
+        meta["diff_id"],
+        meta["size"],
+    )
     layout = work / "base-oci"
     write_layout(layout, plan, [blob], entrypoint=[], cmd=[], user="root", ref_name="base")
     engine.import_image(layout, "localhost/bench/base:1")
@@ -327,28 +421,51 @@ def containerfile(engine, plan, paths, cache, work) -> dict:
     out = {}
     digests = []
     for i in (1, 2):
-        argv = ["buildah", *engine.host.storage.args(), "bud", "--isolation", "chroot", "--layers=false",
-                "-v", f"{wheels}:/wheels:ro", "-t", f"localhost/bench/containerfile:{i}", "-f",
-                str(work / "Containerfile"), str(work)]
+        argv = [
+            "buildah",
+            *engine.host.storage.args(),
+            "bud",
+            "--isolation",
+            "chroot",
+            "--layers=false",
+            "-v",
+            f"{wheels}:/wheels:ro",
+            "-t",
+            f"localhost/bench/containerfile:{i}",
+            "-f",
+            str(work / "Containerfile"),
+            str(work),
+        ]
         t, cp = timed(lambda: subprocess.run(argv, capture_output=True, text=True))
         if cp.returncode != 0:
             out["containerfile_error"] = cp.stderr[-2000:]
             return out
         out.setdefault("containerfile_s", []).append(round(t, 1))
-        insp = subprocess.run(["skopeo", "inspect", "--raw", engine.host.storage.ref(f"localhost/bench/containerfile:{i}")],
-                              capture_output=True, check=True).stdout
+        insp = subprocess.run(
+            [
+                "skopeo",
+                "inspect",
+                "--raw",
+                engine.host.storage.ref(f"localhost/bench/containerfile:{i}"),
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout
         import hashlib
 
         digests.append("sha256:" + hashlib.sha256(insp).hexdigest())
         if i == 1:
             out["containerfile_size"] = podman_size(engine, "localhost/bench/containerfile:1")
-            subprocess.run(["buildah", *engine.host.storage.args(), "rmi", "localhost/bench/containerfile:1"],
-                           capture_output=True)
+            subprocess.run(
+                ["buildah", *engine.host.storage.args(), "rmi", "localhost/bench/containerfile:1"],
+                capture_output=True,
+            )
     out["containerfile_reproducible"] = digests[0] == digests[1]
     return out
 
 
 # --- --cli: the command as users run it --------------------------------------------------------------
+
 
 def envspec_argv() -> list[str]:
     """The envspec command of this venv (its console script, as a user types it), on this checkout's code."""
@@ -358,8 +475,12 @@ def envspec_argv() -> list[str]:
 
 def cli_env(cache: Path, storage: Path) -> dict[str, str]:
     # PYTHONPATH: this checkout's code, as the in-process suite imports it
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "ENVSPEC_CACHE": str(cache),
-            "ENVSPEC_STORAGE_ROOT": str(storage)}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "ENVSPEC_CACHE": str(cache),
+        "ENVSPEC_STORAGE_ROOT": str(storage),
+    }
 
 
 def usage(with_self: bool = False) -> tuple[float, float, float, float]:
@@ -371,14 +492,22 @@ def usage(with_self: bool = False) -> tuple[float, float, float, float]:
     rows = [resource.getrusage(resource.RUSAGE_CHILDREN)]
     if with_self:
         rows.append(resource.getrusage(resource.RUSAGE_SELF))
-    return (sum(r.ru_utime for r in rows), sum(r.ru_stime for r in rows),
-            sum(r.ru_inblock for r in rows) * 512 / 1e6, sum(r.ru_oublock for r in rows) * 512 / 1e6)
+    return (
+        sum(r.ru_utime for r in rows),
+        sum(r.ru_stime for r in rows),
+        sum(r.ru_inblock for r in rows) * 512 / 1e6,
+        sum(r.ru_oublock for r in rows) * 512 / 1e6,
+    )
 
 
 def usage_row(before: tuple[float, ...], after: tuple[float, ...]) -> dict:
     d = [b - a for a, b in zip(before, after)]
-    return {"cpu_user_s": round(d[0], 1), "cpu_sys_s": round(d[1], 1), "disk_read_mb": round(d[2]),
-            "disk_write_mb": round(d[3])}
+    return {
+        "cpu_user_s": round(d[0], 1),
+        "cpu_sys_s": round(d[1], 1),
+        "disk_read_mb": round(d[2]),
+        "disk_write_mb": round(d[3]),
+    }
 
 
 def evict(cache: Path) -> None:
@@ -396,7 +525,9 @@ def evict(cache: Path) -> None:
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 120, rows: int = 40) -> tuple[int, str]:
+def run_in_pty(
+    argv: list[str], env: dict[str, str], cols: int = 120, rows: int = 40
+) -> tuple[int, str]:
     """Run ``argv`` with a terminal of ``cols`` x ``rows`` on stdin, stdout and stderr (so rich draws
     its live progress as it does for a person); its exit status and what it wrote."""
     import fcntl
@@ -409,7 +540,9 @@ def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 120, rows: int 
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     env = {**env, "TERM": env.get("TERM", "xterm-256color")}
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, cwd=ROOT
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -431,10 +564,24 @@ def run_in_pty(argv: list[str], env: dict[str, str], cols: int = 120, rows: int 
     return rc, b"".join(chunks).decode("utf-8", "replace")
 
 
-def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, extra: tuple[str, ...] = (),
-              env_extra: dict[str, str] | None = None) -> dict:
+def cli_build(
+    lock_path: Path,
+    cache: Path,
+    storage: Path,
+    *,
+    as_json: bool,
+    extra: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
+) -> dict:
     """One `envspec build LOCK --no-cache` in a new storage root, timed (after the settle wait)."""
-    argv = [*envspec_argv(), "build", str(lock_path), "--no-cache", *extra, *(["--json"] if as_json else [])]
+    argv = [
+        *envspec_argv(),
+        "build",
+        str(lock_path),
+        "--no-cache",
+        *extra,
+        *(["--json"] if as_json else []),
+    ]
     env = {**cli_env(cache, storage), **(env_extra or {})}
     if SETTLE:
         os.sync()
@@ -449,9 +596,18 @@ def cli_build(lock_path: Path, cache: Path, storage: Path, *, as_json: bool, ext
     else:
         rc, out = run_in_pty(argv, env)
     wall = time.monotonic() - t
-    row: dict = {"command": " ".join([*(f"{k}={v}" for k, v in (env_extra or {}).items()), "envspec",
-                                      *argv[len(envspec_argv()):]]), "wall_s": round(wall, 1),
-                 **usage_row(u0, usage()), "rc": rc}
+    row: dict = {
+        "command": " ".join(
+            [
+                *(f"{k}={v}" for k, v in (env_extra or {}).items()),
+                "envspec",
+                *argv[len(envspec_argv()) :],
+            ]
+        ),
+        "wall_s": round(wall, 1),
+        **usage_row(u0, usage()),
+        "rc": rc,
+    }
     if rc != 0:
         row["output_tail"] = out[-3000:]
         return row
@@ -496,15 +652,22 @@ def in_process_build(lock, cache: Path, storage: Path) -> dict:
             os.environ.pop("ENVSPEC_STORAGE_ROOT", None)
         else:
             os.environ["ENVSPEC_STORAGE_ROOT"] = old
-    return {"wall_s": round(wall, 1), **usage_row(u0, u1), "digest": img.digest, "build_s": round(img.seconds, 1),
-            "phases": phase_table([p.to_json() for p in img.phases])}
+    return {
+        "wall_s": round(wall, 1),
+        **usage_row(u0, u1),
+        "digest": img.digest,
+        "build_s": round(img.seconds, 1),
+        "phases": phase_table([p.to_json() for p in img.phases]),
+    }
 
 
 def drop_storage(storage: Path) -> None:
     """A storage root and its run root (detect_host's rule for ENVSPEC_STORAGE_ROOT), unmounted and removed."""
     env = {**os.environ, "ENVSPEC_STORAGE_ROOT": str(storage)}
     st = detect_host(ask=(), env=env).storage
-    subprocess.run(["podman", *st.args(), "system", "reset", "--force"], capture_output=True, env=env)
+    subprocess.run(
+        ["podman", *st.args(), "system", "reset", "--force"], capture_output=True, env=env
+    )
     mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(str(storage))), reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True)
@@ -520,13 +683,19 @@ def fetch_debs(plan, cache: Path) -> int:
         from envspec import debian
 
         lk = plan.lock
-        debian.fetch_debs(list(base.debs), cache_dir=cache / "debs",
-                          mirrors=debian.mirror_list((lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR))
+        debian.fetch_debs(
+            list(base.debs),
+            cache_dir=cache / "debs",
+            mirrors=debian.mirror_list(
+                (lk.debian.mirror if lk.debian else "") or debian.CANONICAL_MIRROR
+            ),
+        )
     return len(base.debs)
 
 
 def unzip_floor(plan, paths: dict, dest: Path) -> float:
     """The floor: every wheel of the plan unzipped into ``dest`` (then removed), timed."""
+
     def unzip_all():
         for w in plan.wheels:
             subprocess.run(["unzip", "-q", "-o", str(paths[w.sha256]), "-d", str(dest)], check=True)
@@ -540,10 +709,21 @@ def main_cli(args) -> int:
     lock_path = Path(args.lock).resolve()
     lock = lockmod.load(lock_path)
     plan = make_plan(lock)
-    work = Path(tempfile.mkdtemp(prefix="envspec-bench-cli-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
-    res: dict = {"mode": "cli", "lock": str(lock_path.relative_to(ROOT) if lock_path.is_relative_to(ROOT) else lock_path),
-                 "settle_s": SETTLE, "evict": EVICT, "wheels": len(plan.wheels), "debs": len(plan.debs),
-                 "wheel_bytes": sum(w.size for w in plan.wheels), "envspec": " ".join(envspec_argv())}
+    work = Path(
+        tempfile.mkdtemp(
+            prefix="envspec-bench-cli-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")
+        )
+    )
+    res: dict = {
+        "mode": "cli",
+        "lock": str(lock_path.relative_to(ROOT) if lock_path.is_relative_to(ROOT) else lock_path),
+        "settle_s": SETTLE,
+        "evict": EVICT,
+        "wheels": len(plan.wheels),
+        "debs": len(plan.debs),
+        "wheel_bytes": sum(w.size for w in plan.wheels),
+        "envspec": " ".join(envspec_argv()),
+    }
     storages: list[Path] = []
 
     def storage() -> Path:
@@ -554,7 +734,9 @@ def main_cli(args) -> int:
         # the warm cache: every wheel and .deb fetched (untimed), as after a first build
         cache = work / "cache"
         mirrors = sources.discover().mirrors
-        t, paths = timed(lambda: WheelFetcher(Cache(cache), mirrors).fetch_all(plan.wheels), settle=False)
+        t, paths = timed(
+            lambda: WheelFetcher(Cache(cache), mirrors).fetch_all(plan.wheels), settle=False
+        )
         res["fetch_wheels_s"] = round(t, 1)
         fetch_debs(plan, cache)
         res["unzip_floor_s"] = unzip_floor(plan, paths, work / "unzipped")
@@ -567,12 +749,17 @@ def main_cli(args) -> int:
         # once through the page cache"; session 9 ran ENVSPEC_LAYER_TREES=all here, session 8
         # ENVSPEC_STAGED_IMPORT=off)
         page_cache = {"ENVSPEC_DIRECT_WRITE": "off", "ENVSPEC_STAGE_PIPE": "off"}
-        for name, as_json, extra, env in (("warm_cache", False, (), {}), ("warm_cache_json", True, (), {}),
-                                          ("warm_cache_json_page_cache", True, (), page_cache),
-                                          ("warm_cache_json_again", True, (), {}),
-                                          ("warm_cache_zstd_json", True, ("--compression", "zstd"), {})):
+        for name, as_json, extra, env in (
+            ("warm_cache", False, (), {}),
+            ("warm_cache_json", True, (), {}),
+            ("warm_cache_json_page_cache", True, (), page_cache),
+            ("warm_cache_json_again", True, (), {}),
+            ("warm_cache_zstd_json", True, ("--compression", "zstd"), {}),
+        ):
             st = storage()
-            runs[name] = cli_build(lock_path, cache, st, as_json=as_json, extra=extra, env_extra=env)
+            runs[name] = cli_build(
+                lock_path, cache, st, as_json=as_json, extra=extra, env_extra=env
+            )
             drop_storage(st)
         st = storage()
         runs["warm_cache_in_process"] = in_process_build(lock, cache, st)
@@ -587,7 +774,9 @@ def main_cli(args) -> int:
             if res["unzip_floor_s"] and "wall_s" in row:
                 row["x_unzip_floor"] = round(row["wall_s"] / res["unzip_floor_s"], 2)
         res["runs"] = runs
-        digests = {r.get("digest") for name, r in runs.items() if r.get("digest") and "zstd" not in name}
+        digests = {
+            r.get("digest") for name, r in runs.items() if r.get("digest") and "zstd" not in name
+        }
         res["one_digest"] = len(digests) == 1
     finally:
         for st in storages:

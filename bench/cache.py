@@ -109,15 +109,25 @@ def user_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT / "src"), **extra}
 
 
-def envspec(lock: str, env: dict[str, str], *args: str, perf: Path | None = None,
-            cprofile: Path | None = None) -> tuple[float, dict]:
+def envspec(
+    lock: str,
+    env: dict[str, str],
+    *args: str,
+    perf: Path | None = None,
+    cprofile: Path | None = None,
+) -> tuple[float, dict]:
     """``perf``: the run recorded there, the whole machine's (kernel threads too), with call graphs;
     ``cprofile``: the Python side's profile written there."""
     wrap = ["perf", "record", "-q", "-a", "-g", "-F", "499", "-o", str(perf), "--"] if perf else []
     prof = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
     t = time.monotonic()
-    cp = subprocess.run([*wrap, sys.executable, *prof, "-m", "envspec", "build", lock, "--json", *args],
-                        capture_output=True, text=True, env=env, cwd=ROOT)
+    cp = subprocess.run(
+        [*wrap, sys.executable, *prof, "-m", "envspec", "build", lock, "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     dt = time.monotonic() - t
     if cp.returncode != 0:
         raise SystemExit(f"envspec build {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
@@ -128,8 +138,11 @@ def envspec(lock: str, env: dict[str, str], *args: str, perf: Path | None = None
 
 def blobs_of(addr: str, repo: str, digest: str) -> list[tuple[str, str, int]]:
     """(digest, compression, size) of the image's layer blobs, from its manifest."""
-    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{addr}/{repo}@{digest}"],
-                         capture_output=True, check=True).stdout
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{addr}/{repo}@{digest}"],
+        capture_output=True,
+        check=True,
+    ).stdout
     out = []
     for lay in json.loads(raw)["layers"]:
         mt = lay["mediaType"]
@@ -138,7 +151,9 @@ def blobs_of(addr: str, repo: str, digest: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def floor(addr: str, repo: str, blobs: list[tuple[str, str, int]], dest: Path | None, upto: str) -> float:
+def floor(
+    addr: str, repo: str, blobs: list[tuple[str, str, int]], dest: Path | None, upto: str
+) -> float:
     """Seconds for every blob at once through ``upto``: "fetch" (to /dev/null), "decompress" (to
     /dev/null) or "untar" (into ``dest``/<i>)."""
     procs = []
@@ -163,7 +178,12 @@ def floor(addr: str, repo: str, blobs: list[tuple[str, str, int]], dest: Path | 
 
 def spread(xs: list[float]) -> dict:
     s = sorted(xs)
-    return {"median": round(s[len(s) // 2], 2), "min": round(s[0], 2), "max": round(s[-1], 2), "n": len(s)}
+    return {
+        "median": round(s[len(s) // 2], 2),
+        "min": round(s[0], 2),
+        "max": round(s[-1], 2),
+        "n": len(s),
+    }
 
 
 def main() -> int:
@@ -172,26 +192,59 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/var/tmp"))
-    ap.add_argument("--a-cache", help="machine A's envspec cache (default: an empty one under the temp dir)")
-    ap.add_argument("--no-fresh-fs", dest="fresh_fs", action="store_false",
-                    help="write under the temp dir instead of on a new loop-mounted ext4 per run")
-    ap.add_argument("--steps", default="envspec,podman,floor",
-                    help="which runs each round makes (comma-separated, of envspec, podman, floor)")
-    ap.add_argument("--perf", help="record each envspec run with `perf record -a -g` into DIR/envspec-<round>.data")
-    ap.add_argument("--cprofile", help="profile each envspec run's Python with cProfile into DIR/envspec-<round>.prof")
+    ap.add_argument(
+        "--a-cache", help="machine A's envspec cache (default: an empty one under the temp dir)"
+    )
+    ap.add_argument(
+        "--no-fresh-fs",
+        dest="fresh_fs",
+        action="store_false",
+        help="write under the temp dir instead of on a new loop-mounted ext4 per run",
+    )
+    ap.add_argument(
+        "--steps",
+        default="envspec,podman,floor",
+        help="which runs each round makes (comma-separated, of envspec, podman, floor)",
+    )
+    ap.add_argument(
+        "--perf",
+        help="record each envspec run with `perf record -a -g` into DIR/envspec-<round>.data",
+    )
+    ap.add_argument(
+        "--cprofile",
+        help="profile each envspec run's Python with cProfile into DIR/envspec-<round>.prof",
+    )
     args = ap.parse_args()
     rows: list[dict] = []
-    res: dict = {"lock": args.lock, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "cpus": os.cpu_count(), "fresh_fs": args.fresh_fs, "load_before": os.getloadavg(), "rows": rows}
+    res: dict = {
+        "lock": args.lock,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "fresh_fs": args.fresh_fs,
+        "load_before": os.getloadavg(),
+        "rows": rows,
+    }
     with tempfile.TemporaryDirectory(prefix="envspec-bench-cache-", dir=args.tmp) as td:
         base = Path(td)
         (base / "reg").mkdir()
         with start_registry(base / "reg") as addr:
             cache_ref = f"{addr}/bench/cache"
             with private_storage(base / "storage-a"):
-                subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "envspec")], check=True)
+                subprocess.run(
+                    [sys.executable, "-m", "compileall", "-q", str(ROOT / "src" / "envspec")],
+                    check=True,
+                )
                 env = user_env(ENVSPEC_CACHE=args.a_cache or str(base / "cache-a"))
-                _, a = envspec(args.lock, env, "--cache-to", cache_ref, "--push", f"{addr}/bench/img:cpu", "--tag", "")
+                _, a = envspec(
+                    args.lock,
+                    env,
+                    "--cache-to",
+                    cache_ref,
+                    "--push",
+                    f"{addr}/bench/img:cpu",
+                    "--tag",
+                    "",
+                )
             res["digest"], res["config"] = a["digest"], a["config"]
             res["blob_bytes"] = sum(lay["size"] for lay in a["layers"])
             res["uncompressed_bytes"] = sum(lay["diff_size"] for lay in a["layers"])
@@ -199,31 +252,64 @@ def main() -> int:
             blobs = blobs_of(addr, "bench/img", a["digest"])
 
             def from_cache(n: int) -> dict:
-                with fresh_fs(base, f"node-b{n}", args.fresh_fs) as fs, private_storage(fs / "storage"):
+                with (
+                    fresh_fs(base, f"node-b{n}", args.fresh_fs) as fs,
+                    private_storage(fs / "storage"),
+                ):
                     # a compute node reaches the registry, not this machine's wheel mirrors
-                    env = {k: v for k, v in user_env(ENVSPEC_CACHE=str(fs / "cache"), PIP_CONFIG_FILE=os.devnull).items()
-                           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
+                    env = {
+                        k: v
+                        for k, v in user_env(
+                            ENVSPEC_CACHE=str(fs / "cache"), PIP_CONFIG_FILE=os.devnull
+                        ).items()
+                        if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
+                    }
                     res["drop_caches"] = drop_caches()
                     perf = Path(args.perf, f"envspec-{n}.data") if args.perf else None
                     prof = Path(args.cprofile, f"envspec-{n}.prof") if args.cprofile else None
-                    dt, b = envspec(args.lock, env, "--cache-from", cache_ref, perf=perf, cprofile=prof)
+                    dt, b = envspec(
+                        args.lock, env, "--cache-from", cache_ref, perf=perf, cprofile=prof
+                    )
                 srcs = {lay["group"]: lay["source"] for lay in b["layers"]}
                 assert all(s == "registry" for g, s in srcs.items() if g != "envspec"), srcs
                 # the same image: its config (the image ID podman shows) is A's
                 assert b["config"] == a["config"], (b["config"], a["config"])
-                return {"what": "envspec", "round": n, "seconds": dt, "sources": srcs, "same_image": True,
-                        "build_s": b["seconds"], "phases": b["phases"]}
+                return {
+                    "what": "envspec",
+                    "round": n,
+                    "seconds": dt,
+                    "sources": srcs,
+                    "same_image": True,
+                    "build_s": b["seconds"],
+                    "phases": b["phases"],
+                }
 
             def pull(n: int) -> dict:
-                with fresh_fs(base, f"node-p{n}", args.fresh_fs) as fs, private_storage(fs / "storage") as host:
+                with (
+                    fresh_fs(base, f"node-p{n}", args.fresh_fs) as fs,
+                    private_storage(fs / "storage") as host,
+                ):
                     drop_caches()
                     t = time.monotonic()
-                    cp = subprocess.run(["podman", *host.storage.args(), "pull", "--quiet", "--tls-verify=false",
-                                         f"docker://{addr}/bench/img@{a['digest']}"], capture_output=True, text=True)
+                    cp = subprocess.run(
+                        [
+                            "podman",
+                            *host.storage.args(),
+                            "pull",
+                            "--quiet",
+                            "--tls-verify=false",
+                            f"docker://{addr}/bench/img@{a['digest']}",
+                        ],
+                        capture_output=True,
+                        text=True,
+                    )
                     dt = time.monotonic() - t
                     if cp.returncode != 0:
                         raise SystemExit(f"podman pull failed:\n{cp.stderr[-3000:]}")
-                    assert cp.stdout.strip() == a["config"].split(":", 1)[1], (cp.stdout, a["config"])
+                    assert cp.stdout.strip() == a["config"].split(":", 1)[1], (
+                        cp.stdout,
+                        a["config"],
+                    )
                     return {"what": "podman pull", "round": n, "seconds": dt}
 
             def floors(n: int) -> dict:
@@ -238,11 +324,13 @@ def main() -> int:
             named = {"envspec": from_cache, "podman": pull, "floor": floors}
             steps = [named[s] for s in args.steps.split(",")]
             for n in range(args.rounds):
-                for fn in steps[n % len(steps):] + steps[:n % len(steps)]:
+                for fn in steps[n % len(steps) :] + steps[: n % len(steps)]:
                     c0, b0 = cpu_s(), busy_s()
                     rows.append(fn(n))
                     rows[-1]["cpu_s"] = round(cpu_s() - c0, 2)  # the floor's: of its three runs
-                    rows[-1]["busy_s"] = round(busy_s() - b0, 2)  # the whole machine's, set-up included
+                    rows[-1]["busy_s"] = round(
+                        busy_s() - b0, 2
+                    )  # the whole machine's, set-up included
                     print(json.dumps(rows[-1]), flush=True)
     res["load_after"] = os.getloadavg()
     for what in ("envspec", "podman pull", "floor"):

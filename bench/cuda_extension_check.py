@@ -53,41 +53,67 @@ def main() -> int:
 
     dev = torch.device("cuda")
     res: dict = {
-        "wheel": Path(a.wheel).name, "torch": torch.__version__, "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(0), "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "wheel": Path(a.wheel).name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
         "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "",
-        "python": sys.version.split()[0], "extension": Path(isotonic_cuda.__file__).name,
-        "torch_arch_list": torch.cuda.get_arch_list(), "checks": []}
+        "python": sys.version.split()[0],
+        "extension": Path(isotonic_cuda.__file__).name,
+        "torch_arch_list": torch.cuda.get_arch_list(),
+        "checks": [],
+    }
     ok = True
 
     def check(name: str, err: float, tol: float, **extra: object) -> None:
         nonlocal ok
         good = err <= tol
         ok &= good
-        res["checks"].append({"check": name, "max_abs_err": err, "tolerance": tol, "ok": good, **extra})
-        print(f"{'PASS' if good else 'FAIL'}  {name}: max |diff| {err:.3g} (tolerance {tol:g})", flush=True)
+        res["checks"].append(
+            {"check": name, "max_abs_err": err, "tolerance": tol, "ok": good, **extra}
+        )
+        print(
+            f"{'PASS' if good else 'FAIL'}  {name}: max |diff| {err:.3g} (tolerance {tol:g})",
+            flush=True,
+        )
 
     g = torch.Generator().manual_seed(38)
     for dtype, tol in ((torch.float64, 1e-8), (torch.float32, 1e-4)):
         y = torch.randn(256, 300, generator=g, dtype=torch.float64)
         want = torch.tensor([pav_nonincreasing(row.tolist()) for row in y], dtype=torch.float64)
         got = isotonic_cuda.isotonic_l2(y.to(dev, dtype)).double().cpu()
-        check(f"isotonic_l2 on the GPU ({dtype}) against PAV in plain torch/Python, 256x300", (got - want).abs().max().item(), tol)
+        check(
+            f"isotonic_l2 on the GPU ({dtype}) against PAV in plain torch/Python, 256x300",
+            (got - want).abs().max().item(),
+            tol,
+        )
 
     x = torch.randn(128, 500, generator=g, dtype=torch.float64)
     for eps in (1.0, 0.1):
         cpu = torchsort.soft_rank(x, regularization_strength=eps)  # torchsort's C++ extension
         gpu = torchsort.soft_rank(x.to(dev), regularization_strength=eps).cpu()
-        check(f"soft_rank on the GPU against its CPU extension, eps={eps}, 128x500", (gpu - cpu).abs().max().item(), 1e-9)
+        check(
+            f"soft_rank on the GPU against its CPU extension, eps={eps}, 128x500",
+            (gpu - cpu).abs().max().item(),
+            1e-9,
+        )
         n = x.shape[1]
         sums = gpu.sum(dim=1)  # a point of the permutahedron: the ranks' sum is n(n+1)/2
-        check(f"soft_rank rows sum to n(n+1)/2, eps={eps}", (sums - n * (n + 1) / 2).abs().max().item(), 1e-6)
+        check(
+            f"soft_rank rows sum to n(n+1)/2, eps={eps}",
+            (sums - n * (n + 1) / 2).abs().max().item(),
+            1e-6,
+        )
     hard = (x.argsort(dim=1).argsort(dim=1) + 1).double()  # torch's own ranks, 1..n
     # with eps below the smallest gap between two values of a row, the soft ranks are the ranks
     eps = x.sort(dim=1).values.diff(dim=1).min().item() / 10
     soft = torchsort.soft_rank(x.to(dev), regularization_strength=eps).cpu()
-    check(f"soft_rank with eps={eps:.2g} on the GPU against torch's ranks (argsort of argsort)",
-          (soft - hard).abs().max().item(), 1e-6)
+    check(
+        f"soft_rank with eps={eps:.2g} on the GPU against torch's ranks (argsort of argsort)",
+        (soft - hard).abs().max().item(),
+        1e-6,
+    )
 
     # relative to the largest gradient; float32: the backward sums up to 500 terms of a pooled block
     # in another order on the GPU than on the CPU, so about n * 2^-23 = 6e-5 apart (2026-12-05, H200: 3.0e-5)
@@ -97,8 +123,12 @@ def main() -> int:
         (torchsort.soft_rank(xg, regularization_strength=0.5) ** 2).sum().backward()
         (torchsort.soft_rank(xc, regularization_strength=0.5) ** 2).sum().backward()
         scale = xc.grad.abs().max().item()
-        check(f"soft_rank's gradient on the GPU against the CPU extension's ({dtype}), relative to its largest "
-              f"({scale:.3g})", (xg.grad.cpu() - xc.grad).abs().max().item() / scale, tol)
+        check(
+            f"soft_rank's gradient on the GPU against the CPU extension's ({dtype}), relative to its largest "
+            f"({scale:.3g})",
+            (xg.grad.cpu() - xc.grad).abs().max().item() / scale,
+            tol,
+        )
 
     big = torch.randn(4096, 1000, device=dev)
     torchsort.soft_rank(big)
@@ -108,7 +138,9 @@ def main() -> int:
         torchsort.soft_rank(big)
     torch.cuda.synchronize()
     res["soft_rank_4096x1000_ms"] = round((time.perf_counter() - t) / 20 * 1000, 3)
-    print(f"soft_rank of 4096x1000 float32 on the GPU: {res['soft_rank_4096x1000_ms']} ms", flush=True)
+    print(
+        f"soft_rank of 4096x1000 float32 on the GPU: {res['soft_rank_4096x1000_ms']} ms", flush=True
+    )
     res["ok"] = ok
     print(json.dumps({k: v for k, v in res.items() if k != "checks"}))
     if a.json:

@@ -39,12 +39,16 @@ def one(tree: Path, argv: list[str], env: dict) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("other", type=Path, help="the tree to compare with (its src/ is put on PYTHONPATH)")
+    ap.add_argument(
+        "other", type=Path, help="the tree to compare with (its src/ is put on PYTHONPATH)"
+    )
     ap.add_argument("--spec", default="specs/h100.toml")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--json", action="store_true", help="measure `explain --json`")
     ap.add_argument("--no-bytecode", action="store_true", help="compile every module each run")
-    ap.add_argument("--instructions", action="store_true", help="also count instructions with valgrind (slow)")
+    ap.add_argument(
+        "--instructions", action="store_true", help="also count instructions with valgrind (slow)"
+    )
     a = ap.parse_args()
     argv = ["explain", a.spec] + (["--json"] if a.json else [])
     trees = {"this tree": ROOT, f"{a.other}": a.other.resolve()}
@@ -65,11 +69,20 @@ def main() -> None:
         for name, tree in trees.items():
             res[name].append(one(tree, argv, envs[name]))
     load.append(os.getloadavg()[0])
-    counts = {name: instructions([sys.executable, "-m", "envspec", *argv], envs[name], ROOT) for name in trees} if a.instructions else {}
+    counts = (
+        {
+            name: instructions([sys.executable, "-m", "envspec", *argv], envs[name], ROOT)
+            for name in trees
+        }
+        if a.instructions
+        else {}
+    )
     shutil.rmtree(tmp)
-    print(f"`envspec {' '.join(argv)}`, {a.runs} runs each, alternated; python {sys.version.split()[0]}; "
-          f"cores: {os.cpu_count()}; bytecode: {'compiled each run' if a.no_bytecode else 'cached'}; "
-          f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
+    print(
+        f"`envspec {' '.join(argv)}`, {a.runs} runs each, alternated; python {sys.version.split()[0]}; "
+        f"cores: {os.cpu_count()}; bytecode: {'compiled each run' if a.no_bytecode else 'cached'}; "
+        f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end"
+    )
     print()
     extra = " instructions (M) |" if counts else ""
     print("| tree | wall median s | wall min s | wall max s | CPU median s | CPU min s |" + extra)
@@ -77,8 +90,11 @@ def main() -> None:
     for name, xs in res.items():
         wall, cpu = [w for w, _ in xs], [c for _, c in xs]
         n = counts.get(name)
-        print(f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {max(wall):.3f} | "
-              f"{statistics.median(cpu):.3f} | {min(cpu):.3f} |" + ((f" {n / 1e6:.0f} |" if n else " - |") if counts else ""))
+        print(
+            f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {max(wall):.3f} | "
+            f"{statistics.median(cpu):.3f} | {min(cpu):.3f} |"
+            + ((f" {n / 1e6:.0f} |" if n else " - |") if counts else "")
+        )
 
 
 if __name__ == "__main__":

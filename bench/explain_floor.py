@@ -57,19 +57,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", default="specs/h100.toml")
     ap.add_argument("--runs", type=int, default=9)
-    ap.add_argument("--instructions", action="store_true", help="also count instructions with valgrind (slow)")
+    ap.add_argument(
+        "--instructions", action="store_true", help="also count instructions with valgrind (slow)"
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="envspec-floor-"))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONPYCACHEPREFIX=str(tmp / "pyc"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     mods = tmp / "modules.json"
-    subprocess.run([sys.executable, "-c", LIST_MODULES, str(mods), "explain", a.spec], cwd=ROOT, env=env,
-                   capture_output=True, check=False)
+    subprocess.run(
+        [sys.executable, "-c", LIST_MODULES, str(mods), "explain", a.spec],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        check=False,
+    )
     floor_env = dict(env, PYDANTIC_DISABLE_PLUGINS="__all__")
     cmds = {
         "`python -c pass`": ([sys.executable, "-c", "pass"], env),
-        f"library floor ({len(json.loads(mods.read_text()))} modules + one pydantic model)":
-            ([sys.executable, "-c", FLOOR, str(mods)], floor_env),
+        f"library floor ({len(json.loads(mods.read_text()))} modules + one pydantic model)": (
+            [sys.executable, "-c", FLOOR, str(mods)],
+            floor_env,
+        ),
         f"`envspec explain {a.spec}`": ([sys.executable, "-m", "envspec", "explain", a.spec], env),
     }
     for argv, e in cmds.values():
@@ -80,18 +89,29 @@ def main() -> None:
         for name, (argv, e) in cmds.items():
             res[name].append(timed_child(argv, e, ROOT))
     load.append(os.getloadavg()[0])
-    counts = {name: instructions(argv, e, ROOT) for name, (argv, e) in cmds.items()} if a.instructions else {}
+    counts = (
+        {name: instructions(argv, e, ROOT) for name, (argv, e) in cmds.items()}
+        if a.instructions
+        else {}
+    )
     shutil.rmtree(tmp)
-    print(f"{a.runs} runs each, alternated; python {sys.version.split()[0]}; cores: {os.cpu_count()}; bytecode cached; "
-          f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end")
+    print(
+        f"{a.runs} runs each, alternated; python {sys.version.split()[0]}; cores: {os.cpu_count()}; bytecode cached; "
+        f"load average (1 min) {load[0]:.2f} at the start, {load[1]:.2f} at the end"
+    )
     print()
-    print("| command | wall median s | wall min s | CPU median s | CPU min s |" + (" instructions (M) |" if counts else ""))
+    print(
+        "| command | wall median s | wall min s | CPU median s | CPU min s |"
+        + (" instructions (M) |" if counts else "")
+    )
     print("| --- | --- | --- | --- | --- |" + (" --- |" if counts else ""))
     for name, xs in res.items():
         wall, cpu = [w for w, _ in xs], [c for _, c in xs]
         n = counts.get(name)
-        print(f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {statistics.median(cpu):.3f} | "
-              f"{min(cpu):.3f} |" + ((f" {n / 1e6:.0f} |" if n else " - |") if counts else ""))
+        print(
+            f"| {name} | {statistics.median(wall):.3f} | {min(wall):.3f} | {statistics.median(cpu):.3f} | "
+            f"{min(cpu):.3f} |" + ((f" {n / 1e6:.0f} |" if n else " - |") if counts else "")
+        )
 
 
 if __name__ == "__main__":

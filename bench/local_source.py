@@ -81,20 +81,32 @@ def main() -> int:
     lock = lockmod.load(ROOT / a.lock if not Path(a.lock).is_absolute() else a.lock)
     plan = make_plan(lock)
     rows: list[dict] = []
-    res: dict = {"lock": a.lock, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-                 "wheels": len(plan.wheels), "wheel_bytes": sum(w.size for w in plan.wheels), "rows": rows}
+    res: dict = {
+        "lock": a.lock,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "wheels": len(plan.wheels),
+        "wheel_bytes": sum(w.size for w in plan.wheels),
+        "rows": rows,
+    }
     with tempfile.TemporaryDirectory(prefix="envspec-bench-local-", dir=a.tmp) as td:
         base = Path(td)
-        seed = Cache(base / "seed")  # the lock's wheels (from the machine's mirrors) and .debs, once
+        seed = Cache(
+            base / "seed"
+        )  # the lock's wheels (from the machine's mirrors) and .debs, once
         paths = fetchmod.WheelFetcher(seed, sources.discover().mirrors).fetch_all(list(plan.wheels))
         files = {w.filename: paths[w.sha256] for w in plan.wheels}
         from envspec import debian
 
         deb_pins = list(plan.layer("base").debs)
         if deb_pins:
-            debian.fetch_debs(deb_pins, cache_dir=seed.root / "debs",
-                              mirrors=debian.mirror_list((lock.debian.mirror if lock.debian else "")
-                                                         or debian.CANONICAL_MIRROR))
+            debian.fetch_debs(
+                deb_pins,
+                cache_dir=seed.root / "debs",
+                mirrors=debian.mirror_list(
+                    (lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR
+                ),
+            )
 
         def mirror_in(fs: Path) -> Path:
             m = fs / "mirror"
@@ -109,8 +121,15 @@ def main() -> int:
                 drop_caches()
                 t = time.monotonic()
                 for w in plan.wheels:
-                    subprocess.run(["unzip", "-q", "-o", str(m / w.filename), "-d", str(fs / "unzipped")], check=True)
-                return {"what": "unzip floor", "round": n, "seconds": round(time.monotonic() - t, 2)}
+                    subprocess.run(
+                        ["unzip", "-q", "-o", str(m / w.filename), "-d", str(fs / "unzipped")],
+                        check=True,
+                    )
+                return {
+                    "what": "unzip floor",
+                    "round": n,
+                    "seconds": round(time.monotonic() - t, 2),
+                }
 
         def one(way: str, n: int) -> dict:
             with fresh_fs(base, f"{way}-{n}", True) as fs, private_storage(fs / "storage"):
@@ -124,16 +143,26 @@ def main() -> int:
                 try:
                     drop_caches()
                     t = time.monotonic()
-                    img = build(plan, BuildahEngine(), Cache(cache), [sources.Mirror(m.as_uri(), "links", "bench")],
-                                options=BuildOptions(registry=Registry()))
+                    img = build(
+                        plan,
+                        BuildahEngine(),
+                        Cache(cache),
+                        [sources.Mirror(m.as_uri(), "links", "bench")],
+                        options=BuildOptions(registry=Registry()),
+                    )
                     dt = time.monotonic() - t
                 finally:
                     fetchmod.copy_local = store.copy_local  # type: ignore[assignment]
                     fetchmod.WheelFetcher.read_in_place = True
                 fetch = sum(p.end - p.start for p in img.phases if p.name in ("fetch", "abi check"))
-                return {"what": way, "round": n, "seconds": round(dt, 2), "digest": img.digest,
-                        "fetch_and_abi_s": round(fetch, 2),
-                        "phases": {p.name: round(p.end - p.start, 2) for p in img.phases}}
+                return {
+                    "what": way,
+                    "round": n,
+                    "seconds": round(dt, 2),
+                    "digest": img.digest,
+                    "fetch_and_abi_s": round(fetch, 2),
+                    "phases": {p.name: round(p.end - p.start, 2) for p in img.phases},
+                }
 
         steps = [("floor", None)] + [(w, w) for w in chosen]
         for n in range(a.rounds):
@@ -145,8 +174,12 @@ def main() -> int:
     res["unzip_floor_s"] = floor_med
     for way in chosen:
         xs = [r["seconds"] for r in rows if r["what"] == way]
-        res[way] = {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs),
-                    "x_floor": round(statistics.median(xs) / floor_med, 3)}
+        res[way] = {
+            "median_s": statistics.median(xs),
+            "min_s": min(xs),
+            "max_s": max(xs),
+            "x_floor": round(statistics.median(xs) / floor_med, 3),
+        }
     res["same_digest"] = len({r["digest"] for r in rows if "digest" in r}) == 1
     emit(res, a.json)
     return 0

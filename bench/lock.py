@@ -53,7 +53,12 @@ def timed(argv: list[str], runs: int, env: dict) -> Runs:
         out.append(time.perf_counter() - t)
         after = os.times()
         # the child's user + system time (with its own children: uv for a lock)
-        cpu.append(after.children_user - before.children_user + after.children_system - before.children_system)
+        cpu.append(
+            after.children_user
+            - before.children_user
+            + after.children_system
+            - before.children_system
+        )
         if proc.returncode != 0:
             sys.exit(f"failed: {' '.join(argv)}\n{proc.stderr}")
     out.cpu = cpu
@@ -64,10 +69,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec", nargs="?", default=str(ROOT / "specs" / "h100.toml"))
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cold", type=int, default=0, metavar="N", help="also N cold locks, each with an empty cache")
-    ap.add_argument("--bytecode", action="store_true",
-                    help="let the measured processes use a bytecode cache (a private PYTHONPYCACHEPREFIX), "
-                         "filled by one untimed run")
+    ap.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N cold locks, each with an empty cache",
+    )
+    ap.add_argument(
+        "--bytecode",
+        action="store_true",
+        help="let the measured processes use a bytecode cache (a private PYTHONPYCACHEPREFIX), "
+        "filled by one untimed run",
+    )
     a = ap.parse_args()
 
     from envspec.compat import load_db
@@ -85,8 +99,15 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
         subprocess.run([py, "-m", "envspec", "explain", a.spec], capture_output=True, env=env)
-    bytecode = "cached (--bytecode)" if a.bytecode else \
-        ("compiled each run (PYTHONDONTWRITEBYTECODE)" if env.get("PYTHONDONTWRITEBYTECODE") else "as the tree has it")
+    bytecode = (
+        "cached (--bytecode)"
+        if a.bytecode
+        else (
+            "compiled each run (PYTHONDONTWRITEBYTECODE)"
+            if env.get("PYTHONDONTWRITEBYTECODE")
+            else "as the tree has it"
+        )
+    )
     lockpath = tmp / "bench.lock"
     rows = []
     explain = timed([py, "-m", "envspec", "explain", a.spec], a.runs, env)
@@ -95,13 +116,20 @@ def main() -> None:
         colds = Runs()
         colds.cpu = []
         for i in range(a.cold):
-            one = timed([py, "-m", "envspec", "lock", a.spec, "-o", str(tmp / f"cold{i}.lock"), "-q"], 1,
-                        dict(env, ENVSPEC_CACHE=str(tmp / f"cache-cold{i}")))
+            one = timed(
+                [py, "-m", "envspec", "lock", a.spec, "-o", str(tmp / f"cold{i}.lock"), "-q"],
+                1,
+                dict(env, ENVSPEC_CACHE=str(tmp / f"cache-cold{i}")),
+            )
             colds += one
             colds.cpu += one.cpu
             shutil.rmtree(tmp / f"cache-cold{i}", ignore_errors=True)
-        rows.append(("envspec lock (cold: empty cache, no lock)", colds, "goal <= 15 s (vllm stack)"))
-    cold = timed([py, "-m", "envspec", "lock", a.spec, "-o", str(lockpath), "-q"], 1, env)  # fills caches
+        rows.append(
+            ("envspec lock (cold: empty cache, no lock)", colds, "goal <= 15 s (vllm stack)")
+        )
+    cold = timed(
+        [py, "-m", "envspec", "lock", a.spec, "-o", str(lockpath), "-q"], 1, env
+    )  # fills caches
     warm = timed([py, "-m", "envspec", "lock", a.spec, "-o", str(lockpath), "-q"], a.runs, env)
     rows.append(("envspec lock (first run here)", cold, ""))
     rows.append(("envspec lock (warm)", warm, "goal < 2 s (h100); <= 3 s (vllm stack)"))
@@ -109,25 +137,49 @@ def main() -> None:
     _, reqs, _ = requirements(choice)
     (tmp / "r.in").write_text("\n".join(reqs) + "\n")
     idx, _ = _index_args(discover(spec.sources), choice)
-    uv_env = dict(env, UV_CACHE_DIR=str(cache_dir_for(os.environ) / "uv"),
-                  UV_NO_CONFIG="1")
-    uv = timed([_uv(), "pip", "compile", str(tmp / "r.in"), "--format", "pylock.toml", "-o", str(tmp / "pylock.toml"),
-                "--quiet", "--python-version", choice.python, "--python-platform", f"x86_64-manylinux_{choice.glibc}",
-                "--only-binary", ":all:", "--index-strategy", "unsafe-best-match", *idx], a.runs, uv_env)
+    uv_env = dict(env, UV_CACHE_DIR=str(cache_dir_for(os.environ) / "uv"), UV_NO_CONFIG="1")
+    uv = timed(
+        [
+            _uv(),
+            "pip",
+            "compile",
+            str(tmp / "r.in"),
+            "--format",
+            "pylock.toml",
+            "-o",
+            str(tmp / "pylock.toml"),
+            "--quiet",
+            "--python-version",
+            choice.python,
+            "--python-platform",
+            f"x86_64-manylinux_{choice.glibc}",
+            "--only-binary",
+            ":all:",
+            "--index-strategy",
+            "unsafe-best-match",
+            *idx,
+        ],
+        a.runs,
+        uv_env,
+    )
     rows.append(("uv pip compile alone (same requirements, warm)", uv, "the resolver's own floor"))
     from envspec import lock as lockmod
 
     wheels = len(lockmod.load(lockpath).wheels)
     shutil.rmtree(tmp)
 
-    print(f"spec: {a.spec} ({wheels} wheels); runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}; "
-          f"bytecode: {bytecode}; load average: {os.getloadavg()[0]:.1f}")
+    print(
+        f"spec: {a.spec} ({wheels} wheels); runs: {a.runs}; python: {sys.version.split()[0]}; cores: {os.cpu_count()}; "
+        f"bytecode: {bytecode}; load average: {os.getloadavg()[0]:.1f}"
+    )
     print()
     print("| what | median s | min s | max s | CPU median s | note |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, xs, note in rows:
-        print(f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} | "
-              f"{statistics.median(xs.cpu):.3f} | {note} |")
+        print(
+            f"| {name} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} | "
+            f"{statistics.median(xs.cpu):.3f} | {note} |"
+        )
 
 
 if __name__ == "__main__":

@@ -43,13 +43,22 @@ from _common import emit, wait_gone  # noqa: E402  bench/_common.py (run as a sc
 
 
 def du(path: Path) -> int:
-    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+    return int(
+        subprocess.run(
+            ["du", "-sb", str(path)], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
 
 
 def envspec(lock: str, env: dict[str, str], *args: str) -> tuple[float, dict]:
     t = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "envspec", "build", lock, "--json", *args], capture_output=True,
-                        text=True, env=env, cwd=ROOT)
+    cp = subprocess.run(
+        [sys.executable, "-m", "envspec", "build", lock, "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     dt = time.monotonic() - t
     if cp.returncode != 0:
         raise SystemExit(f"envspec build {' '.join(args)} failed:\n{cp.stderr[-3000:]}")
@@ -64,28 +73,53 @@ def after_local(lock: str, env: dict[str, str], cache: Path, registry) -> list[d
     off = {**env, "ENVSPEC_BACKGROUND_COMPRESS": "off"}
     dt, local = envspec(lock, off, "--no-cache")
     assert local["compression"] == "none", local["compression"]
-    rows.append({"what": "envspec build --no-cache (local: layers kept uncompressed)", "seconds": dt,
-                 "digest": local["digest"]})
+    rows.append(
+        {
+            "what": "envspec build --no-cache (local: layers kept uncompressed)",
+            "seconds": dt,
+            "digest": local["digest"],
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
     addr, data = registry("after-local-off")
     dt, out = envspec(lock, off, "--tag", "", "--push", f"{addr}/bench/img:after-local")
-    rows.append({"what": "envspec build --push after it, background compression off (compressed while pushing)",
-                 "seconds": dt, "bytes": du(data), "digest": out["digest"]})
+    rows.append(
+        {
+            "what": "envspec build --push after it, background compression off (compressed while pushing)",
+            "seconds": dt,
+            "bytes": du(data),
+            "digest": out["digest"],
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
-    for p in (cache / "layers").glob(f"*.{Compression('zstd').id}.*"):  # the cache as that local build left it
+    for p in (cache / "layers").glob(
+        f"*.{Compression('zstd').id}.*"
+    ):  # the cache as that local build left it
         p.unlink()
     on = {**env, "ENVSPEC_BACKGROUND_COMPRESS": "on"}
     t = time.monotonic()
     dt, local = envspec(lock, on, "--no-cache")
     bg = local["background_compress"]
     wait_gone(bg["pid"])
-    rows.append({"what": "envspec build --no-cache, and the background compression it starts", "seconds": dt,
-                 "background_done_s": round(time.monotonic() - t, 1)})
+    rows.append(
+        {
+            "what": "envspec build --no-cache, and the background compression it starts",
+            "seconds": dt,
+            "background_done_s": round(time.monotonic() - t, 1),
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
     addr, data = registry("after-local-on")
     dt, again = envspec(lock, on, "--tag", "", "--push", f"{addr}/bench/img:after-local")
-    rows.append({"what": "envspec build --push after it, the background compression done", "seconds": dt,
-                 "bytes": du(data), "digest": again["digest"], "same_digest": again["digest"] == out["digest"]})
+    rows.append(
+        {
+            "what": "envspec build --push after it, the background compression done",
+            "seconds": dt,
+            "bytes": du(data),
+            "digest": again["digest"],
+            "same_digest": again["digest"] == out["digest"],
+        }
+    )
     print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -98,10 +132,18 @@ def main() -> int:
     ap.add_argument("--tmp", default=os.environ.get("TMPDIR", "/var/tmp"))
     args = ap.parse_args()
     rows: list[dict] = []
-    res: dict = {"lock": args.lock, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "cpus": os.cpu_count(), "load_before": os.getloadavg(), "rows": rows}
-    with tempfile.TemporaryDirectory(prefix="envspec-bench-push-", dir=args.tmp) as td, \
-            private_storage(Path(td) / "storage") as host, contextlib.ExitStack() as stack:
+    res: dict = {
+        "lock": args.lock,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "rows": rows,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="envspec-bench-push-", dir=args.tmp) as td,
+        private_storage(Path(td) / "storage") as host,
+        contextlib.ExitStack() as stack,
+    ):
         base = Path(td)
         env = {**os.environ, "ENVSPEC_CACHE": str(base / "cache"), "PYTHONPATH": str(ROOT / "src")}
 
@@ -122,22 +164,66 @@ def main() -> int:
 
         addr, data = registry("podman")
         t = time.monotonic()
-        subprocess.run(["podman", *host.storage.args(), "push", "--quiet", "--tls-verify=false", image,
-                        f"docker://{addr}/bench/img:podman"], check=True, capture_output=True)
-        rows.append({"what": "podman push (gzip)", "seconds": time.monotonic() - t, "bytes": du(data)})
+        subprocess.run(
+            [
+                "podman",
+                *host.storage.args(),
+                "push",
+                "--quiet",
+                "--tls-verify=false",
+                image,
+                f"docker://{addr}/bench/img:podman",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        rows.append(
+            {"what": "podman push (gzip)", "seconds": time.monotonic() - t, "bytes": du(data)}
+        )
         print(json.dumps(rows[-1]), flush=True)
 
         for comp in args.compression.split(","):
             addr, data = registry(f"cold-{comp}")
-            dt, out = envspec(args.lock, env, "--compression", comp, "--no-cache", "--tag", "",
-                              "--push", f"{addr}/bench/img:{comp}")
-            rows.append({"what": f"envspec build --no-cache --push, {comp}", "seconds": dt, "bytes": du(data),
-                         "digest": out["digest"]})
+            dt, out = envspec(
+                args.lock,
+                env,
+                "--compression",
+                comp,
+                "--no-cache",
+                "--tag",
+                "",
+                "--push",
+                f"{addr}/bench/img:{comp}",
+            )
+            rows.append(
+                {
+                    "what": f"envspec build --no-cache --push, {comp}",
+                    "seconds": dt,
+                    "bytes": du(data),
+                    "digest": out["digest"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
             addr, data = registry(f"warm-{comp}")
-            dt, again = envspec(args.lock, env, "--compression", comp, "--tag", "", "--push", f"{addr}/bench/img:{comp}")
-            rows.append({"what": f"envspec build --push (layers cached), {comp}", "seconds": dt, "bytes": du(data),
-                         "digest": again["digest"], "same_digest": again["digest"] == out["digest"]})
+            dt, again = envspec(
+                args.lock,
+                env,
+                "--compression",
+                comp,
+                "--tag",
+                "",
+                "--push",
+                f"{addr}/bench/img:{comp}",
+            )
+            rows.append(
+                {
+                    "what": f"envspec build --push (layers cached), {comp}",
+                    "seconds": dt,
+                    "bytes": du(data),
+                    "digest": again["digest"],
+                    "same_digest": again["digest"] == out["digest"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     res["load_after"] = os.getloadavg()
     emit(res, args.json)

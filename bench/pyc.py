@@ -41,7 +41,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("lock")
     ap.add_argument("--json")
-    ap.add_argument("--base", action="store_true", help="the base layer (Debian rootfs) instead of the wheel layers")
+    ap.add_argument(
+        "--base",
+        action="store_true",
+        help="the base layer (Debian rootfs) instead of the wheel layers",
+    )
     ns = ap.parse_args()
     plan = make_plan(load(ns.lock))
     choice = find_compiler(plan.platform)
@@ -65,21 +69,36 @@ def main() -> int:
                 (s0, c0), t0 = _cpu(), time.perf_counter()
                 res = layers.make_wheel_layer(files, plan.platform, out, comp)
                 (s1, c1), t1 = _cpu(), time.perf_counter()
-                row[mode] = {"cpu_s": round(s1 - s0, 2), "compiler_cpu_s": round(c1 - c0, 2),
-                             "wall_s": round(t1 - t0, 2), "bytes": res["size"], "pyc": res.get("pyc")}
+                row[mode] = {
+                    "cpu_s": round(s1 - s0, 2),
+                    "compiler_cpu_s": round(c1 - c0, 2),
+                    "wall_s": round(t1 - t0, 2),
+                    "bytes": res["size"],
+                    "pyc": res.get("pyc"),
+                }
                 out.unlink()
-            row["extra_cpu_s"] = round(row["pyc"]["cpu_s"] + row["pyc"]["compiler_cpu_s"] - row["plain"]["cpu_s"]
-                                       - row["plain"]["compiler_cpu_s"], 2)
+            row["extra_cpu_s"] = round(
+                row["pyc"]["cpu_s"]
+                + row["pyc"]["compiler_cpu_s"]
+                - row["plain"]["cpu_s"]
+                - row["plain"]["compiler_cpu_s"],
+                2,
+            )
             row["extra_bytes"] = row["pyc"]["bytes"] - row["plain"]["bytes"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    total = {"extra_cpu_s": round(sum(r["extra_cpu_s"] for r in rows), 2),
-             "extra_bytes": sum(r["extra_bytes"] for r in rows),
-             "plain_cpu_s": round(sum(r["plain"]["cpu_s"] for r in rows), 2),
-             "pyc_files": sum(r["pyc"]["pyc"]["files"] for r in rows), "compiler": f"{choice.python} {choice.version}"}
+    total = {
+        "extra_cpu_s": round(sum(r["extra_cpu_s"] for r in rows), 2),
+        "extra_bytes": sum(r["extra_bytes"] for r in rows),
+        "plain_cpu_s": round(sum(r["plain"]["cpu_s"] for r in rows), 2),
+        "pyc_files": sum(r["pyc"]["pyc"]["files"] for r in rows),
+        "compiler": f"{choice.python} {choice.version}",
+    }
     print(json.dumps(total))
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"lock": ns.lock, "layers": rows, "total": total}, indent=1) + "\n")
+        Path(ns.json).write_text(
+            json.dumps({"lock": ns.lock, "layers": rows, "total": total}, indent=1) + "\n"
+        )
     return 0
 
 
@@ -88,27 +107,46 @@ def _base(plan, cache: Cache, compiler: tuple[str, str], json_out: str | None) -
 
     lock = plan.lock
     base = plan.layer("base")
-    mirrors = debian.mirror_list((lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR)
+    mirrors = debian.mirror_list(
+        (lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR
+    )
     paths = debian.fetch_debs(list(base.debs), mirrors=mirrors, cache_dir=cache.root / "debs")
     with tempfile.TemporaryDirectory(dir=cache.root) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        debian.make_rootfs(list(base.debs), paths, rootfs, user=lock.runtime.user, uid=lock.runtime.uid)
-        row: dict = {"group": "base", "debs": len(base.debs),
-                     "modules": len(layers.rootfs_py_files(rootfs, plan.platform.python))}
+        debian.make_rootfs(
+            list(base.debs), paths, rootfs, user=lock.runtime.user, uid=lock.runtime.uid
+        )
+        row: dict = {
+            "group": "base",
+            "debs": len(base.debs),
+            "modules": len(layers.rootfs_py_files(rootfs, plan.platform.python)),
+        }
         for mode, comp in (("plain", None), ("pyc", compiler)):
             out = Path(tmp) / f"base-{mode}.tar"
             (s0, c0), t0 = _cpu(), time.perf_counter()
             res = layers.make_base_layer(plan, rootfs, out, None, comp)
             (s1, c1), t1 = _cpu(), time.perf_counter()
-            row[mode] = {"cpu_s": round(s1 - s0, 2), "compiler_cpu_s": round(c1 - c0, 2),
-                         "wall_s": round(t1 - t0, 2), "bytes": res["size"], "pyc": res.get("pyc")}
+            row[mode] = {
+                "cpu_s": round(s1 - s0, 2),
+                "compiler_cpu_s": round(c1 - c0, 2),
+                "wall_s": round(t1 - t0, 2),
+                "bytes": res["size"],
+                "pyc": res.get("pyc"),
+            }
             out.unlink()
-    row["extra_cpu_s"] = round(row["pyc"]["cpu_s"] + row["pyc"]["compiler_cpu_s"] - row["plain"]["cpu_s"]
-                               - row["plain"]["compiler_cpu_s"], 2)
+    row["extra_cpu_s"] = round(
+        row["pyc"]["cpu_s"]
+        + row["pyc"]["compiler_cpu_s"]
+        - row["plain"]["cpu_s"]
+        - row["plain"]["compiler_cpu_s"],
+        2,
+    )
     row["extra_bytes"] = row["pyc"]["bytes"] - row["plain"]["bytes"]
     print(json.dumps(row))
     if json_out:
-        Path(json_out).write_text(json.dumps({"lock": str(lock.meta.content_hash), "layers": [row]}, indent=1) + "\n")
+        Path(json_out).write_text(
+            json.dumps({"lock": str(lock.meta.content_hash), "layers": [row]}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -48,14 +48,22 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=0)
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--host-python", default="",
-                    help="a host-mode lock (no Debian base, so no sandbox): build with this interpreter of the "
-                         "lock's Python on this host, its C++ compiler the host's, its CUDA compiler the pinned one; "
-                         "the wheels are copied to --out")
-    ap.add_argument("--out", default="", help="with --host-python: the folder the built wheels are copied to")
-    ap.add_argument("--progress", action="store_true",
-                    help="print each compile step with the seconds since the build began (for a build too long to "
-                         "finish: run it under `timeout` and count the steps per minute)")
+    ap.add_argument(
+        "--host-python",
+        default="",
+        help="a host-mode lock (no Debian base, so no sandbox): build with this interpreter of the "
+        "lock's Python on this host, its C++ compiler the host's, its CUDA compiler the pinned one; "
+        "the wheels are copied to --out",
+    )
+    ap.add_argument(
+        "--out", default="", help="with --host-python: the folder the built wheels are copied to"
+    )
+    ap.add_argument(
+        "--progress",
+        action="store_true",
+        help="print each compile step with the seconds since the build began (for a build too long to "
+        "finish: run it under `timeout` and count the steps per minute)",
+    )
     a = ap.parse_args()
     lock = lockmod.load(a.lock)
     pins = [w for w in lock.wheels if w.source is not None]
@@ -67,10 +75,14 @@ def main() -> int:
     mirrors = sources.discover(None).mirrors
     try:
         t = time.monotonic()
-        files = WheelFetcher(cache, mirrors).fetch_all(pins + [b for w in pins for b in (*w.source.build, *w.source.toolkit)])
+        files = WheelFetcher(cache, mirrors).fetch_all(
+            pins + [b for w in pins for b in (*w.source.build, *w.source.toolkit)]
+        )
         fetch_s = time.monotonic() - t
 
-        if a.host_python:  # no Debian base: the build on this host (sdist.cached_build without a sandbox)
+        if (
+            a.host_python
+        ):  # no Debian base: the build on this host (sdist.cached_build without a sandbox)
             return host_build(a, lock, pins, files, cache, fetch_s)
 
         sandbox_s: list[float] = []
@@ -79,8 +91,11 @@ def main() -> int:
         def sandbox() -> sdist.Sandbox:
             debs = list(lock.debian.packages)
             start = time.monotonic()
-            paths = debian.fetch_debs(debs, mirrors=debian.mirror_list(lock.debian.mirror),
-                                      cache_dir=cache_dir_for(os.environ) / "debs")
+            paths = debian.fetch_debs(
+                debs,
+                mirrors=debian.mirror_list(lock.debian.mirror),
+                cache_dir=cache_dir_for(os.environ) / "debs",
+            )
             dest = root / f"rootfs-{len(boxes)}"
             debian.make_rootfs(debs, paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
             boxes.append(dest)
@@ -96,35 +111,64 @@ def main() -> int:
                 shutil.rmtree(box, ignore_errors=True)
             t = time.monotonic()
             began = time.monotonic()
-            built = sdist.build_all(lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs,
-                                    on_done=lambda w, p, s, c: per[w.name].append(s),
-                                    on_progress=(lambda w, step: print(f"{time.monotonic() - began:8.1f} s  {w.name}: {step}",
-                                                                       flush=True)) if a.progress else None)
+            built = sdist.build_all(
+                lock,
+                pins,
+                files,
+                cache.root,
+                sandbox=sandbox,
+                parallel=a.parallel,
+                jobs=a.jobs,
+                on_done=lambda w, p, s, c: per[w.name].append(s),
+                on_progress=(
+                    lambda w, step: print(
+                        f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True
+                    )
+                )
+                if a.progress
+                else None,
+            )
             whole.append(time.monotonic() - t)
             for w in pins:
-                shas[w.name].add(json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"])
+                shas[w.name].add(
+                    json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"]
+                )
                 kept = root / f"run-{len(whole)}"  # each run's wheel, to compare where they differ
                 kept.mkdir(exist_ok=True)
                 shutil.copy2(built[w.sha256], kept / built[w.sha256].name)
         cached: list[float] = []
         for _ in range(max(3, a.runs)):
             t = time.monotonic()
-            sdist.build_all(lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs)
+            sdist.build_all(
+                lock, pins, files, cache.root, sandbox=sandbox, parallel=a.parallel, jobs=a.jobs
+            )
             cached.append(time.monotonic() - t)
 
         med = statistics.median
-        print(f"lock {a.lock}: {len(pins)} package(s) from source; {a.runs} cold runs, parallel {a.parallel}, "
-              f"jobs {a.jobs or 'auto'}, {os.cpu_count()} cores")
+        print(
+            f"lock {a.lock}: {len(pins)} package(s) from source; {a.runs} cold runs, parallel {a.parallel}, "
+            f"jobs {a.jobs or 'auto'}, {os.cpu_count()} cores"
+        )
         print()
         print("| step | median | runs |")
         print("|---|---|---|")
         print(f"| fetch sdists and build requirements (once) | {fetch_s:.2f} s | 1 |")
-        print(f"| sandbox: the lock's Debian base as a root file system | {med(sandbox_s):.2f} s | {len(sandbox_s)} |")
+        print(
+            f"| sandbox: the lock's Debian base as a root file system | {med(sandbox_s):.2f} s | {len(sandbox_s)} |"
+        )
         for w in pins:
-            same = "same bytes every run" if len(shas[w.name]) == 1 else f"{len(shas[w.name])} different wheels"
-            print(f"| build {w.name} {w.version} from its sdist ({same}) | {med(per[w.name]):.2f} s | {len(per[w.name])} |")
+            same = (
+                "same bytes every run"
+                if len(shas[w.name]) == 1
+                else f"{len(shas[w.name])} different wheels"
+            )
+            print(
+                f"| build {w.name} {w.version} from its sdist ({same}) | {med(per[w.name]):.2f} s | {len(per[w.name])} |"
+            )
         print(f"| all of them, cold (sandbox included) | {med(whole):.2f} s | {len(whole)} |")
-        print(f"| all of them, cached (every later build) | {med(cached) * 1000:.1f} ms | {len(cached)} |")
+        print(
+            f"| all of them, cached (every later build) | {med(cached) * 1000:.1f} ms | {len(cached)} |"
+        )
         return 0 if all(len(s) == 1 for s in shas.values()) else 1
     finally:
         if a.keep:
@@ -146,21 +190,37 @@ def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
         d = sdist.derivation_of(w, lock.platform)
         jobs = a.jobs or max(1, min(os.cpu_count() or 1, sdist.memory_jobs()))
         t = time.monotonic()
-        wheel, _ = sdist.cached_build(d, files[w.sha256], files, cache.root, uv=_uv(), python=a.host_python,
-                                      jobs=jobs, on_progress=(lambda step: print(
-                                          f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True))
-                                      if a.progress else None)
+        wheel, _ = sdist.cached_build(
+            d,
+            files[w.sha256],
+            files,
+            cache.root,
+            uv=_uv(),
+            python=a.host_python,
+            jobs=jobs,
+            on_progress=(
+                lambda step: print(
+                    f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True
+                )
+            )
+            if a.progress
+            else None,
+        )
         secs = time.monotonic() - t
         shutil.copy2(wheel, out / wheel.name)
         import hashlib
         import subprocess
 
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        version = subprocess.run([a.host_python, "-VV"], capture_output=True, text=True).stdout.strip()
-        print(f"built {wheel.name} ({wheel.stat().st_size} bytes, sha256 {digest}) in {secs:.1f} s: "
-              f"{jobs} jobs, arch list {' '.join(d.arch_list)}, toolkit "
-              f"{', '.join(f'{t.name} {t.version}' for t in d.toolkit)}, Python {version} ({a.host_python}); "
-              f"fetch {fetch_s:.1f} s")
+        version = subprocess.run(
+            [a.host_python, "-VV"], capture_output=True, text=True
+        ).stdout.strip()
+        print(
+            f"built {wheel.name} ({wheel.stat().st_size} bytes, sha256 {digest}) in {secs:.1f} s: "
+            f"{jobs} jobs, arch list {' '.join(d.arch_list)}, toolkit "
+            f"{', '.join(f'{t.name} {t.version}' for t in d.toolkit)}, Python {version} ({a.host_python}); "
+            f"fetch {fetch_s:.1f} s"
+        )
     return 0
 
 

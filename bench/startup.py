@@ -57,7 +57,9 @@ def envspec_cli(*args: str, capture: bool = True) -> subprocess.CompletedProcess
 
 def run_argv(image: str, lock: Path, env: dict[str, str], cmd: list[str]) -> list[str]:
     """The argv `envspec run` would exec for ``cmd`` in ``image``, with ``env`` set in the container."""
-    out = json.loads(envspec_cli("run", str(lock), "--image", image, "--json", "--no-mount", "--", *cmd).stdout)
+    out = json.loads(
+        envspec_cli("run", str(lock), "--image", image, "--json", "--no-mount", "--", *cmd).stdout
+    )
     argv = list(out["argv"])
     at = argv.index("run") + 1
     for k, v in env.items():
@@ -73,28 +75,50 @@ def timed_runs(argv: list[str], runs: int) -> dict:
     times, codes = [], []
     for i in range(runs):
         image = next(a for a in argv if a.startswith("localhost/"))
-        run, remove = attached(RunCommand(argv=argv, engine="podman", image=image), f"bench-{os.getpid()}-{i}")
+        run, remove = attached(
+            RunCommand(argv=argv, engine="podman", image=image), f"bench-{os.getpid()}-{i}"
+        )
         t0 = time.monotonic()
         cp = subprocess.run(run, capture_output=True, text=True)
         times.append(time.monotonic() - t0)
         codes.append(cp.returncode)
         subprocess.run(remove, capture_output=True)
-    return {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-            "max_s": round(max(times), 3), "runs": [round(t, 3) for t in times], "exit_codes": codes,
-            "stderr_tail": cp.stderr[-800:]}
+    return {
+        "median_s": round(statistics.median(times), 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+        "runs": [round(t, 3) for t in times],
+        "exit_codes": codes,
+        "stderr_tail": cp.stderr[-800:],
+    }
 
 
 def build_peer(lock: lockmod.Lockfile, engine: BuildahEngine, work: Path) -> tuple[str, float]:
     """The plain Containerfile way on envspec's own base layer (bench/build.py's peer)."""
-    spec = importlib.util.spec_from_file_location("bench_build", Path(__file__).with_name("build.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_build", Path(__file__).with_name("build.py")
+    )
     bench_build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_build)
     plan = make_plan(lock)
     cache = Cache()
     paths = WheelFetcher(cache, sources.discover().mirrors).fetch_all(plan.wheels)
     containerfile = bench_build.peer_containerfile(engine, plan, paths, cache.root, work)
-    argv = ["buildah", *engine.host.storage.args(), "bud", "--isolation", "chroot", "--layers=false",
-            "-v", f"{work / 'wheels'}:/wheels:ro", "-t", PEER_REF, "-f", str(containerfile), str(work)]
+    argv = [
+        "buildah",
+        *engine.host.storage.args(),
+        "bud",
+        "--isolation",
+        "chroot",
+        "--layers=false",
+        "-v",
+        f"{work / 'wheels'}:/wheels:ro",
+        "-t",
+        PEER_REF,
+        "-f",
+        str(containerfile),
+        str(work),
+    ]
     t0 = time.monotonic()
     subprocess.run(argv, check=True, capture_output=True)
     return PEER_REF, time.monotonic() - t0
@@ -119,7 +143,11 @@ def main() -> int:
     image = built["image"]
     res["image"], res["digest"] = image, built["digest"]
     engine = BuildahEngine()
-    work = Path(tempfile.mkdtemp(prefix="envspec-bench-startup-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")))
+    work = Path(
+        tempfile.mkdtemp(
+            prefix="envspec-bench-startup-", dir=os.environ.get("ENVSPEC_BENCH_DIR", "/var/tmp")
+        )
+    )
     peer = None
     try:
         if not args.no_peer:
@@ -132,8 +160,12 @@ def main() -> int:
         res["import_torch"] = timed_runs(run_argv(image, lock_path, off, torch_cmd), args.runs)
         if peer:
             res["peer_true"] = timed_runs(run_argv(peer, lock_path, {}, ["true"]), args.runs)
-            res["peer_import_torch"] = timed_runs(run_argv(peer, lock_path, {}, torch_cmd), args.runs)
-        res["verify_quick"] = timed_runs(run_argv(image, lock_path, off, ["envspec", "verify"]), args.verify_runs)
+            res["peer_import_torch"] = timed_runs(
+                run_argv(peer, lock_path, {}, torch_cmd), args.runs
+            )
+        res["verify_quick"] = timed_runs(
+            run_argv(image, lock_path, off, ["envspec", "verify"]), args.verify_runs
+        )
         res["bare_import_before_verify"] = timed_runs(run_argv(image, lock_path, off, torch_cmd), 1)
         med = lambda k: res[k]["median_s"]  # noqa: E731
         res["ratio_hook"] = round(med("true_hook") / med("true_hook_off"), 2)
@@ -143,7 +175,9 @@ def main() -> int:
     finally:
         if peer and not args.keep_peer:
             for ref in (peer, "localhost/bench/base:1"):
-                subprocess.run(["podman", *engine.host.storage.args(), "rmi", "-f", ref], capture_output=True)
+                subprocess.run(
+                    ["podman", *engine.host.storage.args(), "rmi", "-f", ref], capture_output=True
+                )
         shutil.rmtree(work, ignore_errors=True)
     emit(res, args.json)
     return 0

@@ -42,16 +42,24 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def summary(samples: list[tuple[float, float]]) -> dict[str, float]:
     walls, cpus = [s[0] for s in samples], [s[1] for s in samples]
-    return {"wall_median_s": round(statistics.median(walls), 4), "wall_min_s": round(min(walls), 4),
-            "cpu_median_s": round(statistics.median(cpus), 4), "runs": len(samples)}
+    return {
+        "wall_median_s": round(statistics.median(walls), 4),
+        "wall_min_s": round(min(walls), 4),
+        "cpu_median_s": round(statistics.median(cpus), 4),
+        "runs": len(samples),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lock", default=str(ROOT / "lockfiles" / "h100-train.lock"))
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--image", help="also time `podman run --rm IMAGE true` with and without the hook")
-    ap.add_argument("--podman-args", default="", help="podman's global options (a private storage root)")
+    ap.add_argument(
+        "--image", help="also time `podman run --rm IMAGE true` with and without the hook"
+    )
+    ap.add_argument(
+        "--podman-args", default="", help="podman's global options (a private storage root)"
+    )
     ap.add_argument("--run-args", default="", help="options for `podman run` (e.g. --runtime runc)")
     args = ap.parse_args()
 
@@ -59,13 +67,24 @@ def main() -> int:
     env.update(PYTHONPATH=str(ROOT / "src"), ENVSPEC_LOCK=args.lock, ENVSPEC_VERIFY="warn")
     cases: dict[str, tuple[list[str], dict[str, str]]] = {
         "floor: python -c pass": ([sys.executable, "-c", "pass"], env),
-        "hook: python -m envspec.verify --startup": ([sys.executable, "-m", "envspec.verify", "--startup"], env),
+        "hook: python -m envspec.verify --startup": (
+            [sys.executable, "-m", "envspec.verify", "--startup"],
+            env,
+        ),
     }
     if args.image:
-        podman = ["podman", *shlex.split(args.podman_args), "run", "--rm", *shlex.split(args.run_args)]
+        podman = [
+            "podman",
+            *shlex.split(args.podman_args),
+            "run",
+            "--rm",
+            *shlex.split(args.run_args),
+        ]
         for mode in ("warn", "off"):
             cases[f"podman run IMAGE true, ENVSPEC_VERIFY={mode}"] = (
-                [*podman, "-e", f"ENVSPEC_VERIFY={mode}", args.image, "true"], env)
+                [*podman, "-e", f"ENVSPEC_VERIFY={mode}", args.image, "true"],
+                env,
+            )
     for argv, e in cases.values():  # warm the page cache and write the .pyc files once
         timed(argv, e)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
@@ -74,10 +93,22 @@ def main() -> int:
             samples[name].append(timed(argv, e))
     out = {name: summary(s) for name, s in samples.items()}
     if args.image:
-        on, off = (out[f"podman run IMAGE true, ENVSPEC_VERIFY={m}"]["wall_median_s"] for m in ("warn", "off"))
+        on, off = (
+            out[f"podman run IMAGE true, ENVSPEC_VERIFY={m}"]["wall_median_s"]
+            for m in ("warn", "off")
+        )
         out["ratio hook/off (wall medians; goal <= 1.3)"] = {"ratio": round(on / off, 3)}
-    print(json.dumps({"lock": args.lock, "python": sys.version.split()[0], "load_avg": os.getloadavg(),
-                      "results": out}, indent=1))
+    print(
+        json.dumps(
+            {
+                "lock": args.lock,
+                "python": sys.version.split()[0],
+                "load_avg": os.getloadavg(),
+                "results": out,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -35,27 +35,63 @@ def run(n: int, out: Path, lock: Path, timeout: float) -> dict:
     procs = []
     t0 = time.monotonic()
     for node in range(n):
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1",
-                   CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT / "src"),
+            GLOO_SOCKET_IFNAME="lo",
+            PYTHONUNBUFFERED="1",
+            CUDA_VISIBLE_DEVICES="",
+            OMP_NUM_THREADS="1",
+        )
         env.pop("ENVSPEC_FAKE_FINGERPRINT", None)
         if node == n - 1:
             env["ENVSPEC_FAKE_FINGERPRINT"] = "driver=470.00.00"
-        argv = [sys.executable, "-m", "envspec.verify", "--lock", str(lock), "--skip", "torch.compile,integrity.files",
-                "--nnodes", str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench{n}",
-                "--json-out", str(out / f"node{node}.json")]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        argv = [
+            sys.executable,
+            "-m",
+            "envspec.verify",
+            "--lock",
+            str(lock),
+            "--skip",
+            "torch.compile,integrity.files",
+            "--nnodes",
+            str(n),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"bench{n}",
+            "--json-out",
+            str(out / f"node{node}.json"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     wall = time.monotonic() - t0
-    (out / "logs.txt").write_text("\n\n".join(f"--- node {i} (exit {p.returncode})\n{log}"
-                                              for i, (p, log) in enumerate(zip(procs, logs))))
+    (out / "logs.txt").write_text(
+        "\n\n".join(
+            f"--- node {i} (exit {p.returncode})\n{log}"
+            for i, (p, log) in enumerate(zip(procs, logs))
+        )
+    )
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("node*.json"))]
-    res: dict = {"nodes": n, "wall_s": round(wall, 1), "exit_codes": [p.returncode for p in procs],
-                 "reports_written": len(reports)}
+    res: dict = {
+        "nodes": n,
+        "wall_s": round(wall, 1),
+        "exit_codes": [p.returncode for p in procs],
+        "reports_written": len(reports),
+    }
     if reports:
         by = {f["check"]: f for f in reports[0]["findings"]}
         for check in ("cluster.driver", "cluster.torch", "cluster.allreduce"):
             f = by.get(check, {})
-            res[check] = {"status": f.get("status"), "observed": f.get("observed"), "data": f.get("data")}
+            res[check] = {
+                "status": f.get("status"),
+                "observed": f.get("observed"),
+                "data": f.get("data"),
+            }
         res["nodes_in_report"] = len(reports[0].get("nodes", []))
     return res
 

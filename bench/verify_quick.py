@@ -39,14 +39,16 @@ VERIFY_SRC = ROOT / "src" / "envspec" / "verify"
 IMAGE_VERIFY = "/opt/envspec/lib/envspec/verify"  # where images carry the verifier
 
 # runs argv[1:], prints one JSON line: wall seconds, CPU seconds of the command's processes, exit code
-TIMER = ("import json, resource, subprocess, sys, time\n"
-         "t = time.perf_counter()\n"
-         "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
-         "wall = time.perf_counter() - t\n"
-         "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-         "sys.stderr.write(p.stderr[-2000:])\n"
-         "print('TIMER ' + json.dumps({'wall': wall, 'cpu': ru.ru_utime + ru.ru_stime, 'rc': p.returncode}))\n"
-         "print(p.stdout)\n")
+TIMER = (
+    "import json, resource, subprocess, sys, time\n"
+    "t = time.perf_counter()\n"
+    "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
+    "wall = time.perf_counter() - t\n"
+    "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "sys.stderr.write(p.stderr[-2000:])\n"
+    "print('TIMER ' + json.dumps({'wall': wall, 'cpu': ru.ru_utime + ru.ru_stime, 'rc': p.returncode}))\n"
+    "print(p.stdout)\n"
+)
 
 
 def podman_base(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -68,15 +70,19 @@ def one(glob: list[str], run: list[str], image: str, cmd: list[str], mount: bool
     outer = time.perf_counter() - t0
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("TIMER ")), None)
     if line is None:
-        raise RuntimeError(f"{' '.join(cmd)}: no timer line (podman exit {p.returncode}): {p.stderr[-1500:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)}: no timer line (podman exit {p.returncode}): {p.stderr[-1500:]}"
+        )
     res = json.loads(line[6:])
     res["podman_wall"] = outer
     if cmd[:2] == ["envspec", "verify"]:
-        rest = p.stdout[p.stdout.index(line) + len(line):]
-        report = json.loads(rest[rest.index("{"):])
+        rest = p.stdout[p.stdout.index(line) + len(line) :]
+        report = json.loads(rest[rest.index("{") :])
         by = {f["check"]: f for f in report["findings"]}
         res["ok"] = report["ok"]
-        res["timings"] = {k: report["timings"].get(k) for k in ("torch.import", "integrity.wait", "total")}
+        res["timings"] = {
+            k: report["timings"].get(k) for k in ("torch.import", "integrity.wait", "total")
+        }
         files = by.get("integrity.files", {})
         res["integrity.files"] = {"observed": files.get("observed"), **files.get("data", {})}
         res["torch.compile"] = by.get("torch.compile", {}).get("observed")
@@ -85,7 +91,11 @@ def one(glob: list[str], run: list[str], image: str, cmd: list[str], mount: bool
 
 def summary(rows: list[dict], key: str) -> dict:
     vals = [r[key] for r in rows]
-    return {"median": round(statistics.median(vals), 2), "min": round(min(vals), 2), "max": round(max(vals), 2)}
+    return {
+        "median": round(statistics.median(vals), 2),
+        "min": round(min(vals), 2),
+        "max": round(max(vals), 2),
+    }
 
 
 def main() -> int:
@@ -98,8 +108,10 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     glob, run = podman_base(args)
-    kinds = {"import": (["python", "-c", "import torch"], False),
-             "verify_quick": (["envspec", "verify", "--level", "quick", "--json"], True)}
+    kinds = {
+        "import": (["python", "-c", "import torch"], False),
+        "verify_quick": (["envspec", "verify", "--level", "quick", "--json"], True),
+    }
     if args.baseline:
         kinds["verify_quick_image"] = (["envspec", "verify", "--level", "quick", "--json"], False)
     load_before = os.getloadavg()
@@ -108,20 +120,34 @@ def main() -> int:
     for i in range(args.runs):
         r = {k: one(glob, run, args.image, cmd, mount) for k, (cmd, mount) in kinds.items()}
         rounds.append(r)
-        print(f"round {i + 1}: " + ", ".join(f"{k} {v['wall']:.1f} s wall / {v['cpu']:.1f} s CPU"
-                                             for k, v in r.items()), file=sys.stderr)
+        print(
+            f"round {i + 1}: "
+            + ", ".join(f"{k} {v['wall']:.1f} s wall / {v['cpu']:.1f} s CPU" for k, v in r.items()),
+            file=sys.stderr,
+        )
     out = {
         "image": args.image,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "host": platform.node(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "host": platform.node(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": args.runs,
         "wall": {k: summary([r[k] for r in rounds], "wall") for k in kinds},
         "cpu": {k: summary([r[k] for r in rounds], "cpu") for k in kinds},
-        "ratio_wall": {k: round(statistics.median(r[k]["wall"] / r["import"]["wall"] for r in rounds), 2)
-                       for k in kinds if k != "import"},
-        "ratio_cpu": {k: round(statistics.median(r[k]["cpu"] / r["import"]["cpu"] for r in rounds), 2)
-                      for k in kinds if k != "import"},
+        "ratio_wall": {
+            k: round(statistics.median(r[k]["wall"] / r["import"]["wall"] for r in rounds), 2)
+            for k in kinds
+            if k != "import"
+        },
+        "ratio_cpu": {
+            k: round(statistics.median(r[k]["cpu"] / r["import"]["cpu"] for r in rounds), 2)
+            for k in kinds
+            if k != "import"
+        },
         "rounds": rounds,
     }
     text = json.dumps(out, indent=1)

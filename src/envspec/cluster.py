@@ -31,9 +31,13 @@ CONTAINERS = ("pyxis", "podman", "none")  # how a Slurm task starts the image
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SIZE = re.compile(r"^(?P<n>[0-9]+)(?P<unit>[kmgtKMGT]?)(?:i?[bB])?$")
-DIGEST_HINT = ("push the image and use the digest `envspec build --push` printed, or look it up: "
-               "skopeo inspect --format '{{.Digest}}' docker://REF")
-_DIGEST_REF = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@(?P<digest>sha256:[0-9a-f]{64})$")
+DIGEST_HINT = (
+    "push the image and use the digest `envspec build --push` printed, or look it up: "
+    "skopeo inspect --format '{{.Digest}}' docker://REF"
+)
+_DIGEST_REF = re.compile(
+    r"^(?P<repo>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@(?P<digest>sha256:[0-9a-f]{64})$"
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?$")
 
 
@@ -51,7 +55,9 @@ def lock_settings(path: str) -> tuple[dict[str, str], str]:
     try:
         lock = load_lock(path)
     except LockReadError as e:
-        raise RenderError(f"--lock {path}: {e.message}", hint=e.hint or "give the lockfile of the image") from e
+        raise RenderError(
+            f"--lock {path}: {e.message}", hint=e.hint or "give the lockfile of the image"
+        ) from e
     runtime = table(lock, "runtime")
     env = runtime.get("env")
     if not isinstance(env, dict):
@@ -59,7 +65,9 @@ def lock_settings(path: str) -> tuple[dict[str, str], str]:
     nccl = {str(k): str(v) for k, v in sorted(env.items()) if str(k).startswith(NCCL_PREFIXES)}
     bad = [k for k in nccl if not _ENV_NAME.match(k)]
     if bad:
-        raise RenderError(f"--lock {path}: [runtime].env has names a shell cannot export: {', '.join(bad)}")
+        raise RenderError(
+            f"--lock {path}: [runtime].env has names a shell cannot export: {', '.join(bad)}"
+        )
     return nccl, str(runtime.get("shm_size", "") or "")
 
 
@@ -81,10 +89,23 @@ def enroot_ref(repo: str, digest: str) -> str:
     return f"{repo}@{digest}"
 
 
-def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str = "full",
-           job_name: str = "envspec-verify", namespace: str = "default", rdzv_port: int = 29400,
-           partition: str = "", time_limit: str = "00:15:00", shm_size: str = "",
-           extra_args: tuple[str, ...] = (), container: str = "pyxis", lock: str = "") -> str:
+def render(
+    kind: str,
+    *,
+    image: str,
+    nnodes: int,
+    gpus_per_node: int,
+    level: str = "full",
+    job_name: str = "envspec-verify",
+    namespace: str = "default",
+    rdzv_port: int = 29400,
+    partition: str = "",
+    time_limit: str = "00:15:00",
+    shm_size: str = "",
+    extra_args: tuple[str, ...] = (),
+    container: str = "pyxis",
+    lock: str = "",
+) -> str:
     """The job file. ``shm_size``: the containers' /dev/shm (default: the lock's, else 16g);
     ``container``: how Slurm tasks start the image (``CONTAINERS``); ``lock``: a lockfile whose
     NCCL settings and shm size the job takes (required for ``container="none"``: the node's
@@ -93,68 +114,141 @@ def render(kind: str, *, image: str, nnodes: int, gpus_per_node: int, level: str
         raise RenderError(f"unknown cluster kind {kind!r}: one of {', '.join(sorted(KINDS))}")
     m = _DIGEST_REF.match(image)
     if not m:
-        raise RenderError(f"--image {image!r} is not pinned by digest: give REF@sha256:<64 hex> "
-                          "(a tag can move between nodes, which is what verify looks for)", hint=DIGEST_HINT)
+        raise RenderError(
+            f"--image {image!r} is not pinned by digest: give REF@sha256:<64 hex> "
+            "(a tag can move between nodes, which is what verify looks for)",
+            hint=DIGEST_HINT,
+        )
     if container not in CONTAINERS:
         raise RenderError(f"--container must be one of {', '.join(CONTAINERS)}, not {container!r}")
     if kind != "slurm" and container != "pyxis":
         raise RenderError("--container is for --slurm (a Kubernetes pod is the container)")
     if container == "none" and not lock:
-        raise RenderError("--container none runs the node's own envspec: it needs --lock LOCK to verify against",
-                          hint="give the lockfile the image was built from (a path every node can read)")
+        raise RenderError(
+            "--container none runs the node's own envspec: it needs --lock LOCK to verify against",
+            hint="give the lockfile the image was built from (a path every node can read)",
+        )
     nccl, lock_shm = lock_settings(lock) if lock else ({}, "")
     shm = shm_size or lock_shm or "16g"
     k8s_quantity(shm)  # a size either way
     if nnodes < 1 or gpus_per_node < 0:
         raise RenderError("--nnodes must be >= 1 and --gpus-per-node >= 0")
     if not _NAME.match(job_name):
-        raise RenderError(f"--job-name {job_name!r} must be a DNS label (lowercase letters, digits, '-')")
+        raise RenderError(
+            f"--job-name {job_name!r} must be a DNS label (lowercase letters, digits, '-')"
+        )
     if level not in ("quick", "full"):
         raise RenderError(f"--level must be quick or full, not {level!r}")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
     text = env.get_template(KINDS[kind]).render(
-        image=image, digest=m.group("digest"), enroot_image=enroot_ref(m.group("repo"), m.group("digest")),
-        nnodes=nnodes, gpus_per_node=gpus_per_node, level=level, job_name=job_name, namespace=namespace,
-        rdzv_port=rdzv_port, partition=partition, time_limit=time_limit,
-        shm_size=k8s_quantity(shm) if kind == "kubernetes" else shm.lower(), extra_args=[shlex.quote(a) for a in extra_args],
-        container=container, lock=shlex.quote(lock), nccl=[(k, shlex.quote(v)) for k, v in nccl.items()],
-        nccl_yaml=[(k, json.dumps(v)) for k, v in nccl.items()])
+        image=image,
+        digest=m.group("digest"),
+        enroot_image=enroot_ref(m.group("repo"), m.group("digest")),
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        level=level,
+        job_name=job_name,
+        namespace=namespace,
+        rdzv_port=rdzv_port,
+        partition=partition,
+        time_limit=time_limit,
+        shm_size=k8s_quantity(shm) if kind == "kubernetes" else shm.lower(),
+        extra_args=[shlex.quote(a) for a in extra_args],
+        container=container,
+        lock=shlex.quote(lock),
+        nccl=[(k, shlex.quote(v)) for k, v in nccl.items()],
+        nccl_yaml=[(k, json.dumps(v)) for k, v in nccl.items()],
+    )
     return text if text.endswith("\n") else text + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envspec cluster render",
-                                description="Write an sbatch script or a Kubernetes Indexed Job running "
-                                            "`envspec verify` across N nodes.",
-                                epilog="examples:\n  envspec cluster render --slurm --image REG/ml/train@sha256:... "
-                                       "--nnodes 4 --gpus-per-node 8 --lock lockfiles/h100-train.lock -o verify.sbatch\n"
-                                       "  envspec cluster render --kubernetes --image REG/ml/train@sha256:... --nnodes 2 "
-                                       "--gpus-per-node 8 -o verify.yaml",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="envspec cluster render",
+        description="Write an sbatch script or a Kubernetes Indexed Job running "
+        "`envspec verify` across N nodes.",
+        epilog="examples:\n  envspec cluster render --slurm --image REG/ml/train@sha256:... "
+        "--nnodes 4 --gpus-per-node 8 --lock lockfiles/h100-train.lock -o verify.sbatch\n"
+        "  envspec cluster render --kubernetes --image REG/ml/train@sha256:... --nnodes 2 "
+        "--gpus-per-node 8 -o verify.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     k = p.add_mutually_exclusive_group(required=True)
-    k.add_argument("--slurm", action="store_const", const="slurm", dest="kind", help="an sbatch script")
-    k.add_argument("--kubernetes", action="store_const", const="kubernetes", dest="kind",
-                   help="a Kubernetes Indexed Job with a headless Service (YAML)")
-    p.add_argument("--image", required=True, metavar="REF@sha256:...", help="the image every node runs, by digest")
+    k.add_argument(
+        "--slurm", action="store_const", const="slurm", dest="kind", help="an sbatch script"
+    )
+    k.add_argument(
+        "--kubernetes",
+        action="store_const",
+        const="kubernetes",
+        dest="kind",
+        help="a Kubernetes Indexed Job with a headless Service (YAML)",
+    )
+    p.add_argument(
+        "--image",
+        required=True,
+        metavar="REF@sha256:...",
+        help="the image every node runs, by digest",
+    )
     p.add_argument("--nnodes", type=int, required=True, help="how many nodes")
-    p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs on each node (torchrun --nproc-per-node)")
-    p.add_argument("--level", choices=("quick", "full"), default="full",
-                   help="envspec verify's level (default full: GEMM and the NCCL all-reduce across the nodes)")
-    p.add_argument("--job-name", default="envspec-verify", help="the job's name (default envspec-verify)")
-    p.add_argument("--namespace", default="default", help="Kubernetes: the namespace (default: default)")
-    p.add_argument("--rdzv-port", type=int, default=29400, help="torchrun's rendezvous port (default 29400)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        required=True,
+        help="GPUs on each node (torchrun --nproc-per-node)",
+    )
+    p.add_argument(
+        "--level",
+        choices=("quick", "full"),
+        default="full",
+        help="envspec verify's level (default full: GEMM and the NCCL all-reduce across the nodes)",
+    )
+    p.add_argument(
+        "--job-name", default="envspec-verify", help="the job's name (default envspec-verify)"
+    )
+    p.add_argument(
+        "--namespace", default="default", help="Kubernetes: the namespace (default: default)"
+    )
+    p.add_argument(
+        "--rdzv-port", type=int, default=29400, help="torchrun's rendezvous port (default 29400)"
+    )
     p.add_argument("--partition", default="", help="Slurm: the partition (default: the cluster's)")
-    p.add_argument("--time", dest="time_limit", default="00:15:00", help="Slurm: the time limit (default 00:15:00)")
-    p.add_argument("--shm-size", default="", help="the containers' /dev/shm (default: the lock's, else 16g)")
-    p.add_argument("--container", choices=CONTAINERS, default="pyxis",
-                   help="Slurm: how each task starts the image: pyxis (srun --container-image, the default), "
-                        "podman (srun podman run), none (the node's envspec against --lock)")
-    p.add_argument("--lock", default="", metavar="LOCK",
-                   help="the image's lockfile: its NCCL settings and shm size go into the job")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
-    p.add_argument("verify_args", nargs="*", metavar="-- VERIFY-ARGS",
-                   help="more arguments for `envspec verify` (after --)")
+    p.add_argument(
+        "--time",
+        dest="time_limit",
+        default="00:15:00",
+        help="Slurm: the time limit (default 00:15:00)",
+    )
+    p.add_argument(
+        "--shm-size", default="", help="the containers' /dev/shm (default: the lock's, else 16g)"
+    )
+    p.add_argument(
+        "--container",
+        choices=CONTAINERS,
+        default="pyxis",
+        help="Slurm: how each task starts the image: pyxis (srun --container-image, the default), "
+        "podman (srun podman run), none (the node's envspec against --lock)",
+    )
+    p.add_argument(
+        "--lock",
+        default="",
+        metavar="LOCK",
+        help="the image's lockfile: its NCCL settings and shm size go into the job",
+    )
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout"
+    )
+    p.add_argument(
+        "verify_args",
+        nargs="*",
+        metavar="-- VERIFY-ARGS",
+        help="more arguments for `envspec verify` (after --)",
+    )
     return p
 
 
@@ -165,13 +259,26 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        text = render(args.kind, image=args.image, nnodes=args.nnodes, gpus_per_node=args.gpus_per_node,
-                      level=args.level, job_name=args.job_name, namespace=args.namespace,
-                      rdzv_port=args.rdzv_port, partition=args.partition, time_limit=args.time_limit,
-                      shm_size=args.shm_size, container=args.container, lock=args.lock,
-                      extra_args=tuple(args.verify_args))
+        text = render(
+            args.kind,
+            image=args.image,
+            nnodes=args.nnodes,
+            gpus_per_node=args.gpus_per_node,
+            level=args.level,
+            job_name=args.job_name,
+            namespace=args.namespace,
+            rdzv_port=args.rdzv_port,
+            partition=args.partition,
+            time_limit=args.time_limit,
+            shm_size=args.shm_size,
+            container=args.container,
+            lock=args.lock,
+            extra_args=tuple(args.verify_args),
+        )
     except RenderError as e:
-        sys.stderr.write(f"envspec cluster render: error: {e}\n" + (f"hint: {e.hint}\n" if e.hint else ""))
+        sys.stderr.write(
+            f"envspec cluster render: error: {e}\n" + (f"hint: {e.hint}\n" if e.hint else "")
+        )
         return 2
     if args.output:
         write_atomic(args.output, text)

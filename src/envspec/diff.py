@@ -95,18 +95,24 @@ class LockDiff:
     def identical(self) -> bool:
         """True when the two locks describe the same image (every platform's, for multi-platform locks)."""
         if self.per_platform:
-            return (self.old_hash == self.new_hash and not (self.platforms_added or self.platforms_removed)
-                    and all(d.identical for _, d in self.platforms))
-        return self.old_hash == self.new_hash and not (self.fields or self.wheels or self.debs
-                                                      or self.archs_added or self.archs_removed)
+            return (
+                self.old_hash == self.new_hash
+                and not (self.platforms_added or self.platforms_removed)
+                and all(d.identical for _, d in self.platforms)
+            )
+        return self.old_hash == self.new_hash and not (
+            self.fields or self.wheels or self.debs or self.archs_added or self.archs_removed
+        )
 
     def field(self, path: str) -> FieldChange | None:
         return next((f for f in self.fields if f.path == path), None)
 
     def to_json(self) -> dict[str, Any]:
         def counts(changes: tuple[PackageChange, ...]) -> dict[str, int]:
-            return {k: sum(1 for c in changes if c.change == k)
-                    for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")}
+            return {
+                k: sum(1 for c in changes if c.change == k)
+                for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")
+            }
 
         if self.per_platform:
             return {
@@ -134,6 +140,7 @@ class LockDiff:
 
 # --- versions ----------------------------------------------------------------------------------
 
+
 def _pep440_cmp(a: str, b: str) -> int:
     try:
         va, vb = Version(a), Version(b)
@@ -154,8 +161,13 @@ def deb_version_cmp(a: str, b: str) -> int:
 Pin = Wheel | DebPin
 
 
-def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin], tuple[str, ...]],
-                     cmp: Callable[[str, str], int], group_of: Callable[[Pin], str]) -> tuple[PackageChange, ...]:
+def _package_changes(
+    old: Sequence[Pin],
+    new: Sequence[Pin],
+    key: Callable[[Pin], tuple[str, ...]],
+    cmp: Callable[[str, str], int],
+    group_of: Callable[[Pin], str],
+) -> tuple[PackageChange, ...]:
     def index(pkgs: Sequence[Pin]) -> dict[tuple[str, ...], list[Pin]]:
         out: dict[tuple[str, ...], list[Pin]] = {}
         for p in pkgs:
@@ -163,6 +175,7 @@ def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin]
         return out
 
     a, b = index(old), index(new)
+
     def version_order(p: Pin, q: Pin) -> int:
         return cmp(p.version, q.version)
 
@@ -172,12 +185,20 @@ def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin]
         pa, pb = a.get(k, []), b.get(k, [])
         name = k[0]
         if not pa:
-            changes += [PackageChange(name, "added", "", p.version, group_of(p), p.size, _source_note(None, p))
-                        for p in pb]
+            changes += [
+                PackageChange(
+                    name, "added", "", p.version, group_of(p), p.size, _source_note(None, p)
+                )
+                for p in pb
+            ]
             continue
         if not pb:
-            changes += [PackageChange(name, "removed", p.version, "", group_of(p), -p.size, _source_note(p, None))
-                        for p in pa]
+            changes += [
+                PackageChange(
+                    name, "removed", p.version, "", group_of(p), -p.size, _source_note(p, None)
+                )
+                for p in pa
+            ]
             continue
         # one pin per key is the norm; several (a wheel twice) compare the newest of each side
         x, y = max(pa, key=by_version), max(pb, key=by_version)
@@ -185,14 +206,29 @@ def _package_changes(old: Sequence[Pin], new: Sequence[Pin], key: Callable[[Pin]
         c = cmp(x.version, y.version)
         note = _source_note(x, y)
         if c < 0:
-            changes.append(PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta, note))
+            changes.append(
+                PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta, note)
+            )
         elif c > 0:
-            changes.append(PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta, note))
+            changes.append(
+                PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta, note)
+            )
         elif (x.sha256, x.filename) != (y.sha256, y.filename) or _source_key(x) != _source_key(y):
-            changes.append(PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta, note))
+            changes.append(
+                PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta, note)
+            )
         elif group_of(x) != group_of(y):
-            changes.append(PackageChange(name, "rebuilt", x.version, y.version, f"{group_of(x)} -> {group_of(y)}",
-                                         delta, note))
+            changes.append(
+                PackageChange(
+                    name,
+                    "rebuilt",
+                    x.version,
+                    y.version,
+                    f"{group_of(x)} -> {group_of(y)}",
+                    delta,
+                    note,
+                )
+            )
     return tuple(changes)
 
 
@@ -227,15 +263,40 @@ def _deb_arch(p: Pin) -> str:
 
 # The lockfile paths compared as scalars, in the order a reviewer reads them.
 _FIELDS: tuple[str, ...] = (
-    "torch.version", "torch.local", "torch.variant", "torch.cuda", "torch.cudnn", "torch.nccl", "torch.index",
-    "hardware.driver_floor", "hardware.driver_policy", "hardware.compute_capabilities",
-    "platform.python", "platform.python_full", "platform.python_tag", "platform.platform_tag",
-    "platform.base", "platform.arch", "platform.venv",
-    "debian.suite", "debian.mirror", "debian.requested",
-    "runtime.tf32", "runtime.matmul_precision", "runtime.shm_size", "runtime.env", "runtime.ulimits",
-    "runtime.user", "runtime.uid", "runtime.workdir",
-    "services.jupyter", "services.ssh",
-    "meta.name", "meta.db_version", "meta.envspec", "meta.spec_hash",
+    "torch.version",
+    "torch.local",
+    "torch.variant",
+    "torch.cuda",
+    "torch.cudnn",
+    "torch.nccl",
+    "torch.index",
+    "hardware.driver_floor",
+    "hardware.driver_policy",
+    "hardware.compute_capabilities",
+    "platform.python",
+    "platform.python_full",
+    "platform.python_tag",
+    "platform.platform_tag",
+    "platform.base",
+    "platform.arch",
+    "platform.venv",
+    "debian.suite",
+    "debian.mirror",
+    "debian.requested",
+    "runtime.tf32",
+    "runtime.matmul_precision",
+    "runtime.shm_size",
+    "runtime.env",
+    "runtime.ulimits",
+    "runtime.user",
+    "runtime.uid",
+    "runtime.workdir",
+    "services.jupyter",
+    "services.ssh",
+    "meta.name",
+    "meta.db_version",
+    "meta.envspec",
+    "meta.spec_hash",
 )
 _ABSENT = "(absent)"
 
@@ -259,6 +320,7 @@ def _field_changes(a: Lockfile, b: Lockfile) -> tuple[FieldChange, ...]:
 
 
 # --- layers ------------------------------------------------------------------------------------
+
 
 def _layers_from_plan(a: Lockfile, b: Lockfile) -> tuple[LayerChange, ...]:
     pa, pb = make_plan(a), make_plan(b)
@@ -288,8 +350,9 @@ def _size(pins: Sequence[Pin]) -> int:
     return sum(sizes) if sizes and all(sizes) else 0
 
 
-def _layers_from_groups(a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, ...],
-                        debs: tuple[PackageChange, ...]) -> tuple[LayerChange, ...]:
+def _layers_from_groups(
+    a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, ...], debs: tuple[PackageChange, ...]
+) -> tuple[LayerChange, ...]:
     def groups(lock: Lockfile) -> set[str]:
         return {w.group for w in lock.wheels} | {"base", "envspec"}
 
@@ -298,9 +361,16 @@ def _layers_from_groups(a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, .
     for c in wheels:
         for g in c.group.split(" -> "):
             changed[g] = changed.get(g, 0) + 1
-    base_changed = bool(debs) or any(_get_path(a, p) != _get_path(b, p)
-                                     for p in ("platform.python", "platform.python_full", "platform.venv",
-                                               "runtime.user", "runtime.workdir"))
+    base_changed = bool(debs) or any(
+        _get_path(a, p) != _get_path(b, p)
+        for p in (
+            "platform.python",
+            "platform.python_full",
+            "platform.venv",
+            "runtime.user",
+            "runtime.workdir",
+        )
+    )
     out = []
     for g in LAYER_ORDER:
         if g not in ga and g not in gb:
@@ -310,16 +380,23 @@ def _layers_from_groups(a: Lockfile, b: Lockfile, wheels: tuple[PackageChange, .
         elif g not in gb:
             out.append(LayerChange(g, "removed", pins_changed=changed.get(g, 0)))
         elif g == "base":
-            out.append(LayerChange(g, "changed" if base_changed else "same", pins_changed=len(debs)))
+            out.append(
+                LayerChange(g, "changed" if base_changed else "same", pins_changed=len(debs))
+            )
         elif g == "envspec":
             same = _get_path(a, "meta.content_hash") == _get_path(b, "meta.content_hash")
             out.append(LayerChange(g, "same" if same else "changed"))
         else:
-            out.append(LayerChange(g, "changed" if changed.get(g) else "same", pins_changed=changed.get(g, 0)))
+            out.append(
+                LayerChange(
+                    g, "changed" if changed.get(g) else "same", pins_changed=changed.get(g, 0)
+                )
+            )
     return tuple(out)
 
 
 # --- entry point -------------------------------------------------------------------------------
+
 
 def diff_locks(old: Lockfile, new: Lockfile) -> LockDiff:
     """Compare two locks; where either has a section per platform, platform by platform (each
@@ -333,7 +410,10 @@ def _diff_per_platform(old: Lockfile, new: Lockfile) -> LockDiff:
     names_old, names_new = old.platform_names, new.platform_names
     both = [n for n in names_new if n in names_old]
     return LockDiff(
-        old_name=old.meta.name, new_name=new.meta.name, old_hash=old.meta.content_hash, new_hash=new.meta.content_hash,
+        old_name=old.meta.name,
+        new_name=new.meta.name,
+        old_hash=old.meta.content_hash,
+        new_hash=new.meta.content_hash,
         platforms=tuple((n, _diff_one(old.for_platform(n), new.for_platform(n))) for n in both),
         platforms_added=tuple(n for n in names_new if n not in names_old),
         platforms_removed=tuple(n for n in names_old if n not in names_new),
@@ -345,9 +425,16 @@ def _diff_one(old: Lockfile, new: Lockfile) -> LockDiff:
     a, b = old, new
     arch_a, arch_b = a.hardware.arch_list, b.hardware.arch_list
     gpu_a, gpu_b = a.hardware.gpus, b.hardware.gpus
-    wheels = _package_changes(a.wheels, b.wheels, key=lambda p: (p.name,), cmp=_pep440_cmp, group_of=_wheel_group)
-    debs = _package_changes(a.debian.packages if a.debian else [], b.debian.packages if b.debian else [],
-                            key=lambda p: (p.name, _deb_arch(p)), cmp=deb_version_cmp, group_of=_deb_arch)
+    wheels = _package_changes(
+        a.wheels, b.wheels, key=lambda p: (p.name,), cmp=_pep440_cmp, group_of=_wheel_group
+    )
+    debs = _package_changes(
+        a.debian.packages if a.debian else [],
+        b.debian.packages if b.debian else [],
+        key=lambda p: (p.name, _deb_arch(p)),
+        cmp=deb_version_cmp,
+        group_of=_deb_arch,
+    )
     notes: list[str] = []
     layers_from: Literal["plan", "groups"] = "plan"
     try:
@@ -355,16 +442,25 @@ def _diff_one(old: Lockfile, new: Lockfile) -> LockDiff:
     except PlanError as e:  # a lock that cannot be built (base "none", missing hashes)
         layers_from = "groups"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        notes.append(f"no build plan ({first}): layer changes are estimated from the wheels' groups")
+        notes.append(
+            f"no build plan ({first}): layer changes are estimated from the wheels' groups"
+        )
         layers = _layers_from_groups(a, b, wheels, debs)
     return LockDiff(
-        old_name=a.meta.name, new_name=b.meta.name, old_hash=a.meta.content_hash, new_hash=b.meta.content_hash,
+        old_name=a.meta.name,
+        new_name=b.meta.name,
+        old_hash=a.meta.content_hash,
+        new_hash=b.meta.content_hash,
         fields=_field_changes(a, b),
         archs_added=tuple(x for x in arch_b if x not in arch_a),
         archs_removed=tuple(x for x in arch_a if x not in arch_b),
         gpus_added=tuple(x for x in gpu_b if x not in gpu_a),
         gpus_removed=tuple(x for x in gpu_a if x not in gpu_b),
-        wheels=wheels, debs=debs, layers=layers, layers_from=layers_from, notes=tuple(notes),
+        wheels=wheels,
+        debs=debs,
+        layers=layers,
+        layers_from=layers_from,
+        notes=tuple(notes),
     )
 
 
@@ -374,6 +470,7 @@ def diff_files(old_path: str | Path, new_path: str | Path) -> LockDiff:
 
 
 # --- words -------------------------------------------------------------------------------------
+
 
 def _short(h: str) -> str:
     return short_hash(h) if h else "?"
@@ -447,7 +544,9 @@ def _per_platform_lines(d: LockDiff) -> list[str]:
     for name, sub in d.platforms:
         lines += ["", f"== {name} =="]
         if sub.identical:
-            lines.append("  no changes: the same pins (only its copy of the lock, in the envspec layer, differs)")
+            lines.append(
+                "  no changes: the same pins (only its copy of the lock, in the envspec layer, differs)"
+            )
             continue
         lines += [("  " + line) if line else "" for line in _one_lines(sub)[1:]]
     return lines
@@ -495,8 +594,10 @@ def _one_lines(d: LockDiff) -> list[str]:
         if d.archs_added:
             lines.append(f"  {'arch list added:':<22}{', '.join(d.archs_added)}")
         if d.archs_removed:
-            lines.append(f"  {'arch list removed:':<22}{', '.join(d.archs_removed)}"
-                         "  (GPUs that needed these now rely on the others, or PTX, or fail)")
+            lines.append(
+                f"  {'arch list removed:':<22}{', '.join(d.archs_removed)}"
+                "  (GPUs that needed these now rely on the others, or PTX, or fail)"
+            )
         if d.gpus_added:
             lines.append(f"  {'target GPUs added:':<22}{', '.join(d.gpus_added)}")
         if d.gpus_removed:
@@ -505,25 +606,38 @@ def _one_lines(d: LockDiff) -> list[str]:
     for title, changes in (("Python wheels", d.wheels), ("Debian packages", d.debs)):
         if not changes:
             continue
-        counts = {k: sum(1 for c in changes if c.change == k) for k in
-                  ("added", "removed", "upgraded", "downgraded", "rebuilt")}
+        counts = {
+            k: sum(1 for c in changes if c.change == k)
+            for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")
+        }
         summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
         lines += ["", f"{title} ({summary}):"]
         swapped = _arch_swaps(changes) if title == "Debian packages" else {}
         for (was, now), names in swapped.items():  # one line, not a - and a + for each package
-            lines.append(f"  = {len(names)} packages at the same versions, built for {now} instead of {was}")
+            lines.append(
+                f"  = {len(names)} packages at the same versions, built for {now} instead of {was}"
+            )
         moved = {n for names in swapped.values() for n in names}
         for c in changes:
             if c.name in moved and c.change in ("added", "removed"):
                 continue
-            mark = {"added": "+", "removed": "-", "upgraded": "^", "downgraded": "v", "rebuilt": "~"}[c.change]
+            mark = {
+                "added": "+",
+                "removed": "-",
+                "upgraded": "^",
+                "downgraded": "v",
+                "rebuilt": "~",
+            }[c.change]
             if c.change == "added":
                 what = c.new
             elif c.change == "removed":
                 what = c.old
             elif c.change == "rebuilt":
-                what = f"{c.new} ({c.source})" if c.source and c.source != "built from source" else \
-                    f"{c.new} (same version, other file)"
+                what = (
+                    f"{c.new} ({c.source})"
+                    if c.source and c.source != "built from source"
+                    else f"{c.new} (same version, other file)"
+                )
             else:
                 what = f"{c.old} -> {c.new}"
             if c.source == "built from source" or (c.source and c.change != "rebuilt"):
@@ -547,12 +661,16 @@ def _one_lines(d: LockDiff) -> list[str]:
             what = {"changed": "rebuilt", "added": "new layer", "removed": "gone"}[lay.change]
             extra = []
             if lay.pins_changed:
-                extra.append(f"{lay.pins_changed} package{'s differ' if lay.pins_changed != 1 else ' differs'}")
+                extra.append(
+                    f"{lay.pins_changed} package{'s differ' if lay.pins_changed != 1 else ' differs'}"
+                )
             if lay.push_bytes:
                 extra.append(f"~{_mb(lay.push_bytes)} to push")
             if lay.old_key or lay.new_key:
-                extra.append(f"key {_short(lay.old_key) if lay.old_key else '-'} -> "
-                             f"{_short(lay.new_key) if lay.new_key else '-'}")
+                extra.append(
+                    f"key {_short(lay.old_key) if lay.old_key else '-'} -> "
+                    f"{_short(lay.new_key) if lay.new_key else '-'}"
+                )
             lines.append(f"  {lay.group:<8} {what}" + (f": {'; '.join(extra)}" if extra else ""))
     for note in d.notes:
         lines.append(f"note: {note}")

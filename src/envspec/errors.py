@@ -33,7 +33,9 @@ EXIT_SOURCE = 3
 EXIT_BUILD = 4
 EXIT_HOST = 5
 EXIT_INTERRUPTED = 130
-EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports it
+EXIT_BROKEN_PIPE = (
+    141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports it
+)
 
 
 @dataclass
@@ -91,15 +93,21 @@ class SpecError(EnvspecError):
 
     reference = "invalid-spec"
     exit_code = EXIT_BAD_INPUT
-    hint_in_message = True  # each problem's hint is under it; ``hint`` is the only one's, for --json
+    hint_in_message = (
+        True  # each problem's hint is under it; ``hint`` is the only one's, for --json
+    )
 
     def __init__(self, file: str | Path, problems: list[Problem]) -> None:
         self.file = str(file)
         self._problems = problems
         n = len(problems)
         head = f"{self.file}: {n} problem{'s' if n != 1 else ''}"
-        lines = [head] + [f"  {p.where(self.file)}: {p.message}" + (f" [{p.reference}]" if p.reference else "")
-                          + (f"\n    hint: {p.hint}" if p.hint else "") for p in problems]
+        lines = [head] + [
+            f"  {p.where(self.file)}: {p.message}"
+            + (f" [{p.reference}]" if p.reference else "")
+            + (f"\n    hint: {p.hint}" if p.hint else "")
+            for p in problems
+        ]
         super().__init__("\n".join(lines), hint=problems[0].hint if n == 1 else "")
         if n == 1 and problems[0].reference:
             self.reference = problems[0].reference
@@ -113,7 +121,13 @@ class SpecError(EnvspecError):
             "message": f"{self.file}: invalid spec",
             "hint": self.hint,
             "causes": [
-                {"path": p.path, "line": p.line, "message": p.message, "hint": p.hint, "reference": p.reference}
+                {
+                    "path": p.path,
+                    "line": p.line,
+                    "message": p.message,
+                    "hint": p.hint,
+                    "reference": p.reference,
+                }
                 for p in self._problems
             ],
         }
@@ -130,8 +144,15 @@ class ResolutionImpossible(EnvspecError):
     reference = "no-compatible-torch"
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, message: str, causes: list, candidates: list | None = None, *, hint: str = "",
-                 reference: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        causes: list,
+        candidates: list | None = None,
+        *,
+        hint: str = "",
+        reference: str | None = None,
+    ) -> None:
         super().__init__(message, hint=hint, reference=reference)
         self.causes = causes
         self.candidates = candidates or []
@@ -178,8 +199,9 @@ class AbiMismatch(EnvspecError):
         super().__init__(
             f"{lock_name}: {len(mismatches)} extension module(s) cannot load beside torch "
             f"{mismatches[0].torch}:\n" + "\n".join(f"  - {m.sentence()}" for m in mismatches),
-            hint="; ".join(hints) or "lock a torch release the package was built for, or a release of the "
-                                      "package built for the locked torch",
+            hint="; ".join(hints)
+            or "lock a torch release the package was built for, or a release of the "
+            "package built for the locked torch",
         )
 
     def to_json(self) -> dict:
@@ -197,16 +219,26 @@ class BuildError(EnvspecError):
     reference = "build-failed"
     exit_code = EXIT_BUILD
 
-    def __init__(self, message: str, *, step: str = "", argv: list[str] | None = None,
-                 returncode: int | None = None, stderr_tail: str = "", hint: str = "",
-                 reference: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: str = "",
+        argv: list[str] | None = None,
+        returncode: int | None = None,
+        stderr_tail: str = "",
+        hint: str = "",
+        reference: str | None = None,
+    ) -> None:
         detail = message
         if argv:
             detail += f"\n  command: {' '.join(argv)}"
         if returncode is not None:
             detail += f"\n  exit status: {returncode}"
         if stderr_tail:
-            detail += "\n  stderr:\n" + "\n".join("    " + ln for ln in stderr_tail.rstrip().splitlines()[-20:])
+            detail += "\n  stderr:\n" + "\n".join(
+                "    " + ln for ln in stderr_tail.rstrip().splitlines()[-20:]
+            )
         super().__init__(detail, hint=hint, reference=reference)
         self.step = step
         self.argv = argv or []
@@ -250,10 +282,19 @@ class RegistryError(EnvspecError):
     reference = "push-failed"
     exit_code = EXIT_SOURCE
 
-    def __init__(self, message: str, *, registry: str = "", detail: str = "", hint: str = "",
-                 reference: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        registry: str = "",
+        detail: str = "",
+        hint: str = "",
+        reference: str | None = None,
+    ) -> None:
         if detail:
-            message += "\n  skopeo said:\n" + "\n".join("    " + ln for ln in detail.rstrip().splitlines()[-10:])
+            message += "\n  skopeo said:\n" + "\n".join(
+                "    " + ln for ln in detail.rstrip().splitlines()[-10:]
+            )
         super().__init__(message, hint=hint, reference=reference)
         self.registry = registry
 
@@ -269,6 +310,16 @@ class HostError(EnvspecError):
 
 
 ALL_ERRORS: tuple[type[EnvspecError], ...] = (
-    UsageError, SpecError, CompatDBError, ResolutionImpossible, SourceError, LockError,
-    StaleLock, PlanError, BuildError, HashMismatch, RegistryError, HostError,
+    UsageError,
+    SpecError,
+    CompatDBError,
+    ResolutionImpossible,
+    SourceError,
+    LockError,
+    StaleLock,
+    PlanError,
+    BuildError,
+    HashMismatch,
+    RegistryError,
+    HostError,
 )

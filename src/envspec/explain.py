@@ -26,11 +26,15 @@ def _sentence(c: dict) -> str:
         sm = "sm_" + c["cc"].replace(".", "")
         return f"{c['gpu']} ({c['cc']}) needs {sm} SASS or PTX <= compute_{c['cc'].replace('.', '')}; {c['variant']} has {shown}"
     if k == "driver-too-old":
-        return (f"driver {c['driver']} < {c['needed']}, the floor of CUDA {c['cuda']} under the "
-                f"'{c['policy']}' policy")
+        return (
+            f"driver {c['driver']} < {c['needed']}, the floor of CUDA {c['cuda']} under the "
+            f"'{c['policy']}' policy"
+        )
     if k == "driver-past-gpu":
-        return (f"CUDA {c['cuda']} needs driver >= {c['needed']} ('{c['policy']}' policy), newer than R{c['last']}, "
-                f"the last driver branch for {c['gpu']} (source: {c['source']})")
+        return (
+            f"CUDA {c['cuda']} needs driver >= {c['needed']} ('{c['policy']}' policy), newer than R{c['last']}, "
+            f"the last driver branch for {c['gpu']} (source: {c['source']})"
+        )
     if k == "python-unsupported":
         return f"torch {c['torch']} has no wheels for Python {c['python']} (it has {', '.join(c['supported'])})"
     if k == "variant-not-requested":
@@ -42,11 +46,15 @@ def _sentence(c: dict) -> str:
     if k == "cuda-not-offered":
         return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
     if k == "release-needs-review":
-        return f"torch {c['torch']} needs review before it can be resolved: " + "; ".join(c.get("items", []))
+        return f"torch {c['torch']} needs review before it can be resolved: " + "; ".join(
+            c.get("items", [])
+        )
     if k == "unknown-debian-package":
         guess = c.get("did_you_mean") or []
-        return (f"no package named {c['name']!r} in Debian {c['suite']} ({', '.join(c.get('pockets') or [c['suite']])})"
-                + (f"; did you mean {' or '.join(repr(x) for x in guess)}?" if guess else ""))
+        return (
+            f"no package named {c['name']!r} in Debian {c['suite']} ({', '.join(c.get('pockets') or [c['suite']])})"
+            + (f"; did you mean {' or '.join(repr(x) for x in guess)}?" if guess else "")
+        )
     if k == "unknown-cuda":
         return f"CUDA {c['cuda']} is not in the compatibility DB"
     return c.get("text") or str(c)
@@ -71,18 +79,36 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "nccl": (t.variant.nccl or None) if t else None,
         "arch_list": list(t.variant.arch_list) if t else [],
         "min_driver": (t.min_driver or None) if t else None,
-        "max_driver": _last_branch(choice.gpus),  # the newest driver branch every GPU is driven by (None: no end)
+        "max_driver": _last_branch(
+            choice.gpus
+        ),  # the newest driver branch every GPU is driven by (None: no end)
         "driver_policy": choice.driver_policy,
         "python": choice.python,
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
-        "torch_range": choice.spec.torch.version if t else None,  # [torch].version as read ("2.9" is "==2.9.*")
-        "newer_releases": [{"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer] if t else [],
-        "gpus": [{"name": g.name, "cc": g.cc, "architecture": g.architecture or None, "line": g.line or None,
-                  "min_driver": g.min_driver or None, "max_driver": g.max_driver or None,
-                  "host_arch": list(g.host_arch)} for g in choice.gpus],
+        "torch_range": choice.spec.torch.version
+        if t
+        else None,  # [torch].version as read ("2.9" is "==2.9.*")
+        "newer_releases": [
+            {"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer
+        ]
+        if t
+        else [],
+        "gpus": [
+            {
+                "name": g.name,
+                "cc": g.cc,
+                "architecture": g.architecture or None,
+                "line": g.line or None,
+                "min_driver": g.min_driver or None,
+                "max_driver": g.max_driver or None,
+                "host_arch": list(g.host_arch),
+            }
+            for g in choice.gpus
+        ],
         "base": choice.base,
         "platform": choice.platform,
-        "notes": list(choice.notes) + ([] if packages else [n for n in [packages_note(choice)] if n]),
+        "notes": list(choice.notes)
+        + ([] if packages else [n for n in [packages_note(choice)] if n]),
     }
     if packages:
         out["passed_over"] = passed_over_json(choice)
@@ -96,8 +122,10 @@ def packages_note(choice) -> str | None:
     named = list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
     if choice.torch is None or not named:
         return None
-    return ("`envspec lock` chooses torch together with the packages the spec names, so the release may be older "
-            "where one of them pins torch; `envspec explain --packages` shows that choice (it reads the indexes)")
+    return (
+        "`envspec lock` chooses torch together with the packages the spec names, so the release may be older "
+        "where one of them pins torch; `envspec explain --packages` shows that choice (it reads the indexes)"
+    )
 
 
 def passed_over_lines(choice) -> list[str]:
@@ -109,11 +137,15 @@ def passed_over_lines(choice) -> list[str]:
     by_release: dict[str, list] = {}
     for h in choice.passed_over:
         by_release.setdefault(h.torch, []).append(h)
-    lines = [f"torch {choice.torch.release.version} was chosen together with the packages the spec names; "
-             "newer releases that fit the hardware were passed over:"]
+    lines = [
+        f"torch {choice.torch.release.version} was chosen together with the packages the spec names; "
+        "newer releases that fit the hardware were passed over:"
+    ]
     for release, held in by_release.items():
         why = "; ".join(f"{h.package} {h.version} requires {h.requires}" for h in held if h.package)
-        lines.append(f"  torch {release}: {why or 'a dependency of the named packages does not accept it'}")
+        lines.append(
+            f"  torch {release}: {why or 'a dependency of the named packages does not accept it'}"
+        )
     return lines
 
 
@@ -121,8 +153,10 @@ def from_source_lines(choice) -> list[str]:
     """The named packages `lock` takes as sdists and `build` builds (``Choice.from_source``)."""
     if not choice.from_source:
         return []
-    return [f"built from source (their newest release has no wheel for {choice.platform} and Python "
-            f"{choice.python}; `envspec build` builds each from its sdist): {', '.join(choice.from_source)}"]
+    return [
+        f"built from source (their newest release has no wheel for {choice.platform} and Python "
+        f"{choice.python}; `envspec build` builds each from its sdist): {', '.join(choice.from_source)}"
+    ]
 
 
 def passed_over_json(choice) -> list[dict]:
@@ -134,13 +168,23 @@ def candidate_reason(c) -> str:
 
 
 def candidate_json(c) -> dict:
-    return {"variant": c.variant, "cuda": c.cuda, "ok": c.ok, "reason": candidate_reason(c), "preferred": c.preferred,
-            "index": c.index}
+    return {
+        "variant": c.variant,
+        "cuda": c.cuda,
+        "ok": c.ok,
+        "reason": candidate_reason(c),
+        "preferred": c.preferred,
+        "index": c.index,
+    }
 
 
 def _index_name(url: str) -> str:
     """'PyPI' or the index's address without its scheme: where a candidate's wheels come from."""
-    return "PyPI" if url.rstrip("/") in ("https://pypi.org/simple", "https://pypi.org/simple/") else url.split("://", 1)[-1]
+    return (
+        "PyPI"
+        if url.rstrip("/") in ("https://pypi.org/simple", "https://pypi.org/simple/")
+        else url.split("://", 1)[-1]
+    )
 
 
 def impossible_json(err: ResolutionImpossible) -> dict:
@@ -162,16 +206,29 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     t = choice.torch
     lines = [f"spec {choice.spec.name}: Python {choice.python} on {choice.base}, {choice.platform}"]
     if choice.gpus:
-        lines.append("targets: " + ", ".join(f"{g.name} (sm_{g.cc.replace('.', '')}"
-                                             + (f", driver >= R{g.min_driver}" if g.min_driver else "")
-                                             + (f", <= R{g.max_driver}" if g.max_driver else "") + ")"
-                                             for g in choice.gpus))
+        lines.append(
+            "targets: "
+            + ", ".join(
+                f"{g.name} (sm_{g.cc.replace('.', '')}"
+                + (f", driver >= R{g.min_driver}" if g.min_driver else "")
+                + (f", <= R{g.max_driver}" if g.max_driver else "")
+                + ")"
+                for g in choice.gpus
+            )
+        )
     lines += [f"note: {n}" for n in choice.notes]
     if t is None:
         lines.append("no torch in this spec")
         return lines
     v = t.variant
-    lines.append(f"torch {t.release.version} {v.name}" + (f": CUDA {v.cuda}, cuDNN {v.cudnn or '-'}, NCCL {v.nccl or '-'}" if v.cuda else " (CPU build)"))
+    lines.append(
+        f"torch {t.release.version} {v.name}"
+        + (
+            f": CUDA {v.cuda}, cuDNN {v.cudnn or '-'}, NCCL {v.nccl or '-'}"
+            if v.cuda
+            else " (CPU build)"
+        )
+    )
     if v.cuda:
         lines.append(f"arch list: {' '.join(v.arch_list)}")
         lines.append(f"driver floor: {t.min_driver} ({choice.driver_policy})")
@@ -179,11 +236,16 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     lines.append(f"candidates of torch {t.release.version}:")
     for c in t.candidates:
         mark = "*" if c.preferred else ("+" if c.ok else "-")
-        lines.append(f"  {mark} {c.variant:<7} {candidate_reason(c)}" + (f" [{_index_name(c.index)}]" if c.index else ""))
+        lines.append(
+            f"  {mark} {c.variant:<7} {candidate_reason(c)}"
+            + (f" [{_index_name(c.index)}]" if c.index else "")
+        )
     lines.append("(* chosen: PyPI's build when it fits, else the newest CUDA that fits)")
     if packages:
-        lines += passed_over_lines(choice) or [f"torch {t.release.version} is the newest release that fits, and the "
-                                             "packages the spec names accept it"]
+        lines += passed_over_lines(choice) or [
+            f"torch {t.release.version} is the newest release that fits, and the "
+            "packages the spec names accept it"
+        ]
         lines += from_source_lines(choice)
     elif (note := packages_note(choice)) is not None:
         lines.append(f"note: {note}")
@@ -196,7 +258,9 @@ def newer_lines(choice) -> list[str]:
     reads it (``"2.9"`` is ``==2.9.*``)."""
     t = choice.torch
     wanted = choice.spec.torch.version
-    head = f'releases in [torch].version "{wanted}": torch {t.release.version} is the newest that fits'
+    head = (
+        f'releases in [torch].version "{wanted}": torch {t.release.version} is the newest that fits'
+    )
     if not t.newer:
         return [head]
     runs: list[tuple[list[str], str]] = []
@@ -221,19 +285,29 @@ def release_reason(causes: list[dict], choice) -> str:
     if "python-unsupported" in kinds:
         c = next(c for c in causes if c["kind"] == "python-unsupported")
         return f"no wheels for Python {c['python']}"
-    arch = sorted({f"{c['gpu']} (sm_{c['cc'].replace('.', '')})" for c in causes if c["kind"] == "arch-missing"})
+    arch = sorted(
+        {
+            f"{c['gpu']} (sm_{c['cc'].replace('.', '')})"
+            for c in causes
+            if c["kind"] == "arch-missing"
+        }
+    )
     lacking = {c.get("build") for c in causes if c["kind"] == "arch-missing"}
     # the driver floors of the builds that have the GPUs' kernels (all builds where none lacks them)
     floors = [c for c in causes if c["kind"] == "driver-too-old" and c.get("build") not in lacking]
 
     def lowest(cs: list[dict]) -> str:
-        return min((c["needed"] for c in cs), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+        return min(
+            (c["needed"] for c in cs), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v))
+        )
 
     if arch and not floors:
         return f"no build has kernels for {', '.join(arch)}"
     if arch:
-        return (f"the builds with kernels for {', '.join(arch)} need driver >= {lowest(floors)}, "
-                f"above {floors[0]['driver']}")
+        return (
+            f"the builds with kernels for {', '.join(arch)} need driver >= {lowest(floors)}, "
+            f"above {floors[0]['driver']}"
+        )
     if floors:
         return f"every build needs driver >= {lowest(floors)}, above {floors[0]['driver']}"
     return "; ".join(_sentence(c) for c in causes) or "no build fits"
@@ -242,11 +316,14 @@ def release_reason(causes: list[dict], choice) -> str:
 def driver_assumed_lines(lock) -> list[str]:
     """A lock whose spec set no [target].driver (``[hardware].driver_assumed``): the floor it assumed
     of the hosts, one note per platform, as `lock`, `build` and `build --dry-run` say it."""
-    return [f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock assumes the "
-            f"hosts run driver >= {p.hardware.driver_floor} (what torch {p.torch.version if p.torch else ''} "
-            f"{p.torch.variant if p.torch else ''} needs; [hardware].driver_assumed); set [target].driver to "
-            "their oldest driver if older"
-            for p in (lock.parts if lock is not None else ()) if p.hardware.driver_assumed]
+    return [
+        f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock assumes the "
+        f"hosts run driver >= {p.hardware.driver_floor} (what torch {p.torch.version if p.torch else ''} "
+        f"{p.torch.variant if p.torch else ''} needs; [hardware].driver_assumed); set [target].driver to "
+        "their oldest driver if older"
+        for p in (lock.parts if lock is not None else ())
+        if p.hardware.driver_assumed
+    ]
 
 
 def impossible_lines(err: ResolutionImpossible) -> list[str]:
@@ -264,6 +341,7 @@ def impossible_lines(err: ResolutionImpossible) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # the DB as one page (`envspec db show --html FILE`)
 
+
 def db_matrix(db) -> dict:
     """The GPU x torch x CUDA-variant matrix, as plain data for templates/db_matrix.html.j2: for each
     CUDA build of each release (newest first) and each GPU (with its product line, architecture and
@@ -278,11 +356,31 @@ def db_matrix(db) -> dict:
 
     gpus = []
     for i, g in enumerate(db.gpus):
-        gpus.append({"id": f"g{i}", "name": g.name, "short": g.short, "cc": g.cc, "min_driver": g.min_driver,
-                     "max_driver": g.max_driver, "line": g.line, "architecture": g.architecture,
-                     "host_arch": " ".join(g.host_arch),
-                     "sources": [s for s in (g.source, g.min_driver_source, g.max_driver_source, g.driver_note,
-                                             g.torch_note, g.host_arch_source) if s]})
+        gpus.append(
+            {
+                "id": f"g{i}",
+                "name": g.name,
+                "short": g.short,
+                "cc": g.cc,
+                "min_driver": g.min_driver,
+                "max_driver": g.max_driver,
+                "line": g.line,
+                "architecture": g.architecture,
+                "host_arch": " ".join(g.host_arch),
+                "sources": [
+                    s
+                    for s in (
+                        g.source,
+                        g.min_driver_source,
+                        g.max_driver_source,
+                        g.driver_note,
+                        g.torch_note,
+                        g.host_arch_source,
+                    )
+                    if s
+                ],
+            }
+        )
     builds = []
     for rel in sorted(db.torch_releases, key=lambda r: Version(r.version), reverse=True):
         for v in rel.variants.values():
@@ -297,15 +395,42 @@ def db_matrix(db) -> dict:
                 arch = best_arch(g.cc, v.arch_list)
                 compat = floor(tk.driver_compat, g.min_driver)
                 strict = floor(tk.driver_strict, g.min_driver)
-                cells.append({"gpu": gd["id"], "line": g.line, "last": g.max_driver, "runs": bool(arch), "arch": arch,
-                              "compat": compat, "strict": strict, "estimated": "driver_strict" in tk.estimated})
-            builds.append({"id": bid, "torch": rel.version, "variant": v.name, "cuda": v.cuda, "cudnn": v.cudnn or "",
-                           "nccl": v.nccl or "", "pypi": v.pypi, "index": v.index,
-                           "arch_list": " ".join(v.arch_list), "cells": cells,
-                           "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"]})
+                cells.append(
+                    {
+                        "gpu": gd["id"],
+                        "line": g.line,
+                        "last": g.max_driver,
+                        "runs": bool(arch),
+                        "arch": arch,
+                        "compat": compat,
+                        "strict": strict,
+                        "estimated": "driver_strict" in tk.estimated,
+                    }
+                )
+            builds.append(
+                {
+                    "id": bid,
+                    "torch": rel.version,
+                    "variant": v.name,
+                    "cuda": v.cuda,
+                    "cudnn": v.cudnn or "",
+                    "nccl": v.nccl or "",
+                    "pypi": v.pypi,
+                    "index": v.index,
+                    "arch_list": " ".join(v.arch_list),
+                    "cells": cells,
+                    "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"],
+                }
+            )
     from envspec.compat.load import LINES
 
-    return {"db_version": db.version, "date": db.date, "gpus": gpus, "builds": builds, "lines": LINES}
+    return {
+        "db_version": db.version,
+        "date": db.date,
+        "gpus": gpus,
+        "builds": builds,
+        "lines": LINES,
+    }
 
 
 _URL = r"https?://[^\s,;()]+[^\s,;().]"  # compiled by re on first use: db --html, not explain
@@ -317,7 +442,7 @@ def _linkify(text: str) -> Markup:
 
     out, last = [], 0
     for m in re.finditer(_URL, text):
-        out.append(str(escape(text[last:m.start()])))
+        out.append(str(escape(text[last : m.start()])))
         url = str(escape(m.group(0)))
         out.append(f'<a href="{url}">{url}</a>')
         last = m.end()
@@ -330,8 +455,13 @@ def db_html(db) -> str:
     ``db_matrix``, filterable by GPU and driver (also from ``?gpu=H100&driver=535.104.05``)."""
     import jinja2  # only here: `explain` itself stays light to import
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
-                             undefined=jinja2.StrictUndefined, autoescape=True, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
+        undefined=jinja2.StrictUndefined,
+        autoescape=True,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["linkify"] = _linkify
     return env.get_template("db_matrix.html.j2").render(**db_matrix(db))

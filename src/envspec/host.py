@@ -34,12 +34,18 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Collection, Literal, Mapping, Protocol, Sequence
 
-from envspec.cache.dirs import cache_dir_for  # the one rule, kept light for explain; re-exported here
+from envspec.cache.dirs import (
+    cache_dir_for,
+)  # the one rule, kept light for explain; re-exported here
 
 Cgroup = Literal["v2", "hybrid", "v1"]
 Ask = Literal["buildah info", "versions", "nvidia-smi", "docker info"]
-ASK_ALL: frozenset[Ask] = frozenset({"buildah info", "versions", "nvidia-smi", "docker info"})  # what doctor reports
-ASK_DOCKER: frozenset[Ask] = frozenset({"docker info"})  # what `envspec run --engine docker` checks first
+ASK_ALL: frozenset[Ask] = frozenset(
+    {"buildah info", "versions", "nvidia-smi", "docker info"}
+)  # what doctor reports
+ASK_DOCKER: frozenset[Ask] = frozenset(
+    {"docker info"}
+)  # what `envspec run --engine docker` checks first
 ASK_STORAGE: frozenset[Ask] = frozenset({"buildah info"})  # what a build needs
 ASK_NONE: frozenset[Ask] = frozenset()  # file checks only: what `envspec run` needs
 
@@ -55,8 +61,21 @@ FROM_DEFAULT = "default"
 
 # Tools looked up on PATH. (containers-storage: ``ENVSPEC_CONTAINERS_STORAGE`` may name another
 # binary; envspec-put-layer is found by ``find_put_layer``.)
-TOOLS = ("podman", "docker", "buildah", "skopeo", "containers-storage", "crun", "runc", "slirp4netns", "newuidmap",
-         "nvidia-smi", "nvidia-ctk", "nvidia-container-toolkit", "nvidia-container-runtime-hook")
+TOOLS = (
+    "podman",
+    "docker",
+    "buildah",
+    "skopeo",
+    "containers-storage",
+    "crun",
+    "runc",
+    "slirp4netns",
+    "newuidmap",
+    "nvidia-smi",
+    "nvidia-ctk",
+    "nvidia-container-toolkit",
+    "nvidia-container-runtime-hook",
+)
 VERSIONED = ("podman", "buildah", "skopeo")
 NVIDIA_TOOLKIT = ("nvidia-ctk", "nvidia-container-toolkit", "nvidia-container-runtime-hook")
 HOST_INITS = ("/usr/bin/tini", "/usr/bin/dumb-init")  # an init podman can inject with --init-path
@@ -66,11 +85,22 @@ PODMAN_NETWORK = "/etc/containers/networks/podman.json"
 
 # /proc/self/limits names -> the names ``--ulimit`` and the lock use.
 _LIMIT_NAMES = {
-    "Max cpu time": "cpu", "Max file size": "fsize", "Max data size": "data", "Max stack size": "stack",
-    "Max core file size": "core", "Max resident set": "rss", "Max processes": "nproc", "Max open files": "nofile",
-    "Max locked memory": "memlock", "Max address space": "as", "Max file locks": "locks",
-    "Max pending signals": "sigpending", "Max msgqueue size": "msgqueue", "Max nice priority": "nice",
-    "Max realtime priority": "rtprio", "Max realtime timeout": "rttime",
+    "Max cpu time": "cpu",
+    "Max file size": "fsize",
+    "Max data size": "data",
+    "Max stack size": "stack",
+    "Max core file size": "core",
+    "Max resident set": "rss",
+    "Max processes": "nproc",
+    "Max open files": "nofile",
+    "Max locked memory": "memlock",
+    "Max address space": "as",
+    "Max file locks": "locks",
+    "Max pending signals": "sigpending",
+    "Max msgqueue size": "msgqueue",
+    "Max nice priority": "nice",
+    "Max realtime priority": "rtprio",
+    "Max realtime timeout": "rttime",
 }
 
 
@@ -83,8 +113,13 @@ class Runner(Protocol):
 def run_command(argv: Sequence[str], timeout: float = 20) -> tuple[int, str, str]:
     """The real runner (C locale, so the output is parseable)."""
     try:
-        cp = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "LC_ALL": "C"})
+        cp = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "LC_ALL": "C"},
+        )
     except FileNotFoundError:
         return 127, "", f"{argv[0]}: not found"
     except subprocess.TimeoutExpired:
@@ -96,6 +131,7 @@ def run_command(argv: Sequence[str], timeout: float = 20) -> tuple[int, str, str
 
 # ---------------------------------------------------------------------------------------
 # the facts
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -131,7 +167,9 @@ class Storage:
     def ref(self, ref: str) -> str:
         """A skopeo ``containers-storage:`` reference on this storage."""
         if self.custom:
-            return f"containers-storage:[{self.driver or 'overlay'}@{self.root}+{self.runroot}]{ref}"
+            return (
+                f"containers-storage:[{self.driver or 'overlay'}@{self.root}+{self.runroot}]{ref}"
+            )
         return f"containers-storage:{ref}"
 
 
@@ -146,7 +184,9 @@ class DockerDaemon:
     storage_driver: str = ""  # overlay2, vfs, fuse-overlayfs, ...
     cgroup_driver: str = ""  # cgroupfs or systemd
     cgroup_version: str = ""  # "1" or "2"
-    runtimes: tuple[str, ...] = ()  # registered OCI runtimes (``nvidia`` where the NVIDIA toolkit configured one)
+    runtimes: tuple[
+        str, ...
+    ] = ()  # registered OCI runtimes (``nvidia`` where the NVIDIA toolkit configured one)
     default_runtime: str = ""
     root_dir: str = ""  # DockerRootDir
 
@@ -183,14 +223,18 @@ class Host:
     # kernel
     kernel: str = ""  # /proc/sys/kernel/osrelease
     machine: str = "x86_64"  # the CPU architecture (uname -m): "x86_64" | "aarch64"
-    binfmt: tuple[str, ...] = ()  # other architectures the kernel runs through qemu-user-static (binfmt_misc, F flag)
+    binfmt: tuple[
+        str, ...
+    ] = ()  # other architectures the kernel runs through qemu-user-static (binfmt_misc, F flag)
     binfmt_note: str = ""  # why none is there, when another architecture cannot run: what to do
     overlay: bool = True  # the kernel has the overlay file system
     cgroup: Cgroup = "v2"  # "v2" (unified), "hybrid" (v1 controllers and a v2 mount) or "v1"
     systemd: bool = True  # booted with systemd (podman's default cgroup manager needs it)
     pid_max: int = 4194304  # /proc/sys/kernel/pid_max (0: unknown)
     selinux: bool = False  # SELinux enforcing
-    bridge: str = "podman0"  # podman's default network interface: netavark's podman0 or CNI's cni-podman0
+    bridge: str = (
+        "podman0"  # podman's default network interface: netavark's podman0 or CNI's cni-podman0
+    )
     bridge_subnet: str = PODMAN_SUBNET
     bridge_conflict: str = ""  # an interface whose route shadows podman's bridge subnet ("" = none)
     # this process
@@ -198,16 +242,26 @@ class Host:
     user: str = ""  # $USER
     subuid: bool = False  # /etc/subuid has a range for ``user``
     cap_sys_resource: bool = True  # may raise rlimits above the hard limits
-    rlimits: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name -> (soft, hard); -1 = unlimited
+    rlimits: Mapping[str, tuple[int, int]] = field(
+        default_factory=dict
+    )  # name -> (soft, hard); -1 = unlimited
     cwd: str = "/home/user/project"
     cwd_uid: int = 1000  # owner of cwd
     tty: bool = False  # stdin and stdout are terminals
-    env_names: frozenset[str] = frozenset()  # the environment variables that are set (names only, never values)
+    env_names: frozenset[str] = (
+        frozenset()
+    )  # the environment variables that are set (names only, never values)
     # tools and engines
     tools: Mapping[str, Tool] = field(default_factory=dict)  # found tools only
-    docker: Literal["", "daemon", "client", "podman"] = ""  # a docker with a daemon, one without, podman's shim
-    docker_daemon: DockerDaemon | None = None  # what ``docker info`` said (None: not asked, or no daemon socket)
-    docker_host: str = "unix:///var/run/docker.sock"  # the daemon docker talks to (DOCKER_HOST, else the system's)
+    docker: Literal["", "daemon", "client", "podman"] = (
+        ""  # a docker with a daemon, one without, podman's shim
+    )
+    docker_daemon: DockerDaemon | None = (
+        None  # what ``docker info`` said (None: not asked, or no daemon socket)
+    )
+    docker_host: str = (
+        "unix:///var/run/docker.sock"  # the daemon docker talks to (DOCKER_HOST, else the system's)
+    )
     runtime_override: str = ""  # ENVSPEC_RUNTIME
     host_init: str = ""  # an init podman can inject (--init-path) when an image has none
     podman_init: bool = True  # podman's own --init binary (catatonit) is installed
@@ -242,8 +296,12 @@ class Host:
     def engines(self) -> tuple[str, ...]:
         """Usable container engines, preferred first: podman, docker with a reachable daemon (one
         whose socket is there and, when ``docker info`` was asked, that answered)."""
-        docker = self.docker == "daemon" and (self.docker_daemon is None or self.docker_daemon.answered)
-        return tuple(e for e, ok in (("podman", bool(self.which("podman"))), ("docker", docker)) if ok)
+        docker = self.docker == "daemon" and (
+            self.docker_daemon is None or self.docker_daemon.answered
+        )
+        return tuple(
+            e for e, ok in (("podman", bool(self.which("podman"))), ("docker", docker)) if ok
+        )
 
     @property
     def docker_remote(self) -> bool:
@@ -304,6 +362,7 @@ class Host:
 # ---------------------------------------------------------------------------------------
 # rules shared with code that does not need a whole Host
 
+
 def find_put_layer(env: Mapping[str, str] | None = None) -> str | None:
     """envspec's own layer import tool (``image/putlayer/main.go``, built by ``scripts/dev.sh
     setup``): ``ENVSPEC_PUT_LAYER`` (a path; empty or ``off`` for none), else next to this Python
@@ -357,6 +416,7 @@ def bridge_conflict(route_table: str, bridge: str = "podman0", subnet: str = POD
 # ---------------------------------------------------------------------------------------
 # detection
 
+
 def _under(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
@@ -377,8 +437,10 @@ def _binfmt(root: Path, machine: str) -> tuple[tuple[str, ...], str]:
     the interpreter is opened at registration, so it works inside a container's root), and what
     to do when the other one cannot run."""
     if (_read(root, "/proc/sys/fs/binfmt_misc/status") or "").strip() != "enabled":
-        return (), ("binfmt_misc is not mounted or disabled: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc "
-                    "(scripts/dev.sh setup does), then update-binfmts --enable")
+        return (), (
+            "binfmt_misc is not mounted or disabled: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc "
+            "(scripts/dev.sh setup does), then update-binfmts --enable"
+        )
     out = []
     notes = []
     for arch, name in sorted(QEMU_BINFMT.items()):
@@ -386,15 +448,19 @@ def _binfmt(root: Path, machine: str) -> tuple[tuple[str, ...], str]:
             continue
         entry = _read(root, f"/proc/sys/fs/binfmt_misc/{name}")
         if entry is None:
-            notes.append(f"no binfmt_misc entry {name}: apt-get install -y qemu-user-static binfmt-support")
+            notes.append(
+                f"no binfmt_misc entry {name}: apt-get install -y qemu-user-static binfmt-support"
+            )
             continue
         lines = entry.splitlines()
         flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags:")), "")
         if not lines or lines[0].strip() != "enabled":
             notes.append(f"binfmt_misc entry {name} is disabled: update-binfmts --enable {name}")
         elif "F" not in flags:
-            notes.append(f"binfmt_misc entry {name} lacks the F flag (containers cannot reach its interpreter): "
-                         "use Debian's qemu-user-static, which registers it with F")
+            notes.append(
+                f"binfmt_misc entry {name} lacks the F flag (containers cannot reach its interpreter): "
+                "use Debian's qemu-user-static, which registers it with F"
+            )
         else:
             out.append(arch)
     return tuple(out), "; ".join(notes)
@@ -428,12 +494,17 @@ def _rlimits(text: str) -> dict[str, tuple[int, int]]:
         m = re.match(r"(Max [a-z ]+?)\s{2,}(\S+)\s+(\S+)", line)
         if not m or m.group(1) not in _LIMIT_NAMES:
             continue
-        vals = [UNLIMITED if v == "unlimited" else int(v) if v.isdigit() else UNLIMITED for v in m.group(2, 3)]
+        vals = [
+            UNLIMITED if v == "unlimited" else int(v) if v.isdigit() else UNLIMITED
+            for v in m.group(2, 3)
+        ]
         out[_LIMIT_NAMES[m.group(1)]] = (vals[0], vals[1])
     return out
 
 
-def _docker(exe: str, env: Mapping[str, str], root: Path) -> Literal["", "daemon", "client", "podman"]:
+def _docker(
+    exe: str, env: Mapping[str, str], root: Path
+) -> Literal["", "daemon", "client", "podman"]:
     if not exe:
         return ""
     try:
@@ -446,7 +517,9 @@ def _docker(exe: str, env: Mapping[str, str], root: Path) -> Literal["", "daemon
     if host and not host.startswith("unix://"):
         return "daemon"  # a remote daemon: cannot check cheaply, trust the configuration
     sock = host.removeprefix("unix://") or "/var/run/docker.sock"
-    return "daemon" if _under(root, sock).exists() else "client"  # a client without a daemon (seen here) runs nothing
+    return (
+        "daemon" if _under(root, sock).exists() else "client"
+    )  # a client without a daemon (seen here) runs nothing
 
 
 def docker_address(env: Mapping[str, str]) -> str:
@@ -468,10 +541,16 @@ def _docker_daemon(run: Runner, env: Mapping[str, str]) -> DockerDaemon:
         said = " ".join((err or out).split())[:300] or f"exit status {rc}"
         return DockerDaemon(address, error=said)
     runtimes = d.get("Runtimes") or {}
-    return DockerDaemon(address, version=str(d.get("ServerVersion", "")), storage_driver=str(d.get("Driver", "")),
-                        cgroup_driver=str(d.get("CgroupDriver", "")), cgroup_version=str(d.get("CgroupVersion", "")),
-                        runtimes=tuple(sorted(runtimes)) if isinstance(runtimes, dict) else (),
-                        default_runtime=str(d.get("DefaultRuntime", "")), root_dir=str(d.get("DockerRootDir", "")))
+    return DockerDaemon(
+        address,
+        version=str(d.get("ServerVersion", "")),
+        storage_driver=str(d.get("Driver", "")),
+        cgroup_driver=str(d.get("CgroupDriver", "")),
+        cgroup_version=str(d.get("CgroupVersion", "")),
+        runtimes=tuple(sorted(runtimes)) if isinstance(runtimes, dict) else (),
+        default_runtime=str(d.get("DefaultRuntime", "")),
+        root_dir=str(d.get("DockerRootDir", "")),
+    )
 
 
 def _cdi_gpu_specs(root: Path) -> tuple[str, ...]:
@@ -516,14 +595,20 @@ def _fs_type(root: Path, path: str) -> str:
     return kind
 
 
-def storage_driver_for(path: str | Path, overlay: bool, root: Path = Path("/")) -> Literal["overlay", "vfs"]:
+def storage_driver_for(
+    path: str | Path, overlay: bool, root: Path = Path("/")
+) -> Literal["overlay", "vfs"]:
     """The storage driver for a store at ``path``: overlay where the kernel has it (``overlay``)
     and ``path`` is not itself on overlayfs (overlay on overlay fails), else vfs. envspec's own
     storage root follows it, and so does a dockerd started by the tests (overlay2)."""
-    return "overlay" if overlay and _fs_type(root, str(Path(path).absolute())) != "overlay" else "vfs"
+    return (
+        "overlay" if overlay and _fs_type(root, str(Path(path).absolute())) != "overlay" else "vfs"
+    )
 
 
-def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, euid: int, buildah: bool) -> Storage:
+def _storage(
+    root: Path, env: Mapping[str, str], run: Runner, overlay: bool, euid: int, buildah: bool
+) -> Storage:
     """ENVSPEC_STORAGE_ROOT (its run root a short path; overlay where the kernel has it and the
     root is not itself on overlayfs, else vfs), else what ``buildah info`` reports, else the
     default location (not asked, or buildah failed)."""
@@ -538,13 +623,20 @@ def _storage(root: Path, env: Mapping[str, str], run: Runner, overlay: bool, eui
         if rc == 0:
             try:
                 store = json.loads(out).get("store", {})
-                return Storage(str(store.get("GraphRoot", "")), str(store.get("RunRoot", "")),
-                               driver_env or str(store.get("GraphDriverName", "")), FROM_BUILDAH,
-                               driver_from_env=bool(driver_env))
+                return Storage(
+                    str(store.get("GraphRoot", "")),
+                    str(store.get("RunRoot", "")),
+                    driver_env or str(store.get("GraphDriverName", "")),
+                    FROM_BUILDAH,
+                    driver_from_env=bool(driver_env),
+                )
             except (ValueError, AttributeError):
                 pass
-    graph = "/var/lib/containers/storage" if euid == 0 else \
-        str(Path(env.get("HOME", "~")) / ".local/share/containers/storage")
+    graph = (
+        "/var/lib/containers/storage"
+        if euid == 0
+        else str(Path(env.get("HOME", "~")) / ".local/share/containers/storage")
+    )
     return Storage(graph, "", driver_env, FROM_DEFAULT, driver_from_env=bool(driver_env))
 
 
@@ -586,8 +678,14 @@ def _gpus(run: Runner) -> tuple[tuple[Gpu, ...], str]:
     return tuple(gpus), ""
 
 
-def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, run: Runner = run_command, *,
-                ask: Collection[Ask] = ASK_ALL, cwd: str | None = None) -> Host:
+def detect_host(
+    root: Path = Path("/"),
+    env: Mapping[str, str] | None = None,
+    run: Runner = run_command,
+    *,
+    ask: Collection[Ask] = ASK_ALL,
+    cwd: str | None = None,
+) -> Host:
     """Look at this host once. ``root``: where /proc, /sys, /etc and /run are read (a fake tree in
     tests); ``env``: the environment (PATH finds the tools; default ``os.environ``); ``run``: runs
     the commands ``ask`` allows; ``cwd``: the directory ``envspec run`` mounts (default: this
@@ -598,8 +696,11 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
 
     tools: dict[str, Tool] = {}
     for name in TOOLS:
-        exe = shutil.which(env.get("ENVSPEC_CONTAINERS_STORAGE") or name, path=path) \
-            if name == "containers-storage" else shutil.which(name, path=path)
+        exe = (
+            shutil.which(env.get("ENVSPEC_CONTAINERS_STORAGE") or name, path=path)
+            if name == "containers-storage"
+            else shutil.which(name, path=path)
+        )
         if exe:
             tools[name] = Tool(exe)
     put = find_put_layer(env)
@@ -621,10 +722,15 @@ def detect_host(root: Path = Path("/"), env: Mapping[str, str] | None = None, ru
     except ValueError:
         cap_sys_resource = euid == 0
     user = env.get("USER", "")
-    subuid = bool(user) and re.search(rf"^{re.escape(user)}:", _read(root, "/etc/subuid") or "", re.M) is not None
+    subuid = (
+        bool(user)
+        and re.search(rf"^{re.escape(user)}:", _read(root, "/etc/subuid") or "", re.M) is not None
+    )
 
     overlay = "overlay" in (_read(root, "/proc/filesystems") or "")
-    storage = _storage(root, env, run, overlay, euid, buildah="buildah info" in ask and "buildah" in tools)
+    storage = _storage(
+        root, env, run, overlay, euid, buildah="buildah info" in ask and "buildah" in tools
+    )
     cache = cache_dir_for(env)
     bridge, subnet = _podman_bridge(root)
     smi = tools["nvidia-smi"].path if "nvidia-smi" in tools else ""
@@ -695,7 +801,9 @@ def emulated_cpu_dir(cache_dir: Path, arch: str) -> Path:
     return cache_dir / "emulation" / f"sys-devices-system-cpu-{arch}"
 
 
-def write_emulated_cpu_dir(dest: Path, *, source: Path = SYSFS_CPU, midr: str = GRACE_MIDR_EL1) -> bool:
+def write_emulated_cpu_dir(
+    dest: Path, *, source: Path = SYSFS_CPU, midr: str = GRACE_MIDR_EL1
+) -> bool:
     """``dest``: the CPU list of this host's ``source`` (/sys/devices/system/cpu: its top-level
     files, online, possible, present, ..., and each cpuN's topology; regular readable files, no
     links) with every cpuN given ``regs/identification/midr_el1`` = ``midr`` and ``revidr_el1`` =
@@ -715,6 +823,7 @@ def write_emulated_cpu_dir(dest: Path, *, source: Path = SYSFS_CPU, midr: str = 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".cpu-", dir=dest.parent))
     try:
+
         def files(rel: Path) -> None:
             here = source / rel
             try:

@@ -29,20 +29,36 @@ def spec_text(a: Answers, path: Path, lock: Path) -> str:
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
     values = {
-        "name": a.name, "path": str(path), "lock": str(lock),
+        "name": a.name,
+        "path": str(path),
+        "lock": str(lock),
         "description": f"PyTorch on {', '.join(a.gpus)}" if a.gpus else "PyTorch on CPUs",
-        "gpus": ", ".join(json.dumps(g) for g in a.gpus), "driver": a.driver,
-        "python": a.python, "packages": ", ".join(json.dumps(p) for p in a.packages),
-        "torch": a.torch, "cuda": "auto" if a.gpus else "cpu",
-        "tf32": "true" if a.gpus else "false", "shm": "16g" if a.gpus else "1g",
+        "gpus": ", ".join(json.dumps(g) for g in a.gpus),
+        "driver": a.driver,
+        "python": a.python,
+        "packages": ", ".join(json.dumps(p) for p in a.packages),
+        "torch": a.torch,
+        "cuda": "auto" if a.gpus else "cpu",
+        "tf32": "true" if a.gpus else "false",
+        "shm": "16g" if a.gpus else "1g",
     }
-    lines = {"gpus": f"gpus = [{values['gpus']}]", "driver": f'driver = "{a.driver}"',
-             "python": f'version = "{a.python}"', "packages": f"packages = [{values['packages']}]",
-             "torch": f'version = "{a.torch}"', "cuda": f'cuda = "{values["cuda"]}"',
-             "tf32": f"tf32 = {values['tf32']}", "shm": f'shm_size = "{values["shm"]}"'}
+    lines = {
+        "gpus": f"gpus = [{values['gpus']}]",
+        "driver": f'driver = "{a.driver}"',
+        "python": f'version = "{a.python}"',
+        "packages": f"packages = [{values['packages']}]",
+        "torch": f'version = "{a.torch}"',
+        "cuda": f'cuda = "{values["cuda"]}"',
+        "tf32": f"tf32 = {values['tf32']}",
+        "shm": f'shm_size = "{values["shm"]}"',
+    }
     pads = {f"pad_{k}": " " * max(1, COMMENT_COLUMN - len(v)) for k, v in lines.items()}
-    env = Environment(loader=PackageLoader("envspec", "templates"), undefined=StrictUndefined,
-                      keep_trailing_newline=True, autoescape=False)
+    env = Environment(
+        loader=PackageLoader("envspec", "templates"),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
     return env.get_template("spec.toml.j2").render(**values, **pads)
 
 
@@ -54,7 +70,9 @@ def make_spec(a: Answers, path: Path, lock: Path) -> tuple[str, EnvSpec]:
     from envspec.compat import load_db
     from envspec.resolve import choose_all
 
-    choose_all(spec, load_db())  # the GPUs, driver, Python and torch must fit together, as explain says
+    choose_all(
+        spec, load_db()
+    )  # the GPUs, driver, Python and torch must fit together, as explain says
     return text, spec
 
 

@@ -219,7 +219,7 @@ class PlatformPart(_M):
 
     @property
     def name(self) -> str:
-        """"linux-x86_64" | "linux-aarch64": the section's key."""
+        """ "linux-x86_64" | "linux-aarch64": the section's key."""
         return f"{self.platform.os}-{self.platform.arch}"
 
     @property
@@ -262,9 +262,14 @@ class Lockfile(_M):
             parts = []
             for key, section in sections.items():
                 plat = section.get("platform") if isinstance(section, dict) else None
-                if isinstance(plat, dict) and f"{plat.get('os', 'linux')}-{plat.get('arch', 'x86_64')}" != key:
-                    raise ValueError(f"[platforms.{key}.platform] is for {plat.get('os', 'linux')}-"
-                                     f"{plat.get('arch', 'x86_64')}, not {key}")
+                if (
+                    isinstance(plat, dict)
+                    and f"{plat.get('os', 'linux')}-{plat.get('arch', 'x86_64')}" != key
+                ):
+                    raise ValueError(
+                        f"[platforms.{key}.platform] is for {plat.get('os', 'linux')}-"
+                        f"{plat.get('arch', 'x86_64')}, not {key}"
+                    )
                 parts.append(section)
             data["parts"] = parts
         else:
@@ -279,11 +284,15 @@ class Lockfile(_M):
         if len(set(names)) != len(names):
             raise ValueError(f"a platform has two sections: {', '.join(names)}")
         if self.version == SINGLE_VERSION and len(names) != 1:
-            raise ValueError(f"a version {SINGLE_VERSION} lock is for one platform; sections per platform need "
-                             f"version {LOCK_VERSION}")
+            raise ValueError(
+                f"a version {SINGLE_VERSION} lock is for one platform; sections per platform need "
+                f"version {LOCK_VERSION}"
+            )
         if self.version == LOCK_VERSION and len(names) < 2:
-            raise ValueError(f"a version {LOCK_VERSION} lock has a section per platform (at least two); one "
-                             f"platform is written as version {SINGLE_VERSION}")
+            raise ValueError(
+                f"a version {LOCK_VERSION} lock has a section per platform (at least two); one "
+                f"platform is written as version {SINGLE_VERSION}"
+            )
         return self
 
     # -- platforms -----------------------------------------------------------------------
@@ -300,11 +309,13 @@ class Lockfile(_M):
     def part(self) -> PlatformPart:
         """The one platform's part; a multi-platform lock raises ``multi-platform-lock``."""
         if len(self.parts) != 1:
-            raise LockError(f"lock {self.meta.name} has a section per platform ({', '.join(self.platform_names)}) "
-                            "and this step takes one platform",
-                            hint="take one platform's view (Lockfile.for_platform); `envspec build` builds every "
-                                 "platform into one image index, `envspec run` picks the host's",
-                            reference="multi-platform-lock")
+            raise LockError(
+                f"lock {self.meta.name} has a section per platform ({', '.join(self.platform_names)}) "
+                "and this step takes one platform",
+                hint="take one platform's view (Lockfile.for_platform); `envspec build` builds every "
+                "platform into one image index, `envspec run` picks the host's",
+                reference="multi-platform-lock",
+            )
         return self.parts[0]
 
     @property
@@ -333,7 +344,8 @@ class Lockfile(_M):
         if update and any(k in update for k in PART_FIELDS):
             moved = {k: v for k, v in update.items() if k in PART_FIELDS}
             update = {k: v for k, v in update.items() if k not in PART_FIELDS} | {
-                "parts": [self.part.model_copy(update=moved)]}
+                "parts": [self.part.model_copy(update=moved)]
+            }
         return super().model_copy(update=update, deep=deep)
 
     def replace_part(self, **changes: Any) -> "Lockfile":
@@ -355,14 +367,22 @@ class Lockfile(_M):
         ``<name>:<whole lock's hash>-<amd64|arm64>``. Raises ``LockError`` for a platform the lock lacks."""
         part = self.find_part(name)
         if part is None:
-            raise LockError(f"lock {self.meta.name} has no section for {name} (it has {', '.join(self.platform_names)})",
-                            hint="add the platform to [target].platforms and lock again",
-                            reference="platform-not-in-lock")
+            raise LockError(
+                f"lock {self.meta.name} has no section for {name} (it has {', '.join(self.platform_names)})",
+                hint="add the platform to [target].platforms and lock again",
+                reference="platform-not-in-lock",
+            )
         if not self.multi:
             return self
         meta = self.meta.model_copy(update={"part_of": self.meta.content_hash, "content_hash": ""})
-        view = Lockfile(version=SINGLE_VERSION, revision=max(2, part.revision), meta=meta, runtime=self.runtime,
-                        services=self.services, parts=[part])
+        view = Lockfile(
+            version=SINGLE_VERSION,
+            revision=max(2, part.revision),
+            meta=meta,
+            runtime=self.runtime,
+            services=self.services,
+            parts=[part],
+        )
         return view.with_hash()
 
     def views(self) -> list["Lockfile"]:
@@ -373,7 +393,9 @@ class Lockfile(_M):
     def body(self) -> dict:
         """Everything the lock hash covers: all tables but [meta] (for one platform exactly the
         version-1 tables, so the hash of a lock written before sections existed is unchanged)."""
-        d = self.model_dump(mode="json", include={"version", "revision", "runtime", "services"}, exclude_none=True)
+        d = self.model_dump(
+            mode="json", include={"version", "revision", "runtime", "services"}, exclude_none=True
+        )
         parts = [p.model_dump(mode="json", exclude_none=True) for p in self.parts]
         if len(parts) == 1:
             return d | parts[0]
@@ -412,8 +434,11 @@ def short_hash(content_hash: str) -> str:
 # ---------------------------------------------------------------------------------------
 # Resolution -> Lockfile
 
-_WHEEL_PINS = (("cuda", re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")), ("cudnn", re.compile(r"^nvidia-cudnn-cu\d+$")),
-               ("nccl", re.compile(r"^nvidia-nccl-cu\d+$")))
+_WHEEL_PINS = (
+    ("cuda", re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")),
+    ("cudnn", re.compile(r"^nvidia-cudnn-cu\d+$")),
+    ("nccl", re.compile(r"^nvidia-nccl-cu\d+$")),
+)
 
 
 def wheel_pins(wheels: Iterable[Any]) -> dict[str, tuple[str, str]]:
@@ -443,12 +468,21 @@ def torch_pin(t: Any, wheels: Iterable[Any], default_index: str) -> TorchPin:
     if v.cuda:
         for key, (version, name) in sorted(wheel_pins(wheels).items()):
             if version != db[key]:
-                mismatch.append(f"{key}: the compatibility DB says {db[key] or 'nothing'} for torch "
-                                f"{t.release.version} {v.name}, the resolved wheel {name} is {version}")
+                mismatch.append(
+                    f"{key}: the compatibility DB says {db[key] or 'nothing'} for torch "
+                    f"{t.release.version} {v.name}, the resolved wheel {name} is {version}"
+                )
             pins[key] = version
-    return TorchPin(version=t.release.version, local=v.local, variant=v.name, cuda=pins["cuda"],
-                    cudnn=pins["cudnn"], nccl=pins["nccl"], index=(v.index if v.local else default_index),
-                    db_mismatch=mismatch or None)
+    return TorchPin(
+        version=t.release.version,
+        local=v.local,
+        variant=v.name,
+        cuda=pins["cuda"],
+        cudnn=pins["cudnn"],
+        nccl=pins["nccl"],
+        index=(v.index if v.local else default_index),
+        db_mismatch=mismatch or None,
+    )
 
 
 def from_resolution(res: Resolution, *, spec_path: str, db_version: str) -> Lockfile:
@@ -464,17 +498,26 @@ def from_resolutions(results: Sequence[Resolution], *, spec_path: str, db_versio
     ssh = None
     if spec.services.ssh:
         keys = _keys_file(spec)  # the keys the image carries are part of what the lock pins
-        ssh = Ssh(**spec.services.ssh.model_dump(),
-                  authorized_keys_sha256=keys_sha256(keys.read_text(encoding="utf-8")) if keys else None)
+        ssh = Ssh(
+            **spec.services.ssh.model_dump(),
+            authorized_keys_sha256=keys_sha256(keys.read_text(encoding="utf-8")) if keys else None,
+        )
     parts = [_part(res) for res in results]
     lock = Lockfile(
         version=SINGLE_VERSION if len(parts) == 1 else LOCK_VERSION,
         revision=max(p.revision for p in parts),
-        meta=Meta(name=spec.name, spec=spec_path, spec_hash=spec.spec_hash(), db_version=db_version),
-        runtime=RuntimeLock(tf32=spec.runtime.tf32, matmul_precision=spec.runtime.precision(),
-                            shm_size=spec.runtime.shm_size, env=dict(sorted(spec.runtime.env.items())),
-                            ulimits=dict(sorted(spec.runtime.ulimits.items())), user=spec.runtime.user,
-                            uid=spec.runtime.uid),
+        meta=Meta(
+            name=spec.name, spec=spec_path, spec_hash=spec.spec_hash(), db_version=db_version
+        ),
+        runtime=RuntimeLock(
+            tf32=spec.runtime.tf32,
+            matmul_precision=spec.runtime.precision(),
+            shm_size=spec.runtime.shm_size,
+            env=dict(sorted(spec.runtime.env.items())),
+            ulimits=dict(sorted(spec.runtime.ulimits.items())),
+            user=spec.runtime.user,
+            uid=spec.runtime.uid,
+        ),
         services=Services(jupyter=jupyter, ssh=ssh),
         parts=parts,
     )
@@ -491,17 +534,32 @@ def _part(res: Resolution) -> PlatformPart:
     python_full = ""
     if ch.suite is not None:
         pins = sorted(res.debs, key=lambda p: (p.name, p.version, p.architecture))
-        debian = DebianLock(suite=ch.suite, architecture=ch.debian_arch, mirror=spec.sources.debian_mirror,
-                            requested=sorted(res.deb_requested), packages=pins)
+        debian = DebianLock(
+            suite=ch.suite,
+            architecture=ch.debian_arch,
+            mirror=spec.sources.debian_mirror,
+            requested=sorted(res.deb_requested),
+            packages=pins,
+        )
         py = next((p for p in pins if p.name == f"python{ch.python}"), None)
         python_full = py.version.split("-", 1)[0] if py else ""
     return PlatformPart(
-        platform=Platform(arch=ch.arch, python=ch.python, python_full=python_full, python_tag="cp" + ch.python.replace(".", ""),
-                          platform_tag=ch.platform_tag, base=ch.base),
-        hardware=Hardware(gpus=[g.name for g in ch.gpus], compute_capabilities=ch.compute_capabilities,
-                          arch_list=list(t.variant.arch_list) if t else [],
-                          driver_floor=(t.min_driver if t else ""), driver_policy=ch.driver_policy,
-                          driver_assumed=True if ch.driver_assumed else None),
+        platform=Platform(
+            arch=ch.arch,
+            python=ch.python,
+            python_full=python_full,
+            python_tag="cp" + ch.python.replace(".", ""),
+            platform_tag=ch.platform_tag,
+            base=ch.base,
+        ),
+        hardware=Hardware(
+            gpus=[g.name for g in ch.gpus],
+            compute_capabilities=ch.compute_capabilities,
+            arch_list=list(t.variant.arch_list) if t else [],
+            driver_floor=(t.min_driver if t else ""),
+            driver_policy=ch.driver_policy,
+            driver_assumed=True if ch.driver_assumed else None,
+        ),
         torch=torch,
         debian=debian,
         wheels=[_wheel(w) for w in res.wheels],
@@ -513,15 +571,35 @@ def _wheel(w: Any) -> Wheel:
     d = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
     src = d.pop("source")
     if w.is_sdist and src is None:
-        raise ValueError(f"{w.filename}: an sdist without its build inputs (wheels.sdist.pin_inputs)")
+        raise ValueError(
+            f"{w.filename}: an sdist without its build inputs (wheels.sdist.pin_inputs)"
+        )
     if src is not None:
-        def inputs(pins: Any) -> list[BuildInput]:
-            return [BuildInput(name=b.name, version=b.version, filename=b.filename, index=b.index, sha256=b.sha256,
-                               size=b.size) for b in pins]
 
-        d["source"] = SourceBuild(backend=src.backend, requires=list(src.requires), python=src.python,
-                                  compiler=src.compiler, key=src.key, build=inputs(src.build),
-                                  toolkit=inputs(src.toolkit), arch_list=list(src.arch_list), env=dict(src.env))
+        def inputs(pins: Any) -> list[BuildInput]:
+            return [
+                BuildInput(
+                    name=b.name,
+                    version=b.version,
+                    filename=b.filename,
+                    index=b.index,
+                    sha256=b.sha256,
+                    size=b.size,
+                )
+                for b in pins
+            ]
+
+        d["source"] = SourceBuild(
+            backend=src.backend,
+            requires=list(src.requires),
+            python=src.python,
+            compiler=src.compiler,
+            key=src.key,
+            build=inputs(src.build),
+            toolkit=inputs(src.toolkit),
+            arch_list=list(src.arch_list),
+            env=dict(src.env),
+        )
     return Wheel(**d)
 
 
@@ -540,6 +618,7 @@ def _keys_file(spec: EnvSpec) -> Path | None:
 
 # ---------------------------------------------------------------------------------------
 # text
+
 
 def dumps(lock: Lockfile) -> str:
     """The canonical text (``text_data`` as TOML)."""
@@ -561,11 +640,19 @@ def text_data(lock: Lockfile) -> dict[str, Any]:
                 ordered[key] = one[key] if key in one else d[key]
     else:
         ordered |= {"runtime": d["runtime"], "services": d["services"]}
-        ordered["platforms"] = {p.name: {k: dp[k] for k in PART_FIELDS if k in dp} for p, dp in zip(lock.parts, parts)}
+        ordered["platforms"] = {
+            p.name: {k: dp[k] for k in PART_FIELDS if k in dp} for p, dp in zip(lock.parts, parts)
+        }
     return ordered
 
 
-SPEC_TABLES = ("target", "python", "torch", "system", "services")  # a spec's tables, which a lock spells otherwise
+SPEC_TABLES = (
+    "target",
+    "python",
+    "torch",
+    "system",
+    "services",
+)  # a spec's tables, which a lock spells otherwise
 
 
 def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lockfile:
@@ -574,33 +661,58 @@ def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lock
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise LockError(f"{source}: not valid TOML: {e}", hint="regenerate it with `envspec lock`",
-                        reference="invalid-lock") from None
+        raise LockError(
+            f"{source}: not valid TOML: {e}",
+            hint="regenerate it with `envspec lock`",
+            reference="invalid-lock",
+        ) from None
     ver = data.get("version")
-    if ver is None and "meta" not in data and any(isinstance(data.get(k), dict) for k in SPEC_TABLES):
-        raise LockError(f"{source} is a spec, not a lockfile (it has [{next(k for k in SPEC_TABLES if k in data)}] "
-                        "and no [meta] or version)",
-                        hint=f"lock it first, `envspec lock {source}`, and give the lock it writes; `envspec build` "
-                             "takes either", reference="spec-not-lock")
+    if (
+        ver is None
+        and "meta" not in data
+        and any(isinstance(data.get(k), dict) for k in SPEC_TABLES)
+    ):
+        raise LockError(
+            f"{source} is a spec, not a lockfile (it has [{next(k for k in SPEC_TABLES if k in data)}] "
+            "and no [meta] or version)",
+            hint=f"lock it first, `envspec lock {source}`, and give the lock it writes; `envspec build` "
+            "takes either",
+            reference="spec-not-lock",
+        )
     if ver not in READ_VERSIONS:
-        raise LockError(f"{source}: lock format version {ver!r} is not one this envspec reads "
-                        f"({', '.join(map(str, READ_VERSIONS))})",
-                        hint="upgrade envspec, or regenerate the lock with this one", reference="lock-version")
+        raise LockError(
+            f"{source}: lock format version {ver!r} is not one this envspec reads "
+            f"({', '.join(map(str, READ_VERSIONS))})",
+            hint="upgrade envspec, or regenerate the lock with this one",
+            reference="lock-version",
+        )
     if "parts" in data:  # the model's own name, not a key of the text
-        raise LockError(f"{source}: unknown table [parts]", hint="regenerate it with `envspec lock`",
-                        reference="invalid-lock")
+        raise LockError(
+            f"{source}: unknown table [parts]",
+            hint="regenerate it with `envspec lock`",
+            reference="invalid-lock",
+        )
     try:
         lock = Lockfile.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         loc = list(first["loc"])
-        if loc[:1] == ["parts"] and len(loc) > 1:  # the text's names: flat tables (v1), [platforms.<name>] (v2)
-            names = list(data.get("platforms") or {}) if isinstance(data.get("platforms"), dict) else []
+        if (
+            loc[:1] == ["parts"] and len(loc) > 1
+        ):  # the text's names: flat tables (v1), [platforms.<name>] (v2)
+            names = (
+                list(data.get("platforms") or {}) if isinstance(data.get("platforms"), dict) else []
+            )
             i = loc[1]
-            loc = (["platforms", names[i]] if isinstance(i, int) and i < len(names) else []) + loc[2:]
+            loc = (["platforms", names[i]] if isinstance(i, int) and i < len(names) else []) + loc[
+                2:
+            ]
         where = ".".join(str(x) for x in loc)
-        raise LockError(f"{source}: {len(e.errors())} problem(s), first at {where}: {first['msg']}",
-                        hint="regenerate it with `envspec lock`", reference="invalid-lock") from None
+        raise LockError(
+            f"{source}: {len(e.errors())} problem(s), first at {where}: {first['msg']}",
+            hint="regenerate it with `envspec lock`",
+            reference="invalid-lock",
+        ) from None
     if check_hash and lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         raise LockTampered(source, data, _as_written(Path(source), lock.meta.content_hash))
     return lock
@@ -622,13 +734,16 @@ class LockTampered(LockError):
         elif written is not None:
             what = "only its [meta] differs"
         else:
-            what = ("no copy of it as written is at hand to name the field: not in envspec's cache, "
-                    "not in git")
+            what = (
+                "no copy of it as written is at hand to name the field: not in envspec's cache, "
+                "not in git"
+            )
         super().__init__(
             f"{source}: its content does not match its [meta].content_hash: it was changed after "
             f"`envspec lock` wrote it ({what})",
             hint="edit the spec, not the lock, and run `envspec lock SPEC`, which rewrites it; or restore "
-                 f"the lock as written (`git checkout -- {source}`)")
+            f"the lock as written (`git checkout -- {source}`)",
+        )
 
 
 _MISSING = object()
@@ -671,7 +786,12 @@ def _first_difference(written: dict[str, Any], now: dict[str, Any]) -> tuple[str
 
 def _hash_body(body: dict[str, Any]) -> str:
     """The content hash: the sha256 of the tables' canonical JSON (sorted keys, no spaces)."""
-    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return (
+        "sha256:"
+        + hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    )
 
 
 def _text_hash(data: dict[str, Any]) -> str:
@@ -683,7 +803,11 @@ def written_copy_path(content_hash: str, env: Mapping[str, str] | None = None) -
     """Where envspec's cache keeps the text of a lock it wrote, by its content hash."""
     from envspec.cache.dirs import cache_dir_for
 
-    return cache_dir_for(os.environ if env is None else env) / "lockfiles" / (content_hash.split(":", 1)[-1] + ".lock")
+    return (
+        cache_dir_for(os.environ if env is None else env)
+        / "lockfiles"
+        / (content_hash.split(":", 1)[-1] + ".lock")
+    )
 
 
 def remember(text: str, content_hash: str) -> None:
@@ -708,8 +832,12 @@ def _as_written(path: Path, content_hash: str) -> dict[str, Any] | None:
     if path.is_file():
         for rev in (":", "HEAD:"):
             try:
-                got = subprocess.run(["git", "-C", str(path.resolve().parent), "show", f"{rev}./{path.name}"],
-                                     capture_output=True, text=True, timeout=10)
+                got = subprocess.run(
+                    ["git", "-C", str(path.resolve().parent), "show", f"{rev}./{path.name}"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                )
             except (OSError, subprocess.SubprocessError):
                 break
             if got.returncode == 0:
@@ -730,7 +858,11 @@ def load(path: str | Path, *, check_hash: bool = True) -> Lockfile:
     try:
         return loads(p.read_text(encoding="utf-8"), str(p), check_hash=check_hash)
     except FileNotFoundError:
-        raise LockError(f"{p}: no such lockfile", hint="run `envspec lock SPEC` first", reference="lock-not-found") from None
+        raise LockError(
+            f"{p}: no such lockfile",
+            hint="run `envspec lock SPEC` first",
+            reference="lock-not-found",
+        ) from None
 
 
 def _umask() -> int:
@@ -788,7 +920,9 @@ def default_path(spec_path: str | Path, spec_name: str) -> Path:
     for d in (spec_dir, *spec_dir.parents):
         if (d / LOCK_DIR).is_dir():
             return _shown(d / LOCK_DIR / f"{spec_name}.lock")
-        if d == top or not in_git and d != spec_dir:  # no further than the work tree, else the spec's parent
+        if (
+            d == top or not in_git and d != spec_dir
+        ):  # no further than the work tree, else the spec's parent
             break
     base = spec_dir.parent if spec_dir.name == "specs" else spec_dir
     return _shown(base / LOCK_DIR / f"{spec_name}.lock")
@@ -817,27 +951,43 @@ def spec_relative_to_lock(spec_path: str | Path, lock_path: str | Path) -> str:
 # ---------------------------------------------------------------------------------------
 # freshness
 
-def stale_reasons(lock: Lockfile, spec: EnvSpec, *, debian_requested: list[str] | None = None,
-                  platforms: list[str] | None = None) -> list[str]:
+
+def stale_reasons(
+    lock: Lockfile,
+    spec: EnvSpec,
+    *,
+    debian_requested: list[str] | None = None,
+    platforms: list[str] | None = None,
+) -> list[str]:
     """Why a lock no longer matches its spec, in words (empty when it does). ``debian_requested``:
     the Debian packages this envspec would ask for now (its base set changes between versions);
     ``platforms``: the platforms the spec resolves to now ([target].platforms, else its GPUs).
     A multi-platform lock is checked section by section, each reason naming its platform."""
     reasons: list[str] = []
     if platforms is not None and platforms != lock.platform_names:
-        reasons.append(f"the spec resolves for {' and '.join(platforms)} hosts ([target].platforms, else its GPUs), "
-                       f"the lock was made for {' and '.join(lock.platform_names)}")
+        reasons.append(
+            f"the spec resolves for {' and '.join(platforms)} hosts ([target].platforms, else its GPUs), "
+            f"the lock was made for {' and '.join(lock.platform_names)}"
+        )
     if lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         reasons.append("the lock's content does not match its content_hash (edited by hand?)")
     if lock.meta.spec_hash != spec.spec_hash():
-        reasons.append(f"the spec changed since the lock was written (spec hash {spec.spec_hash()[:19]}… "
-                       f"vs {lock.meta.spec_hash[:19]}… in the lock)")
+        reasons.append(
+            f"the spec changed since the lock was written (spec hash {spec.spec_hash()[:19]}… "
+            f"vs {lock.meta.spec_hash[:19]}… in the lock)"
+        )
     if lock.meta.name != spec.name:
         reasons.append(f"name is {spec.name!r} in the spec, {lock.meta.name!r} in the lock")
     gpus_spec = len(spec.target.gpus)
     counts = [len(p.hardware.gpus) for p in lock.parts]
-    if (gpus_spec != counts[0]) if not lock.multi else not (max(counts) <= gpus_spec <= sum(counts)):
-        reasons.append(f"[target].gpus names {gpus_spec} GPU(s), the lock {' + '.join(map(str, counts))}")
+    if (
+        (gpus_spec != counts[0])
+        if not lock.multi
+        else not (max(counts) <= gpus_spec <= sum(counts))
+    ):
+        reasons.append(
+            f"[target].gpus names {gpus_spec} GPU(s), the lock {' + '.join(map(str, counts))}"
+        )
     keys = _keys_file(spec)
     locked_keys = lock.services.ssh.authorized_keys_sha256 if lock.services.ssh else None
     if keys is not None and keys.is_file():
@@ -852,15 +1002,21 @@ def stale_reasons(lock: Lockfile, spec: EnvSpec, *, debian_requested: list[str] 
 def _part_stale(part: PlatformPart, spec: EnvSpec, debian_requested: list[str] | None) -> list[str]:
     reasons: list[str] = []
     if part.platform.python != spec.python.version:
-        reasons.append(f"[python].version is {spec.python.version}, the lock has {part.platform.python}")
+        reasons.append(
+            f"[python].version is {spec.python.version}, the lock has {part.platform.python}"
+        )
     wheels = {w.name: w for w in part.wheels}
     if spec.torch is not None:
         if part.torch is None:
             reasons.append("the spec has [torch], the lock has no torch")
         elif not spec.torch.specifier().contains(Version(part.torch.version), prereleases=True):
-            reasons.append(f"torch {part.torch.version} in the lock is outside [torch].version {spec.torch.version!r}")
+            reasons.append(
+                f"torch {part.torch.version} in the lock is outside [torch].version {spec.torch.version!r}"
+            )
         elif spec.torch.cuda not in ("auto",) and (part.torch.cuda or "cpu") != spec.torch.cuda:
-            reasons.append(f"[torch].cuda is {spec.torch.cuda!r}, the lock has {part.torch.variant}")
+            reasons.append(
+                f"[torch].cuda is {spec.torch.cuda!r}, the lock has {part.torch.variant}"
+            )
     elif part.torch is not None:
         reasons.append("the lock has torch, the spec has no [torch]")
     for r in spec.python.packages:
@@ -868,16 +1024,27 @@ def _part_stale(part: PlatformPart, spec: EnvSpec, debian_requested: list[str] |
         w = wheels.get(canonicalize_name(req.name))
         if w is None:
             reasons.append(f"{req.name} is asked for in [python].packages but not in the lock")
-        elif req.specifier and not SpecifierSet(str(req.specifier)).contains(Version(w.version), prereleases=True):
+        elif req.specifier and not SpecifierSet(str(req.specifier)).contains(
+            Version(w.version), prereleases=True
+        ):
             reasons.append(f"{req.name} {w.version} in the lock does not satisfy {r!r}")
     if spec.target.driver_policy != part.hardware.driver_policy:
-        reasons.append(f"driver_policy is {spec.target.driver_policy!r}, the lock has {part.hardware.driver_policy!r}")
+        reasons.append(
+            f"driver_policy is {spec.target.driver_policy!r}, the lock has {part.hardware.driver_policy!r}"
+        )
     deb = part.debian
-    if deb is not None and debian_requested is not None and sorted(debian_requested) != deb.requested:
+    if (
+        deb is not None
+        and debian_requested is not None
+        and sorted(debian_requested) != deb.requested
+    ):
         added = sorted(set(debian_requested) - set(deb.requested))
         gone = sorted(set(deb.requested) - set(debian_requested))
-        reasons.append("the Debian packages asked for changed" + (f": + {', '.join(added)}" if added else "")
-                       + (f"; - {', '.join(gone)}" if gone else ""))
+        reasons.append(
+            "the Debian packages asked for changed"
+            + (f": + {', '.join(added)}" if added else "")
+            + (f"; - {', '.join(gone)}" if gone else "")
+        )
     if deb is not None:
         have = {p.name for p in deb.packages}
         for i, pkg in enumerate(spec.system.packages):

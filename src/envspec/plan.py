@@ -109,16 +109,24 @@ class BuildPlan:
         return {
             "image": self.tag,
             "layers": [
-                {"group": lay.group, "key": lay.key, "cacheable": lay.cacheable,
-                 "pins": [f"{p.name}=={p.version}" for p in lay.pins]}
+                {
+                    "group": lay.group,
+                    "key": lay.key,
+                    "cacheable": lay.cacheable,
+                    "pins": [f"{p.name}=={p.version}" for p in lay.pins],
+                }
                 for lay in self.layers
             ],
         }
 
 
 def _key(kind: str, payload: dict[str, Any]) -> str:
-    body = json.dumps({"kind": kind, "maker": MAKER_VERSIONS[kind], **payload}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=True)
+    body = json.dumps(
+        {"kind": kind, "maker": MAKER_VERSIONS[kind], **payload},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    )
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -126,18 +134,24 @@ def _problems(lock: Lockfile) -> list[str]:
     """Why the lock cannot be built (it can still be a valid lock: a host-only lock verifies)."""
     problems: list[str] = []
     if lock.platform.base == "none":
-        problems.append("[platform].base is \"none\": a host-only lock can be verified but not built")
+        problems.append('[platform].base is "none": a host-only lock can be verified but not built')
     if not lock.platform.venv.startswith("/"):
         problems.append(f"[platform].venv: {lock.platform.venv!r} is not an absolute path")
     seen: set[str] = set()
     for i, w in enumerate(lock.wheels):
         if w.group not in WHEEL_GROUPS:
-            problems.append(f"wheels[{i}].group: {w.group!r} is not one of {', '.join(WHEEL_GROUPS)}")
+            problems.append(
+                f"wheels[{i}].group: {w.group!r} is not one of {', '.join(WHEEL_GROUPS)}"
+            )
         if not _SHA256.match(w.sha256):
-            problems.append(f"wheels[{i}].sha256: {w.filename} has no sha256 (the build fetches only known bytes)")
+            problems.append(
+                f"wheels[{i}].sha256: {w.filename} has no sha256 (the build fetches only known bytes)"
+            )
         if not w.filename.endswith(".whl") and w.source is None:
-            problems.append(f"wheels[{i}].filename: {w.filename!r} is not a wheel, and the lock gives no build inputs "
-                            "for it ([wheels.source])")
+            problems.append(
+                f"wheels[{i}].filename: {w.filename!r} is not a wheel, and the lock gives no build inputs "
+                "for it ([wheels.source])"
+            )
         if w.filename in seen:
             problems.append(f"wheels: {w.filename} is listed twice")
         seen.add(w.filename)
@@ -151,47 +165,103 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
     the build turns it off where no interpreter of the image's version can compile them)."""
     problems = _problems(lock)
     if problems:
-        raise PlanError("the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),
-                        hint="re-create it with `envspec lock`")
+        raise PlanError(
+            "the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),
+            hint="re-create it with `envspec lock`",
+        )
     platform, rt = lock.platform, lock.runtime
-    debs = tuple(sorted(lock.debian.packages if lock.debian else (),
-                        key=lambda d: (d.name, d.version, d.architecture, d.filename)))
-    pyc = f"{BYTECODE_RECIPE} cpython-{platform.python_full}" if bytecode and platform.python_full else "none"
-    layers = [Layer(
-        group="base",
-        key=_key("base", {
-            "debs": [d.sha256 for d in debs],
-            "venv": platform.venv, "python": platform.python, "python_full": platform.python_full,
-            "arch": platform.arch, "user": rt.user, "uid": rt.uid, "workdir": rt.workdir,
-            "pyc": pyc if debs else "none",
-        }),
-        debs=debs,
-    )]
+    debs = tuple(
+        sorted(
+            lock.debian.packages if lock.debian else (),
+            key=lambda d: (d.name, d.version, d.architecture, d.filename),
+        )
+    )
+    pyc = (
+        f"{BYTECODE_RECIPE} cpython-{platform.python_full}"
+        if bytecode and platform.python_full
+        else "none"
+    )
+    layers = [
+        Layer(
+            group="base",
+            key=_key(
+                "base",
+                {
+                    "debs": [d.sha256 for d in debs],
+                    "venv": platform.venv,
+                    "python": platform.python,
+                    "python_full": platform.python_full,
+                    "arch": platform.arch,
+                    "user": rt.user,
+                    "uid": rt.uid,
+                    "workdir": rt.workdir,
+                    "pyc": pyc if debs else "none",
+                },
+            ),
+            debs=debs,
+        )
+    ]
     for group in WHEEL_GROUPS:
-        pins = tuple(sorted((w for w in lock.wheels if w.group == group and not w.built),
-                            key=lambda w: (w.name, w.version, w.filename)))
+        pins = tuple(
+            sorted(
+                (w for w in lock.wheels if w.group == group and not w.built),
+                key=lambda w: (w.name, w.version, w.filename),
+            )
+        )
         if pins:
-            layers.append(Layer(
-                group=group,
-                key=_key(group, {"wheels": sorted(w.sha256 for w in pins),
-                                 "venv": platform.venv, "python": platform.python, "arch": platform.arch,
-                                 "pyc": pyc}),
-                wheels=pins,
-            ))
-    built = tuple(sorted((w for w in lock.wheels if w.built), key=lambda w: (w.name, w.version, w.filename)))
-    if built:  # named by what the wheels are built from (the derivations' keys), not the sdists alone
-        layers.append(Layer(
-            group="source",
-            key=_key("source", {"derivations": sorted(w.source.key for w in built if w.source is not None),
-                                "venv": platform.venv, "python": platform.python, "arch": platform.arch, "pyc": pyc}),
-            wheels=built,
-        ))
-    layers.append(Layer(
-        group="envspec",
-        key=_key("envspec", {"lock": lock.meta.content_hash, "venv": platform.venv, "python": platform.python,
-                             "pyc": pyc}),
-        cacheable=False,
-    ))
+            layers.append(
+                Layer(
+                    group=group,
+                    key=_key(
+                        group,
+                        {
+                            "wheels": sorted(w.sha256 for w in pins),
+                            "venv": platform.venv,
+                            "python": platform.python,
+                            "arch": platform.arch,
+                            "pyc": pyc,
+                        },
+                    ),
+                    wheels=pins,
+                )
+            )
+    built = tuple(
+        sorted((w for w in lock.wheels if w.built), key=lambda w: (w.name, w.version, w.filename))
+    )
+    if (
+        built
+    ):  # named by what the wheels are built from (the derivations' keys), not the sdists alone
+        layers.append(
+            Layer(
+                group="source",
+                key=_key(
+                    "source",
+                    {
+                        "derivations": sorted(w.source.key for w in built if w.source is not None),
+                        "venv": platform.venv,
+                        "python": platform.python,
+                        "arch": platform.arch,
+                        "pyc": pyc,
+                    },
+                ),
+                wheels=built,
+            )
+        )
+    layers.append(
+        Layer(
+            group="envspec",
+            key=_key(
+                "envspec",
+                {
+                    "lock": lock.meta.content_hash,
+                    "venv": platform.venv,
+                    "python": platform.python,
+                    "pyc": pyc,
+                },
+            ),
+            cacheable=False,
+        )
+    )
     return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")
 
 
@@ -203,7 +273,12 @@ def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
     if lock.multi:
         return [e for view in lock.views() for e in cache_entries(view)]
     out = [("wheel", w.sha256) for w in lock.wheels]
-    out += [("wheel", b.sha256) for w in lock.wheels if w.source is not None for b in (*w.source.build, *w.source.toolkit)]
+    out += [
+        ("wheel", b.sha256)
+        for w in lock.wheels
+        if w.source is not None
+        for b in (*w.source.build, *w.source.toolkit)
+    ]
     out += [("built", w.source.key.split(":", 1)[-1]) for w in lock.wheels if w.source is not None]
     out += [("deb", d.sha256) for d in (lock.debian.packages if lock.debian else ())]
     try:

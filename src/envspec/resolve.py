@@ -22,7 +22,16 @@ from packaging.version import Version
 
 from envspec import debian  # a lazy package: its modules load on first use
 from envspec.cache.dirs import cache_dir_for
-from envspec.compat import PLATFORMS, CompatDB, Gpu, TorchRelease, Variant, arch_runs, driver_branch, why_arch
+from envspec.compat import (
+    PLATFORMS,
+    CompatDB,
+    Gpu,
+    TorchRelease,
+    Variant,
+    arch_runs,
+    driver_branch,
+    why_arch,
+)
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
 from envspec.compat.platforms import PypiBuild, pypi_build, pypi_builds
 from envspec.debian.suites import SUITES as DEBIAN_SUITES
@@ -51,21 +60,28 @@ def manylinux_glibc(glibc: str) -> str:
 
 
 # Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
-SUITES: dict[str, tuple[str, str]] = {facts["python"]: (suite, manylinux_glibc(facts["glibc"]))
-                                      for suite, facts in DEBIAN_SUITES.items()}
+SUITES: dict[str, tuple[str, str]] = {
+    facts["python"]: (suite, manylinux_glibc(facts["glibc"]))
+    for suite, facts in DEBIAN_SUITES.items()
+}
 
 
 # ---------------------------------------------------------------------------------------
 # results
+
 
 @dataclass(frozen=True)
 class Candidate:
     variant: str
     cuda: str | None
     ok: bool
-    facts: tuple[dict, ...]  # why it fits, or the causes why not (explain.candidate_reason words them)
+    facts: tuple[
+        dict, ...
+    ]  # why it fits, or the causes why not (explain.candidate_reason words them)
     preferred: bool = False
-    index: str = ""  # where its wheels come from: PyPI for the build PyPI serves, else the PyTorch index
+    index: str = (
+        ""  # where its wheels come from: PyPI for the build PyPI serves, else the PyTorch index
+    )
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,12 @@ class PassedOver:
     requires: str  # its requirement on torch, as its metadata says ("torch==2.14.0")
 
     def to_json(self) -> dict[str, str]:
-        return {"torch": self.torch, "package": self.package, "version": self.version, "requires": self.requires}
+        return {
+            "torch": self.torch,
+            "package": self.package,
+            "version": self.version,
+            "requires": self.requires,
+        }
 
 
 @dataclass(frozen=True)
@@ -119,11 +140,16 @@ class Choice:
     def driver_assumed(self) -> bool:
         """The spec targets GPUs with a CUDA build but sets no [target].driver: the lock's floor is
         what the chosen build needs, assumed of the hosts (docs/lockfile.md)."""
-        return bool(self.gpus) and not self.spec.target.driver and self.torch is not None and bool(self.torch.variant.cuda)
+        return (
+            bool(self.gpus)
+            and not self.spec.target.driver
+            and self.torch is not None
+            and bool(self.torch.variant.cuda)
+        )
 
     @property
     def platform(self) -> str:
-        """"linux-x86_64" or "linux-aarch64": what wheels, Python tags and Debian packages are for."""
+        """ "linux-x86_64" or "linux-aarch64": what wheels, Python tags and Debian packages are for."""
         return PLATFORMS[self.arch]
 
     @property
@@ -171,13 +197,17 @@ class SourceInputs:
     requires: tuple[str, ...]
     build: tuple[WheelCandidate, ...]
     python: str  # the exact CPython that builds it ("3.11.2")
-    compiler: str  # the locked Debian compiler ("gcc-12 12.2.0-14+deb12u1"), "" where the lock has none
+    compiler: (
+        str  # the locked Debian compiler ("gcc-12 12.2.0-14+deb12u1"), "" where the lock has none
+    )
     key: str
     # a CUDA extension (it builds against a CUDA torch): NVIDIA's toolkit wheels for the lock's CUDA,
     # and the lock's GPU architectures
     toolkit: tuple[WheelCandidate, ...] = ()
     arch_list: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()  # the package's own build settings (``wheels.sdist.PACKAGE_ENV``)
+    env: tuple[
+        tuple[str, str], ...
+    ] = ()  # the package's own build settings (``wheels.sdist.PACKAGE_ENV``)
 
 
 @dataclass(frozen=True)
@@ -191,6 +221,7 @@ class Resolution:
 # ---------------------------------------------------------------------------------------
 # offline choice
 
+
 def _cuda_key(v: Variant) -> tuple:
     return tuple(int(x) for x in v.cuda.split(".")) if v.cuda else (0,)
 
@@ -203,7 +234,9 @@ def choose_all(spec: EnvSpec, db: CompatDB) -> list[Choice]:
     return [choose(spec, db)]
 
 
-def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_version: str | None = None) -> Choice:
+def choose(
+    spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_version: str | None = None
+) -> Choice:
     """Pick platform, GPU targets and the torch build. Raises SpecError or ResolutionImpossible.
     ``platform``: which of ``[target].platforms`` to choose for (default its first); with several
     platforms each choice targets the spec's GPUs that ship in that platform's hosts.
@@ -214,29 +247,45 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
         g = db.find_gpu(name)
         vendor = None if g is not None else not_nvidia(name)
         if vendor is not None:
-            problems.append(spec.problem(
-                ("target", "gpus", i), f"'{name}' is not an NVIDIA GPU: it is {vendor}'s, and envspec builds "
-                                       "CUDA images for NVIDIA GPUs only",
-                hint="name the NVIDIA GPUs the image runs on; for this one, use its vendor's PyTorch build and "
-                     "container images (envspec does not lock them)",
-                reference="gpu-not-nvidia"))
+            problems.append(
+                spec.problem(
+                    ("target", "gpus", i),
+                    f"'{name}' is not an NVIDIA GPU: it is {vendor}'s, and envspec builds "
+                    "CUDA images for NVIDIA GPUs only",
+                    hint="name the NVIDIA GPUs the image runs on; for this one, use its vendor's PyTorch build and "
+                    "container images (envspec does not lock them)",
+                    reference="gpu-not-nvidia",
+                )
+            )
         elif g is None:
             sugg = db.suggest_gpus(name)
-            problems.append(spec.problem(("target", "gpus", i), f"unknown GPU '{name}'",
-                                         hint=(f"did you mean '{sugg[0]}'?" if sugg else
-                                               "use a name as nvidia-smi prints it, a short form like 'H100', or 'sm_90'; "
-                                               "`envspec db show` lists the known GPUs"),
-                                         reference="unknown-gpu"))
+            problems.append(
+                spec.problem(
+                    ("target", "gpus", i),
+                    f"unknown GPU '{name}'",
+                    hint=(
+                        f"did you mean '{sugg[0]}'?"
+                        if sugg
+                        else "use a name as nvidia-smi prints it, a short form like 'H100', or 'sm_90'; "
+                        "`envspec db show` lists the known GPUs"
+                    ),
+                    reference="unknown-gpu",
+                )
+            )
         elif not g.pypi_torch and spec.torch is not None:
-            problems.append(spec.problem(
-                ("target", "gpus", i),
-                f"'{name}' is a Jetson GPU ({g.name}, {g.architecture}, cc {g.cc}): no torch from PyPI or "
-                f"download.pytorch.org runs on it (Jetson Linux's CUDA is not the server-Arm CUDA their aarch64 "
-                f"wheels are built for, and none has {g.sm} kernels)",
-                hint="on the device use NVIDIA's PyTorch for Jetson (https://docs.nvidia.com/deeplearning/frameworks/"
-                     "install-pytorch-jetson-platform/index.html) or its l4t containers, and lock this spec for the "
-                     f"servers' GPUs only; the facts and their sources: gpus.toml's family of cc {g.cc} "
-                     "(`envspec db show --json`)", reference="gpu-jetson-no-pypi-torch"))
+            problems.append(
+                spec.problem(
+                    ("target", "gpus", i),
+                    f"'{name}' is a Jetson GPU ({g.name}, {g.architecture}, cc {g.cc}): no torch from PyPI or "
+                    f"download.pytorch.org runs on it (Jetson Linux's CUDA is not the server-Arm CUDA their aarch64 "
+                    f"wheels are built for, and none has {g.sm} kernels)",
+                    hint="on the device use NVIDIA's PyTorch for Jetson (https://docs.nvidia.com/deeplearning/frameworks/"
+                    "install-pytorch-jetson-platform/index.html) or its l4t containers, and lock this spec for the "
+                    f"servers' GPUs only; the facts and their sources: gpus.toml's family of cc {g.cc} "
+                    "(`envspec db show --json`)",
+                    reference="gpu-jetson-no-pypi-torch",
+                )
+            )
         else:
             gpus.append(g)
     arch = "x86_64"
@@ -253,9 +302,14 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
     suite, glibc = None, HOST_GLIBC
     if base == "auto":
         if py not in SUITES:
-            problems.append(spec.problem(("python", "version"), f"no Debian base ships Python {py}",
-                                         hint="use 3.11 (bookworm) or 3.13 (trixie), or [system].base = \"none\" for a host-only lock",
-                                         reference="python-unavailable"))
+            problems.append(
+                spec.problem(
+                    ("python", "version"),
+                    f"no Debian base ships Python {py}",
+                    hint='use 3.11 (bookworm) or 3.13 (trixie), or [system].base = "none" for a host-only lock',
+                    reference="python-unavailable",
+                )
+            )
         else:
             suite, glibc = SUITES[py]
             base = f"debian:{suite}"
@@ -263,41 +317,72 @@ def choose(spec: EnvSpec, db: CompatDB, *, platform: str | None = None, torch_ve
         suite = base.split(":", 1)[1]
         want = next((p for p, (s, _) in SUITES.items() if s == suite), None)
         if want != py:
-            problems.append(spec.problem(("python", "version"), f"Debian {suite} ships Python {want}, not {py}",
-                                         hint=f"set [python].version = \"{want}\" or [system].base = \"auto\"",
-                                         reference="python-unavailable"))
+            problems.append(
+                spec.problem(
+                    ("python", "version"),
+                    f"Debian {suite} ships Python {want}, not {py}",
+                    hint=f'set [python].version = "{want}" or [system].base = "auto"',
+                    reference="python-unavailable",
+                )
+            )
         glibc = SUITES.get(want or "", (None, HOST_GLIBC))[1]
     if problems:
         raise SpecError(spec.file, problems)
-    torch = _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
-    notes = [f"torch {c['torch']} is in the DB but needs review, so it was not considered: " + "; ".join(c["items"])
-             for c in (torch.skipped if torch else [])]
+    torch = (
+        _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
+    )
+    notes = [
+        f"torch {c['torch']} is in the DB but needs review, so it was not considered: "
+        + "; ".join(c["items"])
+        for c in (torch.skipped if torch else [])
+    ]
     if arch != "x86_64" and torch is not None:
-        notes.append("the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
-                     f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time")
+        notes.append(
+            "the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
+            f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time"
+        )
         row = pypi_platform_build(torch.release.version, PLATFORMS[arch])
-        notes.append(f"PyPI's {PLATFORMS[arch]} wheel of torch {torch.release.version} is the {row.variant} build "
-                     "(compat/data/torch_platforms.toml)" if row else
-                     f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
-                     f"every build of it comes from the PyTorch index ({torch.variant.index})")
-    choice = Choice(spec=spec, python=py, base=base, suite=suite, glibc=glibc, gpus=gpus, torch=torch,
-                    driver_policy=spec.target.driver_policy, notes=notes, arch=arch)
+        notes.append(
+            f"PyPI's {PLATFORMS[arch]} wheel of torch {torch.release.version} is the {row.variant} build "
+            "(compat/data/torch_platforms.toml)"
+            if row
+            else f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
+            f"every build of it comes from the PyTorch index ({torch.variant.index})"
+        )
+    choice = Choice(
+        spec=spec,
+        python=py,
+        base=base,
+        suite=suite,
+        glibc=glibc,
+        gpus=gpus,
+        torch=torch,
+        driver_policy=spec.target.driver_policy,
+        notes=notes,
+        arch=arch,
+    )
     if choice.driver_assumed and torch is not None:
-        notes.append(f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
-                     f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
-                     "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
-                     "that runs there")
+        notes.append(
+            f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
+            f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
+            "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
+            "that runs there"
+        )
     return choice
 
 
-def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tuple[str, Problem | None]:
+def _platform(
+    spec: EnvSpec, gpus: list[Gpu], platform: str | None = None
+) -> tuple[str, Problem | None]:
     """The CPU architecture of the hosts: ``platform`` or the first of ``[target].platforms`` (with
     one platform each GPU must ship in such hosts; with several, each GPU in the hosts of one of
     them), else the one every named GPU's hosts share: x86_64 where it can (and without GPUs),
     aarch64 for Grace systems (GH200, GB200, GB300), DGX Spark (GB10) and Jetson; a problem when the
     GPUs need hosts of different architectures and the spec names no platforms."""
     if spec.target.platforms:
-        want = next(a for a, name in PLATFORMS.items() if name == (platform or spec.target.platforms[0]))
+        want = next(
+            a for a, name in PLATFORMS.items() if name == (platform or spec.target.platforms[0])
+        )
         named = {a for a, name in PLATFORMS.items() if name in spec.target.platforms}
         for i, g in enumerate(gpus):
             if (want not in g.host_arch) if len(named) == 1 else not (named & set(g.host_arch)):
@@ -305,9 +390,11 @@ def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tu
                 return want, spec.problem(
                     ("target", "gpus", i),
                     f"{g.short} ({g.name}) ships in {others} hosts only, not in "
-                    f"{' or '.join(PLATFORMS[a] for a in sorted(named, reverse=True))} hosts as [target].platforms says" + (f" (source: {g.host_arch_source})" if g.host_arch_source else ""),
-                    hint=f"set [target].platforms = [\"{others}\"] or drop the key, or target another GPU",
-                    reference="gpu-not-on-platform")
+                    f"{' or '.join(PLATFORMS[a] for a in sorted(named, reverse=True))} hosts as [target].platforms says"
+                    + (f" (source: {g.host_arch_source})" if g.host_arch_source else ""),
+                    hint=f'set [target].platforms = ["{others}"] or drop the key, or target another GPU',
+                    reference="gpu-not-on-platform",
+                )
         return want, None
     common = {"x86_64", "aarch64"}
     for g in gpus:
@@ -323,16 +410,29 @@ def _platform(spec: EnvSpec, gpus: list[Gpu], platform: str | None = None) -> tu
         ("target", "gpus", idx),
         f"the GPUs need hosts of two CPU architectures: {', '.join(g.short for g in arm)} ship in linux-aarch64 "
         f"(Grace/Arm) hosts only, {', '.join(g.short for g in x86)} in linux-x86_64 hosts",
-        hint="name both: [target].platforms = [\"linux-x86_64\", \"linux-aarch64\"] (one lock with a section per "
-             "platform, each targeting its GPUs), or split the spec",
-        reference="mixed-platforms")
+        hint='name both: [target].platforms = ["linux-x86_64", "linux-aarch64"] (one lock with a section per '
+        "platform, each targeting its GPUs), or split the spec",
+        reference="mixed-platforms",
+    )
 
 
 # Accelerators of other vendors, by the names people write: AMD Instinct and Radeon, Intel Gaudi,
 # Data Center GPU Max and Arc, Apple silicon, Google TPU, AWS Trainium and Inferentia.
 _OTHER_VENDORS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("AMD", re.compile(r"\b(amd|instinct|radeon|mi\s?[1-4]\d{2}[a-z]*|mi\s?\d{2}|rx\s?\d{4}[a-z]*|w\d{4})\b", re.I)),
-    ("Intel", re.compile(r"\b(intel|gaudi\s?\d?|habana|arc\s?[ab]\d{3}|(data center )?gpu max(\s?\d{4})?|max\s?1[15][05]0|ponte vecchio)\b", re.I)),
+    (
+        "AMD",
+        re.compile(
+            r"\b(amd|instinct|radeon|mi\s?[1-4]\d{2}[a-z]*|mi\s?\d{2}|rx\s?\d{4}[a-z]*|w\d{4})\b",
+            re.I,
+        ),
+    ),
+    (
+        "Intel",
+        re.compile(
+            r"\b(intel|gaudi\s?\d?|habana|arc\s?[ab]\d{3}|(data center )?gpu max(\s?\d{4})?|max\s?1[15][05]0|ponte vecchio)\b",
+            re.I,
+        ),
+    ),
     ("Apple", re.compile(r"\b(apple|m[1-5]\s?(pro|max|ultra)|mps)\b", re.I)),
     ("Google", re.compile(r"\b(tpu(\s?v\d+[a-z]*)?)\b", re.I)),
     ("AWS", re.compile(r"\b(trainium\d?|inferentia\d?|trn[12]|inf[12])\b", re.I)),
@@ -358,21 +458,29 @@ def gpu_driver_problems(spec: EnvSpec, gpus: list[Gpu]) -> list[Problem]:
     for g in {g.name: g for g in gpus}.values():  # each GPU once, in the spec's order
         cannot = f"driver {driver} cannot drive {g.short} ({g.name}, {g.sm}): "
         if driver and g.driver_too_old(driver):
-            out.append(spec.problem(
-                ("target", "driver"),
-                cannot + f"it needs driver branch R{g.min_driver} or newer, whatever the driver policy "
-                         f"(source: {g.min_driver_source})",
-                hint=f"upgrade the hosts' driver to R{g.min_driver} or newer; CUDA minor-version compatibility "
-                     "does not add GPU support to an older driver",
-                reference="driver-too-old-for-gpu"))
+            out.append(
+                spec.problem(
+                    ("target", "driver"),
+                    cannot
+                    + f"it needs driver branch R{g.min_driver} or newer, whatever the driver policy "
+                    f"(source: {g.min_driver_source})",
+                    hint=f"upgrade the hosts' driver to R{g.min_driver} or newer; CUDA minor-version compatibility "
+                    "does not add GPU support to an older driver",
+                    reference="driver-too-old-for-gpu",
+                )
+            )
         elif driver and g.driver_too_new(driver):
-            out.append(spec.problem(
-                ("target", "driver"),
-                cannot + f"R{g.max_driver} is the last driver branch for it, whatever the driver policy "
-                         f"(source: {g.max_driver_source})",
-                hint=f"hosts with {g.short} stay on an R{g.max_driver} driver (set [target].driver to the one they "
-                     f"run); a fleet moving past R{g.max_driver} needs newer GPUs",
-                reference="driver-too-new-for-gpu"))
+            out.append(
+                spec.problem(
+                    ("target", "driver"),
+                    cannot
+                    + f"R{g.max_driver} is the last driver branch for it, whatever the driver policy "
+                    f"(source: {g.max_driver_source})",
+                    hint=f"hosts with {g.short} stay on an R{g.max_driver} driver (set [target].driver to the one they "
+                    f"run); a fleet moving past R{g.max_driver} needs newer GPUs",
+                    reference="driver-too-new-for-gpu",
+                )
+            )
     return out
 
 
@@ -397,7 +505,9 @@ def driver_floor(db: CompatDB, variant: Variant, policy: str) -> str | None:
     return tk.driver_compat if policy == "compat" else tk.driver_strict
 
 
-def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]) -> tuple[bool, list[dict]]:
+def _judge(
+    spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]
+) -> tuple[bool, list[dict]]:
     """Whether a variant fits, and the facts why (causes when it does not); explain.py words them."""
     causes: list[dict] = []
     want = spec.torch.cuda if spec.torch else "auto"
@@ -406,33 +516,77 @@ def _judge(spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: lis
     if want not in ("cpu", "auto") and v.cuda != want:
         causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": want})
     if want == "auto" and not v.cuda:
-        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build"})
+        causes.append(
+            {"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build"}
+        )
     if spec.python.version not in rel.python:
-        causes.append({"kind": "python-unsupported", "torch": rel.version, "python": spec.python.version,
-                       "supported": rel.python})
+        causes.append(
+            {
+                "kind": "python-unsupported",
+                "torch": rel.version,
+                "python": spec.python.version,
+                "supported": rel.python,
+            }
+        )
     if v.cuda:
         for g in gpus:
             if not any(arch_runs(g.cc, a) for a in v.arch_list):
-                causes.append({"kind": "arch-missing", "gpu": _short(g), "gpu_name": g.name, "cc": g.cc, "variant": v.name,
-                               "arch_list": v.arch_list, "torch": rel.version})
+                causes.append(
+                    {
+                        "kind": "arch-missing",
+                        "gpu": _short(g),
+                        "gpu_name": g.name,
+                        "cc": g.cc,
+                        "variant": v.name,
+                        "arch_list": v.arch_list,
+                        "torch": rel.version,
+                    }
+                )
         floor = driver_floor(db, v, spec.target.driver_policy)
         if floor is None:
             causes.append({"kind": "unknown-cuda", "cuda": v.cuda})
         elif spec.target.driver and Version(spec.target.driver) < Version(floor):
-            causes.append({"kind": "driver-too-old", "driver": spec.target.driver, "needed": floor, "cuda": v.cuda,
-                           "policy": spec.target.driver_policy, "variant": v.name})
-        elif floor and not spec.target.driver:  # the floor the hosts are assumed to run: no newer than a GPU's last branch
+            causes.append(
+                {
+                    "kind": "driver-too-old",
+                    "driver": spec.target.driver,
+                    "needed": floor,
+                    "cuda": v.cuda,
+                    "policy": spec.target.driver_policy,
+                    "variant": v.name,
+                }
+            )
+        elif (
+            floor and not spec.target.driver
+        ):  # the floor the hosts are assumed to run: no newer than a GPU's last branch
             for g in gpus:
                 if g.driver_too_new(floor):
-                    causes.append({"kind": "driver-past-gpu", "gpu": _short(g), "gpu_name": g.name, "needed": floor,
-                                   "last": g.max_driver, "cuda": v.cuda, "policy": spec.target.driver_policy,
-                                   "variant": v.name, "source": g.max_driver_source})
+                    causes.append(
+                        {
+                            "kind": "driver-past-gpu",
+                            "gpu": _short(g),
+                            "gpu_name": g.name,
+                            "needed": floor,
+                            "last": g.max_driver,
+                            "cuda": v.cuda,
+                            "policy": spec.target.driver_policy,
+                            "variant": v.name,
+                            "source": g.max_driver_source,
+                        }
+                    )
     if causes:
         return False, causes
-    fits: list[dict] = [{"kind": "arch-fits", "gpu": _short(g), "why": why_arch(g.cc, v.arch_list)[1]} for g in gpus]
+    fits: list[dict] = [
+        {"kind": "arch-fits", "gpu": _short(g), "why": why_arch(g.cc, v.arch_list)[1]} for g in gpus
+    ]
     if v.cuda:
-        fits.append({"kind": "driver-floor", "floor": driver_floor(db, v, spec.target.driver_policy),
-                     "policy": spec.target.driver_policy})
+        fits.append(
+            {
+                "kind": "driver-floor",
+                "floor": driver_floor(db, v, spec.target.driver_policy),
+                "policy": spec.target.driver_policy,
+            }
+        )
     return True, fits
 
 
@@ -476,8 +630,13 @@ def on_platform(v: Variant, rel: TorchRelease, arch: str) -> Variant:
         return v.model_copy(update={"index": PYPI_INDEX, "local": "", "pypi": True})
     if v.pypi or not v.local:
         local = v.pytorch_local or v.name
-        return v.model_copy(update={"index": v.pytorch_index or f"{PYTORCH_INDEX}/{local}", "local": local,
-                                    "pypi": False})
+        return v.model_copy(
+            update={
+                "index": v.pytorch_index or f"{PYTORCH_INDEX}/{local}",
+                "local": local,
+                "pypi": False,
+            }
+        )
     return v
 
 
@@ -485,11 +644,14 @@ def _releases(spec: EnvSpec, db: CompatDB) -> list[TorchRelease]:
     """The DB's torch releases within ``[torch].version``, oldest first."""
     assert spec.torch is not None
     spec_set = spec.torch.specifier()
-    return [r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)]
+    return [
+        r for r in db.torch_releases if spec_set.contains(Version(r.version), prereleases=False)
+    ]
 
 
-def _judge_release(spec: EnvSpec, db: CompatDB, rel: TorchRelease, gpus: list[Gpu],
-                   arch: str) -> tuple[Variant | None, list[tuple[Variant, bool, list[dict]]]]:
+def _judge_release(
+    spec: EnvSpec, db: CompatDB, rel: TorchRelease, gpus: list[Gpu], arch: str
+) -> tuple[Variant | None, list[tuple[Variant, bool, list[dict]]]]:
     """The build of ``rel`` to take (None: none fits) and every build with whether it fits and why."""
     judged = []
     for v in sorted(rel.variants.values(), key=_cuda_key):
@@ -499,7 +661,9 @@ def _judge_release(spec: EnvSpec, db: CompatDB, rel: TorchRelease, gpus: list[Gp
     return _prefer(rel, [v for v, ok, _ in judged if ok], _pypi_variant(rel, arch)), judged
 
 
-def fitting_releases(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64") -> list[str]:
+def fitting_releases(
+    spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64"
+) -> list[str]:
     """The torch releases within ``[torch].version`` with a build that fits the GPUs, driver, Python
     and platform (releases that need review left out), newest first."""
     out = []
@@ -509,54 +673,105 @@ def fitting_releases(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "
     return out
 
 
-def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64",
-                  only: str | None = None) -> TorchChoice:
+def _choose_torch(
+    spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64", only: str | None = None
+) -> TorchChoice:
     """The newest release within ``[torch].version`` (only ``only``, where given) with a build that
     fits, and that build."""
     assert spec.torch is not None
     releases = [r for r in _releases(spec, db) if only is None or r.version == only]
     if not releases:
         known = [r.version for r in db.torch_releases]
-        raise SpecError(spec.file, [spec.problem(("torch", "version"), f"no torch release matches {spec.torch.version!r}",
-                                                 hint=f"the compatibility DB {db.version} knows {known[0]} to {known[-1]}; "
-                                                      "run `envspec db refresh` for newer releases",
-                                                 reference="no-such-torch")])
+        raise SpecError(
+            spec.file,
+            [
+                spec.problem(
+                    ("torch", "version"),
+                    f"no torch release matches {spec.torch.version!r}",
+                    hint=f"the compatibility DB {db.version} knows {known[0]} to {known[-1]}; "
+                    "run `envspec db refresh` for newer releases",
+                    reference="no-such-torch",
+                )
+            ],
+        )
     all_causes: list[dict] = []
     first_candidates: list[Candidate] | None = None
     newer: list[tuple[str, list[dict]]] = []
     for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
         if rel.needs_review:
             # `db refresh` added it without the facts to judge its builds: not a candidate until curated
-            all_causes.append({"kind": "release-needs-review", "torch": rel.version, "items": list(rel.needs_review),
-                               "where": _where(spec, {"kind": "release-needs-review"})})
+            all_causes.append(
+                {
+                    "kind": "release-needs-review",
+                    "torch": rel.version,
+                    "items": list(rel.needs_review),
+                    "where": _where(spec, {"kind": "release-needs-review"}),
+                }
+            )
             newer.append((rel.version, [all_causes[-1]]))
             continue
         pick, judged = _judge_release(spec, db, rel, gpus, arch)
-        causes = [c | {"torch": rel.version, "where": _where(spec, c)} for _, ok, facts in judged
-                  if not ok for c in facts if c["kind"] != "variant-not-requested"]
+        causes = [
+            c | {"torch": rel.version, "where": _where(spec, c)}
+            for _, ok, facts in judged
+            if not ok
+            for c in facts
+            if c["kind"] != "variant-not-requested"
+        ]
         all_causes.extend(causes)
-        if pick is None:  # each cause with the build it rejects, for explain to say which builds lack what
-            newer.append((rel.version, [c | {"torch": rel.version, "build": v.name} for v, ok, facts in judged
-                                        if not ok for c in facts if c["kind"] != "variant-not-requested"]))
-        cands = [Candidate(v.name, v.cuda, ok, tuple(facts), preferred=(pick is not None and v.name == pick.name),
-                           index=v.served_from(spec.sources.torch_index).index)
-                 for v, ok, facts in judged]
+        if (
+            pick is None
+        ):  # each cause with the build it rejects, for explain to say which builds lack what
+            newer.append(
+                (
+                    rel.version,
+                    [
+                        c | {"torch": rel.version, "build": v.name}
+                        for v, ok, facts in judged
+                        if not ok
+                        for c in facts
+                        if c["kind"] != "variant-not-requested"
+                    ],
+                )
+            )
+        cands = [
+            Candidate(
+                v.name,
+                v.cuda,
+                ok,
+                tuple(facts),
+                preferred=(pick is not None and v.name == pick.name),
+                index=v.served_from(spec.sources.torch_index).index,
+            )
+            for v, ok, facts in judged
+        ]
         if first_candidates is None:
             first_candidates = cands
         if pick is not None:
             # the lock's floor: the CUDA runtime's (by policy) and, above it, the GPUs' first branches
-            floor = _max_driver(driver_floor(db, pick, spec.target.driver_policy) or "", gpu_driver_floor(gpus))
+            floor = _max_driver(
+                driver_floor(db, pick, spec.target.driver_policy) or "", gpu_driver_floor(gpus)
+            )
             # the DB names download.pytorch.org; the spec may name a mirror of it, and the lock's
             # torch pin, uv's index arguments and the wheels' attribution all take it from here
-            return TorchChoice(release=rel, variant=on_platform(pick, rel, arch).served_from(spec.sources.torch_index),
-                               min_driver=floor,
-                               candidates=cands,
-                               skipped=[c for c in all_causes if c["kind"] == "release-needs-review"],
-                               newer=newer)
+            return TorchChoice(
+                release=rel,
+                variant=on_platform(pick, rel, arch).served_from(spec.sources.torch_index),
+                min_driver=floor,
+                candidates=cands,
+                skipped=[c for c in all_causes if c["kind"] == "release-needs-review"],
+                newer=newer,
+            )
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
-        all_causes.append({"kind": "cuda-not-offered", "wanted": spec.torch.cuda, "offered": offered,
-                           "where": spec.problem(("torch", "cuda"), "").where(spec.file)})
+        all_causes.append(
+            {
+                "kind": "cuda-not-offered",
+                "wanted": spec.torch.cuda,
+                "offered": offered,
+                "where": spec.problem(("torch", "cuda"), "").where(spec.file),
+            }
+        )
     suggestions = what_would_fit(spec, db, gpus)
     raise ResolutionImpossible(
         f"no build of torch {spec.torch.version} fits {spec.file or 'the spec'}",
@@ -567,9 +782,13 @@ def _choose_torch(spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86
     )
 
 
-_CAUSE_KEYS = {"arch-missing": ("target", "gpus"), "driver-too-old": ("target", "driver"),
-               "driver-past-gpu": ("target", "gpus"),
-               "python-unsupported": ("python", "version"), "unknown-cuda": ("torch", "cuda")}
+_CAUSE_KEYS = {
+    "arch-missing": ("target", "gpus"),
+    "driver-too-old": ("target", "driver"),
+    "driver-past-gpu": ("target", "gpus"),
+    "python-unsupported": ("python", "version"),
+    "unknown-cuda": ("torch", "cuda"),
+}
 
 
 def _where(spec: EnvSpec, cause: dict) -> str:
@@ -577,7 +796,14 @@ def _where(spec: EnvSpec, cause: dict) -> str:
     path: tuple[str | int, ...] = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
     if cause["kind"] == "arch-missing":
         names = [g for g in spec.target.gpus]
-        idx = next((i for i, n in enumerate(names) if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()), None)
+        idx = next(
+            (
+                i
+                for i, n in enumerate(names)
+                if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()
+            ),
+            None,
+        )
         if idx is not None:
             path = path + (idx,)
     return spec.problem(path, "").where(spec.file)
@@ -599,7 +825,11 @@ def _prefer(rel: TorchRelease, fits: list[Variant], pypi_variant: str | None) ->
 def _dedupe(causes: list[dict]) -> list[dict]:
     seen, out = set(), []
     for c in causes:
-        key = tuple(sorted((k, str(v)) for k, v in c.items() if k not in ("torch", "arch_list", "supported")))
+        key = tuple(
+            sorted(
+                (k, str(v)) for k, v in c.items() if k not in ("torch", "arch_list", "supported")
+            )
+        )
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -608,9 +838,13 @@ def _dedupe(causes: list[dict]) -> list[dict]:
 
 def _main_reference(causes: list[dict]) -> str:
     kinds = [c["kind"] for c in causes]
-    for k, ref in (("arch-missing", "no-kernels-for-gpu"), ("driver-too-old", "driver-too-old"),
-                   ("driver-past-gpu", "driver-too-new-for-gpu"),
-                   ("python-unsupported", "python-unsupported"), ("release-needs-review", "release-needs-review")):
+    for k, ref in (
+        ("arch-missing", "no-kernels-for-gpu"),
+        ("driver-too-old", "driver-too-old"),
+        ("driver-past-gpu", "driver-too-new-for-gpu"),
+        ("python-unsupported", "python-unsupported"),
+        ("release-needs-review", "release-needs-review"),
+    ):
         if k in kinds:
             return ref
     return "no-compatible-torch"
@@ -620,32 +854,64 @@ def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
     """Ignoring the torch range: the oldest release and its variants that would fit, per blocker."""
     out: list[dict] = []
     for g in gpus:
-        fits = [(r, v) for r in db.torch_releases for v in r.variants.values()
-                if v.cuda and any(arch_runs(g.cc, a) for a in v.arch_list)]
+        fits = [
+            (r, v)
+            for r in db.torch_releases
+            for v in r.variants.values()
+            if v.cuda and any(arch_runs(g.cc, a) for a in v.arch_list)
+        ]
         if not fits:
-            out.append({"kind": "suggestion", "text": f"{_short(g)} ({g.cc}) is run by no torch build the DB knows"})
+            out.append(
+                {
+                    "kind": "suggestion",
+                    "text": f"{_short(g)} ({g.cc}) is run by no torch build the DB knows",
+                }
+            )
             continue
         first = min(fits, key=lambda rv: Version(rv[0].version))
         variants = sorted({v.name for r, v in fits if r.version == first[0].version})
         sm = f"sm_{g.cc.replace('.', '')}"
-        out.append({"kind": "suggestion", "gpu": g.name,
-                    "text": f"{_short(g)} needs {sm}: torch >= {first[0].version} with {' or '.join(variants)}"})
+        out.append(
+            {
+                "kind": "suggestion",
+                "gpu": g.name,
+                "text": f"{_short(g)} needs {sm}: torch >= {first[0].version} with {' or '.join(variants)}",
+            }
+        )
     if spec.target.driver:
-        ok = [(r, v) for r in db.torch_releases for v in r.variants.values() if v.cuda
-              and (f := driver_floor(db, v, spec.target.driver_policy)) and Version(spec.target.driver) >= Version(f)]
+        ok = [
+            (r, v)
+            for r in db.torch_releases
+            for v in r.variants.values()
+            if v.cuda
+            and (f := driver_floor(db, v, spec.target.driver_policy))
+            and Version(spec.target.driver) >= Version(f)
+        ]
         if ok:
             newest = max(ok, key=lambda rv: (_cuda_key(rv[1]), Version(rv[0].version)))
-            out.append({"kind": "suggestion",
-                        "text": f"driver {spec.target.driver} runs up to CUDA {newest[1].cuda} "
-                                f"({spec.target.driver_policy}): e.g. torch {newest[0].version} with {newest[1].name}"})
+            out.append(
+                {
+                    "kind": "suggestion",
+                    "text": f"driver {spec.target.driver} runs up to CUDA {newest[1].cuda} "
+                    f"({spec.target.driver_policy}): e.g. torch {newest[0].version} with {newest[1].name}",
+                }
+            )
     if spec.torch and spec.python.version:
-        py_ok = [r.version for r in db.torch_releases if spec.python.version in r.python
-                 and spec.torch.specifier().contains(Version(r.version))]
+        py_ok = [
+            r.version
+            for r in db.torch_releases
+            if spec.python.version in r.python
+            and spec.torch.specifier().contains(Version(r.version))
+        ]
         if not py_ok:
             any_ok = [r.version for r in db.torch_releases if spec.python.version in r.python]
             if any_ok:
-                out.append({"kind": "suggestion",
-                            "text": f"Python {spec.python.version} has torch wheels from {any_ok[0]} to {any_ok[-1]}"})
+                out.append(
+                    {
+                        "kind": "suggestion",
+                        "text": f"Python {spec.python.version} has torch wheels from {any_ok[0]} to {any_ok[-1]}",
+                    }
+                )
     return out
 
 
@@ -688,14 +954,20 @@ def _uv() -> str:
 
         return find_uv_bin()
     except Exception:  # noqa: BLE001
-        raise SourceError("uv is not installed", hint="pip install uv", reference="uv-missing") from None
+        raise SourceError(
+            "uv is not installed", hint="pip install uv", reference="uv-missing"
+        ) from None
 
 
-def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -> tuple[list[str], list[str]]:
+def _index_args(
+    sources: Sources, choice: Choice, *, torch_index: bool = True
+) -> tuple[list[str], list[str]]:
     """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer.
     ``torch_index``: also the PyTorch index of the chosen build (not where only torch's version is
     wanted, ``with_packages``: every release is on PyPI)."""
-    from envspec.sources import reachable  # here: explain does without urllib.request, configparser and html.parser
+    from envspec.sources import (
+        reachable,
+    )  # here: explain does without urllib.request, configparser and html.parser
 
     args: list[str] = []
     notes: list[str] = []
@@ -717,14 +989,28 @@ def _index_args(sources: Sources, choice: Choice, *, torch_index: bool = True) -
         args += ["--default-index", sources.index]
     else:
         notes.append(f"{sources.index} is unreachable; using mirrors only")
-        args += ["--no-index"] if not any(m.kind == "index" for m in sources.mirrors) else \
-            ["--default-index", next(m.url for m in sources.mirrors if m.kind == "index")]
+        args += (
+            ["--no-index"]
+            if not any(m.kind == "index" for m in sources.mirrors)
+            else ["--default-index", next(m.url for m in sources.mirrors if m.kind == "index")]
+        )
     return args, notes
 
 
-def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, name: str,
-            upgrade: list[str], constraints: list[str], *, torch_index: bool = True, no_deps: bool = False,
-            only_binary: bool = True, no_binary: Iterable[str] = ()) -> list[dict]:
+def _run_uv(
+    reqs: list[str],
+    choice: Choice,
+    sources: Sources,
+    workdir: Path,
+    name: str,
+    upgrade: list[str],
+    constraints: list[str],
+    *,
+    torch_index: bool = True,
+    no_deps: bool = False,
+    only_binary: bool = True,
+    no_binary: Iterable[str] = (),
+) -> list[dict]:
     """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages:
     wheels only (``only_binary``), except for the ``no_binary`` packages, which are taken as sdists
     (a package with no wheel, built from source: issue 37)."""
@@ -735,11 +1021,28 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     if out.exists():
         out.unlink()
     idx, idx_notes = _index_args(sources, choice, torch_index=torch_index)
-    argv = [_uv(), "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--quiet",
-            "--python-version", choice.python, "--python-platform", f"{choice.arch}-manylinux_{choice.glibc}",
-            *(["--only-binary", ":all:"] if only_binary else []), *(["--no-deps"] if no_deps else []),
-            *[a for n in sorted(no_binary) for a in ("--no-binary", n)],
-            "--index-strategy", "unsafe-best-match", "--no-header", *idx]
+    argv = [
+        _uv(),
+        "pip",
+        "compile",
+        str(req),
+        "--format",
+        "pylock.toml",
+        "-o",
+        str(out),
+        "--quiet",
+        "--python-version",
+        choice.python,
+        "--python-platform",
+        f"{choice.arch}-manylinux_{choice.glibc}",
+        *(["--only-binary", ":all:"] if only_binary else []),
+        *(["--no-deps"] if no_deps else []),
+        *[a for n in sorted(no_binary) for a in ("--no-binary", n)],
+        "--index-strategy",
+        "unsafe-best-match",
+        "--no-header",
+        *idx,
+    ]
     if constraints:
         c = workdir / f"{name}.constraints.txt"
         c.write_text("\n".join(constraints) + "\n")
@@ -762,12 +1065,20 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
     # across locks: per set of indexes and of the spec's requirements, so that a lock of other
     # packages never reads pages of uv's cache that no recent lock read online
     spec = choice.spec
-    asked = [*spec.python.packages, *spec.python.constraints, *(spec.torch.packages if spec.torch else [])]
+    asked = [
+        *spec.python.packages,
+        *spec.python.constraints,
+        *(spec.torch.packages if spec.torch else []),
+    ]
     recent = _index_read_marker(key + "\n--\n" + "\n".join(sorted(set(asked))), env)
     proc = None
     # Not where sdists may be taken (``no_binary``, not ``only_binary``): offline, uv passes over a release whose metadata it must
     # build from the sdist (deepspeed 0.19.8) and takes an ancient one it has (0.3.1.dev5) without failing.
-    if only_binary and not no_binary and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env)):
+    if (
+        only_binary
+        and not no_binary
+        and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env))
+    ):
         proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
     if proc is None or proc.returncode != 0:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -777,9 +1088,12 @@ def _run_uv(reqs: list[str], choice: Choice, sources: Sources, workdir: Path, na
             recent.parent.mkdir(parents=True, exist_ok=True)
             recent.touch()
     if proc.returncode != 0:
-        raise (_torch_index_error(proc.stderr, choice, idx_notes) or _platform_wheel_error(proc.stderr, choice, idx_notes)
-               or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
-               or _uv_error(proc.stderr, reqs, choice, sources))
+        raise (
+            _torch_index_error(proc.stderr, choice, idx_notes)
+            or _platform_wheel_error(proc.stderr, choice, idx_notes)
+            or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
+            or _uv_error(proc.stderr, reqs, choice, sources)
+        )
     data = tomllib.loads(out.read_text())
     return data.get("packages", [])
 
@@ -796,9 +1110,11 @@ def _is_fresh(marker: Path, env: Mapping[str, str]) -> bool:
     try:
         max_age = float(env.get("ENVSPEC_INDEX_MAX_AGE", "600"))
     except ValueError:
-        raise UsageError(f"ENVSPEC_INDEX_MAX_AGE={env['ENVSPEC_INDEX_MAX_AGE']!r} is not a number of seconds",
-                          hint="e.g. ENVSPEC_INDEX_MAX_AGE=600, or 0 to read the indexes online at every lock",
-                          reference="bad-setting") from None
+        raise UsageError(
+            f"ENVSPEC_INDEX_MAX_AGE={env['ENVSPEC_INDEX_MAX_AGE']!r} is not a number of seconds",
+            hint="e.g. ENVSPEC_INDEX_MAX_AGE=600, or 0 to read the indexes online at every lock",
+            reference="bad-setting",
+        ) from None
     import time
 
     try:
@@ -821,7 +1137,9 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
 
     p = re.search(_NO_PLATFORM_WHEEL, stderr)
     if p is not None:
-        return _no_platform_wheel(choice, canonicalize_name(p.group(1)), p.group(2), re.search(_WHEELS_FOR, stderr))
+        return _no_platform_wheel(
+            choice, canonicalize_name(p.group(1)), p.group(2), re.search(_WHEELS_FOR, stderr)
+        )
     m = re.search(_NO_VERSION, stderr)
     if choice.arch == "x86_64" or m is None or choice.torch is None:
         return None
@@ -830,18 +1148,31 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
         return None
     spec, v = choice.spec, choice.torch.variant
     row = pypi_platform_build(choice.torch.release.version, choice.platform)
-    has = (f"PyPI's {choice.platform} wheel of torch {choice.torch.release.version} is its {row.variant} build"
-           if row else f"PyPI has no {choice.platform} wheel of torch {choice.torch.release.version} on record")
-    causes = [{"kind": "no-wheel-for-platform", "where": spec.problem(("torch", "version"), "").where(spec.file),
-               "text": f"no {choice.platform} ({choice.platform_tag}) wheel of {name}=={version} on the configured "
-                       f"indexes ({v.index}); {has} "
-                       "(compat/data/torch_platforms.toml)"}]
+    has = (
+        f"PyPI's {choice.platform} wheel of torch {choice.torch.release.version} is its {row.variant} build"
+        if row
+        else f"PyPI has no {choice.platform} wheel of torch {choice.torch.release.version} on record"
+    )
+    causes = [
+        {
+            "kind": "no-wheel-for-platform",
+            "where": spec.problem(("torch", "version"), "").where(spec.file),
+            "text": f"no {choice.platform} ({choice.platform_tag}) wheel of {name}=={version} on the configured "
+            f"indexes ({v.index}); {has} "
+            "(compat/data/torch_platforms.toml)",
+        }
+    ]
     causes += [{"kind": "no-wheel-for-platform", "text": n} for n in index_notes]
-    return ResolutionImpossible(f"{name} {version} has no wheel for {choice.platform}", causes=causes,
-                                hint=(f"serve {v.index} through a mirror ([sources].mirrors or pip's config), "
-                                      f"or choose a release and build PyPI has for {choice.platform} "
-                                      f"({_pypi_has(choice.platform)})"),
-                                reference="no-wheel-for-platform")
+    return ResolutionImpossible(
+        f"{name} {version} has no wheel for {choice.platform}",
+        causes=causes,
+        hint=(
+            f"serve {v.index} through a mirror ([sources].mirrors or pip's config), "
+            f"or choose a release and build PyPI has for {choice.platform} "
+            f"({_pypi_has(choice.platform)})"
+        ),
+        reference="no-wheel-for-platform",
+    )
 
 
 def _torch_index_error(stderr: str, choice: Choice, index_notes: list[str]) -> Exception | None:
@@ -850,7 +1181,11 @@ def _torch_index_error(stderr: str, choice: Choice, index_notes: list[str]) -> E
     reachable indexes offer instead (PyPI's build of the release, and whether it fits), not a
     version conflict."""
     t = choice.torch
-    if t is None or not t.variant.local or not any(n.startswith(f"{t.variant.index} ") for n in index_notes):
+    if (
+        t is None
+        or not t.variant.local
+        or not any(n.startswith(f"{t.variant.index} ") for n in index_notes)
+    ):
         return None
     if not re.search(r"\btorch\b", stderr):
         return None
@@ -860,22 +1195,28 @@ def _torch_index_error(stderr: str, choice: Choice, index_notes: list[str]) -> E
     if pypi_c is None:
         offer = f"PyPI has no build of torch {t.release.version} for {choice.platform} on record"
     elif pypi_c.ok:
-        offer = (f"PyPI serves torch {t.release.version}'s {pypi} build, which fits too: set [torch].cuda = "
-                 f"\"{pypi_c.cuda}\" to take it")
+        offer = (
+            f"PyPI serves torch {t.release.version}'s {pypi} build, which fits too: set [torch].cuda = "
+            f'"{pypi_c.cuda}" to take it'
+        )
     else:
         offer = f"PyPI serves torch {t.release.version}'s {pypi} build, which does not fit these GPUs and driver"
-    return SourceError(f"{build} ({t.variant.name}, the build that fits these GPUs and driver) comes from "
-                       f"{t.variant.index}, which does not answer, and no mirror has it; {offer}",
-                       hint=f"serve {t.variant.index} through a mirror ([sources].mirrors, ENVSPEC_MIRRORS or pip's "
-                            "config), or name a mirror of the PyTorch index as [sources].torch_index",
-                       reference="index-unavailable")
+    return SourceError(
+        f"{build} ({t.variant.name}, the build that fits these GPUs and driver) comes from "
+        f"{t.variant.index}, which does not answer, and no mirror has it; {offer}",
+        hint=f"serve {t.variant.index} through a mirror ([sources].mirrors, ENVSPEC_MIRRORS or pip's "
+        "config), or name a mirror of the PyTorch index as [sources].torch_index",
+        reference="index-unavailable",
+    )
 
 
 # uv: a package none of whose releases has a wheel for the platform (compiled by re on a failure)
 _NO_USABLE_WHEELS = r"Wheels are required for `([A-Za-z0-9._-]+)`|([A-Za-z0-9._-]+)(?:==[^ ]+)? has no usable wheels"
 
 
-def _no_wheel_error(stderr: str, choice: Choice, sources: Sources, workdir: Path) -> Exception | None:
+def _no_wheel_error(
+    stderr: str, choice: Choice, sources: Sources, workdir: Path
+) -> Exception | None:
     """A package with no wheel for the platform and Python (flash-attn: source distributions only):
     named at its place in the spec (its cause's ``package``), with the release a build from source
     would take (uv without ``--only-binary``, no dependencies); not a version conflict. Where the
@@ -885,19 +1226,41 @@ def _no_wheel_error(stderr: str, choice: Choice, sources: Sources, workdir: Path
         return None
     name = m.group(1) or m.group(2)
     try:
-        found = _run_uv([name], choice, sources, workdir, "sdist", [], [], torch_index=False, no_deps=True,
-                        only_binary=False)
+        found = _run_uv(
+            [name],
+            choice,
+            sources,
+            workdir,
+            "sdist",
+            [],
+            [],
+            torch_index=False,
+            no_deps=True,
+            only_binary=False,
+        )
         would = next((str(p["version"]) for p in found), "")
     except (ResolutionImpossible, SourceError):
         would = ""
     return ResolutionImpossible(
         f"{name} has no wheel for {choice.platform} and Python {choice.python}",
-        causes=[{"kind": "no-wheel", "package": name, "where": _requirement_where(choice, name),
-                 "text": f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
-                         f"Python {choice.python}, and source builds are off ([python].from_source = \"never\")"
-                         + (f" (with a build from source the lock would take {name} {would})" if would else "")}],
+        causes=[
+            {
+                "kind": "no-wheel",
+                "package": name,
+                "where": _requirement_where(choice, name),
+                "text": f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
+                f'Python {choice.python}, and source builds are off ([python].from_source = "never")'
+                + (
+                    f" (with a build from source the lock would take {name} {would})"
+                    if would
+                    else ""
+                ),
+            }
+        ],
         hint=f"drop {name}, pin a version of it that has a wheel for {choice.platform}, or let envspec build it "
-             "from its sdist ([python].from_source = \"auto\", the default)", reference="no-wheel")
+        'from its sdist ([python].from_source = "auto", the default)',
+        reference="no-wheel",
+    )
 
 
 def _no_wheel_package(e: ResolutionImpossible) -> str | None:
@@ -910,29 +1273,48 @@ def _no_wheel_package(e: ResolutionImpossible) -> str | None:
 def _pypi_has(platform: str) -> str:
     """What data/torch_platforms.toml records PyPI serving for ``platform``: "torch >=2.0,<=2.9.1: cpu; ..."."""
     rows = pypi_builds(platform)
-    return "; ".join(f"torch {r.torch}: {r.variant}" for r in rows) if rows else "no torch wheel on record"
+    return (
+        "; ".join(f"torch {r.torch}: {r.variant}" for r in rows)
+        if rows
+        else "no torch wheel on record"
+    )
 
 
-def _no_platform_wheel(choice: Choice, name: str, version: str, wheels: re.Match[str] | None) -> Exception:
+def _no_platform_wheel(
+    choice: Choice, name: str, version: str, wheels: re.Match[str] | None
+) -> Exception:
     """A package whose resolved version has wheels, none of them for the lock's platform: named at
     the spec's requirement for it (else at [python].packages), with the platforms it does have."""
     spec = choice.spec
     path: tuple[str | int, ...] = ("python", "packages")
     for key in (("python", "packages"), ("torch", "packages")):
-        section = spec.python.packages if key[0] == "python" else (spec.torch.packages if spec.torch else [])
+        section = (
+            spec.python.packages
+            if key[0] == "python"
+            else (spec.torch.packages if spec.torch else [])
+        )
         idx = next((i for i, r in enumerate(section) if requirement_name(r) == name), None)
         if idx is not None:
             path = key + (idx,)
             break
-    has = (f"it has wheels for {wheels.group(3).strip().rstrip('.')}" if wheels
-           else "it has wheels for other platforms only")
+    has = (
+        f"it has wheels for {wheels.group(3).strip().rstrip('.')}"
+        if wheels
+        else "it has wheels for other platforms only"
+    )
     return ResolutionImpossible(
         f"{name} {version} has no wheel for {choice.platform}",
-        causes=[{"kind": "no-wheel-for-platform", "where": spec.problem(path, "").where(spec.file),
-                 "text": f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}"}],
+        causes=[
+            {
+                "kind": "no-wheel-for-platform",
+                "where": spec.problem(path, "").where(spec.file),
+                "text": f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}",
+            }
+        ],
         hint=f"pick a version of {name} with a wheel for {choice.platform}, drop it for this platform, or "
-             "lock for the platform it has wheels for ([target].platforms)",
-        reference="no-wheel-for-platform")
+        "lock for the platform it has wheels for ([target].platforms)",
+        reference="no-wheel-for-platform",
+    )
 
 
 # uv's explanation of a conflict: a requirement of a package on torch (compiled by re on a failure)
@@ -943,45 +1325,69 @@ _DEPENDS_ON_TORCH = r"([A-Za-z0-9._-]+)((?:[<>=!~]=?|===)[^ ,]+)? depends on tor
 _NOT_FOUND = r"(?:Because |`)([A-Za-z0-9._-]+)`? was not found in the"
 
 
-def _uv_error(stderr: str, reqs: list[str], choice: Choice | None = None, sources: Sources | None = None) -> Exception:
+def _uv_error(
+    stderr: str, reqs: list[str], choice: Choice | None = None, sources: Sources | None = None
+) -> Exception:
     text = stderr.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if "not found in the package registry" in text or "was not found in the" in text:
         return _unknown_packages(re.findall(_NOT_FOUND, text), lines, choice, sources)
     if "No solution found" in text or "unsatisfiable" in text:
-        return ResolutionImpossible("the Python packages cannot be installed together",
-                                    causes=[{"kind": "python-conflict", "text": _our_pin(ln.strip(), choice)}
-                                            for ln in lines[:12]],
-                                    hint=_conflict_hint(text, choice),
-                                    reference="python-conflict")
-    return SourceError("the Python resolver (uv) failed:\n  " + "\n  ".join(lines[-12:]),
-                       hint="check the network or configure a mirror ([sources].mirrors or ENVSPEC_MIRRORS)",
-                       reference="index-unavailable")
+        return ResolutionImpossible(
+            "the Python packages cannot be installed together",
+            causes=[
+                {"kind": "python-conflict", "text": _our_pin(ln.strip(), choice)}
+                for ln in lines[:12]
+            ],
+            hint=_conflict_hint(text, choice),
+            reference="python-conflict",
+        )
+    return SourceError(
+        "the Python resolver (uv) failed:\n  " + "\n  ".join(lines[-12:]),
+        hint="check the network or configure a mirror ([sources].mirrors or ENVSPEC_MIRRORS)",
+        reference="index-unavailable",
+    )
 
 
-def _unknown_packages(missing: list[str], lines: list[str], choice: Choice | None,
-                      sources: Sources | None) -> ResolutionImpossible:
+def _unknown_packages(
+    missing: list[str], lines: list[str], choice: Choice | None, sources: Sources | None
+) -> ResolutionImpossible:
     """Packages no configured index has: each at its place in the spec, with the names the indexes
     do serve that are closest to it (``sources.close_names``)."""
     from envspec.sources import close_names, project_names  # here: the lock stage only
 
-    names = project_names(sources, cache_dir=cache_dir_for(os.environ)) if sources is not None and missing else set()
+    names = (
+        project_names(sources, cache_dir=cache_dir_for(os.environ))
+        if sources is not None and missing
+        else set()
+    )
     causes, hints = [], []
     for name in dict.fromkeys(missing):
         close = close_names(name, names) if names else []
         where = _requirement_where(choice, name) if choice is not None else ""
-        causes.append({"kind": "python-missing", "where": where,
-                       "text": f"no configured index has a package named {name!r}"
-                               + (f"; did you mean {close[0]!r}?" if close else "")})
+        causes.append(
+            {
+                "kind": "python-missing",
+                "where": where,
+                "text": f"no configured index has a package named {name!r}"
+                + (f"; did you mean {close[0]!r}?" if close else ""),
+            }
+        )
         if close:
-            hints.append(f"{name!r}: did you mean {close[0]!r}?"
-                         + (f" (or {', '.join(repr(c) for c in close[1:])})" if close[1:] else ""))
+            hints.append(
+                f"{name!r}: did you mean {close[0]!r}?"
+                + (f" (or {', '.join(repr(c) for c in close[1:])})" if close[1:] else "")
+            )
     if not causes:
         causes = [{"kind": "python-missing", "text": ln.strip()} for ln in lines[:8]]
-    return ResolutionImpossible("a Python package does not exist on the configured indexes", causes=causes,
-                                hint="; ".join(hints) if hints else
-                                "check the name in [python].packages, or add the index to [sources]",
-                                reference="unknown-python-package")
+    return ResolutionImpossible(
+        "a Python package does not exist on the configured indexes",
+        causes=causes,
+        hint="; ".join(hints)
+        if hints
+        else "check the name in [python].packages, or add the index to [sources]",
+        reference="unknown-python-package",
+    )
 
 
 def _requirement_where(choice: Choice, name: str) -> str:
@@ -1005,9 +1411,11 @@ def _our_pin(line: str, choice: Choice | None) -> str:
     if t is None:
         return line
     local = f"+{t.variant.local}" if t.variant.local else ""
-    return line.replace(f"you require torch=={t.release.version}{local}",
-                        f"envspec chose torch=={t.release.version}{local} (the newest release within [torch].version "
-                        "that fits the GPUs, driver and platform, or the one the named packages accept)")
+    return line.replace(
+        f"you require torch=={t.release.version}{local}",
+        f"envspec chose torch=={t.release.version}{local} (the newest release within [torch].version "
+        "that fits the GPUs, driver and platform, or the one the named packages accept)",
+    )
 
 
 def _conflict_hint(text: str, choice: Choice | None) -> str:
@@ -1017,7 +1425,10 @@ def _conflict_hint(text: str, choice: Choice | None) -> str:
     m = re.search(_DEPENDS_ON_TORCH, text)
     if t is None or m is None:
         return "relax a version in [python].packages; uv's explanation is above"
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # here: explain does without them
+    from packaging.specifiers import (
+        InvalidSpecifier,
+        SpecifierSet,
+    )  # here: explain does without them
 
     who, needs = m.group(1) + (m.group(2) or ""), m.group(3)
     try:
@@ -1027,12 +1438,17 @@ def _conflict_hint(text: str, choice: Choice | None) -> str:
     if wants.contains(t.release.version, prereleases=True):
         return "relax a version in [python].packages; uv's explanation is above"
     exact = needs[2:] if needs.startswith("==") and "," not in needs and "*" not in needs else ""
-    setting = (f"set [torch].version = \"{'.'.join(exact.split('.')[:2])}.*\"" if exact
-               else f"set [torch].version to a release {who} accepts (torch{needs})")
+    setting = (
+        f'set [torch].version = "{".".join(exact.split(".")[:2])}.*"'
+        if exact
+        else f"set [torch].version to a release {who} accepts (torch{needs})"
+    )
     assert choice is not None and choice.spec.torch is not None
-    return (f"{who} requires torch{needs}, and [torch].version = \"{choice.spec.torch.version}\" gives torch "
-            f"{t.release.version}: {setting}, or leave the choice to envspec (a wider [torch].version: the lock "
-            f"chooses torch and the packages together), or pin an older {m.group(1)}")
+    return (
+        f'{who} requires torch{needs}, and [torch].version = "{choice.spec.torch.version}" gives torch '
+        f"{t.release.version}: {setting}, or leave the choice to envspec (a wider [torch].version: the lock "
+        f"chooses torch and the packages together), or pin an older {m.group(1)}"
+    )
 
 
 def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> str:
@@ -1046,7 +1462,9 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
     if parsed.hostname == "files.pythonhosted.org":
         return sources.index
     on_torch_index = url.startswith(sources.torch_index.rstrip("/") + "/")
-    if choice.torch is not None and (on_torch_index or (parsed.hostname and "pytorch.org" in parsed.hostname)):
+    if choice.torch is not None and (
+        on_torch_index or (parsed.hostname and "pytorch.org" in parsed.hostname)
+    ):
         return choice.torch.variant.index
     return sources.index  # a mirror's copy of the canonical index's file
 
@@ -1069,8 +1487,16 @@ def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Pa
     if not named or len(fitting) < 2:
         return choice
     try:
-        found = _run_uv(named + [_torch_among(fitting, [r.version for r in _releases(spec, db)])], choice, sources,
-                        workdir, "together", [], list(spec.python.constraints), torch_index=False)
+        found = _run_uv(
+            named + [_torch_among(fitting, [r.version for r in _releases(spec, db)])],
+            choice,
+            sources,
+            workdir,
+            "together",
+            [],
+            list(spec.python.constraints),
+            torch_index=False,
+        )
     except (ResolutionImpossible, SourceError):
         return choice
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
@@ -1083,12 +1509,27 @@ def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Pa
         return choice
     newer = [v for v in fitting if Version(v) > Version(version)]
     wanted = {canonicalize_name(requirement_name(r)) for r in named}
-    held = [h for p in found if canonicalize_name(p["name"]) in wanted for h in _excludes(p, newer, choice)]
-    if not held:  # a dependency's pin: torch's own family (torchvision, torchaudio, ...) pins torch exactly
-        held = [h for p in found if canonicalize_name(p["name"]) in TORCH_FAMILY - {"torch"}
-                for h in _excludes(p, newer, choice)]
-    again = choose(spec, db, platform=choice.platform if len(spec.target.platforms) > 1 else None,
-                   torch_version=version)
+    held = [
+        h
+        for p in found
+        if canonicalize_name(p["name"]) in wanted
+        for h in _excludes(p, newer, choice)
+    ]
+    if (
+        not held
+    ):  # a dependency's pin: torch's own family (torchvision, torchaudio, ...) pins torch exactly
+        held = [
+            h
+            for p in found
+            if canonicalize_name(p["name"]) in TORCH_FAMILY - {"torch"}
+            for h in _excludes(p, newer, choice)
+        ]
+    again = choose(
+        spec,
+        db,
+        platform=choice.platform if len(spec.target.platforms) > 1 else None,
+        torch_version=version,
+    )
     if not held:  # another dependency's pin, whose metadata is not read
         held = [PassedOver(torch=v, package="", version="", requires="") for v in newer]
     return dataclasses.replace(again, passed_over=tuple(held))
@@ -1099,7 +1540,11 @@ def _torch_among(fitting: list[str], in_range: list[str]) -> str:
     other DB release within the spec's range: ``torch>=LOW,<NEXT,!=...``."""
     low, high = min(fitting, key=Version), max(fitting, key=Version)
     above = sorted((v for v in in_range if Version(v) > Version(high)), key=Version)
-    nxt = above[0] if above else ".".join(map(str, (*Version(high).release[:2], Version(high).micro + 1)))
+    nxt = (
+        above[0]
+        if above
+        else ".".join(map(str, (*Version(high).release[:2], Version(high).micro + 1)))
+    )
     skip = [v for v in in_range if Version(low) < Version(v) < Version(high) and v not in fitting]
     return f"torch>={low},<{nxt}" + "".join(f",!={v}" for v in sorted(skip, key=Version))
 
@@ -1117,10 +1562,17 @@ def _excludes(package: dict, newer: list[str], choice: Choice) -> list[PassedOve
         text = _wheel_metadata(wheels[0])
     except (OSError, ValueError, SourceError):
         return []
-    env = {"python_version": choice.python, "python_full_version": f"{choice.python}.0",
-           "platform_machine": choice.arch, "sys_platform": "linux", "platform_system": "Linux",
-           "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-           "extra": ""}
+    env = {
+        "python_version": choice.python,
+        "python_full_version": f"{choice.python}.0",
+        "platform_machine": choice.arch,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
     out = []
     for line in text.splitlines():
         if not line.startswith("Requires-Dist:"):
@@ -1129,22 +1581,37 @@ def _excludes(package: dict, newer: list[str], choice: Choice) -> list[PassedOve
             req = Requirement(line.split(":", 1)[1].strip())
         except ValueError:
             continue
-        if canonicalize_name(req.name) != "torch" or (req.marker is not None and not req.marker.evaluate(env)):
+        if canonicalize_name(req.name) != "torch" or (
+            req.marker is not None and not req.marker.evaluate(env)
+        ):
             continue
-        out += [PassedOver(torch=v, package=canonicalize_name(package["name"]), version=str(package["version"]),
-                         requires=f"torch{req.specifier}") for v in newer
-                if not req.specifier.contains(Version(v), prereleases=True)]
+        out += [
+            PassedOver(
+                torch=v,
+                package=canonicalize_name(package["name"]),
+                version=str(package["version"]),
+                requires=f"torch{req.specifier}",
+            )
+            for v in newer
+            if not req.specifier.contains(Version(v), prereleases=True)
+        ]
     return out
 
 
 def _wheel_metadata(wheel: dict) -> str:
     """The METADATA of a wheel in uv's pylock (its ``url`` or local ``path``), read in place: a
     local file's members, a remote one's by range requests (``compat.pypi.read_zip_member``)."""
-    from envspec.compat.pypi import default_fetch_range, read_zip_member  # here: the lock stage only
+    from envspec.compat.pypi import (
+        default_fetch_range,
+        read_zip_member,
+    )  # here: the lock stage only
 
     url = wheel.get("url") or ""
-    path = Path(unquote(urlparse(url).path)) if url.startswith("file://") else (
-        Path(wheel["path"]) if wheel.get("path") else None)
+    path = (
+        Path(unquote(urlparse(url).path))
+        if url.startswith("file://")
+        else (Path(wheel["path"]) if wheel.get("path") else None)
+    )
     if path is not None:
         import zipfile
 
@@ -1156,11 +1623,19 @@ def _wheel_metadata(wheel: dict) -> str:
     size = int(wheel.get("size") or 0)
     if not url or not size:
         raise ValueError("no URL and size to read the metadata by")
-    return read_zip_member(url, size, ".dist-info/METADATA", default_fetch_range).decode("utf-8", "replace")
+    return read_zip_member(url, size, ".dist-info/METADATA", default_fetch_range).decode(
+        "utf-8", "replace"
+    )
 
 
-def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
-                   keep: Mapping[str, str] | None = None, upgrade: list[str] | None = None) -> list[WheelCandidate]:
+def resolve_python(
+    choice: Choice,
+    sources: Sources,
+    *,
+    workdir: Path,
+    keep: Mapping[str, str] | None = None,
+    upgrade: list[str] | None = None,
+) -> list[WheelCandidate]:
     """The Python closure on the image's platform. ``keep``: name -> version of the previous lock's
     wheels, kept where the spec still allows them. Wheels only, except where the spec allows source
     builds (``[python].from_source = "auto"``, the default): a package the spec names whose newest
@@ -1174,9 +1649,20 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     no_binary = source_only(choice, sources, workdir) if auto else set()
 
     def closure(upgrade: list[str], constraints: list[str]) -> list[dict]:
-        while True:  # each package uv finds with no wheel at all is taken as an sdist, and uv runs again
+        while (
+            True
+        ):  # each package uv finds with no wheel at all is taken as an sdist, and uv runs again
             try:
-                return _run_uv(all_reqs, choice, sources, workdir, "full", upgrade, constraints, no_binary=no_binary)
+                return _run_uv(
+                    all_reqs,
+                    choice,
+                    sources,
+                    workdir,
+                    "full",
+                    upgrade,
+                    constraints,
+                    no_binary=no_binary,
+                )
             except ResolutionImpossible as e:
                 name = _no_wheel_package(e)
                 if not auto or name is None or canonicalize_name(name) in no_binary:
@@ -1187,8 +1673,11 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     # or --upgrade-package frees them; then it resolves afresh.
     spec_constraints = list(choice.spec.python.constraints)
     freed = {canonicalize_name(u) for u in (upgrade or [])}
-    kept = [f"{name}=={version}" for name, version in (keep or {}).items()
-            if canonicalize_name(name) not in freed and canonicalize_name(name) != "torch"]
+    kept = [
+        f"{name}=={version}"
+        for name, version in (keep or {}).items()
+        if canonicalize_name(name) not in freed and canonicalize_name(name) != "torch"
+    ]
     full = None
     if kept:
         try:
@@ -1200,8 +1689,16 @@ def resolve_python(choice: Choice, sources: Sources, *, workdir: Path,
     pins = {canonicalize_name(p["name"]): p["version"] for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
-        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", [], [f"{n}=={v}" for n, v in pins.items()],
-                      no_binary=no_binary)
+        sub = _run_uv(
+            torch_reqs,
+            choice,
+            sources,
+            workdir,
+            "torch",
+            [],
+            [f"{n}=={v}" for n, v in pins.items()],
+            no_binary=no_binary,
+        )
         torch_names = {canonicalize_name(p["name"]) for p in sub}
     out: list[WheelCandidate] = []
     for p in full:
@@ -1219,7 +1716,9 @@ def _named(spec: EnvSpec) -> list[str]:
     return list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
 
 
-def _newest_any(choice: Choice, sources: Sources, workdir: Path) -> dict[str, tuple[str, bool]] | None:
+def _newest_any(
+    choice: Choice, sources: Sources, workdir: Path
+) -> dict[str, tuple[str, bool]] | None:
     """name -> (version, has a wheel) of the newest release of each package the spec names, of any
     kind (uv without ``--only-binary``, no dependencies); None where they cannot be resolved alone.
     Read once per work directory: ``source_only`` and ``held_back`` both ask."""
@@ -1234,12 +1733,28 @@ def _newest_any(choice: Choice, sources: Sources, workdir: Path) -> dict[str, tu
     if memo.is_file():
         kept = json.loads(memo.read_text())
         if kept["asked"] == asked:
-            return {k: (v[0], v[1]) for k, v in kept["found"].items()} if kept["found"] is not None else None
+            return (
+                {k: (v[0], v[1]) for k, v in kept["found"].items()}
+                if kept["found"] is not None
+                else None
+            )
     found: dict[str, tuple[str, bool]] | None
     try:
-        found = {canonicalize_name(p["name"]): (str(p["version"]), bool(p.get("wheels"))) for p in
-                 _run_uv(named, choice, sources, workdir, "newest-any", [], [], torch_index=False, no_deps=True,
-                         only_binary=False)}
+        found = {
+            canonicalize_name(p["name"]): (str(p["version"]), bool(p.get("wheels")))
+            for p in _run_uv(
+                named,
+                choice,
+                sources,
+                workdir,
+                "newest-any",
+                [],
+                [],
+                torch_index=False,
+                no_deps=True,
+                only_binary=False,
+            )
+        }
     except (ResolutionImpossible, SourceError):
         found = None
     memo.write_text(json.dumps({"asked": asked, "found": found}))
@@ -1257,7 +1772,9 @@ def source_only(choice: Choice, sources: Sources, workdir: Path) -> set[str]:
     return {name for name, (_, has_wheel) in found.items() if not has_wheel}
 
 
-def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False) -> WheelCandidate:
+def _candidate(
+    p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False
+) -> WheelCandidate:
     """A package of uv's pylock.toml output as its pin: its wheel, or its sdist where uv took that
     (``resolve_python``'s no_binary: built from source); ``no-wheel`` where it has neither."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -1266,45 +1783,86 @@ def _candidate(p: dict, choice: Choice, sources: Sources, *, group: str, direct:
     wheels = p.get("wheels") or []
     f = wheels[0] if wheels else p.get("sdist")
     if not f:
-        raise ResolutionImpossible(f"{name} {p['version']} has no wheel for {choice.platform_tag}",
-                                   causes=[{"kind": "no-wheel", "text": f"{name} {p['version']} has neither a wheel "
-                                            f"for {choice.platform_tag} nor a source distribution"}],
-                                   hint="pick a version with a manylinux wheel or an sdist", reference="no-wheel")
+        raise ResolutionImpossible(
+            f"{name} {p['version']} has no wheel for {choice.platform_tag}",
+            causes=[
+                {
+                    "kind": "no-wheel",
+                    "text": f"{name} {p['version']} has neither a wheel "
+                    f"for {choice.platform_tag} nor a source distribution",
+                }
+            ],
+            hint="pick a version with a manylinux wheel or an sdist",
+            reference="no-wheel",
+        )
     url = f.get("url") or f.get("path") or ""
     filename = f.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
     if wheels:
         parse_wheel_filename(filename)
     size = int(f.get("size") or 0)
-    if not size and url.startswith("file://"):  # a local mirror's page may omit sizes; the file says
+    if not size and url.startswith(
+        "file://"
+    ):  # a local mirror's page may omit sizes; the file says
         with contextlib.suppress(OSError):
             size = os.stat(unquote(urlparse(url).path)).st_size
-    return WheelCandidate(name=name, version=str(p["version"]), filename=filename,
-                          index=_attribute_index(url, name, choice, sources),
-                          sha256=f["hashes"]["sha256"], size=size, group=group, direct=direct)
+    return WheelCandidate(
+        name=name,
+        version=str(p["version"]),
+        filename=filename,
+        index=_attribute_index(url, name, choice, sources),
+        sha256=f["hashes"]["sha256"],
+        size=size,
+        group=group,
+        direct=direct,
+    )
 
 
-def build_inputs(requires: list[str], choice: Choice, sources: Sources, *, workdir: Path,
-                 name: str, constraints: list[str] | None = None) -> list[WheelCandidate]:
+def build_inputs(
+    requires: list[str],
+    choice: Choice,
+    sources: Sources,
+    *,
+    workdir: Path,
+    name: str,
+    constraints: list[str] | None = None,
+) -> list[WheelCandidate]:
     """An sdist's build requirements (``wheels.sdist.build_system``) pinned as wheels for the
     image's platform and Python, each with its sha256: exactly what its isolated build environment
     holds (issue 37). ``name``: the package built, for the work files' names; ``constraints``: the
     lock's own pins (a build against torch gets the lock's torch)."""
     if not requires:
         return []
-    found = _run_uv(list(requires), choice, sources, workdir, f"build-{name}", [], list(constraints or []),
-                    torch_index=any(requirement_name(r).lower() == "torch" for r in requires))
-    return sorted((_candidate(p, choice, sources, group="build") for p in found),
-                  key=lambda w: (w.name, w.version, w.filename))
+    found = _run_uv(
+        list(requires),
+        choice,
+        sources,
+        workdir,
+        f"build-{name}",
+        [],
+        list(constraints or []),
+        torch_index=any(requirement_name(r).lower() == "torch" for r in requires),
+    )
+    return sorted(
+        (_candidate(p, choice, sources, group="build") for p in found),
+        key=lambda w: (w.name, w.version, w.filename),
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # the Debian closure, through apt (envspec.debian)
 
+
 def debian_request(choice: Choice) -> list[str]:
     spec = choice.spec
     if choice.suite is None:
-        raise ValueError("a lock without a Debian base ([system].base = \"none\") asks for no Debian packages")
-    services = {k for k in ("jupyter", "ssh") if getattr(spec.services, k) and getattr(spec.services, k).enabled}
+        raise ValueError(
+            'a lock without a Debian base ([system].base = "none") asks for no Debian packages'
+        )
+    services = {
+        k
+        for k in ("jupyter", "ssh")
+        if getattr(spec.services, k) and getattr(spec.services, k).enabled
+    }
     # torch.compile needs a compiler at run time: Triton builds a C helper (gcc + Python headers) on
     # GPUs, Inductor emits C++ (g++) on CPUs; torch itself links libstdc++. A spec can opt out.
     compiler = spec.system.compiler if spec.system.compiler is not None else spec.torch is not None
@@ -1321,19 +1879,32 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
         return [], []
     requested = debian_request(choice)
     try:
-        pins = debian.resolve_closure(choice.suite, requested, mirror=sources.debian_mirror,
-                                      security_mirror=sources.debian_security_mirror, cache_dir=cache_dir,
-                                      architecture=choice.debian_arch)
+        pins = debian.resolve_closure(
+            choice.suite,
+            requested,
+            mirror=sources.debian_mirror,
+            security_mirror=sources.debian_security_mirror,
+            cache_dir=cache_dir,
+            architecture=choice.debian_arch,
+        )
     except ResolutionImpossible as e:  # an unknown package the spec names: its key and line
         spec = choice.spec
         for c in e.causes:
-            if isinstance(c, dict) and c.get("kind") == "unknown-debian-package" and c["name"] in spec.system.packages:
-                c["where"] = spec.problem(("system", "packages", spec.system.packages.index(c["name"])), "").where(spec.file)
+            if (
+                isinstance(c, dict)
+                and c.get("kind") == "unknown-debian-package"
+                and c["name"] in spec.system.packages
+            ):
+                c["where"] = spec.problem(
+                    ("system", "packages", spec.system.packages.index(c["name"])), ""
+                ).where(spec.file)
         raise
     return pins, requested
 
 
-def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *, workdir: Path) -> dict[str, str]:
+def held_back(
+    choice: Choice, wheels: list[WheelCandidate], sources: Sources, *, workdir: Path
+) -> dict[str, str]:
     """name -> why, for each package the spec names that the resolution holds below the newest
     release its own requirement admits for the platform and Python, or at a pre-release nobody
     asked for: the newest release's requirement on torch that the lock's torch does not meet, a
@@ -1351,8 +1922,12 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
     if not named:
         return {}
     try:
-        newest = {canonicalize_name(p["name"]): p for p in
-                  _run_uv(named, choice, sources, workdir, "newest", [], [], torch_index=False, no_deps=True)}
+        newest = {
+            canonicalize_name(p["name"]): p
+            for p in _run_uv(
+                named, choice, sources, workdir, "newest", [], [], torch_index=False, no_deps=True
+            )
+        }
     except (ResolutionImpossible, SourceError):
         return {}
     found = _newest_any(choice, sources, workdir)
@@ -1370,16 +1945,24 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
         if top is not None and Version(str(top["version"])) > have:
             reason = _holds_back(top, torch_version, choice, sources, workdir)
             covered = Version(str(top["version"]))
-            if reason.startswith("Python "):  # an index that does not say Requires-Python (a find-links folder)
-                why.append(f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
-                           f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}")
+            if reason.startswith(
+                "Python "
+            ):  # an index that does not say Requires-Python (a find-links folder)
+                why.append(
+                    f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
+                    f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}"
+                )
             else:
-                why.append(f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
-                           f"Python {choice.python}; " + reason)
+                why.append(
+                    f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
+                    f"Python {choice.python}; " + reason
+                )
         if name in any_kind and Version(any_kind[name]) > covered:
-            why.append(f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
-                       f"source distribution only), and source builds are off ([python].from_source = \"never\"); "
-                       f"with a build from source the lock could take {any_kind[name]}")
+            why.append(
+                f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
+                f'source distribution only), and source builds are off ([python].from_source = "never"); '
+                f"with a build from source the lock could take {any_kind[name]}"
+            )
         if have.is_prerelease and not _asks_prerelease(req):
             why.append(f"{have} is a pre-release the spec does not ask for")
         if why:
@@ -1387,7 +1970,9 @@ def held_back(choice: Choice, wheels: list[WheelCandidate], sources: Sources, *,
     return out
 
 
-def _holds_back(top: dict, torch_version: str | None, choice: Choice, sources: Sources, workdir: Path) -> str:
+def _holds_back(
+    top: dict, torch_version: str | None, choice: Choice, sources: Sources, workdir: Path
+) -> str:
     """Why the lock does not take ``top`` (a uv pylock entry): its requirement on torch against the
     lock's torch, by its wheel's metadata; else its own requirements, where it cannot be installed
     even alone (vllm 0.34.0: torch==2.14.0 beside torchaudio==2.11.0, which needs torch 2.11.0);
@@ -1396,14 +1981,28 @@ def _holds_back(top: dict, torch_version: str | None, choice: Choice, sources: S
         for h in _excludes(top, [torch_version], choice):
             return f"it requires {h.requires}, and the lock's torch is {torch_version}"
     try:
-        _run_uv([f"{top['name']}=={top['version']}"], choice, sources, workdir, "alone", [], [], torch_index=False)
+        _run_uv(
+            [f"{top['name']}=={top['version']}"],
+            choice,
+            sources,
+            workdir,
+            "alone",
+            [],
+            [],
+            torch_index=False,
+        )
     except ResolutionImpossible as e:
-        said = [c["text"] for c in e.causes if "Because" in c.get("text", "") or c.get("kind") == "python-missing"]
+        said = [
+            c["text"]
+            for c in e.causes
+            if "Because" in c.get("text", "") or c.get("kind") == "python-missing"
+        ]
         python = re.search(r"requires Python ([^ ,]+)", " ".join(said))
         if python is not None:
             return f"Python {python.group(1)}"
         return "it cannot be installed even alone, its own requirements conflict" + (
-            f" ({said[0].removeprefix('cause: ').strip()})" if said else "")
+            f" ({said[0].removeprefix('cause: ').strip()})" if said else ""
+        )
     except SourceError:
         pass
     return "the other packages' requirements hold it back"
@@ -1414,14 +2013,24 @@ def _asks_prerelease(req: str) -> bool:
     from packaging.requirements import InvalidRequirement, Requirement  # here: the lock stage only
 
     try:
-        return any(Version(s.version).is_prerelease for s in Requirement(req).specifier
-                   if not s.version.endswith(".*"))
+        return any(
+            Version(s.version).is_prerelease
+            for s in Requirement(req).specifier
+            if not s.version.endswith(".*")
+        )
     except (InvalidRequirement, ValueError):
         return False
 
 
-def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[str, str] | None = None,
-            upgrade: list[str] | None = None, db: CompatDB | None = None) -> Resolution:
+def resolve(
+    choice: Choice,
+    sources: Sources,
+    *,
+    cache_dir: Path,
+    keep: Mapping[str, str] | None = None,
+    upgrade: list[str] | None = None,
+    db: CompatDB | None = None,
+) -> Resolution:
     """The lock stage's resolution of a choice: torch moved to fit the named packages where ``db``
     is given (``with_packages``), the Python closure, the Debian closure."""
     import tempfile
@@ -1430,7 +2039,11 @@ def resolve(choice: Choice, sources: Sources, *, cache_dir: Path, keep: Mapping[
         if db is not None:
             choice = with_packages(choice, db, sources, workdir=Path(tmp))
             kept_torch = (keep or {}).get("torch")
-            if choice.torch is not None and kept_torch and Version(kept_torch).public != choice.torch.release.version:
+            if (
+                choice.torch is not None
+                and kept_torch
+                and Version(kept_torch).public != choice.torch.release.version
+            ):
                 keep = {}  # another torch release: the old lock's versions are no guide (they fit the old one)
         wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
         if db is not None:  # the lock stage: say which named package is held back, and why

@@ -16,8 +16,10 @@ ENTRYPOINT_IN_IMAGE = "/opt/envspec/entrypoint.sh"
 SERVICES_DIR = "/opt/envspec/services"
 AUTHORIZED_KEYS_IN_IMAGE = "/opt/envspec/authorized_keys"
 ENVSPEC_LIB = "/opt/envspec/lib"
-_KEY_TYPES = re.compile(r"(^|\s)(ssh-ed25519|ssh-rsa|ssh-dss|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com|"
-                        r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+[A-Za-z0-9+/]+=*(\s|$)")
+_KEY_TYPES = re.compile(
+    r"(^|\s)(ssh-ed25519|ssh-rsa|ssh-dss|ecdsa-sha2-nistp\d+|sk-ssh-ed25519@openssh\.com|"
+    r"sk-ecdsa-sha2-nistp256@openssh\.com)\s+[A-Za-z0-9+/]+=*(\s|$)"
+)
 
 
 def _templates():
@@ -25,7 +27,10 @@ def _templates():
 
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
         autoescape=False,
     )
 
@@ -33,9 +38,11 @@ def _templates():
 def check_authorized_keys(text: str, source: str = "authorized_keys") -> str:
     """Public keys only, one per line; raises ``PlanError`` on a private key or a line that is not a key."""
     if "PRIVATE KEY" in text:
-        raise PlanError(f"{source} holds a PRIVATE key; it must list public keys (*.pub) only",
-                        hint="put the contents of ~/.ssh/id_ed25519.pub there, never the key itself",
-                        reference="private-key-in-spec")
+        raise PlanError(
+            f"{source} holds a PRIVATE key; it must list public keys (*.pub) only",
+            hint="put the contents of ~/.ssh/id_ed25519.pub there, never the key itself",
+            reference="private-key-in-spec",
+        )
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         s = line.strip()
@@ -43,8 +50,11 @@ def check_authorized_keys(text: str, source: str = "authorized_keys") -> str:
             out.append(s)
             continue
         if not _KEY_TYPES.search(s):
-            raise PlanError(f"{source}:{n}: not an OpenSSH public key line", reference="bad-authorized-keys",
-                            hint="each line: [options] ssh-ed25519 AAAA... comment")
+            raise PlanError(
+                f"{source}:{n}: not an OpenSSH public key line",
+                reference="bad-authorized-keys",
+                hint="each line: [options] ssh-ed25519 AAAA... comment",
+            )
         out.append(s)
     return "\n".join(out).strip() + "\n" if any(out) else ""
 
@@ -60,13 +70,18 @@ def _keys_text(ssh: Ssh, spec_file: str, spec_dir: str | Path | None) -> str:
     try:
         text = p.read_text(encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError):
-        raise PlanError(f"[services.ssh].authorized_keys: no such file: {p}", reference="missing-file",
-                        hint="the path is relative to the spec; or leave it empty and pass keys at run time in "
-                             "ENVSPEC_AUTHORIZED_KEYS") from None
+        raise PlanError(
+            f"[services.ssh].authorized_keys: no such file: {p}",
+            reference="missing-file",
+            hint="the path is relative to the spec; or leave it empty and pass keys at run time in "
+            "ENVSPEC_AUTHORIZED_KEYS",
+        ) from None
     if ssh.authorized_keys_sha256 and keys_sha256(text) != ssh.authorized_keys_sha256:
-        raise PlanError(f"{p} changed since the lock was written (its sha256 is in [services.ssh] of the lock)",
-                        hint="run `envspec lock` again so the image's tag follows the keys it carries",
-                        reference="lock-out-of-date")
+        raise PlanError(
+            f"{p} changed since the lock was written (its sha256 is in [services.ssh] of the lock)",
+            hint="run `envspec lock` again so the image's tag follows the keys it carries",
+            reference="lock-out-of-date",
+        )
     return check_authorized_keys(text, str(p))
 
 
@@ -80,8 +95,9 @@ def _session_env(venv: str, rt: RuntimeLock) -> str:
     return " ".join(f'"{k}={v}"' for k, v in out)
 
 
-def render_service_files(lock: Lockfile, *, spec_dir: str | Path | None = None,
-                         authorized_keys: str | None = None) -> dict[str, tuple[str, int]]:
+def render_service_files(
+    lock: Lockfile, *, spec_dir: str | Path | None = None, authorized_keys: str | None = None
+) -> dict[str, tuple[str, int]]:
     """The entrypoint and the enabled services' files, rendered from the lock:
     ``{path in image: (text, mode)}``. Nothing secret is rendered: no token, no password, no host
     key; the authorized keys (public) come from the spec's file (``authorized_keys`` text, else the
@@ -105,19 +121,36 @@ def render_service_files(lock: Lockfile, *, spec_dir: str | Path | None = None,
     enabled = services.enabled()
     env = _templates()
     files: dict[str, tuple[str, int]] = {
-        ENTRYPOINT_IN_IMAGE: (env.get_template("entrypoint.sh.j2").render(**common, services=enabled), 0o755),
+        ENTRYPOINT_IN_IMAGE: (
+            env.get_template("entrypoint.sh.j2").render(**common, services=enabled),
+            0o755,
+        ),
     }
     if services.jupyter is not None and services.jupyter.enabled:
         j = services.jupyter
-        files[f"{SERVICES_DIR}/jupyter.sh"] = (env.get_template("services/jupyter.sh.j2").render(
-            **common, port=j.port, extensions=list(j.extensions)), 0o755)
+        files[f"{SERVICES_DIR}/jupyter.sh"] = (
+            env.get_template("services/jupyter.sh.j2").render(
+                **common, port=j.port, extensions=list(j.extensions)
+            ),
+            0o755,
+        )
     if services.ssh is not None and services.ssh.enabled:
         s = services.ssh
-        files[f"{SERVICES_DIR}/ssh.sh"] = (env.get_template("services/ssh.sh.j2").render(**common, port=s.port), 0o755)
-        files[f"{SERVICES_DIR}/sshd_config"] = (env.get_template("services/sshd_config.j2").render(
-            **common, port=s.port, session_env=_session_env(lock.platform.venv, rt)), 0o644)
-        keys = (check_authorized_keys(authorized_keys, "authorized_keys") if authorized_keys is not None
-                else _keys_text(s, lock.meta.spec, spec_dir))
+        files[f"{SERVICES_DIR}/ssh.sh"] = (
+            env.get_template("services/ssh.sh.j2").render(**common, port=s.port),
+            0o755,
+        )
+        files[f"{SERVICES_DIR}/sshd_config"] = (
+            env.get_template("services/sshd_config.j2").render(
+                **common, port=s.port, session_env=_session_env(lock.platform.venv, rt)
+            ),
+            0o644,
+        )
+        keys = (
+            check_authorized_keys(authorized_keys, "authorized_keys")
+            if authorized_keys is not None
+            else _keys_text(s, lock.meta.spec, spec_dir)
+        )
         if keys:
             files[AUTHORIZED_KEYS_IN_IMAGE] = (keys, 0o644)
     return dict(sorted(files.items()))

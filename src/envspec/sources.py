@@ -65,7 +65,10 @@ def _pip_config_files(env: dict[str, str]) -> list[Path]:
     xdg_dirs = env.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
     files += [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d]
     home = Path(env.get("HOME", str(Path.home())))
-    files += [home / ".pip" / "pip.conf", Path(env.get("XDG_CONFIG_HOME", str(home / ".config"))) / "pip" / "pip.conf"]
+    files += [
+        home / ".pip" / "pip.conf",
+        Path(env.get("XDG_CONFIG_HOME", str(home / ".config"))) / "pip" / "pip.conf",
+    ]
     if env.get("PIP_CONFIG_FILE"):
         files.append(Path(env["PIP_CONFIG_FILE"]))
     if env.get("VIRTUAL_ENV"):
@@ -102,7 +105,12 @@ def pip_mirrors(env: dict[str, str] | None = None) -> list[Mirror]:
 def _as_mirror(url: str, origin: str) -> Mirror:
     m = Mirror(url, "index", origin)
     p = m.path
-    if p is not None and p.is_dir() and not (p / "index.html").exists() and not any(p.glob("*/index.html")):
+    if (
+        p is not None
+        and p.is_dir()
+        and not (p / "index.html").exists()
+        and not any(p.glob("*/index.html"))
+    ):
         return Mirror(url, "links", origin)  # a flat folder of files
     return m
 
@@ -126,9 +134,14 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
             unique.append(m)
     kw = {}
     if s is not None:
-        kw = dict(index=s.index, extra_indexes=tuple(s.extra_indexes), torch_index=s.torch_index,
-                  debian_mirror=s.debian_mirror, debian_security_mirror=s.debian_security_mirror,
-                  debian_snapshot=s.debian_snapshot)
+        kw = dict(
+            index=s.index,
+            extra_indexes=tuple(s.extra_indexes),
+            torch_index=s.torch_index,
+            debian_mirror=s.debian_mirror,
+            debian_security_mirror=s.debian_security_mirror,
+            debian_snapshot=s.debian_snapshot,
+        )
     if env.get("ENVSPEC_DEBIAN_SNAPSHOT"):
         kw["debian_snapshot"] = env["ENVSPEC_DEBIAN_SNAPSHOT"]
     if env.get("ENVSPEC_DEBIAN_MIRROR"):
@@ -154,8 +167,10 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
 
 # --- reading simple indexes (used by wheels/fetch.py to find a pinned file by its name) ---------
 
-PEP691_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
-                 "text/html;q=0.1")
+PEP691_ACCEPT = (
+    "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
+    "text/html;q=0.1"
+)
 
 
 def normalize_name(name: str) -> str:
@@ -222,7 +237,9 @@ def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
 
 # --- what the indexes serve, for a did-you-mean -----------------------------------------------------
 
-NAMES_TTL_S = 24 * 3600  # a remote index's project list is kept this long (PyPI's: 40 MB, 900,000 names)
+NAMES_TTL_S = (
+    24 * 3600
+)  # a remote index's project list is kept this long (PyPI's: 40 MB, 900,000 names)
 _ANCHOR_TEXT = re.compile(r">([^<>]+)</a>")
 _DIST_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9]")
 
@@ -235,8 +252,11 @@ def project_names(sources: Sources, *, cache_dir: Path, timeout: float = 30) -> 
     for m in sources.mirrors:
         try:
             if m.kind == "links":
-                names |= {normalize_name(d.group(1)) for f in links_files(m.url, timeout=timeout)
-                          if (d := _DIST_NAME.match(f))}
+                names |= {
+                    normalize_name(d.group(1))
+                    for f in links_files(m.url, timeout=timeout)
+                    if (d := _DIST_NAME.match(f))
+                }
             elif m.path is not None and m.path.is_dir():
                 names |= {normalize_name(c.name) for c in m.path.iterdir() if c.is_dir()}
             else:
@@ -256,7 +276,9 @@ def _remote_names(index_url: str, cache_dir: Path, timeout: float) -> set[str]:
     import hashlib
     import time
 
-    kept = cache_dir / "index-names" / (hashlib.sha256(index_url.encode()).hexdigest()[:16] + ".txt")
+    kept = (
+        cache_dir / "index-names" / (hashlib.sha256(index_url.encode()).hexdigest()[:16] + ".txt")
+    )
     try:
         if time.time() - kept.stat().st_mtime < NAMES_TTL_S:
             return set(kept.read_text(encoding="utf-8").split())
@@ -266,7 +288,9 @@ def _remote_names(index_url: str, cache_dir: Path, timeout: float) -> set[str]:
     if "json" in ctype:
         names = {normalize_name(p["name"]) for p in json.loads(body).get("projects", [])}
     else:
-        names = {normalize_name(n.strip()) for n in _ANCHOR_TEXT.findall(body.decode("utf-8", "replace"))}
+        names = {
+            normalize_name(n.strip()) for n in _ANCHOR_TEXT.findall(body.decode("utf-8", "replace"))
+        }
     kept.parent.mkdir(parents=True, exist_ok=True)
     tmp = kept.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text("\n".join(sorted(names)) + "\n", encoding="utf-8")

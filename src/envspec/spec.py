@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+)
 
 from envspec.errors import Problem, SpecError
 
@@ -43,7 +51,9 @@ class _Model(BaseModel):
 # session 12), for specs that list only such requirements.
 _VERSION = r"[0-9]+(?:\.[0-9]+)*"
 _CLAUSE = rf"(?:(?:==|!=){_VERSION}(?:\.\*)?|~={_VERSION}\.[0-9]+|(?:<=|>=|<|>){_VERSION})"
-_SIMPLE_REQUIREMENT = re.compile(rf"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:{_CLAUSE}(?:,{_CLAUSE})*)?")
+_SIMPLE_REQUIREMENT = re.compile(
+    rf"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)(?:{_CLAUSE}(?:,{_CLAUSE})*)?"
+)
 
 
 def requirement_name(text: str) -> str:
@@ -86,21 +96,32 @@ DebName = Annotated[str, AfterValidator(_check_deb)]  # a Debian package name
 class Target(_Model):
     """The hardware the image runs on: the GPUs, the hosts' oldest driver, the CPU platforms."""
 
-    gpus: list[str] = Field(default=[], examples=[["H100"], ["A100 80GB", "L40S"]],
-                            description="the GPUs the image must run on, by the names `envspec db show` lists (or "
-                                        "sm_XY); empty: a CPU image")
-    driver: str | None = Field(default=None, examples=["580.65.06"],
-                               description="the oldest NVIDIA driver on the hosts (`nvidia-smi "
-                                           "--query-gpu=driver_version --format=csv,noheader`); left out, the newest "
-                                           "build's floor is assumed and said (docs/lockfile.md)")
+    gpus: list[str] = Field(
+        default=[],
+        examples=[["H100"], ["A100 80GB", "L40S"]],
+        description="the GPUs the image must run on, by the names `envspec db show` lists (or "
+        "sm_XY); empty: a CPU image",
+    )
+    driver: str | None = Field(
+        default=None,
+        examples=["580.65.06"],
+        description="the oldest NVIDIA driver on the hosts (`nvidia-smi "
+        "--query-gpu=driver_version --format=csv,noheader`); left out, the newest "
+        "build's floor is assumed and said (docs/lockfile.md)",
+    )
     driver_policy: Literal["compat", "strict"] = Field(
-        default="compat", examples=["strict"],
-        description="\"compat\": a driver runs a newer CUDA of its major version (CUDA's minor-version "
-                    "compatibility); \"strict\": only the toolkit's own driver floor")
-    platforms: list[str] = Field(default=[], examples=[["linux-x86_64", "linux-aarch64"]],
-                                 description="the hosts' CPU platforms, \"linux-x86_64\" and/or \"linux-aarch64\"; "
-                                             "both give one lock with a section each; default from the GPUs "
-                                             "(x86_64 without GPUs)")
+        default="compat",
+        examples=["strict"],
+        description='"compat": a driver runs a newer CUDA of its major version (CUDA\'s minor-version '
+        'compatibility); "strict": only the toolkit\'s own driver floor',
+    )
+    platforms: list[str] = Field(
+        default=[],
+        examples=[["linux-x86_64", "linux-aarch64"]],
+        description='the hosts\' CPU platforms, "linux-x86_64" and/or "linux-aarch64"; '
+        "both give one lock with a section each; default from the GPUs "
+        "(x86_64 without GPUs)",
+    )
 
     @field_validator("driver")
     @classmethod
@@ -115,24 +136,37 @@ class Target(_Model):
 class Python(_Model):
     """The image's Python and the packages a team adds, resolved together with torch."""
 
-    version: str = Field(default="3.11", examples=["3.13"],
-                         description="the image's Python: 3.11 (Debian bookworm) or 3.13 (trixie); with "
-                                     "[system].base = \"none\", any")
-    packages: list[Req] = Field(default=[], examples=[["transformers>=4.50", "datasets", "vllm"]],
-                                description="PEP 508 requirements, resolved with torch: torch moves to the newest "
-                                            "release they all accept")
-    constraints: list[Req] = Field(default=[], examples=[["numpy<2.3"]],
-                                   description="pins applied to whatever needs the package, without asking for it")
+    version: str = Field(
+        default="3.11",
+        examples=["3.13"],
+        description="the image's Python: 3.11 (Debian bookworm) or 3.13 (trixie); with "
+        '[system].base = "none", any',
+    )
+    packages: list[Req] = Field(
+        default=[],
+        examples=[["transformers>=4.50", "datasets", "vllm"]],
+        description="PEP 508 requirements, resolved with torch: torch moves to the newest "
+        "release they all accept",
+    )
+    constraints: list[Req] = Field(
+        default=[],
+        examples=[["numpy<2.3"]],
+        description="pins applied to whatever needs the package, without asking for it",
+    )
     # a policy of `envspec lock`, not an input of the resolution: not in the spec hash
     held_back: Literal["warn", "error"] = Field(
-        default="warn", examples=["error"],
+        default="warn",
+        examples=["error"],
         description="a named package held below its newest release (a torch pin, no wheel, the Python version) "
-                    "or at a pre-release nobody asked for: \"warn\" writes the lock and says why, \"error\" "
-                    "refuses it (for CI)")
+        'or at a pre-release nobody asked for: "warn" writes the lock and says why, "error" '
+        "refuses it (for CI)",
+    )
     from_source: Literal["auto", "never"] = Field(
-        default="auto", examples=["never"],
-        description="a package with no wheel for the platform: \"auto\" locks its sdist and builds the wheel "
-                    "from it with pinned inputs (docs/build.md); \"never\": wheels only (no-wheel)")
+        default="auto",
+        examples=["never"],
+        description='a package with no wheel for the platform: "auto" locks its sdist and builds the wheel '
+        'from it with pinned inputs (docs/build.md); "never": wheels only (no-wheel)',
+    )
 
     @field_validator("version")
     @classmethod
@@ -142,19 +176,27 @@ class Python(_Model):
         return v
 
 
-
 class Torch(_Model):
     """torch: the range of releases, the CUDA build, and its family from the same index. Left out,
     the image has no torch."""
 
-    version: str = Field(default="*", examples=["2.14", "==2.14.1", ">=2.12,<2.15"],
-                         description="a PEP 440 range; a bare version of one or two parts is every release it "
-                                     "starts (\"2.14\" is ==2.14.*); \"*\": the newest that fits")
-    cuda: str = Field(default="auto", examples=["cpu", "12.8"],
-                      description="\"auto\": the build that fits the GPUs and driver (PyPI's where it fits); "
-                                  "\"cpu\": the CPU build; \"12.8\": that CUDA's build")
-    packages: list[Req] = Field(default=[], examples=[["torchvision", "torchaudio"]],
-                                description="torch-family packages from the same index as torch, e.g. torchvision")
+    version: str = Field(
+        default="*",
+        examples=["2.14", "==2.14.1", ">=2.12,<2.15"],
+        description="a PEP 440 range; a bare version of one or two parts is every release it "
+        'starts ("2.14" is ==2.14.*); "*": the newest that fits',
+    )
+    cuda: str = Field(
+        default="auto",
+        examples=["cpu", "12.8"],
+        description='"auto": the build that fits the GPUs and driver (PyPI\'s where it fits); '
+        '"cpu": the CPU build; "12.8": that CUDA\'s build',
+    )
+    packages: list[Req] = Field(
+        default=[],
+        examples=[["torchvision", "torchaudio"]],
+        description="torch-family packages from the same index as torch, e.g. torchvision",
+    )
 
     @field_validator("version")
     @classmethod
@@ -162,14 +204,18 @@ class Torch(_Model):
         text = v.strip()
         if text in ("", "*"):
             return "*"
-        if re.fullmatch(r"\d+(\.\d+)?", text):  # "2.9" means any 2.9 release (2.9.*), as most users mean it,
-            text = f"=={text}.*"                    # not PEP 440's 2.9.0 (docs/spec.md)
+        if re.fullmatch(
+            r"\d+(\.\d+)?", text
+        ):  # "2.9" means any 2.9 release (2.9.*), as most users mean it,
+            text = f"=={text}.*"  # not PEP 440's 2.9.0 (docs/spec.md)
         elif text[0].isdigit():
             text = "==" + text
         try:
             SpecifierSet(text)
         except InvalidSpecifier:
-            raise ValueError(f"{v!r} is not a PEP 440 version specifier like '2.14.*' or '>=2.7,<2.10'") from None
+            raise ValueError(
+                f"{v!r} is not a PEP 440 version specifier like '2.14.*' or '>=2.7,<2.10'"
+            ) from None
         return text
 
     @field_validator("cuda")
@@ -179,7 +225,6 @@ class Torch(_Model):
             return v
         raise ValueError(f"{v!r} is not 'auto', 'cpu' or a CUDA version like '12.8'")
 
-
     def specifier(self) -> SpecifierSet:
         return SpecifierSet("" if self.version == "*" else self.version)
 
@@ -187,15 +232,24 @@ class Torch(_Model):
 class System(_Model):
     """The Debian base under the image and the Debian packages a team adds."""
 
-    packages: list[DebName] = Field(default=[], examples=[["libgl1", "ffmpeg"]],
-                                    description="Debian packages, pinned with their dependencies by sha256")
-    base: str = Field(default="auto", examples=["debian:trixie", "none"],
-                      description="\"auto\" (the Debian release of [python].version), \"debian:bookworm\", "
-                                  "\"debian:trixie\", or \"none\": a lock for a host's own Python, verified "
-                                  "but not built")
-    compiler: bool | None = Field(default=None, examples=[False],
-                                  description="a C compiler and Python headers (torch.compile's Triton and "
-                                              "Inductor need them); default: on where the spec has torch")
+    packages: list[DebName] = Field(
+        default=[],
+        examples=[["libgl1", "ffmpeg"]],
+        description="Debian packages, pinned with their dependencies by sha256",
+    )
+    base: str = Field(
+        default="auto",
+        examples=["debian:trixie", "none"],
+        description='"auto" (the Debian release of [python].version), "debian:bookworm", '
+        '"debian:trixie", or "none": a lock for a host\'s own Python, verified '
+        "but not built",
+    )
+    compiler: bool | None = Field(
+        default=None,
+        examples=[False],
+        description="a C compiler and Python headers (torch.compile's Triton and "
+        "Inductor need them); default: on where the spec has torch",
+    )
 
     @field_validator("base")
     @classmethod
@@ -208,24 +262,39 @@ class System(_Model):
 class Jupyter(_Model):
     """JupyterLab in the image, started by `envspec run` with a token of its own."""
 
-    enabled: bool = Field(default=True, examples=[False], description="start JupyterLab when the image runs "
-                                                                     "without a command")
-    port: int = Field(default=8888, ge=1, le=65535, examples=[8890], description="its port in the container")
-    extensions: list[Req] = Field(default=[], examples=[["jupyterlab-git"]],
-                                  description="extra Python packages for JupyterLab")
-
+    enabled: bool = Field(
+        default=True,
+        examples=[False],
+        description="start JupyterLab when the image runs without a command",
+    )
+    port: int = Field(
+        default=8888, ge=1, le=65535, examples=[8890], description="its port in the container"
+    )
+    extensions: list[Req] = Field(
+        default=[],
+        examples=[["jupyterlab-git"]],
+        description="extra Python packages for JupyterLab",
+    )
 
 
 class Ssh(_Model):
     """An SSH server in the image: keys only, no password, no root, a host key made at start."""
 
-    enabled: bool = Field(default=True, examples=[False], description="start sshd when the image runs without "
-                                                                     "a command")
-    port: int = Field(default=2222, ge=1, le=65535, examples=[2200], description="its port in the container")
-    authorized_keys: str = Field(default="", examples=["authorized_keys"],
-                                 description="a file of public keys, relative to the spec, baked into the image "
-                                             "(its hash is in the lock); empty: keys given at run time in "
-                                             "ENVSPEC_AUTHORIZED_KEYS")
+    enabled: bool = Field(
+        default=True,
+        examples=[False],
+        description="start sshd when the image runs without a command",
+    )
+    port: int = Field(
+        default=2222, ge=1, le=65535, examples=[2200], description="its port in the container"
+    )
+    authorized_keys: str = Field(
+        default="",
+        examples=["authorized_keys"],
+        description="a file of public keys, relative to the spec, baked into the image "
+        "(its hash is in the lock); empty: keys given at run time in "
+        "ENVSPEC_AUTHORIZED_KEYS",
+    )
 
 
 class Services(_Model):
@@ -238,18 +307,33 @@ class Services(_Model):
 class Runtime(_Model):
     """How the image runs: torch's math settings, the container's limits, its user."""
 
-    tf32: bool = Field(default=True, examples=[False], description="TF32 matmuls and convolutions on Ampere and "
-                                                                  "newer (torch.backends.*.allow_tf32)")
+    tf32: bool = Field(
+        default=True,
+        examples=[False],
+        description="TF32 matmuls and convolutions on Ampere and "
+        "newer (torch.backends.*.allow_tf32)",
+    )
     matmul_precision: Literal["highest", "high", "medium"] | None = Field(
-        default=None, examples=["medium"],
-        description="torch.set_float32_matmul_precision; default \"high\" with tf32, else \"highest\"")
-    shm_size: str = Field(default="16g", examples=["64g"],
-                          description="the container's /dev/shm (DataLoader workers, NCCL)")
-    env: dict[str, str] = Field(default={}, examples=[{"NCCL_DEBUG": "WARN"}],
-                                description="environment variables of the image")
-    ulimits: dict[str, int] = Field(default={"memlock": -1, "stack": 67108864}, examples=[{"nofile": 1048576}],
-                                    description="the container's limits (-1: unlimited); `envspec run` keeps them "
-                                                "within the host's")
+        default=None,
+        examples=["medium"],
+        description='torch.set_float32_matmul_precision; default "high" with tf32, else "highest"',
+    )
+    shm_size: str = Field(
+        default="16g",
+        examples=["64g"],
+        description="the container's /dev/shm (DataLoader workers, NCCL)",
+    )
+    env: dict[str, str] = Field(
+        default={},
+        examples=[{"NCCL_DEBUG": "WARN"}],
+        description="environment variables of the image",
+    )
+    ulimits: dict[str, int] = Field(
+        default={"memlock": -1, "stack": 67108864},
+        examples=[{"nofile": 1048576}],
+        description="the container's limits (-1: unlimited); `envspec run` keeps them "
+        "within the host's",
+    )
     user: str = Field(default="envspec", examples=["ml"], description="the image's user (not root)")
     uid: int = Field(default=1000, ge=1, le=65533, examples=[1001], description="that user's uid")
 
@@ -283,48 +367,88 @@ class Build(_Model):
     """How `envspec build` spends the machine on wheels built from sdists; not an input of the lock
     (not in the spec hash)."""
 
-    parallel: int = Field(default=1, ge=1, le=64, examples=[2], description="wheels built from sdists at once")
-    jobs: int = Field(default=0, ge=0, le=1024, examples=[16],
-                      description="compile jobs of each (MAKEFLAGS -j, MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL); 0: "
-                                  "the cores divided among the builds")
+    parallel: int = Field(
+        default=1, ge=1, le=64, examples=[2], description="wheels built from sdists at once"
+    )
+    jobs: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        examples=[16],
+        description="compile jobs of each (MAKEFLAGS -j, MAX_JOBS, CMAKE_BUILD_PARALLEL_LEVEL); 0: "
+        "the cores divided among the builds",
+    )
 
 
 class Sources(_Model):
     """Where packages and layers come from. The indexes are part of the lock's identity; mirrors
     (which serve the same files) are not."""
 
-    index: str = Field(default="https://pypi.org/simple", examples=["https://pypi.example/simple"],
-                       description="the Python package index")
-    extra_indexes: list[str] = Field(default=[], examples=[["https://pkgs.example/simple"]],
-                                     description="more indexes, after index")
-    torch_index: str = Field(default="https://download.pytorch.org/whl", examples=["https://mirror.example/whl"],
-                             description="the PyTorch index (its cuXYZ/ and cpu/ builds)")
-    mirrors: list[str] = Field(default=[], examples=[["file:///srv/wheels", "https://proxy.example/simple"]],
-                               description="indexes or folders serving the same files, tried first; not in the "
-                                           "lock")
-    use_pip_config: bool = Field(default=True, examples=[False],
-                                 description="also take pip's configured index-url, extra-index-url and "
-                                             "find-links as mirrors")
-    debian_mirror: str = Field(default="http://deb.debian.org/debian", examples=["http://mirror.example/debian"],
-                               description="the Debian mirror")
-    debian_security_mirror: str = Field(default="http://deb.debian.org/debian-security",
-                                        examples=["http://mirror.example/debian-security"],
-                                        description="the Debian security mirror")
-    debian_snapshot: str = Field(default="", examples=["https://snapshot.debian.org/archive/debian/20261201T000000Z"],
-                                 description="a snapshot mirror tried first for pinned .debs that Debian's mirror "
-                                             "no longer serves")
-    cache_from: str = Field("", examples=["registry.example/ml/cache"],
-                            description="a registry repository to take layers from (build --cache-from)")
-    cache_to: str = Field("", examples=["registry.example/ml/cache"],
-                          description="a registry repository to push made layers to (build --cache-to)")
+    index: str = Field(
+        default="https://pypi.org/simple",
+        examples=["https://pypi.example/simple"],
+        description="the Python package index",
+    )
+    extra_indexes: list[str] = Field(
+        default=[],
+        examples=[["https://pkgs.example/simple"]],
+        description="more indexes, after index",
+    )
+    torch_index: str = Field(
+        default="https://download.pytorch.org/whl",
+        examples=["https://mirror.example/whl"],
+        description="the PyTorch index (its cuXYZ/ and cpu/ builds)",
+    )
+    mirrors: list[str] = Field(
+        default=[],
+        examples=[["file:///srv/wheels", "https://proxy.example/simple"]],
+        description="indexes or folders serving the same files, tried first; not in the lock",
+    )
+    use_pip_config: bool = Field(
+        default=True,
+        examples=[False],
+        description="also take pip's configured index-url, extra-index-url and "
+        "find-links as mirrors",
+    )
+    debian_mirror: str = Field(
+        default="http://deb.debian.org/debian",
+        examples=["http://mirror.example/debian"],
+        description="the Debian mirror",
+    )
+    debian_security_mirror: str = Field(
+        default="http://deb.debian.org/debian-security",
+        examples=["http://mirror.example/debian-security"],
+        description="the Debian security mirror",
+    )
+    debian_snapshot: str = Field(
+        default="",
+        examples=["https://snapshot.debian.org/archive/debian/20261201T000000Z"],
+        description="a snapshot mirror tried first for pinned .debs that Debian's mirror "
+        "no longer serves",
+    )
+    cache_from: str = Field(
+        "",
+        examples=["registry.example/ml/cache"],
+        description="a registry repository to take layers from (build --cache-from)",
+    )
+    cache_to: str = Field(
+        "",
+        examples=["registry.example/ml/cache"],
+        description="a registry repository to push made layers to (build --cache-to)",
+    )
 
 
 class EnvSpec(_Model):
     """An envspec spec: one TOML file."""
 
-    name: str = Field(examples=["h100-train"], description="names the lock (lockfiles/<name>.lock) and the image "
-                                                           "(localhost/envspec/<name>:<lock hash>)")
-    description: str = Field(default="", examples=["PyTorch training on H100 nodes"], description="for people")
+    name: str = Field(
+        examples=["h100-train"],
+        description="names the lock (lockfiles/<name>.lock) and the image "
+        "(localhost/envspec/<name>:<lock hash>)",
+    )
+    description: str = Field(
+        default="", examples=["PyTorch training on H100 nodes"], description="for people"
+    )
     target: Target = Field(default_factory=Target, description="[target]")
     python: Python = Field(default_factory=Python, description="[python]")
     torch: Torch | None = Field(default=None, description="[torch]")
@@ -341,7 +465,9 @@ class EnvSpec(_Model):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME_RE.match(v):
-            raise ValueError(f"{v!r} is not a name of lowercase letters, digits, '.', '_' or '-' (it names the image)")
+            raise ValueError(
+                f"{v!r} is not a name of lowercase letters, digits, '.', '_' or '-' (it names the image)"
+            )
         return v
 
     # -- where things are, for later stages' errors -------------------------------------
@@ -353,7 +479,9 @@ class EnvSpec(_Model):
         return _nearest_line(self._lines, tuple(path))
 
     def problem(self, path: tuple, message: str, hint: str = "", reference: str = "") -> Problem:
-        return Problem(message, path=toml_path(path), line=self.line_of(*path), hint=hint, reference=reference)
+        return Problem(
+            message, path=toml_path(path), line=self.line_of(*path), hint=hint, reference=reference
+        )
 
     @property
     def wants_gpu(self) -> bool:
@@ -364,13 +492,21 @@ class EnvSpec(_Model):
         import hashlib  # only the lock stage hashes a spec: OpenSSL's libcrypto stays off explain's path
 
         data = self.model_dump(mode="json", exclude={"description"})
-        del data["python"]["held_back"]  # a policy of `envspec lock`, not an input of the resolution
-        if data["python"]["from_source"] == "auto":  # the default: the hash of a spec written before the key existed
+        del data["python"][
+            "held_back"
+        ]  # a policy of `envspec lock`, not an input of the resolution
+        if (
+            data["python"]["from_source"] == "auto"
+        ):  # the default: the hash of a spec written before the key existed
             del data["python"]["from_source"]
         del data["build"]  # how `envspec build` spends the machine, not what it makes
         src = data.pop("sources")
-        data["sources"] = {k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")}
-        if not data["target"]["platforms"]:  # unset: the hash of a spec written before the key existed
+        data["sources"] = {
+            k: src[k] for k in ("index", "extra_indexes", "torch_index", "debian_mirror")
+        }
+        if not data["target"][
+            "platforms"
+        ]:  # unset: the hash of a spec written before the key existed
             del data["target"]["platforms"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return "sha256:" + hashlib.sha256(blob).hexdigest()
@@ -378,6 +514,7 @@ class EnvSpec(_Model):
 
 # ---------------------------------------------------------------------------------------
 # TOML paths and lines
+
 
 def toml_path(loc: tuple) -> str:
     """("target", "gpus", 0) -> "[target].gpus[0]"; ("name",) -> "name"."""
@@ -387,7 +524,9 @@ def toml_path(loc: tuple) -> str:
     out = ""
     tables = []
     i = 0
-    while i < len(parts) and isinstance(parts[i], str) and i < len(parts) - 1 and parts[i] in _TABLES:
+    while (
+        i < len(parts) and isinstance(parts[i], str) and i < len(parts) - 1 and parts[i] in _TABLES
+    ):
         tables.append(parts[i])
         i += 1
         if tables == ["services"] and i < len(parts) - 1 and isinstance(parts[i], str):
@@ -434,12 +573,12 @@ class _LineIndex:
                 continue
             m = cls._header.match(line)
             if m:
-                table = tuple(p.strip().strip('"\'') for p in m.group(1).split("."))
+                table = tuple(p.strip().strip("\"'") for p in m.group(1).split("."))
                 lines.setdefault(table, n)
                 continue
             m = cls._key.match(line)
             if m:
-                key = tuple(p.strip().strip('"\'') for p in m.group(1).split("."))
+                key = tuple(p.strip().strip("\"'") for p in m.group(1).split("."))
                 full = table + key
                 lines.setdefault(full, n)
                 value = line.split("=", 1)[1]
@@ -469,22 +608,47 @@ _TOML_ERR = r"\(at line (\d+), column (\d+)\)"  # compiled by re for a spec that
 def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
     """Parse and validate spec text. Raises SpecError listing every problem."""
     file = str(file)
-    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark some editors save: not TOML, and no meaning here
+    text = text.removeprefix(
+        "\ufeff"
+    )  # a UTF-8 byte order mark some editors save: not TOML, and no meaning here
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(_TOML_ERR, str(e))
         line = int(m.group(1)) if m else None
         msg = re.sub(_TOML_ERR, "", str(e)).strip()
-        raise SpecError(file, [Problem(f"not valid TOML: {msg}", path="", line=line,
-                                       hint="check quotes, brackets and '=' on that line", reference="toml-syntax")]) from None
+        raise SpecError(
+            file,
+            [
+                Problem(
+                    f"not valid TOML: {msg}",
+                    path="",
+                    line=line,
+                    hint="check quotes, brackets and '=' on that line",
+                    reference="toml-syntax",
+                )
+            ],
+        ) from None
     meta = data.get("meta")
-    if isinstance(meta, dict) and "version" in data and ("content_hash" in meta or "wheels" in data):
+    if (
+        isinstance(meta, dict)
+        and "version" in data
+        and ("content_hash" in meta or "wheels" in data)
+    ):
         made_from = f" (written from {meta['spec']})" if isinstance(meta.get("spec"), str) else ""
-        raise SpecError(file, [Problem(f"this is a lockfile{made_from}, not a spec", path="", line=1,
-                                       hint="give the spec it was locked from (`envspec explain` and `envspec lock` "
-                                            "take a spec; `build`, `diff`, `doctor` and `verify` a lock)",
-                                       reference="lock-not-spec")])
+        raise SpecError(
+            file,
+            [
+                Problem(
+                    f"this is a lockfile{made_from}, not a spec",
+                    path="",
+                    line=1,
+                    hint="give the spec it was locked from (`envspec explain` and `envspec lock` "
+                    "take a spec; `build`, `diff`, `doctor` and `verify` a lock)",
+                    reference="lock-not-spec",
+                )
+            ],
+        )
     lines = _LineIndex.build(text)
     problems: list[Problem] = []
     spec: EnvSpec | None = None
@@ -509,10 +673,20 @@ def load_spec(path: str | Path) -> EnvSpec:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(str(p), [Problem("no such file", hint="give the path of a spec, e.g. specs/h100.toml",
-                                         reference="spec-not-found")]) from None
+        raise SpecError(
+            str(p),
+            [
+                Problem(
+                    "no such file",
+                    hint="give the path of a spec, e.g. specs/h100.toml",
+                    reference="spec-not-found",
+                )
+            ],
+        ) from None
     except (UnicodeDecodeError, IsADirectoryError) as e:
-        raise SpecError(str(p), [Problem(f"cannot read as UTF-8 text: {e}", reference="spec-unreadable")]) from None
+        raise SpecError(
+            str(p), [Problem(f"cannot read as UTF-8 text: {e}", reference="spec-unreadable")]
+        ) from None
     return parse_spec(text, p)
 
 
@@ -532,9 +706,17 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 _TYPE_WORDS = {
-    "string_type": "a string", "int_type": "an integer", "int_parsing": "an integer", "bool_type": "true or false",
-    "bool_parsing": "true or false", "list_type": "an array", "dict_type": "a table", "model_type": "a table",
-    "float_type": "a number", "literal_error": None, "missing": None,
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "float_type": "a number",
+    "literal_error": None,
+    "missing": None,
 }
 
 
@@ -564,12 +746,16 @@ def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int], text: str
 
         close = difflib.get_close_matches(key, known, n=1)
         msg = f"unknown key '{key}'"
-        hint = f"did you mean '{close[0]}'?" if close else (f"known keys here: {', '.join(known)}" if known else "")
+        hint = (
+            f"did you mean '{close[0]}'?"
+            if close
+            else (f"known keys here: {', '.join(known)}" if known else "")
+        )
         ref = "unknown-key"
     elif etype == "missing":
         msg = f"required key '{loc[-1]}' is missing"
         ref = "missing-key"
-        hint = "add it, e.g. name = \"my-env\"" if loc == ("name",) else ""
+        hint = 'add it, e.g. name = "my-env"' if loc == ("name",) else ""
     elif etype == "literal_error":
         expected = err.get("ctx", {}).get("expected", "")
         msg = f"{err['input']!r} is not allowed; expected {expected}"
@@ -581,8 +767,10 @@ def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int], text: str
             # TOML reads 3.10 as the number 3.1: a version must be quoted, or its last zero is lost
             spelled = _source_number(text, lines, loc)
             hint = f'quote it: {loc[-1]} = "{spelled or got}"' + (
-                f" (unquoted, {spelled} is the number {got!r})" if isinstance(got, float) and spelled not in ("", repr(got))
-                else "")
+                f" (unquoted, {spelled} is the number {got!r})"
+                if isinstance(got, float) and spelled not in ("", repr(got))
+                else ""
+            )
     elif etype in ("greater_than_equal", "less_than_equal"):
         msg = f"{err['input']!r} is out of range: {err['msg'].lower()}"
     elif etype == "value_error":
@@ -598,64 +786,139 @@ def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int], text: str
 
 
 def _toml_type(v: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}.get(type(v), type(v).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(v), type(v).__name__)
 
 
 def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
     out: list[Problem] = []
-    torch_names = {"torch"} | {requirement_name(r) for r in (spec.torch.packages if spec.torch else [])}
+    torch_names = {"torch"} | {
+        requirement_name(r) for r in (spec.torch.packages if spec.torch else [])
+    }
     seen: dict[str, int] = {}
     for i, r in enumerate(spec.python.packages):
         name = requirement_name(r)
         if name in torch_names and spec.torch is not None:
-            out.append(spec.problem(("python", "packages", i), f"'{name}' is set by [torch]; a second pin here would conflict",
-                                    hint="put torch's version in [torch].version and torch-family packages in [torch].packages",
-                                    reference="conflicting-pins"))
+            out.append(
+                spec.problem(
+                    ("python", "packages", i),
+                    f"'{name}' is set by [torch]; a second pin here would conflict",
+                    hint="put torch's version in [torch].version and torch-family packages in [torch].packages",
+                    reference="conflicting-pins",
+                )
+            )
         elif name == "torch" and spec.torch is None:
-            out.append(spec.problem(("python", "packages", i), "torch belongs in a [torch] table",
-                                    hint="add [torch] with version = \"...\" so envspec can choose its CUDA build",
-                                    reference="conflicting-pins"))
+            out.append(
+                spec.problem(
+                    ("python", "packages", i),
+                    "torch belongs in a [torch] table",
+                    hint='add [torch] with version = "..." so envspec can choose its CUDA build',
+                    reference="conflicting-pins",
+                )
+            )
         if name in seen:
-            out.append(spec.problem(("python", "packages", i), f"'{name}' is listed twice (also item {seen[name]})",
-                                    hint="merge the two requirements into one", reference="conflicting-pins"))
+            out.append(
+                spec.problem(
+                    ("python", "packages", i),
+                    f"'{name}' is listed twice (also item {seen[name]})",
+                    hint="merge the two requirements into one",
+                    reference="conflicting-pins",
+                )
+            )
         seen.setdefault(name, i)
     if spec.torch is None and spec.target.gpus:
-        out.append(spec.problem(("target", "gpus"), "GPU targets are given but there is no [torch] table",
-                                hint="add [torch] or remove [target].gpus", reference="impossible-combination"))
+        out.append(
+            spec.problem(
+                ("target", "gpus"),
+                "GPU targets are given but there is no [torch] table",
+                hint="add [torch] or remove [target].gpus",
+                reference="impossible-combination",
+            )
+        )
     if spec.torch is not None and spec.torch.cuda == "cpu" and spec.target.driver:
-        out.append(spec.problem(("target", "driver"), "a driver floor is given for a CPU build of torch",
-                                hint="set [torch].cuda = \"auto\" or drop [target].driver", reference="impossible-combination"))
+        out.append(
+            spec.problem(
+                ("target", "driver"),
+                "a driver floor is given for a CPU build of torch",
+                hint='set [torch].cuda = "auto" or drop [target].driver',
+                reference="impossible-combination",
+            )
+        )
     plats = spec.target.platforms
     dup = next((i for i, p in enumerate(plats) if p in plats[:i]), None)
     bad = next((i for i, p in enumerate(plats) if p not in PLATFORM_NAMES), None)
     if bad is not None:
         arm = any(w in plats[bad].lower() for w in ("arm", "aarch", "grace"))
-        out.append(spec.problem(("target", "platforms", bad), f"{plats[bad]!r} is not a platform envspec locks for; "
-                                "expected " + " or ".join(repr(n) for n in PLATFORM_NAMES),
-                                hint=f"did you mean '{PLATFORM_NAMES[1] if arm else PLATFORM_NAMES[0]}'?",
-                                reference="unknown-platform"))
+        out.append(
+            spec.problem(
+                ("target", "platforms", bad),
+                f"{plats[bad]!r} is not a platform envspec locks for; "
+                "expected " + " or ".join(repr(n) for n in PLATFORM_NAMES),
+                hint=f"did you mean '{PLATFORM_NAMES[1] if arm else PLATFORM_NAMES[0]}'?",
+                reference="unknown-platform",
+            )
+        )
     elif dup is not None:
-        out.append(spec.problem(("target", "platforms", dup), f"{plats[dup]!r} is listed twice",
-                                hint="name each platform once", reference="invalid-value"))
+        out.append(
+            spec.problem(
+                ("target", "platforms", dup),
+                f"{plats[dup]!r} is listed twice",
+                hint="name each platform once",
+                reference="invalid-value",
+            )
+        )
     j, s = spec.services.jupyter, spec.services.ssh
     if j and s and j.enabled and s.enabled and j.port == s.port:
-        out.append(spec.problem(("services", "ssh", "port"), f"port {s.port} is also [services.jupyter].port",
-                                hint="give each service its own port", reference="port-clash"))
+        out.append(
+            spec.problem(
+                ("services", "ssh", "port"),
+                f"port {s.port} is also [services.jupyter].port",
+                hint="give each service its own port",
+                reference="port-clash",
+            )
+        )
     if s and s.enabled and s.authorized_keys:
-        keyfile = (file.parent / s.authorized_keys) if not Path(s.authorized_keys).is_absolute() else Path(s.authorized_keys)
+        keyfile = (
+            (file.parent / s.authorized_keys)
+            if not Path(s.authorized_keys).is_absolute()
+            else Path(s.authorized_keys)
+        )
         if not keyfile.is_file():
-            out.append(spec.problem(("services", "ssh", "authorized_keys"), f"no such file: {keyfile}",
-                                    hint="the path is relative to the spec; or leave it empty and pass keys at run time "
-                                         "in ENVSPEC_AUTHORIZED_KEYS", reference="missing-file"))
+            out.append(
+                spec.problem(
+                    ("services", "ssh", "authorized_keys"),
+                    f"no such file: {keyfile}",
+                    hint="the path is relative to the spec; or leave it empty and pass keys at run time "
+                    "in ENVSPEC_AUTHORIZED_KEYS",
+                    reference="missing-file",
+                )
+            )
     if spec.system.base == "none" and spec.system.packages:
-        out.append(spec.problem(("system", "packages"), "Debian packages are given but [system].base = \"none\"",
-                                hint="use base = \"auto\"", reference="impossible-combination"))
+        out.append(
+            spec.problem(
+                ("system", "packages"),
+                'Debian packages are given but [system].base = "none"',
+                hint='use base = "auto"',
+                reference="impossible-combination",
+            )
+        )
     if spec.torch is not None and spec.torch.version != "*":
         try:
             for sp in spec.torch.specifier():
                 v = sp.version.rstrip(".*")
                 Version(v)
         except InvalidVersion:
-            out.append(spec.problem(("torch", "version"), f"{spec.torch.version!r} names no valid version",
-                                    reference="invalid-value"))
+            out.append(
+                spec.problem(
+                    ("torch", "version"),
+                    f"{spec.torch.version!r} names no valid version",
+                    reference="invalid-value",
+                )
+            )
     return out

@@ -21,11 +21,16 @@ def private_storage(root: Path):
     try:
         yield host
     finally:
-        subprocess.run(["podman", *host.storage.args(), "system", "reset", "--force"],
-                       capture_output=True, check=False)
+        subprocess.run(
+            ["podman", *host.storage.args(), "system", "reset", "--force"],
+            capture_output=True,
+            check=False,
+        )
         # the overlay driver keeps <root>/overlay bind-mounted on itself after the last user
         mounts = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
-        for m in sorted((m for m in mounts if m.startswith((str(root), host.storage.runroot))), reverse=True):
+        for m in sorted(
+            (m for m in mounts if m.startswith((str(root), host.storage.runroot))), reverse=True
+        ):
             subprocess.run(["umount", "-l", m], capture_output=True, check=False)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(host.storage.runroot, ignore_errors=True)
@@ -45,8 +50,12 @@ def loop_fs(img: Path, mnt: Path, mkfs: list[str], size: str, *, direct_io: bool
     subprocess.run(["truncate", "-s", size, str(img)], check=True)
     try:
         subprocess.run([*mkfs, str(img)], check=True)
-        dev = subprocess.run(["losetup", *(["--direct-io=on"] if direct_io else []), "-f", "--show", str(img)],
-                             capture_output=True, text=True, check=True).stdout.strip()
+        dev = subprocess.run(
+            ["losetup", *(["--direct-io=on"] if direct_io else []), "-f", "--show", str(img)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         try:
             subprocess.run(["mount", dev, str(mnt)], check=True)
             try:
@@ -61,21 +70,36 @@ def loop_fs(img: Path, mnt: Path, mkfs: list[str], size: str, *, direct_io: bool
 
 # --- docker: Debian's dockerd, started by a test on its own -------------------------------------
 
+
 class Dockerd:
     """A dockerd of our own: its data root, exec root, socket and bridge under one short temp
     directory (a unix socket path must fit in 108 bytes), reached through ``env`` (DOCKER_HOST)."""
 
-    def __init__(self, base: Path, address: str, bridge: str, args: list[str], proc: subprocess.Popen) -> None:
-        self.base, self.address, self.bridge, self.args, self.proc = base, address, bridge, args, proc
+    def __init__(
+        self, base: Path, address: str, bridge: str, args: list[str], proc: subprocess.Popen
+    ) -> None:
+        self.base, self.address, self.bridge, self.args, self.proc = (
+            base,
+            address,
+            bridge,
+            args,
+            proc,
+        )
 
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": self.address}
 
-    def docker(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        cp = subprocess.run(["docker", *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+    def docker(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        cp = subprocess.run(
+            ["docker", *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
         if check and cp.returncode != 0:
-            raise AssertionError(f"docker {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}")
+            raise AssertionError(
+                f"docker {' '.join(args)} failed ({cp.returncode}):\n{cp.stdout}\n{cp.stderr}"
+            )
         return cp
 
     def log(self) -> str:
@@ -94,10 +118,27 @@ def dockerd_args(base: Path, host, bridge: str) -> list[str]:
     from envspec.host import storage_driver_for
 
     overlay = storage_driver_for(base, host.overlay) == "overlay"
-    return ["--data-root", str(base / "data"), "--exec-root", str(base / "exec"), "--pidfile", str(base / "d.pid"),
-            "--host", f"unix://{base}/d.sock", "--storage-driver", "overlay2" if overlay else "vfs",
-            "--exec-opt", f"native.cgroupdriver={host.cgroup_manager}", "--default-runtime", "runc",
-            "--bridge", bridge, "--iptables=false", "--ip-masq=false", "--ip-forward=false"]
+    return [
+        "--data-root",
+        str(base / "data"),
+        "--exec-root",
+        str(base / "exec"),
+        "--pidfile",
+        str(base / "d.pid"),
+        "--host",
+        f"unix://{base}/d.sock",
+        "--storage-driver",
+        "overlay2" if overlay else "vfs",
+        "--exec-opt",
+        f"native.cgroupdriver={host.cgroup_manager}",
+        "--default-runtime",
+        "runc",
+        "--bridge",
+        bridge,
+        "--iptables=false",
+        "--ip-masq=false",
+        "--ip-forward=false",
+    ]
 
 
 @contextlib.contextmanager
@@ -111,8 +152,11 @@ def start_dockerd(subnet: str = "172.29.0.1/24"):
     host = detect_host(ask=ASK_NONE)
     base = Path(tempfile.mkdtemp(prefix="esd-", dir="/tmp"))
     bridge = "esd" + base.name[4:12].replace("_", "")
-    for argv in (["ip", "link", "add", bridge, "type", "bridge"], ["ip", "addr", "add", subnet, "dev", bridge],
-                 ["ip", "link", "set", bridge, "up"]):
+    for argv in (
+        ["ip", "link", "add", bridge, "type", "bridge"],
+        ["ip", "addr", "add", subnet, "dev", bridge],
+        ["ip", "link", "set", bridge, "up"],
+    ):
         subprocess.run(argv, check=True, capture_output=True)
     args = dockerd_args(base, host, bridge)
     log = (base / "dockerd.log").open("w")
@@ -154,12 +198,15 @@ def start_registry(base: Path, proxy_of: str = ""):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = base / "registry.yml"
-    cfg.write_text("version: 0.1\nlog:\n  level: error\n"
-                   f"storage:\n  filesystem:\n    rootdirectory: {base / 'registry-data'}\n"
-                   f"http:\n  addr: 127.0.0.1:{port}\n"
-                   + (f"proxy:\n  remoteurl: http://{proxy_of}\n" if proxy_of else ""))
-    proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    cfg.write_text(
+        "version: 0.1\nlog:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {base / 'registry-data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+        + (f"proxy:\n  remoteurl: http://{proxy_of}\n" if proxy_of else "")
+    )
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         end = time.monotonic() + 30
         while True:
@@ -220,8 +267,10 @@ class Slurm:
         return {**os.environ, "SLURM_CONF": str(self.base / "slurm.conf")}
 
     def logs(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                         for p in sorted((self.base / "log").glob("*.log")))
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted((self.base / "log").glob("*.log"))
+        )
 
 
 def _free_ports(n: int) -> list[int]:
@@ -254,19 +303,37 @@ def start_slurm(nodes: int = 2):
     key.chmod(0o400)
     ctld_port, *node_ports = _free_ports(1 + nodes)
     names = [f"node{i + 1}" for i in range(nodes)]
-    lines = [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1"
-             for n, p in zip(names, node_ports)]
-    (base / "slurm.conf").write_text(SLURM_CONF.format(base=base, ctld_port=ctld_port, nodes="\n".join(lines)))
+    lines = [
+        f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs=1"
+        for n, p in zip(names, node_ports)
+    ]
+    (base / "slurm.conf").write_text(
+        SLURM_CONF.format(base=base, ctld_port=ctld_port, nodes="\n".join(lines))
+    )
     cluster = Slurm(base, names)
     procs: list[subprocess.Popen] = []
 
     def daemon(*argv: str) -> None:
-        procs.append(subprocess.Popen(list(argv), env=cluster.env, stdout=subprocess.DEVNULL,
-                                      stderr=(base / "log" / f"{argv[0]}-{len(procs)}.err").open("w")))
+        procs.append(
+            subprocess.Popen(
+                list(argv),
+                env=cluster.env,
+                stdout=subprocess.DEVNULL,
+                stderr=(base / "log" / f"{argv[0]}-{len(procs)}.err").open("w"),
+            )
+        )
 
     try:
-        daemon("munged", "-F", "-f", f"--socket={base}/munge.sock", f"--key-file={key}",
-               f"--log-file={base}/log/munged.log", f"--pid-file={base}/munged.pid", f"--seed-file={base}/munged.seed")
+        daemon(
+            "munged",
+            "-F",
+            "-f",
+            f"--socket={base}/munge.sock",
+            f"--key-file={key}",
+            f"--log-file={base}/log/munged.log",
+            f"--pid-file={base}/munged.pid",
+            f"--seed-file={base}/munged.seed",
+        )
         end = time.monotonic() + 20
         while not (base / "munge.sock").exists():
             if time.monotonic() > end:
@@ -277,13 +344,20 @@ def start_slurm(nodes: int = 2):
             daemon("slurmd", "-D", "-N", n)
         end = time.monotonic() + 60
         while True:
-            cp = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                                env=cluster.env, timeout=20)
+            cp = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                capture_output=True,
+                text=True,
+                env=cluster.env,
+                timeout=20,
+            )
             states = dict(ln.split() for ln in cp.stdout.splitlines() if len(ln.split()) == 2)
             if sorted(states) == names and all(s == "idle" for s in states.values()):
                 break
             if time.monotonic() > end or any(p.poll() is not None for p in procs):
-                raise AssertionError(f"the test cluster did not come up ({cp.stdout}{cp.stderr}):\n{cluster.logs()}")
+                raise AssertionError(
+                    f"the test cluster did not come up ({cp.stdout}{cp.stderr}):\n{cluster.logs()}"
+                )
             time.sleep(0.5)
         yield cluster
     finally:

@@ -26,9 +26,14 @@ from envspec import sources
 from envspec.lock import Wheel
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.e2e, pytest.mark.network,
-              pytest.mark.skipif(not sources.reachable("https://pypi.org/simple") and not os.environ.get("CI"),
-                                 reason="PyPI unreachable")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.network,
+    pytest.mark.skipif(
+        not sources.reachable("https://pypi.org/simple") and not os.environ.get("CI"),
+        reason="PyPI unreachable",
+    ),
+]
 
 SPEC = """name = "tv-abi"
 [target]
@@ -45,16 +50,41 @@ cuda = "auto"
 
 def run_cli(*args, cache: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), ENVSPEC_CACHE=str(cache))
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
 
 
 def _wheel_file(name: str, version: str, dest: Path) -> Path:
     """A wheel of ``name`` ``version`` for CPython 3.11 on x86_64 Linux, as pip finds it (its
     configured mirrors, then PyPI)."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-                    "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "-d", str(dest),
-                    f"{name}=={version}"], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "-d",
+            str(dest),
+            f"{name}=={version}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     [path] = dest.glob(f"{name}-{version}-*.whl")
     return path
 
@@ -62,8 +92,15 @@ def _wheel_file(name: str, version: str, dest: Path) -> Path:
 def _swap(lock: lockmod.Lockfile, name: str, version: str, out: Path) -> Path:
     """``lock`` with ``name`` pinned at ``version`` (that wheel's real file and sha256)."""
     path = _wheel_file(name, version, out.parent / f"{name}-{version}")
-    pin = Wheel(name=name, version=version, filename=path.name, index="https://pypi.org/simple",
-                sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=path.stat().st_size, group="deps")
+    pin = Wheel(
+        name=name,
+        version=version,
+        filename=path.name,
+        index="https://pypi.org/simple",
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        size=path.stat().st_size,
+        group="deps",
+    )
     wheels = [w for w in lock.wheels if w.name != name] + [pin]
     lockmod.write_atomic(out, lockmod.dumps(lock.model_copy(update={"wheels": wheels}).with_hash()))
     return out
@@ -83,7 +120,9 @@ def locked(tmp_path_factory):
 def test_a_stable_abi_package_beside_a_newer_torch_is_accepted_at_lock_time(locked):
     tmp, cache, out = locked
     lk = lockmod.load(tmp / "tv.lock")
-    assert {w.name: w.version for w in lk.wheels}["torchvision"] == "0.29.1" and lk.torch.version == "2.14.1"
+    assert {w.name: w.version for w in lk.wheels}[
+        "torchvision"
+    ] == "0.29.1" and lk.torch.version == "2.14.1"
     [abi] = out["abi"]
     assert abi["judged"] == ["torchvision"], out["abi"]
     # the reads are kept by the wheels' sha256: a second lock reads no wheel
@@ -97,17 +136,28 @@ def test_a_cxx_abi_package_beside_another_torch_release_is_refused_before_the_fi
     tmp, cache, _ = locked
     bad = _swap(lockmod.load(tmp / "tv.lock"), "torchvision", "0.28.0", tmp / "tv-cxx.lock")
     with private_storage(tmp / "storage-cxx") as host:
-        r = run_cli("build", str(bad), "--tag", "localhost/envspec-abi-cxx:1", "--json", cache=cache)
+        r = run_cli(
+            "build", str(bad), "--tag", "localhost/envspec-abi-cxx:1", "--json", cache=cache
+        )
         assert r.returncode == 2, r.stdout + r.stderr
         err = json.loads(r.stdout)["error"]
         assert err["reference"] == "abi-mismatch"
         [m, *_] = err["mismatches"]
-        assert (m["package"], m["version"], m["kind"], m["torch"]) == ("torchvision", "0.28.0", "c++", "2.14.1")
+        assert (m["package"], m["version"], m["kind"], m["torch"]) == (
+            "torchvision",
+            "0.28.0",
+            "c++",
+            "2.14.1",
+        )
         assert m["module"] == "torchvision/_C.so"
         assert m["built_for"].startswith("2.13.0; its metadata says torch==2.13.0")
-        assert any(s.startswith("c10::") and "(" in s for s in m["missing_demangled"])  # demangled, with its signature
+        assert any(
+            s.startswith("c10::") and "(" in s for s in m["missing_demangled"]
+        )  # demangled, with its signature
         assert '[torch] version = "==2.13.0"' in err["hint"]
-        exists = subprocess.run(["podman", *host.storage.args(), "image", "exists", "localhost/envspec-abi-cxx:1"])
+        exists = subprocess.run(
+            ["podman", *host.storage.args(), "image", "exists", "localhost/envspec-abi-cxx:1"]
+        )
         assert exists.returncode == 1, "nothing is tagged from a lock that cannot run"
 
 
@@ -121,5 +171,8 @@ def test_a_stable_abi_package_beside_an_older_torch_is_refused(locked):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "error[abi-mismatch]" in r.stderr
     assert "torchvision 0.29.1: torchvision/_C_stable.so (torch's stable ABI" in r.stderr
-    assert "which torch 2.13.0+cpu does not have" in r.stderr or "torch 2.13.0 does not export" in r.stderr
+    assert (
+        "which torch 2.13.0+cpu does not have" in r.stderr
+        or "torch 2.13.0 does not export" in r.stderr
+    )
     assert "aoti_torch_" in r.stderr

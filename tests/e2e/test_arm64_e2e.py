@@ -28,7 +28,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
 for tool in ("skopeo", "buildah", "podman"):
     if shutil.which(tool) is None:
-        pytestmark.append(pytest.mark.skip(reason=f"{tool} is not installed (apt-get install -y {tool})"))
+        pytestmark.append(
+            pytest.mark.skip(reason=f"{tool} is not installed (apt-get install -y {tool})")
+        )
 if platform.machine() != "x86_64":
     pytestmark.append(pytest.mark.skip(reason="these tests build arm64 images on an x86_64 host"))
 
@@ -66,27 +68,47 @@ def do_build(lock_path: Path, host, cache: Path, **kw):
     from envspec.cache.store import Cache
     from envspec.plan import make_plan
 
-    return build(make_plan(lockmod.load(lock_path)), BuildahEngine(host), Cache(cache), sources.discover().mirrors,
-                 options=BuildOptions(**kw))
+    return build(
+        make_plan(lockmod.load(lock_path)),
+        BuildahEngine(host),
+        Cache(cache),
+        sources.discover().mirrors,
+        options=BuildOptions(**kw),
+    )
 
 
 def needs_emulation(host) -> None:
     if not host.runs_arch("aarch64"):
-        pytest.skip("no arm64 emulation on this host: " + (host.binfmt_note or "binfmt_misc has no qemu-aarch64")
-                    + " (scripts/dev.sh setup mounts binfmt_misc and enables it where the kernel allows)")
+        pytest.skip(
+            "no arm64 emulation on this host: "
+            + (host.binfmt_note or "binfmt_misc has no qemu-aarch64")
+            + " (scripts/dev.sh setup mounts binfmt_misc and enables it where the kernel allows)"
+        )
 
 
-def envspec_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def envspec_cli(
+    *args: str, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     e = dict(os.environ, **(env or {}))
     e["PYTHONPATH"] = str(ROOT / "src")
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, env=e,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def oci_layers(host, image: str, dest: Path) -> tuple[dict, list[Path]]:
     """The image's config and layer tars, copied out of the store as an OCI layout."""
-    subprocess.run(["skopeo", "copy", "--quiet", host.storage.ref(image), f"oci:{dest}"], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        ["skopeo", "copy", "--quiet", host.storage.ref(image), f"oci:{dest}"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     index = json.loads((dest / "index.json").read_text())
     blob = lambda d: dest / "blobs" / "sha256" / d.split(":", 1)[1]  # noqa: E731
     manifest = json.loads(blob(index["manifests"][0]["digest"]).read_text())
@@ -109,6 +131,7 @@ def elf_machines(tar_path: Path) -> dict[str, int]:
 
 
 # --- build -----------------------------------------------------------------------------------------
+
 
 def test_arm64_smoke_image_builds_here_reproducibly_with_arm64_contents(host, tmp_path, debs):
     a = do_build(SMOKE_ARM, host, new_cache(tmp_path, debs, "c1"), no_cache=True)
@@ -153,15 +176,29 @@ def test_ldcache_agrees_with_ldconfig_on_an_amd64_tree(tmp_path, debs):
 
 # --- run and verify under emulation -----------------------------------------------------------------
 
+
 def test_envspec_run_starts_the_arm64_image_under_emulation_and_verify_passes(host, tmp_path, debs):
     needs_emulation(host)
     built = do_build(SMOKE_ARM, host, new_cache(tmp_path, debs, "c"))
     env = {"ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}
-    shown = envspec_cli("run", "--print", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "true", env=env)
-    assert shown.returncode == 0 and " --arch arm64 " in shown.stdout and "emulation" in shown.stdout, shown
-    cp = envspec_cli("run", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "sh", "-c",
-                     "uname -m; ldconfig -p | head -2; cat /sys/devices/system/cpu/cpu0/regs/identification/midr_el1; "
-                     "echo CPUS=$(getconf _NPROCESSORS_ONLN); envspec verify --json; echo VERIFY_RC=$?", env=env)
+    shown = envspec_cli(
+        "run", "--print", "--emulate", "--no-mount", str(SMOKE_ARM), "--", "true", env=env
+    )
+    assert (
+        shown.returncode == 0 and " --arch arm64 " in shown.stdout and "emulation" in shown.stdout
+    ), shown
+    cp = envspec_cli(
+        "run",
+        "--emulate",
+        "--no-mount",
+        str(SMOKE_ARM),
+        "--",
+        "sh",
+        "-c",
+        "uname -m; ldconfig -p | head -2; cat /sys/devices/system/cpu/cpu0/regs/identification/midr_el1; "
+        "echo CPUS=$(getconf _NPROCESSORS_ONLN); envspec verify --json; echo VERIFY_RC=$?",
+        env=env,
+    )
     out = cp.stdout
     assert out.splitlines()[0] == "aarch64", out + cp.stderr
     # the CPU ID an arm64 kernel gives (torch's oneDNN reads it), and the host's CPUs still counted
@@ -169,10 +206,12 @@ def test_envspec_run_starts_the_arm64_image_under_emulation_and_verify_passes(ho
 
     assert GRACE_MIDR_EL1 in out.splitlines() and f"CPUS={os.cpu_count()}" in out.splitlines(), out
     assert "(libc6,AArch64)" in out  # the written ld.so.cache, read by the image's own ldconfig
-    report = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+    report = json.JSONDecoder().raw_decode(out[out.index("{") :])[0]
     assert "VERIFY_RC=0" in out and report["ok"], out[-3000:] + cp.stderr[-2000:]
     by = {f["check"]: f for f in report["findings"]}
-    assert by["integrity.packages"]["status"] == "pass" and by["integrity.files"]["status"] == "pass"
+    assert (
+        by["integrity.packages"]["status"] == "pass" and by["integrity.files"]["status"] == "pass"
+    )
     assert built.image.endswith(lockmod.load(SMOKE_ARM).short_hash)
 
 
@@ -181,16 +220,25 @@ def test_one_changed_file_in_the_arm64_image_fails_its_verifier(host, tmp_path, 
     from envspec.run import plan_run
 
     do_build(SMOKE_ARM, host, new_cache(tmp_path, debs, "c"))
-    argv = plan_run(lockmod.load(SMOKE_ARM), ["sh", "-c", "echo '# edited' >> \"$(python -c 'import six; "
-                                                         "print(six.__file__)')\"; envspec verify --json; "
-                                                         "echo VERIFY_RC=$?"],
-                    host=host, mount_cwd=False, emulate=True).argv
+    argv = plan_run(
+        lockmod.load(SMOKE_ARM),
+        [
+            "sh",
+            "-c",
+            "echo '# edited' >> \"$(python -c 'import six; "
+            "print(six.__file__)')\"; envspec verify --json; "
+            "echo VERIFY_RC=$?",
+        ],
+        host=host,
+        mount_cwd=False,
+        emulate=True,
+    ).argv
     at = argv.index("run") + 1
     argv[at:at] = ["--user", "0"]  # the venv belongs to root: only root can change a file in it
     cp = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     out = cp.stdout
     assert "VERIFY_RC=1" in out, out[-3000:] + cp.stderr[-2000:]
-    report = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+    report = json.JSONDecoder().raw_decode(out[out.index("{") :])[0]
     f = {x["check"]: x for x in report["findings"]}["integrity.files"]
     assert f["status"] == "fail" and "six.py (changed: size" in f["observed"], f
 
@@ -201,24 +249,42 @@ def test_arm64_cpu_torch_image_passes_its_cpu_checks_under_emulation(host, tmp_p
     run under qemu: torch imports, the CPU numerics and integrity pass."""
     needs_emulation(host)
     do_build(CPU_ARM, host, new_cache(tmp_path, debs, "c"))
-    cp = envspec_cli("run", "--emulate", "--no-mount", str(CPU_ARM), "--", "sh", "-c", "envspec verify --json; echo VERIFY_RC=$?",
-                     env={"ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}, timeout=1200)
+    cp = envspec_cli(
+        "run",
+        "--emulate",
+        "--no-mount",
+        str(CPU_ARM),
+        "--",
+        "sh",
+        "-c",
+        "envspec verify --json; echo VERIFY_RC=$?",
+        env={"ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]},
+        timeout=1200,
+    )
     out = cp.stdout
-    report = json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+    report = json.JSONDecoder().raw_decode(out[out.index("{") :])[0]
     by = {f["check"]: f for f in report["findings"]}
     assert "VERIFY_RC=0" in out, out[-4000:] + cp.stderr[-2000:]
-    assert all(by[c]["status"] == "pass" for c in ("torch.version", "torch.cuda", "numerics.cpu", "integrity.files")), by
+    assert all(
+        by[c]["status"] == "pass"
+        for c in ("torch.version", "torch.cuda", "numerics.cpu", "integrity.files")
+    ), by
     assert "2.9.1" in by["torch.version"]["observed"]
 
 
 # --- lock --------------------------------------------------------------------------------------------
 
+
 def test_lock_names_a_package_without_an_aarch64_wheel_at_its_line(tmp_path):
     """PyPI's intel-openmp 2024.2.1 has x86 and Windows wheels only: exit 2, at the spec's line."""
     spec = tmp_path / "omp.toml"
-    spec.write_text('name = "omp"\n[target]\nplatforms = ["linux-aarch64"]\n[python]\n'
-                    'packages = ["six==1.16.0", "intel-openmp==2024.2.1"]\n')
+    spec.write_text(
+        'name = "omp"\n[target]\nplatforms = ["linux-aarch64"]\n[python]\n'
+        'packages = ["six==1.16.0", "intel-openmp==2024.2.1"]\n'
+    )
     cp = envspec_cli("lock", str(spec), "-o", str(tmp_path / "omp.lock"), timeout=300)
     assert cp.returncode == 2, cp.stdout + cp.stderr
-    assert "no-wheel-for-platform" in cp.stderr and f"[python].packages[1] ({spec}:5)" in cp.stderr, cp.stderr
+    assert (
+        "no-wheel-for-platform" in cp.stderr and f"[python].packages[1] ({spec}:5)" in cp.stderr
+    ), cp.stderr
     assert "manylinux1_x86_64" in cp.stderr and not (tmp_path / "omp.lock").exists()

@@ -24,21 +24,35 @@ from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
 if shutil.which("mkfs.xfs") is None or os.geteuid() != 0:
-    pytestmark.append(pytest.mark.skip(reason="needs root and mkfs.xfs (apt-get install xfsprogs) for a loop-mounted XFS"))
+    pytestmark.append(
+        pytest.mark.skip(
+            reason="needs root and mkfs.xfs (apt-get install xfsprogs) for a loop-mounted XFS"
+        )
+    )
 
 
 def test_a_wheel_from_a_mirror_on_xfs_enters_the_cache_as_a_reflink_and_heals(tmp_path):
     from conftest import loop_fs
 
-    with loop_fs(tmp_path / "xfs.img", tmp_path / "xfs", ["mkfs.xfs", "-q", "-m", "reflink=1"], "512M") as fs:
+    with loop_fs(
+        tmp_path / "xfs.img", tmp_path / "xfs", ["mkfs.xfs", "-q", "-m", "reflink=1"], "512M"
+    ) as fs:
         (fs / "mirror").mkdir()
-        path, sha = helpers.make_wheel(fs / "mirror", "pkg", "1.0", files={"pkg/data.bin": os.urandom(1 << 20)})
+        path, sha = helpers.make_wheel(
+            fs / "mirror", "pkg", "1.0", files={"pkg/data.bin": os.urandom(1 << 20)}
+        )
         before = hashlib.sha256(path.read_bytes()).hexdigest()
         assert reflink(path, fs / "probe") and copy_local(path, fs / "probe2") == "reflink"
         cache = Cache(fs / "cache")
         warned: list[str] = []
-        f = WheelFetcher(cache, [sources.Mirror((fs / "mirror").as_uri(), "links", "xfs")], on_damaged=warned.append)
-        pin = Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+        f = WheelFetcher(
+            cache,
+            [sources.Mirror((fs / "mirror").as_uri(), "links", "xfs")],
+            on_damaged=warned.append,
+        )
+        pin = Wheel(
+            name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"
+        )
         got = f.fetch(pin)
         assert got == cache.blob(sha) and f.in_place == {}  # in the cache, not read in place
         st = got.stat()

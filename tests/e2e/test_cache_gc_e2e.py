@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
 for tool in ("skopeo", "buildah"):
     if shutil.which(tool) is None:
-        pytestmark.append(pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)"))
+        pytestmark.append(
+            pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)")
+        )
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "lockfiles" / "smoke.lock"
@@ -28,15 +30,25 @@ LONG_AGO = time.time() - 30 * 24 * 3600
 
 
 def envspec(env, *args):
-    cp = subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, cwd=ROOT,
-                        env=env, timeout=900)
+    cp = subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
     assert cp.returncode == 0, (args, cp.stdout[-2000:], cp.stderr[-3000:])
     return json.loads(cp.stdout) if "--json" in args else cp.stdout
 
 
 def junk(cache: Path) -> dict[str, Path]:
     paths = {}
-    for kind, rel in (("wheel", "blobs/sha256/{}"), ("deb", "debs/sha256/{}"), ("layer", "layers/{}.tar")):
+    for kind, rel in (
+        ("wheel", "blobs/sha256/{}"),
+        ("deb", "debs/sha256/{}"),
+        ("layer", "layers/{}.tar"),
+    ):
         hexd = hashlib.sha256(f"junk {kind}".encode()).hexdigest()
         p = cache / "envspec" / rel.format(hexd)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -61,13 +73,17 @@ def test_gc_keeps_the_locks_layers_and_removes_junk(tmp_path):
     assert listed["kinds"]["layer"]["count"] == len(made) and listed["kinds"]["deb"]["count"] > 0
     j = junk(cache)
 
-    dry = envspec(env, "cache", "gc", "--dry-run", "--json")  # the repository's locks, smoke.lock among them
+    dry = envspec(
+        env, "cache", "gc", "--dry-run", "--json"
+    )  # the repository's locks, smoke.lock among them
     assert str(LOCK) in dry["locks"]
     assert sorted(e["paths"][-1] for e in dry["removed"]) == sorted(str(p) for p in j.values())
     assert all(p.exists() for p in j.values())  # a dry run removes nothing
 
     done = envspec(env, "cache", "gc", str(LOCK), "--json")
-    assert {e["kind"] for e in done["removed"]} == {"wheel", "deb", "layer"} and len(done["removed"]) == 3
+    assert {e["kind"] for e in done["removed"]} == {"wheel", "deb", "layer"} and len(
+        done["removed"]
+    ) == 3
     assert not any(p.exists() for p in j.values()) and not j["layer"].with_suffix(".json").exists()
     after = envspec(env, "cache", "--json")
     assert after["kinds"]["layer"]["count"] == len(made)
@@ -75,12 +91,15 @@ def test_gc_keeps_the_locks_layers_and_removes_junk(tmp_path):
 
     again = envspec(env, "build", str(LOCK), "--tag", "", "--json")
     assert again["digest"] == first["digest"]
-    assert {lay["group"]: lay["cached"] for lay in again["layers"]} == \
-        {lay["group"]: lay["group"] != "envspec" for lay in first["layers"]}  # the envspec layer is always made
+    assert {lay["group"]: lay["cached"] for lay in again["layers"]} == {
+        lay["group"]: lay["group"] != "envspec" for lay in first["layers"]
+    }  # the envspec layer is always made
 
     # kept for another lock only, smoke's layers are unneeded, but used a moment ago: the grace
     # period keeps them (a build of another process may be about to use them)
-    other = envspec(env, "cache", "gc", "--json", str(ROOT / "tests" / "data" / "build" / "small.lock"))
+    other = envspec(
+        env, "cache", "gc", "--json", str(ROOT / "tests" / "data" / "build" / "small.lock")
+    )
     assert not [e for e in other["removed"] if e["kind"] == "layer"]
     assert other["kept"]["recent"] >= len(made)
     assert all((cache / "envspec" / "layers" / f"{k}.tar").is_file() for k in made)

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from envspec.debian import (DebPin, RecordingReporter, base_packages, fetch_deb, fetch_debs, make_rootfs,
-                            mirror_list, resolve_closure)
+from envspec.debian import (
+    DebPin,
+    RecordingReporter,
+    base_packages,
+    fetch_deb,
+    fetch_debs,
+    make_rootfs,
+    mirror_list,
+    resolve_closure,
+)
 from envspec.debian.fetch import SNAPSHOT_ENV, KeepAliveOpener
 from envspec.errors import ResolutionImpossible, SourceError
 
@@ -35,12 +43,16 @@ def _mirror_up() -> bool:
 if shutil.which("apt-get") is None:
     pytest.skip("apt-get is not installed", allow_module_level=True)
 if not KEYRING.exists():
-    pytest.skip(f"{KEYRING} is missing (apt-get install debian-archive-keyring)", allow_module_level=True)
+    pytest.skip(
+        f"{KEYRING} is missing (apt-get install debian-archive-keyring)", allow_module_level=True
+    )
 if not _mirror_up():
     pytest.skip(f"the Debian mirror {MIRROR} is not reachable", allow_module_level=True)
 
 CHROOT = shutil.which("chroot")
-needs_root = pytest.mark.skipif(not AS_ROOT or CHROOT is None, reason="chroot and ldconfig -r need root")
+needs_root = pytest.mark.skipif(
+    not AS_ROOT or CHROOT is None, reason="chroot and ldconfig -r need root"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -57,14 +69,21 @@ def cache(tmp_path_factory) -> Path:
 def small(cache):
     """The runtime base set (no GPU, no services) of bookworm, resolved once for the module."""
     rep = RecordingReporter()
-    pins = resolve_closure("bookworm", base_packages("bookworm", gpu=False), mirror=MIRROR, cache_dir=cache,
-                           reporter=rep)
+    pins = resolve_closure(
+        "bookworm",
+        base_packages("bookworm", gpu=False),
+        mirror=MIRROR,
+        cache_dir=cache,
+        reporter=rep,
+    )
     return pins, rep
 
 
 def chroot(root: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
-    return subprocess.run([CHROOT, str(root), *argv], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [CHROOT, str(root), *argv], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_closure_is_complete_and_exact(small):
@@ -81,8 +100,13 @@ def test_closure_is_complete_and_exact(small):
 def test_warm_resolve_uses_the_cache(small, cache):
     pins, _ = small
     rep = RecordingReporter()
-    again = resolve_closure("bookworm", base_packages("bookworm", gpu=False), mirror=MIRROR, cache_dir=cache,
-                            reporter=rep)
+    again = resolve_closure(
+        "bookworm",
+        base_packages("bookworm", gpu=False),
+        mirror=MIRROR,
+        cache_dir=cache,
+        reporter=rep,
+    )
     assert again == pins
     assert "index_fresh" in rep.names() and "index_updating" not in rep.names()
 
@@ -92,8 +116,14 @@ def test_unreachable_mirror_uses_cached_indexes(small, cache, monkeypatch):
     for var in ("http_proxy", "https_proxy"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")  # nothing listens there: apt cannot connect
     rep = RecordingReporter()
-    again = resolve_closure("bookworm", base_packages("bookworm", gpu=False), mirror=MIRROR, cache_dir=cache,
-                            max_index_age=0, reporter=rep)
+    again = resolve_closure(
+        "bookworm",
+        base_packages("bookworm", gpu=False),
+        mirror=MIRROR,
+        cache_dir=cache,
+        max_index_age=0,
+        reporter=rep,
+    )
     assert again == pins
     warnings = [a[0] for n, a in rep.events if n == "warning"]
     assert warnings and "using the cached ones" in warnings[0]
@@ -118,7 +148,9 @@ def test_an_unknown_package_the_spec_names_is_shown_at_its_key_and_line(tmp_path
 
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
     spec = tmp_path / "s.toml"
-    spec.write_text('name = "s"\n[python]\nversion = "3.11"\n[system]\npackages = ["nosuchpkg-xyz", "libgomp1"]\n')
+    spec.write_text(
+        'name = "s"\n[python]\nversion = "3.11"\n[system]\npackages = ["nosuchpkg-xyz", "libgomp1"]\n'
+    )
     import contextlib
     import io
 
@@ -126,13 +158,18 @@ def test_an_unknown_package_the_spec_names_is_shown_at_its_key_and_line(tmp_path
     with contextlib.redirect_stderr(err):
         assert main(["lock", str(spec), "-o", str(tmp_path / "s.lock"), "-q"]) == 2
     text = err.getvalue()
-    assert f"[system].packages[0] ({spec}:5): no package named 'nosuchpkg-xyz' in Debian bookworm" in text, text
+    assert (
+        f"[system].packages[0] ({spec}:5): no package named 'nosuchpkg-xyz' in Debian bookworm"
+        in text
+    ), text
     assert "{'kind'" not in text
 
 
 def test_unsatisfiable_request(small, cache):
     with pytest.raises(ResolutionImpossible) as ei:
-        resolve_closure("bookworm", ["exim4-daemon-light", "exim4-daemon-heavy"], mirror=MIRROR, cache_dir=cache)
+        resolve_closure(
+            "bookworm", ["exim4-daemon-light", "exim4-daemon-heavy"], mirror=MIRROR, cache_dir=cache
+        )
     assert ei.value.reference == "debian-unsatisfiable" and "Conflicts" in ei.value.message
 
 
@@ -144,23 +181,38 @@ def test_rootfs_runs_python_with_tls_roots(small, cache, tmp_path):
     rep = RecordingReporter()
     make_rootfs(pins, paths, root, reporter=rep)
     assert not [a for n, a in rep.events if n == "warning"]
-    r = chroot(root, "/usr/bin/python3", "-c",
-               "import ssl, sqlite3, zoneinfo; ctx = ssl.create_default_context(); "
-               "print(len(ctx.get_ca_certs()) > 100, sqlite3.sqlite_version_info >= (3,), "
-               "zoneinfo.ZoneInfo('Europe/Paris').key)")
+    r = chroot(
+        root,
+        "/usr/bin/python3",
+        "-c",
+        "import ssl, sqlite3, zoneinfo; ctx = ssl.create_default_context(); "
+        "print(len(ctx.get_ca_certs()) > 100, sqlite3.sqlite_version_info >= (3,), "
+        "zoneinfo.ZoneInfo('Europe/Paris').key)",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "Europe/Paris"]
     assert chroot(root, "/bin/sh", "-c", "true").returncode == 0
-    r = chroot(root, "/bin/bash", "-c", "id envspec && stat -c '%a %U' /tmp /workspace && /usr/bin/tini --version")
+    r = chroot(
+        root,
+        "/bin/bash",
+        "-c",
+        "id envspec && stat -c '%a %U' /tmp /workspace && /usr/bin/tini --version",
+    )
     assert r.returncode == 0, r.stderr
     assert "uid=1000(envspec)" in r.stdout and "1777 root" in r.stdout and "755 envspec" in r.stdout
     r = chroot(root, "/sbin/ldconfig", "-p")
     assert r.returncode == 0 and "libssl.so.3" in r.stdout
     if shutil.which("dpkg"):
-        audit = subprocess.run(["dpkg", f"--admindir={root}/var/lib/dpkg", "--audit"], capture_output=True, text=True)
+        audit = subprocess.run(
+            ["dpkg", f"--admindir={root}/var/lib/dpkg", "--audit"], capture_output=True, text=True
+        )
         assert audit.returncode == 0 and audit.stdout == ""
-        listed = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package}\n"],
-                                capture_output=True, text=True, check=True).stdout.split()
+        listed = subprocess.run(
+            ["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package}\n"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert sorted(listed) == sorted(p.name for p in pins)
 
 
@@ -193,7 +245,9 @@ def test_a_tampered_cache_file_is_fetched_again(small, tmp_path):
     rep = RecordingReporter()
     again = fetch_deb(pin, mirrors=[MIRROR], cache_dir=tmp_path, reporter=rep)
     assert again == path and path.read_bytes() == good
-    assert [e for e in rep.events if e[0] == "fetched"][-1][1][2] is False  # downloaded, not taken as cached
+    assert [e for e in rep.events if e[0] == "fetched"][-1][1][
+        2
+    ] is False  # downloaded, not taken as cached
     warned = [e[1][0] for e in rep.events if e[0] == "warning"]
     assert len(warned) == 1 and hashlib.sha256(data).hexdigest() in warned[0]
 
@@ -202,14 +256,22 @@ def test_pinned_version_gone_from_the_mirror(small, tmp_path):
     pins, _ = small
     libc = next(p for p in pins if p.name == "libc6")
     fake_version = libc.version + "+gone1"
-    gone = DebPin(**{**libc.model_dump(), "version": fake_version,
-                     "filename": libc.filename.replace(libc.version.split(":")[-1], fake_version)})
+    gone = DebPin(
+        **{
+            **libc.model_dump(),
+            "version": fake_version,
+            "filename": libc.filename.replace(libc.version.split(":")[-1], fake_version),
+        }
+    )
     with pytest.raises(SourceError) as ei:
         fetch_deb(gone, mirrors=[MIRROR], cache_dir=tmp_path)
     e = ei.value
     assert e.reference == "deb-gone" and e.exit_code == 3
     assert f"libc6 {fake_version}" in e.message and "404" in e.message
-    assert "snapshot.debian.org/archive/debian/<timestamp>" in e.hint and "--upgrade-package libc6" in e.hint
+    assert (
+        "snapshot.debian.org/archive/debian/<timestamp>" in e.hint
+        and "--upgrade-package libc6" in e.hint
+    )
 
 
 @pytest.mark.slow
@@ -226,10 +288,15 @@ def test_gpu_base_compiles_a_python_extension(cache, tmp_path):
         "static PyObject* f(PyObject* s, PyObject* a) { return PyLong_FromLong(42); }\n"
         'static PyMethodDef M[] = {{"f", f, METH_NOARGS, ""}, {0}};\n'
         'static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "m", 0, -1, M};\n'
-        "PyMODINIT_FUNC PyInit_m(void) { return PyModule_Create(&D); }\n")
-    r = chroot(root, "/bin/sh", "-c",
-               "cd /tmp && cc -O1 -shared -fPIC -I/usr/include/python3.11 m.c -o m.so && "
-               "python3 -c 'import sys; sys.path.insert(0, \"/tmp\"); import m; print(m.f())'")
+        "PyMODINIT_FUNC PyInit_m(void) { return PyModule_Create(&D); }\n"
+    )
+    r = chroot(
+        root,
+        "/bin/sh",
+        "-c",
+        "cd /tmp && cc -O1 -shared -fPIC -I/usr/include/python3.11 m.c -o m.so && "
+        "python3 -c 'import sys; sys.path.insert(0, \"/tmp\"); import m; print(m.f())'",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "42"
     assert os.readlink(root / "usr/bin/cc") == "gcc"
@@ -240,12 +307,18 @@ def test_gpu_base_compiles_a_python_extension(cache, tmp_path):
 @needs_root
 def test_trixie_rootfs_runs(cache, tmp_path):
     """trixie: Python 3.13, base-files shipping the merged-/usr links itself."""
-    pins = resolve_closure("trixie", base_packages("trixie", gpu=False), mirror=MIRROR, cache_dir=cache)
+    pins = resolve_closure(
+        "trixie", base_packages("trixie", gpu=False), mirror=MIRROR, cache_dir=cache
+    )
     paths = fetch_debs(pins, mirrors=[MIRROR], cache_dir=cache)
     root = tmp_path / "rootfs"
     make_rootfs(pins, paths, root)
-    r = chroot(root, "/usr/bin/python3", "-c",
-               "import ssl, sys; print(sys.version_info[:2] == (3, 13), len(ssl.create_default_context().get_ca_certs()) > 100)")
+    r = chroot(
+        root,
+        "/usr/bin/python3",
+        "-c",
+        "import ssl, sys; print(sys.version_info[:2] == (3, 13), len(ssl.create_default_context().get_ca_certs()) > 100)",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
     assert os.readlink(root / "bin") == "usr/bin"

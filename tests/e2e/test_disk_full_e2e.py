@@ -27,21 +27,35 @@ def _build(lock: Path) -> tuple[int, str]:
 
 
 def test_a_full_cache_is_named(tmp_path, monkeypatch):
-    with loop_fs(tmp_path / "cache.img", tmp_path / "cache", ["mkfs.ext4", "-q", "-F"], "24M") as cache, \
-            private_storage(tmp_path / "store"):
+    with (
+        loop_fs(
+            tmp_path / "cache.img", tmp_path / "cache", ["mkfs.ext4", "-q", "-F"], "24M"
+        ) as cache,
+        private_storage(tmp_path / "store"),
+    ):
         monkeypatch.setenv("ENVSPEC_CACHE", str(cache))
         rc, err = _build(SMOKE)
     assert rc == 5, err
-    assert "error[disk-full]" in err and f"no space left on device in the cache ({tmp_path / 'cache'}" in err, err
+    assert (
+        "error[disk-full]" in err
+        and f"no space left on device in the cache ({tmp_path / 'cache'}" in err
+    ), err
     assert "a first build of smoke's image needs about" in err and "<- full" in err
     assert "envspec cache gc" in err and "Traceback" not in err
 
 
 def test_a_full_store_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
-    with loop_fs(tmp_path / "store.img", tmp_path / "store", ["mkfs.ext4", "-q", "-F"], "48M") as store, \
-            private_storage(store):
+    with (
+        loop_fs(
+            tmp_path / "store.img", tmp_path / "store", ["mkfs.ext4", "-q", "-F"], "48M"
+        ) as store,
+        private_storage(store),
+    ):
         rc, err = _build(SMOKE)
     assert rc == 5, err
-    assert "error[disk-full]" in err and f"no space left on device in containers-storage ({tmp_path / 'store'}" in err, err
+    assert (
+        "error[disk-full]" in err
+        and f"no space left on device in containers-storage ({tmp_path / 'store'}" in err
+    ), err
     assert "podman image prune" in err and "Traceback" not in err

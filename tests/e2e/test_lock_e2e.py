@@ -16,15 +16,22 @@ from envspec.cli import main
 from envspec.sources import reachable
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.network, pytest.mark.skipif(not reachable("https://pypi.org/simple") and not os.environ.get("CI"),
-                                                      reason="PyPI unreachable")]
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.skipif(
+        not reachable("https://pypi.org/simple") and not os.environ.get("CI"),
+        reason="PyPI unreachable",
+    ),
+]
 
 SMOKE = ROOT / "specs" / "smoke.toml"
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
 
 
 def test_lock_smoke_pins_everything_and_is_reproducible(tmp_path):
@@ -52,8 +59,15 @@ def test_a_two_platform_spec_locks_into_one_lock_with_a_section_each(tmp_path):
     for part, deb_arch, tag in zip(lk.parts, ("amd64", "arm64"), ("x86_64", "aarch64")):
         assert part.debian is not None and part.debian.architecture == deb_arch
         assert {p.architecture for p in part.debian.packages} <= {deb_arch, "all"}
-        assert part.platform.platform_tag.endswith(tag) and {w.name for w in part.wheels} == {"six", "idna"}
-    libc = [next(p for p in part.debian.packages if p.name == "libc6") for part in lk.parts if part.debian]
+        assert part.platform.platform_tag.endswith(tag) and {w.name for w in part.wheels} == {
+            "six",
+            "idna",
+        }
+    libc = [
+        next(p for p in part.debian.packages if p.name == "libc6")
+        for part in lk.parts
+        if part.debian
+    ]
     assert libc[0].sha256 != libc[1].sha256, "each section pins its own architecture's files"
     first = out.read_text()
     assert main(["lock", str(ROOT / "specs" / "smoke-multi.toml"), "-o", str(out), "--check"]) == 0
@@ -84,12 +98,21 @@ def test_a_hand_edited_lock_is_refused_and_relocking_rewrites_it(tmp_path, capsy
     written = out.read_text()
     idna = next(w for w in lockmod.load(out).wheels if w.name == "idna")
     at = written.index('name = "idna"')
-    out.write_text(written[:at] + written[at:].replace(f'version = "{idna.version}"', 'version = "3.99"', 1))
+    out.write_text(
+        written[:at] + written[at:].replace(f'version = "{idna.version}"', 'version = "3.99"', 1)
+    )
     capsys.readouterr()
-    for argv in (["lock", str(spec), "-o", str(out), "--check"], ["build", "--dry-run", str(out)], ["doctor", str(out)]):
+    for argv in (
+        ["lock", str(spec), "-o", str(out), "--check"],
+        ["build", "--dry-run", str(out)],
+        ["doctor", str(out)],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert "lock-tampered" in err and f'wheels[idna].version, "{idna.version}" as written, "3.99" now' in err, err
+        assert (
+            "lock-tampered" in err
+            and f'wheels[idna].version, "{idna.version}" as written, "3.99" now' in err
+        ), err
     assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
     assert "keeping none of its versions" in capsys.readouterr().err
     assert out.read_text() == written
@@ -122,15 +145,27 @@ def test_a_dry_run_of_a_spec_without_a_lock_writes_no_lockfile(tmp_path, capsys,
 
 def test_relock_keeps_pins_and_upgrade_package_frees_one(tmp_path):
     spec = tmp_path / "s.toml"
-    spec.write_text('name = "pins"\n[python]\nversion = "3.11"\npackages = ["six", "idna"]\n[system]\nbase = "none"\n')
+    spec.write_text(
+        'name = "pins"\n[python]\nversion = "3.11"\npackages = ["six", "idna"]\n[system]\nbase = "none"\n'
+    )
     out = tmp_path / "pins.lock"
     assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
     # pretend an older lock pinned six 1.16.0 (with that file's real hash, as a lock would)
     lk = lockmod.loads(out.read_text())
     six = next(w for w in lk.wheels if w.name == "six")
-    old = [w if w.name != "six" else w.model_copy(update={
-        "version": "1.16.0", "filename": "six-1.16.0-py2.py3-none-any.whl",
-        "sha256": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254", "size": 11053}) for w in lk.wheels]
+    old = [
+        w
+        if w.name != "six"
+        else w.model_copy(
+            update={
+                "version": "1.16.0",
+                "filename": "six-1.16.0-py2.py3-none-any.whl",
+                "sha256": "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254",
+                "size": 11053,
+            }
+        )
+        for w in lk.wheels
+    ]
     lockmod.write_atomic(out, lockmod.dumps(lk.replace_part(wheels=old).with_hash()))
     assert main(["lock", str(spec), "-o", str(out), "-q"]) == 0
     assert next(w for w in lockmod.load(out).wheels if w.name == "six").version == "1.16.0"
@@ -144,16 +179,25 @@ def test_interrupted_lock_leaves_the_old_lockfile_intact(tmp_path, sig):
     out.write_text("# the old lock\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for delay in (0.2, 0.5, 0.9):
-        p = subprocess.Popen([sys.executable, "-m", "envspec", "lock", str(SMOKE), "-o", str(out), "-q"],
-                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored as in `&` jobs
+        p = subprocess.Popen(
+            [sys.executable, "-m", "envspec", "lock", str(SMOKE), "-o", str(out), "-q"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # not ignored as in `&` jobs
         time.sleep(delay)
         p.send_signal(sig)
         p.wait(timeout=60)
         text = out.read_text()
-        assert text == "# the old lock\n" or (text.startswith("# envspec lockfile") and lockmod.loads(text))
+        assert text == "# the old lock\n" or (
+            text.startswith("# envspec lockfile") and lockmod.loads(text)
+        )
         left = [x.name for x in tmp_path.iterdir() if x.name != "smoke.lock"]
-        if sig == signal.SIGKILL:  # nothing can clean up after SIGKILL: a stray temp file, never a torn lock
+        if (
+            sig == signal.SIGKILL
+        ):  # nothing can clean up after SIGKILL: a stray temp file, never a torn lock
             left = [n for n in left if not (n.startswith(".smoke.lock.") and n.endswith(".tmp"))]
         assert not left, "no temp files left"
         if text != "# the old lock\n":
@@ -183,7 +227,9 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     from envspec.spec import load_spec
 
     spec_path = tmp_path / "vllm.toml"
-    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text())  # Debian's base: manylinux_2_36
+    spec_path.write_text(
+        (ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text()
+    )  # Debian's base: manylinux_2_36
     out = tmp_path / "vllm.lock"
     cp = run_cli("lock", str(spec_path), "-o", str(out), "--json")
     assert cp.returncode == 0, cp.stderr
@@ -200,16 +246,41 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     def newest_vllm_beside(torch: str) -> str | None:
         req = tmp_path / "r.in"
         req.write_text(f"vllm\ntorch=={torch}\n")
-        proc = subprocess.run([_uv(), "pip", "compile", str(req), "--no-header", "--quiet", "--only-binary", ":all:",
-                               "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36",
-                               "--index-strategy", "unsafe-best-match", "-o", str(tmp_path / "r.txt")],
-                              capture_output=True, text=True, env=dict(os.environ, UV_NO_CONFIG="1"))
+        proc = subprocess.run(
+            [
+                _uv(),
+                "pip",
+                "compile",
+                str(req),
+                "--no-header",
+                "--quiet",
+                "--only-binary",
+                ":all:",
+                "--python-version",
+                "3.11",
+                "--python-platform",
+                "x86_64-manylinux_2_36",
+                "--index-strategy",
+                "unsafe-best-match",
+                "-o",
+                str(tmp_path / "r.txt"),
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, UV_NO_CONFIG="1"),
+        )
         if proc.returncode != 0:
             return None
-        return next(ln.split("==")[1] for ln in (tmp_path / "r.txt").read_text().splitlines() if ln.startswith("vllm=="))
+        return next(
+            ln.split("==")[1]
+            for ln in (tmp_path / "r.txt").read_text().splitlines()
+            if ln.startswith("vllm==")
+        )
 
     assert newest_vllm_beside(lk.torch.version) == pins["vllm"]
-    for v in newer:  # each newer torch gets an older vllm, or none that installs: it was passed over for vllm
+    for v in (
+        newer
+    ):  # each newer torch gets an older vllm, or none that installs: it was passed over for vllm
         other = newest_vllm_beside(v)
         assert other is None or Version(other) < Version(pins["vllm"]), (v, other)
     for v in older:  # and no older torch gets a newer vllm: the newest vllm decided (torch first would fail here)
@@ -225,7 +296,9 @@ def test_an_ancient_vllm_the_index_leaves_is_refused_not_locked(tmp_path):
     import json
 
     spec_path = tmp_path / "vllm.toml"
-    spec_path.write_text((ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text() + '\n[system]\nbase = "none"\n')
+    spec_path.write_text(
+        (ROOT / "bench" / "specs" / "vllm-l40s.toml").read_text() + '\n[system]\nbase = "none"\n'
+    )
     out = tmp_path / "vllm.lock"
     cp = run_cli("lock", str(spec_path), "-o", str(out), "--json")
     if cp.returncode == 0:
@@ -243,8 +316,23 @@ def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
     """issue 42, 2: `envspec init` with every value given writes a spec that `envspec lock` takes."""
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    assert main(["init", "--name", "fresh", "--cpu", "--torch", "==2.13.0", "--python", "3.11",
-                 "--packages", "numpy>=2"]) == 0
+    assert (
+        main(
+            [
+                "init",
+                "--name",
+                "fresh",
+                "--cpu",
+                "--torch",
+                "==2.13.0",
+                "--python",
+                "3.11",
+                "--packages",
+                "numpy>=2",
+            ]
+        )
+        == 0
+    )
     assert main(["lock", "specs/fresh.toml", "-q"]) == 0
     lk = lockmod.load(tmp_path / "lockfiles" / "fresh.lock")
     assert lk.torch is not None and (lk.torch.version, lk.torch.variant) == ("2.13.0", "cpu")

@@ -24,7 +24,9 @@ from envspec import lock as lockmod
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 for tool in ("skopeo", "buildah", "podman", "docker-registry"):
     if shutil.which(tool) is None:
-        pytestmark.append(pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)"))
+        pytestmark.append(
+            pytest.mark.skip(reason=f"{tool} is not installed (scripts/dev.sh setup)")
+        )
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "lockfiles" / "smoke-multi.lock"
@@ -37,13 +39,26 @@ def env(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("multiarch-e2e")
     with private_storage(base / "storage") as host:
-        yield {**os.environ, "ENVSPEC_CACHE": str(base / "cache"), "PYTHONPATH": str(ROOT / "src"),
-               "XDG_RUNTIME_DIR": str(base / "runtime")}, host
+        yield (
+            {
+                **os.environ,
+                "ENVSPEC_CACHE": str(base / "cache"),
+                "PYTHONPATH": str(ROOT / "src"),
+                "XDG_RUNTIME_DIR": str(base / "runtime"),
+            },
+            host,
+        )
 
 
 def envspec(env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +72,38 @@ def pushed(env, tmp_path_factory):
     base = tmp_path_factory.mktemp("multiarch-registry")
     priv = ec.generate_private_key(ec.SECP256R1())
     key, pub = base / "signing.pem", base / "signing.pub"
-    key.write_bytes(priv.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    pub.write_bytes(priv.public_key().public_bytes(serialization.Encoding.PEM,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
+    key.write_bytes(
+        priv.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    pub.write_bytes(
+        priv.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     with start_registry(base) as reg:
         ref = f"{reg}/smoke-multi:test"
-        first = envspec(e, "build", str(LOCK), "--push", ref, "--sign-by-sigstore-private-key", str(key), "--json")
+        first = envspec(
+            e,
+            "build",
+            str(LOCK),
+            "--push",
+            ref,
+            "--sign-by-sigstore-private-key",
+            str(key),
+            "--json",
+        )
         assert first.returncode == 0, first.stderr
-        yield {"registry": reg, "ref": ref, "built": json.loads(first.stdout), "pub": pub, "base": base}
+        yield {
+            "registry": reg,
+            "ref": ref,
+            "built": json.loads(first.stdout),
+            "pub": pub,
+            "base": base,
+        }
 
 
 def test_two_platforms_push_as_one_index_that_podman_pulls_per_arch(env, pushed):
@@ -86,34 +124,72 @@ def test_two_platforms_push_as_one_index_that_podman_pulls_per_arch(env, pushed)
     e_run = {**e, "ENVSPEC_STORAGE_ROOT": os.environ["ENVSPEC_STORAGE_ROOT"]}
     here = envspec(e_run, "run", "--no-mount", str(LOCK), "--", "uname", "-m")
     assert here.returncode == 0 and here.stdout.strip() == "x86_64", here.stderr
-    refused = envspec(e_run, "run", "--no-mount", "--platform", "linux-aarch64", str(LOCK), "--", "uname", "-m")
-    assert refused.returncode == 2 and "error[emulation-not-asked]" in refused.stderr and "--emulate" in refused.stderr
+    refused = envspec(
+        e_run, "run", "--no-mount", "--platform", "linux-aarch64", str(LOCK), "--", "uname", "-m"
+    )
+    assert (
+        refused.returncode == 2
+        and "error[emulation-not-asked]" in refused.stderr
+        and "--emulate" in refused.stderr
+    )
     if host.runs_arch("aarch64"):
-        there = envspec(e_run, "run", "--no-mount", "--platform", "linux-aarch64", "--emulate", str(LOCK), "--",
-                        "uname", "-m")
+        there = envspec(
+            e_run,
+            "run",
+            "--no-mount",
+            "--platform",
+            "linux-aarch64",
+            "--emulate",
+            str(LOCK),
+            "--",
+            "uname",
+            "-m",
+        )
         assert there.returncode == 0 and there.stdout.strip() == "aarch64", there.stderr
 
     # the registry holds the index as it was built (its digest kept), each manifest with its platform
-    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
-                         capture_output=True, check=True, timeout=120).stdout
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    ).stdout
     import hashlib
 
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == built["digest"]
     index = json.loads(raw)
     assert index["mediaType"] == MT_INDEX
-    assert [(m["platform"]["os"], m["platform"]["architecture"], m["digest"]) for m in index["manifests"]] == [
-        ("linux", "amd64", plats["linux-x86_64"]["digest"]), ("linux", "arm64", plats["linux-aarch64"]["digest"])]
+    assert [
+        (m["platform"]["os"], m["platform"]["architecture"], m["digest"])
+        for m in index["manifests"]
+    ] == [
+        ("linux", "amd64", plats["linux-x86_64"]["digest"]),
+        ("linux", "arm64", plats["linux-aarch64"]["digest"]),
+    ]
 
     # podman on either kind of host takes its own image
     podman = ["podman", *host.storage.args()]
     for arch, name in (("arm64", "linux-aarch64"), ("amd64", "linux-x86_64")):
         pulled = f"{reg}/smoke-multi:test"
-        subprocess.run([*podman, "rmi", "--force", "--ignore", pulled], capture_output=True, timeout=120)
-        pull = subprocess.run([*podman, "pull", "--quiet", "--tls-verify=false", "--arch", arch, pulled],
-                              capture_output=True, text=True, timeout=300)
+        subprocess.run(
+            [*podman, "rmi", "--force", "--ignore", pulled], capture_output=True, timeout=120
+        )
+        pull = subprocess.run(
+            [*podman, "pull", "--quiet", "--tls-verify=false", "--arch", arch, pulled],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert pull.returncode == 0, pull.stderr
-        info = json.loads(subprocess.run([*podman, "image", "inspect", pulled], capture_output=True, text=True,
-                                         check=True, timeout=60).stdout)[0]
+        info = json.loads(
+            subprocess.run(
+                [*podman, "image", "inspect", pulled],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        )[0]
         assert info["Architecture"] == arch and info["Os"] == "linux"
         assert info["Labels"]["io.envspec.lock-hash"] == lock.for_platform(name).meta.content_hash
         subprocess.run([*podman, "rmi", "--force", pulled], capture_output=True, timeout=120)
@@ -121,9 +197,12 @@ def test_two_platforms_push_as_one_index_that_podman_pulls_per_arch(env, pushed)
     # --check-digest compares a rebuild's index with the pushed one
     check = envspec(e, "build", str(LOCK), "--check-digest", ref, "--json")
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["check_digest"] == {"ref": ref, "pushed": built["digest"],
-                                                       "built": built["digest"], "same": True}
-
+    assert json.loads(check.stdout)["check_digest"] == {
+        "ref": ref,
+        "pushed": built["digest"],
+        "built": built["digest"],
+        "same": True,
+    }
 
 
 def verify(env, *args: str) -> tuple[int, dict]:
@@ -151,8 +230,15 @@ def test_a_signed_index_verifies_each_platform_and_a_tampered_platform_fails(env
     assert built["attached"] == [f"{repo}:{built['digest'].replace(':', '-')}.sig"]
     for p in built["platforms"]:
         assert p["attached"] == [f"{repo}:{p['digest'].replace(':', '-')}.att", sig[p["platform"]]]
-    tags = json.loads(subprocess.run(["skopeo", "list-tags", "--tls-verify=false", f"docker://{repo}"],
-                                     capture_output=True, text=True, check=True, timeout=60).stdout)["Tags"]
+    tags = json.loads(
+        subprocess.run(
+            ["skopeo", "list-tags", "--tls-verify=false", f"docker://{repo}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+    )["Tags"]
     assert len(tags) == 6 and "test" in tags  # the index, 2 x (.att, .sig), the index's .sig
 
     rc, report = verify(e, ref, "--key", pub, "--lock", str(LOCK))
@@ -160,33 +246,64 @@ def test_a_signed_index_verifies_each_platform_and_a_tampered_platform_fails(env
     got = statuses(report)
     assert got["index.signature"] == got["index.lock-hash"] == got["index.platforms"] == "pass"
     for name in ("linux-x86_64", "linux-aarch64"):
-        for check in ("signature", "platform", "provenance.lock", "provenance.materials", "sbom.packages",
-                      "image.lock-hash"):
+        for check in (
+            "signature",
+            "platform",
+            "provenance.lock",
+            "provenance.materials",
+            "sbom.packages",
+            "image.lock-hash",
+        ):
             assert got[f"{name}.{check}"] == "pass", (name, check)
     # one platform's image by digest, against its section of the two-platform lock
     rc, one = verify(e, f"{repo}@{digests['linux-aarch64']}", "--key", pub, "--lock", str(LOCK))
     assert rc == 0 and statuses(one)["linux-aarch64.provenance.lock"] == "pass", one
 
     other = pushed["base"] / "other.pub"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    other.write_bytes(
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     rc, report = verify(e, ref, "--key", str(other), "--lock", str(LOCK))
     failed = {c for c, st in statuses(report).items() if st == "fail"}
-    assert rc == 1 and {"index.signature", "linux-x86_64.signature", "linux-aarch64.signature"} <= failed
+    assert (
+        rc == 1
+        and {"index.signature", "linux-x86_64.signature", "linux-aarch64.signature"} <= failed
+    )
 
     kept = pushed["base"] / "arm64-sig"
-    copy = ["skopeo", "copy", "--quiet", "--preserve-digests", "--src-tls-verify=false", "--dest-tls-verify=false"]
-    subprocess.run([*copy, f"docker://{sig['linux-aarch64']}", f"oci:{kept}"], capture_output=True, check=True,
-                   timeout=120)
+    copy = [
+        "skopeo",
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+    ]
+    subprocess.run(
+        [*copy, f"docker://{sig['linux-aarch64']}", f"oci:{kept}"],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
     try:  # the amd64 image's (valid) signature put under the arm64 image's tag
-        subprocess.run([*copy, f"docker://{sig['linux-x86_64']}", f"docker://{sig['linux-aarch64']}"],
-                       capture_output=True, check=True, timeout=120)
+        subprocess.run(
+            [*copy, f"docker://{sig['linux-x86_64']}", f"docker://{sig['linux-aarch64']}"],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
         rc, report = verify(e, ref, "--key", pub, "--lock", str(LOCK))
         failed = {c for c, st in statuses(report).items() if st == "fail"}
         assert rc == 1 and failed == {"linux-aarch64.signature"}, report
     finally:
-        subprocess.run([*copy, f"oci:{kept}", f"docker://{sig['linux-aarch64']}"], capture_output=True, check=True,
-                       timeout=120)
+        subprocess.run(
+            [*copy, f"oci:{kept}", f"docker://{sig['linux-aarch64']}"],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
     assert verify(e, ref, "--key", pub, "--lock", str(LOCK))[0] == 0
 
 
@@ -194,19 +311,32 @@ def test_a_signed_index_verifies_each_platform_and_a_tampered_platform_fails(env
 def test_two_no_cache_builds_give_one_index_digest_as_oci_dir_and_archive(env, tmp_path):
     e, _host = env
     out, archive = tmp_path / "oci", tmp_path / "index.tar"
-    first = envspec(e, "build", str(LOCK), "--no-cache", "--output", f"oci:{out}", "--json", "--tag", "")
+    first = envspec(
+        e, "build", str(LOCK), "--no-cache", "--output", f"oci:{out}", "--json", "--tag", ""
+    )
     assert first.returncode == 0, first.stderr
     built = json.loads(first.stdout)
-    second = envspec(e, "build", str(LOCK), "--no-cache", "--output", f"oci-archive:{archive}", "--json")
+    second = envspec(
+        e, "build", str(LOCK), "--no-cache", "--output", f"oci-archive:{archive}", "--json"
+    )
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     assert again["digest"] == built["digest"], "two --no-cache builds give one index digest"
     assert [p["digest"] for p in again["platforms"]] == [p["digest"] for p in built["platforms"]]
     top = json.loads((out / "index.json").read_text())
-    assert [(m["mediaType"], m["digest"]) for m in top["manifests"]] == [(MT_INDEX, built["digest"])]
+    assert [(m["mediaType"], m["digest"]) for m in top["manifests"]] == [
+        (MT_INDEX, built["digest"])
+    ]
     for arch in ("arm64", "amd64"):
-        seen = json.loads(subprocess.run(["skopeo", "inspect", "--override-arch", arch, f"oci-archive:{archive}"],
-                                         capture_output=True, text=True, check=True, timeout=120).stdout)
+        seen = json.loads(
+            subprocess.run(
+                ["skopeo", "inspect", "--override-arch", arch, f"oci-archive:{archive}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+        )
         assert seen["Architecture"] == arch and seen["Digest"] == built["digest"]
 
 
@@ -214,7 +344,10 @@ def test_an_index_refuses_a_docker_archive_before_building(env, tmp_path):
     e, _host = env
     cp = envspec(e, "build", str(LOCK), "--output", f"docker-archive:{tmp_path / 'x.tar'}")
     assert cp.returncode == 2, cp.stderr
-    assert "error[index-output-unsupported]" in cp.stderr and "docker archive holds one platform" in cp.stderr
+    assert (
+        "error[index-output-unsupported]" in cp.stderr
+        and "docker archive holds one platform" in cp.stderr
+    )
     assert not (tmp_path / "x.tar").exists()
 
 
@@ -225,14 +358,22 @@ def test_a_platform_that_fails_to_build_leaves_no_platform_tagged(env, tmp_path)
     lock = lockmod.load(LOCK)
     arm = lock.parts[1]
     bad = [w.model_copy(update={"sha256": "0" * 64}) if w.name == "six" else w for w in arm.wheels]
-    broken = lock.model_copy(update={"meta": lock.meta.model_copy(update={"name": "broken-multi"}),
-                                     "parts": [lock.parts[0], arm.model_copy(update={"wheels": bad})]}).with_hash()
+    broken = lock.model_copy(
+        update={
+            "meta": lock.meta.model_copy(update={"name": "broken-multi"}),
+            "parts": [lock.parts[0], arm.model_copy(update={"wheels": bad})],
+        }
+    ).with_hash()
     path = tmp_path / "broken-multi.lock"
     path.write_text(lockmod.dumps(broken))
     cp = envspec(e, "build", str(path))
     assert cp.returncode == 4, cp.stdout + cp.stderr
     assert "six" in cp.stderr
-    images = subprocess.run(["podman", *host.storage.args(), "images", "--format", "{{.Repository}}:{{.Tag}}"],
-                            capture_output=True, text=True, timeout=60)
+    images = subprocess.run(
+        ["podman", *host.storage.args(), "images", "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert images.returncode == 0, images.stderr
     assert "broken-multi" not in images.stdout, images.stdout

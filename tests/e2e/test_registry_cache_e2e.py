@@ -46,14 +46,35 @@ def machine(base: Path, name: str) -> dict[str, str]:
     cache = base / f"cache-{name}"
     cache.mkdir()
     (cache / "debs").symlink_to(base / "debs")
-    return {**os.environ, "ENVSPEC_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src"),
-            "XDG_RUNTIME_DIR": str(base / f"runtime-{name}")}
+    return {
+        **os.environ,
+        "ENVSPEC_CACHE": str(cache),
+        "PYTHONPATH": str(ROOT / "src"),
+        "XDG_RUNTIME_DIR": str(base / f"runtime-{name}"),
+    }
 
 
 def envspec(env, reg, *args):
-    return subprocess.run([sys.executable, "-m", "envspec", "build", str(LOCK), "--authfile", str(reg.authfile),
-                           "--cert-dir", str(reg.cert_dir), "--json", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envspec",
+            "build",
+            str(LOCK),
+            "--authfile",
+            str(reg.authfile),
+            "--cert-dir",
+            str(reg.cert_dir),
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=900,
+    )
 
 
 def built(cp) -> dict:
@@ -95,44 +116,106 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
         assert b["digest"] == b["store_digest"] == a["store_digest"] and b["config"] == a["config"]
         assert b["cache"] == {"from": cache_ref, "to": "", "pushed": []}
         # streamed over HTTPS with the authfile's credentials (registry/client.py), not through skopeo
-        assert {p["name"] for p in b["phases"] if "detail" in p} == {f"cache fetch {lay['group']}" for lay in cacheable}
+        assert {p["name"] for p in b["phases"] if "detail" in p} == {
+            f"cache fetch {lay['group']}" for lay in cacheable
+        }
         assert [lay["diff_id"] for lay in b["layers"]] == [lay["diff_id"] for lay in a["layers"]]
-        run = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
-                              b["image"],
-                              "python", "-c", "print(6 * 7)"], capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [
+                "podman",
+                *host.storage.args(),
+                "run",
+                "--rm",
+                *podman_args(host)[1],
+                "--network=none",
+                b["image"],
+                "python",
+                "-c",
+                "print(6 * 7)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0 and run.stdout.strip().endswith("42"), run.stderr[-2000:]
 
     # damage one entry's blob in the registry's storage; make another entry lie about its diff_id
     damaged, lying = cacheable[0], cacheable[1]
     hexd = damaged["digest"].split(":", 1)[1]
-    data = reg.storage / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+    data = (
+        reg.storage / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+    )
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = bytes(64)
     data.write_bytes(bytes(raw))
     blob = base / "lying-blob"
-    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", "--src-authfile", str(reg.authfile),
-                    "--src-cert-dir", str(reg.cert_dir), f"docker://{cache_ref}:{tags[1]}", f"oci:{base / 'real'}"],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            "skopeo",
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--src-authfile",
+            str(reg.authfile),
+            "--src-cert-dir",
+            str(reg.cert_dir),
+            f"docker://{cache_ref}:{tags[1]}",
+            f"oci:{base / 'real'}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     shutil.copyfile(base / "real" / "blobs" / "sha256" / lying["digest"].split(":", 1)[1], blob)
     wrong = "sha256:" + "0" * 64
-    write_entry(base / "lie", blob, key=lying["key"], group=lying["group"], comp_id=Compression("zstd").id,
-                media_type=lying["media_type"], digest=lying["digest"], size=lying["size"], diff_id=wrong,
-                diff_size=lying["diff_size"], meta={})
-    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-authfile", str(reg.authfile),
-                    "--dest-cert-dir", str(reg.cert_dir), f"oci:{base / 'lie'}", f"docker://{cache_ref}:{tags[1]}"],
-                   check=True, capture_output=True, timeout=300)
+    write_entry(
+        base / "lie",
+        blob,
+        key=lying["key"],
+        group=lying["group"],
+        comp_id=Compression("zstd").id,
+        media_type=lying["media_type"],
+        digest=lying["digest"],
+        size=lying["size"],
+        diff_id=wrong,
+        diff_size=lying["diff_size"],
+        meta={},
+    )
+    subprocess.run(
+        [
+            "skopeo",
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-authfile",
+            str(reg.authfile),
+            "--dest-cert-dir",
+            str(reg.cert_dir),
+            f"oci:{base / 'lie'}",
+            f"docker://{cache_ref}:{tags[1]}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
     # machine C: both layers made here, with a warning naming each entry; the same digest still
     with private_storage(tmp_path / "storage-c"):
         env_c = machine(base, "c")
-        cp = envspec(env_c, reg, "--cache-from", cache_ref, "--compression", "zstd")  # named: compressed, as A's
+        cp = envspec(
+            env_c, reg, "--cache-from", cache_ref, "--compression", "zstd"
+        )  # named: compressed, as A's
         c = built(cp)
     assert sources(c)[damaged["group"]] == "made" and sources(c)[lying["group"]] == "made"
     assert c["digest"] == a["digest"]
     for t in tags[:2]:
         assert f"layer cache entry {cache_ref}:{t} not used" in cp.stderr, cp.stderr[-3000:]
     assert wrong in cp.stderr  # what was wrong: the diff_id it claimed
-    meta = json.loads((Path(env_c["ENVSPEC_CACHE"]) / "layers" / (lying["key"].split(":", 1)[1] + ".json")).read_text())
+    meta = json.loads(
+        (
+            Path(env_c["ENVSPEC_CACHE"]) / "layers" / (lying["key"].split(":", 1)[1] + ".json")
+        ).read_text()
+    )
     assert meta["diff_id"] == lying["diff_id"]  # the made layer's, not the lie's
 
 
@@ -153,7 +236,9 @@ def test_an_unreachable_cache_is_a_warning_and_the_build_goes_on(world, tmp_path
     base, reg = world
     nowhere = f"127.0.0.1:{tlsregistry.free_port()}/{REPO}"
     with private_storage(tmp_path / "storage-d"):
-        cp = envspec(machine(base, "d"), reg, "--cache-from", nowhere, "--cache-to", nowhere, "--tag", "")
+        cp = envspec(
+            machine(base, "d"), reg, "--cache-from", nowhere, "--cache-to", nowhere, "--tag", ""
+        )
         d = built(cp)
     assert set(sources(d).values()) == {"made"} and d["cache"]["pushed"] == []
     assert f"the layer cache {nowhere} could not be read" in cp.stderr

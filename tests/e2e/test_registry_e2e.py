@@ -40,8 +40,12 @@ def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("registry-e2e")
     with private_storage(base / "storage") as host:
         STORAGE_ARGS[:] = host.storage.args()
-        yield {**os.environ, "ENVSPEC_CACHE": str(base / "cache"), "PYTHONPATH": str(ROOT / "src"),
-               "XDG_RUNTIME_DIR": str(base / "runtime")}  # no auth.json of this machine's user
+        yield {
+            **os.environ,
+            "ENVSPEC_CACHE": str(base / "cache"),
+            "PYTHONPATH": str(ROOT / "src"),
+            "XDG_RUNTIME_DIR": str(base / "runtime"),
+        }  # no auth.json of this machine's user
 
 
 @pytest.fixture
@@ -51,8 +55,14 @@ def registry(tmp_path):
 
 
 def envspec(env, *args, extra_env=None):
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**env, **(extra_env or {})}, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**env, **(extra_env or {})},
+        timeout=900,
+    )
 
 
 def lock_hash() -> str:
@@ -75,35 +85,65 @@ FAILED_TAG = "localhost/envspec/smoke:push-failed"  # the local tag of builds wh
 
 
 def not_tagged_locally(env) -> bool:
-    cp = subprocess.run(["podman", *STORAGE_ARGS, "images", "--format", "{{.Repository}}:{{.Tag}}"],
-                        capture_output=True, text=True, env=env, check=True)
+    cp = subprocess.run(
+        ["podman", *STORAGE_ARGS, "images", "--format", "{{.Repository}}:{{.Tag}}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     return FAILED_TAG not in cp.stdout.split()
 
 
 def image_tags(registry, repo: str) -> list[str]:
     """The repository's tags less the attestation and signature tags a push adds beside the image
     (``sha256-<hex>.att``/``.sig``, registry/attest.py)."""
-    return sorted(t for t in registry.tags(repo) if not (t.startswith("sha256-") and t.endswith((".att", ".sig"))))
+    return sorted(
+        t
+        for t in registry.tags(repo)
+        if not (t.startswith("sha256-") and t.endswith((".att", ".sig")))
+    )
 
 
 def test_push_with_authfile_and_ca_keeps_the_digest(env, registry):
     dest = f"{registry.address}/envspec/smoke:{lock_hash()}"
-    cp = envspec(env, "build", str(LOCK), "--push", dest, "--authfile", str(registry.authfile),
-                 "--cert-dir", str(registry.cert_dir), "--json")
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        dest,
+        "--authfile",
+        str(registry.authfile),
+        "--cert-dir",
+        str(registry.cert_dir),
+        "--json",
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     out = json.loads(cp.stdout)
     assert out["pushed"] == [dest]
     assert image_tags(registry, "envspec/smoke") == [lock_hash()]
     status, manifest = registry.manifest("envspec/smoke", lock_hash())
     assert status == 200 and "sha256:" + hashlib.sha256(manifest).hexdigest() == out["digest"]
-    assert "sha256-" + out["digest"].split(":")[1] + ".att" in registry.tags("envspec/smoke")  # through the same access
+    assert "sha256-" + out["digest"].split(":")[1] + ".att" in registry.tags(
+        "envspec/smoke"
+    )  # through the same access
     for layer in json.loads(manifest)["layers"]:
         assert registry.blob_status("envspec/smoke", layer["digest"]) == 200
 
     # the containers convention: REGISTRY_AUTH_FILE when --authfile is not given; TLS verified
-    cp = envspec(env, "build", str(LOCK), "--push", f"{registry.address}/envspec/smoke:again",
-                 "--cert-dir", str(registry.cert_dir), "--tls-verify=true", "--json",
-                 extra_env={"REGISTRY_AUTH_FILE": str(registry.authfile)})
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        f"{registry.address}/envspec/smoke:again",
+        "--cert-dir",
+        str(registry.cert_dir),
+        "--tls-verify=true",
+        "--json",
+        extra_env={"REGISTRY_AUTH_FILE": str(registry.authfile)},
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert image_tags(registry, "envspec/smoke") == sorted([lock_hash(), "again"])
 
@@ -111,21 +151,44 @@ def test_push_with_authfile_and_ca_keeps_the_digest(env, registry):
 def test_wrong_credentials_exit_3_and_push_nothing(env, registry, tmp_path):
     bad = registry.write_authfile(tmp_path / "bad.json", tlsregistry.USER, "not-the-password")
     dest = f"{registry.address}/envspec/smoke:{lock_hash()}"
-    cp = envspec(env, "build", str(LOCK), "--push", dest, "--authfile", str(bad), "--cert-dir",
-                 str(registry.cert_dir), "--tag", FAILED_TAG, "--json")
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        dest,
+        "--authfile",
+        str(bad),
+        "--cert-dir",
+        str(registry.cert_dir),
+        "--tag",
+        FAILED_TAG,
+        "--json",
+    )
     err = failed(cp, "registry-auth-failed")
     assert registry.address in err["message"] and str(bad) in err["hint"]
     assert registry.tags("envspec/smoke") == []
     assert not_tagged_locally(env)  # a failed build tags nothing
 
-    cp = envspec(env, "build", str(LOCK), "--push", dest, "--cert-dir", str(registry.cert_dir), "--json")
+    cp = envspec(
+        env, "build", str(LOCK), "--push", dest, "--cert-dir", str(registry.cert_dir), "--json"
+    )
     failed(cp, "registry-auth-failed")  # no credentials at all
 
 
 def test_untrusted_certificate_is_a_tls_error(env, registry):
     dest = f"{registry.address}/envspec/smoke:{lock_hash()}"
-    cp = envspec(env, "build", str(LOCK), "--push", dest, "--authfile", str(registry.authfile),
-                 "--tls-verify=true", "--json")
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        dest,
+        "--authfile",
+        str(registry.authfile),
+        "--tls-verify=true",
+        "--json",
+    )
     err = failed(cp, "registry-tls-failed")
     assert "--cert-dir" in err["hint"]
     assert registry.tags("envspec/smoke") == []
@@ -139,11 +202,28 @@ def test_unreachable_registry_exit_3(env, tmp_path):
 
 
 def test_missing_authfile_is_bad_input_before_building(env, tmp_path):
-    cp = envspec(env, "build", str(LOCK), "--push", "127.0.0.1:1/envspec/smoke:x", "--authfile",
-                 str(tmp_path / "nope.json"), "--json")
-    assert cp.returncode == 2 and json.loads(cp.stdout)["error"]["reference"] == "authfile-not-found"
-    cp = envspec(env, "build", str(LOCK), "--push", "127.0.0.1:1/envspec/smoke:x", "--json",
-                 extra_env={"REGISTRY_AUTH_FILE": str(tmp_path / "nope.json")})
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        "127.0.0.1:1/envspec/smoke:x",
+        "--authfile",
+        str(tmp_path / "nope.json"),
+        "--json",
+    )
+    assert (
+        cp.returncode == 2 and json.loads(cp.stdout)["error"]["reference"] == "authfile-not-found"
+    )
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        "127.0.0.1:1/envspec/smoke:x",
+        "--json",
+        extra_env={"REGISTRY_AUTH_FILE": str(tmp_path / "nope.json")},
+    )
     assert cp.returncode == 2 and "REGISTRY_AUTH_FILE" in json.loads(cp.stdout)["error"]["message"]
 
 
@@ -152,25 +232,54 @@ def test_push_cut_off_half_way_tags_nothing(env, registry, tmp_path):
     exit 3 push-interrupted; restarted on the same storage, the registry has no tag and no
     manifest for it, and the same push then succeeds."""
     tag = lock_hash()
-    envspec(env, "build", str(LOCK), "--tag", "", "--json")  # layers cached: the push is what is cut
-    with tlsregistry.CutProxy(("127.0.0.1", registry.port), 10 << 20, on_cut=lambda: registry.stop(kill=True)) as proxy:
-        auth = tlsregistry.write_authfile(tmp_path / "proxy-auth.json", proxy.address, tlsregistry.USER,
-                                          tlsregistry.PASSWORD)
+    envspec(
+        env, "build", str(LOCK), "--tag", "", "--json"
+    )  # layers cached: the push is what is cut
+    with tlsregistry.CutProxy(
+        ("127.0.0.1", registry.port), 10 << 20, on_cut=lambda: registry.stop(kill=True)
+    ) as proxy:
+        auth = tlsregistry.write_authfile(
+            tmp_path / "proxy-auth.json", proxy.address, tlsregistry.USER, tlsregistry.PASSWORD
+        )
         dest = f"{proxy.address}/envspec/smoke:{tag}"
-        cp = envspec(env, "build", str(LOCK), "--push", dest, "--authfile", str(auth),
-                     "--cert-dir", str(registry.cert_dir), "--tag", FAILED_TAG, "--json")
+        cp = envspec(
+            env,
+            "build",
+            str(LOCK),
+            "--push",
+            dest,
+            "--authfile",
+            str(auth),
+            "--cert-dir",
+            str(registry.cert_dir),
+            "--tag",
+            FAILED_TAG,
+            "--json",
+        )
         assert proxy.cut.is_set() and proxy.sent >= 10 << 20
     err = failed(cp, "push-interrupted")
     assert proxy.address in err["message"]
     assert not_tagged_locally(env)
     assert registry.proc is None  # killed mid-push
-    uploads = list(registry.storage.glob("docker/registry/v2/repositories/envspec/smoke/_uploads/*"))
+    uploads = list(
+        registry.storage.glob("docker/registry/v2/repositories/envspec/smoke/_uploads/*")
+    )
     assert uploads, "the registry was killed before any upload began: the test cut nothing"
     registry.start()
     assert registry.tags("envspec/smoke") == []
     assert registry.manifest("envspec/smoke", tag)[0] == 404
 
-    cp = envspec(env, "build", str(LOCK), "--push", f"{registry.address}/envspec/smoke:{tag}", "--authfile",
-                 str(registry.authfile), "--cert-dir", str(registry.cert_dir), "--json")
+    cp = envspec(
+        env,
+        "build",
+        str(LOCK),
+        "--push",
+        f"{registry.address}/envspec/smoke:{tag}",
+        "--authfile",
+        str(registry.authfile),
+        "--cert-dir",
+        str(registry.cert_dir),
+        "--json",
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert image_tags(registry, "envspec/smoke") == [tag]

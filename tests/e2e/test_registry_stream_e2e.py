@@ -36,8 +36,12 @@ LOCK = ROOT / "lockfiles" / "smoke.lock"
 REPO = "team/envspec-cache"
 
 pytestmark = pytest.mark.skipif(
-    any(subprocess.run(["which", t], capture_output=True).returncode for t in ("docker-registry", "podman", "skopeo")),
-    reason="needs docker-registry, podman and skopeo")
+    any(
+        subprocess.run(["which", t], capture_output=True).returncode
+        for t in ("docker-registry", "podman", "skopeo")
+    ),
+    reason="needs docker-registry, podman and skopeo",
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,15 @@ def machine(base: Path, name: str) -> dict[str, str]:
 def envspec(env, *args, popen: bool = False):
     argv = [sys.executable, "-m", "envspec", "build", str(LOCK), "--json", *args]
     if popen:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+        )
     return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
 
 
@@ -80,8 +91,11 @@ def sources(out: dict) -> dict[str, str]:
 
 def streamed(out: dict) -> set[str]:
     """The groups whose layer came as a stream (their phase says where its seconds went)."""
-    return {p["name"].removeprefix("cache fetch ") for p in out["phases"]
-            if p["name"].startswith("cache fetch ") and "detail" in p}
+    return {
+        p["name"].removeprefix("cache fetch ")
+        for p in out["phases"]
+        if p["name"].startswith("cache fetch ") and "detail" in p
+    }
 
 
 def cacheable(a: dict) -> list[dict]:
@@ -90,8 +104,21 @@ def cacheable(a: dict) -> list[dict]:
 
 def store_layers(host) -> list[dict]:
     st = host.storage
-    cp = subprocess.run(["containers-storage", "--graph", st.root, "--run", st.runroot, "--storage-driver", st.driver,
-                         "layers", "--json"], capture_output=True, text=True)
+    cp = subprocess.run(
+        [
+            "containers-storage",
+            "--graph",
+            st.root,
+            "--run",
+            st.runroot,
+            "--storage-driver",
+            st.driver,
+            "layers",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cp.returncode == 0, cp.stderr
     return json.loads(cp.stdout or "[]") or []
 
@@ -109,8 +136,23 @@ def test_a_fresh_node_streams_every_layer_into_its_store(world, tmp_path):
         assert b["config"] == a["config"] and b["store_digest"] == a["store_digest"]
         # nothing went through a file: the envspec cache holds no layer of them
         assert not list((Path(env["ENVSPEC_CACHE"]) / "layers").glob("*.tar*"))
-        run = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
-                              b["image"], "python", "-c", "print(6 * 7)"], capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [
+                "podman",
+                *host.storage.args(),
+                "run",
+                "--rm",
+                *podman_args(host)[1],
+                "--network=none",
+                b["image"],
+                "python",
+                "-c",
+                "print(6 * 7)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == 0 and run.stdout.strip().endswith("42"), run.stderr[-2000:]
 
         # the same store, an empty envspec cache: the layers are the store's, nothing is read
@@ -128,12 +170,26 @@ def test_through_a_pull_through_mirror_the_digests_are_unchanged(world, tmp_path
     with start_registry(tmp_path / "mirror", proxy_of=reg) as mirror:
         for lay in cacheable(a):
             tag = tag_for(lay["key"], Compression("zstd"))
-            digests = [subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{r}/{REPO}:{tag}"],
-                                      capture_output=True, check=True).stdout for r in (reg, mirror)]
+            digests = [
+                subprocess.run(
+                    [
+                        "skopeo",
+                        "inspect",
+                        "--raw",
+                        "--tls-verify=false",
+                        f"docker://{r}/{REPO}:{tag}",
+                    ],
+                    capture_output=True,
+                    check=True,
+                ).stdout
+                for r in (reg, mirror)
+            ]
             assert digests[0] == digests[1]  # the entry's manifest byte for byte, so its digest too
         with private_storage(tmp_path / "storage-m"):
             m = built(envspec(machine(base, "m"), "--cache-from", f"{mirror}/{REPO}"))
-    assert set(sources(m).values()) == {"registry", "made"} and streamed(m) == {g["group"] for g in cacheable(a)}
+    assert set(sources(m).values()) == {"registry", "made"} and streamed(m) == {
+        g["group"] for g in cacheable(a)
+    }
     assert m["config"] == a["config"] and m["store_digest"] == a["store_digest"]
 
 
@@ -146,8 +202,14 @@ def test_a_pull_killed_while_untarring_leaves_no_half_layer(world, tmp_path):
         try:
             end = time.monotonic() + 300
             # kill it once a layer is half untarred: a staging directory with files in it
-            while not any(d.is_dir() and any(d.iterdir()) for d in (staging.iterdir() if staging.is_dir() else [])):
-                assert proc.poll() is None, ("the build ended before its import could be killed", proc.stderr.read())
+            while not any(
+                d.is_dir() and any(d.iterdir())
+                for d in (staging.iterdir() if staging.is_dir() else [])
+            ):
+                assert proc.poll() is None, (
+                    "the build ended before its import could be killed",
+                    proc.stderr.read(),
+                )
                 assert time.monotonic() < end
                 time.sleep(0.005)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -157,8 +219,9 @@ def test_a_pull_killed_while_untarring_leaves_no_half_layer(world, tmp_path):
         for lay in store_layers(host):  # whatever the store kept is whole, and the image's
             assert lay.get("diff-digest") in diff_ids, lay
             assert not lay.get("flags", {}).get("incomplete"), lay
-        assert not subprocess.run(["podman", *host.storage.args(), "images", "-q"], capture_output=True,
-                                  text=True).stdout.strip()
+        assert not subprocess.run(
+            ["podman", *host.storage.args(), "images", "-q"], capture_output=True, text=True
+        ).stdout.strip()
 
         k = built(envspec(machine(base, "k2"), "--cache-from", f"{reg}/{REPO}"))
         assert k["config"] == a["config"] and k["store_digest"] == a["store_digest"]
@@ -175,22 +238,46 @@ def test_a_damaged_or_lying_stream_is_a_warning_and_its_layer_is_made(world, tmp
     hexd = damaged["digest"].split(":", 1)[1]
     data = regdata / "blobs" / "sha256" / hexd[:2] / hexd / "data"
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = bytes(64)
     data.write_bytes(bytes(raw))
     hexl = lying["digest"].split(":", 1)[1]
     wrong = "sha256:" + "0" * 64
     tag = tag_for(lying["key"], Compression("zstd"))
-    write_entry(tmp_path / "lie", regdata / "blobs" / "sha256" / hexl[:2] / hexl / "data", key=lying["key"],
-                group=lying["group"], comp_id=Compression("zstd").id, media_type=lying["media_type"],
-                digest=lying["digest"], size=lying["size"], diff_id=wrong, diff_size=lying["diff_size"], meta={})
-    subprocess.run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
-                    f"oci:{tmp_path / 'lie'}", f"docker://{reg}/{REPO}:{tag}"], check=True, capture_output=True,
-                   timeout=300)
+    write_entry(
+        tmp_path / "lie",
+        regdata / "blobs" / "sha256" / hexl[:2] / hexl / "data",
+        key=lying["key"],
+        group=lying["group"],
+        comp_id=Compression("zstd").id,
+        media_type=lying["media_type"],
+        digest=lying["digest"],
+        size=lying["size"],
+        diff_id=wrong,
+        diff_size=lying["diff_size"],
+        meta={},
+    )
+    subprocess.run(
+        [
+            "skopeo",
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+            f"oci:{tmp_path / 'lie'}",
+            f"docker://{reg}/{REPO}:{tag}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     with private_storage(tmp_path / "storage-c"):
         cp = envspec(machine(base, "c"), "--cache-from", f"{reg}/{REPO}")
         c = built(cp)
     assert sources(c)[damaged["group"]] == "made" and sources(c)[lying["group"]] == "made"
     assert c["config"] == a["config"] and c["store_digest"] == a["store_digest"]
-    assert f"layer cache entry {reg}/{REPO}:{tag_for(damaged['key'], Compression('zstd'))} not used" in cp.stderr
+    assert (
+        f"layer cache entry {reg}/{REPO}:{tag_for(damaged['key'], Compression('zstd'))} not used"
+        in cp.stderr
+    )
     assert "the blob's bytes are not the ones recorded" in cp.stderr, cp.stderr[-3000:]
     assert wrong in cp.stderr  # what was wrong: the diff_id it claimed

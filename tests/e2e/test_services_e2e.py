@@ -35,12 +35,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = Path(os.environ.get("ENVSPEC_E2E_SERVICES_SPEC") or ROOT / "examples" / "workstation" / "workstation.toml")
+SPEC = Path(
+    os.environ.get("ENVSPEC_E2E_SERVICES_SPEC")
+    or ROOT / "examples" / "workstation" / "workstation.toml"
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network, pytest.mark.slow]
 for _tool in ("buildah", "skopeo", "podman"):
     if shutil.which(_tool) is None:
-        pytestmark.append(pytest.mark.skip(reason=f"{_tool} is not installed (apt-get install -y {_tool})"))
+        pytestmark.append(
+            pytest.mark.skip(reason=f"{_tool} is not installed (apt-get install -y {_tool})")
+        )
 
 
 def _free_port() -> int:
@@ -54,7 +59,9 @@ def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
     from envspec.run import podman_args
 
     glob, _run = podman_args(detect_host(ask=ASK_NONE))
-    return subprocess.run(["podman", *glob, *args], capture_output=True, text=True, check=check, timeout=timeout)
+    return subprocess.run(
+        ["podman", *glob, *args], capture_output=True, text=True, check=check, timeout=timeout
+    )
 
 
 def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
@@ -63,8 +70,12 @@ def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
     from envspec.host import ASK_NONE, detect_host
     from envspec.run import Runnable, plan_run
 
-    command = plan_run(Runnable(ref, None), host=replace(detect_host(ask=ASK_NONE), tty=False), mount_cwd=False,
-                       gpus=False)
+    command = plan_run(
+        Runnable(ref, None),
+        host=replace(detect_host(ask=ASK_NONE), tty=False),
+        mount_cwd=False,
+        gpus=False,
+    )
     i = command.argv.index(ref)
     argv = command.argv[:i] + ["--entrypoint", "/bin/sh"] + command.argv[i:] + ["-c", script]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -83,21 +94,37 @@ def image(tmp_path_factory):
     from envspec.plan import make_plan
 
     out = tmp_path_factory.mktemp("lock") / "services.lock"
-    cp = subprocess.run([sys.executable, "-m", "envspec", "lock", str(SPEC), "-o", str(out)], capture_output=True,
-                        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=1800)
+    cp = subprocess.run(
+        [sys.executable, "-m", "envspec", "lock", str(SPEC), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        timeout=1800,
+    )
     assert cp.returncode == 0, f"envspec lock {SPEC} failed:\n{cp.stdout}\n{cp.stderr}"
     lock = lockmod.load(out)
     _LOCKFILE["path"] = out
-    assert lock.services.enabled() == ["jupyter", "ssh"], \
+    assert lock.services.enabled() == ["jupyter", "ssh"], (
         f"{SPEC} must enable both [services.jupyter] and [services.ssh]"
+    )
     # the files the spec names (authorized_keys) are read beside the spec, as `envspec build` does
-    built = build(make_plan(lock), BuildahEngine(), Cache(), sources.discover().mirrors,
-                  options=BuildOptions(spec_dir=lockmod.lock_base(out) / Path(lock.meta.spec).parent))
-    assert (lockmod.lock_base(out) / lock.meta.spec).resolve() == SPEC.resolve()  # [meta].spec: from the lock's folder
+    built = build(
+        make_plan(lock),
+        BuildahEngine(),
+        Cache(),
+        sources.discover().mirrors,
+        options=BuildOptions(spec_dir=lockmod.lock_base(out) / Path(lock.meta.spec).parent),
+    )
+    assert (
+        lockmod.lock_base(out) / lock.meta.spec
+    ).resolve() == SPEC.resolve()  # [meta].spec: from the lock's folder
     ls = _sh_in_image(built.image, "ls /opt/envspec/services/")
     if "jupyter.sh" not in ls.stdout or "ssh.sh" not in ls.stdout:
-        pytest.fail(f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "
-                    f"include envspec.services.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})")
+        pytest.fail(
+            f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "
+            f"include envspec.services.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})"
+        )
     return lock, built.image
 
 
@@ -132,9 +159,19 @@ def containers(image, client_key, tmp_path_factory):
         host = replace(detect_host(env=env, ask=ASK_NONE, cwd=str(ws)), tty=False)
         hj, hs = _free_port(), _free_port()
         name = f"envspec-e2e-services-{n}-{os.getpid()}"
-        command = plan_run(Runnable(ref, lock), host=host, detach=True, name=name, host_ports={jport: hj, sport: hs})
-        assert f"127.0.0.1:{hj}:{jport}" in command.argv and f"127.0.0.1:{hs}:{sport}" in command.argv
-        assert not token or token not in command.shell()  # the token travels in the environment only
+        command = plan_run(
+            Runnable(ref, lock),
+            host=host,
+            detach=True,
+            name=name,
+            host_ports={jport: hj, sport: hs},
+        )
+        assert (
+            f"127.0.0.1:{hj}:{jport}" in command.argv and f"127.0.0.1:{hs}:{sport}" in command.argv
+        )
+        assert (
+            not token or token not in command.shell()
+        )  # the token travels in the environment only
         cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
         assert cp.returncode == 0, f"{command.shell()}\n{cp.stderr}"
         started.append(name)
@@ -167,7 +204,9 @@ def _wait_port(port: int, name: str, kind: str, timeout: float = 180, logs=None)
                         return
         except (OSError, http.client.HTTPException):
             pass
-        if "Traceback (most recent call last)" in (logs() if logs else _logs(name)):  # a service died
+        if "Traceback (most recent call last)" in (
+            logs() if logs else _logs(name)
+        ):  # a service died
             break
         time.sleep(2)
     said = logs() if logs else _logs(name)
@@ -214,8 +253,15 @@ def test_ssh_key_yes_password_no_root_no(containers, client_key):
     key = client_key[0]
     c = paramiko.SSHClient()
     c.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    c.connect("127.0.0.1", port=a["ssh"], username=a["user"], pkey=key, allow_agent=False, look_for_keys=False,
-              timeout=20)
+    c.connect(
+        "127.0.0.1",
+        port=a["ssh"],
+        username=a["user"],
+        pkey=key,
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=20,
+    )
     _, out, _ = c.exec_command("id -un; pwd; command -v python")
     lines = out.read().decode().split()
     c.close()
@@ -223,7 +269,9 @@ def test_ssh_key_yes_password_no_root_no(containers, client_key):
 
     t = paramiko.Transport(("127.0.0.1", a["ssh"]))
     t.start_client(timeout=20)
-    with pytest.raises(paramiko.AuthenticationException) as e:  # BadAuthenticationType is a subclass
+    with pytest.raises(
+        paramiko.AuthenticationException
+    ) as e:  # BadAuthenticationType is a subclass
         t.auth_password(a["user"], a["user"])
     assert getattr(e.value, "allowed_types", ["publickey"]) == ["publickey"]
     t.close()
@@ -247,7 +295,7 @@ def test_two_containers_have_different_host_keys(containers):
     assert keys[0] != keys[1]
 
 
-_PROCESSES = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null")
+_PROCESSES = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null"
 
 
 def _run_env(**extra: str) -> dict[str, str]:
@@ -264,8 +312,12 @@ def test_a_command_runs_alone(image, tmp_path):
     env = _run_env()
     host = replace(detect_host(env=env, ask=ASK_NONE), tty=False)
     # the services, had they been started, would be running by now: they are forked before the command
-    command = plan_run(Runnable(ref, lock), ["sh", "-c", f"sleep 3; {_PROCESSES}; echo command-ran"], host=host,
-                       mount_cwd=False)
+    command = plan_run(
+        Runnable(ref, lock),
+        ["sh", "-c", f"sleep 3; {_PROCESSES}; echo command-ran"],
+        host=host,
+        mount_cwd=False,
+    )
     assert not any(a.startswith("127.0.0.1:") for a in command.argv)  # no port published either
     cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
     assert cp.returncode == 0, f"{command.shell()}\n{cp.stdout}\n{cp.stderr}"
@@ -273,8 +325,12 @@ def test_a_command_runs_alone(image, tmp_path):
     procs = cp.stdout.lower()
     assert "jupyter" not in procs and "sshd" not in procs, cp.stdout
     said = cp.stderr.lower()
-    assert "serverapp" not in said and "jupyter" not in said and "sshd" not in said and "services" not in said, \
-        cp.stderr
+    assert (
+        "serverapp" not in said
+        and "jupyter" not in said
+        and "sshd" not in said
+        and "services" not in said
+    ), cp.stderr
 
 
 def test_services_asked_for_beside_a_command(image, tmp_path):
@@ -293,8 +349,14 @@ def test_services_asked_for_beside_a_command(image, tmp_path):
     host = replace(detect_host(env=env, ask=ASK_NONE, cwd=str(ws)), tty=False)
     hj, hs = _free_port(), _free_port()
     name = f"envspec-e2e-beside-{os.getpid()}"
-    command = plan_run(Runnable(ref, lock), ["sleep", "600"], host=host, detach=True, name=name,
-                       host_ports={lock.services.jupyter.port: hj, lock.services.ssh.port: hs})
+    command = plan_run(
+        Runnable(ref, lock),
+        ["sleep", "600"],
+        host=host,
+        detach=True,
+        name=name,
+        host_ports={lock.services.jupyter.port: hj, lock.services.ssh.port: hs},
+    )
     assert "ENVSPEC_SERVICES" in command.argv and token not in command.shell()
     cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
     assert cp.returncode == 0, f"{command.shell()}\n{cp.stderr}"
@@ -303,7 +365,9 @@ def test_services_asked_for_beside_a_command(image, tmp_path):
         assert _status(f"http://127.0.0.1:{hj}/api/status?token={token}") == 200
         assert _status(f"http://127.0.0.1:{hj}/api/status") == 403
         ps = _podman("exec", name, "sh", "-c", _PROCESSES, check=False)
-        assert "jupyter" in ps.stdout.lower() and "sshd" not in ps.stdout.lower(), ps.stdout + ps.stderr
+        assert "jupyter" in ps.stdout.lower() and "sshd" not in ps.stdout.lower(), (
+            ps.stdout + ps.stderr
+        )
         assert "sleep 600" in ps.stdout  # the command itself runs beside it
     finally:
         _podman("rm", "-f", "-t", "5", name, check=False)
@@ -320,10 +384,13 @@ def test_no_host_key_in_the_image(image):
 # Debian's dockerd of our own (conftest.start_dockerd), the image copied into it from
 # containers-storage, the container started by the `envspec run --engine docker -d` command line.
 
+
 @pytest.fixture(scope="module")
 def docker_services(image, client_key, tmp_path_factory):
     if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("docker.io is not installed (apt-get install -y docker.io), or not root (our own dockerd)")
+        pytest.skip(
+            "docker.io is not installed (apt-get install -y docker.io), or not root (our own dockerd)"
+        )
     from conftest import start_dockerd
 
     lock, ref = image
@@ -336,23 +403,63 @@ def docker_services(image, client_key, tmp_path_factory):
         from envspec.host import ASK_NONE, detect_host
 
         src = detect_host(ask=ASK_NONE).storage.ref(ref)
-        cp = subprocess.run(["skopeo", "copy", "--quiet", "--dest-daemon-host", d.address, src,
-                             f"docker-daemon:{ref}"], capture_output=True, text=True, timeout=900)
+        cp = subprocess.run(
+            [
+                "skopeo",
+                "copy",
+                "--quiet",
+                "--dest-daemon-host",
+                d.address,
+                src,
+                f"docker-daemon:{ref}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert cp.returncode == 0, cp.stderr
         # skopeo exits 0 even when the daemon failed to store the image (a full disk): ask docker
         if d.docker("image", "inspect", ref, check=False).returncode != 0:
             df = subprocess.run(["df", "-h", str(d.base)], capture_output=True, text=True).stdout
-            raise AssertionError(f"skopeo copy exited 0 but dockerd has no {ref}; free space:\n{df}\n"
-                                 f"dockerd's log:\n{d.log()[-3000:]}")
+            raise AssertionError(
+                f"skopeo copy exited 0 but dockerd has no {ref}; free space:\n{df}\n"
+                f"dockerd's log:\n{d.log()[-3000:]}"
+            )
         hj, hs = _free_port(), _free_port()
         token = "e2e-docker-token-0123456789abcdef"
         name = f"envspec-e2e-docker-{os.getpid()}"
-        env = {**d.env, "ENVSPEC_VERIFY": "warn", "ENVSPEC_AUTHORIZED_KEYS": client_key[1], "JUPYTER_TOKEN": token,
-               "PYTHONPATH": str(ROOT / "src")}
-        cp = subprocess.run([sys.executable, "-m", "envspec", "run", "--engine", "docker", "-d", "--name", name,
-                             "--image", ref, "--port", f"{hj}:{lock.services.jupyter.port}",
-                             "--port", f"{hs}:{lock.services.ssh.port}", str(_LOCKFILE["path"])],
-                            capture_output=True, text=True, env=env, cwd=ws, timeout=300)
+        env = {
+            **d.env,
+            "ENVSPEC_VERIFY": "warn",
+            "ENVSPEC_AUTHORIZED_KEYS": client_key[1],
+            "JUPYTER_TOKEN": token,
+            "PYTHONPATH": str(ROOT / "src"),
+        }
+        cp = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "envspec",
+                "run",
+                "--engine",
+                "docker",
+                "-d",
+                "--name",
+                name,
+                "--image",
+                ref,
+                "--port",
+                f"{hj}:{lock.services.jupyter.port}",
+                "--port",
+                f"{hs}:{lock.services.ssh.port}",
+                str(_LOCKFILE["path"]),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ws,
+            timeout=300,
+        )
         assert cp.returncode == 0, cp.stdout + cp.stderr
         assert token not in cp.stdout + cp.stderr
 
@@ -363,7 +470,14 @@ def docker_services(image, client_key, tmp_path_factory):
         try:
             _wait_port(hj, name, "http", logs=logs)
             _wait_port(hs, name, "ssh", logs=logs)
-            yield {"name": name, "jupyter": hj, "ssh": hs, "token": token, "user": lock.runtime.user, "logs": logs}
+            yield {
+                "name": name,
+                "jupyter": hj,
+                "ssh": hs,
+                "token": token,
+                "user": lock.runtime.user,
+                "logs": logs,
+            }
         finally:
             d.docker("rm", "-f", name, check=False)
 
@@ -383,8 +497,15 @@ def test_docker_ssh_takes_the_key_and_refuses_a_password(docker_services, client
     c = docker_services
     cl = paramiko.SSHClient()
     cl.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    cl.connect("127.0.0.1", port=c["ssh"], username=c["user"], pkey=client_key[0], allow_agent=False,
-               look_for_keys=False, timeout=20)
+    cl.connect(
+        "127.0.0.1",
+        port=c["ssh"],
+        username=c["user"],
+        pkey=client_key[0],
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=20,
+    )
     _, out, _ = cl.exec_command("id -un; pwd")
     assert out.read().decode().split() == [c["user"], "/workspace"]
     cl.close()

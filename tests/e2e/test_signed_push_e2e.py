@@ -33,20 +33,41 @@ OTHER_LOCK = ROOT / "tests" / "data" / "build" / "small.lock"
 class Env:
     def __init__(self, base: Path, registry: str) -> None:
         self.base, self.registry = base, registry
-        self.env = {**os.environ, "ENVSPEC_STORAGE_ROOT": str(base / "storage"), "ENVSPEC_CACHE": str(base / "cache"),
-                    "PYTHONPATH": str(ROOT / "src")}
+        self.env = {
+            **os.environ,
+            "ENVSPEC_STORAGE_ROOT": str(base / "storage"),
+            "ENVSPEC_CACHE": str(base / "cache"),
+            "PYTHONPATH": str(ROOT / "src"),
+        }
         self.key, self.pub, self.passfile = base / "cosign.key", base / "cosign.pub", base / "pass"
 
     def envspec(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True,
-                              env=self.env, cwd=ROOT, timeout=900)
+        return subprocess.run(
+            [sys.executable, "-m", "envspec", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=ROOT,
+            timeout=900,
+        )
 
     def skopeo(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["skopeo", *args], capture_output=True, text=True, check=True, timeout=300)
+        return subprocess.run(
+            ["skopeo", *args], capture_output=True, text=True, check=True, timeout=300
+        )
 
     def push_signed(self, ref: str) -> dict:
-        p = self.envspec("build", str(SMOKE), "--push", ref, "--sign-by-sigstore-private-key", str(self.key),
-                         "--sign-passphrase-file", str(self.passfile), "--json")
+        p = self.envspec(
+            "build",
+            str(SMOKE),
+            "--push",
+            ref,
+            "--sign-by-sigstore-private-key",
+            str(self.key),
+            "--sign-passphrase-file",
+            str(self.passfile),
+            "--json",
+        )
         assert p.returncode == 0, p.stdout + p.stderr
         return json.loads(p.stdout)
 
@@ -74,8 +95,11 @@ def env(tmp_path_factory):
         priv = ec.generate_private_key(ec.SECP256R1())
         e.key.write_bytes(encrypt_sigstore_key(priv, b"test passphrase"))  # cosign's format
         e.passfile.write_text("test passphrase\n")
-        e.pub.write_bytes(priv.public_key().public_bytes(serialization.Encoding.PEM,
-                                                         serialization.PublicFormat.SubjectPublicKeyInfo))
+        e.pub.write_bytes(
+            priv.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         e.built = e.push_signed(f"{registry}/envspec/smoke:v1")
         yield e
 
@@ -84,18 +108,31 @@ def test_a_signed_push_verifies_and_carries_its_attestations(env):
     ref = f"{env.registry}/envspec/smoke:v1"
     digest = env.built["digest"]
     tag = digest.replace(":", "-")
-    assert env.built["attached"] == [f"{env.registry}/envspec/smoke:{tag}.att", f"{env.registry}/envspec/smoke:{tag}.sig"]
-    tags = json.loads(env.skopeo("list-tags", "--tls-verify=false", f"docker://{env.registry}/envspec/smoke").stdout)
+    assert env.built["attached"] == [
+        f"{env.registry}/envspec/smoke:{tag}.att",
+        f"{env.registry}/envspec/smoke:{tag}.sig",
+    ]
+    tags = json.loads(
+        env.skopeo(
+            "list-tags", "--tls-verify=false", f"docker://{env.registry}/envspec/smoke"
+        ).stdout
+    )
     assert {"v1", f"{tag}.att", f"{tag}.sig"} == set(tags["Tags"])
     rc, report = env.verify(ref, "--lock", str(SMOKE))
     assert rc == 0 and report["ok"], report
     by = {f["check"]: f for f in report["findings"]}
     assert by["provenance.lock"]["observed"] == by["provenance.lock"]["expected"]
     assert by["provenance.materials"]["status"] == "pass" and by["signature"]["status"] == "pass"
-    rc, report = env.verify(f"{env.registry}/envspec/smoke@{digest}", "--lock", str(SMOKE))  # by digest too
+    rc, report = env.verify(
+        f"{env.registry}/envspec/smoke@{digest}", "--lock", str(SMOKE)
+    )  # by digest too
     assert rc == 0, report
     human = env.envspec("verify-image", ref, "--key", str(env.pub))
-    assert human.returncode == 0 and "PASS    signature" in human.stdout and "skip    lock" in human.stdout
+    assert (
+        human.returncode == 0
+        and "PASS    signature" in human.stdout
+        and "skip    lock" in human.stdout
+    )
 
 
 def test_the_attestations_are_what_the_lock_says(env):
@@ -104,10 +141,18 @@ def test_the_attestations_are_what_the_lock_says(env):
 
     out = env.base / "att"
     tag = env.built["digest"].replace(":", "-") + ".att"
-    env.skopeo("copy", "--quiet", "--preserve-digests", "--src-tls-verify=false",
-               f"docker://{env.registry}/envspec/smoke:{tag}", f"oci:{out}")
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        f"docker://{env.registry}/envspec/smoke:{tag}",
+        f"oci:{out}",
+    )
     index = json.loads((out / "index.json").read_text())
-    manifest = json.loads((out / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
+    manifest = json.loads(
+        (out / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text()
+    )
     statements = []
     for lay in manifest["layers"]:
         assert lay["mediaType"] == "application/vnd.dsse.envelope.v1+json"
@@ -115,9 +160,12 @@ def test_the_attestations_are_what_the_lock_says(env):
         statements.append(json.loads(base64.b64decode(envelope["payload"])))
     prov = next(s for s in statements if s["predicateType"] == "https://slsa.dev/provenance/v1")
     lock = lockmod.load(SMOKE)
-    deps = {d["digest"]["sha256"] for d in prov["predicate"]["buildDefinition"]["resolvedDependencies"]}
-    assert deps == {p.sha256 for p in lock.wheels} | {p.sha256 for p in lock.debian.packages} | \
-        {lock.meta.content_hash.split(":")[1]}
+    deps = {
+        d["digest"]["sha256"] for d in prov["predicate"]["buildDefinition"]["resolvedDependencies"]
+    }
+    assert deps == {p.sha256 for p in lock.wheels} | {p.sha256 for p in lock.debian.packages} | {
+        lock.meta.content_hash.split(":")[1]
+    }
     assert prov["subject"][0]["digest"]["sha256"] == env.built["digest"].split(":")[1]
     assert prov["predicate"]["runDetails"]["builder"]["id"] == "https://envspec.dev/builder"
 
@@ -136,21 +184,41 @@ def test_another_manifest_under_the_tag_is_refused_even_with_the_signature_copie
     good = f"docker://{env.registry}/envspec/smoke:v1"
     evil_ref = f"{env.registry}/envspec/smoke:v2"
     layout = env.base / "evil"
-    env.skopeo("copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false",
-               f"docker://{env.registry}/envspec/unsigned:{env.built['digest'].replace(':', '-')}.att",
-               f"oci:{layout}")  # any other manifest will do: the unsigned attestations
-    env.skopeo("copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false", f"oci:{layout}",
-               f"docker://{evil_ref}")
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        f"docker://{env.registry}/envspec/unsigned:{env.built['digest'].replace(':', '-')}.att",
+        f"oci:{layout}",
+    )  # any other manifest will do: the unsigned attestations
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--dest-tls-verify=false",
+        f"oci:{layout}",
+        f"docker://{evil_ref}",
+    )
     rc, report = env.verify(evil_ref)
     assert rc == 1 and {"signature", "attestations"} <= failed(report)
     evil_digest = report["fingerprint"]["digest"]
     assert evil_digest != env.built["digest"]
     sig = f"{env.registry}/envspec/smoke:{env.built['digest'].replace(':', '-')}.sig"
-    env.skopeo("copy", "--quiet", "--preserve-digests", "--src-tls-verify=false", "--dest-tls-verify=false",
-               f"docker://{sig}", f"docker://{env.registry}/envspec/smoke:{evil_digest.replace(':', '-')}.sig")
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        f"docker://{sig}",
+        f"docker://{env.registry}/envspec/smoke:{evil_digest.replace(':', '-')}.sig",
+    )
     rc, report = env.verify(evil_ref)
     sig_finding = next(f for f in report["findings"] if f["check"] == "signature")
-    assert rc == 1 and sig_finding["status"] == "fail" and "another image" in sig_finding["observed"]
+    assert (
+        rc == 1 and sig_finding["status"] == "fail" and "another image" in sig_finding["observed"]
+    )
     assert env.verify(good.removeprefix("docker://"))[0] == 0  # the good tag is untouched
 
 
@@ -161,44 +229,77 @@ def test_an_altered_provenance_and_the_wrong_key_and_lock_are_refused(env):
     built = env.push_signed(ref)
     tag = built["digest"].replace(":", "-") + ".att"
     got = env.base / "got-att"
-    env.skopeo("copy", "--quiet", "--preserve-digests", "--src-tls-verify=false",
-               f"docker://{env.registry}/envspec/altered:{tag}", f"oci:{got}")
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        f"docker://{env.registry}/envspec/altered:{tag}",
+        f"oci:{got}",
+    )
     index = json.loads((got / "index.json").read_text())
-    manifest = json.loads((got / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
+    manifest = json.loads(
+        (got / "blobs" / "sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text()
+    )
     blobs = []
     for lay in manifest["layers"]:
         data = (got / "blobs" / "sha256" / lay["digest"].split(":")[1]).read_bytes()
         envelope = json.loads(data)
         st = json.loads(base64.b64decode(envelope["payload"]))
         if st["predicateType"] == attest.SLSA_PROVENANCE:  # claim another lock, keep the signature
-            st["predicate"]["buildDefinition"]["externalParameters"]["lock"]["content_hash"] = "sha256:" + "0" * 64
+            st["predicate"]["buildDefinition"]["externalParameters"]["lock"]["content_hash"] = (
+                "sha256:" + "0" * 64
+            )
             envelope["payload"] = base64.b64encode(json.dumps(st).encode()).decode()
             data = json.dumps(envelope).encode()
         blobs.append(attest.Blob(lay["mediaType"], data, tuple(lay.get("annotations", {}).items())))
     attest.write_artifact(env.base / "altered", blobs, ref_name="att")
-    env.skopeo("copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false", f"oci:{env.base / 'altered'}",
-               f"docker://{env.registry}/envspec/altered:{tag}")
+    env.skopeo(
+        "copy",
+        "--quiet",
+        "--preserve-digests",
+        "--dest-tls-verify=false",
+        f"oci:{env.base / 'altered'}",
+        f"docker://{env.registry}/envspec/altered:{tag}",
+    )
     rc, report = env.verify(ref, "--lock", str(SMOKE))
-    assert rc == 1 and "provenance.signature" in failed(report) and "sbom.signature" not in failed(report)
+    assert (
+        rc == 1
+        and "provenance.signature" in failed(report)
+        and "sbom.signature" not in failed(report)
+    )
 
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
     other = env.base / "other.pub"
-    other.write_bytes(ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    p = env.envspec("verify-image", f"{env.registry}/envspec/smoke:v1", "--key", str(other), "--json")
-    assert p.returncode == 1 and {"signature", "provenance.signature"} <= failed(json.loads(p.stdout))
+    other.write_bytes(
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    p = env.envspec(
+        "verify-image", f"{env.registry}/envspec/smoke:v1", "--key", str(other), "--json"
+    )
+    assert p.returncode == 1 and {"signature", "provenance.signature"} <= failed(
+        json.loads(p.stdout)
+    )
     rc, report = env.verify(f"{env.registry}/envspec/smoke:v1", "--lock", str(OTHER_LOCK))
-    assert rc == 1 and {"provenance.lock", "provenance.materials", "image.lock-hash"} <= failed(report)
+    assert rc == 1 and {"provenance.lock", "provenance.materials", "image.lock-hash"} <= failed(
+        report
+    )
 
 
 def test_check_digest_rebuilds_and_compares_with_the_pushed_image(env):
-    p = env.envspec("build", str(SMOKE), "--check-digest", f"{env.registry}/envspec/smoke:v1", "--json")
+    p = env.envspec(
+        "build", str(SMOKE), "--check-digest", f"{env.registry}/envspec/smoke:v1", "--json"
+    )
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)["check_digest"]
     assert got["same"] and got["pushed"] == got["built"] == env.built["digest"]
-    p = env.envspec("build", str(SMOKE), "--check-digest", f"{env.registry}/envspec/smoke:v2")  # the other manifest
+    p = env.envspec(
+        "build", str(SMOKE), "--check-digest", f"{env.registry}/envspec/smoke:v2"
+    )  # the other manifest
     assert p.returncode == 1 and "different digest" in p.stderr and env.built["digest"] in p.stderr
 
 

@@ -29,10 +29,16 @@ from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [*tlsregistry.pytest_marks(),
-              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/dev.sh setup)"),
-              pytest.mark.skipif(not sources.reachable("https://pypi.org/simple") and not os.environ.get("CI"),
-                                 reason="PyPI unreachable")]
+pytestmark = [
+    *tlsregistry.pytest_marks(),
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/dev.sh setup)"
+    ),
+    pytest.mark.skipif(
+        not sources.reachable("https://pypi.org/simple") and not os.environ.get("CI"),
+        reason="PyPI unreachable",
+    ),
+]
 
 
 def machine(base: Path, name: str) -> dict[str, str]:
@@ -41,13 +47,23 @@ def machine(base: Path, name: str) -> dict[str, str]:
     if not cache.exists():
         cache.mkdir()
         (cache / "debs").symlink_to(base / "debs")
-    return {**os.environ, "ENVSPEC_CACHE": str(cache), "PYTHONPATH": str(ROOT / "src"),
-            "XDG_RUNTIME_DIR": str(base / f"runtime-{name}")}
+    return {
+        **os.environ,
+        "ENVSPEC_CACHE": str(cache),
+        "PYTHONPATH": str(ROOT / "src"),
+        "XDG_RUNTIME_DIR": str(base / f"runtime-{name}"),
+    }
 
 
 def envspec(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envspec", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=1200)
+    return subprocess.run(
+        [sys.executable, "-m", "envspec", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=1200,
+    )
 
 
 def ok(cp: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -60,10 +76,16 @@ def world(tmp_path_factory):
     base = tmp_path_factory.mktemp("source-build-e2e")
     (base / "debs").mkdir()
     spec = base / "ds.toml"
-    spec.write_text((ROOT / "specs" / "cpu.toml").read_text().replace('name = "cpu"', 'name = "cpu-deepspeed"')
-                    .replace('packages = ["numpy>=2"]', 'packages = ["numpy>=2", "deepspeed"]'))
+    spec.write_text(
+        (ROOT / "specs" / "cpu.toml")
+        .read_text()
+        .replace('name = "cpu"', 'name = "cpu-deepspeed"')
+        .replace('packages = ["numpy>=2"]', 'packages = ["numpy>=2", "deepspeed"]')
+    )
     lock = base / "ds.lock"
-    said = json.loads(ok(envspec(machine(base, "a"), "lock", str(spec), "-o", str(lock), "--json")).stdout)
+    said = json.loads(
+        ok(envspec(machine(base, "a"), "lock", str(spec), "-o", str(lock), "--json")).stdout
+    )
     with tlsregistry.start_tls_registry(base / "reg") as reg:
         yield base, spec, lock, said, reg
 
@@ -71,8 +93,23 @@ def world(tmp_path_factory):
 def _run(host, image: str, code: str) -> str:
     from envspec.run import podman_args
 
-    cp = subprocess.run(["podman", *host.storage.args(), "run", "--rm", *podman_args(host)[1], "--network=none",
-                         image, "python", "-c", code], capture_output=True, text=True, timeout=600)
+    cp = subprocess.run(
+        [
+            "podman",
+            *host.storage.args(),
+            "run",
+            "--rm",
+            *podman_args(host)[1],
+            "--network=none",
+            image,
+            "python",
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cp.returncode == 0, cp.stderr[-3000:]
     return cp.stdout
 
@@ -85,7 +122,9 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
     ds = next(w for w in lock.wheels if w.name == "deepspeed")
     assert (ds.version, ds.filename, lock.revision) == ("0.19.8", "deepspeed-0.19.8.tar.gz", 4)
     assert ds.source is not None and ds.source.backend == "setuptools.build_meta:__legacy__"
-    assert [b.name for b in ds.source.build] == ["setuptools"] and ds.source.python.startswith("3.11.")
+    assert [b.name for b in ds.source.build] == ["setuptools"] and ds.source.python.startswith(
+        "3.11."
+    )
     assert ds.source.compiler.startswith("gcc-12 ")  # the compiler of the lock's Debian base
     assert [f["name"] for f in said["from_source"]] == ["deepspeed"] and said["held_back"] == []
     torch = next(w for w in lock.wheels if w.name == "torch")
@@ -96,15 +135,46 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
     built_a = Path(machine(base, "a")["ENVSPEC_CACHE"]) / "built" / ds.source.key.split(":", 1)[1]
     with private_storage(tmp_path / "storage-a") as host:
         env_a = machine(base, "a")  # in the block: with its ENVSPEC_STORAGE_ROOT
-        cp = ok(envspec(env_a, "build", str(lock_path), "--tag", "localhost/envspec-ds:1", "--cache-to", cache_ref,
-                        *regargs))
-        assert "building deepspeed 0.19.8 from its sdist" in cp.stderr and "built deepspeed-0.19.8-py3-none-any.whl" in cp.stderr
+        cp = ok(
+            envspec(
+                env_a,
+                "build",
+                str(lock_path),
+                "--tag",
+                "localhost/envspec-ds:1",
+                "--cache-to",
+                cache_ref,
+                *regargs,
+            )
+        )
+        assert (
+            "building deepspeed 0.19.8 from its sdist" in cp.stderr
+            and "built deepspeed-0.19.8-py3-none-any.whl" in cp.stderr
+        )
         first = json.loads((built_a / "wheel.json").read_text())
-        assert first["filename"] == "deepspeed-0.19.8-py3-none-any.whl" and (built_a / "build.log").is_file()
-        out = _run(host, "localhost/envspec-ds:1", "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)")
+        assert (
+            first["filename"] == "deepspeed-0.19.8-py3-none-any.whl"
+            and (built_a / "build.log").is_file()
+        )
+        out = _run(
+            host,
+            "localhost/envspec-ds:1",
+            "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)",
+        )
         assert out.split()[-2:] == ["0.19.8", "2.13.0+cpu"], out
-        digest = subprocess.run(["podman", *host.storage.args(), "image", "inspect", "--format", "{{.Digest}}",
-                                 "localhost/envspec-ds:1"], capture_output=True, text=True).stdout.strip()
+        digest = subprocess.run(
+            [
+                "podman",
+                *host.storage.args(),
+                "image",
+                "inspect",
+                "--format",
+                "{{.Digest}}",
+                "localhost/envspec-ds:1",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
     # the wheel built again, from nothing cached (its entry and its layer gone): the same bytes
     from envspec.plan import make_plan
@@ -115,7 +185,11 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
         p.unlink()
     with private_storage(tmp_path / "storage-a2") as host:
         env_a = machine(base, "a")
-        again = json.loads(ok(envspec(env_a, "build", str(lock_path), "--tag", "localhost/envspec-ds:2", "--json")).stdout)
+        again = json.loads(
+            ok(
+                envspec(env_a, "build", str(lock_path), "--tag", "localhost/envspec-ds:2", "--json")
+            ).stdout
+        )
     second = json.loads((built_a / "wheel.json").read_text())
     assert second["sha256"] == first["sha256"], "the same inputs gave another wheel"
     layers = {lay["group"]: lay for lay in again["layers"]}
@@ -124,8 +198,21 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
     # machine B: an empty cache, the layers from the registry; nothing is built from source there
     with private_storage(tmp_path / "storage-b") as host:
         env_b = machine(base, "b")
-        b = json.loads(ok(envspec(env_b, "build", str(lock_path), "--tag", "localhost/envspec-ds:3", "--json",
-                                  "--cache-from", cache_ref, *regargs)).stdout)
+        b = json.loads(
+            ok(
+                envspec(
+                    env_b,
+                    "build",
+                    str(lock_path),
+                    "--tag",
+                    "localhost/envspec-ds:3",
+                    "--json",
+                    "--cache-from",
+                    cache_ref,
+                    *regargs,
+                )
+            ).stdout
+        )
         assert {lay["group"]: lay["source"] for lay in b["layers"]}["source"] == "registry"
         assert b["store_digest"] == digest
         assert not (Path(env_b["ENVSPEC_CACHE"]) / "built").exists()
@@ -137,11 +224,16 @@ def _sdist(dest: Path, name: str, setup: str) -> Path:
     """A legacy sdist ``name``-1.0.tar.gz whose setup.py is ``setup``."""
     from tests.unit.test_sdist import _tar
 
-    return _tar(dest / f"{name}-1.0.tar.gz", {f"{name}-1.0/setup.py": setup,
-                                               f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"})
+    return _tar(
+        dest / f"{name}-1.0.tar.gz",
+        {
+            f"{name}-1.0/setup.py": setup,
+            f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        },
+    )
 
 
-PROBE = '''
+PROBE = """
 import json, os, socket, subprocess, sys
 from setuptools import setup
 try:
@@ -155,10 +247,12 @@ with open("probe/__init__.py", "w") as f:
     f.write("SEEN = " + repr(json.dumps({"python": sys.version.split()[0], "executable": sys.executable, "net": net,
                                           "cc": cc, "env": sorted(os.environ)})) + "\\n")
 setup(name="probe", version="1.0", packages=["probe"])
-'''
+"""
 
 
-def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keeps_its_log(world, tmp_path):
+def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keeps_its_log(
+    world, tmp_path
+):
     """What a build from an sdist sees (wheels/sdist.py's sandbox): the lock's Python and gcc, no
     network, no host environment; a failing build says where its log is (source-build-failed)."""
     import zipfile
@@ -179,7 +273,9 @@ def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keep
 
         files = WheelFetcher(Cache(cache), sources.discover(None).mirrors).fetch_all([setuptools])
     debs = list(lock.debian.packages)
-    paths = debian.fetch_debs(debs, mirrors=debian.mirror_list(lock.debian.mirror), cache_dir=base / "debs")
+    paths = debian.fetch_debs(
+        debs, mirrors=debian.mirror_list(lock.debian.mirror), cache_dir=base / "debs"
+    )
     debian.make_rootfs(debs, paths, tmp_path / "rootfs")
     box = sd.Sandbox(tmp_path / "rootfs", f"/usr/bin/python{lock.platform.python}")
     pin = sd.Pin(setuptools.name, setuptools.version, setuptools.filename, setuptools.sha256)
@@ -187,29 +283,64 @@ def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keep
     def derivation(path: Path) -> sd.Derivation:
         import hashlib
 
-        return sd.Derivation(sd.Pin(path.name.split("-")[0], "1.0", path.name, hashlib.sha256(path.read_bytes()).hexdigest()),
-                             (pin,), python=lock.platform.python_full, platform=lock.platform.platform_tag)
+        return sd.Derivation(
+            sd.Pin(
+                path.name.split("-")[0],
+                "1.0",
+                path.name,
+                hashlib.sha256(path.read_bytes()).hexdigest(),
+            ),
+            (pin,),
+            python=lock.platform.python_full,
+            platform=lock.platform.platform_tag,
+        )
 
     probe = _sdist(tmp_path, "probe", PROBE)
     os.environ["ENVSPEC_TEST_SECRET"] = "host"
     try:
-        wheel = sd.build_wheel(derivation(probe), probe, files, tmp_path / "out", uv=_uv(), python="unused",
-                               log=tmp_path / "probe.log", sandbox=box, jobs=3)
+        wheel = sd.build_wheel(
+            derivation(probe),
+            probe,
+            files,
+            tmp_path / "out",
+            uv=_uv(),
+            python="unused",
+            log=tmp_path / "probe.log",
+            sandbox=box,
+            jobs=3,
+        )
     finally:
         del os.environ["ENVSPEC_TEST_SECRET"]
     with zipfile.ZipFile(wheel) as z:
         seen = json.loads(z.read("probe/__init__.py").decode().split("=", 1)[1].strip().strip("'"))
     assert seen["python"] == lock.platform.python_full  # the image's Python, not the host's
-    assert seen["executable"].startswith("/tmp/envspec-sdist/")  # uv's build venv of /usr/bin/python3.11
+    assert seen["executable"].startswith(
+        "/tmp/envspec-sdist/"
+    )  # uv's build venv of /usr/bin/python3.11
     compiler = next(w for w in lock.wheels if w.name == "deepspeed").source.compiler
     assert compiler.split()[1].split("-")[0] in seen["cc"] and "Debian" in seen["cc"], seen["cc"]
     assert seen["net"] != "reached pypi.org", seen["net"]
-    assert "ENVSPEC_TEST_SECRET" not in seen["env"] and "MAKEFLAGS" in seen["env"] and "SOURCE_DATE_EPOCH" in seen["env"]
+    assert (
+        "ENVSPEC_TEST_SECRET" not in seen["env"]
+        and "MAKEFLAGS" in seen["env"]
+        and "SOURCE_DATE_EPOCH" in seen["env"]
+    )
 
     broken = _sdist(tmp_path, "broken", "raise SystemExit('this package cannot be built here')\n")
     with pytest.raises(SourceBuildError) as e:
-        sd.build_wheel(derivation(broken), broken, files, tmp_path / "out", uv=_uv(), python="unused",
-                       log=tmp_path / "broken.log", sandbox=box)
+        sd.build_wheel(
+            derivation(broken),
+            broken,
+            files,
+            tmp_path / "out",
+            uv=_uv(),
+            python="unused",
+            log=tmp_path / "broken.log",
+            sandbox=box,
+        )
     assert e.value.exit_code == 4 and e.value.reference == "source-build-failed"
-    assert "this package cannot be built here" in e.value.stderr_tail and (tmp_path / "broken.log").is_file()
+    assert (
+        "this package cannot be built here" in e.value.stderr_tail
+        and (tmp_path / "broken.log").is_file()
+    )
     assert str(tmp_path / "broken.log") in (e.value.hint or "")

@@ -36,10 +36,28 @@ def test_two_nodes_one_differs(tmp_path):
         env.pop("ENVSPEC_FAKE_FINGERPRINT", None)
         if fake:
             env["ENVSPEC_FAKE_FINGERPRINT"] = fake
-        argv = [sys.executable, "-m", "envspec.verify", "--lock", str(lock), "--skip", "torch.compile,integrity.files",
-                "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "e2e",
-                "--json-out", str(tmp_path / f"node{node}.json")]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        argv = [
+            sys.executable,
+            "-m",
+            "envspec.verify",
+            "--lock",
+            str(lock),
+            "--skip",
+            "torch.compile,integrity.files",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "e2e",
+            "--json-out",
+            str(tmp_path / f"node{node}.json"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outs = [p.communicate(timeout=240)[0] for p in procs]
     codes = [p.returncode for p in procs]
     reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("node*.json"))]

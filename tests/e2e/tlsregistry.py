@@ -52,7 +52,11 @@ def pytest_marks() -> list:
         import bcrypt  # noqa: F401
         import cryptography  # noqa: F401
     except ImportError:  # pragma: no cover
-        marks.append(pytest.mark.skip(reason="the test registry needs bcrypt and cryptography (pip install -e '.[test]')"))
+        marks.append(
+            pytest.mark.skip(
+                reason="the test registry needs bcrypt and cryptography (pip install -e '.[test]')"
+            )
+        )
     return marks
 
 
@@ -73,29 +77,60 @@ def make_ca_and_cert(d: Path) -> tuple[Path, Path, Path]:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "envspec test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     d.mkdir(parents=True, exist_ok=True)
     paths = (d / "ca.crt", d / "server.crt", d / "server.key")
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     paths[2].chmod(0o600)
     return paths
 
@@ -133,15 +168,17 @@ class TLSRegistry:
             "version: 0.1\nlog:\n  level: error\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.storage}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.address}\n  tls:\n    certificate: {crt}\n    key: {key}\n"
-            f"auth:\n  htpasswd:\n    realm: envspec-test\n    path: {base / 'htpasswd'}\n")
+            f"auth:\n  htpasswd:\n    realm: envspec-test\n    path: {base / 'htpasswd'}\n"
+        )
         self.authfile = write_authfile(base / "auth" / "auth.json", self.address, USER, PASSWORD)
         self.proc: subprocess.Popen | None = None
         self.log = base / "registry.log"
 
     def start(self) -> None:
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(["docker-registry", "serve", str(self.config)], stdout=log,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                ["docker-registry", "serve", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+            )
         end = time.monotonic() + 30
         while True:
             try:
@@ -149,7 +186,9 @@ class TLSRegistry:
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > end:
-                    raise AssertionError(f"docker-registry did not start:\n{self.log.read_text()[-2000:]}") from None
+                    raise AssertionError(
+                        f"docker-registry did not start:\n{self.log.read_text()[-2000:]}"
+                    ) from None
                 time.sleep(0.1)
 
     def stop(self, kill: bool = False) -> None:
@@ -173,9 +212,11 @@ class TLSRegistry:
         """One request to the registry's HTTP API (``/v2/...``) with the CA and the credentials."""
         ctx = ssl.create_default_context(cafile=str(self.ca))
         token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        req = urllib.request.Request(f"https://{self.address}{path}", method=method,
-                                     headers={"Authorization": f"Basic {token}",
-                                              **({"Accept": accept} if accept else {})})
+        req = urllib.request.Request(
+            f"https://{self.address}{path}",
+            method=method,
+            headers={"Authorization": f"Basic {token}", **({"Accept": accept} if accept else {})},
+        )
         try:
             with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:  # noqa: S310
                 return resp.status, resp.read()
@@ -191,9 +232,11 @@ class TLSRegistry:
         return json.loads(body).get("tags") or []
 
     def manifest(self, repo: str, ref: str) -> tuple[int, bytes]:
-        return self.api(f"/v2/{repo}/manifests/{ref}",
-                        accept="application/vnd.oci.image.manifest.v1+json,"
-                               "application/vnd.docker.distribution.manifest.v2+json")
+        return self.api(
+            f"/v2/{repo}/manifests/{ref}",
+            accept="application/vnd.oci.image.manifest.v1+json,"
+            "application/vnd.docker.distribution.manifest.v2+json",
+        )
 
     def blob_status(self, repo: str, digest: str) -> int:
         return self.api(f"/v2/{repo}/blobs/{digest}", method="HEAD")[0]
@@ -214,7 +257,9 @@ class CutProxy:
     bytes have gone towards the target (all connections together), ``on_cut`` runs (e.g. stop the
     registry) and every connection is closed; new ones are refused from then on."""
 
-    def __init__(self, target: tuple[str, int], limit: int, on_cut: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, target: tuple[str, int], limit: int, on_cut: Callable[[], None] = lambda: None
+    ) -> None:
         self.target, self.limit, self.on_cut = target, limit, on_cut
         self.sent = 0
         self.cut = threading.Event()

@@ -15,7 +15,9 @@ from envspec.errors import EXIT_BAD_INPUT, AbiMismatch
 from envspec.lock import Lockfile, Wheel
 from envspec.wheels import abi
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (scripts/dev.sh setup installs it)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="needs g++ (scripts/dev.sh setup installs it)"
+)
 
 TORCH_OLD = r"""
 #include <optional>
@@ -51,18 +53,27 @@ extern "C" int run(int x) { return c10::gone ? c10::gone(x) : c10::add(x, x); }
 """
 
 
-def _cc(tmp: Path, name: str, src: str, *, links: tuple[str, ...] = (), libdir: Path | None = None) -> Path:
+def _cc(
+    tmp: Path, name: str, src: str, *, links: tuple[str, ...] = (), libdir: Path | None = None
+) -> Path:
     c = tmp / f"{name}.cpp"
     c.write_text(src)
     out = tmp / f"{name}.so"
     cmd = ["g++", "-std=c++17", "-shared", "-fPIC", "-o", str(out), str(c)]
     if libdir is not None:
-        cmd += [f"-L{libdir}", f"-L{tmp}", *(f"-l{x}" for x in links), "-Wl,--allow-shlib-undefined"]
+        cmd += [
+            f"-L{libdir}",
+            f"-L{tmp}",
+            *(f"-l{x}" for x in links),
+            "-Wl,--allow-shlib-undefined",
+        ]
     subprocess.run(cmd, check=True, capture_output=True)
     return out
 
 
-def _wheel(path: Path, name: str, version: str, files: dict[str, Path | bytes], requires: str = "") -> Path:
+def _wheel(
+    path: Path, name: str, version: str, files: dict[str, Path | bytes], requires: str = ""
+) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
         if requires:
@@ -86,22 +97,56 @@ def built(tmp_path_factory):
     stable = _cc(tmp, "stable", EXT_STABLE, links=("c10",), libdir=new)
     weak = _cc(tmp, "weak", EXT_WEAK, links=("c10",), libdir=old)
     wheels = {
-        "torch-old": _wheel(tmp / "torch-2.1.0-cp311-cp311-linux_x86_64.whl", "torch", "2.1.0",
-                            {"torch/lib/libc10.so": lib_old}),
-        "torch-new": _wheel(tmp / "torch-2.2.0-cp311-cp311-linux_x86_64.whl", "torch", "2.2.0",
-                            {"torch/lib/libc10.so": lib_new}),
-        "cxx": _wheel(tmp / "cxxpkg-1.0-cp311-cp311-linux_x86_64.whl", "cxxpkg", "1.0",
-                      {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper}, "torch==2.1.0"),
-        "cxx-loose": _wheel(tmp / "cxxpkg-1.1-cp311-cp311-linux_x86_64.whl", "cxxpkg", "1.1",
-                            {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper}, "torch>=2.0"),
-        "cxx-local": _wheel(tmp / "cxxpkg-1.2+cu12torch2.1-cp311-cp311-linux_x86_64.whl", "cxxpkg", "1.2+cu12torch2.1",
-                            {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper}, "torch"),
-        "stable": _wheel(tmp / "stablepkg-0.3-cp311-abi3-linux_x86_64.whl", "stablepkg", "0.3",
-                         {"stablepkg/_C_stable.so": stable}, "torch>=2.2.0"),
-        "weak": _wheel(tmp / "weakpkg-1.0-cp311-cp311-linux_x86_64.whl", "weakpkg", "1.0",
-                       {"weakpkg/_C.so": weak}, "torch"),
-        "no-torch": _wheel(tmp / "other-1.0-cp311-cp311-linux_x86_64.whl", "other", "1.0",
-                           {"other/_C.so": ext}),
+        "torch-old": _wheel(
+            tmp / "torch-2.1.0-cp311-cp311-linux_x86_64.whl",
+            "torch",
+            "2.1.0",
+            {"torch/lib/libc10.so": lib_old},
+        ),
+        "torch-new": _wheel(
+            tmp / "torch-2.2.0-cp311-cp311-linux_x86_64.whl",
+            "torch",
+            "2.2.0",
+            {"torch/lib/libc10.so": lib_new},
+        ),
+        "cxx": _wheel(
+            tmp / "cxxpkg-1.0-cp311-cp311-linux_x86_64.whl",
+            "cxxpkg",
+            "1.0",
+            {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper},
+            "torch==2.1.0",
+        ),
+        "cxx-loose": _wheel(
+            tmp / "cxxpkg-1.1-cp311-cp311-linux_x86_64.whl",
+            "cxxpkg",
+            "1.1",
+            {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper},
+            "torch>=2.0",
+        ),
+        "cxx-local": _wheel(
+            tmp / "cxxpkg-1.2+cu12torch2.1-cp311-cp311-linux_x86_64.whl",
+            "cxxpkg",
+            "1.2+cu12torch2.1",
+            {"cxxpkg/_C.so": ext, "cxxpkg.libs/libhelper.so": helper},
+            "torch",
+        ),
+        "stable": _wheel(
+            tmp / "stablepkg-0.3-cp311-abi3-linux_x86_64.whl",
+            "stablepkg",
+            "0.3",
+            {"stablepkg/_C_stable.so": stable},
+            "torch>=2.2.0",
+        ),
+        "weak": _wheel(
+            tmp / "weakpkg-1.0-cp311-cp311-linux_x86_64.whl",
+            "weakpkg",
+            "1.0",
+            {"weakpkg/_C.so": weak},
+            "torch",
+        ),
+        "no-torch": _wheel(
+            tmp / "other-1.0-cp311-cp311-linux_x86_64.whl", "other", "1.0", {"other/_C.so": ext}
+        ),
     }
     return wheels
 
@@ -109,8 +154,15 @@ def built(tmp_path_factory):
 def _pin(path: Path, name: str, version: str, group: str = "deps") -> Wheel:
     import hashlib
 
-    return Wheel(name=name, version=version, filename=path.name, index="https://pypi.org/simple",
-                 sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=path.stat().st_size, group=group)
+    return Wheel(
+        name=name,
+        version=version,
+        filename=path.name,
+        index="https://pypi.org/simple",
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        size=path.stat().st_size,
+        group=group,
+    )
 
 
 def test_wheel_needs_reads_the_torch_symbols_an_extension_leaves_undefined(built):
@@ -140,8 +192,10 @@ def test_the_extension_fits_the_torch_it_was_built_with_and_not_the_next(built):
     m = abi.mismatch(pin, ext, new)
     assert m is not None and m.torch == "2.2.0" and m.needed == 2
     assert m.demangled() == ["at::scale(c10::Opt const&, int)"]
-    assert "needs 1 of its 2 torch symbols that torch 2.2.0 does not export (at::scale(c10::Opt const&, int))" \
+    assert (
+        "needs 1 of its 2 torch symbols that torch 2.2.0 does not export (at::scale(c10::Opt const&, int))"
         in m.sentence()
+    )
 
 
 def test_a_stable_abi_extension_fits_its_torch_and_later_not_earlier(built):
@@ -158,8 +212,12 @@ def test_a_stable_abi_extension_fits_its_torch_and_later_not_earlier(built):
 
 
 def test_a_library_torch_does_not_have_is_named(built, tmp_path):
-    other = _wheel(tmp_path / "torch-2.2.0-cp311-cp311-linux_x86_64.whl", "torch", "2.2.0",
-                   {"torch/lib/libc10_cuda.so": built["torch-new"].parent / "new" / "libc10.so"})
+    other = _wheel(
+        tmp_path / "torch-2.2.0-cp311-cp311-linux_x86_64.whl",
+        "torch",
+        "2.2.0",
+        {"torch/lib/libc10_cuda.so": built["torch-new"].parent / "new" / "libc10.so"},
+    )
     ex = abi.torch_exports(other, "2.2.0+cpu")
     [ext] = abi.wheel_needs(built["stable"]).extensions
     m = abi.mismatch(_pin(built["stable"], "stablepkg", "0.3"), ext, ex)
@@ -168,9 +226,14 @@ def test_a_library_torch_does_not_have_is_named(built, tmp_path):
 
 
 def test_built_for_comes_from_the_metadata_the_local_label_the_table_or_an_earlier_read(built):
-    rows = abi.companion_table('[[build]]\npackage = "CxxPkg"\nversions = "==1.1"\ntorch = "==2.1.*"\n'
-                               'built_for = "2.1"\nsource = "its release notes"\n')
-    assert abi.built_for(_pin(built["cxx"], "cxxpkg", "1.0"), abi.wheel_needs(built["cxx"]), rows)[0] == "2.1.0"
+    rows = abi.companion_table(
+        '[[build]]\npackage = "CxxPkg"\nversions = "==1.1"\ntorch = "==2.1.*"\n'
+        'built_for = "2.1"\nsource = "its release notes"\n'
+    )
+    assert (
+        abi.built_for(_pin(built["cxx"], "cxxpkg", "1.0"), abi.wheel_needs(built["cxx"]), rows)[0]
+        == "2.1.0"
+    )
     local = _pin(built["cxx-local"], "cxxpkg", "1.2+cu12torch2.1")
     assert abi.built_for(local, abi.wheel_needs(built["cxx-local"]), [])[0] == "2.1"
     loose = _pin(built["cxx-loose"], "cxxpkg", "1.1")
@@ -201,7 +264,10 @@ def test_the_check_raises_with_the_hint_and_keeps_its_verdict(built, tmp_path):
     check = abi.AbiCheck(tmp_path / "abi", rows=[])
     assert {w.name for w in check.unread(lock)} == {"cxxpkg", "weakpkg"}
     assert check.torch_unread(lock) is None  # until a candidate's extensions are known
-    paths = {w.sha256: built[k] for w, k in ((torch, "torch-new"), (pkg, "cxx"), (lock.wheels[2], "weak"))}
+    paths = {
+        w.sha256: built[k]
+        for w, k in ((torch, "torch-new"), (pkg, "cxx"), (lock.wheels[2], "weak"))
+    }
     found = check.check(lock, paths)
     assert [(m.package, m.module) for m in found] == [("cxxpkg", "cxxpkg/_C.so")]
     assert found[0].built_for.startswith("2.1.0; its metadata says torch==2.1.0")
@@ -210,7 +276,9 @@ def test_the_check_raises_with_the_hint_and_keeps_its_verdict(built, tmp_path):
         abi.raise_for(found, "h100.lock")
     assert e.value.exit_code == EXIT_BAD_INPUT == 2
     assert "at::scale(c10::Opt const&, int)" in e.value.message
-    assert e.value.to_json()["mismatches"][0]["missing_demangled"] == ["at::scale(c10::Opt const&, int)"]
+    assert e.value.to_json()["mismatches"][0]["missing_demangled"] == [
+        "at::scale(c10::Opt const&, int)"
+    ]
     # warm: no file is read, the same verdict comes back
     warm = abi.AbiCheck(tmp_path / "abi", rows=[])
     assert warm.unread(lock) == [] and warm.torch_unread(lock) is None
@@ -220,20 +288,25 @@ def test_the_check_raises_with_the_hint_and_keeps_its_verdict(built, tmp_path):
 def test_a_torch_that_fits_passes(built, tmp_path):
     torch = _pin(built["torch-old"], "torch", "2.1.0", group="torch")
     pkg = _pin(built["cxx"], "cxxpkg", "1.0")
-    found = abi.AbiCheck(tmp_path, rows=[]).check(_lockfile([torch, pkg]),
-                                                  {torch.sha256: built["torch-old"], pkg.sha256: built["cxx"]})
+    found = abi.AbiCheck(tmp_path, rows=[]).check(
+        _lockfile([torch, pkg]), {torch.sha256: built["torch-old"], pkg.sha256: built["cxx"]}
+    )
     assert found == []
 
 
 def test_the_companion_table_refuses_a_lock_without_its_wheels(built, tmp_path):
-    rows = abi.companion_table('[[build]]\npackage = "cxxpkg"\nversions = "==1.1"\ntorch = "==2.1.*"\n'
-                               'built_for = "2.1"\nsource = "its release notes"\n')
+    rows = abi.companion_table(
+        '[[build]]\npackage = "cxxpkg"\nversions = "==1.1"\ntorch = "==2.1.*"\n'
+        'built_for = "2.1"\nsource = "its release notes"\n'
+    )
     torch = _pin(built["torch-new"], "torch", "2.2.0", group="torch")
     lock = _lockfile([torch, _pin(built["cxx-loose"], "cxxpkg", "1.1")])
     [m] = abi.table_mismatches(lock, rows)
     assert m.package == "cxxpkg" and "companion table: its release notes" in m.built_for
-    assert m.sentence() == ("cxxpkg 1.1: (every extension module) (torch's C++ ABI; built for torch 2.1; "
-                            "companion table: its release notes) is not built for torch 2.2.0")
+    assert m.sentence() == (
+        "cxxpkg 1.1: (every extension module) (torch's C++ ABI; built for torch 2.1; "
+        "companion table: its release notes) is not built for torch 2.2.0"
+    )
     assert abi.AbiCheck(tmp_path, rows=rows).check(lock, {}) == [m]  # no wheel read
 
 
@@ -241,7 +314,11 @@ def test_check_lock_fetches_the_candidates_then_torch_only_where_one_links_it(bu
     torch = _pin(built["torch-new"], "torch", "2.2.0", group="torch")
     pkg = _pin(built["stable"], "stablepkg", "0.3")
     other = _pin(built["no-torch"], "other", "1.0")
-    files = {torch.sha256: built["torch-new"], pkg.sha256: built["stable"], other.sha256: built["no-torch"]}
+    files = {
+        torch.sha256: built["torch-new"],
+        pkg.sha256: built["stable"],
+        other.sha256: built["no-torch"],
+    }
     asked: list[list[str]] = []
 
     def fetch(pins):
@@ -259,14 +336,26 @@ def test_check_lock_fetches_the_candidates_then_torch_only_where_one_links_it(bu
     files[old.sha256] = built["torch-old"]
     with pytest.raises(AbiMismatch) as e:
         abi.check_lock(_lockfile([old, pkg]), tmp_path, fetch, lock_name="cpu.lock")
-    assert e.value.message.startswith("cpu.lock: 1 extension module(s) cannot load beside torch 2.1.0")
+    assert e.value.message.startswith(
+        "cpu.lock: 1 extension module(s) cannot load beside torch 2.1.0"
+    )
     assert "aoti_torch_new_thing" in e.value.message and "2.2.0 or later" in e.value.message
 
 
 def test_of_modules_built_for_several_torch_releases_only_the_one_for_the_locked_torch_is_judged():
-    ext = [abi.Extension(f"pkg/addon_torch{t}-cuda.so", ("libc10.so",), ("_ZN3c104gone",)) for t in ("24", "29", "214")]
+    ext = [
+        abi.Extension(f"pkg/addon_torch{t}-cuda.so", ("libc10.so",), ("_ZN3c104gone",))
+        for t in ("24", "29", "214")
+    ]
     plain = abi.Extension("pkg/_C.so", ("libc10.so",), ("aoti_torch_x",))
-    assert [x.path for x in abi.loaded_beside([*ext, plain], "2.14.1+cu130")] == ["pkg/addon_torch214-cuda.so", "pkg/_C.so"]
-    assert [x.path for x in abi.loaded_beside([*ext[:2], plain], "2.14.1")] == ["pkg/_C.so"]  # none for 2.14: none loads
+    assert [x.path for x in abi.loaded_beside([*ext, plain], "2.14.1+cu130")] == [
+        "pkg/addon_torch214-cuda.so",
+        "pkg/_C.so",
+    ]
+    assert [x.path for x in abi.loaded_beside([*ext[:2], plain], "2.14.1")] == [
+        "pkg/_C.so"
+    ]  # none for 2.14: none loads
     one = [abi.Extension("pkg/ext_torch24.so", ("libc10.so",), ())]
-    assert abi.loaded_beside(one, "2.14.1") == one  # a single module is judged, whatever its name says
+    assert (
+        abi.loaded_beside(one, "2.14.1") == one
+    )  # a single module is judged, whatever its name says

@@ -12,9 +12,15 @@ from envspec.compat import CompatDB, Gpu, arch_runs, best_arch, load_db, why_arc
 from envspec.verify import archrule
 
 DB: CompatDB = load_db()
-ARCH_LISTS: list[tuple[str, ...]] = sorted({tuple(v.arch_list) for r in DB.torch_releases for v in r.variants.values()})
-ENTRIES: list[str] = sorted({e for lst in ARCH_LISTS for e in lst} | {e for t in DB.cuda_toolkits for e in t.archs})
-SINGLES: list[list[str]] = [[e] for e in ENTRIES] + [[e.replace("sm_", "compute_", 1)] for e in ENTRIES]
+ARCH_LISTS: list[tuple[str, ...]] = sorted(
+    {tuple(v.arch_list) for r in DB.torch_releases for v in r.variants.values()}
+)
+ENTRIES: list[str] = sorted(
+    {e for lst in ARCH_LISTS for e in lst} | {e for t in DB.cuda_toolkits for e in t.archs}
+)
+SINGLES: list[list[str]] = [[e] for e in ENTRIES] + [
+    [e.replace("sm_", "compute_", 1)] for e in ENTRIES
+]
 
 
 def _disagreements(gpu: Gpu, arch_list: list[str]) -> list[str]:
@@ -25,8 +31,10 @@ def _disagreements(gpu: Gpu, arch_list: list[str]) -> list[str]:
         mine = arch_runs(cc, e)
         theirs = archrule.runs(archrule.parse_arch(e), archrule.parse_cc(cc))
         if mine != theirs:
-            out.append(f"{gpu.name} ({cc}) {e}: compat says {'runs' if mine else 'does not run'}, "
-                       f"verify says {'runs' if theirs else 'does not run'}")
+            out.append(
+                f"{gpu.name} ({cc}) {e}: compat says {'runs' if mine else 'does not run'}, "
+                f"verify says {'runs' if theirs else 'does not run'}"
+            )
     usable, kind = archrule.runnable_by(arch_list, cc)
     if usable != [e for e in arch_list if arch_runs(cc, e)]:
         out.append(f"{gpu.name} ({cc}) {arch_list}: runnable entries differ: verify {usable}")
@@ -36,7 +44,9 @@ def _disagreements(gpu: Gpu, arch_list: list[str]) -> list[str]:
     best = best_arch(cc, arch_list)
     want = "sass" if best.startswith("sm_") else "ptx" if best.startswith("compute_") else "none"
     if want != kind:
-        out.append(f"{gpu.name} ({cc}) {arch_list}: compat loads {best or 'nothing'}, verify says {kind}")
+        out.append(
+            f"{gpu.name} ({cc}) {arch_list}: compat loads {best or 'nothing'}, verify says {kind}"
+        )
     return out
 
 

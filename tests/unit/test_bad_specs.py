@@ -19,7 +19,7 @@ CASES = sorted((Path(__file__).parent.parent / "data" / "bad_specs").glob("*.tom
 def expectation(path: Path) -> dict[str, str]:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect:"), path
-    return dict(kv.split("=", 1) for kv in first[len("# expect:"):].split())
+    return dict(kv.split("=", 1) for kv in first[len("# expect:") :].split())
 
 
 def test_there_are_at_least_30_cases():

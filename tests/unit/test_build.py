@@ -24,8 +24,13 @@ from envspec.lock import Wheel  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
 
-WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"),
-          ("depb", "0.2", "deps"), ("teampkg", "1.0", "team")]
+WHEELS = [
+    ("cudalib", "1.0", "cuda"),
+    ("torchish", "2.0", "torch"),
+    ("depa", "0.1", "deps"),
+    ("depb", "0.2", "deps"),
+    ("teampkg", "1.0", "team"),
+]
 
 
 class Recorder(Reporter):
@@ -52,8 +57,14 @@ def env(tmp_path):
 def _build(lock, mirrors, cache, **kw):
     eng = kw.pop("engine", None) or RecordingEngine()
     rep = Recorder()
-    options = BuildOptions(registry=Registry(), **{k: tuple(v) if k == "outputs" else v for k, v in kw.items()})
-    return build(make_plan(lock), eng, Cache(cache), mirrors, options=options, reporter=rep), eng, rep
+    options = BuildOptions(
+        registry=Registry(), **{k: tuple(v) if k == "outputs" else v for k, v in kw.items()}
+    )
+    return (
+        build(make_plan(lock), eng, Cache(cache), mirrors, options=options, reporter=rep),
+        eng,
+        rep,
+    )
 
 
 def test_build_makes_every_layer_then_tags_last(env):
@@ -68,7 +79,9 @@ def test_build_makes_every_layer_then_tags_last(env):
     assert img.compression == "none" and img.digest == img.store_digest
     assert all(lay.digest == lay.diff_id and lay.size == lay.diff_size for lay in img.layers)
     pushed, _, _ = _build(lock, mirrors, tmp / "cache", push="registry.example/x:1")
-    assert pushed.compression == "zstd" and pushed.digest != pushed.store_digest == img.store_digest  # pushes carry zstd blobs
+    assert (
+        pushed.compression == "zstd" and pushed.digest != pushed.store_digest == img.store_digest
+    )  # pushes carry zstd blobs
     assert all(lay.digest != lay.diff_id and lay.size < lay.diff_size for lay in pushed.layers)
 
 
@@ -86,9 +99,13 @@ def test_unchanged_lock_rebuilds_nothing(env):
     first, eng, _ = _build(lock, mirrors, tmp / "cache")
     again, eng2, rep = _build(lock, mirrors, tmp / "cache", engine=eng)
     assert again.digest == first.digest
-    assert [lay.cached for lay in again.layers] == [True] * 5 + [False]  # envspec layer: always made, tiny
+    assert [lay.cached for lay in again.layers] == [True] * 5 + [
+        False
+    ]  # envspec layer: always made, tiny
     assert not [e for e in rep.events if e[0] == "fetching"]
-    assert [c for c in eng.calls if c[0] == "import_image"].__len__() == 1  # already there: no re-import
+    assert [
+        c for c in eng.calls if c[0] == "import_image"
+    ].__len__() == 1  # already there: no re-import
 
 
 def test_no_cache_builds_give_one_digest(env):
@@ -132,7 +149,13 @@ def test_a_push_without_the_registry_stage_is_refused_before_anything_is_made(en
     lock, mirrors, tmp = env
     eng = RecordingEngine()
     with pytest.raises(UsageError) as e:  # the image stage cannot attest a push itself
-        build(make_plan(lock), eng, Cache(tmp / "cache"), mirrors, options=BuildOptions(push="r.example/x:1"))
+        build(
+            make_plan(lock),
+            eng,
+            Cache(tmp / "cache"),
+            mirrors,
+            options=BuildOptions(push="r.example/x:1"),
+        )
     assert e.value.reference == "registry-stage-missing" and eng.calls == []
     assert not list((tmp / "cache" / "layers").iterdir())
 
@@ -147,12 +170,23 @@ def test_engine_failure_leaves_no_tag(env):
 
 def test_outputs_and_push_happen_before_the_tag(env):
     lock, mirrors, tmp = env
-    img, eng, _ = _build(lock, mirrors, tmp / "cache", outputs=["oci-archive:/x.tar"], push="127.0.0.1:1/a/b:c")
+    img, eng, _ = _build(
+        lock, mirrors, tmp / "cache", outputs=["oci-archive:/x.tar"], push="127.0.0.1:1/a/b:c"
+    )
     verbs = [c[0] for c in eng.calls if c[0] != "image_digest"]
-    assert verbs == ["copy", "push", "push", "import_image"]  # the image, then its attestations (no key: no .sig)
+    assert verbs == [
+        "copy",
+        "push",
+        "push",
+        "import_image",
+    ]  # the image, then its attestations (no key: no .sig)
     att = f"127.0.0.1:1/a/b:{img.digest.replace(':', '-')}.att"
     assert [c[2] for c in eng.calls if c[0] == "push"] == ["127.0.0.1:1/a/b:c", att]
-    assert img.pushed == ("127.0.0.1:1/a/b:c",) and img.attached == (att,) and img.outputs == ("oci-archive:/x.tar",)
+    assert (
+        img.pushed == ("127.0.0.1:1/a/b:c",)
+        and img.attached == (att,)
+        and img.outputs == ("oci-archive:/x.tar",)
+    )
 
 
 def test_oci_output_is_written_by_envspec_and_merges_into_a_layout(env):
@@ -160,11 +194,18 @@ def test_oci_output_is_written_by_envspec_and_merges_into_a_layout(env):
     out = tmp / "out"
     a, eng, _ = _build(lock, mirrors, tmp / "cache", outputs=[f"oci:{out}:first"])
     path, sha = helpers.make_wheel(tmp / "wheels", "teampkg", "1.1")
-    b, _, _ = _build(helpers.with_wheel(lock, "teampkg", version="1.1", filename=path.name, sha256=sha), mirrors,
-                     tmp / "cache", outputs=[f"oci:{out}:second"])
+    b, _, _ = _build(
+        helpers.with_wheel(lock, "teampkg", version="1.1", filename=path.name, sha256=sha),
+        mirrors,
+        tmp / "cache",
+        outputs=[f"oci:{out}:second"],
+    )
     assert not [c for c in eng.calls if c[0] == "copy"]
     index = json.loads((out / "index.json").read_text())
-    refs = {m["annotations"]["org.opencontainers.image.ref.name"]: m["digest"] for m in index["manifests"]}
+    refs = {
+        m["annotations"]["org.opencontainers.image.ref.name"]: m["digest"]
+        for m in index["manifests"]
+    }
     assert refs == {"first": a.digest, "second": b.digest}
     for lay in a.layers + b.layers:
         assert (out / "blobs" / "sha256" / lay.digest.split(":")[1]).stat().st_size == lay.size
@@ -191,12 +232,16 @@ def test_layout_config_and_labels(env):
     lock, mirrors, tmp = env
     img, layout = _layout(tmp, lock, mirrors)
     index = json.loads((layout / "index.json").read_text())
-    assert index["manifests"][0]["digest"] == img.store_digest  # the store's layout: uncompressed layers
+    assert (
+        index["manifests"][0]["digest"] == img.store_digest
+    )  # the store's layout: uncompressed layers
     mbytes = _blob(layout, img.store_digest)
     assert "sha256:" + hashlib.sha256(mbytes).hexdigest() == img.store_digest
     assert mbytes == json.dumps(json.loads(mbytes), sort_keys=True, separators=(",", ":")).encode()
     manifest = json.loads(mbytes)
-    assert [lay["mediaType"] for lay in manifest["layers"]] == ["application/vnd.oci.image.layer.v1.tar"] * 6
+    assert [lay["mediaType"] for lay in manifest["layers"]] == [
+        "application/vnd.oci.image.layer.v1.tar"
+    ] * 6
     config = json.loads(_blob(layout, manifest["config"]["digest"]))
     c = config["config"]
     env_ = dict(e.split("=", 1) for e in c["Env"])
@@ -230,7 +275,10 @@ def test_envspec_layer_carries_lock_sbom_verifier(env):
     assert lock.meta.content_hash in lock_text
     assert "opt/envspec/lib/envspec/verify/__init__.py" in names and "opt/venv/bin/envspec" in names
     assert sbom["spdxVersion"] == "SPDX-2.3"
-    listed = {(p["name"], p["versionInfo"], p["checksums"][0]["checksumValue"]) for p in sbom["packages"][1:]}
+    listed = {
+        (p["name"], p["versionInfo"], p["checksums"][0]["checksumValue"])
+        for p in sbom["packages"][1:]
+    }
     assert listed == {(w.name, w.version, w.sha256) for w in lock.wheels}
 
 
@@ -240,21 +288,44 @@ def test_wheel_layer_contents(env):
     team = layout / "blobs" / "sha256" / img.layers[4].diff_id.split(":")[1]
     with tarfile.open(team) as tf:
         names = tf.getnames()
-        record = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/RECORD").read().decode()
-        installer = tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/INSTALLER").read()
+        record = (
+            tf.extractfile("opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/RECORD")
+            .read()
+            .decode()
+        )
+        installer = tf.extractfile(
+            "opt/venv/lib/python3.11/site-packages/teampkg-1.0.dist-info/INSTALLER"
+        ).read()
     assert "opt/venv/lib/python3.11/site-packages/teampkg/__init__.py" in names
-    assert "opt/venv/lib/python3.11/site-packages/teampkg/__pycache__/__init__.cpython-311.pyc" in names
+    assert (
+        "opt/venv/lib/python3.11/site-packages/teampkg/__pycache__/__init__.cpython-311.pyc"
+        in names
+    )
     assert "teampkg/__init__.py,sha256=" in record and installer == b"envspec\n"
     assert "teampkg/__pycache__/__init__.cpython-311.pyc,sha256=" in record
 
 
 def test_entry_point_scripts_get_the_venv_shebang(tmp_path):
     (tmp_path / "w").mkdir()
-    path, sha = helpers.make_wheel(tmp_path / "w", "tool", "1.0", entry_points="[console_scripts]\ntool = tool:main\n")
+    path, sha = helpers.make_wheel(
+        tmp_path / "w", "tool", "1.0", entry_points="[console_scripts]\ntool = tool:main\n"
+    )
     lock = helpers.data(helpers.local_lock(tmp_path, [])[0])
-    lock["wheels"] = [{"name": "tool", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
-                       "size": 0, "group": "team", "direct": True}]
-    img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    lock["wheels"] = [
+        {
+            "name": "tool",
+            "version": "1.0",
+            "filename": path.name,
+            "index": "",
+            "sha256": sha,
+            "size": 0,
+            "group": "team",
+            "direct": True,
+        }
+    ]
+    img, layout = _layout(
+        tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")]
+    )
     team = layout / "blobs" / "sha256" / img.layers[1].diff_id.split(":")[1]
     with tarfile.open(team) as tf:
         script = tf.getmember("opt/venv/bin/tool")
@@ -268,10 +339,18 @@ def test_fetch_from_a_simple_index_mirror_by_filename(tmp_path):
     path, sha = helpers.make_wheel(files, "pkg-x", "1.0")
     page = tmp_path / "simple" / "pkg-x"
     page.mkdir(parents=True)
-    (page / "index.html").write_text(f'<a href="../../files/{path.name}#sha256={sha}">{path.name}</a>')
-    f = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "simple").as_uri(), "index", "t")])
-    got = f.fetch(Wheel(name="pkg-x", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
-    assert got.read_bytes() == path.read_bytes() and (got == path or got.name == sha)  # read in place, or a reflink
+    (page / "index.html").write_text(
+        f'<a href="../../files/{path.name}#sha256={sha}">{path.name}</a>'
+    )
+    f = WheelFetcher(
+        Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "simple").as_uri(), "index", "t")]
+    )
+    got = f.fetch(
+        Wheel(name="pkg-x", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+    )
+    assert got.read_bytes() == path.read_bytes() and (
+        got == path or got.name == sha
+    )  # read in place, or a reflink
 
 
 def test_nvidia_require_cuda_follows_the_policy():
@@ -287,7 +366,10 @@ def test_nvidia_require_cuda_follows_the_policy():
 def test_host_detection_uses_the_storage_root_and_hard_limits(tmp_path):
     from envspec.run import podman_args
 
-    h = detect_host(env={"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s"), "PATH": os.environ.get("PATH", "")}, ask=ASK_NONE)
+    h = detect_host(
+        env={"ENVSPEC_STORAGE_ROOT": str(tmp_path / "s"), "PATH": os.environ.get("PATH", "")},
+        ask=ASK_NONE,
+    )
     st = h.storage
     assert st.args()[:2] == ["--root", str(tmp_path / "s")]
     assert len(st.runroot) <= 50  # podman's limit
@@ -296,7 +378,9 @@ def test_host_detection_uses_the_storage_root_and_hard_limits(tmp_path):
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 1048576 and not h.cap_sys_resource:
-        assert f"nofile={hard}:{hard}" in podman_args(h)[1]  # podman's default capped to the hard limit
+        assert (
+            f"nofile={hard}:{hard}" in podman_args(h)[1]
+        )  # podman's default capped to the hard limit
     assert Storage().ref("x") == "containers-storage:x"
 
 
@@ -311,7 +395,14 @@ def test_stale_work_dirs_of_dead_builds_are_removed(tmp_path):
 
 def test_an_unreachable_index_is_named_in_the_error(tmp_path):
     f = WheelFetcher(Cache(tmp_path / "cache"), [], timeout=5)
-    pin = Wheel(name="pkg", version="1.0", filename="pkg-1.0-py3-none-any.whl", index="http://127.0.0.1:9/simple", sha256="a" * 64, group="deps")
+    pin = Wheel(
+        name="pkg",
+        version="1.0",
+        filename="pkg-1.0-py3-none-any.whl",
+        index="http://127.0.0.1:9/simple",
+        sha256="a" * 64,
+        group="deps",
+    )
     with pytest.raises(SourceError) as e:
         f.fetch(pin)
     assert "pkg-1.0-py3-none-any.whl" in e.value.message and "127.0.0.1:9" in e.value.message
@@ -324,7 +415,9 @@ def test_a_damaged_cached_wheel_is_fetched_again(tmp_path):
     cache = Cache(tmp_path / "cache")
     cache.blob(sha).write_bytes(b"not the wheel")
     f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
-    got = f.fetch_all([Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")])
+    got = f.fetch_all(
+        [Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")]
+    )
     assert got[sha].read_bytes() == path.read_bytes()
 
 
@@ -337,17 +430,25 @@ def _flip(path: Path, at: int) -> None:
         fh.write(bytes([b[0] ^ 0xFF]))
 
 
-def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touching_the_mirror(tmp_path, monkeypatch):
+def test_a_wheel_from_a_local_mirror_is_copied_read_only_and_heals_without_touching_the_mirror(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(WheelFetcher, "read_in_place", False)  # the copy (reflink or in-kernel)
     (tmp_path / "w").mkdir()
     path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
     mirror_bytes = path.read_bytes()
     cache = Cache(tmp_path / "cache")
     warned: list[str] = []
-    f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")], on_damaged=warned.append)
+    f = WheelFetcher(
+        cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")], on_damaged=warned.append
+    )
     pin = Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
     got = f.fetch(pin)
-    assert got == cache.blob(sha) and got.stat().st_ino != path.stat().st_ino and got.stat().st_nlink == 1
+    assert (
+        got == cache.blob(sha)
+        and got.stat().st_ino != path.stat().st_ino
+        and got.stat().st_nlink == 1
+    )
     assert got.stat().st_mode & 0o777 == 0o444
     _flip(got, 10)
     assert path.read_bytes() == mirror_bytes  # the mirror is not damaged with it
@@ -367,15 +468,21 @@ def test_a_wheel_from_a_local_mirror_without_reflinks_is_read_where_it_is(tmp_pa
     assert not (tmp_path / "probe").exists()
     cache = Cache(tmp_path / "cache")
     f = WheelFetcher(cache, [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
-    got = f.fetch(Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    got = f.fetch(
+        Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+    )
     assert got == path and not cache.has_blob(sha) and list((cache.root / "tmp").iterdir()) == []
     assert path.stat().st_mode & 0o777 == 0o644  # nothing of the mirror's changed
     ident = f.in_place[sha]
-    out = layer_makers.make_wheel_layer([(path.name, str(path), ident)], helpers.load().platform, tmp_path / "a.tar")
+    out = layer_makers.make_wheel_layer(
+        [(path.name, str(path), ident)], helpers.load().platform, tmp_path / "a.tar"
+    )
     assert out["size"] > 0  # unchanged: made
     _flip(path, 10)  # the mirror's file written after its hash was checked: the maker refuses it
     with pytest.raises(HashMismatch, match="changed after its sha256 was checked"):
-        layer_makers.make_wheel_layer([(path.name, str(path), ident)], helpers.load().platform, tmp_path / "b.tar")
+        layer_makers.make_wheel_layer(
+            [(path.name, str(path), ident)], helpers.load().platform, tmp_path / "b.tar"
+        )
 
 
 def test_no_source_with_the_locked_bytes_names_every_source_tried(tmp_path):
@@ -390,21 +497,46 @@ def test_no_source_with_the_locked_bytes_names_every_source_tried(tmp_path):
         WheelFetcher(Cache(tmp_path / "cache"), mirrors).fetch(pin)
     msg = e.value.message
     assert sha in msg and (tmp_path / "a").as_uri() in msg and (tmp_path / "b").as_uri() in msg
-    assert hashlib.sha256(b"changed bytes").hexdigest() in msg and hashlib.sha256(b"other bytes").hexdigest() in msg
+    assert (
+        hashlib.sha256(b"changed bytes").hexdigest() in msg
+        and hashlib.sha256(b"other bytes").hexdigest() in msg
+    )
 
 
 def test_installed_record_matches_every_file_written_rewritten_script_included(tmp_path):
     from envspec.image import layers as layer_makers
 
     big = os.urandom(300_000) + b"\0" * 3_000_000  # several inflate chunks, one highly compressible
-    script = b"#!python\nprint('hi')\n"  # installer rewrites this shebang: its RECORD hash must be new
+    script = (
+        b"#!python\nprint('hi')\n"  # installer rewrites this shebang: its RECORD hash must be new
+    )
     (tmp_path / "w").mkdir()
-    path, sha = helpers.make_wheel(tmp_path / "w", "recpkg", "1.0", files={
-        "recpkg/__init__.py": b"", "recpkg/blob.bin": big, "recpkg-1.0.data/scripts/hello": script})
+    path, sha = helpers.make_wheel(
+        tmp_path / "w",
+        "recpkg",
+        "1.0",
+        files={
+            "recpkg/__init__.py": b"",
+            "recpkg/blob.bin": big,
+            "recpkg-1.0.data/scripts/hello": script,
+        },
+    )
     lock = helpers.data(helpers.local_lock(tmp_path, [])[0])
-    lock["wheels"] = [{"name": "recpkg", "version": "1.0", "filename": path.name, "index": "", "sha256": sha,
-                       "size": 0, "group": "team", "direct": True}]
-    img, layout = _layout(tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    lock["wheels"] = [
+        {
+            "name": "recpkg",
+            "version": "1.0",
+            "filename": path.name,
+            "index": "",
+            "sha256": sha,
+            "size": 0,
+            "group": "team",
+            "direct": True,
+        }
+    ]
+    img, layout = _layout(
+        tmp_path, helpers.rehash(lock), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")]
+    )
     team = layout / "blobs" / "sha256" / img.layers[1].diff_id.split(":")[1]
     site = "opt/venv/lib/python3.11/site-packages/"
     with tarfile.open(team) as tf:
@@ -434,16 +566,27 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
     lock, mirrors, tmp = env
     plan = make_plan(lock)
     cache = Cache(tmp / "cache")
-    before = preview(plan, cache, options=BuildOptions(push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",), registry=Registry()))
-    assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == \
-        [(lay.group, lay.key, False) for lay in plan.layers]
+    before = preview(
+        plan,
+        cache,
+        options=BuildOptions(
+            push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",), registry=Registry()
+        ),
+    )
+    assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == [
+        (lay.group, lay.key, False) for lay in plan.layers
+    ]
     assert before["image"] == plan.tag and before["fetch"]["wheels"] == len(lock.wheels)
     assert [c[0] for c in before["engine"]] == ["copy", "push", "push", "import_image"]
     assert before["engine"][2][2] == "127.0.0.1:1/a/b:sha256-(digest).att"
-    assert not list((tmp / "cache" / "layers").iterdir()) and not cache.has_blob(lock.wheels[0].sha256)
+    assert not list((tmp / "cache" / "layers").iterdir()) and not cache.has_blob(
+        lock.wheels[0].sha256
+    )
     _build(lock, mirrors, tmp / "cache")
     after = preview(plan, cache)
-    assert [r["cached"] for r in after["layers"]] == [True] * 5 + [False]  # the envspec layer is always made
+    assert [r["cached"] for r in after["layers"]] == [True] * 5 + [
+        False
+    ]  # the envspec layer is always made
     assert after["fetch"] == {"wheels": 0, "wheel_bytes": 0, "debs": 0, "deb_bytes": 0}
     assert after["engine"] == [["import_image", "(oci layout)", plan.tag]]
 
@@ -471,9 +614,15 @@ def test_progress_events_come_as_the_work_happens(env):
     build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors, reporter=rep)
     ev = rep.events
     for w in lock.wheels:  # each wheel: its own start and end, before its layer is made
-        assert ev.index(("fetching", w.name)) < ev.index(("fetched", w.name)) < ev.index(("built", w.group))
+        assert (
+            ev.index(("fetching", w.name))
+            < ev.index(("fetched", w.name))
+            < ev.index(("built", w.group))
+        )
     assert [e[1] for e in ev if e[0] == "built"][-1] == "envspec"
-    assert sorted(e[1] for e in ev if e[0] == "built") == sorted(lay.group for lay in make_plan(lock).layers)
+    assert sorted(e[1] for e in ev if e[0] == "built") == sorted(
+        lay.group for lay in make_plan(lock).layers
+    )
 
 
 def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path):
@@ -490,8 +639,15 @@ def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path)
         def fetched(self, name, filename, path):
             self.events.append(("fetched", name))
 
-    pin = DebPin(name="tzdata", version="2025b-0+deb12u1", architecture="all", size=7,
-                 filename="pool/main/t/tzdata/tzdata_2025b-0+deb12u1_all.deb", sha256="a" * 64, suite="bookworm")
+    pin = DebPin(
+        name="tzdata",
+        version="2025b-0+deb12u1",
+        architecture="all",
+        size=7,
+        filename="pool/main/t/tzdata/tzdata_2025b-0+deb12u1_all.deb",
+        sha256="a" * 64,
+        suite="bookworm",
+    )
     cached = pin.model_copy(update={"name": "bash", "sha256": "b" * 64})
     rep = Rec()
     events = _DebEvents(rep)
@@ -506,8 +662,14 @@ def test_docker_archive_output_carries_the_image_name():
     from envspec.image import docker_archive_named
 
     tag = "localhost/envspec/cpu:4d31fdd8ed3c"
-    assert docker_archive_named("docker-archive:/tmp/cpu.tar", tag) == f"docker-archive:/tmp/cpu.tar:{tag}"
-    assert docker_archive_named("docker-archive:/tmp/cpu.tar:acme/cpu:1", tag) == "docker-archive:/tmp/cpu.tar:acme/cpu:1"
+    assert (
+        docker_archive_named("docker-archive:/tmp/cpu.tar", tag)
+        == f"docker-archive:/tmp/cpu.tar:{tag}"
+    )
+    assert (
+        docker_archive_named("docker-archive:/tmp/cpu.tar:acme/cpu:1", tag)
+        == "docker-archive:/tmp/cpu.tar:acme/cpu:1"
+    )
     assert docker_archive_named("oci-archive:/tmp/cpu.tar", tag) == "oci-archive:/tmp/cpu.tar"
     assert docker_archive_named("docker-archive:/tmp/cpu.tar", "") == "docker-archive:/tmp/cpu.tar"
 
@@ -538,7 +700,9 @@ def test_phases_say_what_the_build_spent_its_time_on_as_each_ends(env):
     assert all(set(p) == {"name", "start_s", "end_s", "s"} for p in j["phases"])
 
     again = build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors)
-    assert [p.name for p in again.phases if p.name.startswith("layer ")] == ["layer envspec"]  # the rest cached
+    assert [p.name for p in again.phases if p.name.startswith("layer ")] == [
+        "layer envspec"
+    ]  # the rest cached
 
 
 def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_path, monkeypatch):
@@ -566,7 +730,9 @@ def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_pat
             self.said.append(message)
 
     monkeypatch.setattr(image_mod, "_build", damaged)
-    with pytest.raises(DamagedEntry):  # damaged again once made again: the second time stops the build
+    with pytest.raises(
+        DamagedEntry
+    ):  # damaged again once made again: the second time stops the build
         image_mod.build(None, None, cache, [], reporter=Said())
     assert len(runs) == 2 and len(Said.said) == 1 and "made again" in Said.said[0]
 
@@ -574,7 +740,9 @@ def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_pat
         runs.append(1)
         if len(runs) == 3:
             raise DamagedEntry("damaged", paths=(tar,))
-        assert not tar.exists() and not meta.exists() and not blob.exists()  # dropped, compressed blob too
+        assert (
+            not tar.exists() and not meta.exists() and not blob.exists()
+        )  # dropped, compressed blob too
         return "built"
 
     monkeypatch.setattr(image_mod, "_build", once)
@@ -594,9 +762,13 @@ def test_a_read_only_entry_refuses_a_write_by_its_owner(tmp_path):
 
     (tmp_path / "w").mkdir()
     path, sha = helpers.make_wheel(tmp_path / "w", "pkg", "1.0")
-    f = WheelFetcher(Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")])
+    f = WheelFetcher(
+        Cache(tmp_path / "cache"), [sources.Mirror((tmp_path / "w").as_uri(), "links", "t")]
+    )
     f.read_in_place = False  # an entry of the cache, not the mirror's file
-    entry = f.fetch(Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps"))
+    entry = f.fetch(
+        Wheel(name="pkg", version="1.0", filename=path.name, index="", sha256=sha, group="deps")
+    )
     assert entry.parent == Cache(tmp_path / "cache").blob(sha).parent
     # the write is tried by the entry's owner, not root (whom no mode stops): through an O_PATH
     # descriptor, so only the entry's own mode decides, not the directories above it
@@ -605,10 +777,14 @@ def test_a_read_only_entry_refuses_a_write_by_its_owner(tmp_path):
         owner = 65534 if os.geteuid() == 0 else os.geteuid()
         if os.geteuid() == 0:
             os.chown(entry, owner, owner)
-        probe = ("import sys\ntry:\n    open(f'/proc/self/fd/{sys.argv[1]}', 'r+b')\nexcept PermissionError:\n"
-                 "    sys.exit(13)\n")
+        probe = (
+            "import sys\ntry:\n    open(f'/proc/self/fd/{sys.argv[1]}', 'r+b')\nexcept PermissionError:\n"
+            "    sys.exit(13)\n"
+        )
         kw = {"user": owner, "group": owner, "extra_groups": []} if os.geteuid() == 0 else {}
-        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # one nobody can run
+        python = (
+            "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        )  # one nobody can run
         ro = subprocess.run([python, "-c", probe, str(fd)], pass_fds=(fd,), cwd="/", **kw)
         entry.chmod(0o644)  # the same write on a writable entry goes through: the probe can tell
         rw = subprocess.run([python, "-c", probe, str(fd)], pass_fds=(fd,), cwd="/", **kw)

@@ -27,15 +27,17 @@ needs_compiler = pytest.mark.skipif(not CHOICE.python, reason=f"no compiler: {CH
 # Constants whose object identity the compiler decides by what the process interned before (torch's
 # optimizer.py, _dynamo/source.py): a frozenset in several functions, keyword-name tuples,
 # one-character strings.
-TRICKY = b'''
+TRICKY = b"""
 def a(d):
     return d.type in {"cuda", "xpu"} and "{" + repr(d).replace("{", "{{") + "}"
 def b(d):
     return d.type in {"cuda", "xpu"} or f(stacklevel=2)
 def c(d):
     return g(stacklevel=2, x=("p q", "r-s")) or d in frozenset(("p q",)) or "p q"
-'''
-POLLUTE = b'x = "{" + "}"\ny = obj.cuda.xpu.stacklevel\nz = ("p q", "r-s")\nimport sys; sys.intern("{")\n'
+"""
+POLLUTE = (
+    b'x = "{" + "}"\ny = obj.cuda.xpu.stacklevel\nz = ("p q", "r-s")\nimport sys; sys.intern("{")\n'
+)
 
 
 def _wheel(tmp_path):
@@ -53,7 +55,9 @@ def _wheel(tmp_path):
 
 def _make(tmp_path, out, compiler=(CHOICE.python, CHOICE.cache_tag)):
     path, _ = _wheel(tmp_path)
-    return layers.make_wheel_layer([(path.name, str(path), None)], LOCK.platform, out, compiler=compiler)
+    return layers.make_wheel_layer(
+        [(path.name, str(path), None)], LOCK.platform, out, compiler=compiler
+    )
 
 
 def _record(tf):
@@ -68,9 +72,16 @@ def test_every_module_gets_its_pyc_right_after_it_listed_in_record(tmp_path):
     with tarfile.open(tmp_path / "l.tar") as tf:
         names = tf.getnames()
         record = _record(tf)
-        for mod in ("bcpkg/__init__.py", "bcpkg/mod.py", "bcpkg/sub/__init__.py", "bcpkg/sub/tricky.py"):
+        for mod in (
+            "bcpkg/__init__.py",
+            "bcpkg/mod.py",
+            "bcpkg/sub/__init__.py",
+            "bcpkg/sub/tricky.py",
+        ):
             pyc = pyc_path(mod, "cpython-311")
-            assert names.index(SITE + pyc) > names.index(SITE + "bcpkg/data.txt")  # after the wheel's files
+            assert names.index(SITE + pyc) > names.index(
+                SITE + "bcpkg/data.txt"
+            )  # after the wheel's files
             assert names.index(SITE + pyc) < names.index(SITE + "bcpkg-1.0.dist-info/RECORD")
             data = tf.extractfile(SITE + pyc).read()
             source = tf.extractfile(SITE + mod).read()
@@ -85,9 +96,17 @@ def test_every_module_gets_its_pyc_right_after_it_listed_in_record(tmp_path):
 @needs_compiler
 def test_magic_number_is_the_compiling_interpreters(tmp_path):
     _make(tmp_path, tmp_path / "l.tar")
-    magic = subprocess.run([CHOICE.python, "-I", "-S", "-c",
-                            "import importlib.util,sys;sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER)"],
-                           capture_output=True, check=True).stdout
+    magic = subprocess.run(
+        [
+            CHOICE.python,
+            "-I",
+            "-S",
+            "-c",
+            "import importlib.util,sys;sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER)",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
     with tarfile.open(tmp_path / "l.tar") as tf:
         assert tf.extractfile(SITE + "bcpkg/__pycache__/mod.cpython-311.pyc").read()[:4] == magic
 
@@ -110,9 +129,15 @@ def test_pyc_bytes_do_not_depend_on_what_the_compiler_saw_before():
         again = c.compile(path, TRICKY)
         assert c.compile("/x/bad.py", b"def (:\n") is None and c.failed == 1
     assert fresh is not None and fresh == after == again
-    with Compiler(CHOICE.python, CHOICE.cache_tag, children=2) as c:  # submitted ahead, two children
-        tickets = [c.submit("/x/pollute.py", POLLUTE), c.submit(path, TRICKY), c.submit("/x/bad.py", b"def (:\n"),
-                   c.submit(path, TRICKY)]
+    with Compiler(
+        CHOICE.python, CHOICE.cache_tag, children=2
+    ) as c:  # submitted ahead, two children
+        tickets = [
+            c.submit("/x/pollute.py", POLLUTE),
+            c.submit(path, TRICKY),
+            c.submit("/x/bad.py", b"def (:\n"),
+            c.submit(path, TRICKY),
+        ]
         got = [c.result(t) for t in tickets]
     assert got[1] == got[3] == fresh and got[2] is None and got[0] not in (None, fresh)
 
@@ -129,10 +154,16 @@ def test_the_images_python_imports_the_pyc_and_writes_none(tmp_path):
     (site / "bcpkg" / "mod.py").write_bytes(b"VALUE = 'edited source'\n")
     before = sorted(p.relative_to(site).as_posix() for p in site.rglob("*"))
     code = "import bcpkg, bcpkg.mod, bcpkg.sub.tricky; print(bcpkg.VALUE, bcpkg.mod.__cached__)"
-    out = subprocess.run([CHOICE.python, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [CHOICE.python, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert out == ["from", "source", str(site / "bcpkg" / "__pycache__" / "mod.cpython-311.pyc")]
-    assert sorted(p.relative_to(site).as_posix() for p in site.rglob("*")) == before  # nothing new written
+    assert (
+        sorted(p.relative_to(site).as_posix() for p in site.rglob("*")) == before
+    )  # nothing new written
 
 
 @needs_compiler
@@ -174,11 +205,20 @@ def test_without_a_compiler_of_the_images_version_no_pyc_a_warning_and_other_key
             self.messages.append(message)
 
     rep = Warned()
-    img = build(make_plan(lock), RecordingEngine(), Cache(tmp_path / "cache"),
-                [sources.Mirror(mirror.as_uri(), "links", "t")], reporter=rep)
+    img = build(
+        make_plan(lock),
+        RecordingEngine(),
+        Cache(tmp_path / "cache"),
+        [sources.Mirror(mirror.as_uri(), "links", "t")],
+        reporter=rep,
+    )
     assert len(rep.messages) == 1 and "no .pyc" in rep.messages[0] and "3.11.999" in rep.messages[0]
     team = next(lay for lay in img.layers if lay.group == "team")
-    assert team.key == make_plan(lock, bytecode=False).layer("team").key != make_plan(lock).layer("team").key
+    assert (
+        team.key
+        == make_plan(lock, bytecode=False).layer("team").key
+        != make_plan(lock).layer("team").key
+    )
     with tarfile.open(Cache(tmp_path / "cache").layer_tar(team.key)) as tf:
         assert not [n for n in tf.getnames() if n.endswith(".pyc")]
 
@@ -219,13 +259,19 @@ def _rootfs(tmp_path):
 
 def _make_base(tmp_path, out):
     plan = make_plan(LOCK)
-    return layers.make_base_layer(plan, _rootfs(tmp_path), out, compiler=(CHOICE.python, CHOICE.cache_tag))
+    return layers.make_base_layer(
+        plan, _rootfs(tmp_path), out, compiler=(CHOICE.python, CHOICE.cache_tag)
+    )
 
 
 def test_rootfs_py_files_rule(tmp_path):
     assert layers.rootfs_py_files(_rootfs(tmp_path), LOCK.platform.python) == [
-        "/usr/lib/python3.11/bad.py", "/usr/lib/python3.11/foo.py", "/usr/lib/python3.11/pkg/__init__.py",
-        "/usr/lib/python3.11/pkg/tricky.py", "/usr/lib/python3/dist-packages/deb_mod.py"]
+        "/usr/lib/python3.11/bad.py",
+        "/usr/lib/python3.11/foo.py",
+        "/usr/lib/python3.11/pkg/__init__.py",
+        "/usr/lib/python3.11/pkg/tricky.py",
+        "/usr/lib/python3/dist-packages/deb_mod.py",
+    ]
 
 
 @needs_compiler
@@ -236,24 +282,48 @@ def test_base_layer_carries_the_debian_python_modules_pyc(tmp_path):
     assert a["pyc"]["files"] == 4 and a["pyc"]["bytes"] > 0
     with tarfile.open(tmp_path / "a.tar") as tf:
         pycs = sorted(n for n in tf.getnames() if n.endswith(".pyc"))
-        assert pycs == ["usr/lib/python3.11/__pycache__/foo.cpython-311.pyc",
-                        "usr/lib/python3.11/pkg/__pycache__/__init__.cpython-311.pyc",
-                        "usr/lib/python3.11/pkg/__pycache__/tricky.cpython-311.pyc",
-                        "usr/lib/python3/dist-packages/__pycache__/deb_mod.cpython-311.pyc"]
+        assert pycs == [
+            "usr/lib/python3.11/__pycache__/foo.cpython-311.pyc",
+            "usr/lib/python3.11/pkg/__pycache__/__init__.cpython-311.pyc",
+            "usr/lib/python3.11/pkg/__pycache__/tricky.cpython-311.pyc",
+            "usr/lib/python3/dist-packages/__pycache__/deb_mod.cpython-311.pyc",
+        ]
         m = tf.getmember("usr/lib/python3.11/__pycache__/foo.cpython-311.pyc")
         assert (m.mode, m.uid, m.gid) == (0o644, 0, 0)
         assert tf.getmember("usr/lib/python3.11/__pycache__").isdir()
         data = tf.extractfile(m).read()
     source = STDLIB["usr/lib/python3.11/foo.py"]
     assert data[4:8] == (0b01).to_bytes(4, "little")  # unchecked-hash
-    hashed = subprocess.run([CHOICE.python, "-I", "-S", "-c",
-                             "import importlib.util,sys;sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER"
-                             "+importlib.util.source_hash(sys.stdin.buffer.read()))"],
-                            input=source, capture_output=True, check=True).stdout
+    hashed = subprocess.run(
+        [
+            CHOICE.python,
+            "-I",
+            "-S",
+            "-c",
+            "import importlib.util,sys;sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER"
+            "+importlib.util.source_hash(sys.stdin.buffer.read()))",
+        ],
+        input=source,
+        capture_output=True,
+        check=True,
+    ).stdout
     assert data[:4] == hashed[:4] and data[8:16] == hashed[4:]
-    filename = subprocess.run([CHOICE.python, "-I", "-S", "-c",
-                               "import marshal,sys;print(marshal.loads(sys.stdin.buffer.read()[16:]).co_filename)"],
-                              input=data, capture_output=True, check=True).stdout.decode().strip()
+    filename = (
+        subprocess.run(
+            [
+                CHOICE.python,
+                "-I",
+                "-S",
+                "-c",
+                "import marshal,sys;print(marshal.loads(sys.stdin.buffer.read()[16:]).co_filename)",
+            ],
+            input=data,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
     assert filename == "/usr/lib/python3.11/foo.py"
 
 
@@ -268,8 +338,13 @@ def test_envspec_layer_carries_the_verifiers_pyc(tmp_path):
     from envspec.services import ENVSPEC_LIB
 
     plan = make_plan(LOCK)
-    made = layers.make_envspec_layer(plan, b"{}", tmp_path / "e.tar", service_files={},
-                                     compiler=(CHOICE.python, CHOICE.cache_tag))
+    made = layers.make_envspec_layer(
+        plan,
+        b"{}",
+        tmp_path / "e.tar",
+        service_files={},
+        compiler=(CHOICE.python, CHOICE.cache_tag),
+    )
     lib = ENVSPEC_LIB.strip("/")
     with tarfile.open(tmp_path / "e.tar") as tf:
         names = tf.getnames()
@@ -285,5 +360,6 @@ def test_envspec_layer_carries_the_verifiers_pyc(tmp_path):
 def test_pyc_path_follows_importlib():
     assert pyc_path("a/b/mod.py", "cpython-311") == "a/b/__pycache__/mod.cpython-311.pyc"
     assert pyc_path("top.py", "cpython-311") == "__pycache__/top.cpython-311.pyc"
-    assert importlib.util.cache_from_source("/s/a/b/mod.py").endswith("/s/a/b/__pycache__/mod.%s.pyc"
-                                                                       % sys.implementation.cache_tag)
+    assert importlib.util.cache_from_source("/s/a/b/mod.py").endswith(
+        "/s/a/b/__pycache__/mod.%s.pyc" % sys.implementation.cache_tag
+    )

@@ -36,7 +36,9 @@ def test_the_index_names_each_manifest_with_its_platform_and_is_deterministic(tm
     a, digests = _layout(tmp_path / "a")
     b, _ = _layout(tmp_path / "b")
     images = [("linux", "amd64", digests[0]), ("linux", "arm64", digests[1])]
-    da, size = write_index(a, images, ref_name="abc", annotations={"io.envspec.lock-hash": "sha256:x"})
+    da, size = write_index(
+        a, images, ref_name="abc", annotations={"io.envspec.lock-hash": "sha256:x"}
+    )
     db, _ = write_index(b, images, ref_name="abc", annotations={"io.envspec.lock-hash": "sha256:x"})
     assert da == db
     raw = (a / "blobs" / "sha256" / da.split(":")[1]).read_bytes()
@@ -45,11 +47,20 @@ def test_the_index_names_each_manifest_with_its_platform_and_is_deterministic(tm
     assert index["mediaType"] == MT_INDEX
     assert [(m["platform"], m["digest"], m["mediaType"]) for m in index["manifests"]] == [
         ({"architecture": "amd64", "os": "linux"}, digests[0], MT_MANIFEST),
-        ({"architecture": "arm64", "os": "linux"}, digests[1], MT_MANIFEST)]
+        ({"architecture": "arm64", "os": "linux"}, digests[1], MT_MANIFEST),
+    ]
     top = json.loads((a / "index.json").read_text())
-    assert top["manifests"] == [{"mediaType": MT_INDEX, "digest": da, "size": size,
-                                 "annotations": {"org.opencontainers.image.ref.name": "abc"}}]
-    other, _ = write_index(a, images[::-1], ref_name="abc", annotations={"io.envspec.lock-hash": "sha256:x"})
+    assert top["manifests"] == [
+        {
+            "mediaType": MT_INDEX,
+            "digest": da,
+            "size": size,
+            "annotations": {"org.opencontainers.image.ref.name": "abc"},
+        }
+    ]
+    other, _ = write_index(
+        a, images[::-1], ref_name="abc", annotations={"io.envspec.lock-hash": "sha256:x"}
+    )
     assert other != da  # the order is the lock's, and it is part of the index
 
 
@@ -60,14 +71,25 @@ def test_each_platform_image_gets_its_own_tag():
     assert arm.image_tag.endswith(f":{lock.short_hash}-arm64")
     assert platform_tag("", arm) == ""
     assert platform_tag("localhost:5000/team/smoke:v1", arm) == "localhost:5000/team/smoke:v1-arm64"
-    assert platform_tag("localhost:5000/team/smoke", arm) == "localhost:5000/team/smoke:latest-arm64"
+    assert (
+        platform_tag("localhost:5000/team/smoke", arm) == "localhost:5000/team/smoke:latest-arm64"
+    )
 
 
-@pytest.mark.parametrize("options, words", [
-    (BuildOptions(outputs=("docker-archive:/tmp/x.tar",)), "docker archive holds one platform"),
-    (BuildOptions(outputs=("oci:/tmp/x", "docker-archive:/tmp/x.tar"), push="r/x",
-                  registry=Registry(key=object())), "docker archive holds one platform"),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (BuildOptions(outputs=("docker-archive:/tmp/x.tar",)), "docker archive holds one platform"),
+        (
+            BuildOptions(
+                outputs=("oci:/tmp/x", "docker-archive:/tmp/x.tar"),
+                push="r/x",
+                registry=Registry(key=object()),
+            ),
+            "docker archive holds one platform",
+        ),  # type: ignore[arg-type]
+    ],
+)
 def test_what_an_index_cannot_carry_is_refused(options, words):
     with pytest.raises(UsageError) as e:
         check_options(options)
@@ -76,7 +98,9 @@ def test_what_an_index_cannot_carry_is_refused(options, words):
 
 def test_an_index_can_be_pushed_signed():
     """Signing is no longer refused for an index (tests/unit/test_index_signing.py: what it pushes)."""
-    check_options(BuildOptions(push="r/x", registry=Registry(key=object()), outputs=("oci:/tmp/x",)))  # type: ignore[arg-type]
+    check_options(
+        BuildOptions(push="r/x", registry=Registry(key=object()), outputs=("oci:/tmp/x",))
+    )  # type: ignore[arg-type]
 
 
 def test_dry_run_of_a_multi_platform_lock_previews_each_platform(capsys, monkeypatch, tmp_path):
@@ -85,7 +109,9 @@ def test_dry_run_of_a_multi_platform_lock_previews_each_platform(capsys, monkeyp
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
     assert main(["build", str(MULTI), "--dry-run", "--push", "localhost:5000/x:1"]) == 0
     lock = lockmod.load(MULTI)
-    said = capsys.readouterr().out  # a person's summary (issue 43, 6): each platform's image and layers
+    said = (
+        capsys.readouterr().out
+    )  # a person's summary (issue 43, 6): each platform's image and layers
     assert said.startswith(f"dry run of {MULTI}: nothing is built, fetched or written")
     assert all(f"{v.platform_names[0]}: image {v.image_tag}" in said for v in lock.views())
     assert "(--json: the whole plan, with each layer's pins)" in said and "{" not in said

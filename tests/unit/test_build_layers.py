@@ -28,9 +28,9 @@ def _set_central_crc(path: Path, member: str, crc: int) -> None:
     data = bytearray(path.read_bytes())
     with zipfile.ZipFile(path) as zf:
         pos = zf.start_dir
-    while data[pos:pos + 4] == b"PK\x01\x02":
+    while data[pos : pos + 4] == b"PK\x01\x02":
         name_len, extra_len, comment_len = struct.unpack_from("<HHH", data, pos + 28)
-        if data[pos + 46:pos + 46 + name_len].decode() == member:
+        if data[pos + 46 : pos + 46 + name_len].decode() == member:
             struct.pack_into("<I", data, pos + 16, crc)
             path.write_bytes(bytes(data))
             return
@@ -70,7 +70,9 @@ def test_the_crc_is_isal_s_on_a_deflated_member(tmp_path, monkeypatch):
     monkeypatch.setattr(layers.isal_zlib, "crc32", counting)
     real_zip, zip_calls = zipfile.crc32, []
 
-    def binascii_counting(data, *value):  # installer reads METADATA, WHEEL and RECORD with zipfile's own
+    def binascii_counting(
+        data, *value
+    ):  # installer reads METADATA, WHEEL and RECORD with zipfile's own
         zip_calls.append(len(data))
         return real_zip(data, *value)
 

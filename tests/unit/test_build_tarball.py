@@ -46,8 +46,10 @@ def test_entries_are_sorted_parents_first_normalised(tmp_path, monkeypatch):
     names = [m.name for m in members]
     assert names[0] == "root"
     assert names.index("root/b") < names.index("root/b/x.sh")
-    assert all(m.mtime == 1700000000 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == ""
-               for m in members)
+    assert all(
+        m.mtime == 1700000000 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == ""
+        for m in members
+    )
     by = {m.name: m for m in members}
     assert by["root/b/x.sh"].mode == 0o755
     assert by["root/b/link"].issym() and by["root/b/link"].linkname == "../a.txt"
@@ -86,9 +88,18 @@ def _entries(root):
         for name in dirs + files:
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
-            out.append((os.path.relpath(p, root), st.st_mode, st.st_uid, st.st_gid,
-                        0 if os.path.isdir(p) and not os.path.islink(p) else st.st_size, st.st_mtime_ns,
-                        os.readlink(p) if os.path.islink(p) else "", st.st_ino if st.st_nlink > 1 and not os.path.isdir(p) else 0))
+            out.append(
+                (
+                    os.path.relpath(p, root),
+                    st.st_mode,
+                    st.st_uid,
+                    st.st_gid,
+                    0 if os.path.isdir(p) and not os.path.islink(p) else st.st_size,
+                    st.st_mtime_ns,
+                    os.readlink(p) if os.path.islink(p) else "",
+                    st.st_ino if st.st_nlink > 1 and not os.path.isdir(p) else 0,
+                )
+            )
     return sorted(out)
 
 
@@ -106,13 +117,18 @@ def test_a_tree_beside_the_tar_is_what_untarring_the_tar_makes(tmp_path):
     res = w.close()
     assert (tmp_path / "made" / "opt/venv/lib/libbig.so").read_bytes() == big
     with open(tmp_path / "t.tar", "rb") as f:
-        assert "sha256:" + hashlib.sha256(f.read()).hexdigest() == res.diff_id  # the tar is unchanged by it
+        assert (
+            "sha256:" + hashlib.sha256(f.read()).hexdigest() == res.diff_id
+        )  # the tar is unchanged by it
     (tmp_path / "untarred").mkdir()
     with tarfile.open(tmp_path / "t.tar") as tf:
         tf.extractall(tmp_path / "untarred", numeric_owner=True)
     made, untarred = _entries(tmp_path / "made"), _entries(tmp_path / "untarred")
+
     # hardlinks: the same inode within each tree (inode numbers differ between the two)
-    def comparable(e):  # Python's tarfile leaves a symlink's own times (containers/storage sets them)
+    def comparable(
+        e,
+    ):  # Python's tarfile leaves a symlink's own times (containers/storage sets them)
         return e[:5] + ((0,) if e[6] else (e[5],)) + e[6:7]
 
     assert [comparable(e) for e in made] == [comparable(e) for e in untarred]
@@ -133,21 +149,24 @@ import pytest  # noqa: E402
 from envspec.image.tarball import DirectFile, PipeTee  # noqa: E402
 
 
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, DirectFile.BUF - 1, DirectFile.BUF,
-                                  3 * DirectFile.BUF + 12345])
+@pytest.mark.parametrize(
+    "size", [0, 1, 4095, 4096, 4097, DirectFile.BUF - 1, DirectFile.BUF, 3 * DirectFile.BUF + 12345]
+)
 def test_direct_file_holds_exactly_the_bytes_written_in_any_pieces(tmp_path, size):
     data = os.urandom(size)
     f = DirectFile.open(tmp_path / "o.bin")
     i, step = 0, 1
     while i < size:  # pieces of every size, none aligned
-        f.write(data[i:i + step])
+        f.write(data[i : i + step])
         i += step
         step = step * 7 % 3_000_001 + 1
     f.close()
     assert (tmp_path / "o.bin").read_bytes() == data
 
 
-def test_direct_file_is_used_where_o_direct_works_and_a_plain_file_where_refused(tmp_path, monkeypatch):
+def test_direct_file_is_used_where_o_direct_works_and_a_plain_file_where_refused(
+    tmp_path, monkeypatch
+):
     f = DirectFile.open(tmp_path / "a")  # /tmp and the cache take O_DIRECT here
     assert f.direct
     f.close()
@@ -174,15 +193,24 @@ def test_direct_file_is_used_where_o_direct_works_and_a_plain_file_where_refused
 def test_direct_file_reports_a_failed_write(tmp_path, monkeypatch):
     f = DirectFile.open(tmp_path / "o.bin")
     real = os.write
-    monkeypatch.setattr(os, "write", lambda fd, b: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left"))
-                        if fd == f.fd else real(fd, b))
+    monkeypatch.setattr(
+        os,
+        "write",
+        lambda fd, b: (
+            (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left"))
+            if fd == f.fd
+            else real(fd, b)
+        ),
+    )
     with pytest.raises(OSError, match="No space"):
         f.write(b"x" * (2 * DirectFile.BUF + 1))
         f.close()
 
 
 def _fifo_reader(path, got: bytearray, stop_after: int | None = None) -> threading.Thread:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # as the importer opens it: before the maker writes
+    fd = os.open(
+        path, os.O_RDONLY | os.O_NONBLOCK
+    )  # as the importer opens it: before the maker writes
     os.set_blocking(fd, True)
 
     def run():
@@ -228,7 +256,9 @@ def test_a_stager_that_stops_reading_ends_the_tee_not_the_layer(tmp_path):
     assert 100_000 <= len(got) < res.size
 
 
-def test_a_fifo_removed_before_any_stager_opened_it_leaves_the_maker_writing_the_file_alone(tmp_path):
+def test_a_fifo_removed_before_any_stager_opened_it_leaves_the_maker_writing_the_file_alone(
+    tmp_path,
+):
     _tree(tmp_path / "t")
     fifo = tmp_path / "o.tar.fifo"
     os.mkfifo(fifo)

@@ -61,36 +61,58 @@ def test_scan_finds_wheels_debs_layers_and_nothing_else(tmp_path):
     c, names = fake_cache(tmp_path)
     entries = cachegc.scan(c)
     assert sorted((e.kind, e.name) for e in entries) == sorted(
-        [("wheel", names["wheel-a"]), ("wheel", names["wheel-b"]), ("deb", names["deb-a"]), ("deb", names["deb-b"]),
-         ("layer", names["layer-a"]), ("layer", names["layer-b"])])
+        [
+            ("wheel", names["wheel-a"]),
+            ("wheel", names["wheel-b"]),
+            ("deb", names["deb-a"]),
+            ("deb", names["deb-b"]),
+            ("layer", names["layer-a"]),
+            ("layer", names["layer-b"]),
+        ]
+    )
     layer = next(e for e in entries if e.name == names["layer-a"])
-    assert layer.group == "layer-a" and layer.size == 1000 + c.layer_meta(names["layer-a"]).stat().st_size
+    assert (
+        layer.group == "layer-a"
+        and layer.size == 1000 + c.layer_meta(names["layer-a"]).stat().st_size
+    )
     info = cachegc.summary(c, entries)
     assert info["kinds"]["wheel"] == {"count": 2, "bytes": 300}
     assert info["kinds"]["deb"] == {"count": 2, "bytes": 700}
     assert info["other"]["uv/"] == 80 and info["other"]["tmp/"] == 70
-    assert info["other"]["debs/ (not entries)"] == 50 and info["other"]["layers/ (not entries)"] == 10
+    assert (
+        info["other"]["debs/ (not entries)"] == 50 and info["other"]["layers/ (not entries)"] == 10
+    )
 
 
 def test_gc_keeps_what_locks_need_and_removes_the_rest(tmp_path):
     c, names = fake_cache(tmp_path)
     needed = needed_of(names, "wheel-a", "deb-b", "layer-a")
     plan = cachegc.collect(c, needed)
-    assert sorted(e.name for e in plan.remove) == sorted([names["wheel-b"], names["deb-a"], names["layer-b"]])
+    assert sorted(e.name for e in plan.remove) == sorted(
+        [names["wheel-b"], names["deb-a"], names["layer-b"]]
+    )
     assert plan.freed == 200 + 300 + sum(e.size for e in plan.remove if e.kind == "layer")
     assert c.blob(names["wheel-a"]).exists() and not c.blob(names["wheel-b"]).exists()
     assert not (c.root / "debs" / "sha256" / names["deb-a"]).exists()
     assert (c.root / "debs" / "sha256" / names["deb-b"]).exists()
     assert c.layer_tar(names["layer-a"]).exists() and c.layer_meta(names["layer-a"]).exists()
-    assert not c.layer_tar(names["layer-b"]).exists() and not c.layer_meta(names["layer-b"]).exists()
+    assert (
+        not c.layer_tar(names["layer-b"]).exists() and not c.layer_meta(names["layer-b"]).exists()
+    )
     # what is not an entry is left alone
-    assert list((c.root / "debs" / "sha256").glob(".*.part")) and (c.root / "tmp" / "999999-x" / "base.tar").exists()
-    assert (c.root / "uv" / "wheels" / "w.whl").exists() and (c.root / "layers" / "junk.tmp").exists()
+    assert (
+        list((c.root / "debs" / "sha256").glob(".*.part"))
+        and (c.root / "tmp" / "999999-x" / "base.tar").exists()
+    )
+    assert (c.root / "uv" / "wheels" / "w.whl").exists() and (
+        c.root / "layers" / "junk.tmp"
+    ).exists()
     assert cachegc.collect(c, needed).remove == []  # a second run has nothing to do
 
 
 def test_dry_run_removes_nothing(tmp_path):
     c, names = fake_cache(tmp_path)
+
     def files():
         return sorted(str(p) for p in c.root.rglob("*") if p.is_file() and p.parent.name != "locks")
 
@@ -106,25 +128,36 @@ def test_recently_used_entries_are_kept(tmp_path):
     os.utime(c.blob(names["wheel-b"]), (now, OLD))  # read a minute ago (atime), written long ago
     plan = cachegc.collect(c, cachegc.Needed())
     assert [e.name for e in plan.remove if e.kind == "wheel"] == [names["wheel-a"]]
-    assert ("wheel", names["wheel-b"]) in {(e.kind, e.name) for e, why in plan.keep if why == "recent"}
+    assert ("wheel", names["wheel-b"]) in {
+        (e.kind, e.name) for e, why in plan.keep if why == "recent"
+    }
     assert c.blob(names["wheel-b"]).exists()
 
 
 def test_size_budget_keeps_the_most_recently_used_and_never_what_a_lock_needs(tmp_path):
     c, names = fake_cache(tmp_path)
     for i, k in enumerate(("wheel-b", "deb-a", "deb-b")):  # wheel-b oldest ... deb-b newest
-        os.utime(c.root / ("blobs" if k.startswith("wheel") else "debs") / "sha256" / names[k], (OLD + i, OLD + i))
+        os.utime(
+            c.root / ("blobs" if k.startswith("wheel") else "debs") / "sha256" / names[k],
+            (OLD + i, OLD + i),
+        )
     needed = needed_of(names, "wheel-a", "layer-a", "layer-b")
     entries = cachegc.scan(c)
     base = sum(e.size for e in entries if needed.needs(e))
-    plan = cachegc.plan_gc(entries, needed, keep_size=base + 750)  # room for deb-b (400) and deb-a (300)
+    plan = cachegc.plan_gc(
+        entries, needed, keep_size=base + 750
+    )  # room for deb-b (400) and deb-a (300)
     assert [e.name for e in plan.remove] == [names["wheel-b"]]
     assert {e.name for e, why in plan.keep if why == "budget"} == {names["deb-a"], names["deb-b"]}
     assert plan.over_budget == 0
-    plan = cachegc.plan_gc(entries, needed, keep_size=base + 450)  # deb-b only; deb-a does not fit, wheel-b does
+    plan = cachegc.plan_gc(
+        entries, needed, keep_size=base + 450
+    )  # deb-b only; deb-a does not fit, wheel-b does
     assert {e.name for e, why in plan.keep if why == "budget"} == {names["deb-b"]}
     assert {e.name for e in plan.remove} == {names["deb-a"], names["wheel-b"]}
-    plan = cachegc.plan_gc(entries, needed, keep_size=10)  # less than the locks need: they are kept anyway
+    plan = cachegc.plan_gc(
+        entries, needed, keep_size=10
+    )  # less than the locks need: they are kept anyway
     assert {e.name for e, _ in plan.keep} == {names["wheel-a"], names["layer-a"], names["layer-b"]}
     assert plan.over_budget == base - 10
 
@@ -137,7 +170,9 @@ def test_needed_from_a_real_lock_is_its_wheels_and_plan_layers():
     needed, bad = _needed([DATA / "small.lock"])
     assert bad == []
     assert needed.wheels == {w.sha256 for w in lock.wheels}
-    assert needed.layers == {lay.key.split(":", 1)[1] for lay in make_plan(lock).layers if lay.cacheable}
+    assert needed.layers == {
+        lay.key.split(":", 1)[1] for lay in make_plan(lock).layers if lay.cacheable
+    }
     assert needed.layers  # the test means something
 
 
@@ -151,8 +186,12 @@ def test_a_multi_platform_lock_needs_what_each_platforms_image_needs():
     assert bad == []
     debs = {d.sha256 for v in lock.views() for d in (v.debian.packages if v.debian else ())}
     assert needed.debs == debs and len(debs) > len(lock.parts[0].debian.packages)
-    assert needed.layers == {lay.key.split(":", 1)[1] for v in lock.views() for lay in make_plan(v).layers
-                             if lay.cacheable}
+    assert needed.layers == {
+        lay.key.split(":", 1)[1]
+        for v in lock.views()
+        for lay in make_plan(v).layers
+        if lay.cacheable
+    }
 
 
 def test_gc_waits_for_a_running_build(tmp_path):
@@ -161,18 +200,24 @@ def test_gc_waits_for_a_running_build(tmp_path):
     waiting, done = threading.Event(), threading.Event()
     said: list[list[str]] = []
     # a dry run removes nothing and waits for nobody (issue 43, 11: it waited 36 s)
-    plan = cachegc.collect(c, cachegc.Needed(), dry_run=True, on_wait=lambda users: said.append(users))
+    plan = cachegc.collect(
+        c, cachegc.Needed(), dry_run=True, on_wait=lambda users: said.append(users)
+    )
     assert said == [] and plan.remove and c.blob(names["wheel-a"]).exists()
 
     def gc():
-        cachegc.collect(c, cachegc.Needed(), on_wait=lambda users: (said.append(users), waiting.set()))
+        cachegc.collect(
+            c, cachegc.Needed(), on_wait=lambda users: (said.append(users), waiting.set())
+        )
         done.set()
 
     t = threading.Thread(target=gc)
     t.start()
     assert waiting.wait(30)
     assert not done.is_set() and c.blob(names["wheel-a"]).exists()  # blocked on the build's lock
-    assert said and any(u.startswith(f"pid {os.getpid()}: ") for u in said[0]), said  # the builds are named
+    assert said and any(u.startswith(f"pid {os.getpid()}: ") for u in said[0]), (
+        said
+    )  # the builds are named
     build.release()
     t.join(30)
     assert done.is_set() and not c.blob(names["wheel-a"]).exists()
@@ -232,14 +277,19 @@ def test_wheels_built_from_sdists_are_entries_kept_by_the_locks_that_build_them(
     put(c.root / "built" / "not-a-key" / "x", 5)
     entries = cachegc.scan(c)
     built = {e.name: e for e in entries if e.kind == "built"}
-    assert set(built) == {hexof("built-a"), hexof("built-b")} and built[hexof("built-a")].size == 530
+    assert (
+        set(built) == {hexof("built-a"), hexof("built-b")} and built[hexof("built-a")].size == 530
+    )
     assert cachegc.summary(c, entries)["kinds"]["built"] == {"count": 2, "bytes": 1060}
     needed = needed_of(names, "wheel-a", "wheel-b", "deb-a", "deb-b", "layer-a", "layer-b")
     needed.add("x.lock", [("built", hexof("built-a"))])
     plan = cachegc.collect(c, needed)
     assert [(e.kind, e.name) for e in plan.remove] == [("built", hexof("built-b"))]
     assert (c.root / "built" / hexof("built-a") / "pkg-1.0-py3-none-any.whl").exists()
-    assert not (c.root / "built" / hexof("built-b")).exists() and (c.root / "built" / "not-a-key" / "x").exists()
+    assert (
+        not (c.root / "built" / hexof("built-b")).exists()
+        and (c.root / "built" / "not-a-key" / "x").exists()
+    )
 
 
 def test_gc_never_follows_a_link_out_of_the_cache(tmp_path):
@@ -257,7 +307,11 @@ def test_gc_never_follows_a_link_out_of_the_cache(tmp_path):
     (c.root / "built" / hexof("linked-built")).symlink_to(tree)  # a link to a directory outside
     os.utime(blob_link, (OLD, OLD), follow_symlinks=False)
     entries = cachegc.scan(c)
-    assert not [e for e in entries if e.name in (hexof("linked-wheel"), hexof("linked-layer"), hexof("linked-built"))]
+    assert not [
+        e
+        for e in entries
+        if e.name in (hexof("linked-wheel"), hexof("linked-layer"), hexof("linked-built"))
+    ]
     cachegc.collect(c, cachegc.Needed())  # nothing is needed: every entry goes
     assert victim.read_bytes() == b"x" * 123 and (tree / "wheel.json").exists()
     assert not c.blob(names["wheel-a"]).exists()  # the real entries did go
@@ -289,14 +343,28 @@ def test_a_layers_compressed_blobs_are_part_of_it_and_go_with_it(tmp_path):
         os.utime(layers / f"{key}.zstd-1.5.7-3.tar.zst", (OLD, OLD))
     entries = {e.name: e for e in cachegc.scan(c) if e.kind == "layer"}
     a = entries[names["layer-a"]]
-    assert a.paths[0] == c.layer_meta(names["layer-a"]) and len(a.paths) == 4 and a.group == "layer-a"
+    assert (
+        a.paths[0] == c.layer_meta(names["layer-a"]) and len(a.paths) == 4 and a.group == "layer-a"
+    )
     gone = entries[hexof("layer-gone")]
-    assert {p.name.split(".", 1)[1] for p in gone.paths} == {"zstd-1.5.7-3.json", "zstd-1.5.7-3.tar.zst"}
+    assert {p.name.split(".", 1)[1] for p in gone.paths} == {
+        "zstd-1.5.7-3.json",
+        "zstd-1.5.7-3.tar.zst",
+    }
     info = cachegc.summary(c)
     assert info["other"]["layers/ (not entries)"] == 10  # junk.tmp only
-    assert "interrupted" in info["other_what"]["layers/ (not entries)"] or "killed" in info["other_what"]["layers/ (not entries)"]
-    assert "resolver" in info["other_what"]["uv/"] and "running builds" in info["other_what"]["tmp/"]
+    assert (
+        "interrupted" in info["other_what"]["layers/ (not entries)"]
+        or "killed" in info["other_what"]["layers/ (not entries)"]
+    )
+    assert (
+        "resolver" in info["other_what"]["uv/"] and "running builds" in info["other_what"]["tmp/"]
+    )
     plan = cachegc.collect(c, needed_of(names, "layer-b"), grace=0)
-    assert {e.name for e in plan.remove if e.kind == "layer"} == {names["layer-a"], hexof("layer-gone")}
+    assert {e.name for e in plan.remove if e.kind == "layer"} == {
+        names["layer-a"],
+        hexof("layer-gone"),
+    }
     assert sorted(p.name for p in layers.iterdir()) == sorted(
-        [f"{names['layer-b']}.tar", f"{names['layer-b']}.json", "junk.tmp"])
+        [f"{names['layer-b']}.tar", f"{names['layer-b']}.json", "junk.tmp"]
+    )

@@ -21,12 +21,29 @@ def test_version(capsys):
 
 
 def test_run_print_splits_the_command_at_double_dash(capsys):
-    code = main(["run", str(ROOT / "lockfiles" / "smoke.lock"), "--print", "--engine", "podman", "--no-mount",
-                 "--", "python", "--print", "-c", "x"])
+    code = main(
+        [
+            "run",
+            str(ROOT / "lockfiles" / "smoke.lock"),
+            "--print",
+            "--engine",
+            "podman",
+            "--no-mount",
+            "--",
+            "python",
+            "--print",
+            "-c",
+            "x",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     cmd = [ln for ln in out.splitlines() if not ln.startswith("#")][0]
-    assert cmd.endswith("localhost/envspec/smoke:" + _short(ROOT / "lockfiles" / "smoke.lock") + " python --print -c x")
+    assert cmd.endswith(
+        "localhost/envspec/smoke:"
+        + _short(ROOT / "lockfiles" / "smoke.lock")
+        + " python --print -c x"
+    )
     assert "--shm-size 64m" in cmd
 
 
@@ -37,13 +54,24 @@ def _short(p: Path) -> str:
 
 
 def test_diff_json(capsys):
-    code = main(["diff", str(ROOT / "lockfiles" / "h100-train.lock"), str(ROOT / "lockfiles" / "a100-train.lock"), "--json"])
+    code = main(
+        [
+            "diff",
+            str(ROOT / "lockfiles" / "h100-train.lock"),
+            str(ROOT / "lockfiles" / "a100-train.lock"),
+            "--json",
+        ]
+    )
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     assert data["wheels"]["counts"]["removed"] == 1
-    assert [(c["name"], c["change"]) for c in data["wheels"]["changes"]] == [("safetensors", "removed")]
+    assert [(c["name"], c["change"]) for c in data["wheels"]["changes"]] == [
+        ("safetensors", "removed")
+    ]
     layers = {lay["group"]: lay["change"] for lay in data["layers"]["layers"]}
-    assert layers["base"] == layers["cuda"] == layers["torch"] == "same" and layers["team"] != "same"
+    assert (
+        layers["base"] == layers["cuda"] == layers["torch"] == "same" and layers["team"] != "same"
+    )
 
 
 def test_build_locked_refuses_a_missing_lock(tmp_path, capsys, monkeypatch):
@@ -83,22 +111,38 @@ def test_db_show_piped_gives_each_entry_one_line():
     from envspec.resolve import driver_floor
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out = subprocess.run([sys.executable, "-m", "envspec", "db", "show"], capture_output=True, text=True, env=env,
-                         timeout=120, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-m", "envspec", "db", "show"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
     db = load_db()
     import re
 
     titles = [x for x in out if x.startswith("GPUs, ")]
-    assert [t.split(" (")[0] for t in titles] == ["GPUs, data center", "GPUs, workstation", "GPUs, GeForce and TITAN",
-                                                  "GPUs, Jetson"]
+    assert [t.split(" (")[0] for t in titles] == [
+        "GPUs, data center",
+        "GPUs, workstation",
+        "GPUs, GeForce and TITAN",
+        "GPUs, Jetson",
+    ]
     for g in db.gpus:
         # the name, then at least two spaces: "NVIDIA H100" is not the start of "NVIDIA H100 80GB HBM3"'s line
         i, line = next((i, x) for i, x in enumerate(out) if re.match(rf" {re.escape(g.name)}  ", x))
-        assert all(a in line for a in g.aliases) and f" {g.cc} " in line and f" {g.architecture} " in line
+        assert (
+            all(a in line for a in g.aliases)
+            and f" {g.cc} " in line
+            and f" {g.architecture} " in line
+        )
         assert (f" R{g.min_driver} " in line) if g.min_driver else True
         assert (f" R{g.max_driver} " in line) if g.max_driver else True
         # in its product line's table: the last title above it
-        assert [t for t in titles if out.index(t) < i][-1].startswith(f"GPUs, {LINES[g.line]} ("), g.name
+        assert [t for t in titles if out.index(t) < i][-1].startswith(f"GPUs, {LINES[g.line]} ("), (
+            g.name
+        )
     for f in db.families:
         assert any(x.split()[:2] == [f.cc, f.architecture.split()[0]] for x in out), f.cc
     for r in db.torch_releases:

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_cli_md_is_the_parsers_text():
-    assert (ROOT / "docs" / "cli.md").read_text() == markdown(), \
+    assert (ROOT / "docs" / "cli.md").read_text() == markdown(), (
         "docs/cli.md is stale: python -m envspec.cli.reference > docs/cli.md"
+    )
 
 
 def test_every_command_says_what_it_does_with_examples_and_every_argument_has_help():
@@ -27,7 +28,12 @@ def test_every_command_says_what_it_does_with_examples_and_every_argument_has_he
             if isinstance(a, argparse._HelpAction):
                 continue
             assert a.help, f"{words}: {a.option_strings or a.dest} has no help"
-    assert {"envspec db show", "envspec cache gc", "envspec verify", "envspec cluster render"} <= set(seen)
+    assert {
+        "envspec db show",
+        "envspec cache gc",
+        "envspec verify",
+        "envspec cluster render",
+    } <= set(seen)
 
 
 def test_the_top_level_groups_every_command_once():
@@ -42,7 +48,9 @@ def test_docs_spec_md_is_the_models_text_and_every_key_is_on_it():
     from envspec.cli.reference import _model_of, _tables, spec_markdown
 
     page = (ROOT / "docs" / "spec.md").read_text()
-    assert page == spec_markdown(), "docs/spec.md is stale: python -m envspec.cli.reference spec > docs/spec.md"
+    assert page == spec_markdown(), (
+        "docs/spec.md is stale: python -m envspec.cli.reference spec > docs/spec.md"
+    )
     keys = 0
     for table, model in _tables():
         assert model.__doc__ and f"## {'[' + table + ']' if table else 'Top level'}" in page
@@ -53,5 +61,7 @@ def test_docs_spec_md_is_the_models_text_and_every_key_is_on_it():
             assert info.description and info.examples, f"[{table}].{key}: no meaning or no example"
             assert f"| `{key}` |" in page
             given = {} if table else {"name": "x"}
-            model.model_validate(given | {key: info.examples[0]})  # the example is a value the spec takes
+            model.model_validate(
+                given | {key: info.examples[0]}
+            )  # the example is a value the spec takes
     assert keys >= 40

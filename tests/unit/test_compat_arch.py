@@ -8,33 +8,36 @@ TORCH_CU128 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 
 TORCH_CU124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]  # torch 2.5 cu124
 
 
-@pytest.mark.parametrize("cc, arch, runs", [
-    ("10.3", "sm_100", True),      # B300 runs B200 SASS: same major, 0 <= 3
-    ("8.9", "sm_86", True),        # L4 runs sm_86 SASS
-    ("8.9", "sm_80", True),
-    ("8.6", "sm_89", False),       # SASS never runs on an older minor
-    ("9.0", "sm_86", False),       # ... nor across majors
-    ("10.0", "sm_90", False),
-    ("12.0", "sm_100", False),     # RTX 5090 is not a 10.x part
-    ("10.0", "sm_120", False),
-    ("9.0", "compute_90", True),   # PTX: AB <= XY
-    ("12.0", "compute_90", True),
-    ("10.0", "compute_80", True),
-    ("8.0", "compute_86", False),
-    ("10.0", "compute_120", False),
-    ("9.0", "sm_90a", True),       # architecture-specific: exactly 9.0
-    ("10.0", "sm_90a", False),
-    ("12.0", "compute_90a", False),
-    ("10.3", "sm_100a", False),
-    ("10.0", "sm_100f", True),     # family-specific: same major, minor >= 0
-    ("10.3", "sm_100f", True),
-    ("10.0", "sm_103f", False),
-    ("12.1", "sm_120f", True),
-    ("12.0", "sm_100f", False),
-    ("3.7", "sm_37", True),
-    ("6.1", "sm_60", True),
-    ("8.7", "sm_86", True),        # Orin runs sm_86 SASS (same major)
-])
+@pytest.mark.parametrize(
+    "cc, arch, runs",
+    [
+        ("10.3", "sm_100", True),  # B300 runs B200 SASS: same major, 0 <= 3
+        ("8.9", "sm_86", True),  # L4 runs sm_86 SASS
+        ("8.9", "sm_80", True),
+        ("8.6", "sm_89", False),  # SASS never runs on an older minor
+        ("9.0", "sm_86", False),  # ... nor across majors
+        ("10.0", "sm_90", False),
+        ("12.0", "sm_100", False),  # RTX 5090 is not a 10.x part
+        ("10.0", "sm_120", False),
+        ("9.0", "compute_90", True),  # PTX: AB <= XY
+        ("12.0", "compute_90", True),
+        ("10.0", "compute_80", True),
+        ("8.0", "compute_86", False),
+        ("10.0", "compute_120", False),
+        ("9.0", "sm_90a", True),  # architecture-specific: exactly 9.0
+        ("10.0", "sm_90a", False),
+        ("12.0", "compute_90a", False),
+        ("10.3", "sm_100a", False),
+        ("10.0", "sm_100f", True),  # family-specific: same major, minor >= 0
+        ("10.3", "sm_100f", True),
+        ("10.0", "sm_103f", False),
+        ("12.1", "sm_120f", True),
+        ("12.0", "sm_100f", False),
+        ("3.7", "sm_37", True),
+        ("6.1", "sm_60", True),
+        ("8.7", "sm_86", True),  # Orin runs sm_86 SASS (same major)
+    ],
+)
 def test_arch_runs(cc, arch, runs):
     assert arch_runs(cc, arch) is runs
 
@@ -65,7 +68,10 @@ def test_reason_names_the_closest_sass():
 
 
 def test_a_and_f_reasons():
-    assert why_arch("9.0", ["sm_90a"])[1] == "sm_90a SASS runs on 9.0 (architecture-specific, exact match)"
+    assert (
+        why_arch("9.0", ["sm_90a"])[1]
+        == "sm_90a SASS runs on 9.0 (architecture-specific, exact match)"
+    )
     assert "family-specific" in why_arch("10.3", ["sm_100f"])[1]
     ok, why = why_arch("10.0", ["sm_90a"])
     assert not ok

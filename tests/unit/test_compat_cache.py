@@ -53,21 +53,32 @@ def _same_model(a, b, where: str) -> None:
         if isinstance(va, list):
             assert [type(x) for x in va] == [type(x) for x in vb], f"{where}.{name}"
     assert a.model_fields_set == b.model_fields_set, where
-    assert a.__pydantic_extra__ == b.__pydantic_extra__ and a.__pydantic_private__ == b.__pydantic_private__, where
+    assert (
+        a.__pydantic_extra__ == b.__pydantic_extra__
+        and a.__pydantic_private__ == b.__pydantic_private__
+    ), where
     assert a == b, where
 
 
 def _same_db(checked: CompatDB, cached: CompatDB) -> None:
-    assert (cached.version, cached.date, cached.format, cached.sources) == \
-        (checked.version, checked.date, checked.format, checked.sources)
+    assert (cached.version, cached.date, cached.format, cached.sources) == (
+        checked.version,
+        checked.date,
+        checked.format,
+        checked.sources,
+    )
     for kind in ("torch_releases", "cuda_toolkits", "gpus"):
         a, b = getattr(checked, kind), getattr(cached, kind)
         assert len(a) == len(b) > 0, kind
         for i, (x, y) in enumerate(zip(a, b)):
             _same_model(x, y, f"{kind}[{i}]")
     # the lookups built from the rows
-    assert list(cached._releases) == list(checked._releases) and list(cached._toolkits) == list(checked._toolkits)
-    assert {k: g.name for k, g in cached._gpu_keys.items()} == {k: g.name for k, g in checked._gpu_keys.items()}
+    assert list(cached._releases) == list(checked._releases) and list(cached._toolkits) == list(
+        checked._toolkits
+    )
+    assert {k: g.name for k, g in cached._gpu_keys.items()} == {
+        k: g.name for k, g in checked._gpu_keys.items()
+    }
     assert cached._gpu_labels == checked._gpu_labels
     assert cached.to_json() == checked.to_json()
 
@@ -86,8 +97,9 @@ def test_the_cached_db_is_the_checked_db_field_by_field(own_cache):
             assert cached.find_gpu(label) == checked.find_gpu(label), label
     r = cached.torch_releases[-1]
     for v in r.variants.values():
-        assert v.served_from("https://mirror.example/whl") == \
-            checked.torch_release(r.version).variants[v.name].served_from("https://mirror.example/whl")
+        assert v.served_from("https://mirror.example/whl") == checked.torch_release(
+            r.version
+        ).variants[v.name].served_from("https://mirror.example/whl")
 
 
 def test_load_db_stores_the_checked_db_and_a_later_process_reads_it_without_checking(own_cache):
@@ -96,15 +108,23 @@ def test_load_db_stores_the_checked_db_and_a_later_process_reads_it_without_chec
     assert [p.name for p in entries] == [f"{dbcache.cache_key(DATA_DIR, NAMES)}.json"]
     # a fresh interpreter: the loader's check would fail, so the DB can only come from the cache;
     # no pydantic schema of the DB's models is built, and the row models are not imported
-    code = ("import json, sys, envspec.compat.load as l, envspec.compat.model as m\n"
-            "def no(root):\n    raise AssertionError('checked again')\n"
-            "l._build = no\n"
-            "db = l.load_db()\n"
-            "built = [c.__name__ for c in (m.Variant, m.TorchRelease, m.CudaToolkit, m.Gpu) if c.__pydantic_complete__]\n"
-            "rows = 'envspec.compat.rows' in sys.modules\n"
-            "json.dump({'db': db.to_json(), 'built': built, 'rows': rows}, sys.stdout)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    code = (
+        "import json, sys, envspec.compat.load as l, envspec.compat.model as m\n"
+        "def no(root):\n    raise AssertionError('checked again')\n"
+        "l._build = no\n"
+        "db = l.load_db()\n"
+        "built = [c.__name__ for c in (m.Variant, m.TorchRelease, m.CudaToolkit, m.Gpu) if c.__pydantic_complete__]\n"
+        "rows = 'envspec.compat.rows' in sys.modules\n"
+        "json.dump({'db': db.to_json(), 'built': built, 'rows': rows}, sys.stdout)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["built"] == [] and out["rows"] is False  # the row models were not even made
@@ -123,7 +143,9 @@ def test_validate_checks_the_files_whatever_the_cache_holds(own_cache, monkeypat
     assert calls == [DATA_DIR.resolve()]
 
 
-@pytest.mark.parametrize("damage", ["truncated", "payload-changed", "not-json", "other-key", "empty"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "payload-changed", "not-json", "other-key", "empty"]
+)
 def test_an_entry_that_is_not_whole_is_ignored_and_written_again(own_cache, monkeypatch, damage):
     good = load_db()
     (entry,) = own_cache.glob("*.json")
@@ -131,7 +153,9 @@ def test_an_entry_that_is_not_whole_is_ignored_and_written_again(own_cache, monk
     head, _, payload = blob.partition(b"\n")
     if damage == "truncated":
         entry.write_bytes(blob[: len(blob) // 2])
-    elif damage == "payload-changed":  # still valid JSON, other values: the sha256 in the header tells
+    elif (
+        damage == "payload-changed"
+    ):  # still valid JSON, other values: the sha256 in the header tells
         entry.write_bytes(head + b"\n" + payload.replace(b'"cc":"9.0"', b'"cc":"9.1"', 1))
     elif damage == "not-json":
         entry.write_bytes(b"\x00\xff garbage\n{")
@@ -160,7 +184,9 @@ def test_changed_data_gets_a_new_key_and_the_old_entry_is_not_used(tmp_path, own
     key_before = dbcache.cache_key(d, NAMES)
     g = (d / "gpus.toml").read_text()
     assert g.count("memory_gib = 80\n") >= 1
-    (d / "gpus.toml").write_text(g.replace('name = "NVIDIA H100 80GB HBM3"', 'name = "NVIDIA H100 80GB HBM3 test"', 1))
+    (d / "gpus.toml").write_text(
+        g.replace('name = "NVIDIA H100 80GB HBM3"', 'name = "NVIDIA H100 80GB HBM3 test"', 1)
+    )
     dbload._load_cached.cache_clear()
     after = load_db(d)
     assert dbcache.cache_key(d, NAMES) != key_before
@@ -185,10 +211,14 @@ def test_the_key_covers_the_code_and_the_versions(monkeypatch):
 
 def test_bad_data_is_never_stored(tmp_path, own_cache):
     d = _copy(tmp_path)
-    (d / "gpus.toml").write_text((d / "gpus.toml").read_text().replace('cc = "3.7"', 'cc = "three"', 1))
+    (d / "gpus.toml").write_text(
+        (d / "gpus.toml").read_text().replace('cc = "3.7"', 'cc = "three"', 1)
+    )
     for _ in range(2):  # the same error the second time: nothing was stored
         dbload._load_cached.cache_clear()
-        with pytest.raises(CompatDBError, match=r"gpus.toml: family\[1\] \('three'\).cc: not a compute capability"):
+        with pytest.raises(
+            CompatDBError, match=r"gpus.toml: family\[1\] \('three'\).cc: not a compute capability"
+        ):
             load_db(d)
     assert not own_cache.exists() or list(own_cache.glob("*.json")) == []
 
@@ -234,4 +264,6 @@ def test_model_types_of_a_cached_db(own_cache):
     db = load_db()
     assert all(type(r) is TorchRelease for r in db.torch_releases)
     assert all(type(v) is Variant for r in db.torch_releases for v in r.variants.values())
-    assert all(type(t) is CudaToolkit for t in db.cuda_toolkits) and all(type(g) is Gpu for g in db.gpus)
+    assert all(type(t) is CudaToolkit for t in db.cuda_toolkits) and all(
+        type(g) is Gpu for g in db.gpus
+    )

@@ -21,9 +21,34 @@ def db() -> CompatDB:
 # ---- coverage ----------------------------------------------------------------------------------
 
 EXPECTED_RELEASES = [
-    "2.0.0", "2.0.1", "2.1.0", "2.1.1", "2.1.2", "2.2.0", "2.2.1", "2.2.2", "2.3.0", "2.3.1", "2.4.0", "2.4.1",
-    "2.5.0", "2.5.1", "2.6.0", "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0",
-    "2.12.1", "2.13.0", "2.14.0", "2.14.1", "2.15.0",
+    "2.0.0",
+    "2.0.1",
+    "2.1.0",
+    "2.1.1",
+    "2.1.2",
+    "2.2.0",
+    "2.2.1",
+    "2.2.2",
+    "2.3.0",
+    "2.3.1",
+    "2.4.0",
+    "2.4.1",
+    "2.5.0",
+    "2.5.1",
+    "2.6.0",
+    "2.7.0",
+    "2.7.1",
+    "2.8.0",
+    "2.9.0",
+    "2.9.1",
+    "2.10.0",
+    "2.11.0",
+    "2.12.0",
+    "2.12.1",
+    "2.13.0",
+    "2.14.0",
+    "2.14.1",
+    "2.15.0",
 ]
 
 
@@ -39,16 +64,19 @@ def test_db_is_versioned_and_dated(db):
     Version(db.version)
 
 
-@pytest.mark.parametrize("version, pypi, cuda, cudnn, nccl", [
-    ("2.0.0", "cu117", "11.7", "8.5.0.96", "2.14.3"),
-    ("2.1.0", "cu121", "12.1", "8.9.2.26", "2.18.1"),
-    ("2.5.1", "cu124", "12.4", "9.1.0.70", "2.21.5"),
-    ("2.7.1", "cu126", "12.6", "9.5.1.17", "2.26.2"),
-    ("2.9.1", "cu128", "12.8", "9.10.2.21", "2.27.5"),
-    ("2.11.0", "cu130", "13.0", "9.19.0.56", "2.28.9"),
-    ("2.14.1", "cu130", "13.0", "9.24.0.43", "2.30.7"),
-    ("2.15.0", "cu132", "13.2", "9.26.0.51", "2.30.7"),
-])
+@pytest.mark.parametrize(
+    "version, pypi, cuda, cudnn, nccl",
+    [
+        ("2.0.0", "cu117", "11.7", "8.5.0.96", "2.14.3"),
+        ("2.1.0", "cu121", "12.1", "8.9.2.26", "2.18.1"),
+        ("2.5.1", "cu124", "12.4", "9.1.0.70", "2.21.5"),
+        ("2.7.1", "cu126", "12.6", "9.5.1.17", "2.26.2"),
+        ("2.9.1", "cu128", "12.8", "9.10.2.21", "2.27.5"),
+        ("2.11.0", "cu130", "13.0", "9.19.0.56", "2.28.9"),
+        ("2.14.1", "cu130", "13.0", "9.24.0.43", "2.30.7"),
+        ("2.15.0", "cu132", "13.2", "9.26.0.51", "2.30.7"),
+    ],
+)
 def test_pypi_variant_and_exact_pins(db, version, pypi, cuda, cudnn, nccl):
     rel = db.torch_release(version)
     assert rel.pypi_variant == pypi
@@ -76,13 +104,28 @@ def test_python_versions_from_wheel_tags(db):
 def test_known_arch_lists(db):
     # observed: 2.7.1+cu128 reports compute_120 too; 2.9.1+cu128 has Volta back; 2.11.0+cu128 drops it
     assert db.torch_release("2.7.1").variants["cu128"].arch_list == [
-        "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+        "sm_75",
+        "sm_80",
+        "sm_86",
+        "sm_90",
+        "sm_100",
+        "sm_120",
+        "compute_120",
+    ]
     assert db.torch_release("2.9.1").variants["cu128"].arch_list[0] == "sm_70"
     assert db.torch_release("2.11.0").variants["cu128"].arch_list[0] == "sm_75"
-    assert db.torch_release("2.13.0").variants["cu130"].arch_list[-1] == "sm_120"  # release builds: no PTX
+    assert (
+        db.torch_release("2.13.0").variants["cu130"].arch_list[-1] == "sm_120"
+    )  # release builds: no PTX
     # observed on a test machine: torch 2.11.0+cu130 reports sm_75..sm_120
     assert db.torch_release("2.11.0").variants["cu130"].arch_list == [
-        "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+        "sm_75",
+        "sm_80",
+        "sm_86",
+        "sm_90",
+        "sm_100",
+        "sm_120",
+    ]
     assert "compute_120" in db.torch_release("2.8.0").variants["cu129"].arch_list
     assert "sm_70" in db.torch_release("2.14.1").variants["cu126"].arch_list
 
@@ -96,6 +139,7 @@ def test_variant_order_is_cpu_then_ascending_cuda(db):
 
 
 # ---- integrity ---------------------------------------------------------------------------------
+
 
 def test_every_variant_cuda_is_a_known_toolkit_and_arch_lists_parse(db):
     for rel in db.torch_releases:
@@ -133,13 +177,16 @@ def test_toolkits_cover_11_0_to_13_x_with_parseable_floors(db):
             parse_arch(a)
 
 
-@pytest.mark.parametrize("cuda, strict, compat", [
-    ("11.8", "520.61.05", "450.80.02"),
-    ("12.1", "530.30.02", "525.60.13"),
-    ("12.8", "570.26", "525.60.13"),
-    ("13.0", "580.65.06", "580.65.06"),
-    ("13.2", "595.45.04", "580.65.06"),
-])
+@pytest.mark.parametrize(
+    "cuda, strict, compat",
+    [
+        ("11.8", "520.61.05", "450.80.02"),
+        ("12.1", "530.30.02", "525.60.13"),
+        ("12.8", "570.26", "525.60.13"),
+        ("13.0", "580.65.06", "580.65.06"),
+        ("13.2", "595.45.04", "580.65.06"),
+    ],
+)
 def test_driver_floors(db, cuda, strict, compat):
     tk = db.cuda_toolkit(cuda)
     assert (tk.driver_strict, tk.driver_compat) == (strict, compat)
@@ -147,8 +194,13 @@ def test_driver_floors(db, cuda, strict, compat):
 
 
 def test_nvcc_arch_ranges(db):
-    assert "sm_90a" in db.cuda_toolkit("12.0").archs and "sm_37" not in db.cuda_toolkit("12.0").archs
-    assert "sm_100f" in db.cuda_toolkit("12.9").archs and "sm_100f" not in db.cuda_toolkit("12.8").archs
+    assert (
+        "sm_90a" in db.cuda_toolkit("12.0").archs and "sm_37" not in db.cuda_toolkit("12.0").archs
+    )
+    assert (
+        "sm_100f" in db.cuda_toolkit("12.9").archs
+        and "sm_100f" not in db.cuda_toolkit("12.8").archs
+    )
     assert "sm_70" not in db.cuda_toolkit("13.0").archs and "sm_75" in db.cuda_toolkit("13.0").archs
     assert "sm_120f" in db.cuda_toolkit("13.0").archs
 
@@ -162,46 +214,81 @@ def test_every_gpu_row_is_complete(db):
         # a notebook GPU's memory is the laptop maker's choice where NVIDIA sells more than one size, and a
         # low-end GeForce board's its board maker's ("memory varies by board" in its source)
         notebook = re.search(r"Laptop GPU|Max-Q|\d+MX?$|\bMX\d+|Quadro [KMPT]\d+M?$", g.name)
-        assert (g.memory_gib and g.memory_gib > 0 or notebook
-                or "varies" in g.source), g.name
-    for required in ["K80", "P100", "GTX 1080 Ti", "V100", "T4", "A10", "A30", "A40", "A100 40GB", "A100 80GB",
-                     "L4", "L40S", "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "B300", "GB200",
-                     "RTX 3090", "RTX 4090", "RTX 5090", "RTX A6000", "RTX 6000 Ada", "Jetson AGX Orin"]:
+        assert g.memory_gib and g.memory_gib > 0 or notebook or "varies" in g.source, g.name
+    for required in [
+        "K80",
+        "P100",
+        "GTX 1080 Ti",
+        "V100",
+        "T4",
+        "A10",
+        "A30",
+        "A40",
+        "A100 40GB",
+        "A100 80GB",
+        "L4",
+        "L40S",
+        "H100 PCIe",
+        "H100 SXM",
+        "H100 NVL",
+        "H200",
+        "GH200",
+        "B200",
+        "B300",
+        "GB200",
+        "RTX 3090",
+        "RTX 4090",
+        "RTX 5090",
+        "RTX A6000",
+        "RTX 6000 Ada",
+        "Jetson AGX Orin",
+    ]:
         assert load_db().find_gpu(required) is not None, required
 
 
 # ---- lookups -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("query, name, cc", [
-    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "9.0"),
-    ("H100", "NVIDIA H100 80GB HBM3", "9.0"),
-    ("h100 sxm", "NVIDIA H100 80GB HBM3", "9.0"),
-    ("NVIDIA H200", "NVIDIA H200", "9.0"),
-    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "8.0"),
-    ("A100 80GB", "NVIDIA A100-SXM4-80GB", "8.0"),
-    ("a100-80gb", "NVIDIA A100-SXM4-80GB", "8.0"),
-    ("A100 40GB", "NVIDIA A100-SXM4-40GB", "8.0"),
-    ("Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB", "7.0"),
-    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090", "8.9"),
-    ("GeForce RTX 4090", "NVIDIA GeForce RTX 4090", "8.9"),
-    ("RTX 5090", "NVIDIA GeForce RTX 5090", "12.0"),
-    ("B300", "NVIDIA B300 SXM6 AC", "10.3"),
-    ("B200", "NVIDIA B200", "10.0"),
-    ("Jetson AGX Orin", "Orin (nvgpu)", "8.7"),
-    ("NVIDIA L4", "NVIDIA L4", "8.9"),
-    ("T4", "Tesla T4", "7.5"),
-    ("NVIDIA T4", "Tesla T4", "7.5"),
-])
+
+@pytest.mark.parametrize(
+    "query, name, cc",
+    [
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "9.0"),
+        ("H100", "NVIDIA H100 80GB HBM3", "9.0"),
+        ("h100 sxm", "NVIDIA H100 80GB HBM3", "9.0"),
+        ("NVIDIA H200", "NVIDIA H200", "9.0"),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "8.0"),
+        ("A100 80GB", "NVIDIA A100-SXM4-80GB", "8.0"),
+        ("a100-80gb", "NVIDIA A100-SXM4-80GB", "8.0"),
+        ("A100 40GB", "NVIDIA A100-SXM4-40GB", "8.0"),
+        ("Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB", "7.0"),
+        ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090", "8.9"),
+        ("GeForce RTX 4090", "NVIDIA GeForce RTX 4090", "8.9"),
+        ("RTX 5090", "NVIDIA GeForce RTX 5090", "12.0"),
+        ("B300", "NVIDIA B300 SXM6 AC", "10.3"),
+        ("B200", "NVIDIA B200", "10.0"),
+        ("Jetson AGX Orin", "Orin (nvgpu)", "8.7"),
+        ("NVIDIA L4", "NVIDIA L4", "8.9"),
+        ("T4", "Tesla T4", "7.5"),
+        ("NVIDIA T4", "Tesla T4", "7.5"),
+    ],
+)
 def test_find_gpu(db, query, name, cc):
     g = db.find_gpu(query)
     assert g is not None, query
     assert (g.name, g.cc) == (name, cc)
 
 
-@pytest.mark.parametrize("query, name, cc", [
-    ("sm_90", "sm_90", "9.0"), ("9.0", "sm_90", "9.0"), ("sm_100", "sm_100", "10.0"),
-    ("sm_120", "sm_120", "12.0"), ("10.3", "sm_103", "10.3"), ("SM_86", "sm_86", "8.6"),
-])
+@pytest.mark.parametrize(
+    "query, name, cc",
+    [
+        ("sm_90", "sm_90", "9.0"),
+        ("9.0", "sm_90", "9.0"),
+        ("sm_100", "sm_100", "10.0"),
+        ("sm_120", "sm_120", "12.0"),
+        ("10.3", "sm_103", "10.3"),
+        ("SM_86", "sm_86", "8.6"),
+    ],
+)
 def test_find_gpu_by_capability(db, query, name, cc):
     g = db.find_gpu(query)
     assert (g.name, g.cc) == (name, cc)
@@ -239,16 +326,20 @@ def test_to_json_round_trips_through_json(db):
 def test_load_is_cached_and_lazy():
     import subprocess
     import sys
+
     assert load_db() is load_db()
     # importing the package reads no data (checked in a fresh interpreter)
-    code = ("import envspec.compat as c, envspec.compat.load as l; "
-            "assert l._load_cached.cache_info().currsize == 0; c.load_db(); "
-            "assert l._load_cached.cache_info().currsize == 1")
+    code = (
+        "import envspec.compat as c, envspec.compat.load as l; "
+        "assert l._load_cached.cache_info().currsize == 0; c.load_db(); "
+        "assert l._load_cached.cache_info().currsize == 1"
+    )
     src = str(Path(__file__).parents[2] / "src")
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": src})
 
 
 # ---- loader errors -----------------------------------------------------------------------------
+
 
 def _copy(tmp_path: Path) -> Path:
     d = tmp_path / "data"
@@ -263,7 +354,9 @@ def test_loads_from_a_directory_or_its_manifest(tmp_path):
 
 def test_unknown_format_is_rejected(tmp_path):
     d = _copy(tmp_path)
-    (d / "gpus.toml").write_text((d / "gpus.toml").read_text().replace("format = 2", "format = 3", 1))
+    (d / "gpus.toml").write_text(
+        (d / "gpus.toml").read_text().replace("format = 2", "format = 3", 1)
+    )
     with pytest.raises(CompatDBError) as exc:
         load_db(d)
     assert "gpus.toml: format: unknown format 3; this envspec reads format 2" in exc.value.message
@@ -276,8 +369,11 @@ def test_every_bad_row_is_reported_with_file_and_row(tmp_path):
     k80 = g.index('name = "Tesla K80"')
     g = g[:k80] + g[k80:].replace('cc = "3.7"', 'cc = "three"', 1)
     rows = [r["name"] for r in tomllib.loads(g)["gpu"]]
-    g = g.replace('source = "https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 and TF32 120 with sparsity)"',
-                  'source = " "', 1)
+    g = g.replace(
+        'source = "https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 and TF32 120 with sparsity)"',
+        'source = " "',
+        1,
+    )
     (d / "gpus.toml").write_text(g)
     c = (d / "cuda.toml").read_text().replace('driver_strict = "570.26"', 'driver_strict = "r570"')
     (d / "cuda.toml").write_text(c)
@@ -286,7 +382,9 @@ def test_every_bad_row_is_reported_with_file_and_row(tmp_path):
     with pytest.raises(CompatDBError) as exc:
         load_db(d)
     msg = exc.value.message
-    assert "7 problems" in msg  # the four above, and the three cu128 rows whose CUDA 12.8 row is now invalid
+    assert (
+        "7 problems" in msg
+    )  # the four above, and the three cu128 rows whose CUDA 12.8 row is now invalid
     assert f"gpus.toml: gpu[{rows.index('Tesla K80')}] ('Tesla K80').cc: 'three'" in msg
     assert f"gpus.toml: gpu[{rows.index('NVIDIA L4')}] ('NVIDIA L4').source: empty" in msg
     assert "cuda.toml: toolkit[" in msg and "driver_strict: 'r570' is not a version" in msg
@@ -305,8 +403,13 @@ def test_variant_with_unknown_cuda_is_rejected(tmp_path):
 
 def test_overlapping_rows_are_rejected(tmp_path):
     d = _copy(tmp_path)
-    t = (d / "torch_variants.toml").read_text().replace('torch = ">=2.0,<2.1"\nvariant = "cu117"',
-                                                         'torch = ">=2.0,<2.2"\nvariant = "cu118"')
+    t = (
+        (d / "torch_variants.toml")
+        .read_text()
+        .replace(
+            'torch = ">=2.0,<2.1"\nvariant = "cu117"', 'torch = ">=2.0,<2.2"\nvariant = "cu118"'
+        )
+    )
     (d / "torch_variants.toml").write_text(t.replace('cuda = "11.7"', 'cuda = "11.8"', 1))
     with pytest.raises(CompatDBError, match="overlaps another cu118 row"):
         load_db(d)
@@ -318,18 +421,26 @@ def test_missing_file_and_bad_toml(tmp_path):
     (d / "gpus.toml").write_text("format = 2\n[[gpu]\n")
     with pytest.raises(CompatDBError) as exc:
         load_db(d)
-    assert "cuda.toml: missing" in exc.value.message and "gpus.toml: not valid TOML" in exc.value.message
+    assert (
+        "cuda.toml: missing" in exc.value.message
+        and "gpus.toml: not valid TOML" in exc.value.message
+    )
 
 
 def test_a_release_newer_than_the_curated_rows_gets_pypi_variant_from_metadata(tmp_path):
     d = _copy(tmp_path)
     p = (d / "torch_pypi.toml").read_text()
-    p += ('\n[[release]]\nversion = "2.16.0"\npython = ["3.11", "3.12"]\npython_freethreaded = []\n'
-          'pypi_variant = "cu130"\ncuda = "13.0"\ncuda_pin = "13.0.3"\ncudnn = "9.30.0.1"\nnccl = "2.31.1"\n'
-          'wheel = "x"\nsource = "pypi-metadata: test"\n')
+    p += (
+        '\n[[release]]\nversion = "2.16.0"\npython = ["3.11", "3.12"]\npython_freethreaded = []\n'
+        'pypi_variant = "cu130"\ncuda = "13.0"\ncuda_pin = "13.0.3"\ncudnn = "9.30.0.1"\nnccl = "2.31.1"\n'
+        'wheel = "x"\nsource = "pypi-metadata: test"\n'
+    )
     (d / "torch_pypi.toml").write_text(p)
-    t = (d / "torch_variants.toml").read_text().replace('torch = ">=2.15"\nvariant = "cu130"',
-                                                         'torch = ">=2.15,<2.16"\nvariant = "cu130"')
+    t = (
+        (d / "torch_variants.toml")
+        .read_text()
+        .replace('torch = ">=2.15"\nvariant = "cu130"', 'torch = ">=2.15,<2.16"\nvariant = "cu130"')
+    )
     (d / "torch_variants.toml").write_text(t)
     rel = load_db(d).torch_release("2.16.0")
     v = rel.variants["cu130"]
@@ -345,9 +456,15 @@ def test_gpus_take_their_architecture_and_driver_branches_from_their_family():
     assert len(by_cc) == len(db.families)
     for g in db.gpus:
         f = by_cc[g.cc]
-        assert (g.architecture, g.min_driver, g.max_driver) == (f.architecture, f.min_driver, f.max_driver), g.name
+        assert (g.architecture, g.min_driver, g.max_driver) == (
+            f.architecture,
+            f.min_driver,
+            f.max_driver,
+        ), g.name
         assert g.line in ("datacenter", "workstation", "geforce", "jetson"), g.name
-    assert db.find_gpu("V100").architecture == "Volta" and db.find_gpu("H100").architecture == "Hopper"
+    assert (
+        db.find_gpu("V100").architecture == "Volta" and db.find_gpu("H100").architecture == "Hopper"
+    )
     assert [f.cc for f in db.families] == sorted(by_cc, key=lambda c: tuple(map(int, c.split("."))))
 
 
@@ -359,7 +476,7 @@ def test_bad_family_rows_are_each_reported(tmp_path):
     orin = g.index('[[family]]\ncc = "8.7"')
     g = g[:orin] + re.sub(r'driver_note = "[^"]*"\n', "", g[orin:], count=1)
     volta = g.index('[[family]]\ncc = "7.0"')
-    g = g[:volta] + g[volta:g.index("[[family]]", volta + 5)] + g[volta:]
+    g = g[:volta] + g[volta : g.index("[[family]]", volta + 5)] + g[volta:]
     t4 = g.index('name = "Tesla T4"')
     g = g[:t4] + g[t4:].replace('cc = "7.5"', 'cc = "7.6"', 1)
     l4 = g.index('name = "NVIDIA L4"')

@@ -15,7 +15,9 @@ from envspec.compat import pypi
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_SOURCE, SourceError
 
 REC = Path(__file__).parents[1] / "data" / "compat"
-METADATA = {p.name[: -len(".metadata")]: p.read_bytes() for p in (REC / "metadata").glob("*.metadata")}
+METADATA = {
+    p.name[: -len(".metadata")]: p.read_bytes() for p in (REC / "metadata").glob("*.metadata")
+}
 
 
 def _skeleton(filename: str, metadata: bytes) -> bytes:
@@ -67,18 +69,28 @@ class RecordedIndex:
         self.ranges.append((url, start, end))
         data = self.wheels[url]
         assert 0 <= start <= end < len(data), (start, end, len(data))
-        return data[start: end + 1]
+        return data[start : end + 1]
 
 
-AARCH64 = {"torch-2.0.0-1-cp311-cp311-manylinux2014_aarch64.whl", "torch-2.9.1-cp314-cp314-manylinux_2_28_aarch64.whl",
-           "torch-2.14.1-cp314-cp314-manylinux_2_28_aarch64.whl", "torch-2.15.0-cp315-cp315-manylinux_2_28_aarch64.whl"}
+AARCH64 = {
+    "torch-2.0.0-1-cp311-cp311-manylinux2014_aarch64.whl",
+    "torch-2.9.1-cp314-cp314-manylinux_2_28_aarch64.whl",
+    "torch-2.14.1-cp314-cp314-manylinux_2_28_aarch64.whl",
+    "torch-2.15.0-cp315-cp315-manylinux_2_28_aarch64.whl",
+}
 
 
 def _refresh(tmp_path, idx, **kw):
     out = tmp_path / "torch_pypi.toml"
     kw.setdefault("since", "2.0.0")
-    rep = refresh(out, fetch=idx.fetch, fetch_range=idx.fetch_range if idx else None,
-                  db_version="2026.11.30", date="2026-11-30", **kw)
+    rep = refresh(
+        out,
+        fetch=idx.fetch,
+        fetch_range=idx.fetch_range if idx else None,
+        db_version="2026.11.30",
+        date="2026-11-30",
+        **kw,
+    )
     return out, rep
 
 
@@ -95,19 +107,37 @@ def test_refresh_reads_releases_pythons_and_pins_by_range(tmp_path):
     rows = _rows(out)
     r = rows["2.14.1"]
     assert (r["pypi_variant"], r["cuda"], r["cuda_pin"], r["cudnn"], r["nccl"]) == (
-        "cu130", "13.0", "13.0.3", "9.24.0.43", "2.30.7")
-    assert r["python"] == ["3.10", "3.11", "3.12", "3.13", "3.14"] and r["python_freethreaded"] == ["3.14"]
+        "cu130",
+        "13.0",
+        "13.0.3",
+        "9.24.0.43",
+        "2.30.7",
+    )
+    assert r["python"] == ["3.10", "3.11", "3.12", "3.13", "3.14"] and r["python_freethreaded"] == [
+        "3.14"
+    ]
     assert r["wheel"] == "torch-2.14.1-cp314-cp314-manylinux_2_28_x86_64.whl"
     assert r["source"].startswith("pypi-metadata")
     r = rows["2.0.0"]
-    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == ("cu117", "11.7", "8.5.0.96", "2.14.3")
+    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == (
+        "cu117",
+        "11.7",
+        "8.5.0.96",
+        "2.14.3",
+    )
     assert r["python"] == ["3.8", "3.9", "3.10", "3.11"]
-    assert (rows["2.9.1"]["pypi_variant"], rows["2.9.1"]["cudnn"], rows["2.9.1"]["nccl"]) == ("cu128", "9.10.2.21", "2.27.5")
+    assert (rows["2.9.1"]["pypi_variant"], rows["2.9.1"]["cudnn"], rows["2.9.1"]["nccl"]) == (
+        "cu128",
+        "9.10.2.21",
+        "2.27.5",
+    )
     assert (rows["2.15.0"]["pypi_variant"], rows["2.15.0"]["cuda_pin"]) == ("cu132", "13.2.2")
     assert rows["2.15.0"]["python"][0] == "3.11"
     # only the picked wheels were read, and only in small ranges (never a whole wheel): each
     # release's x86_64 wheel, and its aarch64 one for the platform check
-    assert {u.rsplit("/", 1)[1] for u, _, _ in idx.ranges} == {r["wheel"] for r in rows.values()} | AARCH64
+    assert {u.rsplit("/", 1)[1] for u, _, _ in idx.ranges} == {
+        r["wheel"] for r in rows.values()
+    } | AARCH64
 
 
 def test_refresh_uses_pep658_metadata_when_the_index_serves_it(tmp_path):
@@ -139,7 +169,12 @@ def test_refresh_reports_changes(tmp_path):
 def test_since_reaches_back_and_keeps_older_rows(tmp_path):
     out, rep = _refresh(tmp_path, RecordedIndex(), since="1.13.0")
     r = _rows(out)["1.13.1"]
-    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == ("cu117", "11.7", "8.5.0.96", "")  # NCCL static
+    assert (r["pypi_variant"], r["cuda"], r["cudnn"], r["nccl"]) == (
+        "cu117",
+        "11.7",
+        "8.5.0.96",
+        "",
+    )  # NCCL static
     # a later refresh from 2.0.0 keeps the 1.13.1 row it was not asked to re-read
     _, rep = _refresh(tmp_path, RecordedIndex(), since="2.0.0")
     assert "1.13.1" in _rows(out) and rep.removed == [] and rep.releases[0] == "1.13.1"
@@ -149,7 +184,11 @@ def test_unreadable_metadata_is_a_problem_and_the_old_row_stays(tmp_path):
     out, _ = _refresh(tmp_path, RecordedIndex())
     before = _rows(out)["2.9.1"]
     _, rep = _refresh(tmp_path, RecordedIndex(broken={"2.9.1"}))
-    assert not rep.ok and len(rep.problems) == 1 and rep.problems[0].startswith("2.9.1: cannot read the metadata")
+    assert (
+        not rep.ok
+        and len(rep.problems) == 1
+        and rep.problems[0].startswith("2.9.1: cannot read the metadata")
+    )
     assert _rows(out)["2.9.1"] == before
 
 
@@ -184,38 +223,64 @@ def test_zip64_wheels_are_read(tmp_path, monkeypatch):
     data = _skeleton("torch-2.14.1-cp314-cp314-manylinux_2_28_x86_64.whl", meta)
     monkeypatch.undo()
     assert b"PK\x06\x06" in data
-    got = pypi.read_zip_member("u", len(data), ".dist-info/METADATA", lambda u, s, e: data[s: e + 1])
+    got = pypi.read_zip_member(
+        "u", len(data), ".dist-info/METADATA", lambda u, s, e: data[s : e + 1]
+    )
     assert got == meta
 
 
 # ---- the pure helpers ---------------------------------------------------------------------------
 
+
 def test_pins_from_every_metadata_style():
-    old = ("Requires-Dist: nvidia-cuda-runtime-cu11 (==11.7.99) ; platform_system == \"Linux\"\n"
-           "Requires-Dist: nvidia-cudnn-cu11 (==8.5.0.96) ; platform_system == \"Linux\"\n")
-    mid = ("Requires-Dist: nvidia-cuda-runtime-cu12==12.8.90; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n"
-           "Requires-Dist: nvidia-nccl-cu12==2.27.5; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n"
-           "Requires-Dist: nvidia-cudnn-cu12==9.10.2.21; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n")
-    new = ("Requires-Dist: cuda-toolkit[cublas,cudart]==13.0.3; platform_system == \"Linux\"\n"
-           "Requires-Dist: nvidia-cudnn-cu13==9.24.0.43; platform_system == \"Linux\"\n"
-           "Requires-Dist: nvidia-nccl-cu13==2.30.7; platform_system == \"Linux\"\n"
-           "Requires-Dist: nvidia-nccl-cu13==9.9.9; platform_system == \"Windows\"\n")
-    assert pypi.pins_from_metadata(old) == {"cuda": "11.7", "cuda_pin": "11.7.99", "cudnn": "8.5.0.96",
-                                            "nccl": None, "variant": "cu117"}
+    old = (
+        'Requires-Dist: nvidia-cuda-runtime-cu11 (==11.7.99) ; platform_system == "Linux"\n'
+        'Requires-Dist: nvidia-cudnn-cu11 (==8.5.0.96) ; platform_system == "Linux"\n'
+    )
+    mid = (
+        'Requires-Dist: nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux" and platform_machine == "x86_64"\n'
+        'Requires-Dist: nvidia-nccl-cu12==2.27.5; platform_system == "Linux" and platform_machine == "x86_64"\n'
+        'Requires-Dist: nvidia-cudnn-cu12==9.10.2.21; platform_system == "Linux" and platform_machine == "x86_64"\n'
+    )
+    new = (
+        'Requires-Dist: cuda-toolkit[cublas,cudart]==13.0.3; platform_system == "Linux"\n'
+        'Requires-Dist: nvidia-cudnn-cu13==9.24.0.43; platform_system == "Linux"\n'
+        'Requires-Dist: nvidia-nccl-cu13==2.30.7; platform_system == "Linux"\n'
+        'Requires-Dist: nvidia-nccl-cu13==9.9.9; platform_system == "Windows"\n'
+    )
+    assert pypi.pins_from_metadata(old) == {
+        "cuda": "11.7",
+        "cuda_pin": "11.7.99",
+        "cudnn": "8.5.0.96",
+        "nccl": None,
+        "variant": "cu117",
+    }
     assert pypi.pins_from_metadata(mid)["variant"] == "cu128"
-    assert pypi.pins_from_metadata(new) == {"cuda": "13.0", "cuda_pin": "13.0.3", "cudnn": "9.24.0.43",
-                                            "nccl": "2.30.7", "variant": "cu130"}
+    assert pypi.pins_from_metadata(new) == {
+        "cuda": "13.0",
+        "cuda_pin": "13.0.3",
+        "cudnn": "9.24.0.43",
+        "nccl": "2.30.7",
+        "variant": "cu130",
+    }
     assert pypi.pins_from_metadata("Name: torch\n")["variant"] is None
 
 
 def test_pythons_from_file_names():
-    files = ["torch-2.0.0-1-cp38-cp38-manylinux2014_aarch64.whl", "torch-2.0.0-cp38-cp38-manylinux1_x86_64.whl",
-             "torch-2.0.0-cp311-cp311-win_amd64.whl", "torch-2.9.1-cp313-cp313t-manylinux_2_28_x86_64.whl",
-             "torch-2.9.1-cp310-cp310-manylinux_2_28_x86_64.whl", "torch-2.0.0.tar.gz", "garbage.whl"]
+    files = [
+        "torch-2.0.0-1-cp38-cp38-manylinux2014_aarch64.whl",
+        "torch-2.0.0-cp38-cp38-manylinux1_x86_64.whl",
+        "torch-2.0.0-cp311-cp311-win_amd64.whl",
+        "torch-2.9.1-cp313-cp313t-manylinux_2_28_x86_64.whl",
+        "torch-2.9.1-cp310-cp310-manylinux_2_28_x86_64.whl",
+        "torch-2.0.0.tar.gz",
+        "garbage.whl",
+    ]
     assert pypi.linux_x86_64_pythons(files) == (["3.8", "3.10"], ["3.13"])
 
 
 # ---- what the report says, and `envspec db refresh` (--json) with its exit codes ----------------
+
 
 class UnansweringIndex(RecordedIndex):
     """The recorded index, but the wheel of ``silent`` does not answer (as urllib's fetchers fail)."""
@@ -232,26 +297,46 @@ class UnansweringIndex(RecordedIndex):
 
 def test_report_partitions_the_releases(tmp_path):
     out, rep = _refresh(tmp_path, RecordedIndex(), since="1.13.0")
-    assert rep.written and rep.added == rep.releases and rep.unchanged == rep.changed == rep.kept == []
+    assert (
+        rep.written and rep.added == rep.releases and rep.unchanged == rep.changed == rep.kept == []
+    )
     out.write_text(out.read_text().replace('nccl = "2.30.7"', 'nccl = "2.30.6"', 1))
     _, rep = _refresh(tmp_path, RecordedIndex(broken={"2.9.1"}), since="2.0.0")
     assert (rep.added, rep.changed, rep.unchanged, rep.kept, rep.removed) == (
-        [], ["2.14.1"], ["2.0.0", "2.15.0"], ["1.13.1", "2.9.1"], [])
+        [],
+        ["2.14.1"],
+        ["2.0.0", "2.15.0"],
+        ["1.13.1", "2.9.1"],
+        [],
+    )
     assert sorted(rep.added + rep.changed + rep.unchanged + rep.kept, key=Version) == rep.releases
     assert rep.source_errors == [] and len(rep.problems) == 1
     assert rep.to_json() == {
-        "ok": False, "output": str(out), "written": True, "releases": rep.releases, "added": [],
-        "changed": ["2.14.1"], "unchanged": ["2.0.0", "2.15.0"], "kept": ["1.13.1", "2.9.1"], "removed": [],
-        "problems": rep.problems, "source_errors": [],
+        "ok": False,
+        "output": str(out),
+        "written": True,
+        "releases": rep.releases,
+        "added": [],
+        "changed": ["2.14.1"],
+        "unchanged": ["2.0.0", "2.15.0"],
+        "kept": ["1.13.1", "2.9.1"],
+        "removed": [],
+        "problems": rep.problems,
+        "source_errors": [],
         # 1.13.1 predates the curated rows: no cu117 row covers it, no older release carries one
-        "needs_review": {"1.13.1": [rep.needs_review["1.13.1"][0]]}, "platform_review": {}}
+        "needs_review": {"1.13.1": [rep.needs_review["1.13.1"][0]]},
+        "platform_review": {},
+    }
     assert rep.needs_review["1.13.1"][0].startswith("no cu117 row in torch_variants.toml")
 
 
 def test_an_index_that_does_not_answer_is_a_source_error(tmp_path):
     _, rep = _refresh(tmp_path, UnansweringIndex("2.9.1"))
     assert len(rep.problems) == 1 and rep.source_errors == rep.problems
-    assert rep.source_errors[0].startswith("2.9.1: cannot read the metadata") and "timed out" in rep.source_errors[0]
+    assert (
+        rep.source_errors[0].startswith("2.9.1: cannot read the metadata")
+        and "timed out" in rep.source_errors[0]
+    )
 
 
 def _cli(monkeypatch, capsys, idx, out, *extra):
@@ -269,7 +354,11 @@ def test_cli_refresh_json_says_what_it_did(tmp_path, monkeypatch, capsys):
     assert rep["added"] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"] and rep["problems"] == []
     code, cap = _cli(monkeypatch, capsys, RecordedIndex(), out, "--json")
     rep = json.loads(cap.out)
-    assert code == 0 and rep["added"] == [] and rep["unchanged"] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"]
+    assert (
+        code == 0
+        and rep["added"] == []
+        and rep["unchanged"] == ["2.0.0", "2.9.1", "2.14.1", "2.15.0"]
+    )
 
 
 def test_cli_refresh_exits_1_when_a_release_cannot_be_read(tmp_path, monkeypatch, capsys):
@@ -278,9 +367,17 @@ def test_cli_refresh_exits_1_when_a_release_cannot_be_read(tmp_path, monkeypatch
     code, cap = _cli(monkeypatch, capsys, RecordedIndex(broken={"2.9.1"}), out, "--json")
     rep = json.loads(cap.out)
     assert code == EXIT_CHECK_FAILED == 1
-    assert rep["ok"] is False and rep["kept"] == ["2.9.1"] and rep["problems"][0].startswith("2.9.1: cannot read")
-    code, cap = _cli(monkeypatch, capsys, RecordedIndex(broken={"2.9.1"}), out)  # the words, same code
-    assert code == 1 and "4 releases (0 added, 0 changed, 3 unchanged, 1 kept, 0 removed)" in cap.out
+    assert (
+        rep["ok"] is False
+        and rep["kept"] == ["2.9.1"]
+        and rep["problems"][0].startswith("2.9.1: cannot read")
+    )
+    code, cap = _cli(
+        monkeypatch, capsys, RecordedIndex(broken={"2.9.1"}), out
+    )  # the words, same code
+    assert (
+        code == 1 and "4 releases (0 added, 0 changed, 3 unchanged, 1 kept, 0 removed)" in cap.out
+    )
     assert "problem: 2.9.1: cannot read the metadata" in cap.err and "hint:" in cap.err
 
 
@@ -307,7 +404,10 @@ def test_cli_refresh_exits_3_when_pypi_does_not_answer_at_all(tmp_path, monkeypa
 def test_cli_refresh_words(tmp_path, monkeypatch, capsys):
     code, cap = _cli(monkeypatch, capsys, RecordedIndex(), tmp_path / "torch_pypi.toml")
     assert code == 0 and cap.err == ""
-    assert f"wrote {tmp_path / 'torch_pypi.toml'}: 4 releases (4 added, 0 changed, 0 unchanged" in cap.out
+    assert (
+        f"wrote {tmp_path / 'torch_pypi.toml'}: 4 releases (4 added, 0 changed, 0 unchanged"
+        in cap.out
+    )
     assert "added: 2.0.0, 2.9.1, 2.14.1, 2.15.0" in cap.out
 
 
@@ -322,7 +422,10 @@ class NextIndex:
 
     def __init__(self) -> None:
         self.simple = json.loads((NEXT / "simple_torch.json").read_text())
-        self.meta = {p.name[: -len(".metadata")]: p.read_bytes() for p in (NEXT / "metadata").glob("*.metadata")}
+        self.meta = {
+            p.name[: -len(".metadata")]: p.read_bytes()
+            for p in (NEXT / "metadata").glob("*.metadata")
+        }
         for f in self.simple["files"]:
             if f["filename"] in self.meta:
                 f["core-metadata"] = {"sha256": "0" * 64}
@@ -352,14 +455,24 @@ def test_refresh_adds_a_release_on_an_unknown_cuda_and_marks_it_for_review(tmp_p
     assert rep.written and rep.added == ["2.16.0", "2.17.0"] and rep.problems == []
     assert not rep.ok and sorted(rep.needs_review) == ["2.16.0", "2.17.0"]
     assert any("no cu135 row in torch_variants.toml" in i for i in rep.needs_review["2.16.0"])
-    assert not any("cuda.toml" in i for i in rep.needs_review["2.16.0"])  # 13.5 has a (partly estimated) row
+    assert not any(
+        "cuda.toml" in i for i in rep.needs_review["2.16.0"]
+    )  # 13.5 has a (partly estimated) row
     assert any(i.startswith("CUDA 13.6 is not in cuda.toml") for i in rep.needs_review["2.17.0"])
     rows = _rows(out)
     # what could be derived is kept: Python versions, variant, pins
     r = rows["2.16.0"]
     assert (r["pypi_variant"], r["cuda"], r["cuda_pin"], r["cudnn"], r["nccl"]) == (
-        "cu135", "13.5", "13.5.0", "9.28.0.30", "2.31.2")
-    assert r["python"] == ["3.11", "3.12", "3.13", "3.14", "3.15"] and r["needs_review"] == rep.needs_review["2.16.0"]
+        "cu135",
+        "13.5",
+        "13.5.0",
+        "9.28.0.30",
+        "2.31.2",
+    )
+    assert (
+        r["python"] == ["3.11", "3.12", "3.13", "3.14", "3.15"]
+        and r["needs_review"] == rep.needs_review["2.16.0"]
+    )
     assert "needs_review" not in rows["2.15.0"] and "2.0.0" in rows  # older rows kept as they were
     # the DB still loads; the releases carry what needs review and offer no build they cannot describe
     db = load_db(d)
@@ -367,7 +480,9 @@ def test_refresh_adds_a_release_on_an_unknown_cuda_and_marks_it_for_review(tmp_p
     assert rel is not None and rel.needs_review == r["needs_review"] and "cu135" not in rel.variants
     assert db.torch_release("2.17.0").needs_review and db.torch_release("2.15.0").needs_review == []
     # the reviewer adds the missing rows: the next refresh clears the marks
-    (d / "torch_variants.toml").write_text((d / "torch_variants.toml").read_text() + '''
+    (d / "torch_variants.toml").write_text(
+        (d / "torch_variants.toml").read_text()
+        + """
 [[build]]
 torch = ">=2.16"
 variant = "cu135"
@@ -376,7 +491,8 @@ cudnn = "=pypi"
 nccl = "=pypi"
 arch_list = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 source = "test: curated after review"
-''')
+"""
+    )
     _, rep = _refresh(d, NextIndex(), since="2.15.0")
     assert list(rep.needs_review) == ["2.17.0"] and "needs_review" not in _rows(out)["2.16.0"]
 
@@ -400,7 +516,10 @@ def test_resolution_skips_releases_that_need_review(tmp_path, monkeypatch, capsy
         choose(load_spec(spec), db)
     except ResolutionImpossible as e:
         assert e.reference == "release-needs-review" and e.exit_code == 2
-        assert any(c["kind"] == "release-needs-review" and c["where"].startswith("[torch].version") for c in e.causes)
+        assert any(
+            c["kind"] == "release-needs-review" and c["where"].startswith("[torch].version")
+            for c in e.causes
+        )
     else:
         raise AssertionError("a release that needs review was resolved")
 
@@ -412,7 +531,10 @@ def test_cli_refresh_exits_1_and_lists_what_needs_review(tmp_path, monkeypatch, 
     code, cap = _cli(monkeypatch, capsys, NextIndex(), out, "--json")
     rep = json.loads(cap.out)
     assert code == EXIT_CHECK_FAILED and rep["ok"] is False and rep["written"] is True
-    assert rep["added"] == ["2.15.0", "2.16.0", "2.17.0"] and sorted(rep["needs_review"]) == ["2.16.0", "2.17.0"]
+    assert rep["added"] == ["2.15.0", "2.16.0", "2.17.0"] and sorted(rep["needs_review"]) == [
+        "2.16.0",
+        "2.17.0",
+    ]
     code, cap = _cli(monkeypatch, capsys, NextIndex(), out)
     assert code == 1 and "needs review: torch 2.17.0: CUDA 13.6 is not in cuda.toml" in cap.err
     assert "needs review: torch 2.16.0: no cu135 row" in cap.err
@@ -420,11 +542,17 @@ def test_cli_refresh_exits_1_and_lists_what_needs_review(tmp_path, monkeypatch, 
 
 def test_the_platform_check_reads_which_build_pypis_aarch64_wheel_is():
     idx = RecordedIndex()
-    found, problems = pypi.platform_builds(idx.fetch, idx.fetch_range, ["2.0.0", "2.9.1", "2.14.1", "2.15.0"])
+    found, problems = pypi.platform_builds(
+        idx.fetch, idx.fetch_range, ["2.0.0", "2.9.1", "2.14.1", "2.15.0"]
+    )
     assert problems == []
     # <= 2.9.1: nvidia-* marked platform_machine == "x86_64" (a CPU build); 2.14.1/2.15.0: unmarked (CUDA)
-    assert {v: b["variant"] for v, b in found.items()} == {"2.0.0": "cpu", "2.9.1": "cpu", "2.14.1": "cu130",
-                                                          "2.15.0": "cu132"}
+    assert {v: b["variant"] for v, b in found.items()} == {
+        "2.0.0": "cpu",
+        "2.9.1": "cpu",
+        "2.14.1": "cu130",
+        "2.15.0": "cu132",
+    }
     assert {b["wheel"] for b in found.values()} == AARCH64
     # the bundled torch_platforms.toml agrees with every one
     assert pypi.platform_review(found, DATA_DIR) == {}
@@ -440,12 +568,20 @@ def test_refresh_flags_what_torch_platforms_toml_lacks_and_exits_1(tmp_path, mon
     assert not rep.ok and rep.problems == [] and rep.needs_review == {}
     assert sorted(rep.platform_review) == ["2.14.1", "2.15.0"]
     item = rep.platform_review["2.14.1"][0]
-    assert "is the cu130 build" in item and "no row for torch 2.14.1" in item and "arch_list" in item
+    assert (
+        "is the cu130 build" in item and "no row for torch 2.14.1" in item and "arch_list" in item
+    )
     code, cap = _cli(monkeypatch, capsys, RecordedIndex(), d / "torch_pypi.toml")
     assert code == EXIT_CHECK_FAILED
-    assert "needs review: torch 2.15.0: PyPI's linux-aarch64 wheel" in cap.err and "is the cu132 build" in cap.err
+    assert (
+        "needs review: torch 2.15.0: PyPI's linux-aarch64 wheel" in cap.err
+        and "is the cu132 build" in cap.err
+    )
     # a row that names another build is flagged too
-    (d / "torch_platforms.toml").write_text((d / "torch_platforms.toml").read_text().replace(
-        'torch = ">=2.0,<=2.9.1"', 'torch = ">=2.0,<=2.14.1"'))
+    (d / "torch_platforms.toml").write_text(
+        (d / "torch_platforms.toml")
+        .read_text()
+        .replace('torch = ">=2.0,<=2.9.1"', 'torch = ">=2.0,<=2.14.1"')
+    )
     _, rep = _refresh(d, RecordedIndex())
     assert "torch_platforms.toml says cpu" in rep.platform_review["2.14.1"][0]

@@ -49,7 +49,11 @@ def _payload():
         rnd.update(str(i).encode())
         seed = rnd.digest()
         parts.append((b"line %d of some text\n" % i) * (20000 * (i + 1)))
-        parts.append(b"".join(hashlib.sha256(seed + j.to_bytes(4, "big")).digest() for j in range(8000 * i + 1)))
+        parts.append(
+            b"".join(
+                hashlib.sha256(seed + j.to_bytes(4, "big")).digest() for j in range(8000 * i + 1)
+            )
+        )
         parts.append(b"\0" * (300000 * i))
     return parts
 
@@ -60,7 +64,9 @@ def test_blob_decompresses_to_the_tar_and_is_hashed_as_written(tmp_path, name):
     res = _tar(tmp_path / "l.tar", comp, _payload())
     blob = (tmp_path / ("l.tar" + comp.suffix)).read_bytes()
     assert res.blob_path == tmp_path / ("l.tar" + comp.suffix)
-    assert res.blob_digest == "sha256:" + hashlib.sha256(blob).hexdigest() and res.blob_size == len(blob)
+    assert res.blob_digest == "sha256:" + hashlib.sha256(blob).hexdigest() and res.blob_size == len(
+        blob
+    )
     tar = (tmp_path / "l.tar").read_bytes()
     assert _decompress(name, blob) == tar and len(blob) < len(tar) / 2
     assert res.diff_id == "sha256:" + hashlib.sha256(tar).hexdigest()
@@ -89,8 +95,10 @@ def test_compress_file_equals_compressing_while_writing(tmp_path):
     for name in ("zstd", "gzip"):
         comp = Compression(name)
         res = _tar(tmp_path / f"{name}.tar", comp, _payload())
-        assert compress_file(tmp_path / f"{name}.tar", tmp_path / f"again{comp.suffix}", comp) == \
-            (res.blob_digest, res.blob_size)
+        assert compress_file(tmp_path / f"{name}.tar", tmp_path / f"again{comp.suffix}", comp) == (
+            res.blob_digest,
+            res.blob_size,
+        )
 
 
 def test_ids_name_the_compressor_version_and_level():
@@ -109,7 +117,9 @@ def env(tmp_path):
 
 
 def _build(lock, mirrors, cache, **kw):
-    return build(make_plan(lock), RecordingEngine(), Cache(cache), mirrors, options=BuildOptions(**kw))
+    return build(
+        make_plan(lock), RecordingEngine(), Cache(cache), mirrors, options=BuildOptions(**kw)
+    )
 
 
 @pytest.mark.parametrize("name", ["zstd", "gzip"])
@@ -120,9 +130,13 @@ def test_oci_output_carries_the_compressed_blobs(env, name):
     index = json.loads((out / "index.json").read_text())
     assert index["manifests"][0]["digest"] == img.digest
     manifest = json.loads((out / "blobs" / "sha256" / img.digest.split(":")[1]).read_bytes())
-    assert [m["mediaType"] for m in manifest["layers"]] == [f"application/vnd.oci.image.layer.v1.tar+{name}"] * 5
+    assert [m["mediaType"] for m in manifest["layers"]] == [
+        f"application/vnd.oci.image.layer.v1.tar+{name}"
+    ] * 5
     assert [m["digest"] for m in manifest["layers"]] == [lay.digest for lay in img.layers]
-    config = json.loads((out / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_bytes())
+    config = json.loads(
+        (out / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]).read_bytes()
+    )
     assert config["rootfs"]["diff_ids"] == [lay.diff_id for lay in img.layers]
     for lay in img.layers:
         blob = (out / "blobs" / "sha256" / lay.digest.split(":")[1]).read_bytes()
@@ -134,7 +148,9 @@ def test_two_caches_same_compressed_digest_and_a_rebuild_does_not_recompress(env
     lock, mirrors, tmp = env
     a = _build(lock, mirrors, tmp / "c1", no_cache=True, compress=True)
     b = _build(lock, mirrors, tmp / "c2", no_cache=True, compress=True)
-    assert a.digest == b.digest and [lay.digest for lay in a.layers] == [lay.digest for lay in b.layers]
+    assert a.digest == b.digest and [lay.digest for lay in a.layers] == [
+        lay.digest for lay in b.layers
+    ]
     blobs = sorted((tmp / "c1" / "layers").glob("*.tar.zst"))
     assert len(blobs) == 4  # every cached layer (not the envspec one, always made)
     before = {p: p.stat().st_ino for p in blobs}
@@ -162,40 +178,62 @@ def test_dry_run_says_the_compression(env):
     from envspec.image import preview
 
     lock, mirrors, tmp = env
-    summary = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", compress=True))
+    summary = preview(
+        make_plan(lock),
+        Cache(tmp / "cache"),
+        options=BuildOptions(compression="gzip", compress=True),
+    )
     assert summary["compression"] == "gzip"
     local = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip"))
-    assert (local["compression"], local["carried_compression"]) == ("none", "gzip")  # nothing carries it
-    pushed = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip", push="r.example/x:1", registry=Registry()))
+    assert (local["compression"], local["carried_compression"]) == (
+        "none",
+        "gzip",
+    )  # nothing carries it
+    pushed = preview(
+        make_plan(lock),
+        Cache(tmp / "cache"),
+        options=BuildOptions(compression="gzip", push="r.example/x:1", registry=Registry()),
+    )
     assert pushed["compression"] == "gzip"
 
 
-@pytest.mark.parametrize("kw, now", [
-    ({}, False),  # a local build: the store keeps the tars
-    ({"outputs": ("docker-archive:/tmp/x.tar",)}, False),  # a docker archive carries tars
-    ({"outputs": ("oci:/tmp/x",)}, True),
-    ({"outputs": ("docker-archive:/tmp/x.tar", "oci-archive:/tmp/x.tar")}, True),
-    ({"push": "r.example/x:1"}, True),
-    ({"cache_to": "r.example/cache"}, True),
-    ({"cache_from": "r.example/cache"}, False),  # its entries' blobs are kept, not made
-    ({"compress": True}, True),
-    ({"compress": False, "push": "r.example/x:1"}, False),
-])
+@pytest.mark.parametrize(
+    "kw, now",
+    [
+        ({}, False),  # a local build: the store keeps the tars
+        ({"outputs": ("docker-archive:/tmp/x.tar",)}, False),  # a docker archive carries tars
+        ({"outputs": ("oci:/tmp/x",)}, True),
+        ({"outputs": ("docker-archive:/tmp/x.tar", "oci-archive:/tmp/x.tar")}, True),
+        ({"push": "r.example/x:1"}, True),
+        ({"cache_to": "r.example/cache"}, True),
+        ({"cache_from": "r.example/cache"}, False),  # its entries' blobs are kept, not made
+        ({"compress": True}, True),
+        ({"compress": False, "push": "r.example/x:1"}, False),
+    ],
+)
 def test_compress_now_only_where_something_carries_the_layers(kw, now):
     from envspec.image import compress_now
 
     assert compress_now(BuildOptions(**kw)) is now
 
 
-def test_a_local_build_keeps_its_layers_uncompressed_and_a_push_of_it_compresses_them_once(env, monkeypatch):
+def test_a_local_build_keeps_its_layers_uncompressed_and_a_push_of_it_compresses_them_once(
+    env, monkeypatch
+):
     lock, mirrors, tmp = env
     local = _build(lock, mirrors, tmp / "cache")
-    assert (local.compression, local.carried_compression) == ("none", "zstd") and local.digest == local.store_digest
+    assert (local.compression, local.carried_compression) == (
+        "none",
+        "zstd",
+    ) and local.digest == local.store_digest
     assert all(lay.digest == lay.diff_id and lay.size == lay.diff_size for lay in local.layers)
     assert not list((tmp / "cache" / "layers").glob("*.tar.*"))  # no compressed blob made
     out = tmp / "out"
     carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
-    assert carried.compression == "zstd" and carried.store_digest == local.store_digest != carried.digest
+    assert (
+        carried.compression == "zstd"
+        and carried.store_digest == local.store_digest != carried.digest
+    )
     assert carried.config_digest == local.config_digest  # one image ID, whichever form
     fresh = _build(lock, mirrors, tmp / "other", no_cache=True, compress=True)
     assert fresh.digest == carried.digest  # compressed after the fact or while made: the same bytes
@@ -210,9 +248,14 @@ def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(
     local = _build(lock, mirrors, tmp / "cache")
     assert not list((tmp / "cache" / "layers").glob("*.tar.zst"))
     made: list = []
-    threads = [threading.Thread(target=lambda: made.extend(compress_layers(make_plan(lock), Cache(tmp / "cache"),
-                                                                           Compression("zstd"))))
-               for _ in range(2)]  # two at once (a background one and `cache compress`): each layer once
+    threads = [
+        threading.Thread(
+            target=lambda: made.extend(
+                compress_layers(make_plan(lock), Cache(tmp / "cache"), Compression("zstd"))
+            )
+        )
+        for _ in range(2)
+    ]  # two at once (a background one and `cache compress`): each layer once
     for t in threads:
         t.start()
     for t in threads:
@@ -220,13 +263,19 @@ def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(
     cacheable = [lay for lay in local.layers if lay.group != "envspec"]
     assert sorted(lay.group for lay in made) == sorted(lay.group for lay in cacheable)
     assert len(list((tmp / "cache" / "layers").glob("*.tar.zst"))) == len(cacheable)
-    assert compress_layers(make_plan(lock), Cache(tmp / "cache"), Compression("zstd")) == []  # nothing left
+    assert (
+        compress_layers(make_plan(lock), Cache(tmp / "cache"), Compression("zstd")) == []
+    )  # nothing left
     calls = []
     real = compress.compress_file
     monkeypatch.setattr("envspec.image.compress_file", lambda *a: calls.append(a[0]) or real(*a))
     out = tmp / "out"
     carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
-    assert calls == []  # every cached layer's blob was there; only the envspec layer, made while written
+    assert (
+        calls == []
+    )  # every cached layer's blob was there; only the envspec layer, made while written
     fresh = _build(lock, mirrors, tmp / "other", no_cache=True, compress=True)
     assert carried.digest == fresh.digest
-    assert {lay.group: lay.digest for lay in made} == {lay.group: lay.digest for lay in fresh.layers if lay.group != "envspec"}
+    assert {lay.group: lay.digest for lay in made} == {
+        lay.group: lay.digest for lay in fresh.layers if lay.group != "envspec"
+    }

@@ -70,7 +70,9 @@ def test_the_page_is_self_contained_and_deterministic(page: Path):
     assert text == explain.db_html(DB), "a function of the DB alone"
     # every in-page link lands on an element of the page; the rest are the sources' own addresses
     for href in p.links:
-        assert href.startswith("#") and href[1:] in p.ids or href.startswith(("https://", "http://")), href
+        assert (
+            href.startswith("#") and href[1:] in p.ids or href.startswith(("https://", "http://"))
+        ), href
 
 
 def test_a_known_cell_says_its_floor_and_links_to_its_source(page: Path):
@@ -82,20 +84,36 @@ def test_a_known_cell_says_its_floor_and_links_to_its_source(page: Path):
     assert gh["data-floor"] == "520"
     text = page.read_text()
     src = re.search(rf'<li id="src-{ROW}">(.*?)</li>\n', text, re.S).group(1)
-    assert "CUDA 13.0" in src and "cuDNN 9.24.0.43" in src and "https://docs.nvidia.com/cuda/" in src
+    assert (
+        "CUDA 13.0" in src and "cuDNN 9.24.0.43" in src and "https://docs.nvidia.com/cuda/" in src
+    )
 
 
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser"):
         if shutil.which(name):
             return shutil.which(name) or name
-    pytest.skip("chromium is not installed (apt-get install chromium): the page is not checked in a browser")
+    pytest.skip(
+        "chromium is not installed (apt-get install chromium): the page is not checked in a browser"
+    )
 
 
 def _dom(page: Path, query: str) -> Cells:
-    proc = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--user-data-dir=" + str(page.parent / "profile"), "--dump-dom",
-                           page.as_uri() + query], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--user-data-dir=" + str(page.parent / "profile"),
+            "--dump-dom",
+            page.as_uri() + query,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return _parse(proc.stdout)
 
@@ -105,11 +123,15 @@ def test_in_a_browser_the_filters_mark_a_known_cell(page: Path):
     cell = dom.cells[(ROW, H100)]
     classes = cell["class"].split()
     assert "too-old" in classes and "hidden" not in classes, cell  # 535 < 580.65.06
-    assert "hidden" in dom.cells[(ROW, B200)]["class"].split()  # another GPU's column is filtered out
+    assert (
+        "hidden" in dom.cells[(ROW, B200)]["class"].split()
+    )  # another GPU's column is filtered out
     assert "too-old" not in dom.cells[("b-2_3_1-cu118", H100)]["class"].split()  # 535 >= R520
     dom = _dom(page, "?gpu=H100&driver=580.95.05")
     assert "too-old" not in dom.cells[(ROW, H100)]["class"].split()
-    dom = _dom(page, "?driver=470.82.01")  # all GPUs shown; R470 drives no Hopper, whatever the CUDA
+    dom = _dom(
+        page, "?driver=470.82.01"
+    )  # all GPUs shown; R470 drives no Hopper, whatever the CUDA
     assert "too-old" in dom.cells[("b-2_3_1-cu118", H100)]["class"].split()
     assert "hidden" not in dom.cells[(ROW, B200)]["class"].split()
 
@@ -117,7 +139,9 @@ def test_in_a_browser_the_filters_mark_a_known_cell(page: Path):
 def test_the_page_has_a_legend_for_each_kind_of_cell(page: Path):
     """issue 42, 5: read as a newcomer, the page said nowhere what green, yellow, red and (PyPI) mean."""
     text = page.read_text()
-    legend = text[text.index('<ul id="legend">'):text.index("</ul>", text.index('<ul id="legend">'))]
+    legend = text[
+        text.index('<ul id="legend">') : text.index("</ul>", text.index('<ul id="legend">'))
+    ]
     for kind in ("runs", "too-old", "none"):
         assert f'class="swatch {kind}"' in legend and f"td.{kind}, .swatch.{kind}" in text
     assert "(PyPI)" in legend and "no kernel image is available" in legend
@@ -134,7 +158,9 @@ def test_only_the_builds_that_run_on_the_chosen_gpu_and_driver(page: Path):
     assert not any("hidden" in a.get("class", "").split() for a in dom.rows.values())
 
 
-def test_a_driver_past_a_gpus_last_branch_marks_its_cells_and_the_switch_hides_its_column(page: Path):
+def test_a_driver_past_a_gpus_last_branch_marks_its_cells_and_the_switch_hides_its_column(
+    page: Path,
+):
     """issue 29, 2 and 4: a V100 is driven by no branch after R580, so on driver 590 none of its cells
     runs, whatever the build; "only what runs there" then hides its column, and a product line
     shows its GPUs only."""

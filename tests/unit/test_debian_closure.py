@@ -35,7 +35,11 @@ class FakeApt:
     def __call__(self, root: AptRoot, args: list[str], reporter) -> subprocess.CompletedProcess:
         self.calls.append(list(args))
         if args[0] == "update":
-            err = "" if self.update_rc == 0 else "E: Failed to fetch http://deb.debian.org/debian/dists/bookworm/InRelease  Could not connect"
+            err = (
+                ""
+                if self.update_rc == 0
+                else "E: Failed to fetch http://deb.debian.org/debian/dists/bookworm/InRelease  Could not connect"
+            )
             return subprocess.CompletedProcess(args, self.update_rc, "", err)
         if args[0] == "indextargets":
             lines = []
@@ -44,9 +48,11 @@ class FakeApt:
                 lines.append(f"Packages\t{self.lists / (pocket + '_Packages')}\t{pocket}\t{repo}/")
             return subprocess.CompletedProcess(args, 0, "\n".join(lines) + "\n", "")
         if args[0] == "install":
-            req = tuple(sorted(args[args.index("--") + 1:]))
+            req = tuple(sorted(args[args.index("--") + 1 :]))
             case, rc = CASES[req]
-            return subprocess.CompletedProcess(args, rc, (DATA / "apt" / f"{case}.txt").read_text(), "")
+            return subprocess.CompletedProcess(
+                args, rc, (DATA / "apt" / f"{case}.txt").read_text(), ""
+            )
         raise AssertionError(args)
 
     def names(self) -> list[str]:
@@ -80,10 +86,15 @@ def test_closure_from_recorded_apt(tmp_path, keyring, fake_apt):
     assert libc.filename == "pool/main/g/glibc/libc6_2.36-9+deb12u14_amd64.deb"
     assert libc.size == 2759320 and libc.suite == "bookworm" and len(libc.sha256) == 64
     lz = by["liblzma5"]
-    assert lz.suite == "bookworm-security" and lz.filename.startswith("pool/updates/main/x/xz-utils/")
+    assert lz.suite == "bookworm-security" and lz.filename.startswith(
+        "pool/updates/main/x/xz-utils/"
+    )
     # the sha256 comes from the index (apt printed an MD5 or nothing)
-    stanza = next(s for s in (DATA / "lists" / "bookworm-security_Packages").read_text().split("\n\n")
-                  if s.startswith("Package: liblzma5\n"))
+    stanza = next(
+        s
+        for s in (DATA / "lists" / "bookworm-security_Packages").read_text().split("\n\n")
+        if s.startswith("Package: liblzma5\n")
+    )
     assert f"SHA256: {lz.sha256}" in stanza
 
 
@@ -157,7 +168,10 @@ def test_unreachable_mirror_falls_back_to_cache_with_warning(tmp_path, keyring, 
     b = resolve(["tini", "liblzma5"], tmp_path, keyring, max_index_age=0, reporter=rep)
     assert a == b
     (warning,) = [args[0] for name, args in rep.events if name == "warning"]
-    assert "could not refresh the Debian indexes for bookworm" in warning and "Could not connect" in warning
+    assert (
+        "could not refresh the Debian indexes for bookworm" in warning
+        and "Could not connect" in warning
+    )
 
 
 def test_unreachable_mirror_without_cache(tmp_path, keyring, fake_apt):
@@ -200,7 +214,8 @@ def test_index_not_matching_apt(tmp_path, keyring, fake_apt):
     shutil.copytree(DATA / "lists", lists)
     text = (lists / "bookworm_Packages").read_text()
     (lists / "bookworm_Packages").write_text(
-        "\n\n".join(s for s in text.split("\n\n") if not s.startswith("Package: libgcc-s1\n")))
+        "\n\n".join(s for s in text.split("\n\n") if not s.startswith("Package: libgcc-s1\n"))
+    )
     fake_apt.lists = lists
     with pytest.raises(SourceError) as ei:
         resolve(["tini", "liblzma5"], tmp_path, keyring)
@@ -208,8 +223,15 @@ def test_index_not_matching_apt(tmp_path, keyring, fake_apt):
 
 
 def test_private_configuration(tmp_path, keyring):
-    root = AptRoot("bookworm", mirror=MAIN + "/", security_mirror=SEC, architecture="arm64",
-                   components=("main", "contrib"), cache_dir=tmp_path, keyring=keyring)
+    root = AptRoot(
+        "bookworm",
+        mirror=MAIN + "/",
+        security_mirror=SEC,
+        architecture="arm64",
+        components=("main", "contrib"),
+        cache_dir=tmp_path,
+        keyring=keyring,
+    )
     src = root.sources_list().splitlines()
     assert src == [
         f"deb [arch=arm64 signed-by={keyring}] {MAIN} bookworm main contrib",
@@ -217,35 +239,62 @@ def test_private_configuration(tmp_path, keyring):
         f"deb [arch=arm64 signed-by={keyring}] {SEC} bookworm-security main contrib",
     ]
     conf = root.apt_conf()
-    for key in ("Dir::State::status", "Dir::Etc::parts", "Dir::Etc::sourceparts", "Dir::Etc::preferencesparts",
-                "Dir::Cache::archives", "Dir::State::lists"):
+    for key in (
+        "Dir::State::status",
+        "Dir::Etc::parts",
+        "Dir::Etc::sourceparts",
+        "Dir::Etc::preferencesparts",
+        "Dir::Cache::archives",
+        "Dir::State::lists",
+    ):
         assert f'{key} "{root.root}' in conf
     assert 'APT::Architecture "arm64";' in conf and 'APT::Architectures { "arm64"; };' in conf
     assert root.pockets == ["bookworm", "bookworm-updates", "bookworm-security"]
-    no_sec = AptRoot("bookworm", mirror=MAIN, security_mirror="", architecture="amd64", components=("main",),
-                     cache_dir=tmp_path, keyring=keyring)
+    no_sec = AptRoot(
+        "bookworm",
+        mirror=MAIN,
+        security_mirror="",
+        architecture="amd64",
+        components=("main",),
+        cache_dir=tmp_path,
+        keyring=keyring,
+    )
     assert len(no_sec.sources_list().splitlines()) == 2 and no_sec.root != root.root
 
 
 @pytest.mark.skipif(shutil.which("apt-config") is None, reason="apt-config not installed")
 def test_private_configuration_ignores_the_hosts(tmp_path, keyring):
-    root = AptRoot("bookworm", mirror=MAIN, security_mirror=SEC, architecture="amd64", components=("main",),
-                   cache_dir=tmp_path, keyring=keyring)
+    root = AptRoot(
+        "bookworm",
+        mirror=MAIN,
+        security_mirror=SEC,
+        architecture="amd64",
+        components=("main",),
+        cache_dir=tmp_path,
+        keyring=keyring,
+    )
     root.prepare()
-    dump = subprocess.run(["apt-config", "dump"], env=root.env(), capture_output=True, text=True, check=True).stdout
+    dump = subprocess.run(
+        ["apt-config", "dump"], env=root.env(), capture_output=True, text=True, check=True
+    ).stdout
     assert f'Dir::Etc::sourcelist "{root.root}/sources.list";' in dump
     assert f'Dir::State::status "{root.root}/status";' in dump
     assert "Post-Invoke" not in dump  # nothing from /etc/apt/apt.conf.d
     assert (root.root / "status").read_text() == ""
 
 
-@pytest.mark.parametrize("mirror,sec", [
-    ("http://deb.debian.org/debian", "http://deb.debian.org/debian-security"),
-    ("http://deb.debian.org/debian/", "http://deb.debian.org/debian-security"),
-    ("https://snapshot.debian.org/archive/debian/20261130T000000Z",
-     "https://snapshot.debian.org/archive/debian-security/20261130T000000Z"),
-    ("http://mirror.example/ubuntu", ""),
-])
+@pytest.mark.parametrize(
+    "mirror,sec",
+    [
+        ("http://deb.debian.org/debian", "http://deb.debian.org/debian-security"),
+        ("http://deb.debian.org/debian/", "http://deb.debian.org/debian-security"),
+        (
+            "https://snapshot.debian.org/archive/debian/20261130T000000Z",
+            "https://snapshot.debian.org/archive/debian-security/20261130T000000Z",
+        ),
+        ("http://mirror.example/ubuntu", ""),
+    ],
+)
 def test_security_mirror_for(mirror, sec):
     assert security_mirror_for(mirror) == sec
 
@@ -259,8 +308,10 @@ def test_parse_packages_reads_provides():
 
 def test_unmet_parsing():
     text = (DATA / "apt" / "unmet-exim.txt").read_text()
-    assert _unmet(text)[:2] == ["exim4-daemon-heavy : Conflicts: mail-transport-agent",
-                                "exim4-daemon-light : Conflicts: mail-transport-agent"]
+    assert _unmet(text)[:2] == [
+        "exim4-daemon-heavy : Conflicts: mail-transport-agent",
+        "exim4-daemon-light : Conflicts: mail-transport-agent",
+    ]
 
 
 def test_index_of_an_older_format_is_rebuilt_without_network(tmp_path, keyring, fake_apt):

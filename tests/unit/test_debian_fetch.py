@@ -10,7 +10,14 @@ import urllib.error
 
 import pytest
 
-from envspec.debian import DebPin, RecordingReporter, candidate_urls, fetch_deb, fetch_debs, mirror_list
+from envspec.debian import (
+    DebPin,
+    RecordingReporter,
+    candidate_urls,
+    fetch_deb,
+    fetch_debs,
+    mirror_list,
+)
 from envspec.debian.fetch import SNAPSHOT_ENV, cache_path
 from envspec.errors import EXIT_BUILD, EXIT_SOURCE, HashMismatch, SourceError
 
@@ -19,9 +26,15 @@ SNAP = "https://snapshot.debian.org/archive/debian/20261130T000000Z"
 
 
 def make_pin(name: str, body: bytes, *, suite="bookworm", filename=None, version="1.0-1") -> DebPin:
-    return DebPin(name=name, version=version, architecture="amd64",
-                  filename=filename or f"pool/main/{name[0]}/{name}/{name}_{version}_amd64.deb",
-                  size=len(body), sha256=hashlib.sha256(body).hexdigest(), suite=suite)
+    return DebPin(
+        name=name,
+        version=version,
+        architecture="amd64",
+        filename=filename or f"pool/main/{name[0]}/{name}/{name}_{version}_amd64.deb",
+        size=len(body),
+        sha256=hashlib.sha256(body).hexdigest(),
+        suite=suite,
+    )
 
 
 class FakeOpener:
@@ -73,7 +86,11 @@ def test_a_tampered_cache_file_is_fetched_again(tmp_path):
     again = fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=opener, reporter=rep)
     assert again == path and path.read_bytes() == body and len(opener.calls) == 2
     warned = [e[1][0] for e in rep.events if e[0] == "warning"]
-    assert len(warned) == 1 and str(path) in warned[0] and hashlib.sha256(b"evil").hexdigest() in warned[0]
+    assert (
+        len(warned) == 1
+        and str(path) in warned[0]
+        and hashlib.sha256(b"evil").hexdigest() in warned[0]
+    )
 
 
 def test_a_tampered_cache_file_no_source_can_heal_stops_naming_every_source(tmp_path):
@@ -125,8 +142,17 @@ def test_deb_gone_names_package_and_ways_out(tmp_path):
 def test_unreachable_is_not_gone(tmp_path):
     pin = make_pin("tini", b"x")
     with pytest.raises(SourceError) as ei:
-        fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=FakeOpener({}, down=("http://deb",)), retries=0)
-    assert ei.value.reference == "debian-mirror-unreachable" and "Connection refused" in ei.value.message
+        fetch_deb(
+            pin,
+            mirrors=[MAIN],
+            cache_dir=tmp_path,
+            opener=FakeOpener({}, down=("http://deb",)),
+            retries=0,
+        )
+    assert (
+        ei.value.reference == "debian-mirror-unreachable"
+        and "Connection refused" in ei.value.message
+    )
 
 
 def test_snapshot_first_then_canonical(tmp_path):
@@ -149,8 +175,12 @@ def test_snapshot_from_environment(tmp_path, monkeypatch):
 
 
 def test_security_pin_urls():
-    pin = make_pin("liblzma5", b"x", suite="bookworm-security",
-                   filename="pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb")
+    pin = make_pin(
+        "liblzma5",
+        b"x",
+        suite="bookworm-security",
+        filename="pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb",
+    )
     assert candidate_urls(pin, [SNAP, MAIN]) == [
         "https://snapshot.debian.org/archive/debian-security/20261130T000000Z/pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb",
         f"{SNAP}/pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb",
@@ -160,13 +190,19 @@ def test_security_pin_urls():
         f"{MAIN}/pool/main/x/xz-utils/liblzma5_1.0-1_amd64.deb",
     ]
     main_pin = make_pin("tini", b"x")
-    assert candidate_urls(main_pin, [MAIN, "http://deb.debian.org/debian-security"]) == [f"{MAIN}/{main_pin.filename}"]
+    assert candidate_urls(main_pin, [MAIN, "http://deb.debian.org/debian-security"]) == [
+        f"{MAIN}/{main_pin.filename}"
+    ]
 
 
 def test_security_fix_folded_into_point_release(tmp_path):
     body = b"fix"
-    pin = make_pin("liblzma5", body, suite="bookworm-security",
-                   filename="pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb")
+    pin = make_pin(
+        "liblzma5",
+        body,
+        suite="bookworm-security",
+        filename="pool/updates/main/x/xz-utils/liblzma5_1.0-1_amd64.deb",
+    )
     opener = FakeOpener({f"{MAIN}/pool/main/x/xz-utils/liblzma5_1.0-1_amd64.deb": body})
     assert fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=opener).read_bytes() == body
 
@@ -248,7 +284,7 @@ class _Server:
             def do_GET(self):
                 if self.path.startswith("/moved/"):
                     self.send_response(302)
-                    self.send_header("Location", self.path[len("/moved"):])
+                    self.send_header("Location", self.path[len("/moved") :])
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
@@ -278,11 +314,15 @@ def test_default_opener_against_a_local_mirror(tmp_path, monkeypatch):
     srv = _Server({f"/debian/{p.filename}": f"body{p.name[3:]}".encode() * 1000 for p in pins})
     try:
         opener = KeepAliveOpener()
-        got = fetch_debs(pins, mirrors=[srv.url + "/debian"], cache_dir=tmp_path / "a", opener=opener, jobs=1)
+        got = fetch_debs(
+            pins, mirrors=[srv.url + "/debian"], cache_dir=tmp_path / "a", opener=opener, jobs=1
+        )
         assert all(got[p.name].read_bytes() == f"body{p.name[3:]}".encode() * 1000 for p in pins)
         assert srv.connections == 1  # one kept-alive connection for five files
         # redirects are followed
-        fetch_deb(pins[0], mirrors=[srv.url + "/moved/debian"], cache_dir=tmp_path / "b", opener=opener)
+        fetch_deb(
+            pins[0], mirrors=[srv.url + "/moved/debian"], cache_dir=tmp_path / "b", opener=opener
+        )
         # a 404 from a real HTTP server is "gone"
         gone = make_pin("libc6", b"nope", version="9.9-9")
         with pytest.raises(SourceError) as ei:
@@ -302,4 +342,6 @@ def test_truncated_body_is_retried_then_reported(tmp_path):
 
     with pytest.raises(SourceError) as ei:
         fetch_deb(pin, mirrors=[MAIN], cache_dir=tmp_path, opener=truncated, retries=1)
-    assert ei.value.reference == "debian-mirror-unreachable" and "IncompleteRead" in ei.value.message
+    assert (
+        ei.value.reference == "debian-mirror-unreachable" and "IncompleteRead" in ei.value.message
+    )

@@ -33,40 +33,77 @@ GROUP_MASTER = b"root:*:0:\ndaemon:*:1:\nwww-data:*:33:\nshadow:*:42:\nnogroup:*
 def packages() -> list[Pkg]:
     certs = sorted((DATA / "certs").glob("*.crt"))
     return [
-        Pkg("base-files", "12.4", files=[
-            Entry("./etc/issue", b"Debian GNU/Linux 12 \\n \\l\n"),
-            Entry("./usr/lib/os-release", b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n'),
-            Entry("./etc/os-release", link="../usr/lib/os-release"),
-            Entry("./usr/share/base-files/dot.profile", b"# ~/.profile\n"),
-            Entry("./usr/share/base-files/dot.bashrc", b"# ~/.bashrc\n"),
-            Entry("./usr/share/base-files/profile", b"# /etc/profile\n"),
-            Entry("./tmp/", mode=0o1777), Entry("./var/"),
-        ], conffiles=["/etc/issue"]),
-        Pkg("base-passwd", "3.6.1", files=[
-            Entry("./usr/share/base-passwd/passwd.master", PASSWD_MASTER),
-            Entry("./usr/share/base-passwd/group.master", GROUP_MASTER),
-        ]),
-        Pkg("dash", "0.5.12-2", files=[Entry("./bin/dash", b"#!dash\n", mode=0o755), Entry("./bin/sh", link="dash")]),
+        Pkg(
+            "base-files",
+            "12.4",
+            files=[
+                Entry("./etc/issue", b"Debian GNU/Linux 12 \\n \\l\n"),
+                Entry("./usr/lib/os-release", b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n'),
+                Entry("./etc/os-release", link="../usr/lib/os-release"),
+                Entry("./usr/share/base-files/dot.profile", b"# ~/.profile\n"),
+                Entry("./usr/share/base-files/dot.bashrc", b"# ~/.bashrc\n"),
+                Entry("./usr/share/base-files/profile", b"# /etc/profile\n"),
+                Entry("./tmp/", mode=0o1777),
+                Entry("./var/"),
+            ],
+            conffiles=["/etc/issue"],
+        ),
+        Pkg(
+            "base-passwd",
+            "3.6.1",
+            files=[
+                Entry("./usr/share/base-passwd/passwd.master", PASSWD_MASTER),
+                Entry("./usr/share/base-passwd/group.master", GROUP_MASTER),
+            ],
+        ),
+        Pkg(
+            "dash",
+            "0.5.12-2",
+            files=[Entry("./bin/dash", b"#!dash\n", mode=0o755), Entry("./bin/sh", link="dash")],
+        ),
         Pkg("bash", "5.2.15-2", files=[Entry("./bin/bash", b"#!bash\n", mode=0o755)]),
-        Pkg("libfoo1", "1.0-1", extra_control={"Multi-Arch": "same"}, files=[
-            Entry("./lib/x86_64-linux-gnu/libfoo.so.1.0", b"\x7fELF fake"),
-            Entry("./lib/x86_64-linux-gnu/libfoo.so.1", link="libfoo.so.1.0"),
-            Entry("./usr/bin/foo", b"foo", mode=0o755),
-            Entry("./usr/bin/foo-hard", hardlink="./usr/bin/foo", mode=0o755),
-        ]),
-        Pkg("gcc", "4:12.2.0-3", files=[Entry("./usr/bin/gcc-12", b"gcc", mode=0o755),
-                                         Entry("./usr/bin/gcc", link="gcc-12")]),
+        Pkg(
+            "libfoo1",
+            "1.0-1",
+            extra_control={"Multi-Arch": "same"},
+            files=[
+                Entry("./lib/x86_64-linux-gnu/libfoo.so.1.0", b"\x7fELF fake"),
+                Entry("./lib/x86_64-linux-gnu/libfoo.so.1", link="libfoo.so.1.0"),
+                Entry("./usr/bin/foo", b"foo", mode=0o755),
+                Entry("./usr/bin/foo-hard", hardlink="./usr/bin/foo", mode=0o755),
+            ],
+        ),
+        Pkg(
+            "gcc",
+            "4:12.2.0-3",
+            files=[
+                Entry("./usr/bin/gcc-12", b"gcc", mode=0o755),
+                Entry("./usr/bin/gcc", link="gcc-12"),
+            ],
+        ),
         Pkg("passwd", "1:4.13", files=[Entry("./usr/bin/chfn", b"chfn", mode=0o4755)]),
         Pkg("overlap", "1.0", files=[Entry("./usr/share/common/file", b"from overlap")]),
         Pkg("overlap2", "1.0", files=[Entry("./usr/share/common/file", b"from overlap2")]),
         Pkg("tzdata", "2026f", arch="all", files=[Entry("./usr/share/zoneinfo/Etc/UTC", b"TZif")]),
-        Pkg("openssh-server", "1:9.2p1-2", files=[
-            Entry("./usr/sbin/sshd", b"sshd", mode=0o755),
-            Entry("./usr/share/openssh/sshd_config", b"Include /etc/ssh/sshd_config.d/*.conf\n"),
-        ]),
-        Pkg("ca-certificates", "20250419", arch="all", files=[
-            Entry(f"./usr/share/ca-certificates/mozilla/{c.name}", c.read_bytes()) for c in certs
-        ]),
+        Pkg(
+            "openssh-server",
+            "1:9.2p1-2",
+            files=[
+                Entry("./usr/sbin/sshd", b"sshd", mode=0o755),
+                Entry(
+                    "./usr/share/openssh/sshd_config", b"Include /etc/ssh/sshd_config.d/*.conf\n"
+                ),
+            ],
+        ),
+        Pkg(
+            "ca-certificates",
+            "20250419",
+            arch="all",
+            files=[
+                Entry(f"./usr/share/ca-certificates/mozilla/{c.name}", c.read_bytes())
+                for c in certs
+            ],
+        ),
     ]
 
 
@@ -75,9 +112,17 @@ def build_debs(directory: Path) -> tuple[list[DebPin], dict[str, Path]]:
     for pkg in packages():
         path = make_deb(directory, pkg)
         body = path.read_bytes()
-        pins.append(DebPin(name=pkg.name, version=pkg.version, architecture=pkg.arch,
-                           filename=f"pool/main/{pkg.name[0]}/{pkg.name}/{path.name}", size=len(body),
-                           sha256=hashlib.sha256(body).hexdigest(), suite="bookworm"))
+        pins.append(
+            DebPin(
+                name=pkg.name,
+                version=pkg.version,
+                architecture=pkg.arch,
+                filename=f"pool/main/{pkg.name[0]}/{pkg.name}/{path.name}",
+                size=len(body),
+                sha256=hashlib.sha256(body).hexdigest(),
+                suite="bookworm",
+            )
+        )
         paths[pkg.name] = path
     return pins, paths
 
@@ -154,7 +199,11 @@ def test_dpkg_database(tree):
     assert base["Conffiles"].strip() == f"/etc/issue {md5}"
     info = root / "var/lib/dpkg/info"
     assert (info / "format").read_text() == "1\n"
-    assert (info / "libfoo1:amd64.list").read_text().splitlines()[:3] == ["/.", "/lib", "/lib/x86_64-linux-gnu"]
+    assert (info / "libfoo1:amd64.list").read_text().splitlines()[:3] == [
+        "/.",
+        "/lib",
+        "/lib/x86_64-linux-gnu",
+    ]
     assert "/bin/dash" in (info / "dash.list").read_text().splitlines()
     assert (info / "base-files.conffiles").read_text() == "/etc/issue\n"
     assert (info / "dash.md5sums").read_text().endswith("  bin/dash\n")
@@ -164,13 +213,23 @@ def test_dpkg_database(tree):
 def test_dpkg_reads_the_database(tree):
     root, _ = tree
     admin = str(root / "var/lib/dpkg")
-    audit = subprocess.run(["dpkg", f"--admindir={admin}", "--audit"], capture_output=True, text=True)
+    audit = subprocess.run(
+        ["dpkg", f"--admindir={admin}", "--audit"], capture_output=True, text=True
+    )
     assert audit.returncode == 0 and audit.stdout == ""
-    q = subprocess.run(["dpkg-query", f"--admindir={admin}", "-W", "-f", "${Package} ${Status}\n"],
-                       capture_output=True, text=True, check=True).stdout.splitlines()
+    q = subprocess.run(
+        ["dpkg-query", f"--admindir={admin}", "-W", "-f", "${Package} ${Status}\n"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert "libfoo1 install ok installed" in q and len(q) == len(packages())
-    owner = subprocess.run(["dpkg-query", f"--admindir={admin}", "-S", "/bin/dash"], capture_output=True,
-                           text=True, check=True).stdout
+    owner = subprocess.run(
+        ["dpkg-query", f"--admindir={admin}", "-S", "/bin/dash"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert owner.startswith("dash:")
 
 
@@ -186,7 +245,9 @@ def test_users(tree):
     assert stat.S_IMODE((root / "etc/shadow").stat().st_mode) == 0o640
     assert (root / "run/sshd").is_dir()
     if AS_ROOT:
-        assert (root / "workspace").stat().st_uid == 1000 and (root / "workspace").stat().st_gid == 1000
+        assert (root / "workspace").stat().st_uid == 1000 and (
+            root / "workspace"
+        ).stat().st_gid == 1000
         assert (root / "etc/shadow").stat().st_gid == 42
 
 
@@ -195,9 +256,16 @@ def test_certificates(tree):
     certs = sorted((DATA / "certs").glob("*.crt"))
     bundle = (root / "etc/ssl/certs/ca-certificates.crt").read_bytes()
     assert bundle == b"".join(c.read_bytes() for c in certs)
-    assert os.readlink(root / "etc/ssl/certs/ISRG_Root_X1.pem") == "/usr/share/ca-certificates/mozilla/ISRG_Root_X1.crt"
-    assert os.readlink(root / "etc/ssl/certs/4042bcee.0") == "ISRG_Root_X1.pem"  # openssl x509 -subject_hash
-    assert (root / "etc/ca-certificates.conf").read_text().splitlines()[1:] == [f"mozilla/{c.name}" for c in certs]
+    assert (
+        os.readlink(root / "etc/ssl/certs/ISRG_Root_X1.pem")
+        == "/usr/share/ca-certificates/mozilla/ISRG_Root_X1.crt"
+    )
+    assert (
+        os.readlink(root / "etc/ssl/certs/4042bcee.0") == "ISRG_Root_X1.pem"
+    )  # openssl x509 -subject_hash
+    assert (root / "etc/ca-certificates.conf").read_text().splitlines()[1:] == [
+        f"mozilla/{c.name}" for c in certs
+    ]
 
 
 def test_maintainer_script_fixups(tree):
@@ -231,8 +299,15 @@ def test_same_input_same_tree(debs, tree, tmp_path):
 def test_no_host_facts_in_generated_files(tree):
     root, _ = tree
     host = os.uname().nodename
-    for rel in ("etc/passwd", "etc/group", "etc/shadow", "var/lib/dpkg/status", "etc/ca-certificates.conf",
-                "etc/shells", "etc/timezone"):
+    for rel in (
+        "etc/passwd",
+        "etc/group",
+        "etc/shadow",
+        "var/lib/dpkg/status",
+        "etc/ca-certificates.conf",
+        "etc/shells",
+        "etc/timezone",
+    ):
         assert host not in (root / rel).read_text()
 
 
@@ -249,8 +324,17 @@ def test_missing_deb(debs, tmp_path):
         make_rootfs(pins, {k: v for k, v in paths.items() if k != "dash"}, tmp_path / "r")
 
 
-@pytest.mark.parametrize("user,uid", [("root", 1000), ("Bad User", 1000), ("envspec", 0), ("envspec", 70000),
-                                      ("www-data", 1000), ("envspec", 33)])
+@pytest.mark.parametrize(
+    "user,uid",
+    [
+        ("root", 1000),
+        ("Bad User", 1000),
+        ("envspec", 0),
+        ("envspec", 70000),
+        ("www-data", 1000),
+        ("envspec", 33),
+    ],
+)
 def test_bad_image_user(debs, tmp_path, user, uid):
     pins, paths = debs
     with pytest.raises(UsageError) as ei:
@@ -274,7 +358,9 @@ def test_path_escape_refused():
 
 def test_debfile_reads_gz_and_plain_members(tmp_path):
     for comp in ("gz", "bz2", ""):
-        path = make_deb(tmp_path, Pkg(f"p{comp or 'plain'}", "1", files=[Entry("./usr/bin/x", b"x")]), comp=comp)
+        path = make_deb(
+            tmp_path, Pkg(f"p{comp or 'plain'}", "1", files=[Entry("./usr/bin/x", b"x")]), comp=comp
+        )
         deb = DebFile(path)
         assert dict(deb.control())["Package"] == f"p{comp or 'plain'}"
         with deb.open_tar(deb.data_tar_bytes()) as tf:
@@ -290,16 +376,37 @@ def test_debfile_rejects_garbage(tmp_path):
 
 def test_trixie_base_files_ships_the_merged_links(tmp_path):
     """trixie's base-files carries bin -> usr/bin itself; bookworm's packages ship into /bin."""
-    pkgs = [Pkg("base-files", "13.8", files=[Entry("./bin", link="usr/bin"), Entry("./lib", link="usr/lib"),
-                                              Entry("./usr/lib/os-release", b"ID=debian\n")]),
-            Pkg("old-style", "1", files=[Entry("./bin/tool", b"t", mode=0o755), Entry("./lib/libx.so", b"x")])]
+    pkgs = [
+        Pkg(
+            "base-files",
+            "13.8",
+            files=[
+                Entry("./bin", link="usr/bin"),
+                Entry("./lib", link="usr/lib"),
+                Entry("./usr/lib/os-release", b"ID=debian\n"),
+            ],
+        ),
+        Pkg(
+            "old-style",
+            "1",
+            files=[Entry("./bin/tool", b"t", mode=0o755), Entry("./lib/libx.so", b"x")],
+        ),
+    ]
     pins, paths = [], {}
     for pkg in pkgs:
         path = make_deb(tmp_path, pkg)
         body = path.read_bytes()
-        pins.append(DebPin(name=pkg.name, version=pkg.version, architecture="amd64",
-                           filename=f"pool/main/x/{path.name}", size=len(body),
-                           sha256=hashlib.sha256(body).hexdigest(), suite="trixie"))
+        pins.append(
+            DebPin(
+                name=pkg.name,
+                version=pkg.version,
+                architecture="amd64",
+                filename=f"pool/main/x/{path.name}",
+                size=len(body),
+                sha256=hashlib.sha256(body).hexdigest(),
+                suite="trixie",
+            )
+        )
         paths[pkg.name] = path
     root = tmp_path / "root"
     make_rootfs(pins, paths, root, jobs=1)

@@ -57,8 +57,14 @@ def test_reviewer_facts():
     assert debs["libc6"].change == "upgraded" and debs["libyaml-0-2"].change == "added"
     assert "tini" not in debs
     layers = {lay.group: lay.change for lay in d.layers}
-    assert layers == {"base": "changed", "cuda": "changed", "torch": "changed", "deps": "changed",
-                      "team": "same", "envspec": "changed"}
+    assert layers == {
+        "base": "changed",
+        "cuda": "changed",
+        "torch": "changed",
+        "deps": "changed",
+        "team": "same",
+        "envspec": "changed",
+    }
     assert d.layers_from == "plan"
     text = "\n".join(diff_lines(d))
     assert "raised" in text and "team     unchanged" in text
@@ -103,15 +109,18 @@ def test_fallback_when_the_lock_cannot_be_planned():
     assert "wheel groups, estimated" in "\n".join(diff_lines(d))
 
 
-@pytest.mark.parametrize("a,b,want", [
-    ("2.36-9+deb12u13", "2.36-9+deb12u14", -1),
-    ("1.0~rc1-1", "1.0-1", -1),
-    ("1:0.9-1", "2.0-1", 1),
-    ("2025b-0+deb12u1", "2025b-0+deb12u1", 0),
-    ("1.2.10-1", "1.2.9-1", 1),
-    ("1.0", "1.0-1", -1),
-    ("1.0a", "1.0+", -1),
-])
+@pytest.mark.parametrize(
+    "a,b,want",
+    [
+        ("2.36-9+deb12u13", "2.36-9+deb12u14", -1),
+        ("1.0~rc1-1", "1.0-1", -1),
+        ("1:0.9-1", "2.0-1", 1),
+        ("2025b-0+deb12u1", "2025b-0+deb12u1", 0),
+        ("1.2.10-1", "1.2.9-1", 1),
+        ("1.0", "1.0-1", -1),
+        ("1.0a", "1.0+", -1),
+    ],
+)
 def test_deb_version_cmp(a, b, want):
     assert deb_version_cmp(a, b) == want
     assert deb_version_cmp(b, a) == -want
@@ -120,22 +129,42 @@ def test_deb_version_cmp(a, b, want):
 def test_json_shape():
     d = diff_files(GOLDEN / "old.lock", GOLDEN / "new.lock")
     j = d.to_json()
-    assert j["wheels"]["counts"] == {"added": 4, "removed": 3, "upgraded": 2, "downgraded": 1, "rebuilt": 1}
+    assert j["wheels"]["counts"] == {
+        "added": 4,
+        "removed": 3,
+        "upgraded": 2,
+        "downgraded": 1,
+        "rebuilt": 1,
+    }
     assert isinstance(d, LockDiff) and diffmod.diff_lines is diff_lines
     json.dumps(j)
 
 
 # ---- multi-platform locks: a block per platform ------------------------------------------------
 
+
 def _multi_with_arm_idna(version: str):
     from envspec import lock as lockmod
 
     m = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
     arm = m.parts[1]
-    wheels = [w.model_copy(update={"version": version, "sha256": "d" * 64, "filename": f"idna-{version}-py3-none-any.whl"})
-              if w.name == "idna" else w for w in arm.wheels]
-    return m, lockmod.Lockfile.model_validate(m.model_copy(update={"parts": [m.parts[0], arm.model_copy(
-        update={"wheels": wheels})]}).model_dump()).with_hash()
+    wheels = [
+        w.model_copy(
+            update={
+                "version": version,
+                "sha256": "d" * 64,
+                "filename": f"idna-{version}-py3-none-any.whl",
+            }
+        )
+        if w.name == "idna"
+        else w
+        for w in arm.wheels
+    ]
+    return m, lockmod.Lockfile.model_validate(
+        m.model_copy(
+            update={"parts": [m.parts[0], arm.model_copy(update={"wheels": wheels})]}
+        ).model_dump()
+    ).with_hash()
 
 
 def test_a_wheel_changed_only_on_aarch64_shows_under_that_platform(tmp_path, capsys):
@@ -146,7 +175,11 @@ def test_a_wheel_changed_only_on_aarch64_shows_under_that_platform(tmp_path, cap
 
     old, new = _multi_with_arm_idna("3.6")
     d = diff_locks(old, new)
-    assert d.per_platform and not d.identical and [n for n, _ in d.platforms] == ["linux-x86_64", "linux-aarch64"]
+    assert (
+        d.per_platform
+        and not d.identical
+        and [n for n, _ in d.platforms] == ["linux-x86_64", "linux-aarch64"]
+    )
     subs = dict(d.platforms)
     assert subs["linux-x86_64"].identical and subs["linux-aarch64"].wheels[0].name == "idna"
     lines = diff_lines(d)
@@ -161,7 +194,9 @@ def test_a_wheel_changed_only_on_aarch64_shows_under_that_platform(tmp_path, cap
     out = json.loads(capsys.readouterr().out)
     assert out["platforms"]["linux-x86_64"]["identical"] is True
     assert out["platforms"]["linux-aarch64"]["wheels"]["changes"][0]["name"] == "idna"
-    team = {lay["group"]: lay["change"] for lay in out["platforms"]["linux-aarch64"]["layers"]["layers"]}
+    team = {
+        lay["group"]: lay["change"] for lay in out["platforms"]["linux-aarch64"]["layers"]["layers"]
+    }
     assert team["team"] == "changed" and team["base"] == "same"
 
 
@@ -169,10 +204,15 @@ def test_a_platform_added_to_a_lock_is_named():
     old = load(Path(__file__).parents[2] / "lockfiles" / "smoke.lock")
     new = load(Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock")
     d = diff_locks(old, new)
-    assert d.platforms_added == ("linux-aarch64",) and [n for n, _ in d.platforms] == ["linux-x86_64"]
+    assert d.platforms_added == ("linux-aarch64",) and [n for n, _ in d.platforms] == [
+        "linux-x86_64"
+    ]
     assert "platform added: linux-aarch64 (a new image in the index)" in diff_lines(d)
     again = diff_locks(new, new)
-    assert again.identical and diff_lines(again)[-1] == "the locks are identical: same images, nothing to rebuild"
+    assert (
+        again.identical
+        and diff_lines(again)[-1] == "the locks are identical: same images, nothing to rebuild"
+    )
 
 
 def test_a_package_built_from_its_sdist_is_shown_so():
@@ -182,16 +222,39 @@ def test_a_package_built_from_its_sdist_is_shown_so():
 
     old = load(GOLDEN / "old.lock")
     tqdm = next(w for w in old.wheels if w.name == "tqdm")
-    src = SourceBuild(backend="setuptools.build_meta", requires=["setuptools"], python="3.11.2", key="sha256:" + "1" * 64,
-                      build=[BuildInput(name="setuptools", version="80.9.0", filename="setuptools-80.9.0-py3-none-any.whl",
-                                        index="https://pypi.org/simple", sha256="2" * 64)])
-    sdist = tqdm.model_copy(update={"filename": f"tqdm-{tqdm.version}.tar.gz", "sha256": "3" * 64, "source": src})
-    extra = Wheel(name="deepspeed", version="0.19.8", filename="deepspeed-0.19.8.tar.gz", index="https://pypi.org/simple",
-                  sha256="4" * 64, group="team", source=src)
+    src = SourceBuild(
+        backend="setuptools.build_meta",
+        requires=["setuptools"],
+        python="3.11.2",
+        key="sha256:" + "1" * 64,
+        build=[
+            BuildInput(
+                name="setuptools",
+                version="80.9.0",
+                filename="setuptools-80.9.0-py3-none-any.whl",
+                index="https://pypi.org/simple",
+                sha256="2" * 64,
+            )
+        ],
+    )
+    sdist = tqdm.model_copy(
+        update={"filename": f"tqdm-{tqdm.version}.tar.gz", "sha256": "3" * 64, "source": src}
+    )
+    extra = Wheel(
+        name="deepspeed",
+        version="0.19.8",
+        filename="deepspeed-0.19.8.tar.gz",
+        index="https://pypi.org/simple",
+        sha256="4" * 64,
+        group="team",
+        source=src,
+    )
 
     def with_wheels(wheels):
         part = old.parts[0].model_copy(update={"wheels": wheels})
-        return Lockfile.model_validate(old.model_copy(update={"parts": [part]}).model_dump()).with_hash()
+        return Lockfile.model_validate(
+            old.model_copy(update={"parts": [part]}).model_dump()
+        ).with_hash()
 
     a = old
     b = with_wheels([sdist if w.name == "tqdm" else w for w in old.wheels] + [extra])
@@ -199,12 +262,29 @@ def test_a_package_built_from_its_sdist_is_shown_so():
     assert (by["tqdm"].change, by["tqdm"].source) == ("rebuilt", "now built from its sdist")
     assert (by["deepspeed"].change, by["deepspeed"].source) == ("added", "built from source")
     text = "\n".join(diff_lines(diff_locks(a, b)))
-    assert f"~ tqdm {tqdm.version} (now built from its sdist)" in text and "+ deepspeed 0.19.8 (built from source)" in text
-    c = with_wheels([sdist.model_copy(update={"source": src.model_copy(update={"key": "sha256:" + "5" * 64})})
-                     if w.name == "tqdm" else w for w in old.wheels] + [extra])
+    assert (
+        f"~ tqdm {tqdm.version} (now built from its sdist)" in text
+        and "+ deepspeed 0.19.8 (built from source)" in text
+    )
+    c = with_wheels(
+        [
+            sdist.model_copy(
+                update={"source": src.model_copy(update={"key": "sha256:" + "5" * 64})}
+            )
+            if w.name == "tqdm"
+            else w
+            for w in old.wheels
+        ]
+        + [extra]
+    )
     by = {ch.name: ch for ch in diff_locks(b, c).wheels}
-    assert (by["tqdm"].change, by["tqdm"].source) == ("rebuilt", "same sdist, other build inputs") and "deepspeed" not in by
-    assert {ch.name: ch.source for ch in diff_locks(b, a).wheels}["tqdm"] == "now a wheel, was built from its sdist"
+    assert (by["tqdm"].change, by["tqdm"].source) == (
+        "rebuilt",
+        "same sdist, other build inputs",
+    ) and "deepspeed" not in by
+    assert {ch.name: ch.source for ch in diff_locks(b, a).wheels}[
+        "tqdm"
+    ] == "now a wheel, was built from its sdist"
 
 
 def test_an_x86_64_lock_against_an_aarch64_one_says_the_platform_first():
@@ -213,10 +293,16 @@ def test_an_x86_64_lock_against_an_aarch64_one_says_the_platform_first():
     architecture is one line for all of them."""
     root = Path(__file__).resolve().parents[2] / "lockfiles"
     lines = diff_lines(diff_files(root / "cpu.lock", root / "cpu-arm64.lock"))
-    assert lines[2:5] == ["GPU stack and platform:", "  CPU architecture:     x86_64 -> aarch64",
-                          "  wheel platform:       manylinux_2_36_x86_64 -> manylinux_2_36_aarch64"]
+    assert lines[2:5] == [
+        "GPU stack and platform:",
+        "  CPU architecture:     x86_64 -> aarch64",
+        "  wheel platform:       manylinux_2_36_x86_64 -> manylinux_2_36_aarch64",
+    ]
     swaps = [x for x in lines if x.startswith("  = ")]
-    assert len(swaps) == 1 and "packages at the same versions, built for arm64 instead of amd64" in swaps[0]
+    assert (
+        len(swaps) == 1
+        and "packages at the same versions, built for arm64 instead of amd64" in swaps[0]
+    )
     assert not any(x.startswith("  - bash ") or x.startswith("  + bash ") for x in lines)
     assert "  + binutils-aarch64-linux-gnu 2.40-2  [arm64]" in lines  # one architecture only: shown
     assert len(lines) < 40 and not any("platform.arch" in x for x in lines)

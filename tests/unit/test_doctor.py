@@ -16,7 +16,11 @@ from envspec.lock import load
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 GPU_LOCK = GOLDEN / "diff" / "new.lock"  # cu130, floor 580.65.06, H100
 GIB = 1 << 30
-VERSIONS = {"podman": "podman version 4.3.1", "buildah": "buildah version 1.28.2", "skopeo": "skopeo version 1.9.3"}
+VERSIONS = {
+    "podman": "podman version 4.3.1",
+    "buildah": "buildah version 1.28.2",
+    "skopeo": "skopeo version 1.9.3",
+}
 
 
 def _tools(*names: str, **paths: str) -> dict[str, Tool]:
@@ -29,11 +33,25 @@ def build_host(**kw) -> Host:
     """This project's machines: podman, runc, buildah, skopeo, hybrid cgroups, no GPU."""
     h = Host(
         tools=_tools("podman", "buildah", "skopeo", "runc"),
-        cgroup="hybrid", kernel="6.1.0-28-amd64", overlay=True, bridge="podman0",
-        storage=Storage("/var/lib/containers/storage", "/run/containers/storage", "overlay", FROM_BUILDAH),
-        storage_free=DiskFree(80 * GIB, 1), cache_dir=Path("/root/.cache/envspec"), cache_free=DiskFree(80 * GIB, 1),
-        rlimits={"nofile": (20000, 20000), "nproc": (96365, 96365), "memlock": (8 << 20, 8 << 20), "stack": (-1, -1)},
-        euid=0, cap_sys_resource=False, pid_max=32768,
+        cgroup="hybrid",
+        kernel="6.1.0-28-amd64",
+        overlay=True,
+        bridge="podman0",
+        storage=Storage(
+            "/var/lib/containers/storage", "/run/containers/storage", "overlay", FROM_BUILDAH
+        ),
+        storage_free=DiskFree(80 * GIB, 1),
+        cache_dir=Path("/root/.cache/envspec"),
+        cache_free=DiskFree(80 * GIB, 1),
+        rlimits={
+            "nofile": (20000, 20000),
+            "nproc": (96365, 96365),
+            "memlock": (8 << 20, 8 << 20),
+            "stack": (-1, -1),
+        },
+        euid=0,
+        cap_sys_resource=False,
+        pid_max=32768,
     )
     return replace(h, **kw)
 
@@ -43,8 +61,15 @@ def gpu_host(driver="580.82.07", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2
     tools = dict(h.tools) | _tools("nvidia-smi", "crun")
     if cdi:
         tools |= _tools("nvidia-ctk")
-    return replace(h, cgroup="v2", driver_version=driver, driver_source="/proc/driver/nvidia/version", gpus=gpus,
-                   tools=tools, cdi_gpu_specs=("/etc/cdi/nvidia.yaml",) if cdi else ())
+    return replace(
+        h,
+        cgroup="v2",
+        driver_version=driver,
+        driver_source="/proc/driver/nvidia/version",
+        gpus=gpus,
+        tools=tools,
+        cdi_gpu_specs=("/etc/cdi/nvidia.yaml",) if cdi else (),
+    )
 
 
 def by(diagnoses, check) -> list[Diagnosis]:
@@ -79,13 +104,18 @@ def test_missing_build_tools_block():
 
 
 def test_broken_build_tool_blocks():
-    tools = _tools("podman", "buildah", "runc") | {"skopeo": Tool("/usr/bin/skopeo", "", "exec format error")}
+    tools = _tools("podman", "buildah", "runc") | {
+        "skopeo": Tool("/usr/bin/skopeo", "", "exec format error")
+    }
     f = by(run_doctor(build_host(tools=tools), None), "skopeo")[0]
     assert f.status == "fail" and "exec format error" in f.what and "--reinstall" in f.fix
 
 
 def test_disk_too_small_blocks():
-    f = run_doctor(build_host(storage_free=DiskFree(3 * GIB, 1), cache_free=DiskFree(3 * GIB, 1)), load(GPU_LOCK))
+    f = run_doctor(
+        build_host(storage_free=DiskFree(3 * GIB, 1), cache_free=DiskFree(3 * GIB, 1)),
+        load(GPU_LOCK),
+    )
     disk = by(f, "disk")[0]
     assert disk.status == "fail" and disk.detail["need"] > 3 * GIB
     assert doctor_exit_code(f) == 1
@@ -125,20 +155,26 @@ def test_gpu_without_toolkit_blocks():
 
 
 def test_nvidia_smi_failing_or_listing_nothing_warns():
-    g = by(run_doctor(replace(gpu_host(), gpus=(), gpu_error="NVIDIA-SMI has failed"), load(GPU_LOCK)), "gpus")[0]
+    g = by(
+        run_doctor(replace(gpu_host(), gpus=(), gpu_error="NVIDIA-SMI has failed"), load(GPU_LOCK)),
+        "gpus",
+    )[0]
     assert g.status == "warn" and "NVIDIA-SMI has failed" in g.what
     g = by(run_doctor(replace(gpu_host(), gpus=()), load(GPU_LOCK)), "gpus")[0]
     assert g.status == "warn" and "lists no GPU" in g.what
 
 
-@pytest.mark.parametrize("cc,archs,want", [
-    ("9.0", ["sm_80", "sm_90"], "sm_90"),
-    ("8.9", ["sm_80", "sm_86", "sm_90"], "sm_86"),  # L4/L40S run sm_86 SASS
-    ("10.3", ["sm_100", "sm_120"], "sm_100"),  # B300 runs sm_100
-    ("10.0", ["sm_90a", "sm_120"], ""),  # an `a` variant runs only on its own capability
-    ("12.0", ["sm_90", "compute_90"], "compute_90"),  # PTX JIT
-    ("7.5", ["sm_80", "compute_80"], ""),
-])
+@pytest.mark.parametrize(
+    "cc,archs,want",
+    [
+        ("9.0", ["sm_80", "sm_90"], "sm_90"),
+        ("8.9", ["sm_80", "sm_86", "sm_90"], "sm_86"),  # L4/L40S run sm_86 SASS
+        ("10.3", ["sm_100", "sm_120"], "sm_100"),  # B300 runs sm_100
+        ("10.0", ["sm_90a", "sm_120"], ""),  # an `a` variant runs only on its own capability
+        ("12.0", ["sm_90", "compute_90"], "compute_90"),  # PTX JIT
+        ("7.5", ["sm_80", "compute_80"], ""),
+    ],
+)
 def test_runs_on(cc, archs, want):
     assert best_arch(cc, archs) == want
 
@@ -146,42 +182,81 @@ def test_runs_on(cc, archs, want):
 def test_engine_and_runtime_missing_are_warnings():
     f = run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc")), None)
     assert by(f, "engine")[0].status == "warn" and doctor_exit_code(f) == 0
-    r = by(run_doctor(build_host(tools=_tools("podman", "buildah", "skopeo", "crun")), None), "runtime")[0]
+    r = by(
+        run_doctor(build_host(tools=_tools("podman", "buildah", "skopeo", "crun")), None), "runtime"
+    )[0]
     assert r.status == "warn" and "apt-get install -y runc" in r.fix
 
 
 def test_docker_without_daemon_or_podman_shim_is_no_engine():
     for docker in ("client", "podman"):
-        f = by(run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker=docker), None),
-               "engine")
+        f = by(
+            run_doctor(
+                build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker=docker), None
+            ),
+            "engine",
+        )
         assert [x.status for x in f] == ["info", "warn"]
-    f = by(run_doctor(build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon"), None), "engine")
+    f = by(
+        run_doctor(
+            build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon"), None
+        ),
+        "engine",
+    )
     assert f[0].status == "ok" and "reachable daemon" in f[0].what
 
 
-DAEMON = DockerDaemon("unix:///srv/d.sock", version="20.10.24+dfsg1", storage_driver="overlay2",
-                      cgroup_driver="cgroupfs", cgroup_version="1", runtimes=("io.containerd.runc.v2", "runc"),
-                      default_runtime="runc", root_dir="/srv/docker")
+DAEMON = DockerDaemon(
+    "unix:///srv/d.sock",
+    version="20.10.24+dfsg1",
+    storage_driver="overlay2",
+    cgroup_driver="cgroupfs",
+    cgroup_version="1",
+    runtimes=("io.containerd.runc.v2", "runc"),
+    default_runtime="runc",
+    root_dir="/srv/docker",
+)
 
 
 def docker_host(daemon: DockerDaemon, **kw) -> Host:
-    return build_host(tools=_tools("buildah", "skopeo", "runc", "docker"), docker="daemon", docker_daemon=daemon, **kw)
+    return build_host(
+        tools=_tools("buildah", "skopeo", "runc", "docker"),
+        docker="daemon",
+        docker_daemon=daemon,
+        **kw,
+    )
 
 
 def test_docker_daemon_facts_are_reported():
     f = by(run_doctor(docker_host(DAEMON), None), "engine")
     assert [x.status for x in f] == ["ok"]
-    for fact in ("20.10.24+dfsg1", "unix:///srv/d.sock", "overlay2", "cgroupfs", "cgroup v1", "default runc"):
+    for fact in (
+        "20.10.24+dfsg1",
+        "unix:///srv/d.sock",
+        "overlay2",
+        "cgroupfs",
+        "cgroup v1",
+        "default runc",
+    ):
         assert fact in f[0].what, (fact, f[0].what)
     assert f[0].detail["storage_driver"] == "overlay2" and f[0].detail["nvidia_runtime"] is False
-    assert not by(run_doctor(docker_host(DAEMON), None), "docker-gpu")  # no GPU, no GPU lock: nothing to say
+    assert not by(
+        run_doctor(docker_host(DAEMON), None), "docker-gpu"
+    )  # no GPU, no GPU lock: nothing to say
 
 
 def test_docker_daemon_that_does_not_answer_is_a_warning_naming_the_address():
-    d = DockerDaemon("unix:///var/run/docker.sock", error="Cannot connect to the Docker daemon at unix:///var/run/"
-                                                          "docker.sock. Is the docker daemon running?")
+    d = DockerDaemon(
+        "unix:///var/run/docker.sock",
+        error="Cannot connect to the Docker daemon at unix:///var/run/"
+        "docker.sock. Is the docker daemon running?",
+    )
     f = by(run_doctor(docker_host(d), None), "engine")
-    assert f[0].status == "warn" and "unix:///var/run/docker.sock" in f[0].what and "Cannot connect" in f[0].what
+    assert (
+        f[0].status == "warn"
+        and "unix:///var/run/docker.sock" in f[0].what
+        and "Cannot connect" in f[0].what
+    )
     assert "dockerd" in f[0].fix and f[-1].status == "warn"  # and no engine at all
 
 
@@ -194,11 +269,16 @@ def test_docker_gpus_need_the_nvidia_runtime_or_toolkit():
     lock = load(GPU_LOCK)
     gpu = dict(driver_version="580.65.06", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),))
     f = by(run_doctor(docker_host(DAEMON, **gpu), lock), "docker-gpu")
-    assert f[0].status == "fail" and "nvidia-ctk runtime configure" in f[0].fix  # docker is the only engine
+    assert (
+        f[0].status == "fail" and "nvidia-ctk runtime configure" in f[0].fix
+    )  # docker is the only engine
     with_podman = docker_host(DAEMON, **gpu)
     with_podman = replace(with_podman, tools={**with_podman.tools, **_tools("podman")})
     assert by(run_doctor(with_podman, lock), "docker-gpu")[0].status == "warn"
-    f = by(run_doctor(docker_host(replace(DAEMON, runtimes=("nvidia", "runc")), **gpu), lock), "docker-gpu")
+    f = by(
+        run_doctor(docker_host(replace(DAEMON, runtimes=("nvidia", "runc")), **gpu), lock),
+        "docker-gpu",
+    )
     assert f[0].status == "ok" and "nvidia runtime" in f[0].what
 
 
@@ -232,8 +312,14 @@ def test_network_conflict():
 
 
 def test_containers_storage_tool_present_or_warned():
-    tools = _tools("podman", "buildah", "skopeo", "runc", "containers-storage",
-                   envspec_put_layer="/opt/envspec/bin/envspec-put-layer")
+    tools = _tools(
+        "podman",
+        "buildah",
+        "skopeo",
+        "runc",
+        "containers-storage",
+        envspec_put_layer="/opt/envspec/bin/envspec-put-layer",
+    )
     f = by(run_doctor(build_host(tools=tools), None), "import")[0]
     assert f.status == "ok" and f.detail["put_layer"] == "/opt/envspec/bin/envspec-put-layer"
     del tools["envspec-put-layer"]
@@ -260,7 +346,11 @@ def test_a_driver_older_than_the_gpus_first_branch_fails_without_a_lock():
     f = run_doctor(gpu_host(driver="470.82.01"))
     d = [x for x in by(f, "driver") if x.detail.get("min_driver")]
     assert len(d) == 1 and d[0].status == "fail" and doctor_exit_code(f) != 0
-    assert "cannot drive NVIDIA H100 80GB HBM3" in d[0].what and "R520" in d[0].what and "R520" in d[0].fix
+    assert (
+        "cannot drive NVIDIA H100 80GB HBM3" in d[0].what
+        and "R520" in d[0].what
+        and "R520" in d[0].fix
+    )
     f = run_doctor(gpu_host(driver="565.57.01", gpus=(Gpu("NVIDIA GeForce RTX 5090", "12.0"),)))
     assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "570"] == ["fail"]
     # a GPU the DB does not name is judged by its compute capability
@@ -273,7 +363,11 @@ def test_a_driver_newer_than_the_gpus_last_branch_fails():
     f = run_doctor(gpu_host(driver="590.48.01", gpus=(Gpu("Tesla V100-SXM2-32GB", "7.0"),)))
     d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
     assert [x.status for x in d] == ["fail"] and doctor_exit_code(f) != 0
-    assert "cannot drive Tesla V100-SXM2-32GB" in d[0].what and "R580 is the last" in d[0].what and "R580" in d[0].fix
+    assert (
+        "cannot drive Tesla V100-SXM2-32GB" in d[0].what
+        and "R580 is the last" in d[0].what
+        and "R580" in d[0].fix
+    )
     f = run_doctor(gpu_host(driver="470.256.02", gpus=(Gpu("Tesla K80", "3.7"),)))
     d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
     assert [x.status for x in d] == ["ok"] and "R340 or newer and R470 or older" in d[0].what
@@ -295,7 +389,14 @@ def test_the_disk_check_says_what_the_space_is_for():
     assert len(one) == 1 and f"a first build of {lock.meta.name}'s image needs about" in one[0].what
     assert "of package downloads" in one[0].what and "layer tars in the cache" in one[0].what
     assert "unpacked image in containers-storage" in one[0].what
-    two = check_disk(build_host(cache_free=DiskFree(80 * GIB, 2)), lock)  # the cache on another disk
-    assert [("containers-storage" in d.what, "layer tars" in d.what) for d in two] == [(True, False), (False, True)]
-    short = check_disk(build_host(storage_free=DiskFree(1 << 20, 1), cache_free=DiskFree(1 << 20, 1)), lock)
+    two = check_disk(
+        build_host(cache_free=DiskFree(80 * GIB, 2)), lock
+    )  # the cache on another disk
+    assert [("containers-storage" in d.what, "layer tars" in d.what) for d in two] == [
+        (True, False),
+        (False, True),
+    ]
+    short = check_disk(
+        build_host(storage_free=DiskFree(1 << 20, 1), cache_free=DiskFree(1 << 20, 1)), lock
+    )
     assert short[0].status == "fail" and "ENVSPEC_CACHE" in short[0].fix

@@ -19,7 +19,11 @@ def test_each_gpu_has_the_same_first_branch_in_both(gpu):
         assert want is None, f"{gpu.name}: verify knows R{want} for cc {gpu.cc}, gpus.toml has none"
         return
     assert want == driver_branch(gpu.min_driver), (gpu.name, gpu.cc, gpu.min_driver, want)
-    for driver, too_old in ((f"{want - 1}.99.99", True), (f"{want}.00.01", False), (f"{want + 100}.1", False)):
+    for driver, too_old in (
+        (f"{want - 1}.99.99", True),
+        (f"{want}.00.01", False),
+        (f"{want + 100}.1", False),
+    ):
         assert gpu.driver_too_old(driver) is too_old
         assert driverrule.too_old(driver, gpu.cc)[0] is too_old
 
@@ -28,26 +32,46 @@ def test_verify_knows_the_families_of_the_db_and_no_other():
     assert set(driverrule.FIRST_BRANCH) == {f.cc for f in DB.families if f.min_driver}
     assert set(driverrule.LAST_BRANCH) == {f.cc for f in DB.families if f.max_driver}
     for f in DB.families:
-        assert driverrule.first_branch(f.cc) == (driver_branch(f.min_driver) if f.min_driver else None), f.cc
-        assert driverrule.last_branch(f.cc) == (driver_branch(f.max_driver) if f.max_driver else None), f.cc
+        assert driverrule.first_branch(f.cc) == (
+            driver_branch(f.min_driver) if f.min_driver else None
+        ), f.cc
+        assert driverrule.last_branch(f.cc) == (
+            driver_branch(f.max_driver) if f.max_driver else None
+        ), f.cc
 
 
 @pytest.mark.parametrize("gpu", DB.gpus, ids=[g.name for g in DB.gpus])
 def test_each_gpu_has_the_same_last_branch_in_both(gpu):
     last = driverrule.last_branch(gpu.cc)
     if not gpu.max_driver:
-        assert last is None, f"{gpu.name}: verify knows R{last} as the last for cc {gpu.cc}, gpus.toml has none"
+        assert last is None, (
+            f"{gpu.name}: verify knows R{last} as the last for cc {gpu.cc}, gpus.toml has none"
+        )
         assert not gpu.driver_too_new("999.1")
         return
-    assert last == driver_branch(gpu.max_driver) and gpu.max_driver_source.strip(), (gpu.name, gpu.max_driver, last)
-    for driver, too_new in ((f"{last}.99.99", False), (f"{last + 5}.00.01", True), (f"{last + 10}.1", True)):
+    assert last == driver_branch(gpu.max_driver) and gpu.max_driver_source.strip(), (
+        gpu.name,
+        gpu.max_driver,
+        last,
+    )
+    for driver, too_new in (
+        (f"{last}.99.99", False),
+        (f"{last + 5}.00.01", True),
+        (f"{last + 10}.1", True),
+    ):
         assert gpu.driver_too_new(driver) is too_new
         assert driverrule.too_new(driver, gpu.cc)[0] is too_new
 
 
 def test_kepler_ends_at_r470_and_maxwell_pascal_and_volta_at_r580():
     assert {f.architecture for f in DB.families if f.max_driver == "470"} == {"Kepler"}
-    assert {f.cc for f in DB.families if f.max_driver == "580"} == {"5.0", "5.2", "6.0", "6.1", "7.0"}
+    assert {f.cc for f in DB.families if f.max_driver == "580"} == {
+        "5.0",
+        "5.2",
+        "6.0",
+        "6.1",
+        "7.0",
+    }
     # every discrete Kepler, Maxwell, Pascal and Volta GPU has its last branch; Jetson has no branch at all
     for g in DB.gpus:
         if g.line == "jetson":
@@ -72,7 +96,9 @@ def test_the_verifiers_gemm_rates_are_the_db_ones():
     torch and nvidia-smi print; a GPU without a published rate gets none, never another GPU's."""
     from envspec.verify import rates
 
-    with_rates = {g.name: g for g in DB.gpus if g.bf16_tflops is not None or g.tf32_tflops is not None}
+    with_rates = {
+        g.name: g for g in DB.gpus if g.bf16_tflops is not None or g.tf32_tflops is not None
+    }
     assert set(rates.RATES) == set(with_rates)
     for g in DB.gpus:
         for kind, want in (("bf16", g.bf16_tflops), ("tf32", g.tf32_tflops)):
@@ -82,7 +108,10 @@ def test_the_verifiers_gemm_rates_are_the_db_ones():
                 assert got[1] and got[1] in g.source, (g.name, got[1])
     # older drivers print the name without "NVIDIA "; a longer name is not taken for a shorter one
     assert rates.expected_rate("A100-SXM4-80GB", "bf16")[0] == 312.0
-    assert rates.expected_rate("NVIDIA RTX A1000", "bf16") is None and rates.expected_rate("NVIDIA L40", "bf16")[0] == 181.05
+    assert (
+        rates.expected_rate("NVIDIA RTX A1000", "bf16") is None
+        and rates.expected_rate("NVIDIA L40", "bf16")[0] == 181.05
+    )
 
 
 def test_the_verifiers_node_figures_are_the_db_ones():
@@ -92,7 +121,11 @@ def test_the_verifiers_node_figures_are_the_db_ones():
 
     assert {x.gen: x.gbs_per_lane for x in DB.pcie} == health.PCIE_GBS_PER_LANE
     assert all(x.source.strip() for x in DB.pcie)
-    want = {g.name: g.node_allreduce_busbw_gbs for g in DB.gpus if g.node_allreduce_busbw_gbs is not None}
+    want = {
+        g.name: g.node_allreduce_busbw_gbs
+        for g in DB.gpus
+        if g.node_allreduce_busbw_gbs is not None
+    }
     assert {k: v for k, (v, _) in rates.ALLREDUCE_8.items()} == want
     for name, (_, src) in rates.ALLREDUCE_8.items():
         g = DB.find_gpu(name)

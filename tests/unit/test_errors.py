@@ -2,8 +2,15 @@ from envspec import errors
 
 
 def test_exit_codes_are_distinct_and_documented():
-    codes = {errors.EXIT_OK, errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT, errors.EXIT_SOURCE,
-             errors.EXIT_BUILD, errors.EXIT_HOST, errors.EXIT_INTERRUPTED}
+    codes = {
+        errors.EXIT_OK,
+        errors.EXIT_CHECK_FAILED,
+        errors.EXIT_BAD_INPUT,
+        errors.EXIT_SOURCE,
+        errors.EXIT_BUILD,
+        errors.EXIT_HOST,
+        errors.EXIT_INTERRUPTED,
+    }
     assert len(codes) == 7
     doc = errors.__doc__
     for code in codes:
@@ -11,7 +18,13 @@ def test_exit_codes_are_distinct_and_documented():
 
 
 def test_each_error_class_has_a_kebab_reference_and_a_known_code():
-    known = {errors.EXIT_CHECK_FAILED, errors.EXIT_BAD_INPUT, errors.EXIT_SOURCE, errors.EXIT_BUILD, errors.EXIT_HOST}
+    known = {
+        errors.EXIT_CHECK_FAILED,
+        errors.EXIT_BAD_INPUT,
+        errors.EXIT_SOURCE,
+        errors.EXIT_BUILD,
+        errors.EXIT_HOST,
+    }
     refs = set()
     for cls in errors.ALL_ERRORS:
         assert cls.exit_code in known, cls
@@ -21,7 +34,12 @@ def test_each_error_class_has_a_kebab_reference_and_a_known_code():
 
 
 def test_build_error_carries_the_command_and_stderr_tail():
-    e = errors.BuildError("commit failed", step="commit", argv=["buildah", "commit", "x"], returncode=125,
-                          stderr_tail="line1\nboom")
+    e = errors.BuildError(
+        "commit failed",
+        step="commit",
+        argv=["buildah", "commit", "x"],
+        returncode=125,
+        stderr_tail="line1\nboom",
+    )
     assert "buildah commit x" in e.message and "125" in e.message and "boom" in e.message
     assert e.exit_code == errors.EXIT_BUILD

@@ -20,14 +20,37 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Not imported by `envspec explain` (nor by anything it imports): each was on its path before.
 KEPT_OFF = [
-    "envspec.debian.closure", "envspec.debian.fetch", "envspec.debian.rootfs", "envspec.debian.certs",
-    "envspec.debian.debfile", "envspec.debian.reporter", "envspec.compat.pypi", "envspec.host",
-    "envspec.sources", "rich", "jinja2", "markupsafe", "urllib.request", "http.client", "ssl", "sqlite3",
-    "multiprocessing", "tarfile", "concurrent.futures", "configparser", "html.parser",
-    "envspec.debian.models", "envspec.lock",
+    "envspec.debian.closure",
+    "envspec.debian.fetch",
+    "envspec.debian.rootfs",
+    "envspec.debian.certs",
+    "envspec.debian.debfile",
+    "envspec.debian.reporter",
+    "envspec.compat.pypi",
+    "envspec.host",
+    "envspec.sources",
+    "rich",
+    "jinja2",
+    "markupsafe",
+    "urllib.request",
+    "http.client",
+    "ssl",
+    "sqlite3",
+    "multiprocessing",
+    "tarfile",
+    "concurrent.futures",
+    "configparser",
+    "html.parser",
+    "envspec.debian.models",
+    "envspec.lock",
     # packaging's requirement parser, marker grammar and tags (a spec's requirements of the simple form
     # are checked without them); logging (explain logs nothing) and traceback (for -v's tracebacks)
-    "packaging.requirements", "packaging.markers", "packaging.tags", "packaging.utils", "logging", "traceback",
+    "packaging.requirements",
+    "packaging.markers",
+    "packaging.tags",
+    "packaging.utils",
+    "logging",
+    "traceback",
 ]
 
 # Runs in the child: forbid processes and connections, run the CLI, write what was imported.
@@ -59,8 +82,14 @@ CASES = [
     (["explain", "specs/h100.toml"], 0),
     (["explain", "specs/h100.toml", "--json"], 0),
     (["explain", "specs/cpu.toml"], 0),
-    (["explain", "tests/data/bad_specs/19-driver-too-old.toml"], 2),  # ResolutionImpossible, in cmd_explain
-    (["explain", "tests/data/bad_specs/16-unknown-gpu.toml", "--json"], 2),  # SpecError, in main's handler
+    (
+        ["explain", "tests/data/bad_specs/19-driver-too-old.toml"],
+        2,
+    ),  # ResolutionImpossible, in cmd_explain
+    (
+        ["explain", "tests/data/bad_specs/16-unknown-gpu.toml", "--json"],
+        2,
+    ),  # SpecError, in main's handler
 ]
 
 
@@ -68,8 +97,14 @@ CASES = [
 def test_explain_imports_nothing_heavy_and_runs_nothing(argv, code, tmp_path):
     report = tmp_path / "modules.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(report), *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(report), *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "must not start a process" not in proc.stdout + proc.stderr
     assert "must not scan" not in proc.stdout + proc.stderr
@@ -77,25 +112,37 @@ def test_explain_imports_nothing_heavy_and_runs_nothing(argv, code, tmp_path):
     assert data["rc"] == code, proc.stdout + proc.stderr
     assert proc.stdout.strip() or proc.stderr.strip()  # it did answer
     modules = set(data["modules"])
-    assert "envspec.resolve" in modules and "envspec.compat.load" in modules  # it really ran the resolver
-    loaded = [m for m in KEPT_OFF + (["difflib"] if code == 0 else []) if m in modules]  # suggestions: bad specs only
+    assert (
+        "envspec.resolve" in modules and "envspec.compat.load" in modules
+    )  # it really ran the resolver
+    loaded = [
+        m for m in KEPT_OFF + (["difflib"] if code == 0 else []) if m in modules
+    ]  # suggestions: bad specs only
     assert not loaded, f"`envspec {' '.join(argv)}` imported {loaded}"
 
 
 def test_the_debian_package_still_exports_its_names_on_first_use(tmp_path):
     # the lazy package keeps `from envspec.debian import X` working for every name it lists
-    proc = subprocess.run([sys.executable, "-c",
-                           "import sys, envspec.debian as d, envspec.compat as c\n"
-                           "assert 'envspec.debian.rootfs' not in sys.modules\n"
-                           "names = [getattr(d, n) for n in d.__all__] + [c.refresh, c.RefreshReport]\n"
-                           "assert 'envspec.debian.rootfs' in sys.modules and 'envspec.compat.pypi' in sys.modules\n"
-                           "from envspec.debian import make_rootfs, DebPin\n"
-                           "from envspec.debian.rootfs import make_rootfs as m2\n"
-                           "assert make_rootfs is m2\n"
-                           "try:\n    d.nothing_here\nexcept AttributeError:\n    pass\n"
-                           "else:\n    raise SystemExit('no AttributeError')\n"],
-                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, envspec.debian as d, envspec.compat as c\n"
+            "assert 'envspec.debian.rootfs' not in sys.modules\n"
+            "names = [getattr(d, n) for n in d.__all__] + [c.refresh, c.RefreshReport]\n"
+            "assert 'envspec.debian.rootfs' in sys.modules and 'envspec.compat.pypi' in sys.modules\n"
+            "from envspec.debian import make_rootfs, DebPin\n"
+            "from envspec.debian.rootfs import make_rootfs as m2\n"
+            "assert make_rootfs is m2\n"
+            "try:\n    d.nothing_here\nexcept AttributeError:\n    pass\n"
+            "else:\n    raise SystemExit('no AttributeError')\n",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -128,8 +175,14 @@ def test_explain_reads_the_checked_db_from_the_cache_and_builds_no_db_schema(jso
     for i in range(2):
         report = tmp_path / f"run{i}.json"
         argv = ["explain", "specs/h100.toml"] + (["--json"] if json_out else [])
-        proc = subprocess.run([sys.executable, "-c", CHILD_SCHEMAS, str(report), *argv], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD_SCHEMAS, str(report), *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(report.read_text()))
     cold, warm = runs

@@ -20,7 +20,9 @@ def _fill(text: str, tmp: Path) -> str:
     return text.replace("{root}", str(ROOT)).replace("{tmp}", str(tmp))
 
 
-@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if (p / "case.toml").is_file()))
+@pytest.mark.parametrize(
+    "case", sorted(p.name for p in CASES.iterdir() if (p / "case.toml").is_file())
+)
 def test_first_hour_case(case, tmp_path):
     """A case's ``args`` (one command) or ``commands`` (several, each held to the same exit code
     and messages); ``[env]`` adds variables ({tmp}, {root} filled in); ``copy``: case files copied
@@ -39,10 +41,18 @@ def test_first_hour_case(case, tmp_path):
 
 
 def _run(case: str, c: dict, args: list[str], env: dict[str, str], tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "envspec", *args], cwd=CASES / case, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o022))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envspec", *args],
+        cwd=CASES / case,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.umask(0o022),
+    )
     assert proc.stdout is not None and proc.stderr is not None
-    if "read_lines" in c:  # `| head -N`: N lines read, then the pipe closed while the command still writes
+    if (
+        "read_lines" in c
+    ):  # `| head -N`: N lines read, then the pipe closed while the command still writes
         for _ in range(c["read_lines"]):
             proc.stdout.readline()
         proc.stdout.close()

@@ -18,8 +18,14 @@ IDS = [g.name for g in DB.gpus]
 def _spellings(label: str) -> list[str]:
     """How people and tools write one name: as is, upper and lower case, dashes or nothing for spaces,
     and with the "NVIDIA " prefix that drivers since R470 print and older ones did not."""
-    out = [label, label.upper(), label.lower(), label.replace(" ", "-"), label.replace(" ", ""),
-           f"NVIDIA {label}" if not label.startswith("NVIDIA ") else label[len("NVIDIA "):]]
+    out = [
+        label,
+        label.upper(),
+        label.lower(),
+        label.replace(" ", "-"),
+        label.replace(" ", ""),
+        f"NVIDIA {label}" if not label.startswith("NVIDIA ") else label[len("NVIDIA ") :],
+    ]
     return out
 
 
@@ -45,7 +51,12 @@ def test_names_are_what_nvidia_smi_prints():
 def _generation_of_tokens(gpu) -> set[str]:
     archs: set[str] = set()
     for t in _model_tokens(gpu.short):
-        archs |= {g.architecture for g in DB.gpus for label in [g.name, *g.aliases] if t in _model_tokens(label)}
+        archs |= {
+            g.architecture
+            for g in DB.gpus
+            for label in [g.name, *g.aliases]
+            if t in _model_tokens(label)
+        }
     return archs
 
 
@@ -64,13 +75,16 @@ def test_did_you_mean_never_leaves_the_generation_of_the_model_number(gpu):
         assert archs == {gpu.architecture}, (query, sugg, archs)
 
 
-@pytest.mark.parametrize("query, want, not_", [
-    ("H100-SXM5-94GB", "H100-SXM5-80GB", "A100"),
-    ("RTX 3065", "RTX 3060", "RTX 4060"),
-    ("Quadro RTX 9000", "Quadro RTX 8000", "RTX A6000"),
-    ("Tesla V100-SXM3-16GB", "V100", "P100"),
-    ("RTX 4900", "RTX 4090", None),
-])
+@pytest.mark.parametrize(
+    "query, want, not_",
+    [
+        ("H100-SXM5-94GB", "H100-SXM5-80GB", "A100"),
+        ("RTX 3065", "RTX 3060", "RTX 4060"),
+        ("Quadro RTX 9000", "Quadro RTX 8000", "RTX A6000"),
+        ("Tesla V100-SXM3-16GB", "V100", "P100"),
+        ("RTX 4900", "RTX 4090", None),
+    ],
+)
 def test_did_you_mean_examples(query, want, not_):
     assert DB.find_gpu(query) is None
     sugg = DB.suggest_gpus(query)
@@ -80,9 +94,39 @@ def test_did_you_mean_examples(query, want, not_):
 
 def test_every_generation_and_line_is_there():
     archs = {g.architecture for g in DB.gpus}
-    assert archs == {"Kepler", "Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada Lovelace", "Hopper", "Blackwell"}
-    for short in ["GTX 1080", "RTX 3060", "RTX 4070", "RTX 5080", "A2", "A16", "L20", "H20", "H800", "A800",
-                  "Quadro RTX 8000", "TITAN V", "P40", "M60", "K40m", "RTX PRO 6000", "RTX PRO 4000",
-                  "Jetson AGX Orin", "Jetson AGX Thor", "DGX Spark", "RTX 4090 Laptop"]:
+    assert archs == {
+        "Kepler",
+        "Maxwell",
+        "Pascal",
+        "Volta",
+        "Turing",
+        "Ampere",
+        "Ada Lovelace",
+        "Hopper",
+        "Blackwell",
+    }
+    for short in [
+        "GTX 1080",
+        "RTX 3060",
+        "RTX 4070",
+        "RTX 5080",
+        "A2",
+        "A16",
+        "L20",
+        "H20",
+        "H800",
+        "A800",
+        "Quadro RTX 8000",
+        "TITAN V",
+        "P40",
+        "M60",
+        "K40m",
+        "RTX PRO 6000",
+        "RTX PRO 4000",
+        "Jetson AGX Orin",
+        "Jetson AGX Thor",
+        "DGX Spark",
+        "RTX 4090 Laptop",
+    ]:
         assert DB.find_gpu(short) is not None, short
     assert {g.line for g in DB.gpus} == {"datacenter", "workstation", "geforce", "jetson"}

@@ -8,8 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from envspec.host import (ASK_ALL, ASK_DOCKER, ASK_NONE, FROM_BUILDAH, FROM_DEFAULT, FROM_ENV, UNLIMITED, Gpu, Host, Storage,
-                          cache_dir_for, detect_host)
+from envspec.host import (
+    ASK_ALL,
+    ASK_DOCKER,
+    ASK_NONE,
+    FROM_BUILDAH,
+    FROM_DEFAULT,
+    FROM_ENV,
+    UNLIMITED,
+    Gpu,
+    Host,
+    Storage,
+    cache_dir_for,
+    detect_host,
+)
 from envspec.run import plan_run, podman_args
 
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units
@@ -20,8 +32,10 @@ Max open files            1024                 20000                files
 Max locked memory         8388608              8388608              bytes
 Max realtime priority     0                    0
 """
-ROUTES = ("Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
-          "cni-podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n")
+ROUTES = (
+    "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+    "cni-podman0\t0000580A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
+)
 
 
 def put(root: Path, path: str, text: str = "", mode: int | None = None) -> Path:
@@ -37,7 +51,11 @@ def debian_tree(root: Path, *, cap: str = "000001fffeffffff", uid: int = 0) -> P
     """This project's Debian 12 machines: hybrid cgroups, no systemd, no CAP_SYS_RESOURCE
     (bit 24 of CapEff is 0), pid_max 32768, nofile hard limit 20000."""
     (root / "sys/fs/cgroup/unified").mkdir(parents=True)
-    put(root, "/proc/self/status", f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nCapEff:\t{cap}\n")
+    put(
+        root,
+        "/proc/self/status",
+        f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nCapEff:\t{cap}\n",
+    )
     put(root, "/proc/self/limits", LIMITS)
     put(root, "/proc/sys/kernel/pid_max", "32768\n")
     put(root, "/proc/sys/kernel/osrelease", "6.1.0-28-amd64\n")
@@ -64,7 +82,7 @@ class Runner:
     def __call__(self, argv, timeout: float = 20) -> tuple[int, str, str]:
         self.ran.append(tuple(argv))
         for prefix, res in self.table.items():
-            if tuple(argv[:len(prefix)]) == prefix:
+            if tuple(argv[: len(prefix)]) == prefix:
                 return res
         return 127, "", f"{argv[0]}: not found"
 
@@ -73,8 +91,14 @@ def refuse(argv, timeout: float = 20) -> tuple[int, str, str]:
     raise AssertionError(f"ran {argv} though no command was asked for")
 
 
-def host_of(tmp_path: Path, env: dict[str, str] | None = None, run=refuse, ask=ASK_NONE, **tree) -> Host:
-    root = debian_tree(tmp_path / "root", **tree) if not (tmp_path / "root").exists() else tmp_path / "root"
+def host_of(
+    tmp_path: Path, env: dict[str, str] | None = None, run=refuse, ask=ASK_NONE, **tree
+) -> Host:
+    root = (
+        debian_tree(tmp_path / "root", **tree)
+        if not (tmp_path / "root").exists()
+        else tmp_path / "root"
+    )
     env = {"PATH": str(tmp_path / "bin"), "HOME": "/home/ada", **(env or {})}
     return detect_host(root, env, run, ask=ask, cwd=str(tmp_path))
 
@@ -115,7 +139,9 @@ def test_rlimits_and_their_ceiling(tmp_path):
     assert (h.soft("nofile"), h.hard("nofile")) == (1024, 20000)
     assert h.hard("stack") == UNLIMITED and h.soft("stack") == 8388608
     assert h.hard("nproc") == 96365 and h.ceiling("nproc") == 32768  # pid_max below the hard limit
-    assert h.ceiling("nofile") == 20000 and h.hard("core") == UNLIMITED  # a limit /proc does not list
+    assert (
+        h.ceiling("nofile") == 20000 and h.hard("core") == UNLIMITED
+    )  # a limit /proc does not list
     assert h.rlimits["rtprio"] == (0, 0)
 
 
@@ -124,8 +150,10 @@ def test_rlimits_capping_as_run_does_it(tmp_path):
     the hard limits, nproc to pid_max; with it, nothing is passed."""
     path = tools(tmp_path / "bin", "podman", "runc")
     h = host_of(tmp_path, {"PATH": path})
-    assert podman_args(h) == (["--cgroup-manager", "cgroupfs"],
-                              ["--runtime", "runc", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"])
+    assert podman_args(h) == (
+        ["--cgroup-manager", "cgroupfs"],
+        ["--runtime", "runc", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"],
+    )
     able = host_of(tmp_path / "cap", {"PATH": path}, cap="000001ffffffffff")
     assert podman_args(able)[1] == ["--runtime", "runc"]
     argv = plan_run("docker.io/library/debian:bookworm", host=h).argv
@@ -152,16 +180,26 @@ def test_docker_needs_a_reachable_daemon(tmp_path):
     assert host_of(tmp_path, {"PATH": path, "DOCKER_HOST": "unix:///srv/d.sock"}).docker == "client"
     put(root, "/srv/d.sock")
     assert host_of(tmp_path, {"PATH": path, "DOCKER_HOST": "unix:///srv/d.sock"}).docker == "daemon"
-    assert host_of(tmp_path, {"PATH": path, "DOCKER_HOST": "tcp://10.0.0.2:2376"}).docker == "daemon"
+    assert (
+        host_of(tmp_path, {"PATH": path, "DOCKER_HOST": "tcp://10.0.0.2:2376"}).docker == "daemon"
+    )
     shim = tools(tmp_path / "shim", "docker", script='#!/bin/sh\nexec podman "$@"\n')
     h = host_of(tmp_path, {"PATH": f"{shim}:{path}"})
     assert h.docker == "podman" and h.engines == ("podman",)  # podman-docker's shim is podman
 
 
-DOCKER_INFO = json.dumps({  # `docker info --format '{{json .}}'` of Debian's dockerd 20.10 on this project's hosts
-    "ServerVersion": "20.10.24+dfsg1", "Driver": "overlay2", "CgroupDriver": "cgroupfs", "CgroupVersion": "1",
-    "Runtimes": {"runc": {"path": "runc"}, "io.containerd.runc.v2": {"path": "runc"}}, "DefaultRuntime": "runc",
-    "DockerRootDir": "/srv/docker", "ClientInfo": {"Version": "28.2.2"}})
+DOCKER_INFO = json.dumps(
+    {  # `docker info --format '{{json .}}'` of Debian's dockerd 20.10 on this project's hosts
+        "ServerVersion": "20.10.24+dfsg1",
+        "Driver": "overlay2",
+        "CgroupDriver": "cgroupfs",
+        "CgroupVersion": "1",
+        "Runtimes": {"runc": {"path": "runc"}, "io.containerd.runc.v2": {"path": "runc"}},
+        "DefaultRuntime": "runc",
+        "DockerRootDir": "/srv/docker",
+        "ClientInfo": {"Version": "28.2.2"},
+    }
+)
 
 
 def test_docker_info_gives_the_daemons_facts_only_when_asked(tmp_path):
@@ -173,8 +211,12 @@ def test_docker_info_gives_the_daemons_facts_only_when_asked(tmp_path):
     run = Runner({("docker", "info"): (0, DOCKER_INFO + "\n", "")})
     d = host_of(tmp_path, env, run=run, ask=ASK_DOCKER).docker_daemon
     assert d is not None and d.answered
-    assert (d.version, d.storage_driver, d.cgroup_driver, d.cgroup_version) == ("20.10.24+dfsg1", "overlay2",
-                                                                                 "cgroupfs", "1")
+    assert (d.version, d.storage_driver, d.cgroup_driver, d.cgroup_version) == (
+        "20.10.24+dfsg1",
+        "overlay2",
+        "cgroupfs",
+        "1",
+    )
     assert d.runtimes == ("io.containerd.runc.v2", "runc") and d.default_runtime == "runc"
     assert not d.nvidia_runtime and d.address == "unix:///srv/d.sock"
     with_nvidia = json.loads(DOCKER_INFO)
@@ -187,20 +229,34 @@ def test_a_daemon_socket_that_does_not_answer_is_no_engine(tmp_path):
     root = debian_tree(tmp_path / "root")
     path = tools(tmp_path / "bin", "docker")
     put(root, "/var/run/docker.sock")  # left behind by a daemon that is gone
-    client_half = json.dumps({"ServerVersion": "", "Driver": "", "ClientInfo": {"Version": "28.2.2"}})
+    client_half = json.dumps(
+        {"ServerVersion": "", "Driver": "", "ClientInfo": {"Version": "28.2.2"}}
+    )
     said = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
-    h = host_of(tmp_path, {"PATH": path}, run=Runner({("docker", "info"): (1, client_half, said)}), ask=ASK_DOCKER)
+    h = host_of(
+        tmp_path,
+        {"PATH": path},
+        run=Runner({("docker", "info"): (1, client_half, said)}),
+        ask=ASK_DOCKER,
+    )
     assert h.docker == "daemon" and h.docker_daemon is not None
     assert not h.docker_daemon.answered and "Cannot connect" in h.docker_daemon.error
     assert h.engines == ()
-    assert host_of(tmp_path, {"PATH": path}).engines == ("docker",)  # not asked: the socket is trusted
+    assert host_of(tmp_path, {"PATH": path}).engines == (
+        "docker",
+    )  # not asked: the socket is trusted
 
 
 def test_cache_dir_rule(tmp_path, monkeypatch):
-    assert cache_dir_for({"ENVSPEC_CACHE": "/c", "XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path("/c")
+    assert cache_dir_for({"ENVSPEC_CACHE": "/c", "XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path(
+        "/c"
+    )
     assert cache_dir_for({"XDG_CACHE_HOME": "/x", "HOME": "/h"}) == Path("/x/envspec")
     assert cache_dir_for({"HOME": "/h"}) == Path("/h/.cache/envspec")
-    assert host_of(tmp_path, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}).cache_dir == tmp_path / "xdg" / "envspec"
+    assert (
+        host_of(tmp_path, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}).cache_dir
+        == tmp_path / "xdg" / "envspec"
+    )
     assert host_of(tmp_path).cache_dir == Path("/home/ada/.cache/envspec")
     from envspec.cache.store import default_cache_dir  # the build's cache follows the same rule
 
@@ -211,69 +267,150 @@ def test_cache_dir_rule(tmp_path, monkeypatch):
 
 def test_storage_from_env(tmp_path):
     store = tmp_path / "s"
-    h = host_of(tmp_path, {"ENVSPEC_STORAGE_ROOT": str(store)}, run=refuse, ask=ASK_ALL)  # buildah is not asked
+    h = host_of(
+        tmp_path, {"ENVSPEC_STORAGE_ROOT": str(store)}, run=refuse, ask=ASK_ALL
+    )  # buildah is not asked
     st = h.storage
     assert st.source == FROM_ENV and st.custom and st.root == str(store)
-    assert len(st.runroot) <= 50 and st.runroot.startswith("/tmp/envspec-")  # podman's limit; no writable /run here
+    assert len(st.runroot) <= 50 and st.runroot.startswith(
+        "/tmp/envspec-"
+    )  # podman's limit; no writable /run here
     assert st.driver == "overlay"  # the kernel has it, and the root is not on overlayfs
-    assert st.args() == ["--root", str(store), "--runroot", st.runroot, "--storage-driver", "overlay"]
+    assert st.args() == [
+        "--root",
+        str(store),
+        "--runroot",
+        st.runroot,
+        "--storage-driver",
+        "overlay",
+    ]
     assert st.ref("a:b") == f"containers-storage:[overlay@{store}+{st.runroot}]a:b"
     assert h.storage_free is not None and h.storage_free.free > 0
-    put(tmp_path / "root", "/proc/self/mounts", f"overlay / overlay rw 0 0\n/dev/sda1 {tmp_path}x ext4 rw 0 0\n")
-    assert host_of(tmp_path, {"ENVSPEC_STORAGE_ROOT": str(store)}).storage.driver == "vfs"  # overlay on overlay
-    h = host_of(tmp_path, {"ENVSPEC_STORAGE_ROOT": str(store), "ENVSPEC_STORAGE_DRIVER": "btrfs",
-                           "ENVSPEC_STORAGE_RUNROOT": "/run/x"})
+    put(
+        tmp_path / "root",
+        "/proc/self/mounts",
+        f"overlay / overlay rw 0 0\n/dev/sda1 {tmp_path}x ext4 rw 0 0\n",
+    )
+    assert (
+        host_of(tmp_path, {"ENVSPEC_STORAGE_ROOT": str(store)}).storage.driver == "vfs"
+    )  # overlay on overlay
+    h = host_of(
+        tmp_path,
+        {
+            "ENVSPEC_STORAGE_ROOT": str(store),
+            "ENVSPEC_STORAGE_DRIVER": "btrfs",
+            "ENVSPEC_STORAGE_RUNROOT": "/run/x",
+        },
+    )
     assert h.storage.args()[-4:] == ["--runroot", "/run/x", "--storage-driver", "btrfs"]
     assert Storage().args() == [] and Storage().ref("x") == "containers-storage:x"
 
 
 def test_storage_from_buildah_info_or_a_default(tmp_path):
     path = tools(tmp_path / "bin", "buildah")
-    info = json.dumps({"store": {"GraphRoot": "/var/lib/containers/storage", "RunRoot": "/run/containers/storage",
-                                 "GraphDriverName": "overlay"}})
+    info = json.dumps(
+        {
+            "store": {
+                "GraphRoot": "/var/lib/containers/storage",
+                "RunRoot": "/run/containers/storage",
+                "GraphDriverName": "overlay",
+            }
+        }
+    )
     run = Runner({("buildah", "info"): (0, info, "")})
     st = host_of(tmp_path, {"PATH": path}, run=run, ask={"buildah info"}).storage
-    assert (st.root, st.runroot, st.driver, st.source) == ("/var/lib/containers/storage", "/run/containers/storage",
-                                                          "overlay", FROM_BUILDAH)
-    assert st.args() == [] and st.ref("x") == "containers-storage:x"  # the system's storage: nothing to say
-    st = host_of(tmp_path, {"PATH": path}, run=Runner({("buildah", "info"): (1, "", "boom")}),
-                 ask={"buildah info"}).storage
+    assert (st.root, st.runroot, st.driver, st.source) == (
+        "/var/lib/containers/storage",
+        "/run/containers/storage",
+        "overlay",
+        FROM_BUILDAH,
+    )
+    assert (
+        st.args() == [] and st.ref("x") == "containers-storage:x"
+    )  # the system's storage: nothing to say
+    st = host_of(
+        tmp_path,
+        {"PATH": path},
+        run=Runner({("buildah", "info"): (1, "", "boom")}),
+        ask={"buildah info"},
+    ).storage
     assert (st.root, st.source) == ("/var/lib/containers/storage", FROM_DEFAULT)
-    assert host_of(tmp_path, {"PATH": path}).storage.source == FROM_DEFAULT  # not asked: no command ran
+    assert (
+        host_of(tmp_path, {"PATH": path}).storage.source == FROM_DEFAULT
+    )  # not asked: no command ran
 
 
 def test_driver_version_sources(tmp_path):
     root = debian_tree(tmp_path / "root")
     path = tools(tmp_path / "bin", "nvidia-smi")
-    smi = Runner({("nvidia-smi", "--query-gpu=driver_version"): (0, "575.57.08\n575.57.08\n", ""),
-                  ("nvidia-smi", "--query-gpu=name,compute_cap"): (0, "NVIDIA H100 80GB HBM3, 9.0\n" * 2, "")})
+    smi = Runner(
+        {
+            ("nvidia-smi", "--query-gpu=driver_version"): (0, "575.57.08\n575.57.08\n", ""),
+            ("nvidia-smi", "--query-gpu=name,compute_cap"): (
+                0,
+                "NVIDIA H100 80GB HBM3, 9.0\n" * 2,
+                "",
+            ),
+        }
+    )
     h = host_of(tmp_path, {"PATH": path}, run=smi, ask={"nvidia-smi"})
     assert (h.driver_version, h.driver_source) == ("575.57.08", "nvidia-smi")
     assert h.gpus == (Gpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2 and h.gpu_error == ""
-    put(root, "/proc/driver/nvidia/version",
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n")
+    put(
+        root,
+        "/proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n",
+    )
     h = host_of(tmp_path, {"PATH": path}, run=smi, ask={"nvidia-smi"})
     assert (h.driver_version, h.driver_source) == ("580.65.06", "/proc/driver/nvidia/version")
-    h = host_of(tmp_path, {"PATH": path}, run=Runner({("nvidia-smi",): (9, "", "NVIDIA-SMI has failed")}),
-                ask={"nvidia-smi"})
+    h = host_of(
+        tmp_path,
+        {"PATH": path},
+        run=Runner({("nvidia-smi",): (9, "", "NVIDIA-SMI has failed")}),
+        ask={"nvidia-smi"},
+    )
     assert h.gpus == () and "NVIDIA-SMI has failed" in h.gpu_error
     assert host_of(tmp_path / "none").driver_version == ""
     assert host_of(tmp_path / "none").driver_source == ""
 
 
 def test_tools_and_versions(tmp_path):
-    path = tools(tmp_path / "bin", "podman", "buildah", "skopeo", "containers-storage", "nvidia-ctk", "newuidmap")
+    path = tools(
+        tmp_path / "bin",
+        "podman",
+        "buildah",
+        "skopeo",
+        "containers-storage",
+        "nvidia-ctk",
+        "newuidmap",
+    )
     put_layer = put(tmp_path, "/opt/envspec-put-layer", "#!/bin/sh\n", 0o755)
-    run = Runner({("podman", "--version"): (0, "podman version 4.3.1\n", ""),
-                  ("buildah", "--version"): (0, "buildah version 1.28.2\n", ""),
-                  ("skopeo", "--version"): (126, "", "exec format error\n")})
-    h = host_of(tmp_path, {"PATH": path, "ENVSPEC_PUT_LAYER": str(put_layer)}, run=run, ask={"versions"})
+    run = Runner(
+        {
+            ("podman", "--version"): (0, "podman version 4.3.1\n", ""),
+            ("buildah", "--version"): (0, "buildah version 1.28.2\n", ""),
+            ("skopeo", "--version"): (126, "", "exec format error\n"),
+        }
+    )
+    h = host_of(
+        tmp_path, {"PATH": path, "ENVSPEC_PUT_LAYER": str(put_layer)}, run=run, ask={"versions"}
+    )
     assert h.tools["podman"].version == "podman version 4.3.1" and h.tools["buildah"].error == ""
     assert h.tools["skopeo"].error == "exec format error"
-    assert h.put_layer == str(put_layer) and h.which("containers-storage") == f"{path}/containers-storage"
+    assert (
+        h.put_layer == str(put_layer)
+        and h.which("containers-storage") == f"{path}/containers-storage"
+    )
     assert h.nvidia_toolkit == f"{path}/nvidia-ctk" and h.which("crun") == ""
-    assert sorted(run.ran) == [("buildah", "--version"), ("podman", "--version"), ("skopeo", "--version")]
-    h = host_of(tmp_path, {"PATH": path, "ENVSPEC_PUT_LAYER": "off", "ENVSPEC_CONTAINERS_STORAGE": "newuidmap"})
+    assert sorted(run.ran) == [
+        ("buildah", "--version"),
+        ("podman", "--version"),
+        ("skopeo", "--version"),
+    ]
+    h = host_of(
+        tmp_path,
+        {"PATH": path, "ENVSPEC_PUT_LAYER": "off", "ENVSPEC_CONTAINERS_STORAGE": "newuidmap"},
+    )
     assert h.put_layer == "" and h.which("containers-storage") == f"{path}/newuidmap"
 
 
@@ -287,11 +424,18 @@ def test_systemd_selinux_bridge_inits_subuid(tmp_path):
     put(root, "/etc/subuid", "ada:100000:65536\n")
     h = host_of(tmp_path, {"USER": "ada"})
     assert h.systemd and h.cgroup_manager == "systemd" and h.selinux
-    assert (h.bridge, h.bridge_subnet, h.bridge_conflict) == ("podman0", "10.88.0.0/16", "cni-podman0")
+    assert (h.bridge, h.bridge_subnet, h.bridge_conflict) == (
+        "podman0",
+        "10.88.0.0/16",
+        "cni-podman0",
+    )
     assert h.podman_init and h.user == "ada" and h.subuid
     assert not host_of(tmp_path, {"USER": "bob"}).subuid
-    put(root, "/etc/containers/networks/podman.json",
-        json.dumps({"network_interface": "podman9", "subnets": [{"subnet": "10.99.0.0/16"}]}))
+    put(
+        root,
+        "/etc/containers/networks/podman.json",
+        json.dumps({"network_interface": "podman9", "subnets": [{"subnet": "10.99.0.0/16"}]}),
+    )
     h = host_of(tmp_path)
     assert (h.bridge, h.bridge_subnet, h.bridge_conflict) == ("podman9", "10.99.0.0/16", "")
 

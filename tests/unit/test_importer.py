@@ -24,7 +24,10 @@ from envspec.errors import BuildError, HashMismatch
 
 def test_chain_id_is_containers_image_style():
     assert chain_id("", "sha256:" + "ab" * 32) == "ab" * 32
-    assert chain_id("p" * 64, "sha256:" + "cd" * 32) == hashlib.sha256(("p" * 64 + "+" + "cd" * 32).encode()).hexdigest()
+    assert (
+        chain_id("p" * 64, "sha256:" + "cd" * 32)
+        == hashlib.sha256(("p" * 64 + "+" + "cd" * 32).encode()).hexdigest()
+    )
 
 
 def _reader(fd: int, into: bytearray) -> threading.Thread:
@@ -73,8 +76,14 @@ def test_checked_feed_sends_the_file_and_accepts_its_own_digest(tmp_path):
     got = bytearray()
     reader = _reader(r, got)
     with os.fdopen(w, "wb") as pipe:
-        eng_mod._feed(pipe, tmp_path / "cuda.tar", len(data), threading.Event(), lambda n: None,
-                      want="sha256:" + hashlib.sha256(data).hexdigest())
+        eng_mod._feed(
+            pipe,
+            tmp_path / "cuda.tar",
+            len(data),
+            threading.Event(),
+            lambda n: None,
+            want="sha256:" + hashlib.sha256(data).hexdigest(),
+        )
     reader.join()
     assert bytes(got) == data
 
@@ -82,9 +91,18 @@ def test_checked_feed_sends_the_file_and_accepts_its_own_digest(tmp_path):
 def test_checked_feed_refuses_a_file_whose_bytes_changed(tmp_path):
     data = os.urandom(300_000)
     (tmp_path / "cuda.tar").write_bytes(data[:-1] + b"!")  # the cached file, damaged on disk
-    with pytest.raises(HashMismatch, match="cached layer file") as e, open(os.devnull, "wb") as pipe:
-        eng_mod._feed(pipe, tmp_path / "cuda.tar", len(data), threading.Event(), lambda n: None,
-                      want="sha256:" + hashlib.sha256(data).hexdigest())
+    with (
+        pytest.raises(HashMismatch, match="cached layer file") as e,
+        open(os.devnull, "wb") as pipe,
+    ):
+        eng_mod._feed(
+            pipe,
+            tmp_path / "cuda.tar",
+            len(data),
+            threading.Event(),
+            lambda n: None,
+            want="sha256:" + hashlib.sha256(data).hexdigest(),
+        )
     assert "--no-cache" in e.value.hint
 
 
@@ -127,7 +145,9 @@ class FakeStore:
         self.calls: list[tuple] = []
         self.images: dict[str, tuple] = {}
         self.corrupt = corrupt  # a group whose bytes the "store" gets wrong
-        self.checked: dict[str, bool] = {}  # group -> whether the importer asked for its file to be hashed
+        self.checked: dict[
+            str, bool
+        ] = {}  # group -> whether the importer asked for its file to be hashed
 
     @contextlib.contextmanager
     def locked(self):
@@ -140,8 +160,19 @@ class FakeStore:
         self.calls.append(("delete", layer_id))
         self.layers.pop(layer_id, None)
 
-    def put_layer(self, layer_id, parent, tar, size, *, name="", diff_id="", check=True, cancel=None,
-                  progress=lambda n: None):
+    def put_layer(
+        self,
+        layer_id,
+        parent,
+        tar,
+        size,
+        *,
+        name="",
+        diff_id="",
+        check=True,
+        cancel=None,
+        progress=lambda n: None,
+    ):
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
         self.checked[name] = check
@@ -196,8 +227,11 @@ class FakeStage:
                 self.error = "the maker stopped" if self.closed else "short file"
                 return
             time.sleep(0.005)
-        self.out = {"staging": str(self.tree) if self.tree is not None else f"/staged/{self.name}", "tar_split": "",
-                    "size": n + (self.name == self.corrupt)}
+        self.out = {
+            "staging": str(self.tree) if self.tree is not None else f"/staged/{self.name}",
+            "tar_split": "",
+            "size": n + (self.name == self.corrupt),
+        }
 
     def end(self, size):
         self.final = size
@@ -236,8 +270,12 @@ class StagingStore(FakeStore):
         weakref.finalize(self, shutil.rmtree, self.root, True)  # no folder left in /tmp per test
         self.stages: list[tuple[str, bool]] = []  # (group, followed)
         self.owns: list[tuple[str, bool]] = []  # (group, told it is this build's own tar)
-        self.trees: list[tuple[str, list[str]]] = []  # (group, files in the tree its maker made, when staged)
-        self.fed: dict[str, tuple[str, int | None]] = {}  # group -> (what its stager read: fifo/file, its niceness)
+        self.trees: list[
+            tuple[str, list[str]]
+        ] = []  # (group, files in the tree its maker made, when staged)
+        self.fed: dict[
+            str, tuple[str, int | None]
+        ] = {}  # group -> (what its stager read: fifo/file, its niceness)
 
     def clean_staging(self):
         self.calls.append(("clean",))
@@ -251,7 +289,9 @@ class StagingStore(FakeStore):
     def stored_layers(self):
         return {lid: d for lid, (_, d) in self.layers.items()}
 
-    def stage(self, fd, *, follow, size, name="", tree=None, own=False, progress=lambda n: None, nice=None):
+    def stage(
+        self, fd, *, follow, size, name="", tree=None, own=False, progress=lambda n: None, nice=None
+    ):
         self.stages.append((name, follow))
         self.owns.append((name, own))
         self.fed[name] = ("fifo" if stat.S_ISFIFO(os.fstat(fd).st_mode) else "file", nice)
@@ -296,11 +336,17 @@ def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path, store
     base_id = chain_id("", files[0].made.result()["diff_id"])
     cuda_id = chain_id(base_id, files[1].made.result()["diff_id"])
     top_id = chain_id(cuda_id, files[2].made.result()["diff_id"])
-    assert [c[1:3] for c in store.calls if c[0] == "put"] == [(base_id, ""), (cuda_id, base_id), (top_id, cuda_id)]
+    assert [c[1:3] for c in store.calls if c[0] == "put"] == [
+        (base_id, ""),
+        (cuda_id, base_id),
+        (top_id, cuda_id),
+    ]
     assert store.images["localhost/envspec/x:1"] == (b"{config}", b"{manifest}", top_id)
     assert imp.stored == ["base", "cuda", "envspec"]
 
-    again = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()  # all there: nothing put
+    again = Importer(
+        store, _files(tmp_path, ["base", "cuda", "envspec"])
+    ).start()  # all there: nothing put
     again.finish(b"{config}", b"{manifest}", "localhost/envspec/x:2")
     assert again.stored == [] and len([c for c in store.calls if c[0] == "put"]) == 3
 
@@ -313,7 +359,9 @@ def test_importer_drops_a_layer_whose_stored_digest_differs(tmp_path, store_kind
     assert store.images == {}
     base_id = chain_id("", "sha256:" + hashlib.sha256(b"base" * 1000).hexdigest())
     cuda_id = chain_id(base_id, "sha256:" + hashlib.sha256(b"cuda" * 1000).hexdigest())
-    assert cuda_id not in store.layers  # dropped (serial), or never made (staged: checked before the commit)
+    assert (
+        cuda_id not in store.layers
+    )  # dropped (serial), or never made (staged: checked before the commit)
     assert ("delete", cuda_id) in store.calls or store.can_stage
 
 
@@ -321,7 +369,9 @@ def test_importer_abort_stops_a_layer_still_being_made(tmp_path, store_kind):
     store = store_kind()
     fut: Future = Future()
     (tmp_path / "cuda.tar").write_bytes(b"partial")
-    imp = Importer(store, [LayerFile("cuda", tmp_path / "cuda.tar", fut)]).start()  # waits for the maker
+    imp = Importer(
+        store, [LayerFile("cuda", tmp_path / "cuda.tar", fut)]
+    ).start()  # waits for the maker
     time.sleep(0.2)
     imp.abort()
     assert store.images == {} and store.layers == {}
@@ -329,7 +379,9 @@ def test_importer_abort_stops_a_layer_still_being_made(tmp_path, store_kind):
         imp.join()
 
 
-def _grow(path: Path, data: bytes, fut: Future, *, fail: bool = False, step: int = 4096) -> threading.Thread:
+def _grow(
+    path: Path, data: bytes, fut: Future, *, fail: bool = False, step: int = 4096
+) -> threading.Thread:
     """A maker in a thread: writes ``path`` in pieces, then resolves ``fut`` (or fails it half-way)."""
 
     def run():
@@ -338,7 +390,7 @@ def _grow(path: Path, data: bytes, fut: Future, *, fail: bool = False, step: int
                 if fail and i >= len(data) // 2:
                     fut.set_exception(BuildError("wheel rejected", step="layer torch"))
                     return
-                f.write(data[i:i + step])
+                f.write(data[i : i + step])
                 f.flush()
                 time.sleep(0.002)
         fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
@@ -353,7 +405,9 @@ def test_staged_import_follows_a_layer_while_its_maker_writes_it(tmp_path):
     fut: Future = Future()
     writing = tmp_path / "torch.tar"
     maker = _grow(writing, data, fut)
-    imp = Importer(store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]).start()
+    imp = Importer(
+        store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]
+    ).start()
     maker.start()
     imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
     maker.join()
@@ -368,7 +422,9 @@ def test_staged_import_stops_with_the_makers_error_when_the_maker_fails_half_way
     fut: Future = Future()
     writing = tmp_path / "torch.tar"
     maker = _grow(writing, os.urandom(400_000), fut, fail=True)
-    imp = Importer(store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]).start()
+    imp = Importer(
+        store, [LayerFile("torch", tmp_path / "cache.tar", fut, writing=writing)]
+    ).start()
     maker.start()
     with pytest.raises(BuildError, match="wheel rejected"):
         imp.finish(b"{}", b"{}", "localhost/envspec/x:1")
@@ -397,22 +453,31 @@ def test_only_a_tar_this_build_made_is_staged_as_its_own(tmp_path):
         f.made.result()["cached"] = source in ("local", "registry")
     store = StagingStore()
     Importer(store, files).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
-    assert sorted(store.owns) == [("base", True), ("cuda", False), ("envspec", False), ("team", False)]
+    assert sorted(store.owns) == [
+        ("base", True),
+        ("cuda", False),
+        ("envspec", False),
+        ("team", False),
+    ]
 
 
 def test_stage_passes_own_only_to_a_tool_that_knows_it(tmp_path, monkeypatch):
     """``--own`` goes to a tool whose ``stage -h`` lists it, for a tar it untars (not a --tree)."""
     import subprocess as sp
 
-    usage = ("Usage of envspec-put-layer stage:\n  -fd int\n    \tthe tar\n  -follow\n    \tx\n"
-             "  -tree string\n    \ty\n")
+    usage = (
+        "Usage of envspec-put-layer stage:\n  -fd int\n    \tthe tar\n  -follow\n    \tx\n"
+        "  -tree string\n    \ty\n"
+    )
     tools = {}
     for name, extra in (("new", "  -own\n    \tz\n"), ("old", "")):
         t = tmp_path / name
         t.write_text(f"#!/bin/sh\nprintf '{usage}{extra}' >&2\nexit 2\n")
         t.chmod(0o755)
         tools[name] = str(t)
-    assert "own" in eng_mod._stage_flags(tools["new"]) and "tree" in eng_mod._stage_flags(tools["new"])
+    assert "own" in eng_mod._stage_flags(tools["new"]) and "tree" in eng_mod._stage_flags(
+        tools["new"]
+    )
     assert "own" not in eng_mod._stage_flags(tools["old"])
     argvs = []
 
@@ -424,7 +489,9 @@ def test_stage_passes_own_only_to_a_tool_that_knows_it(tmp_path, monkeypatch):
     monkeypatch.setattr(sp, "Popen", Proc)
     monkeypatch.setattr(eng_mod.Stage, "start", lambda self: self)
     for name in ("new", "old"):
-        st = eng_mod.StorageCLI(None, str(tmp_path / "g"), str(tmp_path / "r"), "overlay", put_tool=tools[name])
+        st = eng_mod.StorageCLI(
+            None, str(tmp_path / "g"), str(tmp_path / "r"), "overlay", put_tool=tools[name]
+        )
         st.stage(0, follow=True, size=None, own=True)
         st.stage(0, follow=True, size=None, own=True, tree=tmp_path / "t")
         st.stage(0, follow=False, size=5, own=False)
@@ -433,11 +500,17 @@ def test_stage_passes_own_only_to_a_tool_that_knows_it(tmp_path, monkeypatch):
 
 def test_staged_import_skips_a_cached_layer_the_store_has(tmp_path):
     store = StagingStore()
-    Importer(store, _files(tmp_path, ["base", "cuda"])).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
+    Importer(store, _files(tmp_path, ["base", "cuda"])).start().finish(
+        b"{}", b"{}", "localhost/envspec/x:1"
+    )
     assert sorted(g for g, _ in store.stages) == ["base", "cuda"]
     again = Importer(store, _files(tmp_path, ["base", "cuda", "envspec"])).start()
     again.finish(b"{}", b"{}", "localhost/envspec/x:2")
-    assert sorted(g for g, _ in store.stages) == ["base", "cuda", "envspec"]  # base and cuda not staged again
+    assert sorted(g for g, _ in store.stages) == [
+        "base",
+        "cuda",
+        "envspec",
+    ]  # base and cuda not staged again
     assert again.stored == ["envspec"]
 
 
@@ -456,9 +529,17 @@ from envspec.plan import make_plan  # noqa: E402
 
 
 def build(lock, *, engine, cache_dir, mirrors, **options):
-    return _build(make_plan(lock), engine, Cache(cache_dir), mirrors, options=BuildOptions(**options))
+    return _build(
+        make_plan(lock), engine, Cache(cache_dir), mirrors, options=BuildOptions(**options)
+    )
 
-WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("depa", "0.1", "deps"), ("teampkg", "1.0", "team")]
+
+WHEELS = [
+    ("cudalib", "1.0", "cuda"),
+    ("torchish", "2.0", "torch"),
+    ("depa", "0.1", "deps"),
+    ("teampkg", "1.0", "team"),
+]
 
 
 class StoreEngine(RecordingEngine):
@@ -501,7 +582,11 @@ def staged(request, monkeypatch):
     """Whether the build's store stages its layers; ``hashed``: the files a staged import hashed."""
     hashed: list[str] = []
     real = importer_mod._sha256_file
-    monkeypatch.setattr(importer_mod, "_sha256_file", lambda path, halt: hashed.append(path.name) or real(path, halt))
+    monkeypatch.setattr(
+        importer_mod,
+        "_sha256_file",
+        lambda path, halt: hashed.append(path.name) or real(path, halt),
+    )
     request.node.hashed = hashed
     return request.param
 
@@ -518,28 +603,46 @@ def test_build_imports_each_layer_with_the_store_and_names_it_last(tmp_path, sta
     stored = {c[1]: eng.store.layers[c[1]][1] for c in puts}
     assert sorted(stored.values()) == sorted(lay.diff_id for lay in img.layers)
 
-    again = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)  # no-op: nothing put
-    assert again.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
+    again = build(
+        lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors
+    )  # no-op: nothing put
+    assert again.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(
+        puts
+    )
 
-    new = build(lock, engine=eng, cache_dir=tmp_path / "cache2", mirrors=mirrors, no_cache=True,
-                tag="localhost/envspec/again:1")  # made again, same bytes: only the name is new
-    assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(puts)
+    new = build(
+        lock,
+        engine=eng,
+        cache_dir=tmp_path / "cache2",
+        mirrors=mirrors,
+        no_cache=True,
+        tag="localhost/envspec/again:1",
+    )  # made again, same bytes: only the name is new
+    assert new.digest == img.digest and len([c for c in eng.store.calls if c[0] == "put"]) == len(
+        puts
+    )
     assert eng.images["localhost/envspec/again:1"] == img.store_digest
     # made in this build: the maker's digest is trusted, the file is not hashed again on its way
     # (a staged one: its size is compared with the maker's)
     assert eng.store.checked == ({} if staged else {lay.group: False for lay in img.layers})
     assert request.node.hashed == []
-    if staged:  # the wheel layers' makers made their files in the staging area too (the torch layer's
+    if (
+        staged
+    ):  # the wheel layers' makers made their files in the staging area too (the torch layer's
         # maker, the critical path, only its tar: its stager untars it); nothing is left there
         assert {g for g, names in eng.store.trees if names} == {g for _, _, g in WHEELS} - {"torch"}
         assert [g for g, names in eng.store.trees if not names] in ([], ["torch"])
-        assert "cudalib" in " ".join(n for g, names in eng.store.trees if g == "cuda" for n in names)
+        assert "cudalib" in " ".join(
+            n for g, names in eng.store.trees if g == "cuda" for n in names
+        )
         assert list(eng.store.root.iterdir()) == []
         # each layer made here reached its stager through a FIFO from its maker (the tar went to the
         # cache past the page cache), the stager at the makers' priority; the envspec layer, made
         # after the makers, from its file
-        assert eng.store.fed == {**{lay.group: ("fifo", 0) for lay in img.layers if lay.group != "envspec"},
-                                 "envspec": ("file", None)}
+        assert eng.store.fed == {
+            **{lay.group: ("fifo", 0) for lay in img.layers if lay.group != "envspec"},
+            "envspec": ("file", None),
+        }
 
 
 def test_layers_from_the_cache_are_hashed_on_their_way_into_a_new_store(tmp_path, staged, request):
@@ -562,8 +665,12 @@ def test_a_failing_maker_stops_the_import_and_names_nothing(tmp_path, staged):
     mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
     eng = _store_engine(staged)
     with pytest.raises(HashMismatch):
-        build(helpers.with_wheel(lock, "depa", sha256="0" * 64), engine=eng, cache_dir=tmp_path / "cache",
-              mirrors=mirrors)
+        build(
+            helpers.with_wheel(lock, "depa", sha256="0" * 64),
+            engine=eng,
+            cache_dir=tmp_path / "cache",
+            mirrors=mirrors,
+        )
     assert eng.images == {} and eng.store.images == {}
 
 
@@ -573,22 +680,33 @@ def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path, staged):
     eng = _store_engine(staged, corrupt="torch")
     with pytest.raises(HashMismatch, match="torch"):
         build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
-    assert eng.images == {} and not any(lay[1] for lid, lay in eng.store.layers.items()
-                                        if ("put", lid, lay[0], "torch") in eng.store.calls)
+    assert eng.images == {} and not any(
+        lay[1]
+        for lid, lay in eng.store.layers.items()
+        if ("put", lid, lay[0], "torch") in eng.store.calls
+    )
 
 
-def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(tmp_path, monkeypatch):
+def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(
+    tmp_path, monkeypatch
+):
     """A tool built before `stage` existed (a venv not set up again) is used the old way."""
     old, new = tmp_path / "old", tmp_path / "new"
-    old.write_text("#!/bin/sh\necho 'envspec-put-layer: --graph, --run, --id and --diff-digest are required' >&2\nexit 2\n")
-    new.write_text("#!/bin/sh\necho 'envspec-put-layer: stage: --graph and one of --fd or --file are required' >&2\n"
-                   "exit 2\n")
+    old.write_text(
+        "#!/bin/sh\necho 'envspec-put-layer: --graph, --run, --id and --diff-digest are required' >&2\nexit 2\n"
+    )
+    new.write_text(
+        "#!/bin/sh\necho 'envspec-put-layer: stage: --graph and one of --fd or --file are required' >&2\n"
+        "exit 2\n"
+    )
     for f in (old, new):
         f.chmod(0o755)
     monkeypatch.delenv("ENVSPEC_STAGED_IMPORT", raising=False)
 
     def store(tool, driver="overlay"):
-        return eng_mod.StorageCLI(None, str(tmp_path / "g"), str(tmp_path / "r"), driver, put_tool=str(tool))
+        return eng_mod.StorageCLI(
+            None, str(tmp_path / "g"), str(tmp_path / "r"), driver, put_tool=str(tool)
+        )
 
     assert store(new).can_stage and not store(old).can_stage and not store(new, "vfs").can_stage
     monkeypatch.setenv("ENVSPEC_STAGED_IMPORT", "off")
@@ -610,8 +728,14 @@ def test_a_maker_waiting_for_its_stager_goes_on_when_the_import_fails_before_sta
     tees: list[PipeTee] = []
     maker = threading.Thread(target=lambda: tees.append(PipeTee(fifo, wait=60)))
     maker.start()
-    imp = Importer(Broken(), [LayerFile("torch", tmp_path / "cache.tar", fut, writing=tmp_path / "torch.tar",
-                                        pipe=fifo)]).start()
+    imp = Importer(
+        Broken(),
+        [
+            LayerFile(
+                "torch", tmp_path / "cache.tar", fut, writing=tmp_path / "torch.tar", pipe=fifo
+            )
+        ],
+    ).start()
     with pytest.raises(BuildError, match="the store is gone"):
         imp.join()
     maker.join(60)
@@ -650,11 +774,20 @@ def test_a_stream_that_fails_its_checks_is_staged_again_from_the_layer_made_here
         streamed.set_exception(BadEntry("the blob's bytes are not the ones recorded"))
         fifo.unlink()
         (tmp_path / "torch.tar").write_bytes(data)  # made here after all
-        made.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(), "source": "made"})
+        made.set_result(
+            {
+                "size": len(data),
+                "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
+                "source": "made",
+            }
+        )
 
     store, imp = _import_stream(tmp_path, "torch", tmp_path / "torch.tar", stream)
     assert store.stages == [("torch", True), ("torch", False)]  # the stream followed, then the file
-    assert store.owns == [("torch", False), ("torch", True)]  # the registry's bytes chrooted; its own file not
+    assert store.owns == [
+        ("torch", False),
+        ("torch", True),
+    ]  # the registry's bytes chrooted; its own file not
     assert list(store.layers.values()) == [("", "sha256:" + hashlib.sha256(data).hexdigest())]
     assert ("prepare",) in store.calls
 
@@ -664,11 +797,17 @@ def test_a_stream_that_holds_is_committed_without_a_file(tmp_path):
 
     def stream(tee, fifo, made, streamed):
         for i in range(0, len(data), 65536):
-            tee.write(memoryview(data[i:i + 65536]))
+            tee.write(memoryview(data[i : i + 65536]))
         tee.close()
         streamed.set_result(True)
-        made.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
-                         "source": "registry", "cached": True})
+        made.set_result(
+            {
+                "size": len(data),
+                "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
+                "source": "registry",
+                "cached": True,
+            }
+        )
 
     store, imp = _import_stream(tmp_path, "base", tmp_path / "nowhere.tar", stream)
     assert store.stages == [("base", True)] and store.owns == [("base", False)]

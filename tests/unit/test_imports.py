@@ -38,11 +38,13 @@ def module_graph(src: Path, top: str = "envspec") -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     mod = ".".join(base + ([node.module] if node.module else []))
                 else:
                     mod = node.module or ""
-                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names]
+                targets = [
+                    f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod for a in node.names
+                ]
             else:
                 continue
             for t in targets:
@@ -101,7 +103,9 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     for m, targets in graph.items():
         if not unit(m):
             continue
-        out.setdefault(unit(m), set()).update(unit(t) for t in targets if unit(t) and unit(t) != unit(m))
+        out.setdefault(unit(m), set()).update(
+            unit(t) for t in targets if unit(t) and unit(t) != unit(m)
+        )
     return out
 
 
@@ -119,7 +123,12 @@ PACKAGES = package_graph(GRAPH)
 
 
 def test_the_graph_is_read():  # the checks below mean something: the layout's known arrows are there
-    assert {"envspec.image.layers", "envspec.registry.regcache", "envspec.cli.build", "envspec.verify.startup"} <= set(GRAPH)
+    assert {
+        "envspec.image.layers",
+        "envspec.registry.regcache",
+        "envspec.cli.build",
+        "envspec.verify.startup",
+    } <= set(GRAPH)
     assert "envspec.image" in GRAPH["envspec.registry.regcache"]
     assert "envspec.plan" in GRAPH["envspec.image.layers"]
     assert {"image", "plan", "lock"} <= PACKAGES["registry"]
@@ -135,7 +144,12 @@ def test_no_cycle_between_files():  # an import inside a function counts: none d
 
 
 def test_no_stage_imports_a_later_one():
-    wrong = [(a, b) for i, a in enumerate(PIPELINE) for b in PIPELINE[i + 1:] if b in PACKAGES.get(a, set())]
+    wrong = [
+        (a, b)
+        for i, a in enumerate(PIPELINE)
+        for b in PIPELINE[i + 1 :]
+        if b in PACKAGES.get(a, set())
+    ]
     assert wrong == []
 
 
@@ -144,8 +158,11 @@ def test_the_cache_imports_no_stage():  # it is below all of them: compat's DB c
 
 
 def test_verify_imports_nothing_else_from_envspec():  # it is copied into images alone
-    outside = {m: sorted(t for t in ts if not t.startswith("envspec.verify") and t != "envspec")
-               for m, ts in GRAPH.items() if m.startswith("envspec.verify")}
+    outside = {
+        m: sorted(t for t in ts if not t.startswith("envspec.verify") and t != "envspec")
+        for m, ts in GRAPH.items()
+        if m.startswith("envspec.verify")
+    }
     assert {m: ts for m, ts in outside.items() if ts} == {}
 
 

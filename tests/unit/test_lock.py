@@ -11,31 +11,60 @@ from envspec import lock as lockmod
 from envspec.errors import LockError
 from envspec.spec import parse_spec
 
-SPEC = '''name = "demo"
+SPEC = """name = "demo"
 [python]
 version = "3.11"
 packages = ["six==1.16.0"]
 [torch]
 version = "==2.14.1"
-'''
+"""
 
 
 def make_lock(**over) -> lockmod.Lockfile:
     spec = parse_spec(SPEC, "demo.toml")
-    wheels = over.pop("wheels", [
-        lockmod.Wheel(name="torch", version="2.14.1", filename="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
-                      index="https://pypi.org/simple", sha256="a" * 64, size=10, group="torch", direct=True),
-        lockmod.Wheel(name="six", version="1.16.0", filename="six-1.16.0-py2.py3-none-any.whl",
-                      index="https://pypi.org/simple", sha256="b" * 64, size=5, group="team", direct=True),
-    ])
+    wheels = over.pop(
+        "wheels",
+        [
+            lockmod.Wheel(
+                name="torch",
+                version="2.14.1",
+                filename="torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                index="https://pypi.org/simple",
+                sha256="a" * 64,
+                size=10,
+                group="torch",
+                direct=True,
+            ),
+            lockmod.Wheel(
+                name="six",
+                version="1.16.0",
+                filename="six-1.16.0-py2.py3-none-any.whl",
+                index="https://pypi.org/simple",
+                sha256="b" * 64,
+                size=5,
+                group="team",
+                direct=True,
+            ),
+        ],
+    )
     lk = lockmod.Lockfile(
-        meta=lockmod.Meta(name="demo", spec="demo.toml", spec_hash=spec.spec_hash(), db_version="2026.11.30"),
-        platform=lockmod.Platform(python="3.11", python_tag="cp311", platform_tag="manylinux_2_36_x86_64",
-                                  base="debian:bookworm"),
+        meta=lockmod.Meta(
+            name="demo", spec="demo.toml", spec_hash=spec.spec_hash(), db_version="2026.11.30"
+        ),
+        platform=lockmod.Platform(
+            python="3.11",
+            python_tag="cp311",
+            platform_tag="manylinux_2_36_x86_64",
+            base="debian:bookworm",
+        ),
         hardware=lockmod.Hardware(arch_list=["sm_80", "sm_90"], driver_floor="580.65.06"),
-        torch=lockmod.TorchPin(version="2.14.1", variant="cu130", cuda="13.0", index="https://pypi.org/simple"),
+        torch=lockmod.TorchPin(
+            version="2.14.1", variant="cu130", cuda="13.0", index="https://pypi.org/simple"
+        ),
         runtime=lockmod.RuntimeLock(env={"B": "2", "A": "1"}),
-        wheels=wheels, **over)
+        wheels=wheels,
+        **over,
+    )
     return lk.with_hash()
 
 
@@ -87,7 +116,9 @@ def test_fresh_lock_has_no_stale_reasons():
 
 
 def test_stale_reasons_name_what_changed():
-    spec = parse_spec(SPEC.replace("six==1.16.0", "six>=1.17").replace("==2.14.1", "==2.13.*"), "demo.toml")
+    spec = parse_spec(
+        SPEC.replace("six==1.16.0", "six>=1.17").replace("==2.14.1", "==2.13.*"), "demo.toml"
+    )
     reasons = lockmod.stale_reasons(make_lock(), spec)
     text = "\n".join(reasons)
     assert "spec changed" in text
@@ -158,12 +189,26 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
     spec_path = tmp_path / "s.toml"
     spec_path.write_text('name = "ws"\n[services.ssh]\nauthorized_keys = "keys.pub"\n')
     spec = parse_spec(spec_path.read_text(), spec_path)
-    choice = SimpleNamespace(spec=spec, torch=None, suite=None, python="3.11", platform_tag="manylinux_2_28_x86_64", arch="x86_64", debian_arch="amd64",
-                             base="none", gpus=[], compute_capabilities=[], driver_policy="compat",
-                             driver_assumed=False)
+    choice = SimpleNamespace(
+        spec=spec,
+        torch=None,
+        suite=None,
+        python="3.11",
+        platform_tag="manylinux_2_28_x86_64",
+        arch="x86_64",
+        debian_arch="amd64",
+        base="none",
+        gpus=[],
+        compute_capabilities=[],
+        driver_policy="compat",
+        driver_assumed=False,
+    )
     res = SimpleNamespace(choice=choice, debs=[], deb_requested=[], wheels=[])
     lk = lockmod.from_resolution(res, spec_path=str(spec_path), db_version="test")
-    assert lk.services.ssh is not None and lk.services.ssh.authorized_keys_sha256 == lockmod.keys_sha256(pub)
+    assert (
+        lk.services.ssh is not None
+        and lk.services.ssh.authorized_keys_sha256 == lockmod.keys_sha256(pub)
+    )
     assert lockmod.stale_reasons(lk, spec) == []
     (tmp_path / "keys.pub").write_text(pub.replace("test", "other"))
     assert any("keys.pub changed" in r for r in lockmod.stale_reasons(lk, spec))
@@ -173,8 +218,11 @@ def test_authorized_keys_are_pinned_by_hash(tmp_path):
 
 
 def test_a_changed_debian_base_set_makes_the_lock_stale():
-    lk = make_lock(debian=lockmod.DebianLock(suite="bookworm", mirror="http://deb.debian.org/debian",
-                                             requested=["bash", "python3"]))
+    lk = make_lock(
+        debian=lockmod.DebianLock(
+            suite="bookworm", mirror="http://deb.debian.org/debian", requested=["bash", "python3"]
+        )
+    )
     spec = parse_spec(SPEC, "demo.toml")
     assert lockmod.stale_reasons(lk, spec, debian_requested=["python3", "bash"]) == []
     reasons = lockmod.stale_reasons(lk, spec, debian_requested=["bash", "g++", "python3"])
@@ -190,22 +238,33 @@ def test_pins_come_from_the_resolved_wheels_and_a_db_disagreement_is_recorded():
     rel = load_db().torch_release("2.14.1")
     t = SimpleNamespace(release=rel, variant=rel.variants["cu130"])
     W = lambda n, v: SimpleNamespace(name=n, version=v)  # noqa: E731
-    same = [W("nvidia-cuda-runtime", "13.0.96"), W("nvidia-cudnn-cu13", "9.24.0.43"), W("nvidia-nccl-cu13", "2.30.7"),
-            W("nvidia-cublas", "13.1.0.3")]
-    assert wheel_pins(same) == {"cuda": ("13.0", "nvidia-cuda-runtime"), "cudnn": ("9.24.0.43", "nvidia-cudnn-cu13"),
-                                "nccl": ("2.30.7", "nvidia-nccl-cu13")}
+    same = [
+        W("nvidia-cuda-runtime", "13.0.96"),
+        W("nvidia-cudnn-cu13", "9.24.0.43"),
+        W("nvidia-nccl-cu13", "2.30.7"),
+        W("nvidia-cublas", "13.1.0.3"),
+    ]
+    assert wheel_pins(same) == {
+        "cuda": ("13.0", "nvidia-cuda-runtime"),
+        "cudnn": ("9.24.0.43", "nvidia-cudnn-cu13"),
+        "nccl": ("2.30.7", "nvidia-nccl-cu13"),
+    }
     pin = torch_pin(t, same, "https://pypi.org/simple")
     assert (pin.cuda, pin.cudnn, pin.nccl, pin.db_mismatch) == ("13.0", "9.24.0.43", "2.30.7", None)
     # the DB row is wrong about NCCL: the lock pins what the image will load, and says so
     other = [w if w.name != "nvidia-nccl-cu13" else W("nvidia-nccl-cu13", "2.30.4") for w in same]
     pin = torch_pin(t, other, "https://pypi.org/simple")
     assert pin.nccl == "2.30.4" and pin.cudnn == "9.24.0.43"
-    assert pin.db_mismatch == ["nccl: the compatibility DB says 2.30.7 for torch 2.14.1 cu130, "
-                               "the resolved wheel nvidia-nccl-cu13 is 2.30.4"]
+    assert pin.db_mismatch == [
+        "nccl: the compatibility DB says 2.30.7 for torch 2.14.1 cu130, "
+        "the resolved wheel nvidia-nccl-cu13 is 2.30.4"
+    ]
     # CUDA 12 wheel names, and a build without an NCCL wheel keeps the DB's value
     rel = load_db().torch_release("2.9.1")
     t = SimpleNamespace(release=rel, variant=rel.variants["cu128"])
-    pin = torch_pin(t, [W("nvidia-cuda-runtime-cu12", "12.8.90"), W("nvidia-cudnn-cu12", "9.10.2.21")], "x")
+    pin = torch_pin(
+        t, [W("nvidia-cuda-runtime-cu12", "12.8.90"), W("nvidia-cudnn-cu12", "9.10.2.21")], "x"
+    )
     assert (pin.cuda, pin.cudnn, pin.nccl, pin.db_mismatch) == ("12.8", "9.10.2.21", "2.27.5", None)
 
 
@@ -217,13 +276,24 @@ def test_a_lock_with_a_db_mismatch_is_revision_1_and_reads_back():
     lock = loads((Path(__file__).parents[2] / "lockfiles" / "h100-train.lock").read_text())
     assert lock.revision == 0 and lock.torch is not None and lock.torch.db_mismatch is None
     assert "db_mismatch" not in dumps(lock)
-    bumped = lock.replace_part(torch=lock.torch.model_copy(
-        update={"nccl": "2.30.4", "db_mismatch": ["nccl: the compatibility DB says 2.30.7 ..."]})
-    ).model_copy(update={"revision": 1}).with_hash()
+    bumped = (
+        lock.replace_part(
+            torch=lock.torch.model_copy(
+                update={
+                    "nccl": "2.30.4",
+                    "db_mismatch": ["nccl: the compatibility DB says 2.30.7 ..."],
+                }
+            )
+        )
+        .model_copy(update={"revision": 1})
+        .with_hash()
+    )
     text = dumps(bumped)
     assert "revision = 1" in text and "db_mismatch = [" in text
     again = loads(text)
-    assert again == bumped and again.torch.db_mismatch == ["nccl: the compatibility DB says 2.30.7 ..."]
+    assert again == bumped and again.torch.db_mismatch == [
+        "nccl: the compatibility DB says 2.30.7 ..."
+    ]
 
 
 def test_a_lock_made_for_another_platform_is_stale():
@@ -237,10 +307,12 @@ def test_a_lock_made_for_another_platform_is_stale():
     spec = load_spec(root / "specs" / "h100.toml")
     assert stale_reasons(lock, spec, platforms=["linux-x86_64"]) == []
     assert stale_reasons(lock, spec, platforms=["linux-aarch64"]) == [
-        "the spec resolves for linux-aarch64 hosts ([target].platforms, else its GPUs), the lock was made for linux-x86_64"]
+        "the spec resolves for linux-aarch64 hosts ([target].platforms, else its GPUs), the lock was made for linux-x86_64"
+    ]
 
 
 # ---- one lock with a section per platform (version 2) ----------------------------------------------
+
 
 def _repo():
     from pathlib import Path
@@ -251,7 +323,11 @@ def _repo():
 def test_a_multi_platform_lock_reads_back_to_its_own_bytes():
     text = (_repo() / "lockfiles" / "smoke-multi.lock").read_text()
     lock = lockmod.loads(text)
-    assert (lock.version, lock.multi, lock.platform_names) == (2, True, ["linux-x86_64", "linux-aarch64"])
+    assert (lock.version, lock.multi, lock.platform_names) == (
+        2,
+        True,
+        ["linux-x86_64", "linux-aarch64"],
+    )
     assert lockmod.dumps(lock) == text
     assert "[platforms.linux-aarch64.platform]" in text and "\n[platform]\n" not in text
     assert lock.compute_hash() == lock.meta.content_hash
@@ -262,28 +338,43 @@ def test_a_multi_platform_lock_reads_back_to_its_own_bytes():
 def test_one_content_hash_covers_every_section():
     lock = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
     arm = lock.parts[1]
-    wheels = [w.model_copy(update={"sha256": "c" * 64}) if w.name == "six" else w for w in arm.wheels]
-    edited = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={"wheels": wheels})]})
+    wheels = [
+        w.model_copy(update={"sha256": "c" * 64}) if w.name == "six" else w for w in arm.wheels
+    ]
+    edited = lock.model_copy(
+        update={"parts": [lock.parts[0], arm.model_copy(update={"wheels": wheels})]}
+    )
     assert edited.compute_hash() != lock.meta.content_hash
     from envspec.spec import load_spec
 
     spec = load_spec(_repo() / "specs" / "smoke-multi.toml")
     assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64", "linux-aarch64"]) == []
     assert any("edited by hand" in r for r in lockmod.stale_reasons(edited, spec))
-    with pytest.raises(lockmod.LockTampered, match="platforms.linux-aarch64"):  # as written (git), so named
-        lockmod.loads(lockmod.dumps(edited.model_copy(update={"meta": lock.meta})),
-                      str(_repo() / "lockfiles" / "smoke-multi.lock"))
+    with pytest.raises(
+        lockmod.LockTampered, match="platforms.linux-aarch64"
+    ):  # as written (git), so named
+        lockmod.loads(
+            lockmod.dumps(edited.model_copy(update={"meta": lock.meta})),
+            str(_repo() / "lockfiles" / "smoke-multi.lock"),
+        )
     # the platforms the spec resolves to now, against the lock's sections
     assert lockmod.stale_reasons(lock, spec, platforms=["linux-x86_64"]) == [
         "the spec resolves for linux-x86_64 hosts ([target].platforms, else its GPUs), the lock was made for "
-        "linux-x86_64 and linux-aarch64"]
+        "linux-x86_64 and linux-aarch64"
+    ]
 
 
 def test_a_section_that_lacks_a_package_is_named_by_its_platform():
     lock = lockmod.load(_repo() / "lockfiles" / "smoke-multi.lock")
     arm = lock.parts[1]
-    cut = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={
-        "wheels": [w for w in arm.wheels if w.name != "idna"]})]}).with_hash()
+    cut = lock.model_copy(
+        update={
+            "parts": [
+                lock.parts[0],
+                arm.model_copy(update={"wheels": [w for w in arm.wheels if w.name != "idna"]}),
+            ]
+        }
+    ).with_hash()
     from envspec.spec import load_spec
 
     reasons = lockmod.stale_reasons(cut, load_spec(_repo() / "specs" / "smoke-multi.toml"))
@@ -297,7 +388,10 @@ def test_a_platforms_view_is_a_version_1_lock_the_build_takes():
     assert e.value.reference == "multi-platform-lock"
     view = lock.for_platform("linux-aarch64")
     assert (view.version, view.revision, view.multi, view.platform.arch) == (1, 2, False, "aarch64")
-    assert view.meta.part_of == lock.meta.content_hash and view.compute_hash() == view.meta.content_hash
+    assert (
+        view.meta.part_of == lock.meta.content_hash
+        and view.compute_hash() == view.meta.content_hash
+    )
     assert view.image_tag == f"localhost/envspec/smoke-multi:{lock.short_hash}-arm64"
     assert lock.for_platform("arm64") == view and lock.for_platform("aarch64") == view
     again = lockmod.loads(lockmod.dumps(view))
@@ -310,11 +404,21 @@ def test_a_platforms_view_is_a_version_1_lock_the_build_takes():
     assert e.value.reference == "platform-not-in-lock"
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda t: t.replace("version = 2\n", "version = 1\n", 1), "version 1 lock is for one platform"),
-    (lambda t: t.replace("[platforms.linux-aarch64.platform]", "[platforms.linux-arm.platform]")
-     .replace("[platforms.linux-aarch64.", "[platforms.linux-arm."), "not linux-arm"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda t: t.replace("version = 2\n", "version = 1\n", 1),
+            "version 1 lock is for one platform",
+        ),
+        (
+            lambda t: t.replace(
+                "[platforms.linux-aarch64.platform]", "[platforms.linux-arm.platform]"
+            ).replace("[platforms.linux-aarch64.", "[platforms.linux-arm."),
+            "not linux-arm",
+        ),
+    ],
+)
 def test_a_malformed_multi_platform_lock_is_refused(edit, words):
     text = edit((_repo() / "lockfiles" / "smoke-multi.lock").read_text())
     with pytest.raises(LockError) as e:
@@ -336,8 +440,21 @@ def test_lock_check_covers_both_platforms(tmp_path, capsys, monkeypatch):
     assert main(["lock", "--check", "specs/smoke-multi.toml"]) == 0
     lock = lockmod.load("lockfiles/smoke-multi.lock")
     arm = lock.parts[1]
-    old = lock.model_copy(update={"parts": [lock.parts[0], arm.model_copy(update={
-        "wheels": [w.model_copy(update={"version": "3.6"}) if w.name == "idna" else w for w in arm.wheels]})]})
+    old = lock.model_copy(
+        update={
+            "parts": [
+                lock.parts[0],
+                arm.model_copy(
+                    update={
+                        "wheels": [
+                            w.model_copy(update={"version": "3.6"}) if w.name == "idna" else w
+                            for w in arm.wheels
+                        ]
+                    }
+                ),
+            ]
+        }
+    )
     out = tmp_path / "old.lock"
     lockmod.write_atomic(out, lockmod.dumps(old.with_hash()))
     capsys.readouterr()
@@ -370,7 +487,9 @@ def test_a_new_lock_gets_the_umask_mode_and_a_rewritten_one_keeps_its_mode(tmp_p
         assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o644
         (tmp_path / "new.lock").chmod(0o664)
         write_atomic(tmp_path / "new.lock", "y")
-        assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o664 and (tmp_path / "new.lock").read_text() == "y"
+        assert (tmp_path / "new.lock").stat().st_mode & 0o777 == 0o664 and (
+            tmp_path / "new.lock"
+        ).read_text() == "y"
         os.umask(0o077)
         write_atomic(tmp_path / "private.lock", "z")
         assert (tmp_path / "private.lock").stat().st_mode & 0o777 == 0o600
@@ -385,9 +504,15 @@ def test_a_specs_lock_is_found_from_the_spec_not_the_current_directory(tmp_path,
     monkeypatch.chdir(tmp_path / "elsewhere")
     # specs/x.toml -> lockfiles/x.lock beside specs/ (the repository's layout), made or not
     (tmp_path / "a" / "specs").mkdir(parents=True)
-    assert lockmod.default_path(tmp_path / "a" / "specs" / "x.toml", "x") == tmp_path / "a" / "lockfiles" / "x.lock"
+    assert (
+        lockmod.default_path(tmp_path / "a" / "specs" / "x.toml", "x")
+        == tmp_path / "a" / "lockfiles" / "x.lock"
+    )
     # a spec on its own: lockfiles/ in its folder
-    assert lockmod.default_path(tmp_path / "b" / "x.toml", "x") == tmp_path / "b" / "lockfiles" / "x.lock"
+    assert (
+        lockmod.default_path(tmp_path / "b" / "x.toml", "x")
+        == tmp_path / "b" / "lockfiles" / "x.lock"
+    )
     # in a git work tree: the nearest lockfiles/ up to its top
     proj = tmp_path / "proj"
     (proj / ".git").mkdir(parents=True)
@@ -395,10 +520,14 @@ def test_a_specs_lock_is_found_from_the_spec_not_the_current_directory(tmp_path,
     (proj / "conf" / "deep").mkdir(parents=True)
     lock = lockmod.default_path(proj / "conf" / "deep" / "x.toml", "x")
     assert lock == proj / "lockfiles" / "x.lock"
-    assert lockmod.spec_relative_to_lock(proj / "conf" / "deep" / "x.toml", lock) == "conf/deep/x.toml"
+    assert (
+        lockmod.spec_relative_to_lock(proj / "conf" / "deep" / "x.toml", lock) == "conf/deep/x.toml"
+    )
     monkeypatch.chdir(proj)  # relative to the current directory where it is under it
     assert lockmod.default_path(Path("conf/deep/x.toml"), "x") == Path("lockfiles/x.lock")
-    assert lockmod.spec_relative_to_lock("conf/deep/x.toml", "lockfiles/x.lock") == "conf/deep/x.toml"
+    assert (
+        lockmod.spec_relative_to_lock("conf/deep/x.toml", "lockfiles/x.lock") == "conf/deep/x.toml"
+    )
 
 
 def test_a_gpu_spec_without_a_driver_says_the_floor_it_assumes():
@@ -409,24 +538,31 @@ def test_a_gpu_spec_without_a_driver_says_the_floor_it_assumes():
     from envspec.compat import load_db
     from envspec.resolve import Resolution, choose
 
-    text = '''name = "nodriver"
+    text = """name = "nodriver"
 [target]
 gpus = ["H100"]
 [python]
 version = "3.11"
 [torch]
 version = "2.14.*"
-'''
+"""
     db = load_db()
-    for spec_text, assumed in ((text, True), (text.replace('gpus = ["H100"]', 'gpus = ["H100"]\ndriver = "580.95.05"'),
-                                              False)):
+    for spec_text, assumed in (
+        (text, True),
+        (text.replace('gpus = ["H100"]', 'gpus = ["H100"]\ndriver = "580.95.05"'), False),
+    ):
         choice = choose(parse_spec(spec_text, "nodriver.toml"), db)
         assert choice.driver_assumed is assumed
         notes = [n for n in choice.notes if "[target].driver is not set" in n]
-        lk = lockmod.from_resolutions([Resolution(choice=choice, wheels=[], debs=[], deb_requested=[])],
-                                      spec_path="nodriver.toml", db_version=db.version)
+        lk = lockmod.from_resolutions(
+            [Resolution(choice=choice, wheels=[], debs=[], deb_requested=[])],
+            spec_path="nodriver.toml",
+            db_version=db.version,
+        )
         if assumed:
-            assert notes and f">= {choice.torch.min_driver}" in notes[0] and "nvidia-smi" in notes[0]
+            assert (
+                notes and f">= {choice.torch.min_driver}" in notes[0] and "nvidia-smi" in notes[0]
+            )
             assert lk.hardware.driver_assumed is True and lk.revision == 5
             assert "driver_assumed = true" in lockmod.dumps(lk)
             assert _driver_lines(lk) and f">= {lk.hardware.driver_floor}" in _driver_lines(lk)[0]

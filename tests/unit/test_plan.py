@@ -20,7 +20,9 @@ def keys(plan):
 
 def test_layers_in_stability_order_with_their_pins():
     plan = make_plan(helpers.load())
-    assert [lay.group for lay in plan.layers] == [g for g in LAYER_ORDER if g != "source"]  # no sdist in this lock
+    assert [lay.group for lay in plan.layers] == [
+        g for g in LAYER_ORDER if g != "source"
+    ]  # no sdist in this lock
     assert [w.name for w in plan.layer("deps").wheels] == ["idna", "iniconfig"]
     assert [w.name for w in plan.layer("team").wheels] == ["six"]
     assert plan.layer("envspec").cacheable is False
@@ -41,7 +43,9 @@ def test_the_plan_carries_the_lock_its_pins_and_its_canonical_text():
     assert a.lock is model and keys(a) == keys(make_plan(helpers.load("small-debian.lock")))
     assert a.lock_text == text  # the model is rendered by the lock stage's canonical writer
     assert len(a.layer("base").debs) == len(model.debian.packages)
-    assert set(a.layer("base").debs) == set(model.debian.packages)  # the lock's own pins, not copies of another type
+    assert set(a.layer("base").debs) == set(
+        model.debian.packages
+    )  # the lock's own pins, not copies of another type
     assert set(a.wheels) == set(model.wheels)
 
 
@@ -54,14 +58,22 @@ def test_keys_are_stable_and_depend_on_content_only():
     renamed["runtime"]["env"] = {"X": "1"}
     c = make_plan(helpers.rehash(renamed))
     # the image's name and runtime env are config, not layer content
-    assert {g: k for g, k in keys(c).items() if g != "envspec"} == {g: k for g, k in keys(a).items() if g != "envspec"}
+    assert {g: k for g, k in keys(c).items() if g != "envspec"} == {
+        g: k for g, k in keys(a).items() if g != "envspec"
+    }
 
 
 def test_a_team_change_changes_only_team_and_above():
     a = make_plan(helpers.load())
-    b = make_plan(helpers.with_wheel(helpers.load(), "six", version="1.16.0",
-                                     filename="six-1.16.0-py2.py3-none-any.whl",
-                                     sha256="8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"))
+    b = make_plan(
+        helpers.with_wheel(
+            helpers.load(),
+            "six",
+            version="1.16.0",
+            filename="six-1.16.0-py2.py3-none-any.whl",
+            sha256="8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254",
+        )
+    )
     changed = [g for g in LAYER_ORDER if g in keys(a) and keys(a)[g] != keys(b)[g]]
     assert changed == ["team", "envspec"]
 
@@ -70,10 +82,20 @@ def test_two_locks_sharing_torch_and_cuda_share_those_keys():
     a = helpers.load()
     other = helpers.data()
     other["meta"]["name"] = "other"
-    b = helpers.with_wheel(other, "idna", version="3.7", filename="idna-3.7-py3-none-any.whl",
-                           sha256="82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0")
+    b = helpers.with_wheel(
+        other,
+        "idna",
+        version="3.7",
+        filename="idna-3.7-py3-none-any.whl",
+        sha256="82fee1fc78add43492d3a1898bfa6d8a904cc97d8427f683ed8e798d07761aa0",
+    )
     ka, kb = keys(make_plan(a)), keys(make_plan(b))
-    assert [g for g in LAYER_ORDER if g in ka and ka[g] == kb[g]] == ["base", "cuda", "torch", "team"]
+    assert [g for g in LAYER_ORDER if g in ka and ka[g] == kb[g]] == [
+        "base",
+        "cuda",
+        "torch",
+        "team",
+    ]
 
 
 def test_venv_and_python_are_part_of_every_wheel_key():
@@ -93,13 +115,18 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(PlanError) as e:
         make_plan(helpers.rehash(lock))
     msg = e.value.message
-    assert "host-only" in msg and "wheels[0].sha256" in msg and "wheels[1].group" in msg and "wheels[2].filename" in msg
+    assert (
+        "host-only" in msg
+        and "wheels[0].sha256" in msg
+        and "wheels[1].group" in msg
+        and "wheels[2].filename" in msg
+    )
 
 
 def test_a_lock_without_platform_is_refused_when_read():
     text = (helpers.HERE / "small.lock").read_text()
     start = text.index("[platform]")
-    without = text[:start] + text[text.index("\n[", start + 1) + 1:]
+    without = text[:start] + text[text.index("\n[", start + 1) + 1 :]
     with pytest.raises(LockError, match="platform"):
         lockmod.loads(without, "small.lock")
 
@@ -112,15 +139,19 @@ def test_plan_json_is_golden():
     golden = helpers.HERE / "small.plan.json"
     if os.environ.get("ENVSPEC_REGEN_GOLDEN"):  # review the diff like code
         golden.write_text(got)
-    assert golden.exists(), f"{golden} is missing: make it with ENVSPEC_REGEN_GOLDEN=1 and review it"
+    assert golden.exists(), (
+        f"{golden} is missing: make it with ENVSPEC_REGEN_GOLDEN=1 and review it"
+    )
     assert got == golden.read_text()
 
 
 LOCKS = Path(__file__).resolve().parents[2] / "lockfiles"
 
 
-@pytest.mark.skipif(not (LOCKS / "h100-train.lock").exists() or not (LOCKS / "a100-train.lock").exists(),
-                    reason="the committed h100/a100 locks are not there")
+@pytest.mark.skipif(
+    not (LOCKS / "h100-train.lock").exists() or not (LOCKS / "a100-train.lock").exists(),
+    reason="the committed h100/a100 locks are not there",
+)
 def test_committed_locks_of_one_torch_variant_share_every_layer_below_the_team():
     a = make_plan(lockmod.load(LOCKS / "h100-train.lock"))
     b = make_plan(lockmod.load(LOCKS / "a100-train.lock"))
@@ -156,8 +187,13 @@ def test_committed_locks_keep_their_layer_keys(name):
 
 
 def test_every_buildable_committed_lock_has_a_golden_plan():
-    buildable = {p.stem + (f".{v.platform_names[0]}" if v is not lk else "") for p in LOCKS.glob("*.lock")
-                 for lk in [lockmod.load(p)] for v in lk.views() if v.platform.base != "none"}
+    buildable = {
+        p.stem + (f".{v.platform_names[0]}" if v is not lk else "")
+        for p in LOCKS.glob("*.lock")
+        for lk in [lockmod.load(p)]
+        for v in lk.views()
+        if v.platform.base != "none"
+    }
     assert buildable == {p.stem for p in GOLDEN_PLANS.glob("*.json")}
 
 
@@ -166,11 +202,25 @@ def _with_source(lock: dict, key: str = "1" * 64) -> dict:
     lock = copy.deepcopy(lock)
     for w in lock["wheels"]:
         if w["name"] == "six":
-            w.update(filename=f"six-{w['version']}.tar.gz", sha256="9" * 64,
-                     source={"backend": "setuptools.build_meta", "requires": ["setuptools"], "python": "3.11.2",
-                             "key": "sha256:" + key,
-                             "build": [{"name": "setuptools", "version": "80.9.0", "index": "https://pypi.org/simple",
-                                        "filename": "setuptools-80.9.0-py3-none-any.whl", "sha256": "8" * 64}]})
+            w.update(
+                filename=f"six-{w['version']}.tar.gz",
+                sha256="9" * 64,
+                source={
+                    "backend": "setuptools.build_meta",
+                    "requires": ["setuptools"],
+                    "python": "3.11.2",
+                    "key": "sha256:" + key,
+                    "build": [
+                        {
+                            "name": "setuptools",
+                            "version": "80.9.0",
+                            "index": "https://pypi.org/simple",
+                            "filename": "setuptools-80.9.0-py3-none-any.whl",
+                            "sha256": "8" * 64,
+                        }
+                    ],
+                },
+            )
     return lock
 
 
@@ -179,13 +229,19 @@ def test_wheels_built_from_source_get_a_layer_named_by_their_derivations():
 
     plain = make_plan(helpers.load())
     built = make_plan(helpers.rehash(_with_source(helpers.data())))
-    assert [lay.group for lay in built.layers] == [g for g in LAYER_ORDER if g != "team"]  # six was team's one pin
+    assert [lay.group for lay in built.layers] == [
+        g for g in LAYER_ORDER if g != "team"
+    ]  # six was team's one pin
     assert [w.name for w in built.layer("source").wheels] == ["six"]
     assert keys(built)["deps"] == keys(plain)["deps"]  # the other layers are as they were
     other = make_plan(helpers.rehash(_with_source(helpers.data(), key="2" * 64)))
     assert keys(other)["source"] != keys(built)["source"]  # other build inputs: another layer
     entries = cache_entries(built.lock)
-    assert ("built", "1" * 64) in entries and ("wheel", "8" * 64) in entries and ("wheel", "9" * 64) in entries
+    assert (
+        ("built", "1" * 64) in entries
+        and ("wheel", "8" * 64) in entries
+        and ("wheel", "9" * 64) in entries
+    )
     lock = helpers.data()
     six = next(w for w in lock["wheels"] if w["name"] == "six")
     six["filename"] = "six-1.0.tar.gz"

@@ -20,7 +20,13 @@ import zstandard
 
 from envspec.image.compress import Compression
 from envspec.image.engine import RegistryAccess
-from envspec.registry.client import RegistryClient, RegistryHTTPError, Unsupported, credentials, split_ref
+from envspec.registry.client import (
+    RegistryClient,
+    RegistryHTTPError,
+    Unsupported,
+    credentials,
+    split_ref,
+)
 from envspec.registry.regcache import BadEntry, Entry, StreamTimes, check_stream
 
 BLOB = b"layer bytes " * 1000
@@ -59,8 +65,14 @@ def reply(h, status, body=b"", headers=()):
 
 def authfile(tmp_path: Path, host: str, user="u", password="p", **extra) -> Path:
     f = tmp_path / "auth.json"
-    f.write_text(json.dumps({"auths": {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}},
-                             **extra}))
+    f.write_text(
+        json.dumps(
+            {
+                "auths": {host: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}},
+                **extra,
+            }
+        )
+    )
     return f
 
 
@@ -79,10 +91,20 @@ def test_a_token_registry_gets_a_pull_token_with_the_authfiles_credentials(tmp_p
         reply(h, 200, json.dumps({"token": "T0K"}).encode())
 
     with serve(token_server) as tok:
+
         def registry(h):
             if h.headers.get("Authorization") != "Bearer T0K":
-                reply(h, 401, b"{}", [("WWW-Authenticate",
-                                        f'Bearer realm="http://{tok}/token",service="reg",scope="repository:team/c:pull"')])
+                reply(
+                    h,
+                    401,
+                    b"{}",
+                    [
+                        (
+                            "WWW-Authenticate",
+                            f'Bearer realm="http://{tok}/token",service="reg",scope="repository:team/c:pull"',
+                        )
+                    ],
+                )
                 return
             seen["blob"].append(h.path)
             reply(h, 200, BLOB)
@@ -109,6 +131,7 @@ def test_basic_auth_a_redirect_without_the_registrys_credentials_and_404(tmp_pat
         reply(h, 200, BLOB)
 
     with serve(storage) as store:
+
         def registry(h):
             if h.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:p").decode():
                 reply(h, 401, b"", [("WWW-Authenticate", 'Basic realm="r"')])
@@ -147,7 +170,9 @@ def test_credentials_and_what_is_left_to_skopeo(tmp_path):
 def test_refusals_and_an_unreachable_registry_are_errors(tmp_path):
     with serve(lambda h: reply(h, 401, b"", [("WWW-Authenticate", 'Basic realm="r"')])) as reg:
         with pytest.raises(RegistryHTTPError) as e:
-            RegistryClient(RegistryAccess(authfile=str(tmp_path / "none.json"))).manifest(f"{reg}/team/c:t")
+            RegistryClient(RegistryAccess(authfile=str(tmp_path / "none.json"))).manifest(
+                f"{reg}/team/c:t"
+            )
         assert e.value.status == 401 and "credentials" in str(e.value)
     with serve(lambda h: reply(h, 500, b"boom")) as reg:
         with pytest.raises(RegistryHTTPError) as e:
@@ -169,17 +194,28 @@ TAR = bytes(range(256)) * 40000  # 10 MB: several chunks on each side
 
 
 def entry_for(blob: bytes, tar: bytes = TAR) -> Entry:
-    return Entry(ref="r", manifest_digest="", key="k", diff_id="sha256:" + hashlib.sha256(tar).hexdigest(),
-                 diff_size=len(tar), compressor="", media_type="", digest="sha256:" + hashlib.sha256(blob).hexdigest(),
-                 size=len(blob), meta={})
+    return Entry(
+        ref="r",
+        manifest_digest="",
+        key="k",
+        diff_id="sha256:" + hashlib.sha256(tar).hexdigest(),
+        diff_size=len(tar),
+        compressor="",
+        media_type="",
+        digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+        size=len(blob),
+        meta={},
+    )
 
 
 def compressed(name: str, data: bytes = TAR) -> bytes:
-    return {"zstd": zstandard.ZstdCompressor().compress, "gzip": gzip.compress, "none": bytes}[name](data)
+    return {"zstd": zstandard.ZstdCompressor().compress, "gzip": gzip.compress, "none": bytes}[
+        name
+    ](data)
 
 
 def chunks(b: bytes, n: int = 65536):
-    return (memoryview(b)[i:i + n] for i in range(0, len(b), n))
+    return (memoryview(b)[i : i + n] for i in range(0, len(b), n))
 
 
 @pytest.mark.parametrize("name", ["zstd", "gzip", "none"])
@@ -189,19 +225,27 @@ def test_check_stream_writes_the_tar_and_says_where_the_time_went(name):
     times = StreamTimes()
     check_stream(chunks(blob), out.extend, entry_for(blob), Compression(name), times)
     assert bytes(out) == TAR
-    assert dict(times.items()).keys() == {"wait", "sha256_blob", "decompress", "sha256_tar", "write"}
+    assert dict(times.items()).keys() == {
+        "wait",
+        "sha256_blob",
+        "decompress",
+        "sha256_tar",
+        "write",
+    }
 
 
 @pytest.mark.parametrize("name", ["zstd", "gzip"])
 def test_check_stream_refuses_damaged_cut_and_lying_blobs(name):
     blob = compressed(name)
-    damaged = blob[: len(blob) // 2] + bytes(64) + blob[len(blob) // 2 + 64:]
+    damaged = blob[: len(blob) // 2] + bytes(64) + blob[len(blob) // 2 + 64 :]
     with pytest.raises(BadEntry, match="the blob's bytes are not the ones recorded"):
         check_stream(chunks(damaged), lambda b: None, entry_for(blob), Compression(name))
     cut = blob[: len(blob) // 2]
     with pytest.raises(BadEntry):  # the recorded blob is whole: this one is short
         check_stream(chunks(cut), lambda b: None, entry_for(blob), Compression(name))
-    with pytest.raises(BadEntry, match="ends|decompresses to"):  # short, and recorded so: its stream ends early
+    with pytest.raises(
+        BadEntry, match="ends|decompresses to"
+    ):  # short, and recorded so: its stream ends early
         check_stream(chunks(cut), lambda b: None, entry_for(cut), Compression(name))
     other = compressed(name, TAR[::-1])
     with pytest.raises(BadEntry, match="not to the layer's diff_id"):

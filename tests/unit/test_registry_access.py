@@ -14,7 +14,9 @@ def test_loopback_without_a_ca_is_not_verified_with_one_it_is(tmp_path):
     assert push_args(RegistryAccess(), "registry.example/envspec/smoke:abc") == []
     a = registry_access(None, str(tmp_path), None, env={})
     assert push_args(a, DEST) == ["--dest-cert-dir", str(tmp_path)]
-    assert push_args(RegistryAccess(tls_verify=False), "registry.example/x:y") == ["--dest-tls-verify=false"]
+    assert push_args(RegistryAccess(tls_verify=False), "registry.example/x:y") == [
+        "--dest-tls-verify=false"
+    ]
     assert push_args(RegistryAccess(tls_verify=True), DEST) == []
 
 
@@ -35,21 +37,44 @@ def test_authfile_from_the_flag_or_registry_auth_file(tmp_path):
     assert e.value.reference == "cert-dir-not-found"
 
 
-PREFIX = 'time="2026-12-01T18:59:08Z" level=fatal msg="trying to reuse blob sha256:1f6c at destination: '
+PREFIX = (
+    'time="2026-12-01T18:59:08Z" level=fatal msg="trying to reuse blob sha256:1f6c at destination: '
+)
 
 
-@pytest.mark.parametrize("stderr, reference", [
-    (PREFIX + 'checking whether a blob sha256:1f6c exists in 127.0.0.1:5000/envspec/smoke: unauthorized: '
-              'authentication required"', "registry-auth-failed"),
-    (PREFIX + 'pinging container registry 127.0.0.1:5000: Get "https://127.0.0.1:5000/v2/": x509: certificate '
-              'signed by unknown authority"', "registry-tls-failed"),
-    (PREFIX + 'pinging container registry 127.0.0.1:5000: Get "https://127.0.0.1:5000/v2/": dial tcp '
-              '127.0.0.1:5000: connect: connection refused"', "registry-unreachable"),
-    ('level=fatal msg="writing blob: Patch \\"https://127.0.0.1:5000/v2/envspec/smoke/blobs/uploads/742b?_state=x\\": '
-     'write tcp 127.0.0.1:57058->127.0.0.1:5000: write: broken pipe"', "push-interrupted"),
-    ('level=fatal msg="writing manifest: uploading manifest abc to 127.0.0.1:5000/envspec/smoke: manifest blob '
-     'unknown: blob unknown to registry"', "push-failed"),
-])
+@pytest.mark.parametrize(
+    "stderr, reference",
+    [
+        (
+            PREFIX
+            + "checking whether a blob sha256:1f6c exists in 127.0.0.1:5000/envspec/smoke: unauthorized: "
+            'authentication required"',
+            "registry-auth-failed",
+        ),
+        (
+            PREFIX
+            + 'pinging container registry 127.0.0.1:5000: Get "https://127.0.0.1:5000/v2/": x509: certificate '
+            'signed by unknown authority"',
+            "registry-tls-failed",
+        ),
+        (
+            PREFIX
+            + 'pinging container registry 127.0.0.1:5000: Get "https://127.0.0.1:5000/v2/": dial tcp '
+            '127.0.0.1:5000: connect: connection refused"',
+            "registry-unreachable",
+        ),
+        (
+            'level=fatal msg="writing blob: Patch \\"https://127.0.0.1:5000/v2/envspec/smoke/blobs/uploads/742b?_state=x\\": '
+            'write tcp 127.0.0.1:57058->127.0.0.1:5000: write: broken pipe"',
+            "push-interrupted",
+        ),
+        (
+            'level=fatal msg="writing manifest: uploading manifest abc to 127.0.0.1:5000/envspec/smoke: manifest blob '
+            'unknown: blob unknown to registry"',
+            "push-failed",
+        ),
+    ],
+)
 def test_skopeo_failures_become_registry_errors(stderr, reference):
     e = registry_error(RegistryAccess(), DEST, stderr)
     assert e.reference == reference and e.exit_code == EXIT_SOURCE

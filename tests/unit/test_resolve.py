@@ -33,7 +33,9 @@ def test_h100_gets_pypis_cuda13_build(db):
 
 
 def test_old_driver_moves_to_an_older_cuda_under_compat(db):
-    c = choose(spec('[target]\ngpus = ["H100"]\ndriver = "535.230.02"\n[torch]\nversion = "2.14.*"\n'), db)
+    c = choose(
+        spec('[target]\ngpus = ["H100"]\ndriver = "535.230.02"\n[torch]\nversion = "2.14.*"\n'), db
+    )
     assert c.torch.variant.cuda.startswith("12.")
     from envspec.explain import candidate_reason
 
@@ -46,7 +48,10 @@ def test_strict_policy_uses_the_toolkit_floor(db):
     with pytest.raises(ResolutionImpossible) as ei:
         choose(spec(body), db)
     assert ei.value.reference == "driver-too-old"
-    assert any(c.get("kind") == "suggestion" and "driver 535.230.02 runs up to CUDA" in c["text"] for c in ei.value.causes)
+    assert any(
+        c.get("kind") == "suggestion" and "driver 535.230.02 runs up to CUDA" in c["text"]
+        for c in ei.value.causes
+    )
 
 
 def test_b200_with_old_torch_says_what_would_fit(db):
@@ -87,8 +92,19 @@ def test_explain_json_shape(capsys):
     code = main(["explain", "specs/h100.toml", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
-    for key in ("ok", "torch", "variant", "cuda", "cudnn", "nccl", "arch_list", "min_driver", "driver_policy",
-                "python", "candidates"):
+    for key in (
+        "ok",
+        "torch",
+        "variant",
+        "cuda",
+        "cudnn",
+        "nccl",
+        "arch_list",
+        "min_driver",
+        "driver_policy",
+        "python",
+        "candidates",
+    ):
         assert key in out
     assert out["ok"] is True and out["torch"] == "2.14.1" and out["nccl"] == "2.30.7"
     assert {"variant", "ok", "reason"} <= set(out["candidates"][0])
@@ -133,24 +149,36 @@ def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
 
     s = spec(f'[torch]\nversion = "2.14.*"\ncuda = "cpu"\n[sources]\ntorch_index = "{MIRROR}"\n')
     ch = choose(s, db)
-    lk = lockmod.from_resolution(Resolution(choice=ch, wheels=[], debs=[], deb_requested=[]), spec_path="t.toml",
-                                 db_version=db.version)
+    lk = lockmod.from_resolution(
+        Resolution(choice=ch, wheels=[], debs=[], deb_requested=[]),
+        spec_path="t.toml",
+        db_version=db.version,
+    )
     assert lk.torch is not None and lk.torch.index == f"{MIRROR}/cpu"
     src = Sources(torch_index=MIRROR)
     fn = "filelock-3.20.0-py3-none-any.whl"
-    assert _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src) == f"{MIRROR}/cpu"  # served by the mirror
+    assert (
+        _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src) == f"{MIRROR}/cpu"
+    )  # served by the mirror
     assert _attribute_index(f"{MIRROR}/cpu/torch-2.14.1.whl", "torch", ch, src) == f"{MIRROR}/cpu"
-    assert _attribute_index(f"https://files.pythonhosted.org/x/{fn}", "filelock", ch, src) == "https://pypi.org/simple"
+    assert (
+        _attribute_index(f"https://files.pythonhosted.org/x/{fn}", "filelock", ch, src)
+        == "https://pypi.org/simple"
+    )
 
 
 def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
     from envspec.resolve import _index_args
     from envspec.sources import Sources
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # no socket: file:// indexes answer when their folder exists
+    monkeypatch.setenv(
+        "ENVSPEC_OFFLINE", "1"
+    )  # no socket: file:// indexes answer when their folder exists
     base = (tmp_path / "whl").as_uri()
     (tmp_path / "whl" / "cu126").mkdir(parents=True)
-    ch = choose(spec(f'[torch]\nversion = "2.14.*"\ncuda = "12.6"\n[sources]\ntorch_index = "{base}"\n'), db)
+    ch = choose(
+        spec(f'[torch]\nversion = "2.14.*"\ncuda = "12.6"\n[sources]\ntorch_index = "{base}"\n'), db
+    )
     args, _ = _index_args(Sources(torch_index=base), ch)
     assert args[:2] == ["--extra-index-url", f"{base}/cu126"]
     assert "https://download.pytorch.org/whl/cu126" not in args
@@ -173,12 +201,20 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
             s = load_spec(spec_path)
             path = lockmod.default_path(spec_path, s.name)
             old = lockmod.load(path)
-            results = [Resolution(choice=c, wheels=[WheelCandidate(**w.model_dump()) for w in part.wheels],
-                                  debs=list(part.debian.packages) if part.debian else [],
-                                  deb_requested=list(part.debian.requested) if part.debian else [])
-                       for c, part in zip(choose_all(s, db), old.parts, strict=True)]
-            new = lockmod.from_resolutions(results, spec_path=lockmod.spec_relative_to_lock(spec_path, path),
-                                           db_version=old.meta.db_version)
+            results = [
+                Resolution(
+                    choice=c,
+                    wheels=[WheelCandidate(**w.model_dump()) for w in part.wheels],
+                    debs=list(part.debian.packages) if part.debian else [],
+                    deb_requested=list(part.debian.requested) if part.debian else [],
+                )
+                for c, part in zip(choose_all(s, db), old.parts, strict=True)
+            ]
+            new = lockmod.from_resolutions(
+                results,
+                spec_path=lockmod.spec_relative_to_lock(spec_path, path),
+                db_version=old.meta.db_version,
+            )
             assert lockmod.dumps(new) == path.read_text(encoding="utf-8"), root / path
             checked += 1
     assert checked >= 7
@@ -186,29 +222,40 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
 
 # ---- the glibc of a base: one source (debian.models.SUITES), capped at uv's newest manylinux ------
 
+
 def test_suites_come_from_debian_models():
     from envspec.debian.models import SUITES as DEBIAN
     from envspec.resolve import SUITES
 
-    assert {py: suite for py, (suite, _) in SUITES.items()} == {f["python"]: s for s, f in DEBIAN.items()}
+    assert {py: suite for py, (suite, _) in SUITES.items()} == {
+        f["python"]: s for s, f in DEBIAN.items()
+    }
     assert DEBIAN["trixie"]["glibc"] == "2.41"  # newer than uv's newest manylinux target
 
 
-@pytest.mark.parametrize("glibc, tag", [("2.28", "2_28"), ("2.36", "2_36"), ("2.40", "2_40"), ("2.41", "2_40"),
-                                        ("3.0", "2_40")])
+@pytest.mark.parametrize(
+    "glibc, tag",
+    [("2.28", "2_28"), ("2.36", "2_36"), ("2.40", "2_40"), ("2.41", "2_40"), ("3.0", "2_40")],
+)
 def test_manylinux_glibc_is_capped_at_uvs_newest_target(glibc, tag):
     from envspec.resolve import manylinux_glibc
 
     assert manylinux_glibc(glibc) == tag
 
 
-@pytest.mark.parametrize("body, tag", [
-    ('[python]\nversion = "3.11"\n', "manylinux_2_36_x86_64"),
-    ('[python]\nversion = "3.13"\n', "manylinux_2_40_x86_64"),
-    ('[python]\nversion = "3.11"\n[system]\nbase = "debian:bookworm"\n', "manylinux_2_36_x86_64"),
-    ('[python]\nversion = "3.13"\n[system]\nbase = "debian:trixie"\n', "manylinux_2_40_x86_64"),
-    ('[python]\nversion = "3.12"\n[system]\nbase = "none"\n', "manylinux_2_28_x86_64"),
-])
+@pytest.mark.parametrize(
+    "body, tag",
+    [
+        ('[python]\nversion = "3.11"\n', "manylinux_2_36_x86_64"),
+        ('[python]\nversion = "3.13"\n', "manylinux_2_40_x86_64"),
+        (
+            '[python]\nversion = "3.11"\n[system]\nbase = "debian:bookworm"\n',
+            "manylinux_2_36_x86_64",
+        ),
+        ('[python]\nversion = "3.13"\n[system]\nbase = "debian:trixie"\n', "manylinux_2_40_x86_64"),
+        ('[python]\nversion = "3.12"\n[system]\nbase = "none"\n', "manylinux_2_28_x86_64"),
+    ],
+)
 def test_platform_tags_per_base(db, body, tag):
     assert choose(spec(body), db).platform_tag == tag
 
@@ -224,7 +271,9 @@ def test_uv_knows_the_newest_manylinux_target():
     except SourceError:
         pytest.skip("uv is not installed")
     target = "x86_64-manylinux_{}_{}".format(*UV_MAX_MANYLINUX)
-    help_text = subprocess.run([uv, "pip", "compile", "--help"], capture_output=True, text=True, check=True).stdout
+    help_text = subprocess.run(
+        [uv, "pip", "compile", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert target in help_text
 
 
@@ -235,9 +284,15 @@ def test_a_build_whose_driver_floor_passes_a_gpus_last_branch_is_not_chosen(db):
     h100 = db.find_gpu("H100").model_copy(update={"max_driver": "550", "max_driver_source": "test"})
     from envspec.compat.model import CompatDB
 
-    test_db = CompatDB(version=db.version, date=db.date, format=db.format, torch_releases=db.torch_releases,
-                       cuda_toolkits=db.cuda_toolkits, gpus=[h100 if g.name == h100.name else g for g in db.gpus],
-                       sources=db.sources)
+    test_db = CompatDB(
+        version=db.version,
+        date=db.date,
+        format=db.format,
+        torch_releases=db.torch_releases,
+        cuda_toolkits=db.cuda_toolkits,
+        gpus=[h100 if g.name == h100.name else g for g in db.gpus],
+        sources=db.sources,
+    )
     c = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\n'), test_db)
     assert c.torch.variant.cuda.startswith("12.") and int(c.torch.min_driver.split(".")[0]) <= 550
     from envspec.explain import candidate_reason
@@ -245,7 +300,9 @@ def test_a_build_whose_driver_floor_passes_a_gpus_last_branch_is_not_chosen(db):
     rejected = {x.variant: candidate_reason(x) for x in c.torch.candidates if not x.ok}
     assert "R550, the last driver branch for H100" in rejected["cu130"]
     with pytest.raises(ResolutionImpossible) as ei:
-        choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\ncuda = "13.0"\n'), test_db)
+        choose(
+            spec('[target]\ngpus = ["H100"]\n[torch]\nversion = "2.14.*"\ncuda = "13.0"\n'), test_db
+        )
     assert ei.value.reference == "driver-too-new-for-gpu"
 
 
@@ -255,8 +312,17 @@ def test_no_name_or_alias_of_an_nvidia_gpu_is_taken_for_another_vendors(db):
     for g in db.gpus:
         for label in (g.name, *g.aliases, g.sm):
             assert not_nvidia(label) is None, (g.name, label)
-    for name, vendor in (("MI300X", "AMD"), ("Instinct MI250X", "AMD"), ("Radeon Pro W7900", "AMD"),
-                         ("Gaudi2", "Intel"), ("Data Center GPU Max 1550", "Intel"), ("M3 Max", "Apple"),
-                         ("TPU v5p", "Google"), ("Trainium2", "AWS")):
+    for name, vendor in (
+        ("MI300X", "AMD"),
+        ("Instinct MI250X", "AMD"),
+        ("Radeon Pro W7900", "AMD"),
+        ("Gaudi2", "Intel"),
+        ("Data Center GPU Max 1550", "Intel"),
+        ("M3 Max", "Apple"),
+        ("TPU v5p", "Google"),
+        ("Trainium2", "AWS"),
+    ):
         assert not_nvidia(name) == vendor, name
-    assert not_nvidia("Tesla M4") is None and not_nvidia("M40") is None  # NVIDIA's Maxwell, not Apple's M4
+    assert (
+        not_nvidia("Tesla M4") is None and not_nvidia("M40") is None
+    )  # NVIDIA's Maxwell, not Apple's M4

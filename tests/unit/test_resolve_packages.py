@@ -25,12 +25,20 @@ def make_wheel(dest: Path, name: str, version: str, requires: list[str], python:
     """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines (and ``Requires-Python``), fixed bytes."""
     mod = name.replace("-", "_")
     di = f"{mod}-{version}.dist-info"
-    meta = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + (f"Requires-Python: {python}\n" if python else "")
-            + "".join(f"Requires-Dist: {r}\n" for r in requires))
-    files = {f"{mod}/__init__.py": b"", f"{di}/METADATA": meta.encode(),
-             f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    rec = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).decode().rstrip('=')},{len(d)}\n"
-                  for p, d in sorted(files.items()))
+    meta = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + (f"Requires-Python: {python}\n" if python else "")
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
+    files = {
+        f"{mod}/__init__.py": b"",
+        f"{di}/METADATA": meta.encode(),
+        f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rec = "".join(
+        f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).decode().rstrip('=')},{len(d)}\n"
+        for p, d in sorted(files.items())
+    )
     files[f"{di}/RECORD"] = (rec + f"{di}/RECORD,,\n").encode()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
@@ -41,12 +49,16 @@ def make_wheel(dest: Path, name: str, version: str, requires: list[str], python:
 
 def make_sdist(dest: Path, name: str, version: str, requires: list[str]) -> None:
     """``{name}-{version}.tar.gz`` with a static PKG-INFO (metadata 2.2: nothing dynamic)."""
-    meta = (f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n"
-            + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
+    meta = (
+        f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    ).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path, data in ((f"{name}-{version}/PKG-INFO", meta),
-                           (f"{name}-{version}/pyproject.toml", b'[build-system]\nrequires = ["setuptools"]\n')):
+        for path, data in (
+            (f"{name}-{version}/PKG-INFO", meta),
+            (f"{name}-{version}/pyproject.toml", b'[build-system]\nrequires = ["setuptools"]\n'),
+        ):
             info = tarfile.TarInfo(path)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -61,7 +73,9 @@ def offline_sources(case: Path, tmp: Path) -> Sources:
         make_wheel(index, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
     for s in listed.get("sdist", []):
         make_sdist(index, s["name"], s["version"], s.get("requires", []))
-    return Sources(index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),))
+    return Sources(
+        index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),)
+    )
 
 
 def cli_spec(case: str, tmp: Path, monkeypatch, *, edit: tuple[str, str] = ("", "")) -> Path:
@@ -70,8 +84,10 @@ def cli_spec(case: str, tmp: Path, monkeypatch, *, edit: tuple[str, str] = ("", 
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp / "cache"))
     index = offline_sources(CASES / case, tmp).mirrors[0].url
     spec = tmp / f"{case}.toml"
-    spec.write_text((CASES / case / "spec.toml").read_text().replace(*edit)
-                    + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n')
+    spec.write_text(
+        (CASES / case / "spec.toml").read_text().replace(*edit)
+        + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n'
+    )
     return spec
 
 
@@ -90,9 +106,14 @@ def test_case(case, tmp_path, monkeypatch):
     pins = {w.name: w.version for w in wheels}
     assert pins["torch"] == want["torch"]
     assert {k: pins.get(k) for k in want["packages"]} == want["packages"], want["note"]
-    assert held_back(choice, wheels, sources, workdir=tmp_path / "work") == want.get("packages_held_back", {}), want["note"]
+    assert held_back(choice, wheels, sources, workdir=tmp_path / "work") == want.get(
+        "packages_held_back", {}
+    ), want["note"]
     # the build follows the release: the same as choosing that release outright
-    assert choice.torch.variant == choose(load_spec(d / "spec.toml"), db, torch_version=want["torch"]).torch.variant
+    assert (
+        choice.torch.variant
+        == choose(load_spec(d / "spec.toml"), db, torch_version=want["torch"]).torch.variant
+    )
 
 
 def test_without_with_packages_the_old_order_locks_an_ancient_release(tmp_path, monkeypatch):
@@ -115,11 +136,31 @@ def test_lock_says_which_package_held_torch_back(tmp_path, monkeypatch, capsys):
     out = tmp_path / "vllm.lock"
     assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
-    assert said["torch"] == [{"platform": "linux-x86_64", "version": "2.14.0", "passed_over": [
-        {"torch": "2.15.0", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"},
-        {"torch": "2.14.1", "package": "vllm", "version": "0.34.0", "requires": "torch==2.14.0"}]}]
+    assert said["torch"] == [
+        {
+            "platform": "linux-x86_64",
+            "version": "2.14.0",
+            "passed_over": [
+                {
+                    "torch": "2.15.0",
+                    "package": "vllm",
+                    "version": "0.34.0",
+                    "requires": "torch==2.14.0",
+                },
+                {
+                    "torch": "2.14.1",
+                    "package": "vllm",
+                    "version": "0.34.0",
+                    "requires": "torch==2.14.0",
+                },
+            ],
+        }
+    ]
     lock = lockmod.load(out)
-    assert {w.name: w.version for w in lock.wheels if w.name in ("torch", "vllm")} == {"torch": "2.14.0", "vllm": "0.34.0"}
+    assert {w.name: w.version for w in lock.wheels if w.name in ("torch", "vllm")} == {
+        "torch": "2.14.0",
+        "vllm": "0.34.0",
+    }
     out.unlink()
     assert main(["lock", str(spec), "-o", str(out)]) == 0
     err = capsys.readouterr().err
@@ -142,29 +183,46 @@ def test_a_conflict_names_the_package_whose_pin_binds_torch(tmp_path, monkeypatc
 
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
     case = "newest-package-decides-torch"
-    spec = load_spec(_spec_with(tmp_path, case, **{'"2.*"': '"2.15.*"', '["vllm"]': '["vllm>=0.30"]'}))
+    spec = load_spec(
+        _spec_with(tmp_path, case, **{'"2.*"': '"2.15.*"', '["vllm"]': '["vllm>=0.30"]'})
+    )
     sources = offline_sources(CASES / case, tmp_path)
-    choice = with_packages(choose(spec, load_db()), load_db(), sources, workdir=tmp_path / "w")  # one release fits
+    choice = with_packages(
+        choose(spec, load_db()), load_db(), sources, workdir=tmp_path / "w"
+    )  # one release fits
     with pytest.raises(ResolutionImpossible) as e:
         resolve_python(choice, sources, workdir=tmp_path / "w")
     err = e.value
     assert err.reference == "python-conflict"
-    assert err.hint.startswith('vllm>=0.34.0 requires torch==2.14.0, and [torch].version = "==2.15.*" gives torch 2.15.0: '
-                               'set [torch].version = "2.14.*"'), err.hint
+    assert err.hint.startswith(
+        'vllm>=0.34.0 requires torch==2.14.0, and [torch].version = "==2.15.*" gives torch 2.15.0: '
+        'set [torch].version = "2.14.*"'
+    ), err.hint
     said = " ".join(c["text"] for c in err.causes)
     assert "envspec chose torch==2.15.0" in said and "you require torch==2.15.0" not in said
 
 
-def test_the_torch_builds_index_not_answering_is_exit_3_with_what_pypi_offers(tmp_path, monkeypatch):
+def test_the_torch_builds_index_not_answering_is_exit_3_with_what_pypi_offers(
+    tmp_path, monkeypatch
+):
     from envspec.errors import EXIT_SOURCE, SourceError
 
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")  # download.pytorch.org does not answer
-    spec = load_spec(_spec_with(tmp_path, "no-pin-keeps-newest-torch", **{'"H100"': '"A100", "H100"',
-                                                                          '"580.65.06"': '"535.104.05"'}))
+    spec = load_spec(
+        _spec_with(
+            tmp_path,
+            "no-pin-keeps-newest-torch",
+            **{'"H100"': '"A100", "H100"', '"580.65.06"': '"535.104.05"'},
+        )
+    )
     choice = choose(spec, load_db())
     assert choice.torch is not None and choice.torch.variant.local  # a build of the PyTorch index
     with pytest.raises(SourceError) as e:
-        resolve_python(choice, offline_sources(CASES / "no-pin-keeps-newest-torch", tmp_path), workdir=tmp_path / "w")
+        resolve_python(
+            choice,
+            offline_sources(CASES / "no-pin-keeps-newest-torch", tmp_path),
+            workdir=tmp_path / "w",
+        )
     err = e.value
     assert (err.reference, err.exit_code) == ("index-unavailable", EXIT_SOURCE)
     assert f"torch {choice.torch.release.version}+{choice.torch.variant.local}" in err.message
@@ -186,23 +244,41 @@ def test_a_misspelled_package_gets_did_you_mean_at_its_place_in_the_spec(tmp_pat
     err = e.value
     assert err.reference == "unknown-python-package"
     assert err.hint == "'transfomers': did you mean 'transformers'?"
-    assert err.causes == [{"kind": "python-missing", "where": f"[python].packages[1] ({spec_path}:9)",
-                           "text": "no configured index has a package named 'transfomers'; did you mean 'transformers'?"}]
+    assert err.causes == [
+        {
+            "kind": "python-missing",
+            "where": f"[python].packages[1] ({spec_path}:9)",
+            "text": "no configured index has a package named 'transfomers'; did you mean 'transformers'?",
+        }
+    ]
 
 
 def test_close_names_takes_one_or_two_edits_fewest_first():
     from envspec.sources import close_names
 
-    names = {"transformers", "ctransformers", "pytorch", "vllm", "llmm", "xformers", "exformer", "numpy"}
+    names = {
+        "transformers",
+        "ctransformers",
+        "pytorch",
+        "vllm",
+        "llmm",
+        "xformers",
+        "exformer",
+        "numpy",
+    }
     assert close_names("transfomers", names) == ["transformers", "ctransformers"]
     assert close_names("pytroch", names) == ["pytorch"]  # an adjacent swap is one edit
     assert close_names("vllmm", names) == ["vllm", "llmm"]  # the same first letter first
     assert close_names("xformer", names)[0] == "xformers"
-    assert close_names("Flash_Atn", {"flash-attn"}) == ["flash-attn"]  # names are compared normalized
+    assert close_names("Flash_Atn", {"flash-attn"}) == [
+        "flash-attn"
+    ]  # names are compared normalized
     assert close_names("tensorflow", names) == []
 
 
-def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spec_says(tmp_path, monkeypatch, capsys):
+def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spec_says(
+    tmp_path, monkeypatch, capsys
+):
     import json
 
     from envspec import lock as lockmod
@@ -216,15 +292,26 @@ def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spe
     assert main(["lock", str(spec), "-o", str(out)]) == 0
     assert f"warning: {why}" in capsys.readouterr().err
     lock = lockmod.load(out)
-    assert lock.revision == 3 and [(w.name, w.held_back) for w in lock.wheels if w.held_back] == [("vllm", why)]
-    assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0  # a warning, the lock is true to its spec
+    assert lock.revision == 3 and [(w.name, w.held_back) for w in lock.wheels if w.held_back] == [
+        ("vllm", why)
+    ]
+    assert (
+        main(["lock", str(spec), "-o", str(out), "--check"]) == 0
+    )  # a warning, the lock is true to its spec
     assert f"warning: {why}" in capsys.readouterr().err
     # for CI: the spec refuses it, and the setting is no input of the resolution (the same spec hash)
     (tmp_path / "index").rename(tmp_path / "index-first")
-    spec = cli_spec(case, tmp_path, monkeypatch, edit=('packages = ["vllm"]', 'packages = ["vllm"]\nheld_back = "error"'))
+    spec = cli_spec(
+        case,
+        tmp_path,
+        monkeypatch,
+        edit=('packages = ["vllm"]', 'packages = ["vllm"]\nheld_back = "error"'),
+    )
     assert main(["lock", str(spec), "-o", str(out), "--check", "--json"]) == EXIT_CHECK_FAILED
     said = json.loads(capsys.readouterr().out)
-    assert said["held_back"] == [{"platform": "linux-x86_64", "name": "vllm", "version": "0.34.0", "why": why}]
+    assert said["held_back"] == [
+        {"platform": "linux-x86_64", "name": "vllm", "version": "0.34.0", "why": why}
+    ]
     assert said["reasons"] == [f'held back ([python].held_back = "error"): {why}']
     before = out.read_bytes()
     out.unlink()
@@ -238,13 +325,17 @@ def test_a_newest_release_that_cannot_be_installed_alone_says_so(tmp_path, monke
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
     case = "no-pin-keeps-newest-torch"
     sources = offline_sources(CASES / case, tmp_path)
-    make_wheel(tmp_path / "index", "accelerate", "1.13.0", ["torch>=2.0.0", "flashinfer==9.9"])  # no such flashinfer
+    make_wheel(
+        tmp_path / "index", "accelerate", "1.13.0", ["torch>=2.0.0", "flashinfer==9.9"]
+    )  # no such flashinfer
     choice = choose(load_spec(CASES / case / "spec.toml"), load_db())
     wheels = resolve_python(choice, sources, workdir=tmp_path / "w")
     assert {w.name: w.version for w in wheels}["accelerate"] == "1.12.0"
     why = held_back(choice, wheels, sources, workdir=tmp_path / "w")["accelerate"]
-    assert why.startswith("accelerate 1.13.0 is the newest release with a wheel for linux-x86_64 and Python 3.11; "
-                          "it cannot be installed even alone, its own requirements conflict ("), why
+    assert why.startswith(
+        "accelerate 1.13.0 is the newest release with a wheel for linux-x86_64 and Python 3.11; "
+        "it cannot be installed even alone, its own requirements conflict ("
+    ), why
     assert "flashinfer" in why
 
 
@@ -256,7 +347,9 @@ def test_explain_says_which_index_each_candidate_comes_from():
     rows = {c["variant"]: c["index"] for c in explain.choice_json(choice)["candidates"]}
     pypi = choice.torch.release.pypi_variant
     assert rows[pypi] == "https://pypi.org/simple"
-    assert all(url == f"https://download.pytorch.org/whl/{v}" for v, url in rows.items() if v != pypi)
+    assert all(
+        url == f"https://download.pytorch.org/whl/{v}" for v, url in rows.items() if v != pypi
+    )
     lines = explain.choice_lines(choice)
     assert any(ln.startswith(f"  * {pypi}") and ln.endswith("[PyPI]") for ln in lines)
     assert any(ln.endswith("[download.pytorch.org/whl/cpu]") for ln in lines)
@@ -270,10 +363,15 @@ def test_explain_packages_makes_the_choice_lock_makes(tmp_path, monkeypatch, cap
     spec = cli_spec("newest-package-decides-torch", tmp_path, monkeypatch)
     assert main(["explain", str(spec)]) == 0  # offline: the newest release that fits, and a note
     out = capsys.readouterr().out
-    assert out.startswith("spec vllm-team") and "torch 2.15.0" in out and "explain --packages" in out
+    assert (
+        out.startswith("spec vllm-team") and "torch 2.15.0" in out and "explain --packages" in out
+    )
     assert main(["explain", str(spec), "--packages", "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
-    assert said["torch"] == "2.14.0" and [h["torch"] for h in said["passed_over"]] == ["2.15.0", "2.14.1"]
+    assert said["torch"] == "2.14.0" and [h["torch"] for h in said["passed_over"]] == [
+        "2.15.0",
+        "2.14.1",
+    ]
     assert main(["explain", str(spec), "--packages"]) == 0
     assert "  torch 2.15.0: vllm 0.34.0 requires torch==2.14.0" in capsys.readouterr().out
 
@@ -286,15 +384,22 @@ def test_a_package_with_no_wheel_says_so_and_what_a_source_build_would_take(tmp_
     case = "no-pin-keeps-newest-torch"
     sources = offline_sources(CASES / case, tmp_path)
     make_sdist(tmp_path / "index", "flash-attn", "2.8.3", ["torch"])
-    spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]\nfrom_source = "never"'})
+    spec_path = _spec_with(
+        tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]\nfrom_source = "never"'}
+    )
     with pytest.raises(ResolutionImpossible) as e:
         resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")
     err = e.value
-    assert err.reference == "no-wheel" and err.message == "flash-attn has no wheel for linux-x86_64 and Python 3.11"
+    assert (
+        err.reference == "no-wheel"
+        and err.message == "flash-attn has no wheel for linux-x86_64 and Python 3.11"
+    )
     assert err.causes[0]["where"] == f"[python].packages[1] ({spec_path}:9)"
-    assert err.causes[0]["text"].endswith("source builds are off ([python].from_source = \"never\") (with a build "
-                                          "from source the lock would take flash-attn 2.8.3)")
-    assert "[python].from_source = \"auto\"" in err.hint
+    assert err.causes[0]["text"].endswith(
+        'source builds are off ([python].from_source = "never") (with a build '
+        "from source the lock would take flash-attn 2.8.3)"
+    )
+    assert '[python].from_source = "auto"' in err.hint
 
 
 def test_a_package_with_no_wheel_is_taken_as_its_sdist(tmp_path, monkeypatch):
@@ -305,12 +410,32 @@ def test_a_package_with_no_wheel_is_taken_as_its_sdist(tmp_path, monkeypatch):
     make_sdist(tmp_path / "index", "flash-attn", "2.8.3", ["torch", "einops-lite"])
     make_sdist(tmp_path / "index", "einops-lite", "0.1.0", [])
     spec_path = _spec_with(tmp_path, case, **{'["accelerate"]': '["accelerate", "flash-attn"]'})
-    wheels = {w.name: w for w in resolve_python(choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w")}
+    wheels = {
+        w.name: w
+        for w in resolve_python(
+            choose(load_spec(spec_path), load_db()), sources, workdir=tmp_path / "w"
+        )
+    }
     fa, dep = wheels["flash-attn"], wheels["einops-lite"]
-    assert (fa.version, fa.filename, fa.is_sdist, fa.group, fa.direct) == ("2.8.3", "flash-attn-2.8.3.tar.gz", True, "team", True)
-    assert fa.sha256 == hashlib.sha256((tmp_path / "index" / "flash-attn-2.8.3.tar.gz").read_bytes()).hexdigest()
-    assert fa.size == (tmp_path / "index" / "flash-attn-2.8.3.tar.gz").stat().st_size and fa.source is None
-    assert (dep.is_sdist, dep.group) == (True, "deps")  # found by uv's no-wheel error, then taken as its sdist
+    assert (fa.version, fa.filename, fa.is_sdist, fa.group, fa.direct) == (
+        "2.8.3",
+        "flash-attn-2.8.3.tar.gz",
+        True,
+        "team",
+        True,
+    )
+    assert (
+        fa.sha256
+        == hashlib.sha256((tmp_path / "index" / "flash-attn-2.8.3.tar.gz").read_bytes()).hexdigest()
+    )
+    assert (
+        fa.size == (tmp_path / "index" / "flash-attn-2.8.3.tar.gz").stat().st_size
+        and fa.source is None
+    )
+    assert (dep.is_sdist, dep.group) == (
+        True,
+        "deps",
+    )  # found by uv's no-wheel error, then taken as its sdist
     assert not wheels["accelerate"].is_sdist
 
 
@@ -326,12 +451,20 @@ def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, mon
     monkeypatch.setenv("ENVSPEC_CACHE", env["ENVSPEC_CACHE"])
     case = "no-pin-keeps-newest-torch"
     sources = offline_sources(CASES / case, tmp_path)
-    resolve_python(choose(load_spec(CASES / case / "spec.toml"), load_db()), sources, workdir=tmp_path / "w")
+    resolve_python(
+        choose(load_spec(CASES / case / "spec.toml"), load_db()), sources, workdir=tmp_path / "w"
+    )
     markers = list((tmp_path / "cache" / "index-reads").iterdir())
-    assert len(markers) == 1  # one set of indexes and requirements, read online once in that resolution
+    assert (
+        len(markers) == 1
+    )  # one set of indexes and requirements, read online once in that resolution
     idx = (tmp_path / "w" / "uv-indexes-read").read_text()
-    assert markers[0] == _index_read_marker(idx + "\n--\naccelerate", env)  # another spec's packages: another marker
-    assert _is_fresh(markers[0], env) and _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "60"})
+    assert markers[0] == _index_read_marker(
+        idx + "\n--\naccelerate", env
+    )  # another spec's packages: another marker
+    assert _is_fresh(markers[0], env) and _is_fresh(
+        markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "60"}
+    )
     assert not _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "0"})  # online at every lock
     old = time.time() - 601
     os.utime(markers[0], (old, old))
@@ -351,18 +484,26 @@ def test_lock_and_explain_say_which_packages_are_built_from_source(tmp_path, mon
     assert main(["lock", str(spec), "-o", str(out), "--json"]) == 0
     said = json.loads(capsys.readouterr().out)
     [f] = said["from_source"]
-    assert (f["name"], f["version"], f["sdist"], f["build"]) == ("deepspeed", "0.19.8", "deepspeed-0.19.8.tar.gz",
-                                                                 ["setuptools 80.9.0"])
+    assert (f["name"], f["version"], f["sdist"], f["build"]) == (
+        "deepspeed",
+        "0.19.8",
+        "deepspeed-0.19.8.tar.gz",
+        ["setuptools 80.9.0"],
+    )
     assert said["held_back"] == []  # taken at its newest release: nothing held back
     pin = next(w for w in lockmod.load(out).wheels if w.name == "deepspeed")
     assert pin.source is not None and pin.source.key == f["key"] and lockmod.load(out).revision == 4
     out.unlink()
     assert main(["lock", str(spec), "-o", str(out)]) == 0
-    assert "from source: deepspeed 0.19.8 (deepspeed-0.19.8.tar.gz; setuptools.build_meta:__legacy__ with setuptools 80.9.0)" \
-        in " ".join(capsys.readouterr().err.split())  # as printed, wrapped to the terminal
+    assert (
+        "from source: deepspeed 0.19.8 (deepspeed-0.19.8.tar.gz; setuptools.build_meta:__legacy__ with setuptools 80.9.0)"
+        in " ".join(capsys.readouterr().err.split())
+    )  # as printed, wrapped to the terminal
     assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0
     capsys.readouterr()
     assert main(["explain", str(spec), "--packages", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["from_source"] == ["deepspeed"]
     assert main(["explain", str(spec), "--packages"]) == 0
-    assert "`envspec build` builds each from its sdist): deepspeed" in " ".join(capsys.readouterr().out.split())
+    assert "`envspec build` builds each from its sdist): deepspeed" in " ".join(
+        capsys.readouterr().out.split()
+    )

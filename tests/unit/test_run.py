@@ -26,8 +26,14 @@ REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
 def _lock() -> Lockfile:
     """The golden diff's new lock, with Jupyter and SSH enabled (a GPU lock: cu130)."""
     lk = load(GOLDEN / "diff" / "new.lock")
-    return lk.model_copy(update={"services": Services(jupyter=Jupyter(enabled=True, port=8888),
-                                                      ssh=Ssh(enabled=True, port=2222, authorized_keys=""))})
+    return lk.model_copy(
+        update={
+            "services": Services(
+                jupyter=Jupyter(enabled=True, port=8888),
+                ssh=Ssh(enabled=True, port=2222, authorized_keys=""),
+            )
+        }
+    )
 
 
 def _tools(*names: str) -> dict[str, Tool]:
@@ -37,25 +43,61 @@ def _tools(*names: str) -> dict[str, Tool]:
 # This project's Debian 12 machines: rootful podman, hybrid cgroups, no crun, no systemd, no
 # CAP_SYS_RESOURCE, nofile hard limit 20000, no GPU.
 DEBIAN_HYBRID = Host(
-    tools=_tools("podman", "runc", "slirp4netns"), cgroup="hybrid", systemd=False, euid=0,
+    tools=_tools("podman", "runc", "slirp4netns"),
+    cgroup="hybrid",
+    systemd=False,
+    euid=0,
     cap_sys_resource=False,
-    rlimits={"nofile": (20000, 20000), "nproc": (96365, 96365), "memlock": (8388608, 8388608), "stack": (-1, -1)},
-    cwd="/srv/project", cwd_uid=1000, podman_init=False, host_init="/usr/bin/tini", pid_max=32768,
+    rlimits={
+        "nofile": (20000, 20000),
+        "nproc": (96365, 96365),
+        "memlock": (8388608, 8388608),
+        "stack": (-1, -1),
+    },
+    cwd="/srv/project",
+    cwd_uid=1000,
+    podman_init=False,
+    host_init="/usr/bin/tini",
+    pid_max=32768,
     bridge_conflict="cni-podman0",
 )
 # A GPU workstation: rootless podman on cgroup v2 with a CDI spec, a token in the environment.
 PODMAN_CDI = Host(
-    tools=_tools("podman", "docker", "crun", "runc", "slirp4netns", "nvidia-ctk"), docker="daemon",
-    cdi_gpu_specs=("/etc/cdi/nvidia.yaml",), cgroup="v2", systemd=True, euid=1000, cap_sys_resource=False,
-    rlimits={"nofile": (1024, 524288), "nproc": (1028000, 1028000), "memlock": (-1, -1), "stack": (-1, -1)},
-    cwd="/home/ada/project", cwd_uid=1000, tty=True, driver_version="580.95.05",
+    tools=_tools("podman", "docker", "crun", "runc", "slirp4netns", "nvidia-ctk"),
+    docker="daemon",
+    cdi_gpu_specs=("/etc/cdi/nvidia.yaml",),
+    cgroup="v2",
+    systemd=True,
+    euid=1000,
+    cap_sys_resource=False,
+    rlimits={
+        "nofile": (1024, 524288),
+        "nproc": (1028000, 1028000),
+        "memlock": (-1, -1),
+        "stack": (-1, -1),
+    },
+    cwd="/home/ada/project",
+    cwd_uid=1000,
+    tty=True,
+    driver_version="580.95.05",
     env_names=frozenset({"ENVSPEC_VERIFY", "JUPYTER_TOKEN", "HOME", "PATH"}),
 )
 # A docker host with the NVIDIA container toolkit.
 DOCKER = Host(
-    tools=_tools("docker", "runc", "nvidia-container-toolkit"), docker="daemon", cgroup="v2", systemd=True,
-    rlimits={"nofile": (1048576, 1048576), "nproc": (-1, -1), "memlock": (-1, -1), "stack": (-1, -1)},
-    cwd="/home/ada/my project", cwd_uid=1000, tty=True, driver_version="580.95.05",
+    tools=_tools("docker", "runc", "nvidia-container-toolkit"),
+    docker="daemon",
+    cgroup="v2",
+    systemd=True,
+    rlimits={
+        "nofile": (1048576, 1048576),
+        "nproc": (-1, -1),
+        "memlock": (-1, -1),
+        "stack": (-1, -1),
+    },
+    cwd="/home/ada/my project",
+    cwd_uid=1000,
+    tty=True,
+    driver_version="580.95.05",
 )
 
 CASES = {
@@ -97,11 +139,15 @@ def test_debian_hybrid_quirks():
 
 def test_gpu_flags():
     assert "nvidia.com/gpu=all" in plan_run(_lock(), host=PODMAN_CDI).argv
-    p = plan_run(_lock(), host=DEBIAN_HYBRID)  # no NVIDIA driver: nothing to pass through, no warning
+    p = plan_run(
+        _lock(), host=DEBIAN_HYBRID
+    )  # no NVIDIA driver: nothing to pass through, no warning
     assert "--device" not in p.argv and not any("CDI" in w or "GPU" in w for w in p.warnings)
     assert any("no NVIDIA driver on this machine" in n for n in p.notes)
     assert any("memlock" in n for n in p.notes) and not any("memlock" in w for w in p.warnings)
-    gpu_host = replace(DEBIAN_HYBRID, driver_version="580.95.05")  # a driver but no CDI spec: a warning
+    gpu_host = replace(
+        DEBIAN_HYBRID, driver_version="580.95.05"
+    )  # a driver but no CDI spec: a warning
     p = plan_run(_lock(), host=gpu_host)
     assert any("no CDI spec" in w for w in p.warnings) and any("memlock" in w for w in p.warnings)
     d = plan_run(_lock(), host=DOCKER).argv
@@ -116,9 +162,12 @@ def test_gpu_flags():
 def test_secrets_never_in_argv():
     command = plan_run(_lock(), host=PODMAN_CDI)
     assert "s3cret" not in command.shell()
-    assert ["-e", "JUPYTER_TOKEN"] == command.argv[command.argv.index("JUPYTER_TOKEN") - 1:
-                                                   command.argv.index("JUPYTER_TOKEN") + 1]
-    assert "s3cret" not in repr(detect_host(env={"JUPYTER_TOKEN": "s3cret", "PATH": ""}, ask=()))  # names only
+    assert ["-e", "JUPYTER_TOKEN"] == command.argv[
+        command.argv.index("JUPYTER_TOKEN") - 1 : command.argv.index("JUPYTER_TOKEN") + 1
+    ]
+    assert "s3cret" not in repr(
+        detect_host(env={"JUPYTER_TOKEN": "s3cret", "PATH": ""}, ask=())
+    )  # names only
 
 
 def test_bind_elsewhere_warns():
@@ -130,10 +179,15 @@ def test_bind_elsewhere_warns():
 def test_no_init_in_image():
     lk = _lock()
     assert lk.debian is not None
-    debian = lk.debian.model_copy(update={"packages": [p for p in lk.debian.packages if p.name != "tini"]})
+    debian = lk.debian.model_copy(
+        update={"packages": [p for p in lk.debian.packages if p.name != "tini"]}
+    )
     lock = lk.replace_part(debian=debian)
     argv = plan_run(lock, host=DEBIAN_HYBRID).argv
-    assert argv[argv.index("--init") + 1:argv.index("--init") + 3] == ["--init-path", "/usr/bin/tini"]
+    assert argv[argv.index("--init") + 1 : argv.index("--init") + 3] == [
+        "--init-path",
+        "/usr/bin/tini",
+    ]
     assert "--init" in plan_run(lock, host=DOCKER).argv
 
 
@@ -147,7 +201,9 @@ def test_root_dir_not_mounted_and_selinux_label():
 def test_no_engine():
     with pytest.raises(HostError):
         plan_run(_lock(), host=replace(DEBIAN_HYBRID, tools={}, docker=""))
-    with pytest.raises(HostError):  # a docker client without a daemon, or podman's shim, is no engine
+    with pytest.raises(
+        HostError
+    ):  # a docker client without a daemon, or podman's shim, is no engine
         plan_run(_lock(), host=replace(DEBIAN_HYBRID, tools=_tools("docker"), docker="client"))
     with pytest.raises(UsageError):
         plan_run(_lock(), host=DEBIAN_HYBRID, engine="lxc")
@@ -166,7 +222,11 @@ def test_image_target_and_missing_files(tmp_path):
 def test_lock_and_spec_targets(tmp_path, monkeypatch):
     lockfile = GOLDEN / "diff" / "new.lock"
     t = resolve_runnable(str(lockfile))
-    assert t.lock is not None and t.image == t.lock.image_tag and t.image.startswith("localhost/envspec/h100-train:")
+    assert (
+        t.lock is not None
+        and t.image == t.lock.image_tag
+        and t.image.startswith("localhost/envspec/h100-train:")
+    )
     spec = tmp_path / "specs" / "s.toml"
     spec.parent.mkdir()
     spec.write_text('name = "h100-train"\n[python]\nversion = "3.11"\n')
@@ -180,22 +240,37 @@ def test_lock_and_spec_targets(tmp_path, monkeypatch):
     assert t.image.startswith("localhost/envspec/h100-train:")
     assert t.warnings and "out of date" in t.warnings[0]  # the spec is not the one locked
     with pytest.raises(UsageError) as e:  # a lock without a content hash names no image
-        resolve_runnable(_lock().model_copy(update={"meta": _lock().meta.model_copy(update={"content_hash": ""})}))
+        resolve_runnable(
+            _lock().model_copy(
+                update={"meta": _lock().meta.model_copy(update={"content_hash": ""})}
+            )
+        )
     assert e.value.reference == "invalid-lock"
 
 
 def test_podman_args_are_what_plan_run_gives():
     glob, run = podman_args(DEBIAN_HYBRID)
     assert glob == ["--cgroup-manager", "cgroupfs"]
-    assert run == ["--runtime", "runc", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
+    assert run == [
+        "--runtime",
+        "runc",
+        "--ulimit",
+        "nofile=20000:20000",
+        "--ulimit",
+        "nproc=32768:32768",
+    ]
     argv = plan_run(Runnable("docker.io/library/debian:bookworm"), host=DEBIAN_HYBRID).argv
     assert argv[1:3] == glob and all(a in argv for a in run)
 
 
 def _envspec_images() -> list[str]:
     try:
-        out = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
-                             text=True, timeout=60).stdout
+        out = subprocess.run(
+            ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [ln for ln in out.split() if ln.startswith("localhost/envspec/")]
@@ -213,12 +288,21 @@ def test_real_podman_run():
     if not images:
         pytest.skip("no localhost/envspec/* image in containers-storage")
     host = detect_host(ask=())
-    command = plan_run(Runnable(images[0], None, source="image"), ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
-                       host=replace(host, tty=False), engine="podman")
+    command = plan_run(
+        Runnable(images[0], None, source="image"),
+        ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
+        host=replace(host, tty=False),
+        engine="podman",
+    )
     argv = [a for a in command.argv if a != "-i"]
     env = {**os.environ, "ENVSPEC_VERIFY": "off"}
-    cp = subprocess.run(argv[:argv.index(images[0])] + ["-e", "ENVSPEC_VERIFY"] + argv[argv.index(images[0]):],
-                        capture_output=True, text=True, timeout=300, env=env)
+    cp = subprocess.run(
+        argv[: argv.index(images[0])] + ["-e", "ENVSPEC_VERIFY"] + argv[argv.index(images[0]) :],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert cp.returncode == 0, cp.stderr
     assert "envspec-run-ok" in cp.stdout
 
@@ -250,7 +334,9 @@ def test_a_command_publishes_no_service_port_unless_asked():
     c = plan_run(_lock(), cmd, host=asked, host_ports={8888: 18888})
     assert "127.0.0.1:18888:8888" in c.argv and "127.0.0.1:2222:2222" in c.argv
     i = c.argv.index("ENVSPEC_SERVICES")
-    assert c.argv[i - 1] == "-e" and i < c.argv.index(c.image)  # the name only, the value stays here
+    assert c.argv[i - 1] == "-e" and i < c.argv.index(
+        c.image
+    )  # the name only, the value stays here
     assert "-p" in plan_run(_lock(), host=DEBIAN_HYBRID).argv  # no command: the services start
 
 
@@ -262,7 +348,9 @@ def test_bridge_conflict():
     p = plan_run(_lock(), host=DEBIAN_HYBRID)
     assert p.argv[p.argv.index("--network") + 1] == "slirp4netns"
     assert any("ip link delete cni-podman0" in w for w in p.warnings)
-    assert "--network" not in plan_run(_lock(), host=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
+    assert (
+        "--network" not in plan_run(_lock(), host=replace(DEBIAN_HYBRID, bridge_conflict="")).argv
+    )
 
 
 def test_image_override_keeps_the_lock_settings():
@@ -278,16 +366,30 @@ def test_docker_is_checked_before_it_runs_naming_the_daemon_and_the_step():
     from envspec.run import RunCommand, check_engine_ready, start_failed
 
     base = Host(tools={"docker": Tool("/usr/bin/docker")})
-    with pytest.raises(HostError, match=r"no daemon socket at unix:///var/run/docker.sock \(step: connect") as e:
+    with pytest.raises(
+        HostError, match=r"no daemon socket at unix:///var/run/docker.sock \(step: connect"
+    ) as e:
         check_engine_ready(replace(base, docker="client"), "docker")
     with pytest.raises(HostError, match=r"no daemon socket at unix:///srv/d.sock \(step: connect"):
-        check_engine_ready(replace(base, docker="client", docker_host="unix:///srv/d.sock"), "docker")
+        check_engine_ready(
+            replace(base, docker="client", docker_host="unix:///srv/d.sock"), "docker"
+        )
     assert e.value.reference == "docker-unreachable" and e.value.exit_code == 5
-    gone = DockerDaemon("unix:///srv/d.sock", error="Cannot connect to the Docker daemon at unix:///srv/d.sock.")
-    with pytest.raises(HostError, match=r"daemon at unix:///srv/d.sock did not answer .*Cannot connect"):
+    gone = DockerDaemon(
+        "unix:///srv/d.sock", error="Cannot connect to the Docker daemon at unix:///srv/d.sock."
+    )
+    with pytest.raises(
+        HostError, match=r"daemon at unix:///srv/d.sock did not answer .*Cannot connect"
+    ):
         check_engine_ready(replace(base, docker="daemon", docker_daemon=gone), "docker")
-    check_engine_ready(replace(base, docker="daemon", docker_daemon=DockerDaemon("unix:///srv/d.sock",
-                                                                                 version="20.10.24")), "docker")
+    check_engine_ready(
+        replace(
+            base,
+            docker="daemon",
+            docker_daemon=DockerDaemon("unix:///srv/d.sock", version="20.10.24"),
+        ),
+        "docker",
+    )
     check_engine_ready(base, "podman")  # podman has no daemon to ask
     err = start_failed(RunCommand(["docker", "run", "x"], engine="docker", image="x"), 125)
     assert "docker run could not start the container of x (step: start the container" in err.message
@@ -301,19 +403,29 @@ def test_an_envspec_image_docker_does_not_have_is_an_error_before_docker_run():
 
     host = Host(tools={"docker": Tool("/usr/bin/docker")}, docker="daemon")
     cmd = plan_run(_lock(), host=host, engine="docker", mount_cwd=False)
-    assert cmd.load_hint and cmd.load_hint in cmd.warnings and cmd.image.startswith("localhost/envspec/")
+    assert (
+        cmd.load_hint
+        and cmd.load_hint in cmd.warnings
+        and cmd.image.startswith("localhost/envspec/")
+    )
     asked: list[list[str]] = []
 
     def missing(argv):
         asked.append(list(argv))
         return 1, "", f"Error: No such image: {cmd.image}"
 
-    with pytest.raises(HostError, match=r"docker's daemon has no image localhost/envspec/.*No such image") as e:
+    with pytest.raises(
+        HostError, match=r"docker's daemon has no image localhost/envspec/.*No such image"
+    ) as e:
         check_docker_image(cmd, run=missing)
     assert e.value.reference == "docker-image-missing" and e.value.exit_code == 5
-    assert "docker load" in e.value.hint and asked == [["docker", "image", "inspect", "--format", "{{.Id}}", cmd.image]]
+    assert "docker load" in e.value.hint and asked == [
+        ["docker", "image", "inspect", "--format", "{{.Id}}", cmd.image]
+    ]
     check_docker_image(cmd, run=lambda argv: (0, "sha256:ab\n", ""))  # there: nothing to say
-    other = plan_run(Runnable("docker.io/library/debian:bookworm"), host=host, engine="docker", mount_cwd=False)
+    other = plan_run(
+        Runnable("docker.io/library/debian:bookworm"), host=host, engine="docker", mount_cwd=False
+    )
     check_docker_image(other, run=missing)  # not envspec's image: docker pulls it as usual
     assert len(asked) == 1
 
@@ -323,14 +435,22 @@ def test_podman_runs_that_envspec_waits_for_keep_their_exit_code():
     podman run goes without --rm, under a name, and is removed after; the rest keep --rm."""
     from envspec.run import attached
 
-    cmd = plan_run(_lock(), ["python", "train.py", "--name", "not-podmans"], host=DEBIAN_HYBRID, mount_cwd=False)
+    cmd = plan_run(
+        _lock(),
+        ["python", "train.py", "--name", "not-podmans"],
+        host=DEBIAN_HYBRID,
+        mount_cwd=False,
+    )
     assert "--rm" in cmd.argv  # --print and --json show the plain command
     argv, remove = attached(cmd, "123-abcdef")
-    assert "--rm" not in argv and argv[-4:] == [cmd.image, "python", "train.py", "--name", "not-podmans"][-4:]
+    assert (
+        "--rm" not in argv
+        and argv[-4:] == [cmd.image, "python", "train.py", "--name", "not-podmans"][-4:]
+    )
     at = argv.index("run")
-    assert argv[at + 1:at + 3] == ["--name", "envspec-run-123-abcdef"]
+    assert argv[at + 1 : at + 3] == ["--name", "envspec-run-123-abcdef"]
     assert remove == [*argv[:at], "rm", "--force", "--ignore", "envspec-run-123-abcdef"]
-    assert argv[:at] == cmd.argv[:cmd.argv.index("run")]  # the same storage and cgroup options
+    assert argv[:at] == cmd.argv[: cmd.argv.index("run")]  # the same storage and cgroup options
     named = plan_run(_lock(), host=DEBIAN_HYBRID, name="mine", mount_cwd=False)
     argv, remove = attached(named, "x")
     assert argv.count("--name") == 1 and remove[-1] == "mine"
@@ -344,9 +464,15 @@ def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
     host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
     argv = plan_run(lock, host=host, engine="docker", mount_cwd=False).argv
-    assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(argv)  # no podman defaults
-    remote = replace(host, docker_host="tcp://10.0.0.2:2376")  # another machine's limits: not ours to cap
-    assert "memlock=-1:-1" in " ".join(plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv)
+    assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(
+        argv
+    )  # no podman defaults
+    remote = replace(
+        host, docker_host="tcp://10.0.0.2:2376"
+    )  # another machine's limits: not ours to cap
+    assert "memlock=-1:-1" in " ".join(
+        plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv
+    )
 
 
 def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
@@ -355,27 +481,48 @@ def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
     lock = load(GOLDEN / "diff" / "new.lock")  # a GPU lock
     bare = replace(DOCKER, tools=_tools("docker", "runc"))
     cmd = plan_run(lock, host=bare, engine="docker")
-    assert "--gpus" not in cmd.argv  # the daemon would refuse it: could not select device driver "" ...
+    assert (
+        "--gpus" not in cmd.argv
+    )  # the daemon would refuse it: could not select device driver "" ...
     assert any("the container gets no GPU" in w for w in cmd.warnings)
-    nvidia = DockerDaemon("unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc"))
-    assert "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
-    assert "--gpus" in plan_run(lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker").argv
+    nvidia = DockerDaemon(
+        "unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc")
+    )
+    assert (
+        "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
+    )
+    assert (
+        "--gpus"
+        in plan_run(
+            lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker"
+        ).argv
+    )
 
 
 def test_start_lines_name_the_services_their_addresses_and_a_command(tmp_path):
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "smoke.lock")
     plain = start_lines("specs/smoke.toml", lock)
-    assert plain[0] == "start a shell in it: envspec run specs/smoke.toml" and "no services" in plain[1]
+    assert (
+        plain[0] == "start a shell in it: envspec run specs/smoke.toml"
+        and "no services" in plain[1]
+    )
     assert "envspec run specs/smoke.toml -- python train.py" in "\n".join(plain)
-    with_services = lock.model_copy(update={"services": Services(jupyter=Jupyter(port=8888), ssh=Ssh(port=2222))})
+    with_services = lock.model_copy(
+        update={"services": Services(jupyter=Jupyter(port=8888), ssh=Ssh(port=2222))}
+    )
     lines = start_lines("lockfiles/x.lock", with_services, image="registry.example/x@sha256:ab")
-    assert lines[0] == ("start it with JupyterLab and SSH: envspec run lockfiles/x.lock --image "
-                        "registry.example/x@sha256:ab")
+    assert lines[0] == (
+        "start it with JupyterLab and SSH: envspec run lockfiles/x.lock --image "
+        "registry.example/x@sha256:ab"
+    )
     assert any("http://127.0.0.1:8888/lab" in ln for ln in lines)
     assert any(f"ssh -p 2222 {lock.runtime.user}@127.0.0.1" in ln for ln in lines)
     # the same addresses `envspec run` prints when it starts them
-    notes = [n for n in plan_run(Runnable.of_lock(with_services), [], host=DEBIAN_HYBRID).notes
-             if n.startswith(("Jupyter", "SSH"))]
+    notes = [
+        n
+        for n in plan_run(Runnable.of_lock(with_services), [], host=DEBIAN_HYBRID).notes
+        if n.startswith(("Jupyter", "SSH"))
+    ]
     assert all(any(n in ln for ln in lines) for n in notes) and notes
 
 
@@ -392,13 +539,16 @@ def test_an_envspec_image_the_store_does_not_have_is_an_error_before_podman_run(
         def run(argv):
             asked.append(list(argv))
             return rc, "", ""
+
         return run
 
-    with pytest.raises(HostError, match=r"the image localhost/envspec/.* is not in this store") as e:
+    with pytest.raises(
+        HostError, match=r"the image localhost/envspec/.* is not in this store"
+    ) as e:
         check_podman_image(cmd, source="specs/x.toml", run=answer(1))
     assert e.value.reference == "image-not-built" and e.value.exit_code == 5
     assert "envspec build specs/x.toml" in e.value.hint
-    head = cmd.argv[:cmd.argv.index("run")]
+    head = cmd.argv[: cmd.argv.index("run")]
     assert asked == [[*head, "image", "exists", cmd.image]]
     check_podman_image(cmd, run=answer(0))  # there
     check_podman_image(cmd, run=answer(125))  # podman's own trouble: podman run says it

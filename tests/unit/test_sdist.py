@@ -14,10 +14,16 @@ import pytest
 from envspec.errors import SourceBuildError
 from envspec.wheels import sdist as sd
 
-BASE = sd.Derivation(sd.Pin("pkg", "1.0", "pkg-1.0.tar.gz", "a" * 64),
-                     (sd.Pin("setuptools", "80.9.0", "setuptools-80.9.0-py3-none-any.whl", "b" * 64),
-                      sd.Pin("wheel", "0.45.1", "wheel-0.45.1-py3-none-any.whl", "c" * 64)),
-                     "3.11", "manylinux_2_36_x86_64", compiler="gcc 12.2.0")
+BASE = sd.Derivation(
+    sd.Pin("pkg", "1.0", "pkg-1.0.tar.gz", "a" * 64),
+    (
+        sd.Pin("setuptools", "80.9.0", "setuptools-80.9.0-py3-none-any.whl", "b" * 64),
+        sd.Pin("wheel", "0.45.1", "wheel-0.45.1-py3-none-any.whl", "c" * 64),
+    ),
+    "3.11",
+    "manylinux_2_36_x86_64",
+    compiler="gcc 12.2.0",
+)
 
 
 def _tar(path: Path, files: dict[str, str]) -> Path:
@@ -35,34 +41,63 @@ def test_every_input_names_the_output_and_nothing_else_does():
     assert key.startswith("sha256:") and len(key) == 71
     reordered = dataclasses.replace(BASE, build_requires=tuple(reversed(BASE.build_requires)))
     assert reordered.key == key  # the order requirements are listed in is not an input
-    for change in ({"sdist": dataclasses.replace(BASE.sdist, sha256="d" * 64)},
-                   {"build_requires": BASE.build_requires[:1]},
-                   {"python": "3.12"}, {"platform": "manylinux_2_36_aarch64"}, {"compiler": "gcc 14.2.0"},
-                   {"epoch": 1}, {"extra": (("torch", "e" * 64),)}):
+    for change in (
+        {"sdist": dataclasses.replace(BASE.sdist, sha256="d" * 64)},
+        {"build_requires": BASE.build_requires[:1]},
+        {"python": "3.12"},
+        {"platform": "manylinux_2_36_aarch64"},
+        {"compiler": "gcc 14.2.0"},
+        {"epoch": 1},
+        {"extra": (("torch", "e" * 64),)},
+    ):
         assert dataclasses.replace(BASE, **change).key != key, change
 
 
 def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path):
-    modern = _tar(tmp_path / "a-1.tar.gz", {"a-1/pyproject.toml": '[build-system]\nrequires = ["hatchling>=1.2"]\n'
-                                                                  'build-backend = "hatchling.build"\n',
-                                            "a-1/PKG-INFO": ""})
+    modern = _tar(
+        tmp_path / "a-1.tar.gz",
+        {
+            "a-1/pyproject.toml": '[build-system]\nrequires = ["hatchling>=1.2"]\n'
+            'build-backend = "hatchling.build"\n',
+            "a-1/PKG-INFO": "",
+        },
+    )
     assert sd.build_system(modern) == (["hatchling>=1.2"], "hatchling.build")
     legacy = _tar(tmp_path / "b-1.tar.gz", {"b-1/setup.py": "", "b-1/PKG-INFO": ""})
     assert sd.build_system(legacy) == (["setuptools>=40.8.0"], "setuptools.build_meta:__legacy__")
-    no_table = _tar(tmp_path / "c-1.tar.gz", {"c-1/pyproject.toml": "[tool.black]\n", "c-1/setup.py": ""})
+    no_table = _tar(
+        tmp_path / "c-1.tar.gz", {"c-1/pyproject.toml": "[tool.black]\n", "c-1/setup.py": ""}
+    )
     assert sd.build_system(no_table)[1] == "setuptools.build_meta:__legacy__"
     # a legacy setup.py's unconditional imports of what it builds against (flash-attn's): build inputs;
     # an import in a try (deepspeed's optional torch), a local module or the standard library: not
-    imports = _tar(tmp_path / "f-1.tar.gz", {"f-1/setup.py": (
-        "import os, sys\nfrom packaging.version import Version\nimport torch.utils.cpp_extension\n"
-        "from torch.utils import cpp_extension\nfrom wheel.bdist_wheel import bdist_wheel\nimport op_builder\n"
-        "try:\n    import numpy\nexcept ImportError:\n    pass\n"), "f-1/PKG-INFO": ""})
-    assert sd.build_system(imports) == (["setuptools>=40.8.0", "packaging", "torch", "wheel"],
-                                        "setuptools.build_meta:__legacy__")
-    broken = _tar(tmp_path / "g-1.tar.gz", {"g-1/setup.py": "import torch\nthis is not python(", "g-1/PKG-INFO": ""})
+    imports = _tar(
+        tmp_path / "f-1.tar.gz",
+        {
+            "f-1/setup.py": (
+                "import os, sys\nfrom packaging.version import Version\nimport torch.utils.cpp_extension\n"
+                "from torch.utils import cpp_extension\nfrom wheel.bdist_wheel import bdist_wheel\nimport op_builder\n"
+                "try:\n    import numpy\nexcept ImportError:\n    pass\n"
+            ),
+            "f-1/PKG-INFO": "",
+        },
+    )
+    assert sd.build_system(imports) == (
+        ["setuptools>=40.8.0", "packaging", "torch", "wheel"],
+        "setuptools.build_meta:__legacy__",
+    )
+    broken = _tar(
+        tmp_path / "g-1.tar.gz",
+        {"g-1/setup.py": "import torch\nthis is not python(", "g-1/PKG-INFO": ""},
+    )
     assert sd.build_system(broken)[0] == ["setuptools>=40.8.0"]
-    declared = _tar(tmp_path / "h-1.tar.gz", {"h-1/pyproject.toml": '[build-system]\nrequires = ["setuptools"]\n',
-                                              "h-1/setup.py": "import torch\n"})
+    declared = _tar(
+        tmp_path / "h-1.tar.gz",
+        {
+            "h-1/pyproject.toml": '[build-system]\nrequires = ["setuptools"]\n',
+            "h-1/setup.py": "import torch\n",
+        },
+    )
     assert sd.build_system(declared)[0] == ["setuptools"]  # declared: taken as declared
     two = _tar(tmp_path / "d-1.tar.gz", {"d-1/setup.py": "", "e-1/setup.py": ""})
     with pytest.raises(SourceBuildError, match="one top folder"):
@@ -100,14 +135,40 @@ def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monke
     ds = next(w for w in done.wheels if w.name == "deepspeed")
     src = ds.source
     assert (src.backend, src.requires) == ("setuptools.build_meta:__legacy__", ("setuptools",))
-    assert [(b.name, b.version) for b in src.build] == [("setuptools", "81.0.0")] and src.build[0].filename.endswith(".whl")
-    assert (src.python, src.compiler) == ("3.11", "")  # no Debian base: the spec's Python, no compiler pinned
-    assert src.key == sd.derivation(ds, list(src.build), python="3.11", platform=choice.platform_tag, compiler="").key
+    assert [(b.name, b.version) for b in src.build] == [("setuptools", "81.0.0")] and src.build[
+        0
+    ].filename.endswith(".whl")
+    assert (src.python, src.compiler) == (
+        "3.11",
+        "",
+    )  # no Debian base: the spec's Python, no compiler pinned
+    assert (
+        src.key
+        == sd.derivation(
+            ds, list(src.build), python="3.11", platform=choice.platform_tag, compiler=""
+        ).key
+    )
     # a package the lock pins too is built with the lock's version of it
-    pinned = dataclasses.replace(res, wheels=res.wheels + [dataclasses.replace(
-        src.build[0], version="80.9.0", filename="setuptools-80.9.0-py3-none-any.whl", group="deps")])
-    again = next(w for w in sd.pin_inputs(pinned, sources, cache, workdir=tmp_path / "w2").wheels if w.name == "deepspeed")
-    assert [(b.name, b.version) for b in again.source.build] == [("setuptools", "80.9.0")] and again.source.key != src.key
+    pinned = dataclasses.replace(
+        res,
+        wheels=res.wheels
+        + [
+            dataclasses.replace(
+                src.build[0],
+                version="80.9.0",
+                filename="setuptools-80.9.0-py3-none-any.whl",
+                group="deps",
+            )
+        ],
+    )
+    again = next(
+        w
+        for w in sd.pin_inputs(pinned, sources, cache, workdir=tmp_path / "w2").wheels
+        if w.name == "deepspeed"
+    )
+    assert [(b.name, b.version) for b in again.source.build] == [
+        ("setuptools", "80.9.0")
+    ] and again.source.key != src.key
 
     lock = lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")
     assert lock.revision == 4
@@ -115,15 +176,22 @@ def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monke
     assert "[wheels.source]" in text and "[[wheels.source.build]]" in text
     back = lockmod.loads(text)
     pin = next(w for w in back.wheels if w.name == "deepspeed")
-    assert pin.built and pin.source.key == src.key and pin.source.build[0].sha256 == src.build[0].sha256
+    assert (
+        pin.built
+        and pin.source.key == src.key
+        and pin.source.build[0].sha256 == src.build[0].sha256
+    )
     assert not next(w for w in back.wheels if w.name == "torch").built
 
 
 def test_compiler_of_a_lock_is_its_debian_gcc():
     from types import SimpleNamespace as NS
 
-    debs = [NS(name="gcc", version="4:12.2.0-3"), NS(name="gcc-12", version="12.2.0-14+deb12u1"),
-            NS(name="libgcc-12-dev", version="12.2.0-14+deb12u1")]
+    debs = [
+        NS(name="gcc", version="4:12.2.0-3"),
+        NS(name="gcc-12", version="12.2.0-14+deb12u1"),
+        NS(name="libgcc-12-dev", version="12.2.0-14+deb12u1"),
+    ]
     assert sd.compiler_of(debs) == "gcc-12 12.2.0-14+deb12u1"
     assert sd.compiler_of([NS(name="bash", version="5.2")]) == ""
 
@@ -143,9 +211,14 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     case = CASES / "newest-release-sdist-only-is-built"
     sources = offline_sources(case, tmp_path)
     index = tmp_path / "index"
-    _tar(index / "cuext-1.0.tar.gz", {"cuext-1.0/PKG-INFO": "Metadata-Version: 2.2\nName: cuext\nVersion: 1.0\nRequires-Dist: torch\n",
-                                      "cuext-1.0/pyproject.toml": '[build-system]\nrequires = ["setuptools", "torch"]\n'
-                                                                  'build-backend = "setuptools.build_meta"\n'})
+    _tar(
+        index / "cuext-1.0.tar.gz",
+        {
+            "cuext-1.0/PKG-INFO": "Metadata-Version: 2.2\nName: cuext\nVersion: 1.0\nRequires-Dist: torch\n",
+            "cuext-1.0/pyproject.toml": '[build-system]\nrequires = ["setuptools", "torch"]\n'
+            'build-backend = "setuptools.build_meta"\n',
+        },
+    )
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text((case / "spec.toml").read_text().replace('["deepspeed"]', '["cuext"]'))
     choice = choose(load_spec(spec_path), load_db())
@@ -160,21 +233,47 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     done = sd.pin_inputs(res, sources, Cache(tmp_path / "cache"), workdir=tmp_path / "w")
     src = next(w for w in done.wheels if w.name == "cuext").source
     assert sorted(b.name for b in src.toolkit) == sorted(sd.TOOLKIT_WHEELS[major])
-    assert {b.version for b in src.toolkit} == {f"{major}.{minor}.7"}  # the lock's CUDA, not the newest
-    assert [b.name for b in src.build] == ["ninja", "setuptools", "torch"] and src.requires[-1] == "ninja" and src.arch_list == tuple(f"sm_{cc.replace('.', '')}" for cc in choice.compute_capabilities) == ("sm_90",)
-    assert src.key != sd.derivation(next(w for w in done.wheels if w.name == "cuext"), list(src.build),
-                                    python=src.python, platform=choice.platform_tag, compiler="").key
-    lock = lockmod.loads(lockmod.dumps(lockmod.from_resolution(done, spec_path="spec.toml", db_version="t")))
+    assert {b.version for b in src.toolkit} == {
+        f"{major}.{minor}.7"
+    }  # the lock's CUDA, not the newest
+    assert (
+        [b.name for b in src.build] == ["ninja", "setuptools", "torch"]
+        and src.requires[-1] == "ninja"
+        and src.arch_list
+        == tuple(f"sm_{cc.replace('.', '')}" for cc in choice.compute_capabilities)
+        == ("sm_90",)
+    )
+    assert (
+        src.key
+        != sd.derivation(
+            next(w for w in done.wheels if w.name == "cuext"),
+            list(src.build),
+            python=src.python,
+            platform=choice.platform_tag,
+            compiler="",
+        ).key
+    )
+    lock = lockmod.loads(
+        lockmod.dumps(lockmod.from_resolution(done, spec_path="spec.toml", db_version="t"))
+    )
     pin = next(w for w in lock.wheels if w.name == "cuext")
-    assert [b.name for b in pin.source.toolkit] == [b.name for b in src.toolkit] and pin.source.arch_list == list(src.arch_list)
-    assert sd.derivation_of(pin, lock.platform).key == src.key  # the build computes the key the lock recorded
+    assert [b.name for b in pin.source.toolkit] == [
+        b.name for b in src.toolkit
+    ] and pin.source.arch_list == list(src.arch_list)
+    assert (
+        sd.derivation_of(pin, lock.platform).key == src.key
+    )  # the build computes the key the lock recorded
     # a CUDA with no compiler on the indexes (CUDA 12: nvidia-cuda-nvcc-cu12 has ptxas alone): said at lock time
     from envspec.errors import ResolutionImpossible
 
     monkeypatch.setattr(sd, "TOOLKIT_WHEELS", {})
     with pytest.raises(ResolutionImpossible) as e:
         sd.pin_inputs(res, sources, Cache(tmp_path / "cache"), workdir=tmp_path / "w3")
-    assert e.value.reference == "no-cuda-compiler" and e.value.exit_code == 2 and "CUDA 13" in e.value.hint
+    assert (
+        e.value.reference == "no-cuda-compiler"
+        and e.value.exit_code == 2
+        and "CUDA 13" in e.value.hint
+    )
 
 
 def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_wants(tmp_path):
@@ -190,23 +289,44 @@ def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_
             z.writestr(f"{name}-13.0.1.dist-info/METADATA", "Name: x\n")
         return path
 
-    nvcc = wheel("nvidia_cuda_nvcc", {"nvidia/cu13/bin/nvcc": b"#!/bin/sh\n", "nvidia/cu13/include/crt/host_config.h": b""})
-    rt = wheel("nvidia_cuda_runtime", {"nvidia/cu13/lib/libcudart.so.13": b"\x7fELF", "nvidia/cu13/include/cuda_runtime.h": b""})
+    nvcc = wheel(
+        "nvidia_cuda_nvcc",
+        {"nvidia/cu13/bin/nvcc": b"#!/bin/sh\n", "nvidia/cu13/include/crt/host_config.h": b""},
+    )
+    rt = wheel(
+        "nvidia_cuda_runtime",
+        {"nvidia/cu13/lib/libcudart.so.13": b"\x7fELF", "nvidia/cu13/include/cuda_runtime.h": b""},
+    )
     cu12 = wheel("nvidia_cuda_cccl_cu12", {"nvidia/cuda_cccl/include/cub/cub.cuh": b""})
     home = sd.cuda_home([nvcc, rt, cu12], tmp_path / "cuda")
     assert os.access(home / "bin" / "nvcc", os.X_OK)
-    assert (home / "include" / "cuda_runtime.h").is_file() and (home / "include" / "cub" / "cub.cuh").is_file()
-    assert os.readlink(home / "lib" / "libcudart.so") == "libcudart.so.13" and (home / "lib64" / "libcudart.so.13").is_file()
+    assert (home / "include" / "cuda_runtime.h").is_file() and (
+        home / "include" / "cub" / "cub.cuh"
+    ).is_file()
+    assert (
+        os.readlink(home / "lib" / "libcudart.so") == "libcudart.so.13"
+        and (home / "lib64" / "libcudart.so.13").is_file()
+    )
     assert not any(p.name.endswith(".dist-info") for p in home.iterdir())
-    assert sd.torch_arch_list(["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"]) == "8.0;9.0;10.0;12.0+PTX"
+    assert (
+        sd.torch_arch_list(["sm_80", "sm_90", "sm_100", "sm_120", "compute_120"])
+        == "8.0;9.0;10.0;12.0+PTX"
+    )
     assert sd.torch_arch_list(["sm_90a", "sm_100a"]) == "9.0a;10.0a"
     assert sd.toolkit_requirements("13.0") == [f"{n}==13.0.*" for n in sd.TOOLKIT_WHEELS["13"]]
-    assert sd.toolkit_requirements("12.8") == [] and sd.toolkit_requirements("11.8") == []  # no nvcc wheel
+    assert (
+        sd.toolkit_requirements("12.8") == [] and sd.toolkit_requirements("11.8") == []
+    )  # no nvcc wheel
     assert sd.memory_jobs() >= 1 and sd.memory_jobs(per_job=1 << 60) == 1
     plain = BASE.key
-    assert dataclasses.replace(BASE, toolkit=(), arch_list=()).key == plain  # no CUDA: keys as before
+    assert (
+        dataclasses.replace(BASE, toolkit=(), arch_list=()).key == plain
+    )  # no CUDA: keys as before
     assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != plain
-    assert dataclasses.replace(BASE, arch_list=("sm_90",)).key != dataclasses.replace(BASE, arch_list=("sm_100",)).key
+    assert (
+        dataclasses.replace(BASE, arch_list=("sm_90",)).key
+        != dataclasses.replace(BASE, arch_list=("sm_100",)).key
+    )
 
 
 def test_a_builds_compile_steps_are_reported_as_its_log_shows_them(tmp_path):
@@ -214,19 +334,27 @@ def test_a_builds_compile_steps_are_reported_as_its_log_shows_them(tmp_path):
     import subprocess
     import sys
 
-    text = ("x86_64-linux-gnu-g++ -DNDEBUG -fPIC -I/a -c torchsort/isotonic_cpu.cpp -o build/x.o\n"
-            "/tmp/envspec-sdist/1d61/cuda/bin/nvcc -I/x -c torchsort/isotonic_cuda.cu -o b/i.o -gencode=arch=compute_90,code=sm_90\n"
-            "[3/12] /usr/bin/nvcc flash_fwd_hdim128.cu\n"
-            "x86_64-linux-gnu-g++ -shared build/x.o -o y.so\n"
-            "writing build/lib/torchsort/__init__.py\n")
-    assert sd.compile_steps(text) == ["x86_64-linux-gnu-g++ isotonic_cpu.cpp", "nvcc isotonic_cuda.cu", "[3/12]"]
+    text = (
+        "x86_64-linux-gnu-g++ -DNDEBUG -fPIC -I/a -c torchsort/isotonic_cpu.cpp -o build/x.o\n"
+        "/tmp/envspec-sdist/1d61/cuda/bin/nvcc -I/x -c torchsort/isotonic_cuda.cu -o b/i.o -gencode=arch=compute_90,code=sm_90\n"
+        "[3/12] /usr/bin/nvcc flash_fwd_hdim128.cu\n"
+        "x86_64-linux-gnu-g++ -shared build/x.o -o y.so\n"
+        "writing build/lib/torchsort/__init__.py\n"
+    )
+    assert sd.compile_steps(text) == [
+        "x86_64-linux-gnu-g++ isotonic_cpu.cpp",
+        "nvcc isotonic_cuda.cu",
+        "[3/12]",
+    ]
     log = tmp_path / "build.log"
     log.write_text("# header written before the build\n-c not_a_step.c by the header\n")
     seen: list[str] = []
-    script = ("import sys, time\n"
-              "for i in range(3):\n"
-              "    print(f'gcc -O2 -c src/m{i}.c -o m{i}.o', flush=True)\n"
-              "    time.sleep(0.2)\n")
+    script = (
+        "import sys, time\n"
+        "for i in range(3):\n"
+        "    print(f'gcc -O2 -c src/m{i}.c -o m{i}.o', flush=True)\n"
+        "    time.sleep(0.2)\n"
+    )
     with open(log, "a") as f:
         start = f.tell()
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=f, stderr=subprocess.STDOUT)
@@ -242,17 +370,39 @@ def test_a_cuda_extensions_own_settings_follow_the_lock_and_name_the_wheel():
     from types import SimpleNamespace as NS
 
     pin = NS(name=w.name, version=w.version, filename=w.filename, sha256=w.sha256)
-    a = sd.derivation(pin, [], python="3.11.2", platform="manylinux_2_36_x86_64", compiler="", arch_list=["sm_90"], env=env)
-    b = sd.derivation(pin, [], python="3.11.2", platform="manylinux_2_36_x86_64", compiler="", arch_list=["sm_90"])
+    a = sd.derivation(
+        pin,
+        [],
+        python="3.11.2",
+        platform="manylinux_2_36_x86_64",
+        compiler="",
+        arch_list=["sm_90"],
+        env=env,
+    )
+    b = sd.derivation(
+        pin, [], python="3.11.2", platform="manylinux_2_36_x86_64", compiler="", arch_list=["sm_90"]
+    )
     assert a.key != b.key and ("env:FLASH_ATTN_CUDA_ARCHS", "90;100") in a.extra
 
 
 def test_a_failed_compile_shows_its_first_errors_and_its_end():
-    log = "\n".join(["[1/73] nvcc a.cu", "FAILED: [code=255] build/a.o",
-                     "intrusive_ptr.h(775): error: namespace \"std\" has no member \"strong_ordering\"",
-                     *[f"ninja line {i}" for i in range(60)], "RuntimeError: Error compiling objects for extension"])
+    log = "\n".join(
+        [
+            "[1/73] nvcc a.cu",
+            "FAILED: [code=255] build/a.o",
+            'intrusive_ptr.h(775): error: namespace "std" has no member "strong_ordering"',
+            *[f"ninja line {i}" for i in range(60)],
+            "RuntimeError: Error compiling objects for extension",
+        ]
+    )
     out = sd.failure_excerpt(log, tail=5)
-    assert out.splitlines()[:3] == ["first errors in the log:", "FAILED: [code=255] build/a.o",
-                                    "intrusive_ptr.h(775): error: namespace \"std\" has no member \"strong_ordering\""]
-    assert out.endswith("RuntimeError: Error compiling objects for extension") and "ninja line 10" not in out
+    assert out.splitlines()[:3] == [
+        "first errors in the log:",
+        "FAILED: [code=255] build/a.o",
+        'intrusive_ptr.h(775): error: namespace "std" has no member "strong_ordering"',
+    ]
+    assert (
+        out.endswith("RuntimeError: Error compiling objects for extension")
+        and "ninja line 10" not in out
+    )
     assert sd.failure_excerpt("a\nb\nc", tail=5) == "a\nb\nc"  # nothing more to show than the end

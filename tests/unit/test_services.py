@@ -14,7 +14,12 @@ import pytest
 
 from envspec.errors import PlanError, SpecError
 from envspec.lock import Lockfile
-from envspec.services import AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, check_authorized_keys, render_service_files
+from envspec.services import (
+    AUTHORIZED_KEYS_IN_IMAGE,
+    ENTRYPOINT_IN_IMAGE,
+    check_authorized_keys,
+    render_service_files,
+)
 from envspec.spec import parse_spec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -38,10 +43,17 @@ def _lock(jupyter=True, ssh=True, keys="") -> Lockfile:
 
 def test_files_and_modes():
     files = render_service_files(_lock(), authorized_keys=PUB + "\n")
-    assert sorted(files) == [AUTHORIZED_KEYS_IN_IMAGE, ENTRYPOINT_IN_IMAGE, "/opt/envspec/services/jupyter.sh",
-                             "/opt/envspec/services/ssh.sh", "/opt/envspec/services/sshd_config"]
+    assert sorted(files) == [
+        AUTHORIZED_KEYS_IN_IMAGE,
+        ENTRYPOINT_IN_IMAGE,
+        "/opt/envspec/services/jupyter.sh",
+        "/opt/envspec/services/ssh.sh",
+        "/opt/envspec/services/sshd_config",
+    ]
     modes = {p: m for p, (_t, m) in files.items()}
-    assert modes[ENTRYPOINT_IN_IMAGE] == 0o755 and modes["/opt/envspec/services/sshd_config"] == 0o644
+    assert (
+        modes[ENTRYPOINT_IN_IMAGE] == 0o755 and modes["/opt/envspec/services/sshd_config"] == 0o644
+    )
     assert files[AUTHORIZED_KEYS_IN_IMAGE][0] == PUB + "\n"
     for text, _m in files.values():
         assert text.endswith("\n") and "{{" not in text and "{%" not in text
@@ -79,17 +91,30 @@ def test_jupyter_always_needs_a_token():
     assert "secrets.token_hex" in j and "JUPYTER_TOKEN" in j
     assert "--ip=0.0.0.0" in j and "--port=8888" in j and "--ServerApp.root_dir=/workspace" in j
     # the token travels in the environment, never on jupyter's command line
-    assert "--IdentityProvider.token" not in j and "--ServerApp.token" not in j and "--NotebookApp.token" not in j
+    assert (
+        "--IdentityProvider.token" not in j
+        and "--ServerApp.token" not in j
+        and "--NotebookApp.token" not in j
+    )
     assert "allow_password_change=False" in j
     assert 'if [ -z "$token" ]' in j  # an empty JUPYTER_TOKEN does not disable auth
 
 
 def test_sshd_config_policy():
     cfg = render_service_files(_lock())["/opt/envspec/services/sshd_config"][0]
-    want = ["Port 2222", "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
-            "UsePAM no", "AuthenticationMethods publickey", "AllowUsers envspec", "PermitEmptyPasswords no",
-            "PidFile /tmp/envspec-1000/ssh/sshd.pid", "AuthorizedKeysFile /tmp/envspec-1000/ssh/authorized_keys",
-            "HostKey /tmp/envspec-1000/ssh/ssh_host_ed25519_key"]
+    want = [
+        "Port 2222",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin no",
+        "UsePAM no",
+        "AuthenticationMethods publickey",
+        "AllowUsers envspec",
+        "PermitEmptyPasswords no",
+        "PidFile /tmp/envspec-1000/ssh/sshd.pid",
+        "AuthorizedKeysFile /tmp/envspec-1000/ssh/authorized_keys",
+        "HostKey /tmp/envspec-1000/ssh/ssh_host_ed25519_key",
+    ]
     lines = cfg.splitlines()
     for w in want:
         assert w in lines, w
@@ -110,8 +135,15 @@ def test_entrypoint_verify_and_services():
     assert 'if [ "$(id -u)" = 0 ]' in ep  # services never as root
 
 
-def _run_entrypoint(tmp_path: Path, args: list[str], services_env: str | None, *, uid: int = 1000,
-                    jupyter: bool = True, ssh: bool = True) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run_entrypoint(
+    tmp_path: Path,
+    args: list[str],
+    services_env: str | None,
+    *,
+    uid: int = 1000,
+    jupyter: bool = True,
+    ssh: bool = True,
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     """The rendered entrypoint under sh, its services stubbed (each writes a file named after
     itself), `id -u` answering ``uid``, the start-up check off. Returns (result, services started)."""
     ep = render_service_files(_lock(jupyter, ssh))[ENTRYPOINT_IN_IMAGE][0]
@@ -133,12 +165,18 @@ def _run_entrypoint(tmp_path: Path, args: list[str], services_env: str | None, *
     for f in tmp_path.glob("*.started"):
         f.unlink()
     # a command that waits (up to 5 s) for a service asked for to have started, then lists them
-    cp = subprocess.run(["sh", str(script), *args], capture_output=True, text=True, env=env, input="", timeout=60)
+    cp = subprocess.run(
+        ["sh", str(script), *args], capture_output=True, text=True, env=env, input="", timeout=60
+    )
     return cp, sorted(f.name.split(".")[0] for f in tmp_path.glob("*.started"))
 
 
-WAIT_CMD = ["sh", "-c", 'for i in 1 2 3 4 5 6 7 8 9 10; do [ -n "$(ls "$0"/*.started 2>/dev/null)" ] && break; '
-            'sleep 0.5; done; echo command ran']
+WAIT_CMD = [
+    "sh",
+    "-c",
+    'for i in 1 2 3 4 5 6 7 8 9 10; do [ -n "$(ls "$0"/*.started 2>/dev/null)" ] && break; '
+    "sleep 0.5; done; echo command ran",
+]
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
@@ -173,9 +211,15 @@ def test_services_asked_for_wrongly(tmp_path):
     assert "this image has no service 'notebook' (it has jupyter, ssh; or all, none)" in cp.stderr
     assert "no service '*'" in cp.stderr  # not globbed
     cp, started = _run_entrypoint(tmp_path, ["true"], "all", uid=0)
-    assert cp.returncode == 0 and started == [] and "running as root: services (jupyter ssh)" in cp.stderr
+    assert (
+        cp.returncode == 0
+        and started == []
+        and "running as root: services (jupyter ssh)" in cp.stderr
+    )
     cp, started = _run_entrypoint(tmp_path, ["true"], "jupyter", jupyter=False, ssh=False)
-    assert cp.returncode == 0 and "ENVSPEC_SERVICES=jupyter: this image has no services" in cp.stderr
+    assert (
+        cp.returncode == 0 and "ENVSPEC_SERVICES=jupyter: this image has no services" in cp.stderr
+    )
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
@@ -194,11 +238,16 @@ def test_sshd_accepts_the_config(tmp_path):
     cfg = render_service_files(_lock())["/opt/envspec/services/sshd_config"][0]
     cfg = cfg.replace("/tmp/envspec-1000/ssh", str(tmp_path))
     for t in ("ed25519", "ecdsa"):
-        subprocess.run(["ssh-keygen", "-q", "-t", t, "-N", "", "-f", str(tmp_path / f"ssh_host_{t}_key")], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", t, "-N", "", "-f", str(tmp_path / f"ssh_host_{t}_key")],
+            check=True,
+        )
     (tmp_path / "sshd_config").write_text(cfg)
     if os.geteuid() == 0:  # as root, sshd -t insists on its privilege separation directory
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    cp = subprocess.run([sshd, "-t", "-f", str(tmp_path / "sshd_config")], capture_output=True, text=True)
+    cp = subprocess.run(
+        [sshd, "-t", "-f", str(tmp_path / "sshd_config")], capture_output=True, text=True
+    )
     if "privilege separation directory" in cp.stderr:
         pytest.skip("sshd -t as root wants /run/sshd, which this host lacks")
     assert cp.returncode == 0, cp.stderr
@@ -221,14 +270,19 @@ def test_example_keys_file_is_valid():
 
 def test_private_key_or_junk_is_refused():
     with pytest.raises(PlanError) as e:
-        check_authorized_keys("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----\n")
+        check_authorized_keys(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn\n-----END OPENSSH PRIVATE KEY-----\n"
+        )
     assert e.value.reference == "private-key-in-spec"
     with pytest.raises(PlanError):
         check_authorized_keys("hello world\n")
-    assert check_authorized_keys(f'from="10.0.0.0/8",no-agent-forwarding {PUB}\n').startswith("from=")
+    assert check_authorized_keys(f'from="10.0.0.0/8",no-agent-forwarding {PUB}\n').startswith(
+        "from="
+    )
 
 
 # --- bad input in [services], through the spec stage -----------------------------------------------
+
 
 def _problems(text: str, file: Path) -> list:
     with pytest.raises(SpecError) as e:
@@ -238,27 +292,46 @@ def _problems(text: str, file: Path) -> list:
 
 def test_unknown_service_key_is_refused(tmp_path):
     # no password-less or password mode can be configured: such keys do not exist
-    ps = _problems('name = "x"\n[services.jupyter]\nport = 8888\npassword = "hunter2"\n', tmp_path / "s.toml")
-    assert [(p.reference, p.path, p.line) for p in ps] == [("unknown-key", "[services.jupyter].password", 4)]
-    ps = _problems('name = "x"\n[services.ssh]\nport = 2222\nauthorised_keys = "k.pub"\n', tmp_path / "s.toml")
+    ps = _problems(
+        'name = "x"\n[services.jupyter]\nport = 8888\npassword = "hunter2"\n', tmp_path / "s.toml"
+    )
+    assert [(p.reference, p.path, p.line) for p in ps] == [
+        ("unknown-key", "[services.jupyter].password", 4)
+    ]
+    ps = _problems(
+        'name = "x"\n[services.ssh]\nport = 2222\nauthorised_keys = "k.pub"\n', tmp_path / "s.toml"
+    )
     assert ps[0].reference == "unknown-key" and "authorized_keys" in ps[0].hint
 
 
 def test_missing_authorized_keys_file(tmp_path):
-    ps = _problems('name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml")
-    assert ps[0].reference == "missing-file" and ps[0].path == "[services.ssh].authorized_keys" and ps[0].line == 3
+    ps = _problems(
+        'name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml"
+    )
+    assert (
+        ps[0].reference == "missing-file"
+        and ps[0].path == "[services.ssh].authorized_keys"
+        and ps[0].line == 3
+    )
     assert "ENVSPEC_AUTHORIZED_KEYS" in ps[0].hint
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "team.pub").write_text(PUB + "\n")
-    parse_spec('name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml")
+    parse_spec(
+        'name = "x"\n[services.ssh]\nauthorized_keys = "keys/team.pub"\n', tmp_path / "s.toml"
+    )
 
 
 def test_port_clash(tmp_path):
-    ps = _problems('name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\n', tmp_path / "s.toml")
+    ps = _problems(
+        'name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\n',
+        tmp_path / "s.toml",
+    )
     assert ps[0].reference == "port-clash" and ps[0].path == "[services.ssh].port"
     # a disabled service holds no port
-    parse_spec('name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\nenabled = false\n',
-               tmp_path / "s.toml")
+    parse_spec(
+        'name = "x"\n[services.jupyter]\nport = 2222\n[services.ssh]\nport = 2222\nenabled = false\n',
+        tmp_path / "s.toml",
+    )
 
 
 def test_port_out_of_range(tmp_path):
@@ -271,13 +344,20 @@ def test_port_out_of_range(tmp_path):
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("spec", ["team/specs/train.toml", "multi-gpu/multi-gpu.toml", "workstation/workstation.toml"])
+@pytest.mark.parametrize(
+    "spec", ["team/specs/train.toml", "multi-gpu/multi-gpu.toml", "workstation/workstation.toml"]
+)
 def test_example_specs_parse(spec):
     from envspec.spec import load_spec
 
     s = load_spec(EXAMPLES / spec)
     if spec.startswith("workstation"):
-        assert s.services.jupyter and s.services.jupyter.enabled and s.services.ssh and s.services.ssh.enabled
+        assert (
+            s.services.jupyter
+            and s.services.jupyter.enabled
+            and s.services.ssh
+            and s.services.ssh.enabled
+        )
     if spec.startswith("multi-gpu"):
         assert len(s.target.gpus) >= 3
 
@@ -294,5 +374,12 @@ def test_team_lock_is_fresh_and_renders():
 
 def test_team_workflow_steps():
     text = (EXAMPLES / "team" / ".github" / "workflows" / "envspec.yml").read_text()
-    for step in ("envspec lock --check", "envspec build", "--push", "digest", "envspec verify", "envspec diff"):
+    for step in (
+        "envspec lock --check",
+        "envspec build",
+        "--push",
+        "digest",
+        "envspec verify",
+        "envspec diff",
+    ):
         assert step in text, step

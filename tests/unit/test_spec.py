@@ -28,8 +28,11 @@ def test_every_problem_at_once_with_lines():
     with pytest.raises(SpecError) as ei:
         parse_spec(text, "t.toml")
     probs = ei.value.problems()
-    assert [(p.path, p.line) for p in probs] == [("[target].drivr", 3), ("[python].version", 5),
-                                                 ("[python].packages[1]", 6)]
+    assert [(p.path, p.line) for p in probs] == [
+        ("[target].drivr", 3),
+        ("[python].version", 5),
+        ("[python].packages[1]", 6),
+    ]
     assert "did you mean 'driver'" in ei.value.message
 
 
@@ -43,14 +46,19 @@ def test_multiline_array_item_lines():
 def test_spec_hash_ignores_mirrors_and_description():
     base = 'name = "x"\n[python]\npackages = ["six"]\n'
     a = parse_spec(base, "a.toml")
-    b = parse_spec('description = "other"\n' + base + '[sources]\nmirrors = ["file:///srv/m"]\n', "b.toml")
+    b = parse_spec(
+        'description = "other"\n' + base + '[sources]\nmirrors = ["file:///srv/m"]\n', "b.toml"
+    )
     c = parse_spec(base.replace("six", "idna"), "c.toml")
     assert a.spec_hash() == b.spec_hash() != c.spec_hash()
 
 
 def test_spec_hash_is_stable():
     # golden: the hash covers a fixed, documented set of fields (docs/lockfile.md); a change re-locks everyone
-    assert parse_spec('name = "stable"\n', "s.toml").spec_hash() == "sha256:df57879c2e22835a525e40232a16971a73af50d8cd14ff4b7eb16bcc122beb64"
+    assert (
+        parse_spec('name = "stable"\n', "s.toml").spec_hash()
+        == "sha256:df57879c2e22835a525e40232a16971a73af50d8cd14ff4b7eb16bcc122beb64"
+    )
 
 
 def test_toml_path():
@@ -70,9 +78,13 @@ def _generated_requirements(n: int, seed: int) -> list[str]:
     out = []
     for _ in range(n):
         name = "".join(rnd.choice("abcXYZ019._-") for _ in range(rnd.randint(1, 6)))
-        clauses = [rnd.choice(ops) + "".join(rnd.choice("0123456789.*") for _ in range(rnd.randint(0, 5)))
-                   for _ in range(rnd.randint(0, 3))]
-        tail = rnd.choice(["", "", "", " ", "[x]", "; python_version>'3'", ",", " @ https://e.x/a.whl"])
+        clauses = [
+            rnd.choice(ops) + "".join(rnd.choice("0123456789.*") for _ in range(rnd.randint(0, 5)))
+            for _ in range(rnd.randint(0, 3))
+        ]
+        tail = rnd.choice(
+            ["", "", "", " ", "[x]", "; python_version>'3'", ",", " @ https://e.x/a.whl"]
+        )
         out.append(name + rnd.choice([",", ",", ", ", " "]).join(clauses) + tail)
     return out
 
@@ -87,8 +99,18 @@ def test_simple_requirements_are_what_packaging_accepts_with_the_same_name():
 
     simple = 0
     corpus = _generated_requirements(20000, seed=12) + [
-        "numpy>=2", "einops>=0.8,<1", "torchvision==0.29.*", "Foo_Bar.baz>=1", "a", "numpy~=1.2", "x!=1.*",
-        "numpy<=1.0.0.0,>1,!=1.5", "requests[socks]>=2", "numpy ; python_version > '3.8'", "numpy >= 2"]
+        "numpy>=2",
+        "einops>=0.8,<1",
+        "torchvision==0.29.*",
+        "Foo_Bar.baz>=1",
+        "a",
+        "numpy~=1.2",
+        "x!=1.*",
+        "numpy<=1.0.0.0,>1,!=1.5",
+        "requests[socks]>=2",
+        "numpy ; python_version > '3.8'",
+        "numpy >= 2",
+    ]
     for text in corpus:
         try:
             want = canonicalize_name(Requirement(text).name)
@@ -105,11 +127,26 @@ def test_simple_requirements_are_what_packaging_accepts_with_the_same_name():
     assert simple > 1000  # the generator reaches the simple form often (1,540 of these)
 
 
-@pytest.mark.parametrize("packages,where,message", [
-    (["numpy>=2,,<3"], 0, "'numpy>=2,,<3' is not a PEP 508 requirement (Expected comma (within version specifier)"),
-    (["numpy>=2.*"], 0, "'numpy>=2.*' is not a PEP 508 requirement (.* suffix can only be used with `==` or `!=`"),
-    (["numpy", "Num_Py.>=1"], 1, "'Num_Py.>=1' is not a PEP 508 requirement (Expected semicolon (after name"),
-])
+@pytest.mark.parametrize(
+    "packages,where,message",
+    [
+        (
+            ["numpy>=2,,<3"],
+            0,
+            "'numpy>=2,,<3' is not a PEP 508 requirement (Expected comma (within version specifier)",
+        ),
+        (
+            ["numpy>=2.*"],
+            0,
+            "'numpy>=2.*' is not a PEP 508 requirement (.* suffix can only be used with `==` or `!=`",
+        ),
+        (
+            ["numpy", "Num_Py.>=1"],
+            1,
+            "'Num_Py.>=1' is not a PEP 508 requirement (Expected semicolon (after name",
+        ),
+    ],
+)
 def test_requirements_that_are_not_simple_get_packagings_reason(packages, where, message):
     text = 'name = "x"\n[python]\npackages = ' + str(packages).replace("'", '"') + "\n"
     with pytest.raises(SpecError) as ei:
@@ -124,4 +161,5 @@ def test_package_names_are_compared_normalized():
         parse_spec(text, "t.toml")
     assert [(p.path, p.message) for p in ei.value.problems()] == [
         ("[python].packages[1]", "'foo-bar' is listed twice (also item 0)"),
-        ("[python].packages[3]", "'requests' is listed twice (also item 2)")]
+        ("[python].packages[3]", "'requests' is listed twice (also item 2)"),
+    ]

@@ -10,11 +10,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
-                    reason="mypy is not installed (it is in the test extra: pip install -e '.[test]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None,
+    reason="mypy is not installed (it is in the test extra: pip install -e '.[test]')",
+)
 def test_mypy_is_clean():
     # the files and options come from [tool.mypy] in pyproject.toml
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "pyproject.toml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         pytest.fail(f"mypy is not clean:\n{proc.stdout}{proc.stderr}", pytrace=False)

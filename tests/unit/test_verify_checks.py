@@ -13,7 +13,9 @@ def run(lock=None, **sys_kw):
     skip = sys_kw.pop("skip", GPU_WORK)
     strict = sys_kw.pop("strict", False)
     level = sys_kw.pop("level", "quick")
-    return run_checks(lock or make_lock(), level=level, system=FakeSystem(**sys_kw), skip=skip, strict=strict)
+    return run_checks(
+        lock or make_lock(), level=level, system=FakeSystem(**sys_kw), skip=skip, strict=strict
+    )
 
 
 def test_matching_machine_passes():
@@ -56,8 +58,15 @@ def test_driver_below_floor_fails_with_hint():
 
 
 def test_a100_only_lock_on_h100_fails_naming_the_rule():
-    lock = make_lock(hardware={"gpus": ["NVIDIA A100-SXM4-80GB"], "compute_capabilities": ["8.0"],
-                               "arch_list": ["sm_80"], "driver_floor": "580.65.06", "driver_policy": "compat"})
+    lock = make_lock(
+        hardware={
+            "gpus": ["NVIDIA A100-SXM4-80GB"],
+            "compute_capabilities": ["8.0"],
+            "arch_list": ["sm_80"],
+            "driver_floor": "580.65.06",
+            "driver_policy": "compat",
+        }
+    )
     r = run(lock, torch=FakeTorch())
     f = by_check(r)
     a = f["gpu.0.arch"]
@@ -69,7 +78,9 @@ def test_a100_only_lock_on_h100_fails_naming_the_rule():
 
 def test_ptx_only_is_a_warning():
     lock = make_lock()
-    lock["hardware"] = dict(lock["hardware"], arch_list=["sm_80", "compute_80"], compute_capabilities=[], gpus=[])
+    lock["hardware"] = dict(
+        lock["hardware"], arch_list=["sm_80", "compute_80"], compute_capabilities=[], gpus=[]
+    )
     r = run(lock, torch=FakeTorch(arch_list=("sm_80", "compute_80")))
     a = by_check(r)["gpu.0.arch"]
     assert a.status == "warn" and "JIT" in a.hint
@@ -79,7 +90,10 @@ def test_undeclared_but_runnable_gpu_warns():
     r = run(torch=FakeTorch(devices=(("NVIDIA H200", 9, 0), ("NVIDIA L4", 8, 9))))
     f = by_check(r)
     assert f["gpu.0.arch"].status == "warn" and "not a declared target" in f["gpu.0.arch"].hint
-    assert f["gpu.1.arch"].status == "warn" and "cc 8.9 is not a declared target" in f["gpu.1.arch"].hint
+    assert (
+        f["gpu.1.arch"].status == "warn"
+        and "cc 8.9 is not a declared target" in f["gpu.1.arch"].hint
+    )
     assert r.ok and not run(torch=FakeTorch(devices=(("NVIDIA H200", 9, 0),)), strict=True).ok
 
 
@@ -100,7 +114,10 @@ def test_tf32_off_fails_in_image_warns_on_host():
 
 
 def test_bad_env_settings_flagged_with_reason():
-    r = run(torch=FakeTorch(), env={"NCCL_P2P_DISABLE": "1", "CUDA_LAUNCH_BLOCKING": "1", "NCCL_IB_DISABLE": "1"})
+    r = run(
+        torch=FakeTorch(),
+        env={"NCCL_P2P_DISABLE": "1", "CUDA_LAUNCH_BLOCKING": "1", "NCCL_IB_DISABLE": "1"},
+    )
     f = by_check(r)
     assert f["env.NCCL_P2P_DISABLE"].status == "warn" and "NVLink" in f["env.NCCL_P2P_DISABLE"].hint
     assert "serializes" in f["env.CUDA_LAUNCH_BLOCKING"].hint
@@ -118,16 +135,25 @@ def test_runtime_env_from_lock_is_checked():
 
 
 def test_container_plumbing():
-    r = run(torch=FakeTorch(), container=True, env={"NVIDIA_VISIBLE_DEVICES": "void"}, shm=64 * 2**20)
+    r = run(
+        torch=FakeTorch(), container=True, env={"NVIDIA_VISIBLE_DEVICES": "void"}, shm=64 * 2**20
+    )
     f = by_check(r)
     assert f["container.nvidia_visible_devices"].status == "warn"
     assert f["container.shm"].status == "warn" and "--shm-size=16g" in f["container.shm"].hint
     assert "64.0 MiB" in f["container.shm"].observed
-    r2 = run(torch=FakeTorch(), container=True, nodes=("nvidia0", "nvidiactl"),
-             env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"})
+    r2 = run(
+        torch=FakeTorch(),
+        container=True,
+        nodes=("nvidia0", "nvidiactl"),
+        env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
+    )
     f2 = by_check(r2)
     assert f2["container.nvidia_env"].status == "pass"
-    assert f2["container.devices"].status == "fail" and "nvidia-uvm" in f2["container.devices"].observed
+    assert (
+        f2["container.devices"].status == "fail"
+        and "nvidia-uvm" in f2["container.devices"].observed
+    )
 
 
 def test_busy_gpu_memory_warns():
@@ -166,16 +192,30 @@ def test_startup_level_judges_nvml_gpus_without_torch():
         def torch(self):
             raise AssertionError("the startup level asked for torch")
 
-    drv = DriverInfo("580.95.05", "13.0", "kernel module + NVML",
-                     gpus=[{"index": 0, "name": "NVIDIA H100 80GB HBM3", "cc": "9.0", "memory_total": 80 * 2**30}])
+    drv = DriverInfo(
+        "580.95.05",
+        "13.0",
+        "kernel module + NVML",
+        gpus=[
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3", "cc": "9.0", "memory_total": 80 * 2**30}
+        ],
+    )
     r = run_checks(make_lock(), level="startup", system=NoTorch(driver=drv))
     f = by_check(r)
     assert f["driver"].status == "pass" and f["gpu.count"].status == "pass"
     assert f["gpu.0.arch"].status == "pass" and "sm_90" in f["gpu.0.arch"].observed
-    assert not any(c.startswith(("torch", "tf32", "numerics", "perf", "libs", "nccl", "integrity")) for c in f)
+    assert not any(
+        c.startswith(("torch", "tf32", "numerics", "perf", "libs", "nccl", "integrity")) for c in f
+    )
     # a GPU the lock's arch list cannot run fails at start, as in the quick level
-    lock = make_lock(hardware={"gpus": ["NVIDIA H100 80GB HBM3"], "arch_list": ["sm_80"],
-                               "driver_floor": "580.65.06", "driver_policy": "compat"})
+    lock = make_lock(
+        hardware={
+            "gpus": ["NVIDIA H100 80GB HBM3"],
+            "arch_list": ["sm_80"],
+            "driver_floor": "580.65.06",
+            "driver_policy": "compat",
+        }
+    )
     g = by_check(run_checks(lock, level="startup", system=NoTorch(driver=drv)))["gpu.0.arch"]
     assert g.status == "fail" and "sm_90" in g.hint
 
@@ -206,7 +246,10 @@ def test_version_matching_follows_pep440_equality():
 
 
 def test_missing_system_library_hint():
-    r = run(torch=None, torch_error="ImportError: libstdc++.so.6: cannot open shared object file: No such file")
+    r = run(
+        torch=None,
+        torch_error="ImportError: libstdc++.so.6: cannot open shared object file: No such file",
+    )
     t = by_check(r)["torch.import"]
     assert t.status == "fail" and "libstdc++.so.6" in t.hint and "libstdc++6" in t.hint
 
@@ -226,7 +269,9 @@ def test_compile_failure_hints():
         r.check_compile(Probe(res))
         return r.report.findings[0]
 
-    f = one({"ok": False, "error": "InductorError: InvalidCxxCompiler: No working C++ compiler found"})
+    f = one(
+        {"ok": False, "error": "InductorError: InvalidCxxCompiler: No working C++ compiler found"}
+    )
     assert f.status == "fail" and "g++" in f.hint and "python3-dev" in f.hint
     f = one({"ok": False, "timeout": True, "error": "did not finish within 1 s"})
     assert f.status == "warn"
@@ -235,25 +280,52 @@ def test_compile_failure_hints():
 
 def test_driver_older_than_the_gpus_first_branch_fails_whatever_the_floor():
     # a lock with a low floor (cu118 under compat) on a Hopper GPU with a 470 driver
-    lock = make_lock(hardware={"gpus": ["NVIDIA H100 80GB HBM3"], "compute_capabilities": ["9.0"],
-                               "arch_list": ["sm_90"], "driver_floor": "450.80.02", "driver_policy": "compat"})
-    drv = DriverInfo("470.82.01", "11.4", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}])
+    lock = make_lock(
+        hardware={
+            "gpus": ["NVIDIA H100 80GB HBM3"],
+            "compute_capabilities": ["9.0"],
+            "arch_list": ["sm_90"],
+            "driver_floor": "450.80.02",
+            "driver_policy": "compat",
+        }
+    )
+    drv = DriverInfo(
+        "470.82.01", "11.4", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}]
+    )
     f = by_check(run(lock, torch=FakeTorch(), driver=drv))
     g = f["driver.gpu.0"]
-    assert g.status == "fail" and "R520" in g.expected and "470.82.01" in g.observed and "upgrade" in g.hint
-    drv = DriverInfo("580.95.05", "13.0", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}])
+    assert (
+        g.status == "fail"
+        and "R520" in g.expected
+        and "470.82.01" in g.observed
+        and "upgrade" in g.hint
+    )
+    drv = DriverInfo(
+        "580.95.05", "13.0", "kernel module", gpus=[{"name": "NVIDIA H100 80GB HBM3", "cc": "9.0"}]
+    )
     assert by_check(run(torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"
 
 
 def test_driver_newer_than_the_gpus_last_branch_fails():
     # a V100 host whose driver moved past R580, the last branch for Volta
-    lock = make_lock(hardware={"gpus": ["Tesla V100-SXM2-32GB"], "compute_capabilities": ["7.0"],
-                               "arch_list": ["sm_70"], "driver_floor": "525.60.13", "driver_policy": "compat"})
-    drv = DriverInfo("590.48.01", "13.1", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}])
+    lock = make_lock(
+        hardware={
+            "gpus": ["Tesla V100-SXM2-32GB"],
+            "compute_capabilities": ["7.0"],
+            "arch_list": ["sm_70"],
+            "driver_floor": "525.60.13",
+            "driver_policy": "compat",
+        }
+    )
+    drv = DriverInfo(
+        "590.48.01", "13.1", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}]
+    )
     g = by_check(run(lock, torch=FakeTorch(), driver=drv))["driver.gpu.0"]
     assert g.status == "fail" and "R384 to R580" in g.expected and "590.48.01" in g.observed
     assert "R580" in g.hint and "newer GPUs" in g.hint
-    drv = DriverInfo("580.95.05", "13.0", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}])
+    drv = DriverInfo(
+        "580.95.05", "13.0", "kernel module", gpus=[{"name": "Tesla V100-SXM2-32GB", "cc": "7.0"}]
+    )
     assert by_check(run(lock, torch=FakeTorch(), driver=drv))["driver.gpu.0"].status == "pass"
 
 
@@ -261,15 +333,21 @@ def test_the_lock_arch_list_is_checked_without_a_gpu():
     """An aarch64 torch (sm_80 sm_90 sm_100 sm_110 sm_120) against a lock written with x86_64's
     list: caught on a machine with no GPU (no driver, under emulation), where gpu.* are skipped."""
     lock = make_lock()
-    lock["hardware"] = dict(lock["hardware"], arch_list=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    lock["hardware"] = dict(
+        lock["hardware"], arch_list=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    )
     aarch64 = ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120")
     f = by_check(run(lock, torch=FakeTorch(devices=(), arch_list=aarch64), driver=None, nodes=()))
     assert f["gpu"].status == "skip"
     a = f["torch.arch_list"]
     assert a.status == "warn" and "sm_110" in a.observed and "sm_75" in a.expected
     lock["hardware"]["arch_list"] = list(aarch64)
-    assert by_check(run(lock, torch=FakeTorch(devices=(), arch_list=aarch64), driver=None,
-                        nodes=()))["torch.arch_list"].status == "pass"
+    assert (
+        by_check(run(lock, torch=FakeTorch(devices=(), arch_list=aarch64), driver=None, nodes=()))[
+            "torch.arch_list"
+        ].status
+        == "pass"
+    )
 
 
 def test_compiled_arches_fall_back_to_the_flags_when_the_list_needs_a_gpu():

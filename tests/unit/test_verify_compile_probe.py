@@ -150,8 +150,20 @@ def test_sigterm_to_the_verifier_kills_the_probes_group(tmp_path):
     lock.pop("__path__")
     lock["meta"]["content_hash"] = content_hash(lock)
     (tmp_path / "test.lock").write_text(tomli_w.dumps(lock))
-    verifier = subprocess.Popen([sys.executable, "-c", VERIFIER, str(SRC), str(HERE), str(tmp_path / "pids"),
-                                 str(tmp_path / "test.lock")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    verifier = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            VERIFIER,
+            str(SRC),
+            str(HERE),
+            str(tmp_path / "pids"),
+            str(tmp_path / "test.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         child, grandchild = wait_for(tmp_path / "pids")
         assert os.getpgid(grandchild) == child != os.getpgid(verifier.pid)
@@ -168,6 +180,8 @@ def test_compile_probe_result_parses_the_childs_json(tmp_path):
     script = "import json; print('noise'); print(json.dumps({'ok': False, 'error': 'boom', 'device': 'cpu'}))"
     res = CompileProbe(120, argv=[sys.executable, "-c", script]).result()
     assert res == {"ok": False, "error": "boom", "device": "cpu"}
-    res = CompileProbe(120, argv=[sys.executable, "-c", "import sys; sys.stderr.write('bad'); sys.exit(3)"]).result()
+    res = CompileProbe(
+        120, argv=[sys.executable, "-c", "import sys; sys.stderr.write('bad'); sys.exit(3)"]
+    ).result()
     assert not res["ok"] and "child exited 3: bad" in res["error"]
     assert json.dumps(res)

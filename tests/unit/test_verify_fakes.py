@@ -17,7 +17,12 @@ def content_hash(lock: dict[str, Any]) -> str:
     import json
 
     body = {k: v for k, v in lock.items() if k != "meta" and not k.startswith("__")}
-    return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return (
+        "sha256:"
+        + hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    )
 
 
 def rehash_text(text: str) -> str:
@@ -42,8 +47,14 @@ def make_lock(**over: Any) -> dict[str, Any]:
             "driver_floor": "580.65.06",
             "driver_policy": "compat",
         },
-        "torch": {"version": "2.14.1", "local": "", "variant": "cu130", "cuda": "13.0",
-                  "cudnn": "9.24.0.43", "nccl": "2.30.7"},
+        "torch": {
+            "version": "2.14.1",
+            "local": "",
+            "variant": "cu130",
+            "cuda": "13.0",
+            "cudnn": "9.24.0.43",
+            "nccl": "2.30.7",
+        },
         "runtime": {"tf32": True, "matmul_precision": "high", "shm_size": "16g", "env": {}},
         "wheels": [{"name": "torch", "version": "2.14.1", "group": "torch"}],
         "__path__": "test.lock",
@@ -55,14 +66,26 @@ def make_lock(**over: Any) -> dict[str, Any]:
 class FakeTorch:
     """Enough of torch for torch_info, tf32_state and memory_free."""
 
-    def __init__(self, *, version="2.14.1", cuda="13.0", cudnn=92400, nccl=(2, 30, 7),
-                 devices=(("NVIDIA H100 80GB HBM3", 9, 0),), arch_list=("sm_80", "sm_90", "sm_100", "sm_120", "compute_120"),
-                 tf32=(True, True), precision="high", free_fraction=0.95):
+    def __init__(
+        self,
+        *,
+        version="2.14.1",
+        cuda="13.0",
+        cudnn=92400,
+        nccl=(2, 30, 7),
+        devices=(("NVIDIA H100 80GB HBM3", 9, 0),),
+        arch_list=("sm_80", "sm_90", "sm_100", "sm_120", "compute_120"),
+        tf32=(True, True),
+        precision="high",
+        free_fraction=0.95,
+    ):
         self.__version__ = version
         self.version = SimpleNamespace(cuda=cuda, git_version="0123456789abcdef")
         mem = 80 * 2**30
-        props = [SimpleNamespace(name=n, major=ma, minor=mi, total_memory=mem, multi_processor_count=132)
-                 for n, ma, mi in devices]
+        props = [
+            SimpleNamespace(name=n, major=ma, minor=mi, total_memory=mem, multi_processor_count=132)
+            for n, ma, mi in devices
+        ]
         self._precision = precision
         self.cuda = SimpleNamespace(
             is_available=lambda: bool(cuda) and bool(props),
@@ -82,12 +105,27 @@ class FakeTorch:
 
 
 class FakeSystem(System):
-    def __init__(self, *, env=None, driver=DriverInfo("580.95.05", "13.0", "kernel module"), torch=None,
-                 torch_error="No module named 'torch'", nodes=("nvidia0", "nvidiactl", "nvidia-uvm"),
-                 shm=32 * 2**30, container=False, ib=False, sites=(), prefix="/opt/venv", libs=None,
-                 nvml=None, kmsg=None) -> None:
+    def __init__(
+        self,
+        *,
+        env=None,
+        driver=DriverInfo("580.95.05", "13.0", "kernel module"),
+        torch=None,
+        torch_error="No module named 'torch'",
+        nodes=("nvidia0", "nvidiactl", "nvidia-uvm"),
+        shm=32 * 2**30,
+        container=False,
+        ib=False,
+        sites=(),
+        prefix="/opt/venv",
+        libs=None,
+        nvml=None,
+        kmsg=None,
+    ) -> None:
         super().__init__()
-        self._nvml = nvml  # recorded NVML answers (health.record's shape), played back by health.FakeNvml
+        self._nvml = (
+            nvml  # recorded NVML answers (health.record's shape), played back by health.FakeNvml
+        )
         self._kmsg = kmsg
         self.env = dict(env or {})
         self._driver = driver

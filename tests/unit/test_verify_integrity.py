@@ -56,15 +56,21 @@ def venv(tmp_path):
 def verify(venv_site, mode="auto", level="quick", lock=None):
     v, site = venv_site
     system = FakeSystem(sites=[site], prefix=str(v), driver=None, nodes=())
-    return run_checks(lock or cpu_lock(v), level=level, mode=mode, system=system, skip=("torch.compile",))
+    return run_checks(
+        lock or cpu_lock(v), level=level, mode=mode, system=system, skip=("torch.compile",)
+    )
 
 
 def make_wheel(dest: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
     """A wheel with a RECORD, written here (no binary in the repository)."""
     dist_info = f"{name}-{version}.dist-info"
     files = dict(files)
-    files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: envspec-test\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    files[f"{dist_info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    )
+    files[f"{dist_info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: envspec-test\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
+    )
     record = []
     for path, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -112,11 +118,16 @@ def test_untouched_venv_passes(venv):
     # a pure-Python wheel: at the quick level nothing to hash, every file checked by size
     n = len(zipfile.ZipFile(LOCKED).namelist()) - 1 + 2
     assert f"0 shared objects, 0 B hashed; {n} other files" in f["integrity.files"].observed
-    assert f["integrity.files"].data["sized_files"] == n and f["integrity.files"].data["hashed_files"] == 0
+    assert (
+        f["integrity.files"].data["sized_files"] == n
+        and f["integrity.files"].data["hashed_files"] == 0
+    )
     assert f["torch.import"].status == "skip"  # this lock has no [torch]
     assert r.ok, r.to_json()
     full = by_check(verify(venv, level="full"))["integrity.files"]
-    assert full.status == "pass" and f"{n} files" in full.observed and full.data["hashed_files"] == n
+    assert (
+        full.status == "pass" and f"{n} files" in full.observed and full.data["hashed_files"] == n
+    )
 
 
 def test_same_size_change_to_a_python_file_is_seen_at_full_level(venv):
@@ -180,18 +191,31 @@ def test_size_check_runs_without_reading_the_file(native_venv):
     res = check_files([dists["nativepkg"]], cache, hash_all=False)
     assert not res.problems
     assert sorted(cache.asked) == ["_impl.cpython-312-x86_64-linux-gnu.so", "libnative.so.12"]
-    assert res.sized == 5  # __init__.py, data.json, METADATA, WHEEL, INSTALLER (the installer hashed it)
+    assert (
+        res.sized == 5
+    )  # __init__.py, data.json, METADATA, WHEEL, INSTALLER (the installer hashed it)
     full = check_files([dists["nativepkg"]], Counting(), hash_all=True)
     assert not full.problems and full.hashed == 7 and full.sized == 0
 
 
 def test_native_rule():
-    for name in ("torch/lib/libtorch_cuda.so", "nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9",
-                 "nvidia/cu13/lib/libnvrtc-builtins.so.13.0", "torch/_C.cpython-312-x86_64-linux-gnu.so",
-                 "triton/_C/libtriton.so", "numpy.libs/libscipy_openblas64_-ff651d7f.so"):
+    for name in (
+        "torch/lib/libtorch_cuda.so",
+        "nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9",
+        "nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+        "torch/_C.cpython-312-x86_64-linux-gnu.so",
+        "triton/_C/libtriton.so",
+        "numpy.libs/libscipy_openblas64_-ff651d7f.so",
+    ):
         assert is_native(name), name
-    for name in ("torch/__init__.py", "torch/__pycache__/__init__.cpython-312.pyc", "torch/lib/libfoo.so.py",
-                 "nvidia/cu13/include/cuda.h", "torch/share/cmake/Torch/TorchConfig.cmake", "a.solution"):
+    for name in (
+        "torch/__init__.py",
+        "torch/__pycache__/__init__.cpython-312.pyc",
+        "torch/lib/libfoo.so.py",
+        "nvidia/cu13/include/cuda.h",
+        "torch/share/cmake/Torch/TorchConfig.cmake",
+        "a.solution",
+    ):
         assert not is_native(name), name
 
 
@@ -217,13 +241,21 @@ def test_extra_distribution_fails_naming_the_package(venv):
 def test_missing_and_wrong_version(venv):
     v, site = venv
     lock = cpu_lock(v)
-    lock["wheels"] = [{"name": "wheel", "version": "0.41.0", "group": "team"},
-                      {"name": "torch", "version": "2.14.1", "group": "torch"}]
+    lock["wheels"] = [
+        {"name": "wheel", "version": "0.41.0", "group": "team"},
+        {"name": "torch", "version": "2.14.1", "group": "torch"},
+    ]
     system = FakeSystem(sites=[site], prefix=str(v), driver=None, nodes=())
     r = run_checks(lock, level="quick", system=system, skip=("torch.compile",))
     f = by_check(r)
-    assert f["integrity.missing"].status == "fail" and "torch 2.14.1" in f["integrity.missing"].observed
-    assert f["integrity.versions"].status == "fail" and "wheel 0.40.0 (locked 0.41.0)" in f["integrity.versions"].observed
+    assert (
+        f["integrity.missing"].status == "fail"
+        and "torch 2.14.1" in f["integrity.missing"].observed
+    )
+    assert (
+        f["integrity.versions"].status == "fail"
+        and "wheel 0.40.0 (locked 0.41.0)" in f["integrity.versions"].observed
+    )
     # host mode: torch's stack must still be complete; other packages only warn
     lock["wheels"] = [{"name": "wheel", "version": "0.41.0", "group": "team"}]
     r = run_checks(lock, level="quick", mode="host", system=system, skip=("torch.compile",))
@@ -249,7 +281,9 @@ def test_the_top_level_modules_holding_extension_modules_come_from_record(native
     assert integrity.extension_modules(integrity.find_dists([pure_site])["wheel"]) == []
 
 
-def test_the_full_level_imports_each_locked_module_with_extensions_and_names_each_failure(native_venv):
+def test_the_full_level_imports_each_locked_module_with_extensions_and_names_each_failure(
+    native_venv,
+):
     venv_site, lock = native_venv
     quick = by_check(verify(venv_site, lock=lock))
     assert "imports" not in quick  # the full level's
@@ -270,7 +304,10 @@ def test_import_modules_goes_on_past_a_failure_and_a_crash(tmp_path):
     (tmp_path / "crash.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     (tmp_path / "after.py").write_text("Y = 2\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    got = {r.module: r.error for r in import_modules(["good", "bad", "crash", "after"], python=sys.executable, env=env)}
+    got = {
+        r.module: r.error
+        for r in import_modules(["good", "bad", "crash", "after"], python=sys.executable, env=env)
+    }
     assert got["good"] == "" and got["after"] == ""
     assert got["bad"] == "ImportError: undefined symbol: _ZN3c104gone"
     assert got["crash"] == "the importing process died with signal 11"

@@ -1,4 +1,3 @@
-
 import pytest
 
 from envspec.verify import cli
@@ -51,10 +50,16 @@ def test_a_lock_edited_by_hand_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("version = 2\n[platform]\n[hardware]\n", "lock format version 2 is not one this verifier reads"),
+        (
+            "version = 2\n[platform]\n[hardware]\n",
+            "lock format version 2 is not one this verifier reads",
+        ),
         ("version = 1\n[platform\n", "not valid TOML"),
         ("version = 1\n", "[platform] is missing; [hardware] is missing"),
-        ("version = 1\n[platform]\n[hardware]\n[[wheels]]\nname = 'x'\n", "wheels[0].version is missing"),
+        (
+            "version = 1\n[platform]\n[hardware]\n[[wheels]]\nname = 'x'\n",
+            "wheels[0].version is missing",
+        ),
     ],
 )
 def test_bad_locks_say_what_is_wrong(tmp_path, text, words):

@@ -26,23 +26,48 @@ from test_verify_fakes import FakeSystem, FakeTorch
 
 REPO = Path(__file__).parents[2]
 # every lock in the repository but those made wrong on purpose (tests/data/first-hour: bad inputs)
-LOCKS = sorted({*REPO.glob("lockfiles/*.lock"), *REPO.glob("tests/data/**/*.lock"), *REPO.glob("examples/**/*.lock")}
-               - set(REPO.glob("tests/data/first-hour/**/*.lock")))
+LOCKS = sorted(
+    {
+        *REPO.glob("lockfiles/*.lock"),
+        *REPO.glob("tests/data/**/*.lock"),
+        *REPO.glob("examples/**/*.lock"),
+    }
+    - set(REPO.glob("tests/data/first-hour/**/*.lock"))
+)
 MISSING = object()
 Path_ = tuple[str | int, ...]
 
 # Keys the verifier looks up that the model does not write, with why that is allowed. Each must be
 # absent from every committed lock (the verifier then falls back as said).
 READ_BUT_NOT_WRITTEN: dict[Path_, str] = {
-    ("hardware", "expected"): "per-GPU GEMM rates; Hardware has no such field, so the verifier uses verify/rates.py",
+    (
+        "hardware",
+        "expected",
+    ): "per-GPU GEMM rates; Hardware has no such field, so the verifier uses verify/rates.py",
 }
 # What the checks read at the least; guards the recorder against recording nothing.
 READ_AT_LEAST: set[Path_] = {
-    ("meta", "name"), ("meta", "content_hash"), ("platform", "venv"), ("hardware", "gpus"),
-    ("hardware", "compute_capabilities"), ("hardware", "arch_list"), ("hardware", "driver_floor"),
-    ("hardware", "driver_policy"), ("torch",), ("torch", "version"), ("torch", "local"), ("torch", "variant"),
-    ("torch", "cuda"), ("torch", "cudnn"), ("torch", "nccl"), ("runtime", "env"), ("runtime", "shm_size"),
-    ("runtime", "tf32"), ("runtime", "matmul_precision"), ("wheels",), ("wheels", "*", "name"),
+    ("meta", "name"),
+    ("meta", "content_hash"),
+    ("platform", "venv"),
+    ("hardware", "gpus"),
+    ("hardware", "compute_capabilities"),
+    ("hardware", "arch_list"),
+    ("hardware", "driver_floor"),
+    ("hardware", "driver_policy"),
+    ("torch",),
+    ("torch", "version"),
+    ("torch", "local"),
+    ("torch", "variant"),
+    ("torch", "cuda"),
+    ("torch", "cudnn"),
+    ("torch", "nccl"),
+    ("runtime", "env"),
+    ("runtime", "shm_size"),
+    ("runtime", "tf32"),
+    ("runtime", "matmul_precision"),
+    ("wheels",),
+    ("wheels", "*", "name"),
     ("wheels", "*", "version"),
 }
 
@@ -102,7 +127,9 @@ def _plain(value: Any) -> Any:
 
 def _is_table(value: Any) -> bool:
     """A table or an array of tables: compared by presence (and length), its fields one by one."""
-    return isinstance(value, BaseModel) or (isinstance(value, list) and bool(value) and isinstance(value[0], BaseModel))
+    return isinstance(value, BaseModel) or (
+        isinstance(value, list) and bool(value) and isinstance(value[0], BaseModel)
+    )
 
 
 def _same(value: Any, got: Any) -> bool:
@@ -162,10 +189,16 @@ def _record(value: Any, path: Path_, seen: set[Path_]) -> Any:
 def _verifier_reads(path: Path) -> set[Path_]:
     """The lock keys the checks look up, at the full level, on a GPU machine and on one without torch."""
     seen: set[Path_] = set()
-    skip = ("torch.compile", "nccl", "integrity.files")  # subprocesses and file hashing: no lock keys
+    skip = (
+        "torch.compile",
+        "nccl",
+        "integrity.files",
+    )  # subprocesses and file hashing: no lock keys
     for system in (FakeSystem(torch=FakeTorch()), FakeSystem(torch=None)):
         run_checks(_Recording(load_lock(path), (), seen), level="full", system=system, skip=skip)
-    return {p for p in seen if not str(p[0]).startswith("__")}  # the reader's own __path__, __file_sha256__
+    return {
+        p for p in seen if not str(p[0]).startswith("__")
+    }  # the reader's own __path__, __file_sha256__
 
 
 def _views() -> list[tuple[Path, str]]:
@@ -201,7 +234,9 @@ def test_the_reader_holds_every_field_the_model_writes(lock_path):
         if not _same(value, got):
             wrong.append(f"{'.'.join(map(str, path))}: model {_plain(value)!r}, reader {got!r}")
     assert wrong == []
-    assert {k for k in data if not k.startswith("__")} == set(_plain(model))  # no table added or dropped
+    assert {k for k in data if not k.startswith("__")} == set(
+        _plain(model)
+    )  # no table added or dropped
     assert lock_hash(data) == model.meta.content_hash
 
 
@@ -222,14 +257,19 @@ def test_every_key_the_verifier_reads_is_a_field_of_the_model(lock_path):
         if _generic(p) in READ_BUT_NOT_WRITTEN:
             continue
         value, got = values.get(p), _at(data, p)
-        assert _same(value, got), f"{'.'.join(map(str, p))}: model {_plain(value)!r}, verifier reads {got!r}"
+        assert _same(value, got), (
+            f"{'.'.join(map(str, p))}: model {_plain(value)!r}, verifier reads {got!r}"
+        )
     missed = READ_AT_LEAST - generic_reads
     if model.torch is not None and model.wheels:
         assert missed == set(), f"the recorder saw no read of {sorted(missed)}"
 
 
-@pytest.mark.parametrize("path, name", [v for v in _views() if lockmod.load(v[0]).multi],
-                         ids=lambda v: str(v) if isinstance(v, str) else v.name)
+@pytest.mark.parametrize(
+    "path, name",
+    [v for v in _views() if lockmod.load(v[0]).multi],
+    ids=lambda v: str(v) if isinstance(v, str) else v.name,
+)
 def test_a_multi_platform_lock_is_read_as_the_hosts_section(path, name, tmp_path, monkeypatch):
     """Host mode (`envspec verify --lock multi.lock`): the verifier reads the host's section of a
     version-2 lock (ENVSPEC_PLATFORM names another) as the view its image carries."""
@@ -248,6 +288,8 @@ def test_a_multi_platform_lock_without_the_hosts_section_is_refused(tmp_path, mo
 
     multi = next(p for p in LOCKS if lockmod.load(p).multi)
     monkeypatch.setenv("ENVSPEC_PLATFORM", "linux-riscv64")
-    with pytest.raises(LockReadError, match="no section for this host's platform linux-riscv64") as e:
+    with pytest.raises(
+        LockReadError, match="no section for this host's platform linux-riscv64"
+    ) as e:
         load_lock(multi)
     assert "linux-aarch64" in e.value.message and "ENVSPEC_PLATFORM" in e.value.hint

@@ -27,7 +27,9 @@ def this_lock(tmp_path):
 
 def test_cli_json_against_this_python_passes(this_lock, tmp_path, capsys):
     prom = tmp_path / "verify.prom"
-    rc = cli.main(["--lock", str(this_lock), "--json", "--skip", "torch.compile", "--prometheus", str(prom)])
+    rc = cli.main(
+        ["--lock", str(this_lock), "--json", "--skip", "torch.compile", "--prometheus", str(prom)]
+    )
     d = json.loads(capsys.readouterr().out)
     by = {f["check"]: f for f in d["findings"]}
     assert rc == 0, json.dumps(d, indent=1)
@@ -65,8 +67,21 @@ def test_wrong_torch_version_fails(this_lock):
 
 def test_python_m_entry_point_and_exit_code(this_lock):
     env = dict(os.environ, PYTHONPATH=str(SRC))
-    p = subprocess.run([sys.executable, "-m", "envspec.verify", "--lock", str(this_lock), "--skip",
-                        "torch.compile,integrity.files"], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envspec.verify",
+            "--lock",
+            str(this_lock),
+            "--skip",
+            "torch.compile,integrity.files",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "OK:" in p.stdout and "STATUS  CHECK" in p.stdout
 
@@ -81,8 +96,13 @@ def test_startup_hook_is_quiet_when_all_is_well(this_lock, capsys):
 def test_startup_leaves_torch_to_verify(tmp_path, capsys):
     # the hook imports no torch (docs/verify.md): a wrong torch starts, and `envspec verify` fails it
     p = tmp_path / "wrong.lock"
-    p.write_text(with_content_hash(lock_text_for_this_python(sys.prefix).replace(
-        f'version = "{torch.__version__.split("+")[0]}"', 'version = "1.0.0"', 1)))
+    p.write_text(
+        with_content_hash(
+            lock_text_for_this_python(sys.prefix).replace(
+                f'version = "{torch.__version__.split("+")[0]}"', 'version = "1.0.0"', 1
+            )
+        )
+    )
     assert cli.startup_check("strict", lock_path=str(p)) == 0
     assert "torch" not in capsys.readouterr().err
     assert cli.main(["--lock", str(p), "--skip", "torch.compile,integrity"]) == 1

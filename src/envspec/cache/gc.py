@@ -54,8 +54,14 @@ class Entry:
     group: str = ""  # a layer's group, from its .json
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "size": self.size, "used": round(self.used),
-                **({"group": self.group} if self.group else {}), "paths": [str(p) for p in self.paths]}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "size": self.size,
+            "used": round(self.used),
+            **({"group": self.group} if self.group else {}),
+            "paths": [str(p) for p in self.paths],
+        }
 
 
 def _stat(paths: Iterable[Path]) -> tuple[int, float] | None:
@@ -92,27 +98,36 @@ def scan(cache: Cache) -> list[Entry]:
     name). Entries are regular files in the cache's own directories: a link in the cache (to a file
     or a directory) is no entry, so neither ``cache gc`` nor eviction follows it out of the cache."""
     out: list[Entry] = []
-    for kind, d in (("wheel", cache.root / "blobs" / "sha256"), ("deb", cache.root / "debs" / "sha256")):
+    for kind, d in (
+        ("wheel", cache.root / "blobs" / "sha256"),
+        ("deb", cache.root / "debs" / "sha256"),
+    ):
         for p in sorted(d.iterdir()) if _own_dir(d, cache.root) else ():
             if _HEX.match(p.name):
                 st = _stat([p])
                 if st:
                     out.append(Entry(kind, p.name, (p,), *st))
     layers = cache.root / "layers"
-    by_key: dict[str, list[Path]] = {}  # a layer: <key>.json, <key>.tar and its compressed blobs with theirs
+    by_key: dict[
+        str, list[Path]
+    ] = {}  # a layer: <key>.json, <key>.tar and its compressed blobs with theirs
     for p in sorted(layers.iterdir()) if _own_dir(layers, cache.root) else ():
         key, dot, _rest = p.name.partition(".")
         if dot and _HEX.match(key) and not p.is_symlink() and p.is_file():
             by_key.setdefault(key, []).append(p)
     for key, files in by_key.items():
         meta = layers / f"{key}.json"
-        paths = tuple(sorted(files, key=lambda q: (q != meta, q.name)))  # the record first: removed first
+        paths = tuple(
+            sorted(files, key=lambda q: (q != meta, q.name))
+        )  # the record first: removed first
         st = _stat(paths)
         if st is None:
             continue
         group = str(_read_json(meta).get("group", "")) if meta in files else ""
         out.append(Entry("layer", key, paths, *st, group=group))
-    built = cache.root / "built"  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
+    built = (
+        cache.root / "built"
+    )  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
     for d in sorted(built.iterdir()) if _own_dir(built, cache.root) else ():
         if _HEX.match(d.name) and d.is_dir() and not d.is_symlink():
             made = tuple(sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
@@ -163,16 +178,23 @@ def summary(cache: Cache, entries: Sequence[Entry] | None = None) -> dict[str, A
             if loose:
                 name = f"{p.name}/ (not entries)"
                 other[name] = loose
-                what[name] = ("files being written by a running build, or left by one that was killed; "
-                              "not collected (a build of the same file replaces them)")
+                what[name] = (
+                    "files being written by a running build, or left by one that was killed; "
+                    "not collected (a build of the same file replaces them)"
+                )
         elif p.is_dir():
             other[p.name + "/"] = _tree_size(p)
             what[p.name + "/"] = OTHER.get(p.name, "not envspec's: not collected")
         elif p.is_file():
             other[p.name] = p.stat().st_size
             what[p.name] = OTHER.get(p.name, "not envspec's: not collected")
-    return {"cache": str(cache.root), "kinds": kinds, "other": other, "other_what": what,
-            "total_bytes": sum(v["bytes"] for v in kinds.values()) + sum(other.values())}
+    return {
+        "cache": str(cache.root),
+        "kinds": kinds,
+        "other": other,
+        "other_what": what,
+        "total_bytes": sum(v["bytes"] for v in kinds.values()) + sum(other.values()),
+    }
 
 
 # what the cache's other directories and files are, for `envspec cache` (none is collected by gc)
@@ -192,6 +214,7 @@ OTHER = {
 
 
 # --- what locks need -------------------------------------------------------------------------------
+
 
 @dataclass
 class Needed:
@@ -213,7 +236,9 @@ class Needed:
         return e.name in self._set(e.kind)
 
     def _set(self, kind: str) -> set[str]:
-        return {"wheel": self.wheels, "deb": self.debs, "layer": self.layers, "built": self.built}[kind]
+        return {"wheel": self.wheels, "deb": self.debs, "layer": self.layers, "built": self.built}[
+            kind
+        ]
 
 
 def repository_root(start: Path) -> Path:
@@ -225,7 +250,16 @@ def repository_root(start: Path) -> Path:
     return start
 
 
-_SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".tox", ".mypy_cache", ".pytest_cache"}
+_SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".tox",
+    ".mypy_cache",
+    ".pytest_cache",
+}
 
 
 def default_locks(start: Path) -> list[Path]:
@@ -251,6 +285,7 @@ def default_locks(start: Path) -> list[Path]:
 
 # --- the collection -------------------------------------------------------------------------------
 
+
 @dataclass
 class GcPlan:
     keep: list[tuple[Entry, str]]  # (entry, why: "needed" | "recent" | "budget")
@@ -265,18 +300,27 @@ class GcPlan:
     def to_json(self) -> dict[str, Any]:
         return {
             "keep_size": self.keep_size,
-            "kept": {"count": len(self.keep), "bytes": sum(e.size for e, _ in self.keep),
-                     "needed": sum(1 for _, why in self.keep if why == "needed"),
-                     "recent": sum(1 for _, why in self.keep if why == "recent"),
-                     "budget": sum(1 for _, why in self.keep if why == "budget")},
+            "kept": {
+                "count": len(self.keep),
+                "bytes": sum(e.size for e, _ in self.keep),
+                "needed": sum(1 for _, why in self.keep if why == "needed"),
+                "recent": sum(1 for _, why in self.keep if why == "recent"),
+                "budget": sum(1 for _, why in self.keep if why == "budget"),
+            },
             "removed": [e.to_json() for e in self.remove],
             "freed_bytes": self.freed,
             "over_budget_bytes": self.over_budget,
         }
 
 
-def plan_gc(entries: Sequence[Entry], needed: Needed, *, keep_size: int | None = None, now: float | None = None,
-            grace: float = GRACE_S) -> GcPlan:
+def plan_gc(
+    entries: Sequence[Entry],
+    needed: Needed,
+    *,
+    keep_size: int | None = None,
+    now: float | None = None,
+    grace: float = GRACE_S,
+) -> GcPlan:
     """Which entries stay and which go (pure: nothing is touched)."""
     now = time.time() if now is None else now
     keep: list[tuple[Entry, str]] = []
@@ -301,12 +345,23 @@ def plan_gc(entries: Sequence[Entry], needed: Needed, *, keep_size: int | None =
                 total += e.size
             else:
                 remove.append(e)
-    return GcPlan(keep=keep, remove=sorted(remove, key=lambda e: (e.kind, e.name)), keep_size=keep_size,
-                  over_budget=over)
+    return GcPlan(
+        keep=keep,
+        remove=sorted(remove, key=lambda e: (e.kind, e.name)),
+        keep_size=keep_size,
+        over_budget=over,
+    )
 
 
-def collect(cache: Cache, needed: Needed, *, keep_size: int | None = None, dry_run: bool = False,
-            grace: float = GRACE_S, on_wait: Callable[[list[str]], None] = lambda users: None) -> GcPlan:
+def collect(
+    cache: Cache,
+    needed: Needed,
+    *,
+    keep_size: int | None = None,
+    dry_run: bool = False,
+    grace: float = GRACE_S,
+    on_wait: Callable[[list[str]], None] = lambda users: None,
+) -> GcPlan:
     """Plan and (unless ``dry_run``) carry out a collection under the cache's exclusive lock.
     ``on_wait`` is called once, with the builds using the cache (``users``), when the collection
     waits for them. A dry run removes nothing, so it waits for nobody: it plans from the cache as
@@ -354,7 +409,9 @@ def _remove(cache: Cache, e: Entry) -> None:
         import shutil
 
         with cache.locked("built-" + e.name):
-            (cache.root / "built" / e.name / "wheel.json").unlink(missing_ok=True)  # first: no longer an entry
+            (cache.root / "built" / e.name / "wheel.json").unlink(
+                missing_ok=True
+            )  # first: no longer an entry
             shutil.rmtree(cache.root / "built" / e.name, ignore_errors=True)
     else:
         for p in e.paths:
@@ -363,8 +420,22 @@ def _remove(cache: Cache, e: Entry) -> None:
 
 # --- sizes -----------------------------------------------------------------------------------------
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 10**3, "KIB": 1 << 10, "M": 1 << 20, "MB": 10**6, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 10**9, "GIB": 1 << 30, "T": 1 << 40, "TB": 10**12, "TIB": 1 << 40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 10**3,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 10**6,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 10**9,
+    "GIB": 1 << 30,
+    "T": 1 << 40,
+    "TB": 10**12,
+    "TIB": 1 << 40,
+}
 
 
 def parse_size(text: str) -> int:
@@ -373,8 +444,11 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).upper() if m else ""
     if not m or unit not in _UNITS:
-        raise UsageError(f"--keep-size {text!r} is not a size", reference="bad-size",
-                         hint="a number with K, M, G or T (powers of 1024) or KB, MB, GB, TB (of 1000), e.g. 20G")
+        raise UsageError(
+            f"--keep-size {text!r} is not a size",
+            reference="bad-size",
+            hint="a number with K, M, G or T (powers of 1024) or KB, MB, GB, TB (of 1000), e.g. 20G",
+        )
     return int(float(m.group(1)) * _UNITS[unit])
 
 
@@ -384,4 +458,3 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"  # pragma: no cover
-

@@ -14,9 +14,27 @@ import os
 import sys
 
 from envspec import __version__
-from envspec.cli import build, cache, cluster, db, diff, doctor, init, lock, run, verify, verify_image
+from envspec.cli import (
+    build,
+    cache,
+    cluster,
+    db,
+    diff,
+    doctor,
+    init,
+    lock,
+    run,
+    verify,
+    verify_image,
+)
 from envspec.cli.common import console, print_json, say
-from envspec.errors import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EnvspecError, ResolutionImpossible
+from envspec.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EnvspecError,
+    ResolutionImpossible,
+)
 
 # Each command's sub-parser, in the order `envspec --help` lists them.
 _COMMANDS = {
@@ -59,13 +77,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parses a command line with: it parses, helps and fails the same way for that command, and
     argparse's set-up of every command is about 2% of `envspec explain`, docs/benchmarks.md
     session 12)."""
-    p = argparse.ArgumentParser(prog="envspec", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="envspec [-h] [--version] [-v] COMMAND ...",
-                                description="Reproducible GPU deep-learning environments: a spec (TOML) locked\n"
-                                            "against a compatibility DB, built into an OCI image bit for bit,\n"
-                                            "verified on the machine it runs on.",
-                                epilog="`envspec COMMAND --help` says more, with examples; docs/cli.md lists every "
-                                       "option.")
+    p = argparse.ArgumentParser(
+        prog="envspec",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="envspec [-h] [--version] [-v] COMMAND ...",
+        description="Reproducible GPU deep-learning environments: a spec (TOML) locked\n"
+        "against a compatibility DB, built into an OCI image bit for bit,\n"
+        "verified on the machine it runs on.",
+        epilog="`envspec COMMAND --help` says more, with examples; docs/cli.md lists every option.",
+    )
     p.add_argument("--version", action="version", version=f"envspec {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", help=argparse.SUPPRESS)
@@ -77,7 +97,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         width = max(map(len, helps)) + 2
         p.description = (p.description or "") + "".join(
             f"\n\n{group}:\n" + "\n".join(f"  {name:<{width}}{helps[name]}" for name in names)
-            for group, names in GROUPS.items())
+            for group, names in GROUPS.items()
+        )
     return p
 
 
@@ -96,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["verify"]:  # the verifier parses its own arguments (it also runs alone inside images)
+    if argv[:1] == [
+        "verify"
+    ]:  # the verifier parses its own arguments (it also runs alone inside images)
         return verify.run_verify(argv[1:])
     if argv[:1] == ["cluster"]:  # `envspec cluster render ...`: job files for torchrun across nodes
         return cluster.run_cluster(argv[1:])
@@ -104,25 +127,34 @@ def _main(argv: list[str] | None = None) -> int:
     after: list[str] = []
     if argv[:1] == ["run"] and "--" in argv:  # `envspec run TARGET [options] -- CMD...`
         i = argv.index("--")
-        argv, after = argv[:i], argv[i + 1:]
+        argv, after = argv[:i], argv[i + 1 :]
     args = parser.parse_args(argv)
     if after:
         args.cmd = after
     if not getattr(args, "func", None):
         build_parser().print_help()  # every command's
         return EXIT_BAD_INPUT
-    if args.func is not lock.cmd_explain:  # explain is offline and logs nothing: it does without the logging module
+    if (
+        args.func is not lock.cmd_explain
+    ):  # explain is offline and logs nothing: it does without the logging module
         import logging
 
-        logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")  # the core's warnings, e.g. stale indexes
+        logging.basicConfig(
+            level=logging.WARNING, format="warning: %(message)s"
+        )  # the core's warnings, e.g. stale indexes
     try:
         return args.func(args)
     except EnvspecError as e:
-        from envspec import explain  # (its words for an impossible resolution; imported where an error is told)
+        from envspec import (
+            explain,
+        )  # (its words for an impossible resolution; imported where an error is told)
 
         if getattr(args, "json", False):
-            print_json(explain.impossible_json(e) if isinstance(e, ResolutionImpossible)
-                        else {"ok": False, "error": e.to_json()})
+            print_json(
+                explain.impossible_json(e)
+                if isinstance(e, ResolutionImpossible)
+                else {"ok": False, "error": e.to_json()}
+            )
         if args.verbose:
             import traceback
 

@@ -24,8 +24,12 @@ if TYPE_CHECKING:
     from envspec.image.index import BuiltIndex
 
 
-_SOURCE_WORDS = {"made": "made", "local": "from the local cache", "registry": "from the registry cache",
-                 "store": "in the store already"}
+_SOURCE_WORDS = {
+    "made": "made",
+    "local": "from the local cache",
+    "registry": "from the registry cache",
+    "store": "in the store already",
+}
 
 
 class _Progress:
@@ -46,11 +50,15 @@ class _Progress:
                 outer._done("fetch")
 
             def layer_started(self, group, pins, cached):
-                outer._line(f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building")
+                outer._line(
+                    f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building"
+                )
 
             def layer_built(self, layer):
-                outer._line(f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
-                            f"  {_SOURCE_WORDS.get(layer.source, layer.source)}")
+                outer._line(
+                    f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
+                    f"  {_SOURCE_WORDS.get(layer.source, layer.source)}"
+                )
 
             def importing(self, group, sent):
                 outer._bytes(f"into containers-storage: {group}", sent)
@@ -62,16 +70,23 @@ class _Progress:
                 outer._line(f"pushed {dest}@{digest}")
 
             def source_building(self, name, version):
-                outer._line(f"building {name} {version} from its sdist (in the lock's Debian base, no network)")
+                outer._line(
+                    f"building {name} {version} from its sdist (in the lock's Debian base, no network)"
+                )
 
             def source_progress(self, name, version, step):
                 outer._line(f"  {name}: {step}")
 
             def source_built(self, name, version, wheel, seconds, cached):
-                outer._line(f"built {wheel}" + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s"))
+                outer._line(
+                    f"built {wheel}"
+                    + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s")
+                )
 
             def warning(self, message):  # printed even with --quiet
-                (outer.progress.console if outer.progress else outer.con).print(f"warning: {message}", markup=False)
+                (outer.progress.console if outer.progress else outer.con).print(
+                    f"warning: {message}", markup=False
+                )
 
         self.reporter = R()
         self.progress: Progress | None = None
@@ -83,10 +98,22 @@ class _Progress:
 
     def __enter__(self):
         if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=self.con, transient=True)
+            self.progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.con,
+                transient=True,
+            )
             self.progress.__enter__()
         return self
 
@@ -99,7 +126,9 @@ class _Progress:
             return
         if kind not in self.tasks:
             self.tasks[kind] = self.progress.add_task("fetching files", total=0)
-        self.progress.update(self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1)
+        self.progress.update(
+            self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1
+        )
 
     def _bytes(self, desc, sent):
         """One bar per layer on its way into containers-storage (its size is known only once
@@ -140,40 +169,75 @@ def cmd_build(args) -> int:
     cache_from, cache_to = _cache_refs(args, spec_sources)
     # checked before building; only for a push or a registry cache (a stale REGISTRY_AUTH_FILE does
     # not stop a local build)
-    access = (registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify))
-              if args.push or cache_from or cache_to else None)
-    lock, lock_path = lock_for(args.target, locked=args.locked, quiet=args.quiet or args.json, write=not args.dry_run)
-    if spec_sources is not None and spec_sources.debian_snapshot and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT"):
-        os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = spec_sources.debian_snapshot  # tried first for pinned .debs
+    access = (
+        registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify))
+        if args.push or cache_from or cache_to
+        else None
+    )
+    lock, lock_path = lock_for(
+        args.target, locked=args.locked, quiet=args.quiet or args.json, write=not args.dry_run
+    )
+    if (
+        spec_sources is not None
+        and spec_sources.debian_snapshot
+        and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT")
+    ):
+        os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = (
+            spec_sources.debian_snapshot
+        )  # tried first for pinned .debs
     plan = make_plan(lock) if not lock.multi else None
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
-        raise UsageError("--check-digest and --push together", hint="--check-digest compares a rebuild with an "
-                         "image pushed before; push from one build, check from another")
-    options = BuildOptions(tag=args.tag, outputs=tuple(args.output or ()), push=args.push, no_cache=args.no_cache,
-                           registry=Registry(key=sign_key, lock_path=rel(lock_path)),
-                           cache_from=cache_from, cache_to=cache_to,
-                           source_parallel=spec_build.parallel if spec_build else 1,
-                           source_jobs=spec_build.jobs if spec_build else 0,
-                           compression=args.compression or DEFAULT_COMPRESSION,
-                           # named, or for --check-digest's comparison with a pushed image: compressed now
-                           compress=True if (args.compression or args.check_digest) else None,
-                           # [meta].spec is relative to the folder holding lockfiles/, not to where envspec runs
-                           spec_dir=(lock_base(lock_path) / Path(lock.meta.spec).parent) if lock.meta.spec else None)
+        raise UsageError(
+            "--check-digest and --push together",
+            hint="--check-digest compares a rebuild with an "
+            "image pushed before; push from one build, check from another",
+        )
+    options = BuildOptions(
+        tag=args.tag,
+        outputs=tuple(args.output or ()),
+        push=args.push,
+        no_cache=args.no_cache,
+        registry=Registry(key=sign_key, lock_path=rel(lock_path)),
+        cache_from=cache_from,
+        cache_to=cache_to,
+        source_parallel=spec_build.parallel if spec_build else 1,
+        source_jobs=spec_build.jobs if spec_build else 0,
+        compression=args.compression or DEFAULT_COMPRESSION,
+        # named, or for --check-digest's comparison with a pushed image: compressed now
+        compress=True if (args.compression or args.check_digest) else None,
+        # [meta].spec is relative to the folder holding lockfiles/, not to where envspec runs
+        spec_dir=(lock_base(lock_path) / Path(lock.meta.spec).parent) if lock.meta.spec else None,
+    )
     if lock.multi:
         from envspec.image.index import check_options
 
         check_options(options)  # what an image index cannot carry: refused before anything is built
-    if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
+    if (
+        args.dry_run
+    ):  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
         dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
         if plan is None:
             from envspec.image.index import platform_tag, preview_index
 
             # each platform's image as it is built (tagged, no push or output of its own), then the index
-            shown = {"index": True, "push": options.push, "outputs": list(options.outputs),
-                     "engine": preview_index(lock, options), "platforms": [
-                         {"platform": v.platform_names[0]} | preview(make_plan(v), dry_cache, options=dataclasses.replace(
-                             options, tag=platform_tag(options.tag, v), push=None, outputs=())) for v in lock.views()]}
+            shown = {
+                "index": True,
+                "push": options.push,
+                "outputs": list(options.outputs),
+                "engine": preview_index(lock, options),
+                "platforms": [
+                    {"platform": v.platform_names[0]}
+                    | preview(
+                        make_plan(v),
+                        dry_cache,
+                        options=dataclasses.replace(
+                            options, tag=platform_tag(options.tag, v), push=None, outputs=()
+                        ),
+                    )
+                    for v in lock.views()
+                ],
+            }
         else:
             shown = preview(plan, dry_cache, options=options)
         if args.json:
@@ -192,8 +256,9 @@ def cmd_build(args) -> int:
             if plan is None:  # a section per platform: an image each, one image index over them
                 from envspec.image.index import build_index
 
-                built: BuiltImage | BuiltIndex = build_index(lock, engine, cache, mirrors, options=options,
-                                                             reporter=prog.reporter)
+                built: BuiltImage | BuiltIndex = build_index(
+                    lock, engine, cache, mirrors, options=options, reporter=prog.reporter
+                )
             else:
                 built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
     except (OSError, EnvspecError) as e:  # a full disk: which directory, how much the build needs
@@ -204,19 +269,32 @@ def cmd_build(args) -> int:
         raise
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
-    background = _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
+    background = (
+        _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
+    )
     if args.json:
-        print_json(built.to_json() | {"lock": str(lock_path), "storage": _storage_json(host),
-                                       "background_compress": background})
+        print_json(
+            built.to_json()
+            | {
+                "lock": str(lock_path),
+                "storage": _storage_json(host),
+                "background_compress": background,
+            }
+        )
     elif not args.quiet:
         con = console()
-        for line in (_index_lines(built, host, lock, target=args.target) if plan is None
-                     else _built_lines(built, host, lock, target=args.target)):
+        for line in (
+            _index_lines(built, host, lock, target=args.target)
+            if plan is None
+            else _built_lines(built, host, lock, target=args.target)
+        ):
             con.print(line, markup=False)
         if background:
-            con.print(f"compressing its layers for a later push, in the background at the lowest priority (pid "
-                      f"{background['pid']}, log {background['log']}; ENVSPEC_BACKGROUND_COMPRESS=off: not)",
-                      markup=False)
+            con.print(
+                f"compressing its layers for a later push, in the background at the lowest priority (pid "
+                f"{background['pid']}, log {background['log']}; ENVSPEC_BACKGROUND_COMPRESS=off: not)",
+                markup=False,
+            )
     else:
         console().print(built.digest, markup=False)
     return EXIT_OK
@@ -233,18 +311,40 @@ def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
 
     if not built.image or built.compression == built.carried_compression:
         return None
-    if os.environ.get("ENVSPEC_BACKGROUND_COMPRESS", "on").strip().lower() in ("0", "off", "no", "false"):
+    if os.environ.get("ENVSPEC_BACKGROUND_COMPRESS", "on").strip().lower() in (
+        "0",
+        "off",
+        "no",
+        "false",
+    ):
         return None
-    argv = [sys.executable, "-m", "envspec", "cache", "compress", str(Path(lock_path).resolve()),
-            "--compression", built.carried_compression]
-    low = ([*(["ionice", "-c", "3"] if shutil.which("ionice") else []), "nice", "-n", "19"]
-           if shutil.which("nice") else [])
+    argv = [
+        sys.executable,
+        "-m",
+        "envspec",
+        "cache",
+        "compress",
+        str(Path(lock_path).resolve()),
+        "--compression",
+        built.carried_compression,
+    ]
+    low = (
+        [*(["ionice", "-c", "3"] if shutil.which("ionice") else []), "nice", "-n", "19"]
+        if shutil.which("nice")
+        else []
+    )
     log = Path(cache_dir) / "compress.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:  # the last one's
-            proc = subprocess.Popen([*low, *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                [*low, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
     except OSError:  # a push then compresses them itself
         return None
     return {"pid": proc.pid, "log": str(log), "command": argv}
@@ -272,12 +372,17 @@ def _signing_key(args):
     """The key of --sign-by-sigstore-private-key (with --sign-passphrase-file), or None."""
     if not args.sign_by_sigstore_private_key:
         if args.sign_passphrase_file:
-            raise UsageError("--sign-passphrase-file without --sign-by-sigstore-private-key",
-                             hint="name the key to sign with: --sign-by-sigstore-private-key PATH")
+            raise UsageError(
+                "--sign-passphrase-file without --sign-by-sigstore-private-key",
+                hint="name the key to sign with: --sign-by-sigstore-private-key PATH",
+            )
         return None
     if not args.push:
-        raise UsageError("--sign-by-sigstore-private-key without --push", reference="sign-without-push",
-                         hint="signatures and attestations are pushed beside the image: add --push REF")
+        raise UsageError(
+            "--sign-by-sigstore-private-key without --push",
+            reference="sign-without-push",
+            hint="signatures and attestations are pushed beside the image: add --push REF",
+        )
     from envspec.registry.attest import SigningKey
 
     passphrase = None
@@ -285,7 +390,9 @@ def _signing_key(args):
         try:
             passphrase = Path(args.sign_passphrase_file).read_bytes().rstrip(b"\r\n")
         except OSError as e:
-            raise UsageError(f"--sign-passphrase-file {args.sign_passphrase_file}: {e.strerror}") from e
+            raise UsageError(
+                f"--sign-passphrase-file {args.sign_passphrase_file}: {e.strerror}"
+            ) from e
     return SigningKey.load(args.sign_by_sigstore_private_key, passphrase)
 
 
@@ -294,21 +401,41 @@ def _check_digest(args, built) -> int:
     from envspec.registry.verify_image import RegistryReader, manifest_digest
 
     # the push's registry options (--authfile, --cert-dir, --tls-verify) reach the pushed image too
-    reader = RegistryReader(registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify)))
+    reader = RegistryReader(
+        registry_access(args.authfile, args.cert_dir, bool_flag("--tls-verify", args.tls_verify))
+    )
     pushed = manifest_digest(reader, args.check_digest)
     same = pushed == built.digest
     if args.json:
-        print_json(built.to_json() | {"check_digest": {"ref": args.check_digest, "pushed": pushed,
-                                                         "built": built.digest, "same": same}})
+        print_json(
+            built.to_json()
+            | {
+                "check_digest": {
+                    "ref": args.check_digest,
+                    "pushed": pushed,
+                    "built": built.digest,
+                    "same": same,
+                }
+            }
+        )
     else:
         con = console(stderr=not same)
         if same:
-            con.print(f"same digest: {args.check_digest} is {pushed}, and so is this rebuild", markup=False)
+            con.print(
+                f"same digest: {args.check_digest} is {pushed}, and so is this rebuild",
+                markup=False,
+            )
         else:
-            con.print(f"different digest: {args.check_digest} is {pushed or '(no such image)'}, this rebuild is "
-                      f"{built.digest}", markup=False)
-            con.print("hint: the pushed image was not built from this lock by this envspec (or with other "
-                      "layer options); `envspec verify-image` shows what its provenance says", markup=False)
+            con.print(
+                f"different digest: {args.check_digest} is {pushed or '(no such image)'}, this rebuild is "
+                f"{built.digest}",
+                markup=False,
+            )
+            con.print(
+                "hint: the pushed image was not built from this lock by this envspec (or with other "
+                "layer options); `envspec verify-image` shows what its provenance says",
+                markup=False,
+            )
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
@@ -326,24 +453,41 @@ def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
         lines.append(f"{where}image {one['image']}")
         lines.append(f"  {'layer':<8} {'pins':>5}  {'key':<12}  state")
         for lay in one["layers"]:
-            state = ("made at build (never cached)" if not lay["cacheable"] else
-                     "cached" if lay["cached"] else "to make")
-            lines.append(f"  {lay['group']:<8} {len(lay['pins']):>5}  {lay['key'].split(':')[-1][:12]}  {state}")
+            state = (
+                "made at build (never cached)"
+                if not lay["cacheable"]
+                else "cached"
+                if lay["cached"]
+                else "to make"
+            )
+            lines.append(
+                f"  {lay['group']:<8} {len(lay['pins']):>5}  {lay['key'].split(':')[-1][:12]}  {state}"
+            )
         f = one["fetch"]
-        lines.append(f"  to fetch: {f['wheels']} wheels ({human(f['wheel_bytes'])}), {f['debs']} Debian packages "
-                     f"({human(f['deb_bytes'])})")
+        lines.append(
+            f"  to fetch: {f['wheels']} wheels ({human(f['wheel_bytes'])}), {f['debs']} Debian packages "
+            f"({human(f['deb_bytes'])})"
+        )
         if one["source_builds"]:
-            lines.append("  built from sdists: " + ", ".join(
-                f"{b.get('name')} {b.get('version')} ({'cached' if b.get('cached') else 'to build'})"
-                for b in one["source_builds"]))
+            lines.append(
+                "  built from sdists: "
+                + ", ".join(
+                    f"{b.get('name')} {b.get('version')} ({'cached' if b.get('cached') else 'to build'})"
+                    for b in one["source_builds"]
+                )
+            )
         cache = one.get("cache") or {}
         if cache.get("from") or cache.get("to"):
-            lines.append(f"  registry layer cache: from {cache.get('from') or '-'}, to {cache.get('to') or '-'}")
+            lines.append(
+                f"  registry layer cache: from {cache.get('from') or '-'}, to {cache.get('to') or '-'}"
+            )
         steps = one.get("engine") or []
         if steps and not shown.get("index"):
             lines.append("  then: " + "; ".join(" ".join(str(x) for x in step) for step in steps))
     if shown.get("index"):
-        lines.append("then: " + "; ".join(" ".join(str(x) for x in step) for step in shown["engine"]))
+        lines.append(
+            "then: " + "; ".join(" ".join(str(x) for x in step) for step in shown["engine"])
+        )
     lines.append("(--json: the whole plan, with each layer's pins)")
     return lines
 
@@ -358,8 +502,10 @@ def _index_lines(built, host, lock, *, target: str) -> list[str]:
     lines = []
     for name, one in built.images:
         made = sum(lay.source == "made" for lay in one.layers)
-        lines.append(f"{name}: built {one.image or '(not named in containers-storage)'} in {one.seconds:.1f} s "
-                     f"({made} of {len(one.layers)} layers made), digest {one.digest}")
+        lines.append(
+            f"{name}: built {one.image or '(not named in containers-storage)'} in {one.seconds:.1f} s "
+            f"({made} of {len(one.layers)} layers made), digest {one.digest}"
+        )
     lines.append(f"image index {built.digest} over {', '.join(n for n, _ in built.images)}")
     lines += [f"written to {dest}" for dest in built.outputs]
     lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]
@@ -386,18 +532,27 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     remote = sum(lay.source == "registry" for lay in built.layers)
     stored = sum(lay.source == "store" for lay in built.layers)
     made = len(built.layers) - local - remote - stored
-    lines = driver_assumed_lines(lock) + [f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
-             + (f", {local} from the cache" if local else "")
-             + (f", {stored} in the store already" if stored else "")
-             + (f", {remote} from the registry cache {built.cache_from}" if remote else "") + ")",
-             f"digest {built.digest}" + ("" if built.compression == built.carried_compression else
-                                          " (its layers uncompressed, as the store keeps them; a push carries them "
-                                          "compressed, under another digest: docs/build.md, \"Which digest\")"),
-             f"image id {built.config_digest}"]
+    lines = driver_assumed_lines(lock) + [
+        f"built {name} in {built.seconds:.1f} s ({made} of {len(built.layers)} layers made"
+        + (f", {local} from the cache" if local else "")
+        + (f", {stored} in the store already" if stored else "")
+        + (f", {remote} from the registry cache {built.cache_from}" if remote else "")
+        + ")",
+        f"digest {built.digest}"
+        + (
+            ""
+            if built.compression == built.carried_compression
+            else " (its layers uncompressed, as the store keeps them; a push carries them "
+            'compressed, under another digest: docs/build.md, "Which digest")'
+        ),
+        f"image id {built.config_digest}",
+    ]
     if built.cached_to:
         lines.append(f"pushed {len(built.cached_to)} layers to the layer cache {built.cache_to}")
     lines += [f"written to {dest}" for dest in built.outputs]
-    lines += [f"pushed {dest}@{built.digest}" for dest in built.pushed]  # the compressed manifest's digest
+    lines += [
+        f"pushed {dest}@{built.digest}" for dest in built.pushed
+    ]  # the compressed manifest's digest
     lines += [f"attached {ref}" for ref in built.attached]
     if not built.image:
         return lines
@@ -406,53 +561,108 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     if st.custom:
         where += " (ENVSPEC_STORAGE_ROOT: keep it set for envspec run)"
     repo = built.image.rsplit(":", 1)[0] if ":" in built.image.rsplit("/", 1)[-1] else built.image
-    lines += [f"stored in {where}", f"  list it: {shlex.join(['podman', *st.args(), 'images', repo])}"]
+    lines += [
+        f"stored in {where}",
+        f"  list it: {shlex.join(['podman', *st.args(), 'images', repo])}",
+    ]
     return lines + start_lines(target, lock, image=built.image)
 
 
 def add_build(sub) -> None:
-    s = command(sub, "build", help="build the lock's OCI image with buildah (locks first when needed)",
-                description="Build the lock's OCI image with buildah, bit for bit the same from the same lock on any "
-                            "machine, in layers (base, cuda, torch, deps, team, envspec) so that a small change "
-                            "rebuilds and pushes a small layer. Given a spec, its lock is made or refreshed first.",
-                examples=["envspec build specs/h100.toml",
-                          "envspec build lockfiles/h100-train.lock --dry-run        # what it would do",
-                          "envspec build lockfiles/h100-train.lock --push registry.example/ml/train:v3 \\",
-                          "    --cache-to registry.example/ml/cache             # CI: push the image and its layers",
-                          "envspec build lockfiles/h100-train.lock --cache-from registry.example/ml/cache  # a node"])
-    s.add_argument("target", metavar="SPEC|LOCK", help="a spec (its lock is found, made or refreshed) or a lockfile")
+    s = command(
+        sub,
+        "build",
+        help="build the lock's OCI image with buildah (locks first when needed)",
+        description="Build the lock's OCI image with buildah, bit for bit the same from the same lock on any "
+        "machine, in layers (base, cuda, torch, deps, team, envspec) so that a small change "
+        "rebuilds and pushes a small layer. Given a spec, its lock is made or refreshed first.",
+        examples=[
+            "envspec build specs/h100.toml",
+            "envspec build lockfiles/h100-train.lock --dry-run        # what it would do",
+            "envspec build lockfiles/h100-train.lock --push registry.example/ml/train:v3 \\",
+            "    --cache-to registry.example/ml/cache             # CI: push the image and its layers",
+            "envspec build lockfiles/h100-train.lock --cache-from registry.example/ml/cache  # a node",
+        ],
+    )
+    s.add_argument(
+        "target",
+        metavar="SPEC|LOCK",
+        help="a spec (its lock is found, made or refreshed) or a lockfile",
+    )
     s.add_argument("--tag", help="image reference (default localhost/envspec/<name>:<lock hash>)")
-    s.add_argument("--output", action="append", metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
-                   help="also write the image here (repeatable)")
+    s.add_argument(
+        "--output",
+        action="append",
+        metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
+        help="also write the image here (repeatable)",
+    )
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
-    s.add_argument("--compression", choices=("zstd", "gzip", "none"),
-                   help="of the layers that --push, --output oci:/oci-archive: and --cache-to carry (default zstd; "
-                        "gzip for docker < 23); named, it also compresses a local build's layers, to report the digest "
-                        "a push would have (docs/build.md, \"Which digest\")")
-    s.add_argument("--sign-by-sigstore-private-key", metavar="PATH",
-                   help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)")
+    s.add_argument(
+        "--compression",
+        choices=("zstd", "gzip", "none"),
+        help="of the layers that --push, --output oci:/oci-archive: and --cache-to carry (default zstd; "
+        "gzip for docker < 23); named, it also compresses a local build's layers, to report the digest "
+        'a push would have (docs/build.md, "Which digest")',
+    )
+    s.add_argument(
+        "--sign-by-sigstore-private-key",
+        metavar="PATH",
+        help="sign the pushed image and its attestations with this key (cosign/sigstore or PEM)",
+    )
     s.add_argument("--sign-passphrase-file", metavar="PATH", help="the signing key's passphrase")
-    s.add_argument("--check-digest", metavar="REF",
-                   help="rebuild, then compare the digest with the image pushed as REF (exit 1 when they differ)")
-    s.add_argument("--authfile", metavar="PATH",
-                   help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
-                        "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)")
-    s.add_argument("--cert-dir", metavar="DIR", help="trust the CA certificates (*.crt) in DIR for the push and the registry cache")
-    s.add_argument("--tls-verify", metavar="true|false",
-                   help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
-                        "without --cert-dir)")
-    s.add_argument("--cache-from", metavar="REF",
-                   help="take layers from the registry cache REF (HOST[:PORT]/REPO; default: $ENVSPEC_CACHE_FROM, "
-                        "else the spec's [sources] cache_from)")
-    s.add_argument("--cache-to", metavar="REF",
-                   help="push made layers to the registry cache REF (default: $ENVSPEC_CACHE_TO, else the spec's "
-                        "[sources] cache_to)")
-    s.add_argument("--no-cache", action="store_true", help="rebuild every layer (no local or registry cache is read)")
-    s.add_argument("--locked", action="store_true", help="refuse to build when the lock is missing or stale")
-    s.add_argument("--dry-run", action="store_true",
-                   help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
-                        "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
-                        "lockfile written (a missing or stale lock is made in a temporary folder)")
-    s.add_argument("--json", action="store_true", help=JSON_HELP + "; with the build's phases and each layer's source")
+    s.add_argument(
+        "--check-digest",
+        metavar="REF",
+        help="rebuild, then compare the digest with the image pushed as REF (exit 1 when they differ)",
+    )
+    s.add_argument(
+        "--authfile",
+        metavar="PATH",
+        help="registry credentials, a containers auth.json (default: $REGISTRY_AUTH_FILE, else "
+        "skopeo's: ${XDG_RUNTIME_DIR}/containers/auth.json)",
+    )
+    s.add_argument(
+        "--cert-dir",
+        metavar="DIR",
+        help="trust the CA certificates (*.crt) in DIR for the push and the registry cache",
+    )
+    s.add_argument(
+        "--tls-verify",
+        metavar="true|false",
+        help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
+        "without --cert-dir)",
+    )
+    s.add_argument(
+        "--cache-from",
+        metavar="REF",
+        help="take layers from the registry cache REF (HOST[:PORT]/REPO; default: $ENVSPEC_CACHE_FROM, "
+        "else the spec's [sources] cache_from)",
+    )
+    s.add_argument(
+        "--cache-to",
+        metavar="REF",
+        help="push made layers to the registry cache REF (default: $ENVSPEC_CACHE_TO, else the spec's "
+        "[sources] cache_to)",
+    )
+    s.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="rebuild every layer (no local or registry cache is read)",
+    )
+    s.add_argument(
+        "--locked", action="store_true", help="refuse to build when the lock is missing or stale"
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
+        "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
+        "lockfile written (a missing or stale lock is made in a temporary folder)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help=JSON_HELP + "; with the build's phases and each layer's source",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="print only the digest")
     s.set_defaults(func=cmd_build)

@@ -25,15 +25,25 @@ def _cache_compress(args, cache) -> int:
     from dataclasses import asdict
 
     started = time.monotonic()
-    made = compress_layers(make_plan(lockmod.load(Path(args.lock))), cache, compression(args.compression))
+    made = compress_layers(
+        make_plan(lockmod.load(Path(args.lock))), cache, compression(args.compression)
+    )
     seconds = time.monotonic() - started
     if args.json:
-        print_json({"lock": args.lock, "compression": args.compression, "seconds": round(seconds, 3),
-                     "layers": [asdict(lay) for lay in made]})
+        print_json(
+            {
+                "lock": args.lock,
+                "compression": args.compression,
+                "seconds": round(seconds, 3),
+                "layers": [asdict(lay) for lay in made],
+            }
+        )
     else:
-        console().print(f"compressed {len(made)} layers ({sum(lay.diff_size for lay in made) / 1e6:.1f} MB -> "
-                         f"{sum(lay.size for lay in made) / 1e6:.1f} MB {args.compression}) in {seconds:.1f} s",
-                         markup=False)
+        console().print(
+            f"compressed {len(made)} layers ({sum(lay.diff_size for lay in made) / 1e6:.1f} MB -> "
+            f"{sum(lay.size for lay in made) / 1e6:.1f} MB {args.compression}) in {seconds:.1f} s",
+            markup=False,
+        )
     return EXIT_OK
 
 
@@ -71,13 +81,21 @@ def cmd_cache(args) -> int:
         con = console()
         con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
         for kind, row in info["kinds"].items():
-            con.print(f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}", markup=False)
+            con.print(
+                f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}",
+                markup=False,
+            )
         for name, size in info["other"].items():
-            con.print(f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False)
+            con.print(
+                f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False
+            )
         for e in (e for e in entries if e.kind == "layer"):
             tar = any(q.name == f"{e.name}.tar" for q in e.paths)
-            con.print(f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
-                      + ("" if tar else "  (its compressed blob only: the layer was removed)"), markup=False)
+            con.print(
+                f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
+                + ("" if tar else "  (its compressed blob only: the layer was removed)"),
+                markup=False,
+            )
         return EXIT_OK
     if args.locks:
         paths = [Path(p) for p in args.locks]
@@ -93,58 +111,121 @@ def cmd_cache(args) -> int:
     for b in bad:
         err.print(f"warning: skipped {b}: what it needs may be removed", markup=False)
     if not paths and not args.json:
-        err.print(f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
-                  markup=False)
-    plan = cachegc.collect(cache, needed, keep_size=keep_size, dry_run=args.dry_run,
-                           on_wait=lambda users: err.print(
-                               f"waiting for the {len(users) or ''} build(s) using the cache to finish"
-                               + "".join(f"\n  {u}" for u in users), markup=False))
+        err.print(
+            f"note: no envspec locks under {cachegc.repository_root(Path.cwd())}: no entry is kept for a lock",
+            markup=False,
+        )
+    plan = cachegc.collect(
+        cache,
+        needed,
+        keep_size=keep_size,
+        dry_run=args.dry_run,
+        on_wait=lambda users: err.print(
+            f"waiting for the {len(users) or ''} build(s) using the cache to finish"
+            + "".join(f"\n  {u}" for u in users),
+            markup=False,
+        ),
+    )
     if args.json:
-        print_json({"ok": True, "cache": str(cache.root), "dry_run": args.dry_run,
-                     "locks": [str(p) for p in paths], "skipped_locks": bad} | plan.to_json())
+        print_json(
+            {
+                "ok": True,
+                "cache": str(cache.root),
+                "dry_run": args.dry_run,
+                "locks": [str(p) for p in paths],
+                "skipped_locks": bad,
+            }
+            | plan.to_json()
+        )
         return EXIT_OK
     con = console()
     verb = "would remove" if args.dry_run else "removed"
     for e in plan.remove:
-        con.print(f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
-                  markup=False)
+        con.print(
+            f"{verb} {e.kind} {e.name[:16]}{' ' + e.group if e.group else ''}  {cachegc.human(e.size)}",
+            markup=False,
+        )
     plural = {"wheel": "wheels", "deb": "debs", "layer": "layers", "built": "built wheels"}
-    counts = ", ".join(f"{sum(1 for e in plan.remove if e.kind == k)} {plural[k]}" for k in cachegc.KINDS)
+    counts = ", ".join(
+        f"{sum(1 for e in plan.remove if e.kind == k)} {plural[k]}" for k in cachegc.KINDS
+    )
     kept = plan.to_json()["kept"]
-    con.print(f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
-              f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
-              f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
-              + (f", {kept['budget']} within --keep-size {args.keep_size}" if keep_size is not None else ""),
-              markup=False)
+    con.print(
+        f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
+        f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
+        f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
+        + (
+            f", {kept['budget']} within --keep-size {args.keep_size}"
+            if keep_size is not None
+            else ""
+        ),
+        markup=False,
+    )
     if plan.over_budget:
-        err.print(f"note: what the locks need exceeds --keep-size {args.keep_size} by "
-                  f"{cachegc.human(plan.over_budget)}; it is kept", markup=False)
+        err.print(
+            f"note: what the locks need exceeds --keep-size {args.keep_size} by "
+            f"{cachegc.human(plan.over_budget)}; it is kept",
+            markup=False,
+        )
     return EXIT_OK
 
 
 def add_cache(sub) -> None:
-    s = command(sub, "cache", help="what envspec's cache holds; `cache gc` removes what no lock needs",
-                description="List what envspec's cache holds (wheels, .debs, layers, wheels built from sdists, and "
-                            "what each other folder is); `cache gc` removes the entries no lock needs; `cache "
-                            "compress` makes a lock's compressed layer blobs ahead of a push.",
-                examples=["envspec cache", "envspec cache gc --dry-run", "envspec cache gc --keep-size 50G",
-                          "envspec cache compress lockfiles/h100-train.lock"])
+    s = command(
+        sub,
+        "cache",
+        help="what envspec's cache holds; `cache gc` removes what no lock needs",
+        description="List what envspec's cache holds (wheels, .debs, layers, wheels built from sdists, and "
+        "what each other folder is); `cache gc` removes the entries no lock needs; `cache "
+        "compress` makes a lock's compressed layer blobs ahead of a push.",
+        examples=[
+            "envspec cache",
+            "envspec cache gc --dry-run",
+            "envspec cache gc --keep-size 50G",
+            "envspec cache compress lockfiles/h100-train.lock",
+        ],
+    )
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    csub = s.add_subparsers(dest="cache_cmd", metavar="ACTION", help="gc or compress (none: list the cache)")
-    c = command(csub, "gc", help="remove the wheels, .debs and layers that the locks do not need",
-                examples=["envspec cache gc                    # keep what this repository's locks need",
-                          "envspec cache gc lockfiles/h100-train.lock --keep-size 50G"])
-    c.add_argument("locks", nargs="*", metavar="LOCK",
-                   help="keep what these locks need (default: every envspec *.lock in this repository)")
-    c.add_argument("--keep-size", metavar="SIZE",
-                   help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)")
-    c.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    csub = s.add_subparsers(
+        dest="cache_cmd", metavar="ACTION", help="gc or compress (none: list the cache)"
+    )
+    c = command(
+        csub,
+        "gc",
+        help="remove the wheels, .debs and layers that the locks do not need",
+        examples=[
+            "envspec cache gc                    # keep what this repository's locks need",
+            "envspec cache gc lockfiles/h100-train.lock --keep-size 50G",
+        ],
+    )
+    c.add_argument(
+        "locks",
+        nargs="*",
+        metavar="LOCK",
+        help="keep what these locks need (default: every envspec *.lock in this repository)",
+    )
+    c.add_argument(
+        "--keep-size",
+        metavar="SIZE",
+        help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)",
+    )
+    c.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
+    )
     c.add_argument("--json", action="store_true", help=JSON_HELP)
-    c = command(csub, "compress", help="make the compressed blobs of a lock's cached layers now, so that a push "
-                                       "need not (a local build starts this in the background)",
-                examples=["envspec cache compress lockfiles/h100-train.lock --compression gzip"])
+    c = command(
+        csub,
+        "compress",
+        help="make the compressed blobs of a lock's cached layers now, so that a push "
+        "need not (a local build starts this in the background)",
+        examples=["envspec cache compress lockfiles/h100-train.lock --compression gzip"],
+    )
     c.add_argument("lock", metavar="LOCK", help="the lockfile whose layers to compress")
-    c.add_argument("--compression", choices=("zstd", "gzip"), default="zstd",
-                   help="the compression a later push will use (default zstd)")
+    c.add_argument(
+        "--compression",
+        choices=("zstd", "gzip"),
+        default="zstd",
+        help="the compression a later push will use (default zstd)",
+    )
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_cache, cache_cmd=None)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 
 def add_cluster(sub) -> None:
-    sub.add_parser("cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)")
+    sub.add_parser(
+        "cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)"
+    )
 
 
 def run_cluster(argv: list[str]) -> int:

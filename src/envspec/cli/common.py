@@ -24,7 +24,7 @@ def console(stderr: bool = False):
     return _Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-JSON_HELP = "print the result as JSON on stdout (an error too: {\"ok\": false, \"error\": ...})"
+JSON_HELP = 'print the result as JSON on stdout (an error too: {"ok": false, "error": ...})'
 QUIET_HELP = "say nothing but warnings and errors"
 
 
@@ -33,9 +33,13 @@ def command(sub, name: str, *, help: str, examples: Sequence[str], description: 
     --help a description (``description``, else the help) and examples."""
     import argparse
 
-    return sub.add_parser(name, help=help, description=description or (help[:1].upper() + help[1:] + "."),
-                          epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description or (help[:1].upper() + help[1:] + "."),
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def say(text: str, stderr: bool = False) -> None:

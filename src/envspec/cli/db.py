@@ -23,34 +23,68 @@ def cmd_db(args: argparse.Namespace) -> int:
         report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
         # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
         # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
-        code = (EXIT_SOURCE if report.source_errors else
-                EXIT_CHECK_FAILED if report.problems or report.needs_review or report.platform_review else EXIT_OK)
+        code = (
+            EXIT_SOURCE
+            if report.source_errors
+            else EXIT_CHECK_FAILED
+            if report.problems or report.needs_review or report.platform_review
+            else EXIT_OK
+        )
         if args.json:
             print_json(report.to_json())
             return code
         con = console()
         n = len(report.releases)
-        counts = ", ".join(f"{len(names)} {what}" for what, names in (
-            ("added", report.added), ("changed", report.changed), ("unchanged", report.unchanged),
-            ("kept", report.kept), ("removed", report.removed)))
-        con.print(f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
-                  f"{n} release{'s' if n != 1 else ''} ({counts})", markup=False)
-        for what, names in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
+        counts = ", ".join(
+            f"{len(names)} {what}"
+            for what, names in (
+                ("added", report.added),
+                ("changed", report.changed),
+                ("unchanged", report.unchanged),
+                ("kept", report.kept),
+                ("removed", report.removed),
+            )
+        )
+        con.print(
+            f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
+            f"{n} release{'s' if n != 1 else ''} ({counts})",
+            markup=False,
+        )
+        for what, names in (
+            ("added", report.added),
+            ("changed", report.changed),
+            ("removed", report.removed),
+        ):
             if names:
                 con.print(f"  {what}: {', '.join(names)}", markup=False)
         if report.problems:
             err = console(stderr=True)
             for problem in report.problems:
                 err.print(f"problem: {problem}", markup=False)
-            err.print("hint: " + ("an index did not answer: check the network and run it again; "
-                                  if report.source_errors else "")
-                      + "a release that could not be read keeps its old row, if the file had one", markup=False)
-        for review, hint in ((report.needs_review, "these releases were written with what their metadata says and "
-                              "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
-                              "(docs/compat-db.md, Refreshing)"),
-                             (report.platform_review, "these releases resolve on linux-x86_64; on linux-aarch64 the "
-                              "resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, \"The "
-                              "platform's torch build\")")):
+            err.print(
+                "hint: "
+                + (
+                    "an index did not answer: check the network and run it again; "
+                    if report.source_errors
+                    else ""
+                )
+                + "a release that could not be read keeps its old row, if the file had one",
+                markup=False,
+            )
+        for review, hint in (
+            (
+                report.needs_review,
+                "these releases were written with what their metadata says and "
+                "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
+                "(docs/compat-db.md, Refreshing)",
+            ),
+            (
+                report.platform_review,
+                "these releases resolve on linux-x86_64; on linux-aarch64 the "
+                'resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, "The '
+                "platform's torch build\")",
+            ),
+        ):
             if not review:
                 continue
             err = console(stderr=True)
@@ -59,7 +93,9 @@ def cmd_db(args: argparse.Namespace) -> int:
                     err.print(f"needs review: torch {version}: {item}", markup=False)
             err.print("hint: " + hint, markup=False)
         return code
-    db = load_db(validate=True)  # the db commands check the data files whatever the cache of checked DBs holds
+    db = load_db(
+        validate=True
+    )  # the db commands check the data files whatever the cache of checked DBs holds
     if args.json:
         print_json(db.to_json())
         return EXIT_OK
@@ -68,8 +104,11 @@ def cmd_db(args: argparse.Namespace) -> int:
         from envspec.lock import write_atomic
 
         write_atomic(args.html, explain.db_html(db))
-        console().print(f"wrote {args.html}: the GPU x torch x CUDA-variant matrix of DB {db.version} "
-                         "(one self-contained page)", markup=False)
+        console().print(
+            f"wrote {args.html}: the GPU x torch x CUDA-variant matrix of DB {db.version} "
+            "(one self-contained page)",
+            markup=False,
+        )
         return EXIT_OK
     _show(db)
     return EXIT_OK
@@ -94,35 +133,89 @@ def _show(db) -> None:
     if not tty:
         con.width = 100_000  # a line per row: no wrapping where no person reads the width
     con.print(f"compatibility DB {db.version} ({db.date})", markup=False)
-    t = Table("torch", "build", "python", "CUDA", "cuDNN", "NCCL", "driver >= (compat / strict)", "arch list",
-              title="torch releases (* the build PyPI serves)", box=SIMPLE_HEAD if tty else None,
-              title_justify="left")
+    t = Table(
+        "torch",
+        "build",
+        "python",
+        "CUDA",
+        "cuDNN",
+        "NCCL",
+        "driver >= (compat / strict)",
+        "arch list",
+        title="torch releases (* the build PyPI serves)",
+        box=SIMPLE_HEAD if tty else None,
+        title_justify="left",
+    )
     for r in db.torch_releases:
         for v in r.variants.values():
-            floors = (f"{driver_floor(db, v, 'compat') or '?'} / {driver_floor(db, v, 'strict') or '?'}"
-                      if v.cuda else "-")
-            t.add_row(r.version, v.name + (" *" if v.name == r.pypi_variant else ""), " ".join(r.python),
-                      v.cuda or "-", v.cudnn or "-", v.nccl or "-", floors, " ".join(v.arch_list) or "-")
+            floors = (
+                f"{driver_floor(db, v, 'compat') or '?'} / {driver_floor(db, v, 'strict') or '?'}"
+                if v.cuda
+                else "-"
+            )
+            t.add_row(
+                r.version,
+                v.name + (" *" if v.name == r.pypi_variant else ""),
+                " ".join(r.python),
+                v.cuda or "-",
+                v.cudnn or "-",
+                v.nccl or "-",
+                floors,
+                " ".join(v.arch_list) or "-",
+            )
     con.print(t)
-    f = Table("cc", "architecture", "chips", "first driver", "last driver",
-              title="GPU families (a compute capability fixes the architecture and the driver branches)",
-              box=SIMPLE_HEAD if tty else None, title_justify="left")
+    f = Table(
+        "cc",
+        "architecture",
+        "chips",
+        "first driver",
+        "last driver",
+        title="GPU families (a compute capability fixes the architecture and the driver branches)",
+        box=SIMPLE_HEAD if tty else None,
+        title_justify="left",
+    )
     for x in db.families:
-        f.add_row(x.cc, x.architecture, x.chips or "-", f"R{x.min_driver}" if x.min_driver else "(Jetson Linux's)",
-                  f"R{x.max_driver}" if x.max_driver else "-")
+        f.add_row(
+            x.cc,
+            x.architecture,
+            x.chips or "-",
+            f"R{x.min_driver}" if x.min_driver else "(Jetson Linux's)",
+            f"R{x.max_driver}" if x.max_driver else "-",
+        )
     con.print(f)
     for line, title in LINES.items():
-        g = Table("GPU", "aliases", "cc", "architecture", "first driver", "last driver", "hosts", "memory GiB",
-                  "bf16 TFLOPS", "tf32 TFLOPS", "GB/s",
-                  title=f"GPUs, {title} (the names \\[target].gpus takes: the name or an alias)",
-                  box=SIMPLE_HEAD if tty else None, title_justify="left")
+        g = Table(
+            "GPU",
+            "aliases",
+            "cc",
+            "architecture",
+            "first driver",
+            "last driver",
+            "hosts",
+            "memory GiB",
+            "bf16 TFLOPS",
+            "tf32 TFLOPS",
+            "GB/s",
+            title=f"GPUs, {title} (the names \\[target].gpus takes: the name or an alias)",
+            box=SIMPLE_HEAD if tty else None,
+            title_justify="left",
+        )
         for x in db.gpus:
             if x.line != line:
                 continue
-            g.add_row(x.name, ", ".join(x.aliases) or "-", x.cc, x.architecture,
-                      f"R{x.min_driver}" if x.min_driver else "-", f"R{x.max_driver}" if x.max_driver else "-",
-                      " ".join(x.host_arch) or "-", _n(x.memory_gib), _n(x.bf16_tflops), _n(x.tf32_tflops),
-                      _n(x.mem_bw_gbs))
+            g.add_row(
+                x.name,
+                ", ".join(x.aliases) or "-",
+                x.cc,
+                x.architecture,
+                f"R{x.min_driver}" if x.min_driver else "-",
+                f"R{x.max_driver}" if x.max_driver else "-",
+                " ".join(x.host_arch) or "-",
+                _n(x.memory_gib),
+                _n(x.bf16_tflops),
+                _n(x.tf32_tflops),
+                _n(x.mem_bw_gbs),
+            )
         con.print(g)
 
 
@@ -131,19 +224,41 @@ def _n(v) -> str:
 
 
 def add_db(sub) -> None:
-    s = command(sub, "db", help="the compatibility database: torch builds, CUDA, cuDNN, NCCL, GPUs, driver branches",
-                description="The versioned, sourced compatibility database that `explain` and `lock` resolve "
-                            "against: `db show` prints it (or writes one HTML page), `db refresh` regenerates its "
-                            "PyPI-derived part.",
-                examples=["envspec db show | grep H100", "envspec db show --html db.html", "envspec db refresh -o /tmp/db.toml"])
+    s = command(
+        sub,
+        "db",
+        help="the compatibility database: torch builds, CUDA, cuDNN, NCCL, GPUs, driver branches",
+        description="The versioned, sourced compatibility database that `explain` and `lock` resolve "
+        "against: `db show` prints it (or writes one HTML page), `db refresh` regenerates its "
+        "PyPI-derived part.",
+        examples=[
+            "envspec db show | grep H100",
+            "envspec db show --html db.html",
+            "envspec db refresh -o /tmp/db.toml",
+        ],
+    )
     dsub = s.add_subparsers(dest="db_cmd", metavar="ACTION", required=True, help="show or refresh")
-    d = command(dsub, "show", help="print the DB: a row per torch build and per GPU (the names a spec takes)",
-                examples=["envspec db show", "envspec db show --json", "envspec db show --html db.html"])
+    d = command(
+        dsub,
+        "show",
+        help="print the DB: a row per torch build and per GPU (the names a spec takes)",
+        examples=["envspec db show", "envspec db show --json", "envspec db show --html db.html"],
+    )
     d.add_argument("--json", action="store_true", help="print the whole DB as JSON")
-    d.add_argument("--html", metavar="FILE", help="write one self-contained HTML page: the GPU x torch x CUDA-variant "
-                                                  "matrix with driver floors, filterable, each cell linked to its source")
-    d = command(dsub, "refresh", help="regenerate the PyPI-derived part from the package index",
-                examples=["envspec db refresh", "envspec db refresh -o /tmp/torch_pypi.toml --json"])
-    d.add_argument("-o", "--output", metavar="PATH", help="where to write (default: the bundled data file)")
+    d.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write one self-contained HTML page: the GPU x torch x CUDA-variant "
+        "matrix with driver floors, filterable, each cell linked to its source",
+    )
+    d = command(
+        dsub,
+        "refresh",
+        help="regenerate the PyPI-derived part from the package index",
+        examples=["envspec db refresh", "envspec db refresh -o /tmp/torch_pypi.toml --json"],
+    )
+    d.add_argument(
+        "-o", "--output", metavar="PATH", help="where to write (default: the bundled data file)"
+    )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(func=cmd_db)

@@ -25,12 +25,18 @@ def cmd_diff(args) -> int:
 
 
 def add_diff(sub) -> None:
-    s = command(sub, "diff", help="what changed between two locks, and which layers it rebuilds",
-                description="What changed between two locks, in the order a reviewer reads it: the platform and "
-                            "the GPU stack, then wheels and Debian packages, other fields, and which image layers "
-                            "are rebuilt and how much is pushed.",
-                examples=["envspec diff <(git show main:lockfiles/train.lock) lockfiles/train.lock",
-                          "envspec diff lockfiles/cpu.lock lockfiles/cpu-arm64.lock --json"])
+    s = command(
+        sub,
+        "diff",
+        help="what changed between two locks, and which layers it rebuilds",
+        description="What changed between two locks, in the order a reviewer reads it: the platform and "
+        "the GPU stack, then wheels and Debian packages, other fields, and which image layers "
+        "are rebuilt and how much is pushed.",
+        examples=[
+            "envspec diff <(git show main:lockfiles/train.lock) lockfiles/train.lock",
+            "envspec diff lockfiles/cpu.lock lockfiles/cpu-arm64.lock --json",
+        ],
+    )
     s.add_argument("old", metavar="OLD", help="the lock before")
     s.add_argument("new", metavar="NEW", help="the lock after")
     s.add_argument("--json", action="store_true", help=JSON_HELP)

@@ -30,11 +30,15 @@ def cmd_doctor(args) -> int:
 
 
 def add_doctor(sub) -> None:
-    s = command(sub, "doctor", help="check this host before building or running: tools, storage, disk, GPUs, driver",
-                description="Check this host before building or running: buildah, podman or docker, the NVIDIA "
-                            "driver and container toolkit, storage and free disk, cgroups, rlimits; against a lock, "
-                            "its driver floor, GPUs and the space its build needs. Exit 1 when something blocks.",
-                examples=["envspec doctor", "envspec doctor lockfiles/h100-train.lock --json"])
+    s = command(
+        sub,
+        "doctor",
+        help="check this host before building or running: tools, storage, disk, GPUs, driver",
+        description="Check this host before building or running: buildah, podman or docker, the NVIDIA "
+        "driver and container toolkit, storage and free disk, cgroups, rlimits; against a lock, "
+        "its driver floor, GPUs and the space its build needs. Exit 1 when something blocks.",
+        examples=["envspec doctor", "envspec doctor lockfiles/h100-train.lock --json"],
+    )
     s.add_argument("lock", nargs="?", metavar="LOCK", help="a lockfile to check the host against")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_doctor)

@@ -13,8 +13,14 @@ import os
 from pathlib import Path
 
 from envspec.cli.common import JSON_HELP, QUIET_HELP, command, console, print_json, say
-from envspec.errors import (EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, LockError, ResolutionImpossible,
-                            StaleLock)
+from envspec.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EnvspecError,
+    LockError,
+    ResolutionImpossible,
+    StaleLock,
+)
 
 
 def cmd_explain(args) -> int:
@@ -65,7 +71,9 @@ def _with_packages(choice, db):
         moved = with_packages(choice, db, sources, workdir=Path(tmp))
         if choice.spec.python.from_source != "auto":
             return moved
-        return dataclasses.replace(moved, from_source=tuple(sorted(source_only(moved, sources, Path(tmp)))))
+        return dataclasses.replace(
+            moved, from_source=tuple(sorted(source_only(moved, sources, Path(tmp))))
+        )
 
 
 def _explain_platforms(args, spec, db) -> int:
@@ -125,18 +133,20 @@ def cmd_lock(args) -> int:
     if args.check:
         old = lockmod.load(out)
         now = _offline_platforms(spec)
-        reasons = lockmod.stale_reasons(old, spec, debian_requested=_debian_request(spec),
-                                        platforms=now)
+        reasons = lockmod.stale_reasons(
+            old, spec, debian_requested=_debian_request(spec), platforms=now
+        )
         held = _held_back(old)
         if spec.python.held_back == "error":
-            reasons += [f"held back ([python].held_back = \"error\"): {h['why']}" for h in held]
+            reasons += [f'held back ([python].held_back = "error"): {h["why"]}' for h in held]
         if args.json:
             print_json({"ok": not reasons, "lock": str(out), "reasons": reasons, "held_back": held})
             return EXIT_CHECK_FAILED if reasons else EXIT_OK
         if spec.python.held_back == "warn":
             for h in held:
-                console(stderr=True).print(f"warning: {h['platform'] + ': ' if old.multi else ''}{h['why']}",
-                                           markup=False)
+                console(stderr=True).print(
+                    f"warning: {h['platform'] + ': ' if old.multi else ''}{h['why']}", markup=False
+                )
         if reasons:
             con = console(stderr=True)
             con.print(f"{out} is out of date with {args.spec}:", markup=False)
@@ -163,8 +173,10 @@ def cmd_lock(args) -> int:
         except lockmod.LockTampered as e:  # rewritten from the spec, none of its versions kept
             keep = {}
             if not args.json:
-                con.print(f"warning: {e.message}; it is rewritten from the spec, keeping none of its versions",
-                          markup=False)
+                con.print(
+                    f"warning: {e.message}; it is rewritten from the spec, keeping none of its versions",
+                    markup=False,
+                )
         except EnvspecError:
             keep = {}
     con = console(stderr=True)
@@ -172,35 +184,56 @@ def cmd_lock(args) -> int:
     for choice in choices:
         if not args.quiet and not args.json:
             t = choice.torch
-            con.print(f"resolving {spec.name}" + (f" for {choice.platform}" if len(choices) > 1 else "") + ": "
-                      + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"), markup=False)
-        res = resolve(choice, sources, cache_dir=cache_dir_for(os.environ), keep=keep.get(choice.platform, {}), db=db,
-                      upgrade=args.upgrade_package or [])
-        if any(w.is_sdist for w in res.wheels):  # the build inputs of each package built from its sdist
+            con.print(
+                f"resolving {spec.name}"
+                + (f" for {choice.platform}" if len(choices) > 1 else "")
+                + ": "
+                + (f"torch {t.release.version} {t.variant.name}" if t else "no torch"),
+                markup=False,
+            )
+        res = resolve(
+            choice,
+            sources,
+            cache_dir=cache_dir_for(os.environ),
+            keep=keep.get(choice.platform, {}),
+            db=db,
+            upgrade=args.upgrade_package or [],
+        )
+        if any(
+            w.is_sdist for w in res.wheels
+        ):  # the build inputs of each package built from its sdist
             import tempfile
 
             from envspec.cache.store import Cache
             from envspec.wheels import sdist
 
             with tempfile.TemporaryDirectory(prefix="envspec-build-inputs-") as tmp:
-                res = sdist.pin_inputs(res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp))
+                res = sdist.pin_inputs(
+                    res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp)
+                )
         results.append(res)
-    lock = lockmod.from_resolutions(results, spec_path=lockmod.spec_relative_to_lock(args.spec, out),
-                                    db_version=db.version)
+    lock = lockmod.from_resolutions(
+        results, spec_path=lockmod.spec_relative_to_lock(args.spec, out), db_version=db.version
+    )
     held = _held_back(lock)
     if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
         raise ResolutionImpossible(
-            f"{len(held)} package(s) the spec names are held back ([python].held_back = \"error\")",
+            f'{len(held)} package(s) the spec names are held back ([python].held_back = "error")',
             causes=[{"kind": "package-held-back", "where": "", "text": h["why"]} for h in held],
             hint="act on each reason, pin the package where its current release is wanted, or set "
-                 "[python].held_back = \"warn\"", reference="package-held-back")
+            '[python].held_back = "warn"',
+            reference="package-held-back",
+        )
     # compiled packages against the torch beside them, with the wheels at hand (`build` checks them all),
     # before anything is written: a lock that cannot run is not written
     from envspec.cache.store import Cache
     from envspec.wheels import abi
 
     abi_cache = Cache(cache_dir_for(os.environ))
-    at_hand = [abi.check_at_hand(view, abi_cache, sources.mirrors, lock_name=str(out)) for view in lock.views()]
+    at_hand = [
+        abi.check_at_hand(view, abi_cache, sources.mirrors, lock_name=str(out))
+        for view in lock.views()
+    ]
     text = lockmod.dumps(lock)
     changed = not out.exists() or out.read_text(encoding="utf-8") != text
     if changed:
@@ -208,24 +241,43 @@ def cmd_lock(args) -> int:
     lockmod.remember(text, lock.meta.content_hash)
     mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
     if args.json:
-        print_json({"ok": True, "lock": str(out), "changed": changed, "content_hash": lock.meta.content_hash,
-                     "wheels": sum(len(p.wheels) for p in lock.parts),
-                     "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
-                     "platform": lock.platform_names[0], "platforms": lock.platform_names,
-                     "db_mismatch": list(dict.fromkeys(mismatches)),
-                     "held_back": held,
-                     "from_source": _from_source(lock),
-                     "abi": [{"platform": v.platform_names[0]} | a.to_json() for v, a in zip(lock.views(), at_hand)],
-                     "torch": [{"platform": res.choice.platform,
-                                "version": res.choice.torch.release.version if res.choice.torch else None,
-                                "passed_over": explain.passed_over_json(res.choice)} for res in results]})
+        print_json(
+            {
+                "ok": True,
+                "lock": str(out),
+                "changed": changed,
+                "content_hash": lock.meta.content_hash,
+                "wheels": sum(len(p.wheels) for p in lock.parts),
+                "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
+                "platform": lock.platform_names[0],
+                "platforms": lock.platform_names,
+                "db_mismatch": list(dict.fromkeys(mismatches)),
+                "held_back": held,
+                "from_source": _from_source(lock),
+                "abi": [
+                    {"platform": v.platform_names[0]} | a.to_json()
+                    for v, a in zip(lock.views(), at_hand)
+                ],
+                "torch": [
+                    {
+                        "platform": res.choice.platform,
+                        "version": res.choice.torch.release.version if res.choice.torch else None,
+                        "passed_over": explain.passed_over_json(res.choice),
+                    }
+                    for res in results
+                ],
+            }
+        )
     if not args.json:  # said even with -q: the lock's driver floor is a guess about the hosts
         for line in explain.driver_assumed_lines(lock):
             con.print(line, markup=False)
     if mismatches:
         warn = console(stderr=True)
         for m in dict.fromkeys(mismatches):
-            warn.print(f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)", markup=False)
+            warn.print(
+                f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)",
+                markup=False,
+            )
     if not args.json and not args.quiet:
         for res in results:
             for line in explain.passed_over_lines(res.choice):
@@ -233,52 +285,99 @@ def cmd_lock(args) -> int:
     if not args.json and not args.quiet:
         for v, a in zip(lock.views(), at_hand):
             if a.judged or a.unchecked:
-                con.print((f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v), markup=False)
+                con.print(
+                    (f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v),
+                    markup=False,
+                )
     if not args.json and not args.quiet:
         for f in _from_source(lock):
-            con.print((f"{f['platform']}: " if lock.multi else "") + f"from source: {f['name']} {f['version']} "
-                      f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}"
-                      + (f"; CUDA from {', '.join(f['toolkit'])} for {' '.join(f['arch_list'])}" if f['toolkit'] else "")
-                      + "), built by `envspec build`", markup=False)
+            con.print(
+                (f"{f['platform']}: " if lock.multi else "")
+                + f"from source: {f['name']} {f['version']} "
+                f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}"
+                + (
+                    f"; CUDA from {', '.join(f['toolkit'])} for {' '.join(f['arch_list'])}"
+                    if f["toolkit"]
+                    else ""
+                )
+                + "), built by `envspec build`",
+                markup=False,
+            )
     if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
         for h in held:
-            con.print(f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
-                      "([python].held_back = \"error\" refuses the lock)", markup=False)
-        counts = "; ".join(f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
-                           f"{len(p.debian.packages) if p.debian else 0} Debian packages" for p in lock.parts)
-        if getattr(args, "dry_run_of", None):  # `build --dry-run`: made in a temporary folder, the lockfile left alone
-            con.print(f"locked {args.dry_run_of} without writing it (--dry-run): {counts}, lock "
-                      f"{lock.meta.content_hash[:19]}…", markup=False)
+            con.print(
+                f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
+                '([python].held_back = "error" refuses the lock)',
+                markup=False,
+            )
+        counts = "; ".join(
+            f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
+            f"{len(p.debian.packages) if p.debian else 0} Debian packages"
+            for p in lock.parts
+        )
+        if getattr(
+            args, "dry_run_of", None
+        ):  # `build --dry-run`: made in a temporary folder, the lockfile left alone
+            con.print(
+                f"locked {args.dry_run_of} without writing it (--dry-run): {counts}, lock "
+                f"{lock.meta.content_hash[:19]}…",
+                markup=False,
+            )
         else:
-            con.print(f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
-                      markup=False)
+            con.print(
+                f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
+                markup=False,
+            )
     return EXIT_OK
 
 
 def abi_line(a, lock) -> str:
     """One line on the ABI check done at lock time."""
     t = lock.torch.version if lock.torch else "torch"
-    said = (f"extensions of {', '.join(a.judged)} load beside torch {t}" if a.judged
-            else "no wheel at hand has extensions on torch")
+    said = (
+        f"extensions of {', '.join(a.judged)} load beside torch {t}"
+        if a.judged
+        else "no wheel at hand has extensions on torch"
+    )
     if a.unchecked:
-        said += (f"; {len(a.unchecked)} platform wheel(s) not at hand ({', '.join(a.unchecked[:3])}"
-                 f"{', ...' if len(a.unchecked) > 3 else ''}) are checked by `envspec build`")
+        said += (
+            f"; {len(a.unchecked)} platform wheel(s) not at hand ({', '.join(a.unchecked[:3])}"
+            f"{', ...' if len(a.unchecked) > 3 else ''}) are checked by `envspec build`"
+        )
     return f"abi: {said}"
 
 
 def _from_source(lock) -> list[dict]:
     """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform."""
-    return [{"platform": part.name, "name": w.name, "version": w.version, "sdist": w.filename, "sha256": w.sha256,
-             "backend": w.source.backend, "build": [f"{b.name} {b.version}" for b in w.source.build],
-             "python": w.source.python, "compiler": w.source.compiler, "key": w.source.key,
-             "toolkit": [f"{b.name} {b.version}" for b in w.source.toolkit], "arch_list": list(w.source.arch_list)}
-            for part in lock.parts for w in part.wheels if w.source is not None]
+    return [
+        {
+            "platform": part.name,
+            "name": w.name,
+            "version": w.version,
+            "sdist": w.filename,
+            "sha256": w.sha256,
+            "backend": w.source.backend,
+            "build": [f"{b.name} {b.version}" for b in w.source.build],
+            "python": w.source.python,
+            "compiler": w.source.compiler,
+            "key": w.source.key,
+            "toolkit": [f"{b.name} {b.version}" for b in w.source.toolkit],
+            "arch_list": list(w.source.arch_list),
+        }
+        for part in lock.parts
+        for w in part.wheels
+        if w.source is not None
+    ]
 
 
 def _held_back(lock) -> list[dict]:
     """The wheels the lock records as held back (``resolve.held_back``), platform by platform."""
-    return [{"platform": part.name, "name": w.name, "version": w.version, "why": w.held_back}
-            for part in lock.parts for w in part.wheels if w.held_back]
+    return [
+        {"platform": part.name, "name": w.name, "version": w.version, "why": w.held_back}
+        for part in lock.parts
+        for w in part.wheels
+        if w.held_back
+    ]
 
 
 def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
@@ -297,66 +396,115 @@ def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
     con = console(stderr=True)
     if out.exists():
         now = _offline_platforms(spec)
-        reasons = lockmod.stale_reasons(lockmod.load(out), spec, debian_requested=_debian_request(spec),
-                                        platforms=now)
+        reasons = lockmod.stale_reasons(
+            lockmod.load(out), spec, debian_requested=_debian_request(spec), platforms=now
+        )
         if not reasons:
             return lockmod.load(out), out
         if locked:
             raise StaleLock(out, reasons)
         if not quiet:
-            con.print(f"{out} is out of date with {path} ({reasons[0]}); locking first"
-                      + ("" if write else f" (--dry-run: {out} is not written)"), markup=False)
+            con.print(
+                f"{out} is out of date with {path} ({reasons[0]}); locking first"
+                + ("" if write else f" (--dry-run: {out} is not written)"),
+                markup=False,
+            )
     else:
         if locked:
-            raise LockError(f"{out}: no lockfile for {path}", hint=f"run `envspec lock {path}` (or drop --locked)",
-                            reference="lock-not-found")
+            raise LockError(
+                f"{out}: no lockfile for {path}",
+                hint=f"run `envspec lock {path}` (or drop --locked)",
+                reference="lock-not-found",
+            )
         if not quiet:
-            con.print(f"{out} does not exist; locking {path} first"
-                      + ("" if write else f" (--dry-run: {out} is not written)"), markup=False)
+            con.print(
+                f"{out} does not exist; locking {path} first"
+                + ("" if write else f" (--dry-run: {out} is not written)"),
+                markup=False,
+            )
     import contextlib
     import tempfile
 
     # a dry run locks in a temporary folder (from a copy of the old lock, whose versions re-locking keeps)
-    with tempfile.TemporaryDirectory(prefix="envspec-dry-lock-") if not write else contextlib.nullcontext() as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="envspec-dry-lock-")
+        if not write
+        else contextlib.nullcontext() as tmp
+    ):
         made = Path(tmp) / out.name if tmp else out
         if tmp and out.exists():
             made.write_bytes(out.read_bytes())
-        cmd_lock(argparse.Namespace(spec=str(path), output=str(made), check=False, upgrade_package=None, json=False,
-                                    quiet=True, dry_run_of=None if write else str(out)))
+        cmd_lock(
+            argparse.Namespace(
+                spec=str(path),
+                output=str(made),
+                check=False,
+                upgrade_package=None,
+                json=False,
+                quiet=True,
+                dry_run_of=None if write else str(out),
+            )
+        )
         return lockmod.load(made), out
 
 
 def add_lock(sub) -> None:
-    s = command(sub, "lock", help="resolve a spec into a lockfile: every wheel and .deb pinned by sha256",
-                description="Resolve a spec against the compatibility DB and the package indexes, torch together "
-                            "with the packages on it, into a lockfile: every wheel, sdist and Debian package pinned "
-                            "with its sha256, and the hardware contract (GPUs, arch list, driver floor). Re-locking "
-                            "keeps the versions the spec still allows.",
-                examples=["envspec lock specs/h100.toml                 # writes lockfiles/h100-train.lock",
-                          "envspec lock specs/h100.toml --check         # in CI: exit 1 when the lock is stale",
-                          "envspec lock specs/h100.toml --upgrade-package vllm"])
+    s = command(
+        sub,
+        "lock",
+        help="resolve a spec into a lockfile: every wheel and .deb pinned by sha256",
+        description="Resolve a spec against the compatibility DB and the package indexes, torch together "
+        "with the packages on it, into a lockfile: every wheel, sdist and Debian package pinned "
+        "with its sha256, and the hardware contract (GPUs, arch list, driver floor). Re-locking "
+        "keeps the versions the spec still allows.",
+        examples=[
+            "envspec lock specs/h100.toml                 # writes lockfiles/h100-train.lock",
+            "envspec lock specs/h100.toml --check         # in CI: exit 1 when the lock is stale",
+            "envspec lock specs/h100.toml --upgrade-package vllm",
+        ],
+    )
     s.add_argument("spec", metavar="SPEC", help="the spec (TOML)")
-    s.add_argument("-o", "--output", metavar="PATH",
-                   help="lockfile path (default lockfiles/<name>.lock beside the spec's specs/ folder)")
-    s.add_argument("--check", action="store_true", help="write nothing; exit 1 with reasons when the lock no longer "
-                                                        "matches the spec")
-    s.add_argument("--upgrade-package", action="append", metavar="NAME", help="let NAME move to its newest version "
-                                                                               "(repeatable)")
+    s.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="lockfile path (default lockfiles/<name>.lock beside the spec's specs/ folder)",
+    )
+    s.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with reasons when the lock no longer matches the spec",
+    )
+    s.add_argument(
+        "--upgrade-package",
+        action="append",
+        metavar="NAME",
+        help="let NAME move to its newest version (repeatable)",
+    )
     s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     s.set_defaults(func=cmd_lock)
 
 
 def add_explain(sub) -> None:
-    s = command(sub, "explain", help="which torch build, CUDA and driver floor a spec gets, and why (offline)",
-                description="Say which torch release and build fit the spec's GPUs, driver, Python and platform, "
-                            "every candidate with the reason it fits or not, and why newer releases were passed "
-                            "over. Offline: reads only the compatibility DB.",
-                examples=["envspec explain specs/h100.toml",
-                          "envspec explain specs/h100.toml --packages   # with the packages, as `lock` chooses"])
+    s = command(
+        sub,
+        "explain",
+        help="which torch build, CUDA and driver floor a spec gets, and why (offline)",
+        description="Say which torch release and build fit the spec's GPUs, driver, Python and platform, "
+        "every candidate with the reason it fits or not, and why newer releases were passed "
+        "over. Offline: reads only the compatibility DB.",
+        examples=[
+            "envspec explain specs/h100.toml",
+            "envspec explain specs/h100.toml --packages   # with the packages, as `lock` chooses",
+        ],
+    )
     s.add_argument("spec", metavar="SPEC", help="the spec (TOML)")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.add_argument("--packages", action="store_true",
-                   help="choose torch together with the packages the spec names, as `lock` does, and say which "
-                        "newer releases they pass over (reads the package indexes)")
+    s.add_argument(
+        "--packages",
+        action="store_true",
+        help="choose torch together with the packages the spec names, as `lock` does, and say which "
+        "newer releases they pass over (reads the package indexes)",
+    )
     s.set_defaults(func=cmd_explain)

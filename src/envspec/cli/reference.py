@@ -33,7 +33,7 @@ def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
             p = sub.choices[name]
             yield f"envspec {name}", p
             inner = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
-            for child, cp in (inner.choices.items() if inner else ()):
+            for child, cp in inner.choices.items() if inner else ():
                 yield f"envspec {name} {child}", cp
 
 
@@ -47,8 +47,13 @@ def _option(a: argparse.Action) -> str:
     if a.option_strings:
         names = ", ".join(a.option_strings)
         if a.nargs != 0:
-            names += " " + (a.metavar if isinstance(a.metavar, str) else (a.dest.upper() if not a.choices
-                                                                        else "{" + ",".join(map(str, a.choices)) + "}"))
+            names += " " + (
+                a.metavar
+                if isinstance(a.metavar, str)
+                else (
+                    a.dest.upper() if not a.choices else "{" + ",".join(map(str, a.choices)) + "}"
+                )
+            )
         return names
     return a.metavar if isinstance(a.metavar, str) else a.dest.upper()
 
@@ -64,25 +69,47 @@ def _plain(text: str) -> str:
 
 
 def markdown() -> str:
-    out = ["# The command line", "",
-           "Generated from the parsers by `python -m envspec.cli.reference > docs/cli.md`; "
-           "`envspec COMMAND --help` says the same. Exit codes: README.md.", ""]
+    out = [
+        "# The command line",
+        "",
+        "Generated from the parsers by `python -m envspec.cli.reference > docs/cli.md`; "
+        "`envspec COMMAND --help` says the same. Exit codes: README.md.",
+        "",
+    ]
     from envspec.cli import GROUPS
 
     out += ["| group | commands |", "| --- | --- |"]
     out += [f"| {g} | {', '.join(f'`{n}`' for n in names)} |" for g, names in GROUPS.items()]
     for words, p in _parsers():
-        out += ["", f"## `{words}`", "", _plain(p.description or ""), "", "```", _usage(words, p), "```", ""]
+        out += [
+            "",
+            f"## `{words}`",
+            "",
+            _plain(p.description or ""),
+            "",
+            "```",
+            _usage(words, p),
+            "```",
+            "",
+        ]
         rows = [a for a in p._actions if not isinstance(a, argparse._HelpAction)]
         if rows:
             out += ["| argument | meaning |", "| --- | --- |"]
             out += [f"| `{_cell(_option(a))}` | {_plain(a.help or '')} |" for a in rows]
         if p.epilog and p.epilog.startswith("examples:"):
-            out += ["", "Examples:", "", "```sh", *[line[2:] for line in p.epilog.splitlines()[1:]], "```"]
+            out += [
+                "",
+                "Examples:",
+                "",
+                "```sh",
+                *[line[2:] for line in p.epilog.splitlines()[1:]],
+                "```",
+            ]
     return "\n".join(out) + "\n"
 
 
 # --- docs/spec.md ---------------------------------------------------------------------------------
+
 
 def _toml(v: object) -> str:
     """A value as TOML writes it inline."""
@@ -118,7 +145,9 @@ def _type(info) -> str:
             return f"array of {words(args[0])}s"
         if origin is dict:
             return f"table of {words(args[1])}s"
-        return {str: "string", bool: "boolean", int: "integer"}.get(t, getattr(t, "__name__", str(t)))
+        return {str: "string", bool: "boolean", int: "integer"}.get(
+            t, getattr(t, "__name__", str(t))
+        )
 
     text = words(info.annotation)
     bounds = [m for m in info.metadata if hasattr(m, "ge") or hasattr(m, "le")]
@@ -166,12 +195,27 @@ def _model_of(t):
 def spec_markdown() -> str:
     from envspec.spec import EnvSpec
 
-    out = ["# The spec", "",
-           "A spec is one TOML file (`specs/<name>.toml`; `envspec init` writes a commented one). "
-           "Generated from the models in `src/envspec/spec.py` by `python -m envspec.cli.reference spec > "
-           "docs/spec.md`; a test keeps it in sync. A key the models do not know is an error, with did-you-mean.",
-           "", "```toml", "name = \"h100-train\"", "", "[target]", "gpus = [\"H100\"]", "driver = \"580.65.06\"", "",
-           "[python]", "packages = [\"transformers>=4.50\"]", "", "[torch]", "version = \"2.14\"", "```"]
+    out = [
+        "# The spec",
+        "",
+        "A spec is one TOML file (`specs/<name>.toml`; `envspec init` writes a commented one). "
+        "Generated from the models in `src/envspec/spec.py` by `python -m envspec.cli.reference spec > "
+        "docs/spec.md`; a test keeps it in sync. A key the models do not know is an error, with did-you-mean.",
+        "",
+        "```toml",
+        'name = "h100-train"',
+        "",
+        "[target]",
+        'gpus = ["H100"]',
+        'driver = "580.65.06"',
+        "",
+        "[python]",
+        'packages = ["transformers>=4.50"]',
+        "",
+        "[torch]",
+        'version = "2.14"',
+        "```",
+    ]
     for table, model in _tables():
         out += ["", f"## {'[' + table + ']' if table else 'Top level'}", ""]
         out += [" ".join((model.__doc__ or "").split()), ""]
@@ -182,8 +226,10 @@ def spec_markdown() -> str:
             if _model_of(info.annotation) is not None:
                 continue
             example = (info.examples or [None])[0]
-            out.append(f"| `{key}` | {_plain(_type(info))} | {_cell(_default(info))} | "
-                       f"{'`' + _cell(_toml(example)) + '`' if example is not None else ''} | {_plain(info.description or '')} |")
+            out.append(
+                f"| `{key}` | {_plain(_type(info))} | {_cell(_default(info))} | "
+                f"{'`' + _cell(_toml(example)) + '`' if example is not None else ''} | {_plain(info.description or '')} |"
+            )
     return "\n".join(out) + "\n"
 
 

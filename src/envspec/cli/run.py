@@ -17,8 +17,17 @@ from envspec.errors import EXIT_OK, UsageError
 
 def cmd_run(args) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
-    from envspec.run import (ENGINE_FAILED, attached, check_docker_image, check_engine_ready, check_podman_image,
-                             plan_run, resolve_runnable, run_lines, start_failed)
+    from envspec.run import (
+        ENGINE_FAILED,
+        attached,
+        check_docker_image,
+        check_engine_ready,
+        check_podman_image,
+        plan_run,
+        resolve_runnable,
+        run_lines,
+        start_failed,
+    )
 
     cmd = list(args.cmd or [])
     ports: dict[int, int] = {}
@@ -29,9 +38,21 @@ def cmd_run(args) -> int:
         ports[int(inside)] = int(outside)
     runnable = resolve_runnable(args.target)
     host = detect_host(ask=ASK_NONE)  # file checks only: --print stays fast
-    command = plan_run(runnable, cmd, host=host, engine=args.engine, bind=args.bind, detach=args.detach,
-                       name=args.name, mount_cwd=not args.no_mount, gpus=not args.no_gpu, host_ports=ports,
-                       image=args.image, emulate=args.emulate, platform=args.platform)
+    command = plan_run(
+        runnable,
+        cmd,
+        host=host,
+        engine=args.engine,
+        bind=args.bind,
+        detach=args.detach,
+        name=args.name,
+        mount_cwd=not args.no_mount,
+        gpus=not args.no_gpu,
+        host_ports=ports,
+        image=args.image,
+        emulate=args.emulate,
+        platform=args.platform,
+    )
     if command.emulated_cpu:  # the command mounts it (also the one --print shows)
         from envspec.host import write_emulated_cpu_dir
 
@@ -63,7 +84,9 @@ def cmd_run(args) -> int:
         if remove:  # podman keeps the stopped container (and so its exit code) until this
             import subprocess
 
-            subprocess.run(remove, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            subprocess.run(
+                remove, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+            )
     if rc == ENGINE_FAILED:
         raise start_failed(command, rc)
     return rc
@@ -77,7 +100,10 @@ def _run_foreground(argv: list[str]) -> int:
     import subprocess
 
     child = subprocess.Popen(argv)
-    forward = {sig: signal.signal(sig, lambda s, _f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    forward = {
+        sig: signal.signal(sig, lambda s, _f: child.send_signal(s))
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         while True:
             try:
@@ -90,30 +116,62 @@ def _run_foreground(argv: list[str]) -> int:
 
 
 def add_run(sub) -> None:
-    s = command(sub, "run", help="start the image with podman or docker: GPUs, shm, ports, services, this directory",
-                description="Start the lock's image with podman or docker, with the GPUs (CDI or the NVIDIA "
-                            "runtime), the lock's shm size, ulimits and environment, its services' ports on "
-                            "loopback, and the current directory on /workspace. A command after -- runs instead "
-                            "of the services.",
-                examples=["envspec run specs/h100.toml                              # Jupyter and SSH, as the spec says",
-                          "envspec run lockfiles/h100-train.lock -- python train.py --epochs 3",
-                          "envspec run lockfiles/h100-train.lock --print -- envspec verify   # the command, not run"])
-    s.add_argument("target", metavar="SPEC|LOCK|IMAGE", help="a spec (its lock's image), a lockfile, or an image "
-                                                             "reference")
+    s = command(
+        sub,
+        "run",
+        help="start the image with podman or docker: GPUs, shm, ports, services, this directory",
+        description="Start the lock's image with podman or docker, with the GPUs (CDI or the NVIDIA "
+        "runtime), the lock's shm size, ulimits and environment, its services' ports on "
+        "loopback, and the current directory on /workspace. A command after -- runs instead "
+        "of the services.",
+        examples=[
+            "envspec run specs/h100.toml                              # Jupyter and SSH, as the spec says",
+            "envspec run lockfiles/h100-train.lock -- python train.py --epochs 3",
+            "envspec run lockfiles/h100-train.lock --print -- envspec verify   # the command, not run",
+        ],
+    )
+    s.add_argument(
+        "target",
+        metavar="SPEC|LOCK|IMAGE",
+        help="a spec (its lock's image), a lockfile, or an image reference",
+    )
     s.add_argument("--print", action="store_true", help="print the command instead of running it")
     s.add_argument("--json", action="store_true", help=JSON_HELP)
-    s.add_argument("--engine", choices=("podman", "docker"), help="the container engine (default: podman where "
-                                                                   "it works, else a reachable docker)")
+    s.add_argument(
+        "--engine",
+        choices=("podman", "docker"),
+        help="the container engine (default: podman where it works, else a reachable docker)",
+    )
     s.add_argument("--image", help="run this image reference instead of the lock's tag")
-    s.add_argument("--bind", default="127.0.0.1", help="address the services' ports listen on (default loopback)")
-    s.add_argument("--port", action="append", metavar="HOST:CONTAINER", help="publish a service port elsewhere")
-    s.add_argument("-d", "--detach", action="store_true", help="start it in the background and print its name")
+    s.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="address the services' ports listen on (default loopback)",
+    )
+    s.add_argument(
+        "--port", action="append", metavar="HOST:CONTAINER", help="publish a service port elsewhere"
+    )
+    s.add_argument(
+        "-d", "--detach", action="store_true", help="start it in the background and print its name"
+    )
     s.add_argument("--name", help="the container's name (default: envspec-run-<random>)")
-    s.add_argument("--no-mount", action="store_true", help="do not mount the current directory on /workspace")
-    s.add_argument("--no-gpu", action="store_true", help="start it without GPUs (a GPU image then runs its CPU paths)")
-    s.add_argument("--emulate", action="store_true",
-                   help="run an image of another CPU architecture (arm64 on amd64) under qemu-user-static "
-                        "(binfmt_misc); without it such an image is refused (exit 2)")
-    s.add_argument("--platform", metavar="linux-x86_64|linux-aarch64",
-                   help="which section of a multi-platform lock to run (default: this host's)")
+    s.add_argument(
+        "--no-mount", action="store_true", help="do not mount the current directory on /workspace"
+    )
+    s.add_argument(
+        "--no-gpu",
+        action="store_true",
+        help="start it without GPUs (a GPU image then runs its CPU paths)",
+    )
+    s.add_argument(
+        "--emulate",
+        action="store_true",
+        help="run an image of another CPU architecture (arm64 on amd64) under qemu-user-static "
+        "(binfmt_misc); without it such an image is refused (exit 2)",
+    )
+    s.add_argument(
+        "--platform",
+        metavar="linux-x86_64|linux-aarch64",
+        help="which section of a multi-platform lock to run (default: this host's)",
+    )
     s.set_defaults(func=cmd_run, cmd=[])  # the command after `--` is split off before parsing

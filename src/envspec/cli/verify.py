@@ -5,7 +5,9 @@ from __future__ import annotations
 
 
 def add_verify(sub) -> None:
-    sub.add_parser("verify", help="check the live machine against a lock (see `envspec verify --help`)")
+    sub.add_parser(
+        "verify", help="check the live machine against a lock (see `envspec verify --help`)"
+    )
 
 
 def run_verify(argv: list[str]) -> int:

@@ -12,14 +12,39 @@ from typing import TYPE_CHECKING, Any
 
 from envspec.compat.arch import arch_runs, best_arch, parse_arch, parse_cc, why_arch
 from envspec.compat.load import DATA_DIR, FORMAT, load_db
-from envspec.compat.model import PLATFORMS, CompatDB, CudaToolkit, Family, Gpu, TorchRelease, Variant, driver_branch
+from envspec.compat.model import (
+    PLATFORMS,
+    CompatDB,
+    CudaToolkit,
+    Family,
+    Gpu,
+    TorchRelease,
+    Variant,
+    driver_branch,
+)
 
 if TYPE_CHECKING:
     from envspec.compat.pypi import RefreshReport, refresh
 
 __all__ = [
-    "CompatDB", "CudaToolkit", "DATA_DIR", "FORMAT", "Family", "Gpu", "RefreshReport", "TorchRelease", "Variant",
-    "PLATFORMS", "arch_runs", "best_arch", "driver_branch", "load_db", "parse_arch", "parse_cc", "refresh", "why_arch",
+    "CompatDB",
+    "CudaToolkit",
+    "DATA_DIR",
+    "FORMAT",
+    "Family",
+    "Gpu",
+    "RefreshReport",
+    "TorchRelease",
+    "Variant",
+    "PLATFORMS",
+    "arch_runs",
+    "best_arch",
+    "driver_branch",
+    "load_db",
+    "parse_arch",
+    "parse_cc",
+    "refresh",
+    "why_arch",
 ]
 
 

@@ -47,9 +47,17 @@ def parse_arch(entry: str) -> Arch:
     """``sm_90a`` -> Arch("sass", 9, 0, "a"); raises ValueError on anything else."""
     m = _ARCH.match(entry.strip())
     if not m:
-        raise ValueError(f"not an arch-list entry: {entry!r} (expected sm_XY or compute_XY, optionally with a/f)")
+        raise ValueError(
+            f"not an arch-list entry: {entry!r} (expected sm_XY or compute_XY, optionally with a/f)"
+        )
     digits = m.group(2)
-    return Arch("sass" if m.group(1) == "sm" else "ptx", int(digits[:-1]), int(digits[-1]), m.group(3), entry.strip())
+    return Arch(
+        "sass" if m.group(1) == "sm" else "ptx",
+        int(digits[:-1]),
+        int(digits[-1]),
+        m.group(3),
+        entry.strip(),
+    )
 
 
 def parse_cc(cc: str) -> tuple[int, int]:
@@ -81,8 +89,10 @@ def _reason(cc: str, a: Arch) -> str:
     if a.suffix == "a":
         return f"{a.text} {'SASS' if a.kind == 'sass' else 'PTX'} runs on {cc} (architecture-specific, exact match)"
     if a.suffix == "f":
-        return (f"{a.text} {'SASS' if a.kind == 'sass' else 'PTX'} runs on {cc} "
-                f"(family-specific, same major, {a.minor} <= {y})")
+        return (
+            f"{a.text} {'SASS' if a.kind == 'sass' else 'PTX'} runs on {cc} "
+            f"(family-specific, same major, {a.minor} <= {y})"
+        )
     if a.kind == "sass":
         if a.minor == y:
             return f"{a.text} SASS runs on {cc} (exact match)"
@@ -127,5 +137,7 @@ def why_arch(cc: str, arch_list: list[str]) -> tuple[bool, str]:
         return True, _reason(cc, max(good, key=lambda a: _preference(c, a)))
     x, y = c
     need = f"sm_{x}{y}" if y == 0 else f"sm_{x}0..sm_{x}{y}"
-    return False, (f"no entry runs on {cc}: SASS needs {need} (same major, minor <= {y}), "
-                   f"PTX needs compute_AB with AB <= {x}{y}; the list has {', '.join(a.text for a in parsed)}")
+    return False, (
+        f"no entry runs on {cc}: SASS needs {need} (same major, minor <= {y}), "
+        f"PTX needs compute_AB with AB <= {x}{y}; the list has {', '.join(a.text for a in parsed)}"
+    )

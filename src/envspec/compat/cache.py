@@ -33,7 +33,12 @@ from envspec.compat.model import CompatDB, CudaToolkit, Family, Gpu, PcieLink, T
 CACHE_FORMAT = 2  # of the entry (header + payload); part of the key
 KEEP = 8  # entries kept in the folder: the bundled DB under a few envspec versions, and data dirs
 SUBDIR = "compat-db"
-_CODE = ("load.py", "rows.py", "model.py", "arch.py")  # the modules whose code decides what a data file becomes
+_CODE = (
+    "load.py",
+    "rows.py",
+    "model.py",
+    "arch.py",
+)  # the modules whose code decides what a data file becomes
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -45,7 +50,9 @@ def cache_key(root: Path, names: Iterable[str]) -> str | None:
     read (then the DB is checked, which reports it)."""
     from pydantic import VERSION as PYDANTIC_VERSION
 
-    h = hashlib.sha256(f"envspec compat-db cache {CACHE_FORMAT}\0{envspec.__version__}\0{PYDANTIC_VERSION}\0".encode())
+    h = hashlib.sha256(
+        f"envspec compat-db cache {CACHE_FORMAT}\0{envspec.__version__}\0{PYDANTIC_VERSION}\0".encode()
+    )
     here = Path(__file__).parent
     try:
         for name in _CODE:
@@ -83,7 +90,9 @@ def write(key: str, db: CompatDB, folder: Path | None = None) -> None:
     except RuntimeError:
         return  # no home folder to put the cache in (Path.home())
     payload = json.dumps(db.to_json(), sort_keys=True, separators=(",", ":")).encode()
-    head = json.dumps({"key": key, "sha256": hashlib.sha256(payload).hexdigest(), "format": CACHE_FORMAT}).encode()
+    head = json.dumps(
+        {"key": key, "sha256": hashlib.sha256(payload).hexdigest(), "format": CACHE_FORMAT}
+    ).encode()
     tmp = folder / f".{key}.{os.getpid()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -109,12 +118,25 @@ def _prune(folder: Path) -> None:
 
 def from_json(data: dict[str, Any]) -> CompatDB:
     """The DB from ``CompatDB.to_json()``'s values, which were validated when they were made."""
-    releases = [TorchRelease.model_construct(**{**r, "variants": {name: Variant.model_construct(**v)
-                                                                  for name, v in r["variants"].items()}})
-                for r in data["torch_releases"]]
-    return CompatDB(version=data["db_version"], date=data["date"], format=data["format"],
-                    torch_releases=releases,
-                    cuda_toolkits=[CudaToolkit.model_construct(**t) for t in data["cuda_toolkits"]],
-                    gpus=[Gpu.model_construct(**g) for g in data["gpus"]], sources=dict(data["sources"]),
-                    families=[Family.model_construct(**f) for f in data["families"]],
-                    pcie=[PcieLink.model_construct(**x) for x in data["pcie"]])
+    releases = [
+        TorchRelease.model_construct(
+            **{
+                **r,
+                "variants": {
+                    name: Variant.model_construct(**v) for name, v in r["variants"].items()
+                },
+            }
+        )
+        for r in data["torch_releases"]
+    ]
+    return CompatDB(
+        version=data["db_version"],
+        date=data["date"],
+        format=data["format"],
+        torch_releases=releases,
+        cuda_toolkits=[CudaToolkit.model_construct(**t) for t in data["cuda_toolkits"]],
+        gpus=[Gpu.model_construct(**g) for g in data["gpus"]],
+        sources=dict(data["sources"]),
+        families=[Family.model_construct(**f) for f in data["families"]],
+        pcie=[PcieLink.model_construct(**x) for x in data["pcie"]],
+    )

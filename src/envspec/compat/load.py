@@ -14,14 +14,25 @@ from pydantic import ValidationError
 
 from envspec.compat import cache
 from envspec.compat.arch import parse_arch, parse_cc
-from envspec.compat.model import (PYPI_INDEX, PYTORCH_INDEX, CompatDB, CudaToolkit, Family, Gpu, PcieLink, TorchRelease,
-                                  Variant)
+from envspec.compat.model import (
+    PYPI_INDEX,
+    PYTORCH_INDEX,
+    CompatDB,
+    CudaToolkit,
+    Family,
+    Gpu,
+    PcieLink,
+    TorchRelease,
+    Variant,
+)
 from envspec.errors import CompatDBError
 
 if TYPE_CHECKING:
     from envspec.compat.rows import Row
 
-FORMAT = 1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
+FORMAT = (
+    1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
+)
 DATA_DIR = Path(__file__).parent / "data"
 MANIFEST = "db.toml"
 FILES = {
@@ -29,12 +40,22 @@ FILES = {
     "torch_variants.toml": "CUDA variants on the PyTorch index: CUDA, cuDNN, NCCL, arch lists (curated)",
     "cuda.toml": "CUDA toolkits: driver floors and nvcc targets (curated)",
     "gpus.toml": "GPUs: architecture families by compute capability (driver branches), and each GPU's names, "
-                 "product line, memory, peak rates (curated)",
+    "product line, memory, peak rates (curated)",
 }
 # the format of each file this code reads (gpus.toml 2: [[family]] rows per compute capability)
-FILE_FORMATS = {MANIFEST: FORMAT, "torch_pypi.toml": 1, "torch_variants.toml": 1, "cuda.toml": 1, "gpus.toml": 2}
-LINES = {"datacenter": "data center", "workstation": "workstation", "geforce": "GeForce and TITAN",
-         "jetson": "Jetson (integrated)"}
+FILE_FORMATS = {
+    MANIFEST: FORMAT,
+    "torch_pypi.toml": 1,
+    "torch_variants.toml": 1,
+    "cuda.toml": 1,
+    "gpus.toml": 2,
+}
+LINES = {
+    "datacenter": "data center",
+    "workstation": "workstation",
+    "geforce": "GeForce and TITAN",
+    "jetson": "Jetson (integrated)",
+}
 
 
 _R = TypeVar("_R", bound="Row")
@@ -56,9 +77,11 @@ class _Problems:
             return
         n = len(self.items)
         head = f"compatibility DB at {root}: {n} problem{'s' if n != 1 else ''}"
-        raise CompatDBError("\n".join([head] + [f"  {p}" for p in self.items]),
-                            hint="fix the data file (each row needs a source), or run `envspec db refresh` "
-                                 "to regenerate torch_pypi.toml")
+        raise CompatDBError(
+            "\n".join([head] + [f"  {p}" for p in self.items]),
+            hint="fix the data file (each row needs a source), or run `envspec db refresh` "
+            "to regenerate torch_pypi.toml",
+        )
 
 
 def _read(root: Path, name: str, problems: _Problems) -> dict:
@@ -73,21 +96,28 @@ def _read(root: Path, name: str, problems: _Problems) -> dict:
         return {}
     fmt, want = data.get("format"), FILE_FORMATS[name]
     if fmt != want:
-        problems.add(name, "format", f"unknown format {fmt!r}; this envspec reads format {want}"
-                     + (" (a newer envspec wrote it?)" if isinstance(fmt, int) and fmt > want else ""))
+        problems.add(
+            name,
+            "format",
+            f"unknown format {fmt!r}; this envspec reads format {want}"
+            + (" (a newer envspec wrote it?)" if isinstance(fmt, int) and fmt > want else ""),
+        )
         return {}
     return data
 
 
-def _rows(data: dict, key: str, model: type[_R], file: str, problems: _Problems,
-          label: str) -> list[tuple[str, _R]]:
+def _rows(
+    data: dict, key: str, model: type[_R], file: str, problems: _Problems, label: str
+) -> list[tuple[str, _R]]:
     out: list[tuple[str, _R]] = []
     raw = data.get(key, [])
     if not isinstance(raw, list):
         problems.add(file, key, "must be an array of tables")
         return out
     for i, row in enumerate(raw):
-        where = f"{key}[{i}]" + (f" ({row.get(label)!r})" if isinstance(row, dict) and row.get(label) else "")
+        where = f"{key}[{i}]" + (
+            f" ({row.get(label)!r})" if isinstance(row, dict) and row.get(label) else ""
+        )
         try:
             r = model.model_validate(row)
         except ValidationError as exc:
@@ -96,7 +126,9 @@ def _rows(data: dict, key: str, model: type[_R], file: str, problems: _Problems,
                 problems.add(file, f"{where}.{loc}", e["msg"])
             continue
         if not r.source.strip():
-            problems.add(file, f"{where}.source", "empty: every row must say where its facts come from")
+            problems.add(
+                file, f"{where}.source", "empty: every row must say where its facts come from"
+            )
         out.append((where, r))
     return out
 
@@ -134,27 +166,55 @@ def _families(rows: list, problems: _Problems) -> dict:
             problems.add("gpus.toml", f"{where}.cc", str(exc))
             continue
         if f.cc in out:
-            problems.add("gpus.toml", f"{where}.cc", f"{f.cc!r}: a second family for this compute capability")
+            problems.add(
+                "gpus.toml", f"{where}.cc", f"{f.cc!r}: a second family for this compute capability"
+            )
             continue
         if f.min_driver:
             if not f.min_driver.isdigit():
-                problems.add("gpus.toml", f"{where}.min_driver", f"{f.min_driver!r} is not a driver branch (\"520\")")
+                problems.add(
+                    "gpus.toml",
+                    f"{where}.min_driver",
+                    f'{f.min_driver!r} is not a driver branch ("520")',
+                )
             if not f.min_driver_source.strip():
-                problems.add("gpus.toml", f"{where}.min_driver_source", "empty: a driver floor needs its source")
+                problems.add(
+                    "gpus.toml",
+                    f"{where}.min_driver_source",
+                    "empty: a driver floor needs its source",
+                )
         elif not f.driver_note.strip():
-            problems.add("gpus.toml", f"{where}.driver_note", "empty: a family without min_driver says why "
-                                                               "(Jetson Linux brings its own driver)")
+            problems.add(
+                "gpus.toml",
+                f"{where}.driver_note",
+                "empty: a family without min_driver says why (Jetson Linux brings its own driver)",
+            )
         if f.max_driver:
             if not f.max_driver.isdigit():
-                problems.add("gpus.toml", f"{where}.max_driver", f"{f.max_driver!r} is not a driver branch (\"580\")")
+                problems.add(
+                    "gpus.toml",
+                    f"{where}.max_driver",
+                    f'{f.max_driver!r} is not a driver branch ("580")',
+                )
             elif f.min_driver.isdigit() and int(f.max_driver) < int(f.min_driver):
-                problems.add("gpus.toml", f"{where}.max_driver", f"R{f.max_driver} is older than its first branch "
-                                                                 f"R{f.min_driver}")
+                problems.add(
+                    "gpus.toml",
+                    f"{where}.max_driver",
+                    f"R{f.max_driver} is older than its first branch R{f.min_driver}",
+                )
             if not f.max_driver_source.strip():
-                problems.add("gpus.toml", f"{where}.max_driver_source", "empty: a last driver branch needs its source")
+                problems.add(
+                    "gpus.toml",
+                    f"{where}.max_driver_source",
+                    "empty: a last driver branch needs its source",
+                )
         if not f.pypi_torch and not f.torch_note.strip():
-            problems.add("gpus.toml", f"{where}.torch_note", "empty: a family no PyPI torch runs on says why and "
-                                                             "what to use instead, with sources")
+            problems.add(
+                "gpus.toml",
+                f"{where}.torch_note",
+                "empty: a family no PyPI torch runs on says why and "
+                "what to use instead, with sources",
+            )
         out[f.cc] = f
     return out
 
@@ -173,8 +233,12 @@ def _build(root: Path) -> CompatDB:
     files = {name: _read(root, name, problems) for name in FILES}
     problems.raise_if_any(root)
 
-    pypi_rows = _rows(files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version")
-    build_rows = _rows(files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant")
+    pypi_rows = _rows(
+        files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version"
+    )
+    build_rows = _rows(
+        files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant"
+    )
     tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
     fam_rows = _rows(files["gpus.toml"], "family", FamilyRow, "gpus.toml", problems, "cc")
     pcie_rows = _rows(files["gpus.toml"], "pcie", PcieRow, "gpus.toml", problems, "gen")
@@ -189,16 +253,25 @@ def _build(root: Path) -> CompatDB:
         _arch_ok(tk.archs, "cuda.toml", f"{where}.archs", problems)
         for j, f in enumerate(tk.estimated):
             if f not in TOOLKIT_FIELDS:
-                problems.add("cuda.toml", f"{where}.estimated[{j}]", f"{f!r} is not one of {', '.join(TOOLKIT_FIELDS)}")
+                problems.add(
+                    "cuda.toml",
+                    f"{where}.estimated[{j}]",
+                    f"{f!r} is not one of {', '.join(TOOLKIT_FIELDS)}",
+                )
         if not ok:
             continue
         if tk.version in toolkits:
             problems.add("cuda.toml", where, f"duplicate toolkit {tk.version}")
         # a driver that meets the toolkit's own floor runs it natively, so the compat floor is never higher
         compat = min(tk.driver_compat, tk.driver_strict, key=Version)
-        toolkits[tk.version] = CudaToolkit(version=tk.version, driver_strict=tk.driver_strict,
-                                          driver_compat=compat, archs=tk.archs, source=tk.source,
-                                          estimated=list(tk.estimated))
+        toolkits[tk.version] = CudaToolkit(
+            version=tk.version,
+            driver_strict=tk.driver_strict,
+            driver_compat=compat,
+            archs=tk.archs,
+            source=tk.source,
+            estimated=list(tk.estimated),
+        )
 
     # -- GPUs: a family per compute capability, then the GPUs of each
     families = _families(fam_rows, problems)
@@ -207,27 +280,55 @@ def _build(root: Path) -> CompatDB:
     for where, g in gpu_rows:
         fam = families.get(g.cc.strip())
         if fam is None:
-            problems.add("gpus.toml", f"{where}.cc", f"{g.cc!r}: no [[family]] row has this compute capability"
-                         + (f" (the families: {', '.join(sorted(families, key=_cc_key))})" if families else ""))
+            problems.add(
+                "gpus.toml",
+                f"{where}.cc",
+                f"{g.cc!r}: no [[family]] row has this compute capability"
+                + (
+                    f" (the families: {', '.join(sorted(families, key=_cc_key))})"
+                    if families
+                    else ""
+                ),
+            )
             continue
         if g.line not in LINES:
             problems.add("gpus.toml", f"{where}.line", f"{g.line!r}: one of {', '.join(LINES)}")
         if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
-            problems.add("gpus.toml", f"{where}.host_arch", f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}")
+            problems.add(
+                "gpus.toml",
+                f"{where}.host_arch",
+                f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}",
+            )
         elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
-            problems.add("gpus.toml", f"{where}.host_arch_source", "empty: say where the GPU ships on Arm hosts")
+            problems.add(
+                "gpus.toml",
+                f"{where}.host_arch_source",
+                "empty: say where the GPU ships on Arm hosts",
+            )
         if g.node_allreduce_busbw_gbs is not None and not g.node_allreduce_source.strip():
-            problems.add("gpus.toml", f"{where}.node_allreduce_source", "empty: an expected bus bandwidth needs its "
-                                                                       "source")
+            problems.add(
+                "gpus.toml",
+                f"{where}.node_allreduce_source",
+                "empty: an expected bus bandwidth needs its source",
+            )
         for label in [g.name, *g.aliases]:
             k = "".join(ch for ch in label.lower() if ch.isalnum())
             if k in seen_labels and seen_labels[k] != g.name:
                 problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
             seen_labels[k] = g.name
-        gpus.append(Gpu(**g.model_dump(), architecture=fam.architecture, min_driver=fam.min_driver,
-                        min_driver_source=fam.min_driver_source, max_driver=fam.max_driver,
-                        max_driver_source=fam.max_driver_source, driver_note=fam.driver_note,
-                        pypi_torch=fam.pypi_torch, torch_note=fam.torch_note))
+        gpus.append(
+            Gpu(
+                **g.model_dump(),
+                architecture=fam.architecture,
+                min_driver=fam.min_driver,
+                min_driver_source=fam.min_driver_source,
+                max_driver=fam.max_driver,
+                max_driver_source=fam.max_driver_source,
+                driver_note=fam.driver_note,
+                pypi_torch=fam.pypi_torch,
+                torch_note=fam.torch_note,
+            )
+        )
 
     # -- torch variants (curated) and releases (generated)
     builds: list[tuple[str, BuildRow, SpecifierSet]] = []
@@ -235,18 +336,34 @@ def _build(root: Path) -> CompatDB:
         try:
             spec = SpecifierSet(b.torch)
         except InvalidSpecifier:
-            problems.add("torch_variants.toml", f"{where}.torch", f"{b.torch!r} is not a version specifier")
+            problems.add(
+                "torch_variants.toml", f"{where}.torch", f"{b.torch!r} is not a version specifier"
+            )
             continue
         _arch_ok(b.arch_list, "torch_variants.toml", f"{where}.arch_list", problems)
         if b.variant != "cpu":
             if not b.cuda:
-                problems.add("torch_variants.toml", f"{where}.cuda", f"variant {b.variant} needs a CUDA version")
+                problems.add(
+                    "torch_variants.toml",
+                    f"{where}.cuda",
+                    f"variant {b.variant} needs a CUDA version",
+                )
             elif b.variant != "cu" + b.cuda.replace(".", ""):
-                problems.add("torch_variants.toml", f"{where}.cuda", f"{b.cuda} does not match variant {b.variant}")
+                problems.add(
+                    "torch_variants.toml",
+                    f"{where}.cuda",
+                    f"{b.cuda} does not match variant {b.variant}",
+                )
             elif b.cuda not in toolkits:
-                problems.add("torch_variants.toml", f"{where}.cuda", f"CUDA {b.cuda} is not in cuda.toml")
+                problems.add(
+                    "torch_variants.toml", f"{where}.cuda", f"CUDA {b.cuda} is not in cuda.toml"
+                )
             if not b.arch_list:
-                problems.add("torch_variants.toml", f"{where}.arch_list", "a CUDA variant needs its arch list")
+                problems.add(
+                    "torch_variants.toml",
+                    f"{where}.arch_list",
+                    "a CUDA variant needs its arch list",
+                )
         builds.append((where, b, spec))
 
     releases: list[TorchRelease] = []
@@ -263,16 +380,22 @@ def _build(root: Path) -> CompatDB:
             if not spec.contains(v, prereleases=True):
                 continue
             if b.variant in variants:
-                problems.add("torch_variants.toml", bwhere,
-                             f"overlaps another {b.variant} row for torch {p.version}")
+                problems.add(
+                    "torch_variants.toml",
+                    bwhere,
+                    f"overlaps another {b.variant} row for torch {p.version}",
+                )
                 continue
             is_pypi = b.variant == p.pypi_variant
             src = b.source
             cudnn, nccl = b.cudnn or None, b.nccl or None
             if is_pypi:
                 if b.cuda != p.cuda:
-                    problems.add("torch_variants.toml", bwhere,
-                                 f"CUDA {b.cuda} but PyPI's {p.version} wheel pins CUDA {p.cuda}")
+                    problems.add(
+                        "torch_variants.toml",
+                        bwhere,
+                        f"CUDA {b.cuda} but PyPI's {p.version} wheel pins CUDA {p.cuda}",
+                    )
                 cudnn, nccl = p.cudnn or None, p.nccl or None
                 src = f"{p.source}; curated: {b.source}"
             else:
@@ -282,34 +405,74 @@ def _build(root: Path) -> CompatDB:
                     nccl = p.nccl or None
             pt_index = f"{PYTORCH_INDEX}/{b.variant}"
             variants[b.variant] = Variant(
-                name=b.variant, cuda=b.cuda or None, cudnn=cudnn, nccl=nccl, arch_list=list(b.arch_list),
-                index=PYPI_INDEX if is_pypi else pt_index, local="" if is_pypi else b.variant,
-                source=src, pypi=is_pypi, pytorch_index=pt_index, pytorch_local=b.variant)
+                name=b.variant,
+                cuda=b.cuda or None,
+                cudnn=cudnn,
+                nccl=nccl,
+                arch_list=list(b.arch_list),
+                index=PYPI_INDEX if is_pypi else pt_index,
+                local="" if is_pypi else b.variant,
+                source=src,
+                pypi=is_pypi,
+                pytorch_index=pt_index,
+                pytorch_local=b.variant,
+            )
         if p.pypi_variant and p.pypi_variant not in variants:
             # a release newer than the curated rows: PyPI's build is known from its metadata, its arch
             # list is carried over from the newest older release with the same variant (said in source)
-            prev = next((r.variants[p.pypi_variant] for r in reversed(releases) if p.pypi_variant in r.variants), None)
+            prev = next(
+                (
+                    r.variants[p.pypi_variant]
+                    for r in reversed(releases)
+                    if p.pypi_variant in r.variants
+                ),
+                None,
+            )
             if p.needs_review and (p.cuda not in toolkits or prev is None):
                 pass  # refresh said what is missing (TorchRelease.needs_review); no such build until curated
             elif p.cuda not in toolkits:
-                problems.add("torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml")
+                problems.add(
+                    "torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml"
+                )
             elif prev is None:
-                problems.add("torch_variants.toml", "",
-                             f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from")
+                problems.add(
+                    "torch_variants.toml",
+                    "",
+                    f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from",
+                )
             else:
                 variants[p.pypi_variant] = Variant(
-                    name=p.pypi_variant, cuda=p.cuda, cudnn=p.cudnn or None, nccl=p.nccl or None,
-                    arch_list=list(prev.arch_list), index=PYPI_INDEX, local="", pypi=True,
-                    pytorch_index=f"{PYTORCH_INDEX}/{p.pypi_variant}", pytorch_local=p.pypi_variant,
-                    source=f"{p.source}; arch list assumed unchanged from an older release (not curated yet)")
+                    name=p.pypi_variant,
+                    cuda=p.cuda,
+                    cudnn=p.cudnn or None,
+                    nccl=p.nccl or None,
+                    arch_list=list(prev.arch_list),
+                    index=PYPI_INDEX,
+                    local="",
+                    pypi=True,
+                    pytorch_index=f"{PYTORCH_INDEX}/{p.pypi_variant}",
+                    pytorch_local=p.pypi_variant,
+                    source=f"{p.source}; arch list assumed unchanged from an older release (not curated yet)",
+                )
         ordered = dict(sorted(variants.items(), key=lambda kv: _cuda_key(kv[1])))
-        releases.append(TorchRelease(version=p.version, python=p.python, pypi_variant=p.pypi_variant or None,
-                                     variants=ordered, source=p.source,
-                                     python_freethreaded=p.python_freethreaded, needs_review=list(p.needs_review)))
+        releases.append(
+            TorchRelease(
+                version=p.version,
+                python=p.python,
+                pypi_variant=p.pypi_variant or None,
+                variants=ordered,
+                source=p.source,
+                python_freethreaded=p.python_freethreaded,
+                needs_review=list(p.needs_review),
+            )
+        )
     releases.sort(key=lambda r: Version(r.version))
 
     version, date = manifest.get("db_version", ""), manifest.get("date", "")
-    gen_version, gen_date = files["torch_pypi.toml"].get("db_version", ""), files["torch_pypi.toml"].get("date", "")
+    gen_version, gen_date = (
+        files["torch_pypi.toml"].get("db_version", ""),
+        files["torch_pypi.toml"].get("date", ""),
+    )
     for name, val in (("db_version", version), ("date", date)):
         if not isinstance(val, str) or not val:
             problems.add(MANIFEST, name, "missing")
@@ -320,11 +483,19 @@ def _build(root: Path) -> CompatDB:
         except InvalidVersion:
             problems.add("torch_pypi.toml", "db_version", f"{gen_version!r} is not a version")
     problems.raise_if_any(root)
-    return CompatDB(version=version, date=date, format=FORMAT, torch_releases=releases,
-                    cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)), gpus=gpus,
-                    sources=dict(FILES),
-                    families=[Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))],
-                    pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)])
+    return CompatDB(
+        version=version,
+        date=date,
+        format=FORMAT,
+        torch_releases=releases,
+        cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)),
+        gpus=gpus,
+        sources=dict(FILES),
+        families=[
+            Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))
+        ],
+        pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)],
+    )
 
 
 @functools.lru_cache(maxsize=8)

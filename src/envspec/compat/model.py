@@ -28,7 +28,9 @@ class Variant(BaseModel):
     cudnn: str | None
     nccl: str | None
     arch_list: list[str]  # SASS sm_XY and PTX compute_XY entries; [] for cpu
-    index: str  # the index to take it from: PyPI for the build PyPI serves, else download.pytorch.org
+    index: (
+        str  # the index to take it from: PyPI for the build PyPI serves, else download.pytorch.org
+    )
     local: str  # local version label of the wheels on `index` ("cu126"; "" for PyPI's build)
     source: str
     pypi: bool = False  # True for the build PyPI serves
@@ -41,7 +43,11 @@ class Variant(BaseModel):
         comes from there (``local`` is set) and ``pytorch_index``. PyPI's build keeps PyPI as ``index``.
         With the default base the result equals this variant."""
         base = torch_index.rstrip("/")
-        update = {"pytorch_index": f"{base}/{self.pytorch_local}" if self.pytorch_local else self.pytorch_index}
+        update = {
+            "pytorch_index": f"{base}/{self.pytorch_local}"
+            if self.pytorch_local
+            else self.pytorch_index
+        }
         if self.local:
             update["index"] = f"{base}/{self.local}"
         return self.model_copy(update=update)
@@ -56,7 +62,9 @@ class TorchRelease(BaseModel):
     variants: dict[str, Variant]  # by name, ascending CUDA (cpu first)
     source: str
     python_freethreaded: list[str] = []  # "3.13" for cp313t wheels
-    needs_review: list[str] = []  # what `db refresh` could not derive: its PyPI build is left out until curated
+    needs_review: list[
+        str
+    ] = []  # what `db refresh` could not derive: its PyPI build is left out until curated
 
     def variant(self, name: str) -> Variant | None:
         return self.variants.get(name)
@@ -70,7 +78,9 @@ class CudaToolkit(BaseModel):
     driver_compat: str  # minimum driver under CUDA minor-version compatibility
     archs: list[str]  # sm_ targets nvcc accepts, including a/f variants
     source: str
-    estimated: list[str] = []  # the fields that are estimates, not read from a source ("driver_strict", "archs")
+    estimated: list[
+        str
+    ] = []  # the fields that are estimates, not read from a source ("driver_strict", "archs")
 
 
 class Family(BaseModel):
@@ -86,7 +96,9 @@ class Family(BaseModel):
     max_driver: str = ""
     max_driver_source: str = ""
     driver_note: str = ""
-    pypi_torch: bool = True  # False: no torch from PyPI or download.pytorch.org runs on it (Jetson before Thor)
+    pypi_torch: bool = (
+        True  # False: no torch from PyPI or download.pytorch.org runs on it (Jetson before Thor)
+    )
     torch_note: str = ""  # an integrated GPU's: what PyPI's torch runs on it, what to use where none does; sources
     source: str = ""
 
@@ -107,9 +119,13 @@ class Gpu(BaseModel):
 
     name: str  # as nvidia-smi prints it; "sm_90" for a synthetic GPU named by capability
     aliases: list[str] = []
-    line: str = ""  # product line: "datacenter", "workstation", "geforce", "jetson"; "" for a synthetic GPU
+    line: str = (
+        ""  # product line: "datacenter", "workstation", "geforce", "jetson"; "" for a synthetic GPU
+    )
     cc: str  # compute capability "9.0"
-    architecture: str = ""  # the generation its compute capability belongs to ("Hopper"), from its family
+    architecture: str = (
+        ""  # the generation its compute capability belongs to ("Hopper"), from its family
+    )
     memory_gib: float | None = None
     bf16_tflops: float | None = None  # dense
     tf32_tflops: float | None = None  # dense
@@ -118,13 +134,21 @@ class Gpu(BaseModel):
     node_allreduce_busbw_gbs: float | None = None
     node_allreduce_source: str = ""
     source: str = ""
-    min_driver: str = ""  # the first driver branch that drives this GPU ("520"); "" where none applies
+    min_driver: str = (
+        ""  # the first driver branch that drives this GPU ("520"); "" where none applies
+    )
     min_driver_source: str = ""
-    max_driver: str = ""  # the last driver branch that drives this GPU ("580"); "" where NVIDIA named none
+    max_driver: str = (
+        ""  # the last driver branch that drives this GPU ("580"); "" where NVIDIA named none
+    )
     max_driver_source: str = ""
     driver_note: str = ""  # where min_driver is "": why (Jetson Linux brings its own driver)
-    pypi_torch: bool = True  # its family's: False where no torch from PyPI or download.pytorch.org runs on it
-    torch_note: str = ""  # its family's: what PyPI's torch runs on this integrated GPU, with sources
+    pypi_torch: bool = (
+        True  # its family's: False where no torch from PyPI or download.pytorch.org runs on it
+    )
+    torch_note: str = (
+        ""  # its family's: what PyPI's torch runs on this integrated GPU, with sources
+    )
     host_arch: list[str] = ["x86_64", "aarch64"]  # CPU architectures of the servers it ships in
     host_arch_source: str = ""
 
@@ -198,7 +222,12 @@ def _one_swap(a: str, b: str) -> bool:
     if len(a) != len(b) or a == b:
         return False
     diff = [i for i in range(len(a)) if a[i] != b[i]]
-    return len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+    return (
+        len(diff) == 2
+        and diff[1] == diff[0] + 1
+        and a[diff[0]] == b[diff[1]]
+        and a[diff[1]] == b[diff[0]]
+    )
 
 
 def _series(token: str) -> tuple[str, str] | None:
@@ -214,10 +243,12 @@ def _series(token: str) -> tuple[str, str] | None:
     return ("", digits[:2] if len(digits) == 4 else digits[:1])
 
 
-_LINE_WORDS = (("jetson", ("jetson", "orin", "xavier", "thor", "tx2", "tx1")),
-               ("workstation", ("quadro", "rtxa", "ada", "rtxpro", "workstation")),
-               ("geforce", ("geforce", "gtx", "titan", "rtx")),
-               ("datacenter", ("tesla", "hgx", "dgx", "sxm", "pcie", "nvl")))
+_LINE_WORDS = (
+    ("jetson", ("jetson", "orin", "xavier", "thor", "tx2", "tx1")),
+    ("workstation", ("quadro", "rtxa", "ada", "rtxpro", "workstation")),
+    ("geforce", ("geforce", "gtx", "titan", "rtx")),
+    ("datacenter", ("tesla", "hgx", "dgx", "sxm", "pcie", "nvl")),
+)
 
 
 def _line_of(name: str) -> str:
@@ -261,7 +292,7 @@ class CompatDB:
                 self._gpu_labels.setdefault(key, label)
                 for p in _PREFIXES:
                     if key.startswith(p) and len(key) > len(p):
-                        self._gpu_keys.setdefault(key[len(p):], g)
+                        self._gpu_keys.setdefault(key[len(p) :], g)
 
     # -- torch ------------------------------------------------------------------------------------
     def torch_release(self, version: str) -> TorchRelease | None:
@@ -290,14 +321,17 @@ class CompatDB:
         if key in self._gpu_keys:
             return self._gpu_keys[key]
         for p in _PREFIXES:
-            if key.startswith(p) and key[len(p):] in self._gpu_keys:
-                return self._gpu_keys[key[len(p):]]
+            if key.startswith(p) and key[len(p) :] in self._gpu_keys:
+                return self._gpu_keys[key[len(p) :]]
         m = re.match(_SM_NAME, text.lower().replace(" ", ""))
         if m:
             major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
             if 1 <= int(major) <= 15:
-                return Gpu(name=f"sm_{int(major)}{minor}", cc=f"{int(major)}.{minor}",
-                           source="synthetic: named by compute capability")
+                return Gpu(
+                    name=f"sm_{int(major)}{minor}",
+                    cc=f"{int(major)}.{minor}",
+                    source="synthetic: named by compute capability",
+                )
         return None
 
     def suggest_gpus(self, name: str, n: int = 3) -> list[str]:
@@ -321,7 +355,9 @@ class CompatDB:
             matcher.set_seq1(k)
             if matcher.quick_ratio() < 0.5:  # an upper bound of ratio(); a swap keeps it at 1
                 continue
-            r = 0.95 if _one_swap(key, k) else matcher.ratio()  # "4900" for "4090": a slip of two keys
+            r = (
+                0.95 if _one_swap(key, k) else matcher.ratio()
+            )  # "4900" for "4090": a slip of two keys
             if r < 0.5:
                 continue
             g = self._gpu_keys[k]
@@ -339,8 +375,15 @@ class CompatDB:
         out: list[str] = []
         for _, g in ranked[:n]:
             # of the GPU's names, offer the one written most like the query
-            out.append(max([g.name, *g.aliases],
-                           key=lambda s: (difflib.SequenceMatcher(None, key, self._strip(_norm(s))).ratio(), -len(s))))
+            out.append(
+                max(
+                    [g.name, *g.aliases],
+                    key=lambda s: (
+                        difflib.SequenceMatcher(None, key, self._strip(_norm(s))).ratio(),
+                        -len(s),
+                    ),
+                )
+            )
         return out
 
     def _generations_of(self, name: str) -> set[str]:
@@ -358,7 +401,9 @@ class CompatDB:
         for t in _model_tokens(name):
             found = self._gpu_tokens.get(t)
             if found is None and (series := _series(t)) is not None:
-                found = set().union(*(a for k, a in self._gpu_tokens.items() if _series(k) == series))
+                found = set().union(
+                    *(a for k, a in self._gpu_tokens.items() if _series(k) == series)
+                )
             (forms if t.startswith("sxm") else models).update(found or ())
         return models or forms
 
@@ -366,7 +411,7 @@ class CompatDB:
     def _strip(key: str) -> str:
         for p in _PREFIXES:
             if key.startswith(p) and len(key) > len(p):
-                return key[len(p):]
+                return key[len(p) :]
         return key
 
     # -- output ----------------------------------------------------------------------------------

@@ -39,19 +39,30 @@ def _rows(root: str) -> tuple[PypiBuild, ...]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise CompatDBError(f"{path}: cannot read: {e}", reference="compat-db-invalid") from None
     if data.get("format") != FORMAT:
-        raise CompatDBError(f"{path}: format {data.get('format')!r}, this envspec reads format {FORMAT}",
-                            reference="compat-db-invalid")
+        raise CompatDBError(
+            f"{path}: format {data.get('format')!r}, this envspec reads format {FORMAT}",
+            reference="compat-db-invalid",
+        )
     out = []
     for i, row in enumerate(data.get("pypi", [])):
         try:
             arch_list = tuple(str(a) for a in row.get("arch_list", ()))
             if arch_list and not row.get("arch_source"):
                 raise ValueError("arch_list needs its arch_source")
-            out.append(PypiBuild(platform=str(row["platform"]), torch=SpecifierSet(str(row["torch"])),
-                                 variant=str(row["variant"]), source=str(row["source"]),
-                                 arch_list=arch_list, arch_source=str(row.get("arch_source", ""))))
+            out.append(
+                PypiBuild(
+                    platform=str(row["platform"]),
+                    torch=SpecifierSet(str(row["torch"])),
+                    variant=str(row["variant"]),
+                    source=str(row["source"]),
+                    arch_list=arch_list,
+                    arch_source=str(row.get("arch_source", "")),
+                )
+            )
         except (KeyError, ValueError) as e:
-            raise CompatDBError(f"{path}: [[pypi]] row {i}: {e}", reference="compat-db-invalid") from None
+            raise CompatDBError(
+                f"{path}: [[pypi]] row {i}: {e}", reference="compat-db-invalid"
+            ) from None
     return tuple(out)
 
 

@@ -45,7 +45,9 @@ SIMPLE_API = "https://pypi.org/simple/torch/"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 
 Fetch = Callable[[str], bytes]
-FetchRange = Callable[[str, int, int], bytes]  # (url, first byte, last byte inclusive); last < 0: suffix
+FetchRange = Callable[
+    [str, int, int], bytes
+]  # (url, first byte, last byte inclusive); last < 0: suffix
 
 
 @dataclass
@@ -58,10 +60,14 @@ class RefreshReport:
     added: list[str] = field(default_factory=list)  # read now, not in the old file
     changed: list[str] = field(default_factory=list)  # read now, different from the old row
     unchanged: list[str] = field(default_factory=list)  # read now, the same as the old row
-    kept: list[str] = field(default_factory=list)  # not read now (older than `since`, or a problem): old row kept
+    kept: list[str] = field(
+        default_factory=list
+    )  # not read now (older than `since`, or a problem): old row kept
     removed: list[str] = field(default_factory=list)  # in the old file, not in the new one
     problems: list[str] = field(default_factory=list)  # "2.3.0: no Linux x86_64 wheel"
-    source_errors: list[str] = field(default_factory=list)  # the problems where an index did not answer
+    source_errors: list[str] = field(
+        default_factory=list
+    )  # the problems where an index did not answer
     # release -> what the refresh could not derive for it (an unknown CUDA toolkit, no arch list): the
     # release is written with what could be derived, marked `needs_review`, and is not resolvable
     # until the curated data has the missing facts
@@ -98,6 +104,7 @@ class RefreshReport:
 # ---------------------------------------------------------------------------------------------
 # network defaults (only used when no fetcher is injected)
 
+
 def _urlopen(req, what: str) -> bytes:
     import urllib.request  # only when refreshing for real
 
@@ -105,8 +112,10 @@ def _urlopen(req, what: str) -> bytes:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (https URLs only)
             return resp.read()
     except OSError as exc:
-        raise SourceError(f"cannot read {what}: {exc}",
-                          hint="check the network or the index URL; `envspec db refresh` needs PyPI") from exc
+        raise SourceError(
+            f"cannot read {what}: {exc}",
+            hint="check the network or the index URL; `envspec db refresh` needs PyPI",
+        ) from exc
 
 
 def default_fetch(url: str) -> bytes:
@@ -129,6 +138,7 @@ def default_fetch_range(url: str, start: int, end: int) -> bytes:
 # ---------------------------------------------------------------------------------------------
 # pure helpers (tested directly)
 
+
 def linux_x86_64_pythons(filenames: list[str]) -> tuple[list[str], list[str]]:
     """Python versions with a Linux x86_64 CPython wheel: (regular, free-threaded), sorted."""
     regular: set[str] = set()
@@ -141,7 +151,9 @@ def linux_x86_64_pythons(filenames: list[str]) -> tuple[list[str], list[str]]:
         except InvalidWheelFilename:
             continue
         for tag in tags:
-            if not (tag.platform.startswith(("manylinux", "linux")) and tag.platform.endswith("x86_64")):
+            if not (
+                tag.platform.startswith(("manylinux", "linux")) and tag.platform.endswith("x86_64")
+            ):
                 continue
             m = re.fullmatch(r"cp(\d)(\d+)", tag.interpreter)
             if not m:
@@ -173,10 +185,24 @@ def pins_from_metadata(metadata: bytes | str, machine: str = "x86_64") -> dict[s
     """
     text = metadata.decode("utf-8", "replace") if isinstance(metadata, bytes) else metadata
     msg = HeaderParser().parsestr(text)
-    out: dict[str, str | None] = {"cuda": None, "cuda_pin": None, "cudnn": None, "nccl": None, "variant": None}
-    env = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": machine,
-           "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-           "python_version": "3.12", "python_full_version": "3.12.0", "extra": ""}
+    out: dict[str, str | None] = {
+        "cuda": None,
+        "cuda_pin": None,
+        "cudnn": None,
+        "nccl": None,
+        "variant": None,
+    }
+    env = {
+        "platform_system": "Linux",
+        "sys_platform": "linux",
+        "platform_machine": machine,
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "python_version": "3.12",
+        "python_full_version": "3.12.0",
+        "extra": "",
+    }
     for raw in msg.get_all("Requires-Dist") or []:
         try:
             req = Requirement(raw)
@@ -223,19 +249,19 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
         if rec[:4] != b"PK\x06\x06":
             raise ValueError("bad zip64 end-of-central-directory record")
         cd_size, cd_offset = struct.unpack_from("<QQ", rec, 40)
-    start_in_tail = (size - tail_len)
+    start_in_tail = size - tail_len
     if cd_offset >= start_in_tail:
-        cd = tail[cd_offset - start_in_tail: cd_offset - start_in_tail + cd_size]
+        cd = tail[cd_offset - start_in_tail : cd_offset - start_in_tail + cd_size]
     else:
         cd = fetch_range(url, cd_offset, cd_offset + cd_size - 1)
     pos = 0
-    while pos + 46 <= len(cd) and cd[pos:pos + 4] == b"PK\x01\x02":
+    while pos + 46 <= len(cd) and cd[pos : pos + 4] == b"PK\x01\x02":
         (method,) = struct.unpack_from("<H", cd, pos + 10)
         csize, usize = struct.unpack_from("<II", cd, pos + 20)
         nlen, xlen, clen = struct.unpack_from("<HHH", cd, pos + 28)
         (lho,) = struct.unpack_from("<I", cd, pos + 42)
-        name = cd[pos + 46: pos + 46 + nlen].decode("utf-8", "replace")
-        extra = cd[pos + 46 + nlen: pos + 46 + nlen + xlen]
+        name = cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "replace")
+        extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
         pos += 46 + nlen + xlen + clen
         if not name.endswith(member_suffix):
             continue
@@ -269,6 +295,7 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
 # ---------------------------------------------------------------------------------------------
 # the refresh
 
+
 def _linux_x86_64_wheels(files: list[dict], version: str) -> list[dict]:
     out = []
     for f in files:
@@ -281,8 +308,12 @@ def _linux_x86_64_wheels(files: list[dict], version: str) -> list[dict]:
             continue
         if str(ver) != version and ver.public != version:
             continue
-        if any(t.platform.endswith("x86_64") and t.platform.startswith(("manylinux", "linux"))
-               and not t.abi.endswith("t") for t in tags):
+        if any(
+            t.platform.endswith("x86_64")
+            and t.platform.startswith(("manylinux", "linux"))
+            and not t.abi.endswith("t")
+            for t in tags
+        ):
             out.append(f)
     return out
 
@@ -299,8 +330,9 @@ def _wheel_metadata(f: dict, fetch: Fetch, fetch_range: FetchRange | None) -> by
     return read_zip_member(f["url"], size, ".dist-info/METADATA", fetch_range)
 
 
-def collect(fetch: Fetch, fetch_range: FetchRange | None,
-            since: str = "2.0.0") -> tuple[list[dict], list[str], list[str]]:
+def collect(
+    fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0"
+) -> tuple[list[dict], list[str], list[str]]:
     """Rows for torch_pypi.toml (sorted), the problems met, and those of them where an index did not
     answer (``SourceError`` from a fetcher); pure given its fetchers. The release list and the
     file list are needed at all: a ``SourceError`` reading them propagates."""
@@ -330,8 +362,14 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None,
             continue
         # pins are the same for every Python; read the newest Python's wheel
         wheels.sort(key=lambda f: (len(f["filename"]), f["filename"]))
-        pick = max(wheels, key=lambda f: Version(linux_x86_64_pythons([f["filename"]])[0][-1]
-                                                 if linux_x86_64_pythons([f["filename"]])[0] else "0"))
+        pick = max(
+            wheels,
+            key=lambda f: Version(
+                linux_x86_64_pythons([f["filename"]])[0][-1]
+                if linux_x86_64_pythons([f["filename"]])[0]
+                else "0"
+            ),
+        )
         try:
             meta = _wheel_metadata(pick, fetch, fetch_range)
         except SourceError as exc:
@@ -343,19 +381,21 @@ def collect(fetch: Fetch, fetch_range: FetchRange | None,
             problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
             continue
         pins = pins_from_metadata(meta)
-        rows.append({
-            "version": v,
-            "python": py,
-            "python_freethreaded": py_t,
-            "pypi_variant": pins["variant"] or "",
-            "cuda": pins["cuda"] or "",
-            "cuda_pin": pins["cuda_pin"] or "",
-            "cudnn": pins["cudnn"] or "",
-            "nccl": pins["nccl"] or "",
-            "wheel": pick["filename"],
-            "source": f"pypi-metadata: Requires-Dist of {pick['filename']}; Python versions from "
-                      f"{SIMPLE_API} file names",
-        })
+        rows.append(
+            {
+                "version": v,
+                "python": py,
+                "python_freethreaded": py_t,
+                "pypi_variant": pins["variant"] or "",
+                "cuda": pins["cuda"] or "",
+                "cuda_pin": pins["cuda_pin"] or "",
+                "cudnn": pins["cudnn"] or "",
+                "nccl": pins["nccl"] or "",
+                "wheel": pick["filename"],
+                "source": f"pypi-metadata: Requires-Dist of {pick['filename']}; Python versions from "
+                f"{SIMPLE_API} file names",
+            }
+        )
     return rows, problems, source_errors
 
 
@@ -385,16 +425,21 @@ def _linux_aarch64_wheel(files: list[dict], version: str) -> dict | None:
         if str(ver) != version and ver.public != version:
             continue
         for t in tags:
-            if (t.platform.endswith("aarch64") and t.platform.startswith(("manylinux", "linux"))
-                    and t.interpreter.startswith("cp") and not t.abi.endswith("t")):
+            if (
+                t.platform.endswith("aarch64")
+                and t.platform.startswith(("manylinux", "linux"))
+                and t.interpreter.startswith("cp")
+                and not t.abi.endswith("t")
+            ):
                 py = Version(f"{t.interpreter[2]}.{t.interpreter[3:]}")
                 if best is None or py > best[0]:
                     best = (py, f)
     return best[1] if best else None
 
 
-def platform_builds(fetch: Fetch, fetch_range: FetchRange | None, versions: list[str]) -> tuple[
-        dict[str, dict], list[str]]:
+def platform_builds(
+    fetch: Fetch, fetch_range: FetchRange | None, versions: list[str]
+) -> tuple[dict[str, dict], list[str]]:
     """Which build PyPI's linux-aarch64 wheel of each of ``versions`` is, from its Requires-Dist
     (``pins_from_metadata`` for aarch64: a CUDA runtime that applies there makes it that CUDA's
     build, none the CPU build): version -> {"variant", "wheel"}; and the problems met. A release
@@ -415,11 +460,16 @@ def platform_builds(fetch: Fetch, fetch_range: FetchRange | None, versions: list
         except (ValueError, struct.error, zlib.error) as exc:
             problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
             continue
-        out[v] = {"variant": pins_from_metadata(meta, "aarch64")["variant"] or "cpu", "wheel": pick["filename"]}
+        out[v] = {
+            "variant": pins_from_metadata(meta, "aarch64")["variant"] or "cpu",
+            "wheel": pick["filename"],
+        }
     return out, problems
 
 
-def platform_review(found: dict[str, dict], curated: Path, platform: str = "linux-aarch64") -> dict[str, list[str]]:
+def platform_review(
+    found: dict[str, dict], curated: Path, platform: str = "linux-aarch64"
+) -> dict[str, list[str]]:
     """What data/torch_platforms.toml (in ``curated``) lacks against ``found`` (``platform_builds``)."""
     _rows.cache_clear()  # read the curated file as it is now, not as this process first saw it
     out: dict[str, list[str]] = {}
@@ -428,14 +478,24 @@ def platform_review(found: dict[str, dict], curated: Path, platform: str = "linu
         cuda = b["variant"] != "cpu"
         what = f"PyPI's {platform} wheel ({b['wheel']}) is the {b['variant']} build"
         if row is None:
-            out[v] = [f"{what}; torch_platforms.toml has no row for torch {v}, so {platform} locks take every "
-                      f"build of it from the PyTorch index: add a [[pypi]] row"
-                      + (" with its arch_list (the -gencode flags in torch/lib/libtorch_cuda.so)" if cuda else "")]
+            out[v] = [
+                f"{what}; torch_platforms.toml has no row for torch {v}, so {platform} locks take every "
+                f"build of it from the PyTorch index: add a [[pypi]] row"
+                + (
+                    " with its arch_list (the -gencode flags in torch/lib/libtorch_cuda.so)"
+                    if cuda
+                    else ""
+                )
+            ]
         elif row.variant != b["variant"]:
-            out[v] = [f"{what}; torch_platforms.toml says {row.variant} (torch {row.torch}): fix the row"]
+            out[v] = [
+                f"{what}; torch_platforms.toml says {row.variant} (torch {row.torch}): fix the row"
+            ]
         elif cuda and not row.arch_list:
-            out[v] = [f"{what}; its torch_platforms.toml row has no arch_list: {platform} locks would carry "
-                      "x86_64's arch list; add it (the -gencode flags in torch/lib/libtorch_cuda.so)"]
+            out[v] = [
+                f"{what}; its torch_platforms.toml row has no arch_list: {platform} locks would carry "
+                "x86_64's arch list; add it (the -gencode flags in torch/lib/libtorch_cuda.so)"
+            ]
     return out
 
 
@@ -456,8 +516,19 @@ def render(rows: list[dict], db_version: str, date: str) -> str:
     ]
     for r in sorted(rows, key=lambda r: Version(r["version"])):
         out.append("[[release]]")
-        for k in ("version", "python", "python_freethreaded", "pypi_variant", "cuda", "cuda_pin",
-                  "cudnn", "nccl", "wheel", "needs_review", "source"):
+        for k in (
+            "version",
+            "python",
+            "python_freethreaded",
+            "pypi_variant",
+            "cuda",
+            "cuda_pin",
+            "cudnn",
+            "nccl",
+            "wheel",
+            "needs_review",
+            "source",
+        ):
             if k == "needs_review" and not r.get(k):
                 continue  # written only where there is something to review
             val = r[k]
@@ -498,12 +569,19 @@ def review_items(rows: dict[str, dict], curated: Path) -> dict[str, list[str]]:
         variant, cu = r.get("pypi_variant") or "", r.get("cuda") or ""
         items: list[str] = []
         if cu and cu not in toolkits:
-            items.append(f"CUDA {cu} is not in cuda.toml: add its row (driver floors from the CUDA release notes' "
-                         "Tables 2 and 3, nvcc targets) before this release can be resolved")
-        has_row = any(name == variant and spec.contains(Version(v), prereleases=True) for name, spec in covered)
+            items.append(
+                f"CUDA {cu} is not in cuda.toml: add its row (driver floors from the CUDA release notes' "
+                "Tables 2 and 3, nvcc targets) before this release can be resolved"
+            )
+        has_row = any(
+            name == variant and spec.contains(Version(v), prereleases=True)
+            for name, spec in covered
+        )
         if variant and variant != "cpu" and not has_row and variant not in seen_variants:
-            items.append(f"no {variant} row in torch_variants.toml and no older release with {variant} to carry "
-                         "the arch list from: add the row (arch list from the release's build scripts)")
+            items.append(
+                f"no {variant} row in torch_variants.toml and no older release with {variant} to carry "
+                "the arch list from: add the row (arch list from the release's build scripts)"
+            )
         if variant and not items:
             seen_variants.add(variant)  # a later release can carry this one's arch list
         if items:
@@ -511,9 +589,15 @@ def review_items(rows: dict[str, dict], curated: Path) -> dict[str, list[str]]:
     return out
 
 
-def refresh(out_path: Path, fetch: Fetch | None = None, since: str = "2.0.0", *,
-            fetch_range: FetchRange | None = None, db_version: str | None = None,
-            date: str | None = None) -> RefreshReport:
+def refresh(
+    out_path: Path,
+    fetch: Fetch | None = None,
+    since: str = "2.0.0",
+    *,
+    fetch_range: FetchRange | None = None,
+    db_version: str | None = None,
+    date: str | None = None,
+) -> RefreshReport:
     """Regenerate ``out_path`` (torch_pypi.toml) from PyPI; returns what changed.
 
     ``fetch`` (url -> bytes) and ``fetch_range`` (url, first, last -> bytes) default to urllib;

@@ -53,6 +53,7 @@ class ToolkitRow(Row):
 
 class FamilyRow(Row):
     """The facts a GPU's compute capability fixes: its architecture and driver branches."""
+
     cc: str
     architecture: str
     chips: str = ""
@@ -68,6 +69,7 @@ class FamilyRow(Row):
 
 class PcieRow(Row):
     """A PCIe generation's data rate per lane and direction, after line encoding."""
+
     gen: int
     gt_s: float
     gbs_per_lane: float

@@ -14,19 +14,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .closure import resolve_closure, security_mirror_for
     from .fetch import SNAPSHOT_ENV, candidate_urls, fetch_deb, fetch_debs, mirror_list
-    from .models import (CANONICAL_MIRROR, SUITES, DebPin, base_packages, glibc_version,
-                         python_full_version, sorted_pins, suite_for_python)
+    from .models import (
+        CANONICAL_MIRROR,
+        SUITES,
+        DebPin,
+        base_packages,
+        glibc_version,
+        python_full_version,
+        sorted_pins,
+        suite_for_python,
+    )
     from .reporter import DebianReporter, RecordingReporter
     from .rootfs import make_rootfs
 
 _WHERE = {
-    "resolve_closure": "closure", "security_mirror_for": "closure",
-    "SNAPSHOT_ENV": "fetch", "candidate_urls": "fetch", "fetch_deb": "fetch", "fetch_debs": "fetch",
+    "resolve_closure": "closure",
+    "security_mirror_for": "closure",
+    "SNAPSHOT_ENV": "fetch",
+    "candidate_urls": "fetch",
+    "fetch_deb": "fetch",
+    "fetch_debs": "fetch",
     "mirror_list": "fetch",
-    "CANONICAL_MIRROR": "models", "SUITES": "models", "DebPin": "models", "base_packages": "models",
-    "glibc_version": "models", "python_full_version": "models", "sorted_pins": "models",
+    "CANONICAL_MIRROR": "models",
+    "SUITES": "models",
+    "DebPin": "models",
+    "base_packages": "models",
+    "glibc_version": "models",
+    "python_full_version": "models",
+    "sorted_pins": "models",
     "suite_for_python": "models",
-    "DebianReporter": "reporter", "RecordingReporter": "reporter",
+    "DebianReporter": "reporter",
+    "RecordingReporter": "reporter",
     "make_rootfs": "rootfs",
 }
 

@@ -18,8 +18,15 @@ import re
 _PEM_RE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.S)
 # ASN.1 universal tags of the string types OpenSSL canonicalises (ASN1_MASK_CANON), with the
 # codec that turns their content into text.
-_CANON = {0x0C: "utf-8", 0x13: "latin-1", 0x14: "latin-1", 0x16: "latin-1", 0x1A: "latin-1",
-          0x1E: "utf-16-be", 0x1C: "utf-32-be"}
+_CANON = {
+    0x0C: "utf-8",
+    0x13: "latin-1",
+    0x14: "latin-1",
+    0x16: "latin-1",
+    0x1A: "latin-1",
+    0x1E: "utf-16-be",
+    0x1C: "utf-32-be",
+}
 _SPACE = b" \t\n\v\f\r"
 
 
@@ -36,7 +43,7 @@ def _tlv(buf: bytes, pos: int) -> tuple[int, int, int, int]:
         k = n & 0x7F
         if k == 0 or k > 4 or pos + k > len(buf):
             raise ValueError("bad DER length")
-        n = int.from_bytes(buf[pos:pos + k], "big")
+        n = int.from_bytes(buf[pos : pos + k], "big")
         pos += k
     if pos + n > len(buf):
         raise ValueError("truncated DER")

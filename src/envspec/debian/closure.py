@@ -36,7 +36,9 @@ DEFAULT_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 MAX_INDEX_AGE_S = 6 * 3600
 INDEX_SCHEMA = 1  # bump when index.sqlite's tables change: old ones are rebuilt
 
-_FIELDS_RE = re.compile(r"^(Package|Version|Architecture|Filename|Size|SHA256|Provides): *(.*)$", re.M)
+_FIELDS_RE = re.compile(
+    r"^(Package|Version|Architecture|Filename|Size|SHA256|Provides): *(.*)$", re.M
+)
 _URI_RE = re.compile(r"^'([^']+)' (\S+) (\d+) ?(\S*)$")
 _REQ_RE = re.compile(r"^([a-z0-9][a-z0-9+.\-]+)(?::[a-z0-9]+)?(?:[=/].+)?$")
 
@@ -67,15 +69,26 @@ def pockets(suite: str, with_security: bool) -> list[str]:
 class AptRoot:
     """A private apt configuration for one suite, architecture and set of sources."""
 
-    def __init__(self, suite: str, *, mirror: str, security_mirror: str, architecture: str,
-                 components: tuple[str, ...], cache_dir: Path, keyring: Path) -> None:
+    def __init__(
+        self,
+        suite: str,
+        *,
+        mirror: str,
+        security_mirror: str,
+        architecture: str,
+        components: tuple[str, ...],
+        cache_dir: Path,
+        keyring: Path,
+    ) -> None:
         self.suite = suite
         self.mirror = mirror.rstrip("/")
         self.security_mirror = security_mirror.rstrip("/")
         self.architecture = architecture
         self.components = components
         self.keyring = keyring
-        ident = "\n".join([suite, self.mirror, self.security_mirror, architecture, " ".join(components)])
+        ident = "\n".join(
+            [suite, self.mirror, self.security_mirror, architecture, " ".join(components)]
+        )
         key = hashlib.sha256(ident.encode()).hexdigest()[:12]
         self.root = Path(cache_dir) / "debian-apt" / f"{suite}-{architecture}-{key}"
         self.pockets = pockets(suite, bool(self.security_mirror))
@@ -130,8 +143,15 @@ class AptRoot:
         return "\n".join(lines) + "\n"
 
     def prepare(self) -> None:
-        for d in ("state", "lists/partial", "cache", "archives/partial", "parts", "preferences.d",
-                  "trusted.gpg.d"):
+        for d in (
+            "state",
+            "lists/partial",
+            "cache",
+            "archives/partial",
+            "parts",
+            "preferences.d",
+            "trusted.gpg.d",
+        ):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         _write_if_changed(self.root / "sources.list", self.sources_list())
         _write_if_changed(self.root / "apt.conf", self.apt_conf())
@@ -141,8 +161,12 @@ class AptRoot:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("APT_")}
-        env.update(APT_CONFIG=str(self.root / "apt.conf"), LC_ALL="C.UTF-8", LANG="C.UTF-8",
-                   DEBIAN_FRONTEND="noninteractive")
+        env.update(
+            APT_CONFIG=str(self.root / "apt.conf"),
+            LC_ALL="C.UTF-8",
+            LANG="C.UTF-8",
+            DEBIAN_FRONTEND="noninteractive",
+        )
         return env
 
     def run(self, args: list[str], reporter: DebianReporter) -> subprocess.CompletedProcess:
@@ -151,9 +175,11 @@ class AptRoot:
         try:
             return subprocess.run(argv, env=self.env(), capture_output=True, text=True, check=False)
         except FileNotFoundError:
-            raise HostError("apt-get is not installed; envspec resolves Debian packages with apt",
-                            hint="run envspec on a Debian or Ubuntu host (apt-get install apt)",
-                            reference="apt-missing") from None
+            raise HostError(
+                "apt-get is not installed; envspec resolves Debian packages with apt",
+                hint="run envspec on a Debian or Ubuntu host (apt-get install apt)",
+                reference="apt-missing",
+            ) from None
 
     @contextmanager
     def locked(self):
@@ -182,13 +208,17 @@ class AptRoot:
     def update(self, *, max_age: float, offline: bool, reporter: DebianReporter) -> None:
         """Make the indexes fresh enough, or fall back to cached ones with a warning."""
         if not self.keyring.exists():
-            raise HostError(f"the Debian archive keyring {self.keyring} is missing",
-                            hint="apt-get install debian-archive-keyring",
-                            reference="debian-keyring-missing")
+            raise HostError(
+                f"the Debian archive keyring {self.keyring} is missing",
+                hint="apt-get install debian-archive-keyring",
+                reference="debian-keyring-missing",
+            )
         with self.locked():
             self.prepare()
             if self.stamp.exists() and not _index_schema_ok(self.index_path):
-                self.build_index(reporter)  # an older envspec's index: rebuilt from the lists on disk
+                self.build_index(
+                    reporter
+                )  # an older envspec's index: rebuilt from the lists on disk
             age = self.index_age()
             if age is not None and _index_schema_ok(self.index_path) and (offline or age < max_age):
                 reporter.index_fresh(self.suite, age)
@@ -197,7 +227,8 @@ class AptRoot:
                 raise SourceError(
                     f"no cached Debian indexes for {self.suite} under {self.root} and offline mode is on",
                     hint="run once with network access to the Debian mirror",
-                    reference="debian-index-unavailable")
+                    reference="debian-index-unavailable",
+                )
             reporter.index_updating(self.suite)
             t0 = time.monotonic()
             proc = self.run(["update", "-q"], reporter)
@@ -207,14 +238,16 @@ class AptRoot:
                     hours = age / 3600
                     reporter.warning(
                         f"could not refresh the Debian indexes for {self.suite} ({why}); "
-                        f"using the cached ones from {hours:.1f} h ago")
+                        f"using the cached ones from {hours:.1f} h ago"
+                    )
                     return
                 raise SourceError(
                     f"cannot download the Debian indexes for {self.suite} from {self.mirror}"
                     + (f" and {self.security_mirror}" if self.security_mirror else "")
                     + f":\n  {why}",
                     hint="check the network or the mirror ([sources] debian_mirror)",
-                    reference="debian-index-unavailable")
+                    reference="debian-index-unavailable",
+                )
             self.build_index(reporter)
             self.stamp.touch()
             os.utime(self.stamp)
@@ -222,10 +255,14 @@ class AptRoot:
 
     def index_files(self, reporter: DebianReporter) -> list[tuple[Path, str, str]]:
         """(local Packages file, pocket, repository URI) for every index apt keeps."""
-        proc = self.run(["indextargets", "--format", "$(IDENTIFIER)\t$(FILENAME)\t$(RELEASE)\t$(REPO_URI)"],
-                        reporter)
+        proc = self.run(
+            ["indextargets", "--format", "$(IDENTIFIER)\t$(FILENAME)\t$(RELEASE)\t$(REPO_URI)"],
+            reporter,
+        )
         if proc.returncode != 0:
-            raise SourceError(f"apt-get indextargets failed: {_apt_errors(proc.stdout + proc.stderr)}")
+            raise SourceError(
+                f"apt-get indextargets failed: {_apt_errors(proc.stdout + proc.stderr)}"
+            )
         out = []
         for line in proc.stdout.splitlines():
             parts = line.split("\t")
@@ -242,25 +279,33 @@ class AptRoot:
                 "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);"
                 "CREATE TABLE debs (name TEXT, version TEXT, arch TEXT, filename TEXT, size INTEGER,"
                 " sha256 TEXT, pocket TEXT, repo TEXT, rank INTEGER);"
-                "CREATE TABLE provides (name TEXT, provider TEXT);")
+                "CREATE TABLE provides (name TEXT, provider TEXT);"
+            )
             db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(INDEX_SCHEMA),))
             files = self.index_files(reporter)
             if not files:
-                raise SourceError(f"apt kept no Packages index for {self.suite}",
-                                  reference="debian-index-unavailable")
+                raise SourceError(
+                    f"apt kept no Packages index for {self.suite}",
+                    reference="debian-index-unavailable",
+                )
             for path, pocket, repo in files:
                 if not path.exists():
-                    raise SourceError(f"apt's index {path} is missing after `apt-get update`",
-                                      reference="debian-index-unavailable")
+                    raise SourceError(
+                        f"apt's index {path} is missing after `apt-get update`",
+                        reference="debian-index-unavailable",
+                    )
                 rank = self.pockets.index(pocket) if pocket in self.pockets else len(self.pockets)
                 debs, provides = parse_packages(path.read_text(encoding="utf-8", errors="replace"))
-                db.executemany("INSERT INTO debs VALUES (?,?,?,?,?,?,?,?,?)",
-                               [(*d, pocket, repo, rank) for d in debs])
+                db.executemany(
+                    "INSERT INTO debs VALUES (?,?,?,?,?,?,?,?,?)",
+                    [(*d, pocket, repo, rank) for d in debs],
+                )
                 db.executemany("INSERT INTO provides VALUES (?,?)", provides)
             db.executescript(
                 "CREATE INDEX debs_filename ON debs(filename);"
                 "CREATE INDEX debs_name ON debs(name, version, arch);"
-                "CREATE INDEX provides_name ON provides(name);")
+                "CREATE INDEX provides_name ON provides(name);"
+            )
             db.commit()
         finally:
             db.close()
@@ -276,8 +321,16 @@ def parse_packages(text: str) -> tuple[list[tuple], list[tuple[str, str]]]:
         name = f.get("Package")
         if not name or "Filename" not in f or "SHA256" not in f:
             continue
-        debs.append((name, f.get("Version", ""), f.get("Architecture", ""), f["Filename"],
-                     int(f.get("Size") or 0), f["SHA256"].strip()))
+        debs.append(
+            (
+                name,
+                f.get("Version", ""),
+                f.get("Architecture", ""),
+                f["Filename"],
+                int(f.get("Size") or 0),
+                f["SHA256"].strip(),
+            )
+        )
         if f.get("Provides"):
             for item in f["Provides"].split(","):
                 virt = item.strip().split(" ")[0].split(":")[0]
@@ -346,14 +399,17 @@ def _requested_name(req: str) -> str:
         raise ResolutionImpossible(
             f"{req!r} is not a Debian package name (NAME, NAME=VERSION or NAME/POCKET)",
             causes=[{"kind": "invalid-debian-package", "requested": req}],
-            reference="invalid-debian-package")
+            reference="invalid-debian-package",
+        )
     return m.group(1)
 
 
 def _did_you_mean(db: sqlite3.Connection, name: str) -> list[str]:
-    rows = db.execute("SELECT DISTINCT name FROM debs WHERE name LIKE ? UNION "
-                      "SELECT DISTINCT name FROM provides WHERE name LIKE ?",
-                      (name[:1] + "%", name[:1] + "%")).fetchall()
+    rows = db.execute(
+        "SELECT DISTINCT name FROM debs WHERE name LIKE ? UNION "
+        "SELECT DISTINCT name FROM provides WHERE name LIKE ?",
+        (name[:1] + "%", name[:1] + "%"),
+    ).fetchall()
     return difflib.get_close_matches(name, [r[0] for r in rows], n=3, cutoff=0.75)
 
 
@@ -382,8 +438,15 @@ def resolve_closure(
     if not requested:
         return []
     sec = security_mirror_for(mirror) if security_mirror is None else security_mirror
-    root = AptRoot(suite, mirror=mirror, security_mirror=sec, architecture=architecture,
-                   components=tuple(components), cache_dir=Path(cache_dir), keyring=Path(keyring))
+    root = AptRoot(
+        suite,
+        mirror=mirror,
+        security_mirror=sec,
+        architecture=architecture,
+        components=tuple(components),
+        cache_dir=Path(cache_dir),
+        keyring=Path(keyring),
+    )
     root.update(max_age=max_index_age, offline=offline, reporter=reporter)
 
     names = {req: _requested_name(req) for req in requested}
@@ -391,11 +454,20 @@ def resolve_closure(
     try:
         unknown = []
         for req, name in sorted(names.items()):
-            hit = db.execute("SELECT 1 FROM debs WHERE name=? UNION SELECT 1 FROM provides WHERE name=? LIMIT 1",
-                             (name, name)).fetchone()
+            hit = db.execute(
+                "SELECT 1 FROM debs WHERE name=? UNION SELECT 1 FROM provides WHERE name=? LIMIT 1",
+                (name, name),
+            ).fetchone()
             if not hit:
-                unknown.append({"kind": "unknown-debian-package", "name": name, "suite": suite,
-                                "pockets": root.pockets, "did_you_mean": _did_you_mean(db, name)})
+                unknown.append(
+                    {
+                        "kind": "unknown-debian-package",
+                        "name": name,
+                        "suite": suite,
+                        "pockets": root.pockets,
+                        "did_you_mean": _did_you_mean(db, name),
+                    }
+                )
         if unknown:
             words = []
             for c in unknown:
@@ -409,20 +481,38 @@ def resolve_closure(
                 f"named {', '.join(words)}",
                 causes=unknown,
                 hint="check the name at https://packages.debian.org/" + suite,
-                reference="unknown-debian-package")
+                reference="unknown-debian-package",
+            )
 
         with root.locked():
-            proc = root.run(["install", "--print-uris", "-y", "-q", "--no-install-recommends", "--",
-                             *sorted(requested)], reporter)
+            proc = root.run(
+                [
+                    "install",
+                    "--print-uris",
+                    "-y",
+                    "-q",
+                    "--no-install-recommends",
+                    "--",
+                    *sorted(requested),
+                ],
+                reporter,
+            )
         if proc.returncode != 0:
             reasons = _unmet(proc.stdout + proc.stderr)
             raise ResolutionImpossible(
                 f"apt cannot install {', '.join(sorted(requested))} on Debian {suite}:\n"
                 + "\n".join(f"  {r}" for r in reasons),
-                causes=[{"kind": "debian-unsatisfiable", "suite": suite, "requested": sorted(requested),
-                         "apt": reasons}],
+                causes=[
+                    {
+                        "kind": "debian-unsatisfiable",
+                        "suite": suite,
+                        "requested": sorted(requested),
+                        "apt": reasons,
+                    }
+                ],
                 hint="drop or change the package in [system].packages",
-                reference="debian-unsatisfiable")
+                reference="debian-unsatisfiable",
+            )
         return _pins_from_uris(db, proc.stdout, suite)
     finally:
         db.close()
@@ -436,20 +526,39 @@ def _pins_from_uris(db: sqlite3.Connection, output: str, suite: str) -> list[Deb
         if not m:
             continue
         uri = unquote(m.group(1))
-        repo = next((r for r in sorted(repos, key=len, reverse=True) if uri.startswith(r + "/")), None)
-        path = uri[len(repo) + 1:] if repo else ""
-        row = db.execute("SELECT name, version, arch FROM debs WHERE repo=? AND filename=? LIMIT 1",
-                         (repo, path)).fetchone() if repo else None
+        repo = next(
+            (r for r in sorted(repos, key=len, reverse=True) if uri.startswith(r + "/")), None
+        )
+        path = uri[len(repo) + 1 :] if repo else ""
+        row = (
+            db.execute(
+                "SELECT name, version, arch FROM debs WHERE repo=? AND filename=? LIMIT 1",
+                (repo, path),
+            ).fetchone()
+            if repo
+            else None
+        )
         if not row:
-            raise SourceError(f"apt would download {uri}, which the cached indexes do not list",
-                              hint="the indexes changed under envspec; run the lock again",
-                              reference="debian-index-inconsistent")
+            raise SourceError(
+                f"apt would download {uri}, which the cached indexes do not list",
+                hint="the indexes changed under envspec; run the lock again",
+                reference="debian-index-inconsistent",
+            )
         # The same file can sit in several pockets (a security fix folded into a point release):
         # record the most durable one, deterministically.
-        best = db.execute("SELECT name, version, arch, filename, size, sha256, pocket FROM debs "
-                          "WHERE name=? AND version=? AND arch=? ORDER BY rank, pocket, filename LIMIT 1",
-                          row).fetchone()
-        pin = DebPin(name=best[0], version=best[1], architecture=best[2], filename=best[3],
-                     size=best[4], sha256=best[5], suite=best[6])
+        best = db.execute(
+            "SELECT name, version, arch, filename, size, sha256, pocket FROM debs "
+            "WHERE name=? AND version=? AND arch=? ORDER BY rank, pocket, filename LIMIT 1",
+            row,
+        ).fetchone()
+        pin = DebPin(
+            name=best[0],
+            version=best[1],
+            architecture=best[2],
+            filename=best[3],
+            size=best[4],
+            sha256=best[5],
+            suite=best[6],
+        )
         pins[(pin.name, pin.architecture)] = pin
     return sorted_pins(pins.values())

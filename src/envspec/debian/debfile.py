@@ -44,7 +44,9 @@ class DebFile:
         members: dict[str, ArMember] = {}
         with open(self.path, "rb") as fh:
             if fh.read(8) != AR_MAGIC:
-                raise BuildError(f"{self.path} is not a Debian package (no ar header)", step="unpack")
+                raise BuildError(
+                    f"{self.path} is not a Debian package (no ar header)", step="unpack"
+                )
             while True:
                 head = fh.read(60)
                 if not head:
@@ -67,7 +69,7 @@ class DebFile:
         """The uncompressed tar of a member. lzma, zlib and bz2 drop the GIL while they work, so
         several packages decompress in parallel on threads."""
         m = self._member(prefix)
-        suffix = m.name[len(prefix):]
+        suffix = m.name[len(prefix) :]
         if suffix in _DECOMPRESS:
             with open(self.path, "rb") as fh:
                 fh.seek(m.offset)
@@ -75,17 +77,27 @@ class DebFile:
             try:
                 return _DECOMPRESS[suffix](raw)
             except (lzma.LZMAError, zlib.error, OSError, EOFError) as e:
-                raise BuildError(f"{self.path}: cannot decompress {m.name}: {e}", step="unpack") from None
+                raise BuildError(
+                    f"{self.path}: cannot decompress {m.name}: {e}", step="unpack"
+                ) from None
         # zstd (Ubuntu's default) and anything else: let dpkg-deb decompress.
         argv = ["dpkg-deb", dpkg_flag, str(self.path)]
         try:
             proc = subprocess.run(argv, capture_output=True, check=False)
         except FileNotFoundError:
-            raise BuildError(f"{self.path}: {m.name} needs dpkg-deb, which is not installed",
-                             step="unpack", argv=argv) from None
+            raise BuildError(
+                f"{self.path}: {m.name} needs dpkg-deb, which is not installed",
+                step="unpack",
+                argv=argv,
+            ) from None
         if proc.returncode != 0:
-            raise BuildError(f"cannot read {self.path}", step="unpack", argv=argv, returncode=proc.returncode,
-                             stderr_tail=proc.stderr.decode("utf-8", "replace"))
+            raise BuildError(
+                f"cannot read {self.path}",
+                step="unpack",
+                argv=argv,
+                returncode=proc.returncode,
+                stderr_tail=proc.stderr.decode("utf-8", "replace"),
+            )
         return proc.stdout
 
     def data_tar_bytes(self) -> bytes:

@@ -46,7 +46,9 @@ class Body(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 
-Opener = Callable[[str, float], AbstractContextManager[Body]]  # (url, timeout) -> a response to read
+Opener = Callable[
+    [str, float], AbstractContextManager[Body]
+]  # (url, timeout) -> a response to read
 
 
 def _urlopen(url: str, timeout: float):
@@ -57,7 +59,9 @@ def _urlopen(url: str, timeout: float):
 class _Response:
     """A response on a kept-alive connection: the connection is reused once the body is read."""
 
-    def __init__(self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection, pool: dict, key) -> None:
+    def __init__(
+        self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection, pool: dict, key
+    ) -> None:
         self._resp, self._conn, self._pool, self._key = resp, conn, pool, key
 
     def read(self, n: int = -1) -> bytes:
@@ -93,13 +97,19 @@ class KeepAliveOpener:
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("http", "https"):
                 raise urllib.error.URLError(f"unsupported URL scheme in {url}")
-            assert parts.hostname is not None, url  # ("http:///x" has none; http.client needs one too)
+            assert parts.hostname is not None, (
+                url
+            )  # ("http:///x" has none; http.client needs one too)
             key = (parts.scheme, parts.hostname, parts.port)
             conn = pool.pop(key, None)
             path = parts.path + (f"?{parts.query}" if parts.query else "")
             for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
                 if conn is None:
-                    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+                    cls = (
+                        http.client.HTTPSConnection
+                        if parts.scheme == "https"
+                        else http.client.HTTPConnection
+                    )
                     conn = cls(parts.hostname, parts.port, timeout=timeout)
                 try:
                     conn.request("GET", path or "/", headers={"User-Agent": USER_AGENT})
@@ -126,8 +136,13 @@ class KeepAliveOpener:
 _DEFAULT_OPENER = KeepAliveOpener()
 
 
-def mirror_list(canonical: str = CANONICAL_MIRROR, *, snapshot: str | None = None,
-                mirrors: Iterable[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
+def mirror_list(
+    canonical: str = CANONICAL_MIRROR,
+    *,
+    snapshot: str | None = None,
+    mirrors: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     """The mirrors to try, in order: the snapshot (argument, else $ENVSPEC_DEBIAN_SNAPSHOT),
     then configured mirrors, then the canonical archive; duplicates dropped."""
     env = os.environ if env is None else env
@@ -151,7 +166,11 @@ def candidate_urls(pin: DebPin, mirrors: list[str]) -> list[str]:
     for m in mirrors:
         m = m.rstrip("/")
         if pin.is_security:
-            sec = m if m.endswith("-security") or "/debian-security/" in m + "/" else security_mirror_for(m)
+            sec = (
+                m
+                if m.endswith("-security") or "/debian-security/" in m + "/"
+                else security_mirror_for(m)
+            )
             if sec:
                 add(f"{sec}/{pin.filename}")
         elif m.endswith("-security"):
@@ -159,7 +178,7 @@ def candidate_urls(pin: DebPin, mirrors: list[str]) -> list[str]:
         if not m.endswith("-security"):
             add(f"{m}/{pin.filename}")
             if pin.filename.startswith("pool/updates/"):
-                add(f"{m}/pool/{pin.filename[len('pool/updates/'):]}")
+                add(f"{m}/pool/{pin.filename[len('pool/updates/') :]}")
     return out
 
 
@@ -190,8 +209,16 @@ class _Mismatch(Exception):
     """A source's bytes under the pinned name are not the pinned ones (what it gave)."""
 
 
-def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opener | None = None,
-              reporter: DebianReporter | None = None, timeout: float = 60.0, retries: int = 2) -> Path:
+def fetch_deb(
+    pin: DebPin,
+    *,
+    mirrors: list[str],
+    cache_dir: Path,
+    opener: Opener | None = None,
+    reporter: DebianReporter | None = None,
+    timeout: float = 60.0,
+    retries: int = 2,
+) -> Path:
     """The checked cache file of ``pin``, downloading it from the first mirror that has it.
 
     Raises HashMismatch when the cached or downloaded bytes are not the pinned ones, and
@@ -208,8 +235,10 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
             return dest
         # changed behind envspec's back: dropped (a link: only the link) and fetched again
         dest.unlink(missing_ok=True)
-        reporter.warning(f"the cached {pin.filename} ({dest}) no longer matched its sha256 (sha256 {got}); "
-                         "it was removed and is fetched again")
+        reporter.warning(
+            f"the cached {pin.filename} ({dest}) no longer matched its sha256 (sha256 {got}); "
+            "it was removed and is fetched again"
+        )
 
     # The caller's order, with the environment's snapshot (the documented way out) first.
     env_snap = os.environ.get(SNAPSHOT_ENV, "").strip().rstrip("/")
@@ -223,15 +252,22 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
     urls = candidate_urls(pin, ordered)
     for url in urls:
         try:
-            path = _download(pin, url, dest, opener=opener, reporter=reporter, timeout=timeout, retries=retries)
-        except _Mismatch as e:  # other bytes under this name: the next source may have the right ones
+            path = _download(
+                pin, url, dest, opener=opener, reporter=reporter, timeout=timeout, retries=retries
+            )
+        except (
+            _Mismatch
+        ) as e:  # other bytes under this name: the next source may have the right ones
             mismatches.append(f"{url} gave {e}")
             continue
         except _Gone as e:
             gone += 1
             failures.append(f"{url}: {e}")
             continue
-        except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets, truncated bodies, 5xx
+        except (
+            OSError,
+            http.client.HTTPException,
+        ) as e:  # URLError, timeouts, resets, truncated bodies, 5xx
             failures.append(f"{url}: {_reason(e)}")
             continue
         reporter.fetched(pin, path, False)
@@ -242,15 +278,21 @@ def fetch_deb(pin: DebPin, *, mirrors: list[str], cache_dir: Path, opener: Opene
         raise HashMismatch(
             f"no source has the locked bytes of {pin.label()} (sha256 {pin.sha256}, {pin.size} bytes):\n"
             + "\n".join(f"  {m}" for m in [*mismatches, *failures]),
-            step="fetch", hint="a mirror serves other bytes under this name; check the mirrors, or re-lock "
-                               "(`envspec lock`) if the archive itself changed")
+            step="fetch",
+            hint="a mirror serves other bytes under this name; check the mirrors, or re-lock "
+            "(`envspec lock`) if the archive itself changed",
+        )
     if gone:
         raise SourceError(
             f"{pin.label()} is pinned by the lock but no mirror has it any more:\n{detail}",
-            hint=_gone_hint(pin), reference="deb-gone")
-    raise SourceError(f"cannot download {pin.label()}:\n{detail}",
-                      hint="check the network, or set a mirror that serves the Debian archive",
-                      reference="debian-mirror-unreachable")
+            hint=_gone_hint(pin),
+            reference="deb-gone",
+        )
+    raise SourceError(
+        f"cannot download {pin.label()}:\n{detail}",
+        hint="check the network, or set a mirror that serves the Debian archive",
+        reference="debian-mirror-unreachable",
+    )
 
 
 def _reason(e: BaseException) -> str:
@@ -261,12 +303,23 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _download(pin: DebPin, url: str, dest: Path, *, opener: Opener, reporter: DebianReporter,
-              timeout: float, retries: int) -> Path:
+def _download(
+    pin: DebPin,
+    url: str,
+    dest: Path,
+    *,
+    opener: Opener,
+    reporter: DebianReporter,
+    timeout: float,
+    retries: int,
+) -> Path:
     attempt = 0
     while True:
         attempt += 1
-        tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.part"
+        tmp = (
+            dest.parent
+            / f".{dest.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.part"
+        )
         try:
             reporter.fetching(pin, url)
             h = hashlib.sha256()
@@ -296,8 +349,15 @@ def _download(pin: DebPin, url: str, dest: Path, *, opener: Opener, reporter: De
         time.sleep(0.5 * attempt)
 
 
-def fetch_debs(pins: list[DebPin], *, mirrors: list[str], cache_dir: Path, jobs: int = 4,
-               opener: Opener | None = None, reporter: DebianReporter | None = None) -> dict[str, Path]:
+def fetch_debs(
+    pins: list[DebPin],
+    *,
+    mirrors: list[str],
+    cache_dir: Path,
+    jobs: int = 4,
+    opener: Opener | None = None,
+    reporter: DebianReporter | None = None,
+) -> dict[str, Path]:
     """fetch_deb for many pins on a small thread pool; {pin name: cache path}.
 
     Every pin is attempted; the failures are reported together (a hash mismatch first, since it
@@ -308,8 +368,9 @@ def fetch_debs(pins: list[DebPin], *, mirrors: list[str], cache_dir: Path, jobs:
 
     def one(pin: DebPin) -> None:
         try:
-            results[pin.name] = fetch_deb(pin, mirrors=mirrors, cache_dir=cache_dir, opener=opener,
-                                          reporter=reporter)
+            results[pin.name] = fetch_deb(
+                pin, mirrors=mirrors, cache_dir=cache_dir, opener=opener, reporter=reporter
+            )
         except (SourceError, HashMismatch) as e:
             errors.append((pin, e))
 
@@ -320,12 +381,21 @@ def fetch_debs(pins: list[DebPin], *, mirrors: list[str], cache_dir: Path, jobs:
         if len(errors) == 1 or isinstance(errors[0][1], HashMismatch):
             raise errors[0][1]
         first = errors[0][1]
-        ref = "deb-gone" if any(getattr(e, "reference", "") == "deb-gone" for _, e in errors) else first.reference
+        ref = (
+            "deb-gone"
+            if any(getattr(e, "reference", "") == "deb-gone" for _, e in errors)
+            else first.reference
+        )
         gone = [p for p, e in errors if getattr(e, "reference", "") == "deb-gone"]
         hint = first.hint
         if gone:
-            hint = _gone_hint(gone[0]).replace(f"--upgrade-package {gone[0].name}",
-                                               " ".join(f"--upgrade-package {p.name}" for p in gone))
-        raise SourceError(f"{len(errors)} .debs could not be fetched:\n"
-                          + "\n".join(str(e) for _, e in errors), hint=hint, reference=ref)
+            hint = _gone_hint(gone[0]).replace(
+                f"--upgrade-package {gone[0].name}",
+                " ".join(f"--upgrade-package {p.name}" for p in gone),
+            )
+        raise SourceError(
+            f"{len(errors)} .debs could not be fetched:\n" + "\n".join(str(e) for _, e in errors),
+            hint=hint,
+            reference=ref,
+        )
     return results

@@ -37,7 +37,7 @@ from pathlib import Path
 # ELF e_machine -> (the cache entry's flags: FLAG_ELF_LIBC6 | the architecture's flag, triplet).
 # glibc elf/dl-cache.h / sysdeps/generic/ldconfig.h: FLAG_ELF_LIBC6 = 0x0003,
 # FLAG_X8664_LIB64 = 0x0300, FLAG_AARCH64_LIB64 = 0x0a00.
-MACHINES = {62: (0x0303, "x86_64-linux-gnu"), 183: (0x0a03, "aarch64-linux-gnu")}
+MACHINES = {62: (0x0303, "x86_64-linux-gnu"), 183: (0x0A03, "aarch64-linux-gnu")}
 MACHINE_OF_ARCH = {"amd64": 62, "x86_64": 62, "arm64": 183, "aarch64": 183}
 MAGIC = b"glibc-ld.so.cache1.1"
 _DT_SONAME, _DT_STRTAB, _PT_DYNAMIC, _ET_DYN = 14, 5, 2, 3
@@ -78,7 +78,7 @@ def elf_soname(data: bytes, machine: int) -> str | None:
     e_type, e_machine = struct.unpack_from("<HH", data, 16)
     if e_type != _ET_DYN or e_machine != machine:
         return None
-    e_phoff, = struct.unpack_from("<Q", data, 32)
+    (e_phoff,) = struct.unpack_from("<Q", data, 32)
     e_phentsize, e_phnum = struct.unpack_from("<HH", data, 54)
     loads: list[tuple[int, int, int]] = []  # (vaddr, offset, filesz) of PT_LOAD segments
     dyn = None
@@ -86,7 +86,9 @@ def elf_soname(data: bytes, machine: int) -> str | None:
         off = e_phoff + k * e_phentsize
         if off + 56 > len(data):
             return None
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data, off)
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, off
+        )
         if p_type == 1:
             loads.append((p_vaddr, p_offset, p_filesz))
         elif p_type == _PT_DYNAMIC:
@@ -149,7 +151,7 @@ class _Root:
                     return None
                 target = os.readlink(full)
                 base = target if target.startswith("/") else posixpath.join(out, target)
-                rest = "/".join(parts[n + 1:])
+                rest = "/".join(parts[n + 1 :])
                 return self.real(posixpath.join(base, rest) if rest else base, depth + 1)
             out = cand
         return out
@@ -244,7 +246,12 @@ def render(entries: list[tuple[int, str, str]]) -> bytes:
     for flags, key, value in entries:
         k, v = add(key), add(value)
         body += struct.pack("<iIIIQ", flags, k, v, 0, 0)
-    head = MAGIC + struct.pack("<II", len(entries), len(strings)) + bytes([2, 0, 0, 0]) + struct.pack("<IIII", 0, 0, 0, 0)
+    head = (
+        MAGIC
+        + struct.pack("<II", len(entries), len(strings))
+        + bytes([2, 0, 0, 0])
+        + struct.pack("<IIII", 0, 0, 0, 0)
+    )
     assert len(head) == header_size
     return bytes(head + body + strings)
 
@@ -257,7 +264,13 @@ def parse(data: bytes) -> list[tuple[int, str, str]]:
     out = []
     for k in range(nlibs):
         flags, key, value, _os, _hw = struct.unpack_from("<iIIIQ", data, 48 + 24 * k)
-        out.append((flags, data[key:data.index(b"\0", key)].decode(), data[value:data.index(b"\0", value)].decode()))
+        out.append(
+            (
+                flags,
+                data[key : data.index(b"\0", key)].decode(),
+                data[value : data.index(b"\0", value)].decode(),
+            )
+        )
     return out
 
 

@@ -106,12 +106,16 @@ _RUNTIME = (
 # C library headers (gcc only Recommends libc6-dev, and recommends are off) and Python.h.
 _GPU = ("gcc", "libc6-dev", "libpython3-dev")
 _SERVICES = {
-    "jupyter": ("libstdc++6",),  # Python wheels, but pyzmq's extension links libstdc++ (GPU images get it via gcc)
+    "jupyter": (
+        "libstdc++6",
+    ),  # Python wheels, but pyzmq's extension links libstdc++ (GPU images get it via gcc)
     "ssh": ("openssh-server",),
 }
 
 
-def base_packages(suite: str | None, *, gpu: bool, services: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def base_packages(
+    suite: str | None, *, gpu: bool, services: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
     """The sorted Debian packages envspec always asks for, before the spec's [system] packages.
     ValueError for a suite envspec does not know, or none (no Debian base)."""
     if suite not in SUITES:

@@ -47,7 +47,9 @@ from .reporter import DebianReporter
 
 # The builder's own architecture, as Debian names it: a tree of another one gets its ld.so.cache
 # from ldcache.py (its ldconfig cannot run here without emulation).
-HOST_DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+HOST_DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(
+    platform.machine(), platform.machine()
+)
 
 # The top-level directories Debian's merged /usr turns into links to their /usr counterparts.
 USRMERGE = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "libo32")
@@ -69,18 +71,37 @@ ALTERNATIVES = (
     ("usr/bin/vi", "vim.basic", "usr/bin/vim.basic"),
     ("usr/bin/sh", "dash", "usr/bin/dash"),  # shipped by dash itself on bookworm
 )
-SHELLS = ("bin/sh", "usr/bin/sh", "bin/bash", "usr/bin/bash", "bin/rbash", "usr/bin/rbash",
-          "bin/dash", "usr/bin/dash")
+SHELLS = (
+    "bin/sh",
+    "usr/bin/sh",
+    "bin/bash",
+    "usr/bin/bash",
+    "bin/rbash",
+    "usr/bin/rbash",
+    "bin/dash",
+    "usr/bin/dash",
+)
 SSHD_UID = 100  # adduser --system gives the first free id from 100 in a fresh Debian
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
-_MINIMAL_PASSWD = ["root:x:0:0:root:/root:/bin/bash", "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"]
+_MINIMAL_PASSWD = [
+    "root:x:0:0:root:/root:/bin/bash",
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin",
+]
 _MINIMAL_GROUP = ["root:x:0:", "shadow:x:42:", "nogroup:x:65534:"]
 
 
-def make_rootfs(pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, *, user: str = "envspec",
-                uid: int = 1000, gid: int | None = None, reporter: DebianReporter | None = None,
-                jobs: int = 0) -> None:
+def make_rootfs(
+    pins: list[DebPin],
+    deb_paths: dict[str, Path],
+    dest: Path,
+    *,
+    user: str = "envspec",
+    uid: int = 1000,
+    gid: int | None = None,
+    reporter: DebianReporter | None = None,
+    jobs: int = 0,
+) -> None:
     """Lay the pinned packages into ``dest`` (absent or empty) as a runnable root filesystem.
 
     ``deb_paths`` maps each pin's name to its checked .deb (fetch_deb's result). The tree is
@@ -90,17 +111,23 @@ def make_rootfs(pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, *, u
     reporter = reporter or DebianReporter()
     gid = uid if gid is None else gid
     if not _USER_RE.match(user) or user == "root":
-        raise UsageError(f"{user!r} cannot be the image's user (lowercase letters, digits, _ and -; not root)",
-                         reference="bad-image-user")
+        raise UsageError(
+            f"{user!r} cannot be the image's user (lowercase letters, digits, _ and -; not root)",
+            reference="bad-image-user",
+        )
     if not (1 <= uid < 65534 and 1 <= gid < 65534):
-        raise UsageError(f"uid/gid {uid}/{gid} out of range for the image's user (1..65533)",
-                         reference="bad-image-user")
+        raise UsageError(
+            f"uid/gid {uid}/{gid} out of range for the image's user (1..65533)",
+            reference="bad-image-user",
+        )
     missing = sorted(p.name for p in pins if p.name not in deb_paths)
     if missing:
         raise BuildError(f"no .deb given for: {', '.join(missing)}", step="rootfs")
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
-        raise BuildError(f"{dest} is not empty; make_rootfs needs an empty directory", step="rootfs")
+        raise BuildError(
+            f"{dest} is not empty; make_rootfs needs an empty directory", step="rootfs"
+        )
     tree = _Tree(dest, reporter)
     tree.start()
     ordered = sorted(pins, key=lambda p: (p.name, p.architecture))
@@ -153,7 +180,9 @@ def make_rootfs(pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, *, u
     if tree.overwritten:
         shown = ", ".join(f"/{p} ({a} -> {b})" for p, a, b in tree.overwritten[:5])
         more = f" and {len(tree.overwritten) - 5} more" if len(tree.overwritten) > 5 else ""
-        reporter.warning(f"{len(tree.overwritten)} file(s) shipped by two packages; the later name won: {shown}{more}")
+        reporter.warning(
+            f"{len(tree.overwritten)} file(s) shipped by two packages; the later name won: {shown}{more}"
+        )
 
 
 class _Tree:
@@ -218,8 +247,15 @@ class _Tree:
         if self.as_root:
             os.lchown(p, uid, gid)
 
-    def write(self, rel: str, data: bytes | str, mode: int = 0o644, uid: int = 0, gid: int = 0,
-              replace: bool = True) -> Path | None:
+    def write(
+        self,
+        rel: str,
+        data: bytes | str,
+        mode: int = 0o644,
+        uid: int = 0,
+        gid: int = 0,
+        replace: bool = True,
+    ) -> Path | None:
         p = self.path(rel)
         if p.exists() or p.is_symlink():
             if not replace:
@@ -265,10 +301,15 @@ class _Tree:
         control = deb.control()
         cfields = dict(control)
         if cfields.get("Package") != pin.name or cfields.get("Version") != pin.version:
-            raise BuildError(f"{deb.path} holds {cfields.get('Package')} {cfields.get('Version')}, "
-                             f"not {pin.name} {pin.version}", step="rootfs")
+            raise BuildError(
+                f"{deb.path} holds {cfields.get('Package')} {cfields.get('Version')}, "
+                f"not {pin.name} {pin.version}",
+                step="rootfs",
+            )
         files = deb.control_files()
-        conffiles = {ln.split()[-1] for ln in files.get("conffiles", b"").decode().splitlines() if ln.strip()}
+        conffiles = {
+            ln.split()[-1] for ln in files.get("conffiles", b"").decode().splitlines() if ln.strip()
+        }
         conf_md5: dict[str, str] = {}
         listed: list[str] = ["/."]
         with deb.open_tar(data) as tf:
@@ -293,8 +334,16 @@ class _Tree:
             hit = self._dirs[rel] = str(self.mkdirs(rel))
         return hit
 
-    def _member(self, pin: DebPin, tf: tarfile.TarFile, ti: tarfile.TarInfo, rel: str, orig: str,
-                conffiles: set[str], conf_md5: dict[str, str]) -> None:
+    def _member(
+        self,
+        pin: DebPin,
+        tf: tarfile.TarFile,
+        ti: tarfile.TarInfo,
+        rel: str,
+        orig: str,
+        conffiles: set[str],
+        conf_md5: dict[str, str],
+    ) -> None:
         target = os.path.join(self._dir(posixpath.dirname(rel)), posixpath.basename(rel))
         mode = ti.mode & 0o7777
         try:
@@ -311,8 +360,10 @@ class _Tree:
                 os.chmod(target, mode)
             elif not (stat.S_ISLNK(st.st_mode) and self.resolve(rel, follow_last=True).is_dir()):
                 # (a symlink to a directory stays, as dpkg leaves it)
-                raise BuildError(f"{pin.name} ships directory {orig} where another package put a file",
-                                 step="rootfs")
+                raise BuildError(
+                    f"{pin.name} ships directory {orig} where another package put a file",
+                    step="rootfs",
+                )
             return
         if st is not None:
             if stat.S_ISDIR(st.st_mode):
@@ -320,8 +371,10 @@ class _Tree:
                     os.rmdir(target)
                     self._dirs.clear()
                 else:
-                    raise BuildError(f"{pin.name} ships {orig} where another package put a directory",
-                                     step="rootfs")
+                    raise BuildError(
+                        f"{pin.name} ships {orig} where another package put a directory",
+                        step="rootfs",
+                    )
             else:
                 prev = self.owner.get(rel, "?")
                 if prev != pin.name:
@@ -346,8 +399,15 @@ class _Tree:
         else:
             self.reporter.warning(f"{pin.name}: skipped {orig}, a {_kind(ti)} (not made in images)")
 
-    def _record(self, pin: DebPin, control: list[tuple[str, str]], files: dict[str, bytes],
-                listed: list[str], conffiles: set[str], conf_md5: dict[str, str]) -> None:
+    def _record(
+        self,
+        pin: DebPin,
+        control: list[tuple[str, str]],
+        files: dict[str, bytes],
+        listed: list[str],
+        conffiles: set[str],
+        conf_md5: dict[str, str],
+    ) -> None:
         fields = [(k, v) for k, v in control if k not in ("Package", "Status", "Conffiles")]
         out = [f"Package: {pin.name}", "Status: install ok installed"]
         conf = [f" {c} {conf_md5.get(c, 'newconffile')}" for c in sorted(conffiles)]
@@ -371,8 +431,13 @@ class _Tree:
             self.write(f"{info}/{base}.conffiles", files["conffiles"])
 
     def write_dpkg_database(self) -> None:
-        for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers",
-                  "var/lib/dpkg/alternatives", "var/lib/dpkg/parts"):
+        for d in (
+            "var/lib/dpkg/info",
+            "var/lib/dpkg/updates",
+            "var/lib/dpkg/triggers",
+            "var/lib/dpkg/alternatives",
+            "var/lib/dpkg/parts",
+        ):
             self.mkdirs(d)
         self.write("var/lib/dpkg/status", "\n".join(self.status[k] for k in sorted(self.status)))
         self.write("var/lib/dpkg/info/format", "1\n")  # the multiarch layout: NAME:ARCH.list
@@ -396,15 +461,40 @@ class _Tree:
         self._copy_default("usr/share/base-files/motd", "etc/motd")
         # libc-bin's postinst installs the default name service switch.
         self._copy_default("usr/share/libc-bin/nsswitch.conf", "etc/nsswitch.conf")
-        for d in ("mnt", "srv", "opt", "etc/opt", "var/opt", "media", "home", "root", "run", "proc",
-                  "sys", "dev", "var/log", "var/cache", "var/lib", "usr/local/bin", "usr/local/lib",
-                  "usr/local/include", "usr/local/sbin", "usr/local/src", "usr/local/etc",
-                  "usr/local/games", "usr/local/share/man"):
+        for d in (
+            "mnt",
+            "srv",
+            "opt",
+            "etc/opt",
+            "var/opt",
+            "media",
+            "home",
+            "root",
+            "run",
+            "proc",
+            "sys",
+            "dev",
+            "var/log",
+            "var/cache",
+            "var/lib",
+            "usr/local/bin",
+            "usr/local/lib",
+            "usr/local/include",
+            "usr/local/sbin",
+            "usr/local/src",
+            "usr/local/etc",
+            "usr/local/games",
+            "usr/local/share/man",
+        ):
             self.mkdirs(d)
         os.chmod(self.path("root"), 0o700)
         self.mkdirs("run/lock")
         os.chmod(self.path("run/lock"), 0o1777)
-        for link, target in (("var/run", "/run"), ("var/lock", "/run/lock"), ("usr/local/man", "share/man")):
+        for link, target in (
+            ("var/run", "/run"),
+            ("var/lock", "/run/lock"),
+            ("usr/local/man", "share/man"),
+        ):
             p = self.path(link)
             if p.is_dir() and not p.is_symlink() and not any(p.iterdir()):
                 p.rmdir()
@@ -414,8 +504,11 @@ class _Tree:
         if self.exists("usr/share/zoneinfo/Etc/UTC"):  # tzdata's postinst, answering UTC
             self.symlink("etc/localtime", "/usr/share/zoneinfo/Etc/UTC", replace=True)
             self.write("etc/timezone", "Etc/UTC\n")
-        py_local = sorted(p.name for p in self.path("usr/lib").glob("python3.*") if p.is_dir()) \
-            if self.path("usr/lib").is_dir() else []
+        py_local = (
+            sorted(p.name for p in self.path("usr/lib").glob("python3.*") if p.is_dir())
+            if self.path("usr/lib").is_dir()
+            else []
+        )
         for name in py_local:  # python3.X-minimal's postinst
             self.mkdirs(f"usr/local/lib/{name}/dist-packages")
         self.reporter.fixup("base-files directories and defaults")
@@ -445,8 +538,11 @@ class _Tree:
             names.add("sshd")
             self.mkdirs("run/sshd")
         if user in names or user in gnames or uid in uids or gid in gids:
-            raise UsageError(f"the image's user {user} ({uid}:{gid}) clashes with a Debian system user or group",
-                             hint="pick another name, or a uid/gid of 1000 or more", reference="bad-image-user")
+            raise UsageError(
+                f"the image's user {user} ({uid}:{gid}) clashes with a Debian system user or group",
+                hint="pick another name, or a uid/gid of 1000 or more",
+                reference="bad-image-user",
+            )
         shell = "/bin/bash" if self.exists("usr/bin/bash") else "/bin/sh"
         passwd.append(f"{user}:x:{uid}:{gid}::/workspace:{shell}")
         group.append(f"{user}:x:{gid}:")
@@ -472,16 +568,20 @@ class _Tree:
             return
         certs = sorted(p.name for p in mozilla.iterdir() if p.name.endswith(".crt"))
         self.mkdirs("etc/ssl/certs")
-        self.write("etc/ca-certificates.conf",
-                   "# Generated by envspec: every certificate ca-certificates ships is enabled.\n"
-                   + "".join(f"mozilla/{c}\n" for c in certs))
+        self.write(
+            "etc/ca-certificates.conf",
+            "# Generated by envspec: every certificate ca-certificates ships is enabled.\n"
+            + "".join(f"mozilla/{c}\n" for c in certs),
+        )
         bundle = []
         hashes: dict[str, int] = {}
         for c in certs:
             pem = (mozilla / c).read_bytes()
             bundle.append(pem if pem.endswith(b"\n") else pem + b"\n")
             link = c[: -len(".crt")] + ".pem"
-            self.symlink(f"etc/ssl/certs/{link}", f"/usr/share/ca-certificates/mozilla/{c}", replace=True)
+            self.symlink(
+                f"etc/ssl/certs/{link}", f"/usr/share/ca-certificates/mozilla/{c}", replace=True
+            )
             try:
                 h = subject_hash(pem)
             except ValueError as e:
@@ -502,7 +602,10 @@ class _Tree:
     def fix_misc(self) -> None:
         shells = [f"/{s}" for s in SHELLS if self.exists(s)]
         if shells:
-            self.write("etc/shells", "# /etc/shells: valid login shells\n" + "".join(s + "\n" for s in shells))
+            self.write(
+                "etc/shells",
+                "# /etc/shells: valid login shells\n" + "".join(s + "\n" for s in shells),
+            )
         self._copy_default("usr/share/openssh/sshd_config", "etc/ssh/sshd_config")
         for d in ("tmp", "var/tmp"):
             p = self.mkdirs(d)
@@ -523,8 +626,13 @@ class _Tree:
         self.reporter.fixup("/etc/ld.so.cache")
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise BuildError("ldconfig could not build /etc/ld.so.cache", step="rootfs", argv=argv,
-                             returncode=proc.returncode, stderr_tail=proc.stderr)
+            raise BuildError(
+                "ldconfig could not build /etc/ld.so.cache",
+                step="rootfs",
+                argv=argv,
+                returncode=proc.returncode,
+                stderr_tail=proc.stderr,
+            )
         aux = self.path("var/cache/ldconfig/aux-cache")
         if aux.exists():  # holds inode numbers and ctimes of the host: not reproducible
             aux.unlink()

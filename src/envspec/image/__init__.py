@@ -34,7 +34,13 @@ from envspec.cache.store import Cache, Identity, _pid_alive, admit
 from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
-from envspec.image.compress import DEFAULT as DEFAULT_COMPRESSION, MT_LAYER, Compression, compress_file, compression
+from envspec.image.compress import (
+    DEFAULT as DEFAULT_COMPRESSION,
+    MT_LAYER,
+    Compression,
+    compress_file,
+    compression,
+)
 from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, chain_id, die_with_parent
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
@@ -55,8 +61,21 @@ from envspec.wheels.fetch import WheelFetcher
 # as files; =off: none.
 UNTARRED_GROUPS = frozenset({"torch"})
 
-__all__ = ["build", "preview", "compress_layers", "compress_now", "DEFAULT_COMPRESSION", "BuildOptions", "BuiltImage", "LayerInfo", "Phase", "Reporter", "BuildahEngine",
-           "RecordingEngine", "Engine"]
+__all__ = [
+    "build",
+    "preview",
+    "compress_layers",
+    "compress_now",
+    "DEFAULT_COMPRESSION",
+    "BuildOptions",
+    "BuiltImage",
+    "LayerInfo",
+    "Phase",
+    "Reporter",
+    "BuildahEngine",
+    "RecordingEngine",
+    "Engine",
+]
 
 
 class LayerCache(Protocol):
@@ -70,7 +89,9 @@ class LayerCache(Protocol):
     def lookup_layers(self, layers: "Layers") -> dict[str, Any]: ...
     def fetch_layers(self, layers: "Layers", entries: dict[str, Any]) -> None: ...
     def can_stream(self) -> bool: ...
-    def stream_layers(self, layers: "Layers", entries: dict[str, Any], streams: dict[str, Future[bool]]) -> None: ...
+    def stream_layers(
+        self, layers: "Layers", entries: dict[str, Any], streams: dict[str, Future[bool]]
+    ) -> None: ...
     def push_layers(self, layers: "Layers") -> tuple[str, ...]: ...
 
 
@@ -81,9 +102,12 @@ class RegistrySide(Protocol):
 
     @property
     def signs(self) -> bool: ...
-    def attach(self, push: Callable[[Path, str], None], work: Path, plan: BuildPlan, digest: str,
-               dest: str) -> tuple[tuple[str, str], ...]: ...
-    def sign(self, push: Callable[[Path, str], None], work: Path, digest: str, dest: str) -> tuple[str, str]: ...
+    def attach(
+        self, push: Callable[[Path, str], None], work: Path, plan: BuildPlan, digest: str, dest: str
+    ) -> tuple[tuple[str, str], ...]: ...
+    def sign(
+        self, push: Callable[[Path, str], None], work: Path, digest: str, dest: str
+    ) -> tuple[str, str]: ...
     def refs(self, dest: str, digest: str) -> list[tuple[str, str]]: ...
     def layer_cache(self, engine: Engine, cache_from: str, cache_to: str) -> LayerCache: ...
 
@@ -94,12 +118,16 @@ class BuildOptions:
     outputs: tuple[str, ...] = ()  # oci:DIR, oci-archive:FILE, docker-archive:FILE
     push: str | None = None
     no_cache: bool = False
-    compression: str = DEFAULT_COMPRESSION  # of the layers that outputs and pushes carry: zstd, gzip, none
+    compression: str = (
+        DEFAULT_COMPRESSION  # of the layers that outputs and pushes carry: zstd, gzip, none
+    )
     # compress the layers in this build: None = only where something carries them (a push, an
     # oci:/oci-archive: output, --cache-to); a local build keeps them as the store does, uncompressed
     compress: bool | None = None
     workers: int = min(2, os.cpu_count() or 1)  # layer maker processes
-    verify_dir: Path | None = None  # the verifier sources the image carries (default: envspec's own)
+    verify_dir: Path | None = (
+        None  # the verifier sources the image carries (default: envspec's own)
+    )
     # what a push carries beside the image, and the registry layer cache: the registry stage's
     # (``envspec.registry.stage.Registry``); needed for a push and for cache_from/cache_to
     registry: "RegistrySide | None" = None
@@ -145,11 +173,17 @@ class Phase:
     name: str
     start: float
     end: float
-    detail: tuple[tuple[str, float], ...] = ()  # where its seconds went (a layer's stream: ``regcache.StreamTimes``)
+    detail: tuple[
+        tuple[str, float], ...
+    ] = ()  # where its seconds went (a layer's stream: ``regcache.StreamTimes``)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "start_s": round(self.start, 3), "end_s": round(self.end, 3),
-                               "s": round(self.end - self.start, 3)}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "start_s": round(self.start, 3),
+            "end_s": round(self.end, 3),
+            "s": round(self.end - self.start, 3),
+        }
         if self.detail:
             out["detail"] = dict(self.detail)
         return out
@@ -164,7 +198,9 @@ class Clock:
         self.phases: list[Phase] = []
         self._guard = threading.Lock()  # the importer's thread adds phases too
 
-    def add(self, name: str, start: float, end: float, detail: tuple[tuple[str, float], ...] = ()) -> None:
+    def add(
+        self, name: str, start: float, end: float, detail: tuple[tuple[str, float], ...] = ()
+    ) -> None:
         """A phase that ran from ``start`` to ``end`` (``time.monotonic()`` values)."""
         phase = Phase(name, start - self.t0, end - self.t0, detail)
         with self._guard:
@@ -191,9 +227,13 @@ class BuiltImage:
     outputs: tuple[str, ...] = ()
     attached: tuple[str, ...] = ()  # the attestations and signature pushed beside the image
     store_digest: str = ""  # the manifest digest in containers-storage (uncompressed layers)
-    compression: str = "none"  # of the layers ``digest`` names ("none": kept uncompressed, ``compress_now``)
+    compression: str = (
+        "none"  # of the layers ``digest`` names ("none": kept uncompressed, ``compress_now``)
+    )
     carried_compression: str = ""  # of the layers a push or an OCI output of this lock carries
-    phases: tuple[Phase, ...] = ()  # what the build spent its time on, in the order the phases ended
+    phases: tuple[
+        Phase, ...
+    ] = ()  # what the build spent its time on, in the order the phases ended
     seconds: float = 0.0  # the whole build
     cache_from: str = ""
     cache_to: str = ""
@@ -221,24 +261,45 @@ class Reporter:
     """Progress events, each sent as the work happens, with no-op defaults; the CLI subclasses it
     with rich progress bars, tests record them."""
 
-    def fetching(self, name: str, filename: str, size: int) -> None: ...  # a wheel or .deb download starts
-    def fetched(self, name: str, filename: str, path: Path) -> None: ...  # ... and is in the cache, checked
+    def fetching(
+        self, name: str, filename: str, size: int
+    ) -> None: ...  # a wheel or .deb download starts
+    def fetched(
+        self, name: str, filename: str, path: Path
+    ) -> None: ...  # ... and is in the cache, checked
     def layer_started(self, group: str, pins: int, cached: bool) -> None: ...
-    def layer_built(self, layer: LayerInfo) -> None: ...  # the layer's tar is made (or found in the cache)
-    def importing(self, group: str, sent: int) -> None: ...  # bytes of the layer sent to the store so far
+    def layer_built(
+        self, layer: LayerInfo
+    ) -> None: ...  # the layer's tar is made (or found in the cache)
+    def importing(
+        self, group: str, sent: int
+    ) -> None: ...  # bytes of the layer sent to the store so far
     def committing(self, ref: str, digest: str) -> None: ...
     def pushed(self, dest: str, digest: str) -> None: ...
     def warning(self, message: str) -> None: ...  # something the user should know (no .pyc, ...)
-    def source_building(self, name: str, version: str) -> None: ...  # a wheel's build from its sdist starts
+    def source_building(
+        self, name: str, version: str
+    ) -> None: ...  # a wheel's build from its sdist starts
     # ... and its wheel is there: built now (``seconds``), or found in the cache (``cached``)
-    def source_built(self, name: str, version: str, wheel: str, seconds: float, cached: bool) -> None: ...
-    def source_progress(self, name: str, version: str, step: str) -> None: ...  # a compile step of that build
+    def source_built(
+        self, name: str, version: str, wheel: str, seconds: float, cached: bool
+    ) -> None: ...
+    def source_progress(
+        self, name: str, version: str, step: str
+    ) -> None: ...  # a compile step of that build
     def phase(self, phase: Phase) -> None: ...  # a step of the build ended (``BuiltImage.phases``)
 
 
-def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
-          options: BuildOptions = BuildOptions(), reporter: Reporter | None = None,
-          registry_cache: LayerCache | None = None) -> BuiltImage:
+def build(
+    plan: BuildPlan,
+    engine: Engine,
+    cache: Cache,
+    mirrors: Sequence[Mirror],
+    *,
+    options: BuildOptions = BuildOptions(),
+    reporter: Reporter | None = None,
+    registry_cache: LayerCache | None = None,
+) -> BuiltImage:
     """Build the plan's image. Raises BuildError/HashMismatch (exit 4), SourceError (3), HostError (5).
     ``registry_cache``: the --cache-from/--cache-to registries (default: made from ``options`` by
     ``options.registry`` with the engine's registry access).
@@ -250,17 +311,38 @@ def build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirro
     healed: set[Path] = set()
     while True:
         try:
-            return _build(plan, engine, cache, mirrors, options=options, reporter=reporter,
-                          registry_cache=registry_cache)
+            return _build(
+                plan,
+                engine,
+                cache,
+                mirrors,
+                options=options,
+                reporter=reporter,
+                registry_cache=registry_cache,
+            )
         except DamagedEntry as e:
-            if not e.paths or set(e.paths) & healed or not all(cache.evict_layer(p) for p in e.paths):
+            if (
+                not e.paths
+                or set(e.paths) & healed
+                or not all(cache.evict_layer(p) for p in e.paths)
+            ):
                 raise
             healed.update(e.paths)
-            reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache; the layer is made again")
+            reporter.warning(
+                f"{e.message.splitlines()[0]}: removed from the cache; the layer is made again"
+            )
 
 
-def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirror], *,
-           options: BuildOptions, reporter: Reporter, registry_cache: LayerCache | None) -> BuiltImage:
+def _build(
+    plan: BuildPlan,
+    engine: Engine,
+    cache: Cache,
+    mirrors: Sequence[Mirror],
+    *,
+    options: BuildOptions,
+    reporter: Reporter,
+    registry_cache: LayerCache | None,
+) -> BuiltImage:
     """One run of ``build``."""
     if options.push:
         registry_stage(options)  # what goes beside the push: asked for before anything is made
@@ -275,7 +357,9 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
     # anything is fetched for a layer or untarred; the wheels it could not read are read before the
     # first layer is made here. A layer taken from the registry cache was made by a build that read
     # them all: a node's pull reads nothing from the package indexes (issue 44)
-    abi_checked = _in_thread("envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors)
+    abi_checked = _in_thread(
+        "envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors
+    )
     try:
         plan, compiler = _bytecode_compiler(plan, reporter)
     except Exception:
@@ -284,23 +368,42 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
     _clean_stale_scratch()
     wanted, comp = _compressions(options)
     work = cache.workdir()
-    layers = Layers(plan, cache, work, reporter, no_cache=options.no_cache, comp=comp, clock=clock, cache_comp=wanted,
-                    spec_dir=options.spec_dir)
+    layers = Layers(
+        plan,
+        cache,
+        work,
+        reporter,
+        no_cache=options.no_cache,
+        comp=comp,
+        clock=clock,
+        cache_comp=wanted,
+        spec_dir=options.spec_dir,
+    )
     layers.compiler = compiler
     store = engine.storage_cli() if ref else None
     if store is not None and store.can_stage:
         if os.environ.get("ENVSPEC_LAYER_TREES") != "off":
-            layers.tree_root = store.staging_root()  # the wheel layers' makers make their files there too
+            layers.tree_root = (
+                store.staging_root()
+            )  # the wheel layers' makers make their files there too
         # each layer's stager reads the tar from its maker through a FIFO, not from the file; not
         # where layers may come from a registry cache instead (a FIFO nobody writes would stall it)
-        layers.pipes = (os.environ.get("ENVSPEC_STAGE_PIPE", "on").lower() not in ("0", "off", "no", "false")
-                        and not (rc is not None and rc.cache_from and not options.no_cache))
+        layers.pipes = os.environ.get("ENVSPEC_STAGE_PIPE", "on").lower() not in (
+            "0",
+            "off",
+            "no",
+            "false",
+        ) and not (rc is not None and rc.cache_from and not options.no_cache)
 
     def new_importer() -> Importer:
         assert store is not None
-        return Importer(store, layers.files(), on_progress=reporter.importing,
-                        on_stored=lambda group, start, end: clock.add(f"import {group}", start, end),
-                        on_staged=lambda group, start, end: clock.add(f"untar {group}", start, end))
+        return Importer(
+            store,
+            layers.files(),
+            on_progress=reporter.importing,
+            on_stored=lambda group, start, end: clock.add(f"import {group}", start, end),
+            on_staged=lambda group, start, end: clock.add(f"untar {group}", start, end),
+        )
 
     importer: Importer | None = None
     early = False
@@ -313,8 +416,12 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             # every layer to make is in the registry cache: import each one as it arrives, beside the
             # others' downloads (should an entry fail its checks, its layer is made by worker
             # processes that are not forked from this one, whose import thread is then running)
-            early = store is not None and bool(layers.todo) and bool(entries) and all(
-                lay.key in entries for lay in layers.todo)
+            early = (
+                store is not None
+                and bool(layers.todo)
+                and bool(entries)
+                and all(lay.key in entries for lay in layers.todo)
+            )
             if early and store is not None and _streams(rc, store, options, comp):
                 # a node's pull: each blob checked, decompressed and untarred as it arrives, no file between
                 layers.stream(entries, store.stored_layers())
@@ -323,7 +430,9 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             if early and importer is not None:
                 importer.start()
             if layers.streams:
-                streamed = _in_thread("envspec-streams", None, "", rc.stream_layers, layers, entries, layers.streams)
+                streamed = _in_thread(
+                    "envspec-streams", None, "", rc.stream_layers, layers, entries, layers.streams
+                )
                 try:  # the envspec layer (made from the lock alone) beside the streams: ready when they end
                     layers.make_top(options.verify_dir)
                 finally:
@@ -331,38 +440,60 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
                 streamed.result()
             else:
                 rc.fetch_layers(layers, entries)
-        if abi_unread and layers.todo:  # a layer is made here after all: every wheel the check needs is read
+        if (
+            abi_unread and layers.todo
+        ):  # a layer is made here after all: every wheel the check needs is read
             with clock.span("abi check"):
                 check_abi(plan.lock, cache, mirrors, reporter)
         with clock.span("fetch"):
             layers.fetch_wheels(mirrors)
         with clock.span("source builds"):
-            layers.build_sources(mirrors, parallel=options.source_parallel, jobs=options.source_jobs)
+            layers.build_sources(
+                mirrors, parallel=options.source_parallel, jobs=options.source_jobs
+            )
         with layers.wheel_makers(options.workers, fork=not early) as pending:
-            if importer is not None and not early:  # after the fork of the worker processes: no thread of ours is copied
+            if (
+                importer is not None and not early
+            ):  # after the fork of the worker processes: no thread of ours is copied
                 importer.start()
             layers.make_base()
             layers.finish(pending)
         if not layers.top_made():
             layers.make_top(options.verify_dir)
         layers.compress_cached()
-        if options.outputs or options.push:  # the cached layers' files go out as they are: checked first
+        if (
+            options.outputs or options.push
+        ):  # the cached layers' files go out as they are: checked first
             with clock.span("check cached layers"):
                 layers.check_cached()
         with clock.span("layout"):
-            image = write_image(work / "oci", plan, layers.made(), [layers.layout_path(lay) for lay in plan.layers],
-                                comp=comp, blobs=[layers.blob_path(lay) for lay in plan.layers])
+            image = write_image(
+                work / "oci",
+                plan,
+                layers.made(),
+                [layers.layout_path(lay) for lay in plan.layers],
+                comp=comp,
+                blobs=[layers.blob_path(lay) for lay in plan.layers],
+            )
         with clock.span("deliver"):
             outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
             attached: tuple[str, ...] = ()
-            if options.push:  # provenance and SBOM beside the image, and its signature (registry/attest.py)
-                for r, d in registry_stage(options).attach(engine.push, work, plan, image.dist.digest, options.push):
+            if (
+                options.push
+            ):  # provenance and SBOM beside the image, and its signature (registry/attest.py)
+                for r, d in registry_stage(options).attach(
+                    engine.push, work, plan, image.dist.digest, options.push
+                ):
                     attached += (r,)
                     reporter.pushed(r, d)
         if ref:
             reporter.committing(ref, image.digest)
             with clock.span("commit"):
-                if importer is None and store is not None and engine.image_digest(ref) != image.digest:
+                if (
+                    importer is None
+                    and store is not None
+                    and engine.image_digest(ref) != image.digest
+                ):
                     importer = new_importer().start()
                 if importer is not None:
                     importer.finish(image.config, image.manifest, ref)
@@ -386,19 +517,42 @@ def _build(plan: BuildPlan, engine: Engine, cache: Cache, mirrors: Sequence[Mirr
             shutil.rmtree(tree, ignore_errors=True)
             Path(f"{tree}.tar-split.gz").unlink(missing_ok=True)
         in_use.release()
-    return BuiltImage(image=ref, digest=image.dist.digest, layers=layers.made(), config_digest=sha256_bytes(image.config),
-                      pushed=pushed, outputs=outputs, attached=attached, store_digest=image.digest,
-                      compression=comp.name, carried_compression=wanted.name, phases=tuple(clock.phases), seconds=clock.elapsed(),
-                      cache_from=rc.cache_from if rc else "", cache_to=rc.cache_to if rc else "", cached_to=cached_to)
+    return BuiltImage(
+        image=ref,
+        digest=image.dist.digest,
+        layers=layers.made(),
+        config_digest=sha256_bytes(image.config),
+        pushed=pushed,
+        outputs=outputs,
+        attached=attached,
+        store_digest=image.digest,
+        compression=comp.name,
+        carried_compression=wanted.name,
+        phases=tuple(clock.phases),
+        seconds=clock.elapsed(),
+        cache_from=rc.cache_from if rc else "",
+        cache_to=rc.cache_to if rc else "",
+        cached_to=cached_to,
+    )
 
 
-def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()) -> dict[str, Any]:
+def preview(
+    plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptions()
+) -> dict[str, Any]:
     """``build --dry-run``: the plan, which layers are cached and which would be made, what would
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
     plan, _ = _bytecode_compiler(plan, Reporter())
     wanted, comp = _compressions(options)
-    layers = Layers(plan, cache, Path("(work)"), Reporter(), no_cache=options.no_cache, comp=comp, cache_comp=wanted)
+    layers = Layers(
+        plan,
+        cache,
+        Path("(work)"),
+        Reporter(),
+        no_cache=options.no_cache,
+        comp=comp,
+        cache_comp=wanted,
+    )
     wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
     debs = [d for lay in layers.todo for d in lay.debs]
     built = [w for lay in layers.todo for w in lay.wheels if w.source is not None]
@@ -406,9 +560,18 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     ref = plan.tag if options.tag is None else options.tag
     image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
     if comp.name != "none":
-        image = Image(layout=image.layout, digest=image.digest, config=b"", manifest=b"",
-                      compressed=Image(layout=Path(f"(oci layout, {comp.name})"), digest="(digest)", config=b"",
-                                       manifest=b""))
+        image = Image(
+            layout=image.layout,
+            digest=image.digest,
+            config=b"",
+            manifest=b"",
+            compressed=Image(
+                layout=Path(f"(oci layout, {comp.name})"),
+                digest="(digest)",
+                config=b"",
+                manifest=b"",
+            ),
+        )
     deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
     if options.push:
         for what, dest in registry_stage(options).refs(options.push, "sha256:(digest)"):
@@ -419,15 +582,33 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     todo = {lay.key for lay in layers.todo}
     for row, lay in zip(summary["layers"], plan.layers):
         row["cached"] = lay.key not in todo and lay.cacheable
-        row["compressed"] = lay.key not in todo and lay.cacheable and lay.key not in layers.to_compress
-    summary["fetch"] = {"wheels": len(wheels), "wheel_bytes": sum(w.size for w in wheels),
-                        "debs": len(debs), "deb_bytes": sum(d.size for d in debs)}
-    summary["source_builds"] = [{"name": w.name, "version": w.version, "sdist": w.filename, "key": w.source.key,
-                                 "cached": sdist.cached_wheel(sdist.derivation_of(w, plan.platform), cache.root) is not None}
-                                for w in built if w.source is not None]
+        row["compressed"] = (
+            lay.key not in todo and lay.cacheable and lay.key not in layers.to_compress
+        )
+    summary["fetch"] = {
+        "wheels": len(wheels),
+        "wheel_bytes": sum(w.size for w in wheels),
+        "debs": len(debs),
+        "deb_bytes": sum(d.size for d in debs),
+    }
+    summary["source_builds"] = [
+        {
+            "name": w.name,
+            "version": w.version,
+            "sdist": w.filename,
+            "key": w.source.key,
+            "cached": sdist.cached_wheel(sdist.derivation_of(w, plan.platform), cache.root)
+            is not None,
+        }
+        for w in built
+        if w.source is not None
+    ]
     summary["compression"] = comp.name
     summary["carried_compression"] = wanted.name
-    summary["cache"] = {"from": options.cache_from, "to": options.cache_to}  # not asked in a dry run
+    summary["cache"] = {
+        "from": options.cache_from,
+        "to": options.cache_to,
+    }  # not asked in a dry run
     summary["engine"] = [[str(a) for a in call] for call in engine.calls]
     return summary
 
@@ -442,8 +623,11 @@ def compress_now(options: BuildOptions) -> bool:
     (docs/build.md, "Which digest")."""
     if options.compress is not None:
         return options.compress
-    return bool(options.push or options.cache_to
-                or any(dest.startswith(("oci:", "oci-archive:")) for dest in options.outputs))
+    return bool(
+        options.push
+        or options.cache_to
+        or any(dest.startswith(("oci:", "oci-archive:")) for dest in options.outputs)
+    )
 
 
 def _compressions(options: BuildOptions) -> tuple[Compression, Compression]:
@@ -452,7 +636,9 @@ def _compressions(options: BuildOptions) -> tuple[Compression, Compression]:
     return wanted, wanted if compress_now(options) else compression("none")
 
 
-def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: Reporter | None = None) -> list[LayerInfo]:
+def compress_layers(
+    plan: BuildPlan, cache: Cache, comp: Compression, reporter: Reporter | None = None
+) -> list[LayerInfo]:
     """The compressed blobs of the plan's cached layers that have none of ``comp`` yet, made and
     kept in the cache (``envspec cache compress``; after a local build, in the background), so that
     a later push or OCI output of the lock does not compress them. Layers not in the cache are
@@ -487,7 +673,9 @@ def compress_layers(plan: BuildPlan, cache: Cache, comp: Compression, reporter: 
     return made
 
 
-def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path, diff_id: str) -> tuple[dict[str, Any], bool]:
+def _compress_layer(
+    cache: Cache, lay: Layer, comp: Compression, work: Path, diff_id: str
+) -> tuple[dict[str, Any], bool]:
     """The cached layer's blob of ``comp``: found (made meanwhile by another process) or made
     now from its tar, checked against its ``diff_id`` as it is read, under the layer's lock; and
     whether it was made here."""
@@ -498,19 +686,38 @@ def _compress_layer(cache: Cache, lay: Layer, comp: Compression, work: Path, dif
         work.mkdir(parents=True, exist_ok=True)
         tmp = work / f"{lay.group}.tar{comp.suffix}"
         digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp, want=diff_id)
-        return _store_blob(cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}), True
+        return _store_blob(
+            cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}
+        ), True
 
 
 # --- the steps ------------------------------------------------------------------------------------
+
 
 class Layers:
     """The plan's layers on their way to tar files: found in the cache or made here, each with a
     future that the importer waits on."""
 
-    def __init__(self, plan: BuildPlan, cache: Cache, work: Path, reporter: Reporter, *, no_cache: bool,
-                 comp: Compression = Compression("none"), clock: Clock | None = None,
-                 cache_comp: Compression | None = None, spec_dir: Path | None = None) -> None:
-        self.plan, self.cache, self.work, self.reporter, self.comp = plan, cache, work, reporter, comp
+    def __init__(
+        self,
+        plan: BuildPlan,
+        cache: Cache,
+        work: Path,
+        reporter: Reporter,
+        *,
+        no_cache: bool,
+        comp: Compression = Compression("none"),
+        clock: Clock | None = None,
+        cache_comp: Compression | None = None,
+        spec_dir: Path | None = None,
+    ) -> None:
+        self.plan, self.cache, self.work, self.reporter, self.comp = (
+            plan,
+            cache,
+            work,
+            reporter,
+            comp,
+        )
         self.spec_dir = spec_dir  # where the files the spec names are (``BuildOptions.spec_dir``)
         # the compression of the registry cache's entries (``--cache-from``): the one asked for,
         # also where this build keeps its layers uncompressed (``compress_now``)
@@ -533,24 +740,39 @@ class Layers:
                 self._done(lay, {**meta, "cached": True, "source": "local"})
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
-        self.paths: dict[str, Path] = {}  # wheel sha256 -> file in the cache (or a local mirror's: ``in_place``)
-        self.in_place: dict[str, Identity] = {}  # sha256 -> identity of a local mirror's file read where it is
+        self.paths: dict[
+            str, Path
+        ] = {}  # wheel sha256 -> file in the cache (or a local mirror's: ``in_place``)
+        self.in_place: dict[
+            str, Identity
+        ] = {}  # sha256 -> identity of a local mirror's file read where it is
         self._guard = threading.Lock()  # registry fetches finish on threads
         self.compiler: tuple[str, str] | None = None  # (python, cache tag) that compiles the .pyc
-        self.tree_root: Path | None = None  # where wheel layers are also made as files (``tree_for``)
+        self.tree_root: Path | None = (
+            None  # where wheel layers are also made as files (``tree_for``)
+        )
         self.trees: dict[str, Path] = {}
-        self.pipes = False  # the layers made here go to the store's stagers through FIFOs (``pipe_for``)
+        self.pipes = (
+            False  # the layers made here go to the store's stagers through FIFOs (``pipe_for``)
+        )
         # the layers streamed from the registry cache into the store's stagers (``regcache.stream_layers``),
         # by key: each future ends with its stream (an exception: the layer is made here after all)
         self.streams: dict[str, Future[bool]] = {}
 
     def path(self, lay: Layer) -> Path:
-        return self.work / "envspec-layer.tar" if lay.group == "envspec" else self.cache.layer_tar(lay.key)
+        return (
+            self.work / "envspec-layer.tar"
+            if lay.group == "envspec"
+            else self.cache.layer_tar(lay.key)
+        )
 
     def layout_path(self, lay: Layer) -> Path | None:
         """The layer's tar for the image's OCI layout; None for one streamed into the store alone
         (the layout then lacks its blob: it is for the store only, ``_streams``)."""
-        if lay.key in self.streams and self.metas.get(lay.key, {}).get("source") in ("registry", "store"):
+        if lay.key in self.streams and self.metas.get(lay.key, {}).get("source") in (
+            "registry",
+            "store",
+        ):
             return None
         return self.path(lay)
 
@@ -593,7 +815,9 @@ class Layers:
         for lay in self.plan.layers:
             if lay.key in self.to_compress:
                 meta = self.metas[lay.key]
-                meta["blob"], _ = _compress_layer(self.cache, lay, self.comp, self.work, meta["diff_id"])
+                meta["blob"], _ = _compress_layer(
+                    self.cache, lay, self.comp, self.work, meta["diff_id"]
+                )
                 self.checked.add(lay.key)  # its tar was checked as it was compressed
         self.to_compress.clear()
 
@@ -609,25 +833,40 @@ class Layers:
                 continue
             blob = meta.get("blob")
             path = self.blob_path(lay)
-            todo.append((lay, path, blob["digest"] if blob and path != self.path(lay) else meta["diff_id"]))
+            todo.append(
+                (lay, path, blob["digest"] if blob and path != self.path(lay) else meta["diff_id"])
+            )
 
         def one(item: tuple[Layer, Path, str]) -> None:
             lay, path, want = item
             with open(path, "rb") as f:
                 have = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
             if have != want:
-                raise DamagedEntry(f"the cached layer file {path} is not {want} ({have})", step="check cached layers",
-                                   paths=(self.cache.layer_tar(lay.key),), hint="it changed on disk; build again")
+                raise DamagedEntry(
+                    f"the cached layer file {path} is not {want} ({have})",
+                    step="check cached layers",
+                    paths=(self.cache.layer_tar(lay.key),),
+                    hint="it changed on disk; build again",
+                )
 
         with ThreadPoolExecutor(max_workers=2) as ex:  # hashlib frees the GIL
             list(ex.map(one, todo))
 
-    def took(self, lay: Layer, meta: dict[str, Any], start: float, *,
-             detail: tuple[tuple[str, float], ...] = (), kept: bool = True) -> None:
+    def took(
+        self,
+        lay: Layer,
+        meta: dict[str, Any],
+        start: float,
+        *,
+        detail: tuple[tuple[str, float], ...] = (),
+        kept: bool = True,
+    ) -> None:
         """The layer ``lay`` taken from a registry layer cache instead of being made, since
         ``start``: done. ``kept``: put into the local cache (``store_fetched``), and compressed
         later where it lacks this build's blob; else streamed into the store alone (``streams``)."""
-        if self.comp.name == "none":  # the blob is kept in the cache for a later push; this image has the tar
+        if (
+            self.comp.name == "none"
+        ):  # the blob is kept in the cache for a later push; this image has the tar
             meta.pop("blob", None)
         self.clock.add(f"cache fetch {lay.group}", start, time.monotonic(), detail)
         if kept and "blob" not in meta and self.comp.name != "none":
@@ -642,13 +881,20 @@ class Layers:
     def tree_for(self, lay: Layer) -> Path | None:
         """Where a wheel layer's maker also makes its files, for a staged import into the store
         (``tree_root``: the store's staging area; importer.py); None where there is none."""
-        if self.tree_root is None or not lay.wheels or lay not in self.todo or lay.key in self.streams:
+        if (
+            self.tree_root is None
+            or not lay.wheels
+            or lay not in self.todo
+            or lay.key in self.streams
+        ):
             return None
         if lay.group in UNTARRED_GROUPS and os.environ.get("ENVSPEC_LAYER_TREES") != "all":
             return None
         if lay.key not in self.trees:
             self.tree_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self.trees[lay.key] = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{lay.group}-", dir=self.tree_root))
+            self.trees[lay.key] = Path(
+                tempfile.mkdtemp(prefix=f"{os.getpid()}-{lay.group}-", dir=self.tree_root)
+            )
         return self.trees[lay.key]
 
     def pipe_for(self, lay: Layer) -> Path | None:
@@ -658,7 +904,9 @@ class Layers:
         None where the import does not stage (``pipes``), or the layer is not made here."""
         if not (self.pipes or lay.key in self.streams) or lay not in self.todo:
             return None
-        if lay.key in self.streams and self.streams[lay.key].done():  # a stream that failed: made, and untarred from its file
+        if (
+            lay.key in self.streams and self.streams[lay.key].done()
+        ):  # a stream that failed: made, and untarred from its file
             return None
         fifo = self.work / f"{lay.group}.tar.fifo"
         if not fifo.exists():
@@ -668,10 +916,18 @@ class Layers:
 
     def files(self) -> list[LayerFile]:
         todo = {lay.key for lay in self.todo}
-        return [LayerFile(lay.group, self.path(lay), self.futures[lay.key],
-                          writing=self.writing_path(lay) if lay.key in todo else None, tree=self.tree_for(lay),
-                          pipe=self.pipe_for(lay), streamed=self.streams.get(lay.key))
-                for lay in self.plan.layers]
+        return [
+            LayerFile(
+                lay.group,
+                self.path(lay),
+                self.futures[lay.key],
+                writing=self.writing_path(lay) if lay.key in todo else None,
+                tree=self.tree_for(lay),
+                pipe=self.pipe_for(lay),
+                streamed=self.streams.get(lay.key),
+            )
+            for lay in self.plan.layers
+        ]
 
     def made(self) -> tuple[LayerInfo, ...]:
         return tuple(_info(lay, self.metas[lay.key]) for lay in self.plan.layers)
@@ -703,8 +959,10 @@ class Layers:
         r = self.reporter
         fetcher = WheelFetcher(self.cache, mirrors, on_damaged=r.warning)
         self.paths = fetcher.fetch_all(
-            need, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
-            on_done=lambda p, path: r.fetched(p.name, p.filename, path))
+            need,
+            on_start=lambda p: r.fetching(p.name, p.filename, p.size),
+            on_done=lambda p, path: r.fetched(p.name, p.filename, path),
+        )
         self.in_place = fetcher.in_place  # the local mirrors' files read where they are, by sha256
 
     def build_sources(self, mirrors: Sequence[Mirror], *, parallel: int = 1, jobs: int = 0) -> None:
@@ -718,13 +976,22 @@ class Layers:
         r = self.reporter
         # the build inputs of the wheels to build, not of those in the cache (a CUDA extension's are
         # torch and its NVIDIA wheels: gigabytes to fetch and hash)
-        inputs = [b for w in lay.wheels if w.source is not None
-                  and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root) is None
-                  for b in (*w.source.build, *w.source.toolkit)]
+        inputs = [
+            b
+            for w in lay.wheels
+            if w.source is not None
+            and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root)
+            is None
+            for b in (*w.source.build, *w.source.toolkit)
+        ]
         files = dict(self.paths)
-        files.update(WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
-            inputs, on_start=lambda p: r.fetching(p.name, p.filename, p.size),
-            on_done=lambda p, path: r.fetched(p.name, p.filename, path)))
+        files.update(
+            WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
+                inputs,
+                on_start=lambda p: r.fetching(p.name, p.filename, p.size),
+                on_done=lambda p, path: r.fetched(p.name, p.filename, path),
+            )
+        )
         scratch: list[Path] = []
 
         def sandbox() -> sdist.Sandbox:
@@ -734,16 +1001,28 @@ class Layers:
             with self.clock.span("source sandbox"):
                 rootfs = self._rootfs(base.debs, where / "sandbox-rootfs")
             if rootfs is None:
-                raise BuildError("a wheel built from its sdist needs the lock's Debian base, and it has none",
-                                 step="build from source", hint="lock with a Debian base ([system].base)")
+                raise BuildError(
+                    "a wheel built from its sdist needs the lock's Debian base, and it has none",
+                    step="build from source",
+                    hint="lock with a Debian base ([system].base)",
+                )
             return sdist.Sandbox(rootfs, f"/usr/bin/python{self.plan.platform.python}")
 
         try:
             built = sdist.build_all(
-                self.plan.lock, lay.wheels, files, self.cache.root, sandbox=sandbox, parallel=parallel, jobs=jobs,
+                self.plan.lock,
+                lay.wheels,
+                files,
+                self.cache.root,
+                sandbox=sandbox,
+                parallel=parallel,
+                jobs=jobs,
                 on_start=lambda w: r.source_building(w.name, w.version),
-                on_done=lambda w, path, secs, cached: r.source_built(w.name, w.version, path.name, secs, cached),
-                on_progress=lambda w, step: r.source_progress(w.name, w.version, step))
+                on_done=lambda w, path, secs, cached: r.source_built(
+                    w.name, w.version, path.name, secs, cached
+                ),
+                on_progress=lambda w, step: r.source_progress(w.name, w.version, step),
+            )
         finally:
             for d in scratch:
                 shutil.rmtree(d if d.parent == self.work else d.parent, ignore_errors=True)
@@ -755,8 +1034,12 @@ class Layers:
         fork server (not forked from this process, whose other threads are running)."""
         todo = [lay for lay in self.todo if lay.wheels]
         if len(todo) > 1:  # one layer to make (a team change) reads no central directory
-            cost = {lay.key: layer_makers.estimated_cost([self.paths[w.sha256] for w in lay.wheels],
-                                                         bytecode=self.compiler is not None) for lay in todo}
+            cost = {
+                lay.key: layer_makers.estimated_cost(
+                    [self.paths[w.sha256] for w in lay.wheels], bytecode=self.compiler is not None
+                )
+                for lay in todo
+            }
             todo.sort(key=lambda lay: -cost[lay.key])
         return WheelMakers(self, todo, workers, fork=fork)
 
@@ -773,11 +1056,19 @@ class Layers:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
                 out = self.writing_path(base)
                 with self.clock.span("layer base"):
-                    made = layer_makers.make_base_layer(self.plan, rootfs, out, self._comp(), self.compiler,
-                                                        pipe=self.pipe_for(base))
+                    made = layer_makers.make_base_layer(
+                        self.plan,
+                        rootfs,
+                        out,
+                        self._comp(),
+                        self.compiler,
+                        pipe=self.pipe_for(base),
+                    )
                 return _store_layer(self.cache, base, out, made, self.comp)
             finally:
-                shutil.rmtree(scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True)
+                shutil.rmtree(
+                    scratch if scratch != self.work else scratch / "rootfs", ignore_errors=True
+                )
 
         self._make(base, make)
 
@@ -788,23 +1079,37 @@ class Layers:
         # configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
         # the lock's canonical archive
         extra = os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")
-        mirrors = debian.mirror_list((lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
-                                     mirrors=[extra] if extra else [])
+        mirrors = debian.mirror_list(
+            (lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
+            mirrors=[extra] if extra else [],
+        )
         with self.clock.span("debs"):
-            paths = debian.fetch_debs(list(debs), mirrors=mirrors, cache_dir=self.cache.root / "debs",
-                                      reporter=_DebEvents(self.reporter))
+            paths = debian.fetch_debs(
+                list(debs),
+                mirrors=mirrors,
+                cache_dir=self.cache.root / "debs",
+                reporter=_DebEvents(self.reporter),
+            )
         with self.clock.span("rootfs"):
-            debian.make_rootfs(list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid)
+            debian.make_rootfs(
+                list(debs), paths, dest, user=lock.runtime.user, uid=lock.runtime.uid
+            )
         return dest
 
     def finish(self, pending: "WheelMakers") -> None:
         for lay, out, fut in pending.jobs:
-            def done(lay: Layer = lay, out: Path = out, fut: Future[dict[str, Any]] = fut) -> dict[str, Any]:
+
+            def done(
+                lay: Layer = lay, out: Path = out, fut: Future[dict[str, Any]] = fut
+            ) -> dict[str, Any]:
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
-                    raise BuildError(f"installing the {lay.group} layer's wheels failed: {e}", step=f"layer {lay.group}",
-                                     hint="the wheel may be broken or not for this platform; re-lock") from e
+                    raise BuildError(
+                        f"installing the {lay.group} layer's wheels failed: {e}",
+                        step=f"layer {lay.group}",
+                        hint="the wheel may be broken or not for this platform; re-lock",
+                    ) from e
                 start, end = res.pop("ran")
                 res.pop("nice")
                 self.clock.add(f"layer {lay.group}", start, end)
@@ -823,15 +1128,25 @@ class Layers:
         def make() -> dict[str, Any]:
             out = self.work / "envspec.tar"
             with self.clock.span("layer envspec"):
-                res = layer_makers.make_envspec_layer(self.plan, make_sbom(self.plan), out, verify_dir=verify_dir,
-                                                      service_files=render_service_files(self.plan.lock, spec_dir=self.spec_dir),
-                                                      compression=self._comp(), compiler=self.compiler)
+                res = layer_makers.make_envspec_layer(
+                    self.plan,
+                    make_sbom(self.plan),
+                    out,
+                    verify_dir=verify_dir,
+                    service_files=render_service_files(self.plan.lock, spec_dir=self.spec_dir),
+                    compression=self._comp(),
+                    compiler=self.compiler,
+                )
             os.replace(out, self.path(top))
             meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
             if "blob" in res:
                 os.replace(res["blob"]["path"], self.blob_path(top))
-                meta["blob"] = {"digest": res["blob"]["digest"], "size": res["blob"]["size"], "compressor": self.comp.id,
-                                "media_type": self.comp.media_type}
+                meta["blob"] = {
+                    "digest": res["blob"]["digest"],
+                    "size": res["blob"]["size"],
+                    "compressor": self.comp.id,
+                    "media_type": self.comp.media_type,
+                }
             return meta
 
         self._make(top, make)
@@ -844,33 +1159,54 @@ class WheelMakers:
     that on a machine with fewer cores than work the layer that ends the build gets the CPU first
     and the others fill what it leaves (docs/build.md, "Which maker goes first")."""
 
-    def __init__(self, layers: Layers, todo: list[Layer], workers: int, *, fork: bool = True) -> None:
+    def __init__(
+        self, layers: Layers, todo: list[Layer], workers: int, *, fork: bool = True
+    ) -> None:
         self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
         self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
         first = os.getpriority(os.PRIO_PROCESS, 0) + int(os.environ.get("ENVSPEC_MAKER_NICE", "0"))
         others = int(os.environ.get("ENVSPEC_MAKER_NICE_OTHERS", "10"))
-        self.niceness = {lay.key: min(19, first + (others if i else 0)) for i, lay in enumerate(todo)}
+        self.niceness = {
+            lay.key: min(19, first + (others if i else 0)) for i, lay in enumerate(todo)
+        }
 
     def __enter__(self) -> "WheelMakers":
         if not self.todo:
             return self
-        self.pool = ProcessPoolExecutor(max_workers=max(1, min(self.workers, len(self.todo))),
-                                        mp_context=None if self.fork else multiprocessing.get_context("forkserver"),
-                                        initializer=die_with_parent)
+        self.pool = ProcessPoolExecutor(
+            max_workers=max(1, min(self.workers, len(self.todo))),
+            mp_context=None if self.fork else multiprocessing.get_context("forkserver"),
+            initializer=die_with_parent,
+        )
         platform_json = self.layers.plan.platform.model_dump_json()
         for lay in self.todo:
             self.layers.reporter.layer_started(lay.group, len(lay.wheels), False)
             out = self.layers.writing_path(lay)
             # a wheel built from its sdist goes in under its own file name (``build_sources``)
             # one read where it is (a local mirror's) goes with its identity: its maker checks it is unchanged
-            files = [(self.layers.paths[w.sha256].name if w.built else w.filename, str(self.layers.paths[w.sha256]),
-                      self.layers.in_place.get(w.sha256)) for w in lay.wheels]
+            files = [
+                (
+                    self.layers.paths[w.sha256].name if w.built else w.filename,
+                    str(self.layers.paths[w.sha256]),
+                    self.layers.in_place.get(w.sha256),
+                )
+                for w in lay.wheels
+            ]
             tree = self.layers.tree_for(lay)
             pipe = self.layers.pipe_for(lay)
-            job = (files, platform_json, str(out), self.layers.comp.name, self.layers.compiler,
-                   str(tree) if tree is not None else None, str(pipe) if pipe is not None else None)
-            self.jobs.append((lay, out, self.pool.submit(_timed_wheel_job, job, self.niceness[lay.key])))
+            job = (
+                files,
+                platform_json,
+                str(out),
+                self.layers.comp.name,
+                self.layers.compiler,
+                str(tree) if tree is not None else None,
+                str(pipe) if pipe is not None else None,
+            )
+            self.jobs.append(
+                (lay, out, self.pool.submit(_timed_wheel_job, job, self.niceness[lay.key]))
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -884,7 +1220,9 @@ class Image:
     digest: str  # the manifest's
     config: bytes
     manifest: bytes
-    compressed: "Image | None" = None  # the same image with compressed layers (for pushes and outputs)
+    compressed: "Image | None" = (
+        None  # the same image with compressed layers (for pushes and outputs)
+    )
 
     @property
     def dist(self) -> "Image":
@@ -892,49 +1230,106 @@ class Image:
         return self.compressed or self
 
 
-def write_image(layout: Path, plan: BuildPlan, layers: Sequence[LayerInfo], paths: Sequence[Path | None], *,
-                comp: Compression = Compression("none"), blobs: Sequence[Path] = ()) -> Image:
+def write_image(
+    layout: Path,
+    plan: BuildPlan,
+    layers: Sequence[LayerInfo],
+    paths: Sequence[Path | None],
+    *,
+    comp: Compression = Compression("none"),
+    blobs: Sequence[Path] = (),
+) -> Image:
     """The OCI layout of the plan's image from its made layers (``paths``: their tar files), and
     with a compression a second layout ``<layout>-<name>`` whose layers are the compressed
     ``blobs``. The config is the same in both (diff_ids); the manifests differ."""
     debs = {d.name for d in plan.debs}
     rt = plan.lock.runtime
-    entrypoint = ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE]) if debs else []
+    entrypoint = (
+        ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE])
+        if debs
+        else []
+    )
     user = rt.user if debs else f"{rt.uid}:{rt.uid}"  # no passwd file without Debian packages
 
     def one(dest: Path, layer_blobs: list[LayerBlob]) -> Image:
-        digest, _size, config = write_layout(dest, plan, layer_blobs, entrypoint=entrypoint, cmd=[], user=user,
-                                             ref_name=plan.lock.short_hash or "latest")
-        return Image(layout=dest, digest=digest, config=config,
-                     manifest=(dest / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes())
+        digest, _size, config = write_layout(
+            dest,
+            plan,
+            layer_blobs,
+            entrypoint=entrypoint,
+            cmd=[],
+            user=user,
+            ref_name=plan.lock.short_hash or "latest",
+        )
+        return Image(
+            layout=dest,
+            digest=digest,
+            config=config,
+            manifest=(dest / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(),
+        )
 
     def desc(lay: Layer) -> str:
         return f"{len(lay.pins)} pins" if lay.pins else ""
 
-    plain = one(layout, [LayerBlob(group=info.group, key=info.key, path=path, digest=info.diff_id,
-                                   size=info.diff_size or info.size, description=desc(lay))
-                         for lay, info, path in zip(plan.layers, layers, paths)])
+    plain = one(
+        layout,
+        [
+            LayerBlob(
+                group=info.group,
+                key=info.key,
+                path=path,
+                digest=info.diff_id,
+                size=info.diff_size or info.size,
+                description=desc(lay),
+            )
+            for lay, info, path in zip(plan.layers, layers, paths)
+        ],
+    )
     if comp.name == "none":
         return plain
-    packed = one(layout.with_name(f"{layout.name}-{comp.name}"),
-                 [LayerBlob(group=info.group, key=info.key, path=blob, digest=info.digest, size=info.size,
-                            description=desc(lay), diff_id=info.diff_id, media_type=comp.media_type)
-                  for lay, info, blob in zip(plan.layers, layers, blobs)])
-    return Image(layout=plain.layout, digest=plain.digest, config=plain.config, manifest=plain.manifest,
-                 compressed=packed)
+    packed = one(
+        layout.with_name(f"{layout.name}-{comp.name}"),
+        [
+            LayerBlob(
+                group=info.group,
+                key=info.key,
+                path=blob,
+                digest=info.digest,
+                size=info.size,
+                description=desc(lay),
+                diff_id=info.diff_id,
+                media_type=comp.media_type,
+            )
+            for lay, info, blob in zip(plan.layers, layers, blobs)
+        ],
+    )
+    return Image(
+        layout=plain.layout,
+        digest=plain.digest,
+        config=plain.config,
+        manifest=plain.manifest,
+        compressed=packed,
+    )
 
 
 def docker_archive_named(dest: str, tag: str) -> str:
     """``docker-archive:FILE`` names no image, and ``docker load`` of it gives an image with no
     name (only its ID): name it ``tag`` (the lock's, ``localhost/envspec/<name>:<hash>``), so
     ``envspec run --engine docker LOCK`` finds it after the load. ``docker-archive:FILE:REF`` stays."""
-    if not dest.startswith("docker-archive:") or not tag or ":" in dest[len("docker-archive:"):]:
+    if not dest.startswith("docker-archive:") or not tag or ":" in dest[len("docker-archive:") :]:
         return dest
     return f"{dest}:{tag}"
 
 
-def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Reporter, *,
-            export: bool = True, tag: str = "") -> tuple[tuple[str, ...], tuple[str, ...]]:
+def deliver(
+    engine: Engine,
+    image: Image,
+    options: BuildOptions,
+    reporter: Reporter,
+    *,
+    export: bool = True,
+    tag: str = "",
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The image to ``options.outputs`` and ``options.push``: (outputs written, references pushed).
     ``tag``: the name a docker-archive carries when its destination gives none. OCI outputs and
     pushes carry the compressed layers (``image.dist``); a docker archive the tars, as docker
@@ -960,7 +1355,10 @@ def deliver(engine: Engine, image: Image, options: BuildOptions, reporter: Repor
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def _bytecode_compiler(plan: BuildPlan, reporter: Reporter) -> tuple[BuildPlan, tuple[str, str] | None]:
+
+def _bytecode_compiler(
+    plan: BuildPlan, reporter: Reporter
+) -> tuple[BuildPlan, tuple[str, str] | None]:
     """The interpreter that compiles the layers' .pyc (``bytecode.find_compiler``): the wheels',
     the Debian standard library's and the verifier's; or the plan re-keyed without .pyc (and a
     warning) where this host has none of the image's version."""
@@ -969,17 +1367,26 @@ def _bytecode_compiler(plan: BuildPlan, reporter: Reporter) -> tuple[BuildPlan, 
     choice = find_compiler(plan.platform)
     if choice.python:
         return plan, (choice.python, choice.cache_tag)
-    reporter.warning(f"no .pyc in the image: {choice.reason}; Python will compile each module in memory at "
-                     f"every start (install python{plan.platform.python} {plan.platform.python_full} to get them)")
+    reporter.warning(
+        f"no .pyc in the image: {choice.reason}; Python will compile each module in memory at "
+        f"every start (install python{plan.platform.python} {plan.platform.python_full} to get them)"
+    )
     return make_plan(plan.lock, bytecode=False), None
 
 
 def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
     blob = meta.get("blob")
-    return LayerInfo(digest=blob["digest"] if blob else meta["diff_id"], diff_id=meta["diff_id"],
-                     size=blob["size"] if blob else meta["size"], group=lay.group, cached=bool(meta["cached"]),
-                     key=lay.key, diff_size=meta["size"], media_type=blob["media_type"] if blob else MT_LAYER,
-                     source=str(meta.get("source") or ("local" if meta["cached"] else "made")))
+    return LayerInfo(
+        digest=blob["digest"] if blob else meta["diff_id"],
+        diff_id=meta["diff_id"],
+        size=blob["size"] if blob else meta["size"],
+        group=lay.group,
+        cached=bool(meta["cached"]),
+        key=lay.key,
+        diff_size=meta["size"],
+        media_type=blob["media_type"] if blob else MT_LAYER,
+        source=str(meta.get("source") or ("local" if meta["cached"] else "made")),
+    )
 
 
 class _DebEvents(debian.DebianReporter):
@@ -1010,7 +1417,9 @@ def _timed_wheel_job(args: tuple, niceness: int) -> dict[str, Any]:
     """``layers.wheel_layer_job`` in a worker at ``niceness``, with when it ran (``time.monotonic``
     is one clock for every process of the machine) and the niceness it ran at."""
     with contextlib.suppress(OSError):  # lowering it back needs CAP_SYS_NICE: then it runs as set
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)  # this thread; the threads and processes it starts inherit it
+        os.setpriority(
+            os.PRIO_PROCESS, 0, niceness
+        )  # this thread; the threads and processes it starts inherit it
     start = time.monotonic()
     res = layer_makers.wheel_layer_job(args)
     return {**res, "ran": (start, time.monotonic()), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
@@ -1033,17 +1442,27 @@ def _cached_blob(cache: Cache, lay: Layer, comp: Compression) -> dict[str, Any] 
         return None
     try:
         meta: dict[str, Any] = json.loads(cache.layer_blob_meta(lay.key, comp.id).read_text())
-        if meta["compressor"] == comp.id and cache.layer_blob(lay.key, comp.id, comp.suffix).stat().st_size == meta["size"]:
+        if (
+            meta["compressor"] == comp.id
+            and cache.layer_blob(lay.key, comp.id, comp.suffix).stat().st_size == meta["size"]
+        ):
             return meta
     except (OSError, ValueError, KeyError):
         pass
     return None
 
 
-def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any]) -> dict[str, Any]:
+def _store_blob(
+    cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any]
+) -> dict[str, Any]:
     """Move a layer's compressed blob into the cache beside its tar; its meta last."""
-    meta = {"key": lay.key, "compressor": comp.id, "media_type": comp.media_type, "digest": blob["digest"],
-            "size": blob["size"]}
+    meta = {
+        "key": lay.key,
+        "compressor": comp.id,
+        "media_type": comp.media_type,
+        "digest": blob["digest"],
+        "size": blob["size"],
+    }
     tmp = Path(blob["path"])
     admit(tmp, cache.layer_blob(lay.key, comp.id, comp.suffix))
     tmp_meta = tmp.with_name(tmp.name + ".json")
@@ -1055,7 +1474,9 @@ def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any
 def check_abi_at_hand(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror]) -> list[str]:
     """The lock's compiled packages against its torch with the wheels at hand (``abi.check_at_hand``):
     raises ``AbiMismatch`` (exit 2); returns the names of the wheels it could not read."""
-    return abi.check_at_hand(lock, cache, mirrors, lock_name=f"the lock of {lock.meta.name}").unchecked
+    return abi.check_at_hand(
+        lock, cache, mirrors, lock_name=f"the lock of {lock.meta.name}"
+    ).unchecked
 
 
 def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter: Reporter) -> None:
@@ -1064,13 +1485,18 @@ def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter:
     fetcher = WheelFetcher(cache, mirrors, on_damaged=reporter.warning)
 
     def fetch(pins: list[Wheel]) -> dict[str, Path]:
-        return fetcher.fetch_all(pins, on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
-                                 on_done=lambda p, path: reporter.fetched(p.name, p.filename, path))
+        return fetcher.fetch_all(
+            pins,
+            on_start=lambda p: reporter.fetching(p.name, p.filename, p.size),
+            on_done=lambda p, path: reporter.fetched(p.name, p.filename, path),
+        )
 
     abi.check_lock(lock, cache.root / "abi", fetch, lock_name=f"the lock of {lock.meta.name}")
 
 
-def _in_thread(name: str, clock: Clock | None, phase: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+def _in_thread(
+    name: str, clock: Clock | None, phase: str, fn: Callable[..., Any], *args: Any
+) -> Future[Any]:
     """``fn(*args)`` on a thread of its own (timed as ``phase`` on ``clock`` where given); its
     result or exception in the future."""
     fut: Future[Any] = Future()
@@ -1092,9 +1518,11 @@ def _in_thread(name: str, clock: Clock | None, phase: str, fn: Callable[..., Any
 def registry_stage(options: BuildOptions) -> RegistrySide:
     """The registry stage of a build that pushes or uses a registry layer cache."""
     if options.registry is None:
-        raise UsageError("a push or a registry layer cache without the registry stage",
-                         hint="pass BuildOptions(registry=envspec.registry.Registry(...))",
-                         reference="registry-stage-missing")
+        raise UsageError(
+            "a push or a registry layer cache without the registry stage",
+            hint="pass BuildOptions(registry=envspec.registry.Registry(...))",
+            reference="registry-stage-missing",
+        )
     return options.registry
 
 
@@ -1120,8 +1548,14 @@ def _registry_cache(engine: Engine, options: BuildOptions) -> LayerCache | None:
     return registry_stage(options).layer_cache(engine, options.cache_from, options.cache_to)
 
 
-def store_fetched(cache: Cache, lay: Layer, tar: Path, meta: dict[str, Any], comp: Compression,
-                  blob: dict[str, Any] | None) -> dict[str, Any]:
+def store_fetched(
+    cache: Cache,
+    lay: Layer,
+    tar: Path,
+    meta: dict[str, Any],
+    comp: Compression,
+    blob: dict[str, Any] | None,
+) -> dict[str, Any]:
     """A layer fetched from the registry cache and checked (``registry.regcache.unpack``) into the
     local cache as a made one goes there: the tar, its record ``meta`` last; ``blob`` (digest,
     size, path) too where it is this build's compressor's (else ``compress_cached`` makes this
@@ -1136,13 +1570,25 @@ def store_fetched(cache: Cache, lay: Layer, tar: Path, meta: dict[str, Any], com
     return meta
 
 
-def _store_layer(cache: Cache, lay: Layer, tmp_tar: Path, result: dict[str, Any],
-                 comp: Compression = Compression("none")) -> dict[str, Any]:
+def _store_layer(
+    cache: Cache,
+    lay: Layer,
+    tmp_tar: Path,
+    result: dict[str, Any],
+    comp: Compression = Compression("none"),
+) -> dict[str, Any]:
     pins: Sequence[Wheel | DebPin] = lay.pins
-    meta = {"key": lay.key, "group": lay.group, "maker": MAKER_VERSIONS[lay.group], "diff_id": result["diff_id"],
-            "size": result["size"], "entries": result["entries"],
-            "pins": [f"{p.name}=={p.version}" for p in pins], "duplicates": result.get("duplicates", []),
-            "pyc": result.get("pyc", {"files": 0, "bytes": 0})}
+    meta = {
+        "key": lay.key,
+        "group": lay.group,
+        "maker": MAKER_VERSIONS[lay.group],
+        "diff_id": result["diff_id"],
+        "size": result["size"],
+        "entries": result["entries"],
+        "pins": [f"{p.name}=={p.version}" for p in pins],
+        "duplicates": result.get("duplicates", []),
+        "pyc": result.get("pyc", {"files": 0, "bytes": 0}),
+    }
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         admit(tmp_tar, cache.layer_tar(lay.key))
         tmp_meta = tmp_tar.with_suffix(".json")
@@ -1182,6 +1628,6 @@ def _clean_stale_scratch() -> None:
     except OSError:
         return
     for d in entries:
-        pid = d.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        pid = d.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)

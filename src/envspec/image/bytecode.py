@@ -135,9 +135,15 @@ class CompilerChoice:
 
 def _probe(python: str) -> tuple[str, str, str] | None:
     if python == sys.executable:  # this interpreter: asked here, not in a process of its own
-        return sys.implementation.name, "%d.%d.%d" % sys.version_info[:3], sys.implementation.cache_tag or ""
+        return (
+            sys.implementation.name,
+            "%d.%d.%d" % sys.version_info[:3],
+            sys.implementation.cache_tag or "",
+        )
     try:
-        res = subprocess.run([python, "-I", "-S", "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=20)
+        res = subprocess.run(
+            [python, "-I", "-S", "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     parts = res.stdout.split()
@@ -149,9 +155,16 @@ def find_compiler(platform: Platform) -> CompilerChoice:
     ``python{X.Y}`` on PATH, in /usr/bin, in /usr/local/bin."""
     want = platform.python_full
     if not want:
-        return CompilerChoice("", reason="the lock's [platform].python_full is empty (the image's exact Python is unknown)")
-    candidates = [sys.executable, shutil.which(f"python{platform.python}") or "",
-                  f"/usr/bin/python{platform.python}", f"/usr/local/bin/python{platform.python}"]
+        return CompilerChoice(
+            "",
+            reason="the lock's [platform].python_full is empty (the image's exact Python is unknown)",
+        )
+    candidates = [
+        sys.executable,
+        shutil.which(f"python{platform.python}") or "",
+        f"/usr/bin/python{platform.python}",
+        f"/usr/local/bin/python{platform.python}",
+    ]
     seen: set[str] = set()
     found: list[str] = []
     for c in candidates:
@@ -164,15 +177,22 @@ def find_compiler(platform: Platform) -> CompilerChoice:
         found.append(f"{c} ({got[1]})")
         if got[0] == "cpython" and got[1] == want:
             return CompilerChoice(c, version=got[1], cache_tag=got[2])
-    return CompilerChoice("", reason=f"no CPython {want} (the image's) on this host to compile with"
-                                     + (f"; found {', '.join(found)}" if found else ""))
+    return CompilerChoice(
+        "",
+        reason=f"no CPython {want} (the image's) on this host to compile with"
+        + (f"; found {', '.join(found)}" if found else ""),
+    )
 
 
 def pyc_path(py_path: str, cache_tag: str) -> str:
     """``a/b/mod.py`` -> ``a/b/__pycache__/mod.cpython-311.pyc`` (importlib's rule, opt level 0)."""
     head, _, name = py_path.rpartition("/")
     stem = name[:-3]
-    return f"{head}/__pycache__/{stem}.{cache_tag}.pyc" if head else f"__pycache__/{stem}.{cache_tag}.pyc"
+    return (
+        f"{head}/__pycache__/{stem}.{cache_tag}.pyc"
+        if head
+        else f"__pycache__/{stem}.{cache_tag}.pyc"
+    )
 
 
 class Compiler:
@@ -193,10 +213,18 @@ class Compiler:
         self.failed = 0
 
     def __enter__(self) -> "Compiler":
-        env = {"PYTHONHASHSEED": "0", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+        env = {
+            "PYTHONHASHSEED": "0",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LC_ALL": "C.UTF-8",
+        }
         for _ in range(self.children):
-            proc = subprocess.Popen([self.python, "-I", "-S", "-c", _SERVER], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=env)
+            proc = subprocess.Popen(
+                [self.python, "-I", "-S", "-c", _SERVER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
             answers: queue.Queue[bytes | None] = queue.Queue()
             reader = threading.Thread(target=_read_answers, args=(proc, answers), daemon=True)
             reader.start()

@@ -87,14 +87,20 @@ class Compression:
 
 def compression(name: str) -> Compression:
     if name not in NAMES:
-        raise BuildError(f"unknown compression {name!r}", step="compression",
-                         hint="use --compression zstd, gzip or none")
+        raise BuildError(
+            f"unknown compression {name!r}",
+            step="compression",
+            hint="use --compression zstd, gzip or none",
+        )
     if name == "zstd":
         try:
             import zstandard  # noqa: F401
         except ImportError:
-            raise BuildError("--compression zstd needs the zstandard package", step="compression",
-                             hint="pip install zstandard, or use --compression gzip") from None
+            raise BuildError(
+                "--compression zstd needs the zstandard package",
+                step="compression",
+                hint="pip install zstandard, or use --compression gzip",
+            ) from None
     return Compression(name)
 
 
@@ -147,9 +153,12 @@ class ZstdSink(Sink):
 
         self.path = path
         self.out = _HashedFile(path)
-        cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=threads(), write_checksum=True,
-                                        write_content_size=False)
-        self._w: "zstandard.ZstdCompressionWriter | None" = cctx.stream_writer(self.out, closefd=False)  # type: ignore[arg-type]
+        cctx = zstandard.ZstdCompressor(
+            level=ZSTD_LEVEL, threads=threads(), write_checksum=True, write_content_size=False
+        )
+        self._w: "zstandard.ZstdCompressionWriter | None" = cctx.stream_writer(
+            self.out, closefd=False
+        )  # type: ignore[arg-type]
 
     def write(self, b: bytes | bytearray | memoryview) -> None:
         assert self._w is not None
@@ -179,7 +188,9 @@ class GzipSink(Sink):
     def __init__(self, path: Path) -> None:
         self.path = path
         self.out = _HashedFile(path)
-        self.out.write(struct.pack("<BBBBIBB", 0x1F, 0x8B, 8, 0, 0, 0, 0xFF))  # no name, mtime 0, OS unknown
+        self.out.write(
+            struct.pack("<BBBBIBB", 0x1F, 0x8B, 8, 0, 0, 0, 0xFF)
+        )  # no name, mtime 0, OS unknown
         self._n = threads()
         self._pool = ThreadPoolExecutor(max_workers=self._n, thread_name_prefix="envspec-gzip")
         self._pending: deque[Future[bytes]] = deque()
@@ -191,8 +202,11 @@ class GzipSink(Sink):
 
     @staticmethod
     def _deflate(block: bytes, zdict: bytes, last: bool) -> bytes:
-        c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict) if zdict else \
-            zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY)
+        c = (
+            zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, zdict)
+            if zdict
+            else zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY)
+        )
         return c.compress(block) + c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
 
     def _submit(self, block: bytes, last: bool) -> None:
@@ -240,8 +254,12 @@ def compress_file(src: Path, dest: Path, comp: Compression, want: str = "") -> t
                     h.update(chunk)
                 sink.write(chunk)
         if h is not None and f"sha256:{h.hexdigest()}" != want:
-            raise DamagedEntry(f"the cached layer file {src} is not {want} (sha256:{h.hexdigest()})",
-                               step="compress layer", paths=(src,), hint="it changed on disk; build again")
+            raise DamagedEntry(
+                f"the cached layer file {src} is not {want} (sha256:{h.hexdigest()})",
+                step="compress layer",
+                paths=(src,),
+                hint="it changed on disk; build again",
+            )
         return sink.close()
     except BaseException:
         sink.abort()

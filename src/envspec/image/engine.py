@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import IO, Callable, Protocol, Sequence
 
 from envspec.cache.store import flocked
-from envspec.errors import BuildError, DamagedEntry, HashMismatch, HostError, RegistryError, UsageError
+from envspec.errors import (
+    BuildError,
+    DamagedEntry,
+    HashMismatch,
+    HostError,
+    RegistryError,
+    UsageError,
+)
 from envspec.host import ASK_STORAGE, FROM_BUILDAH, Host, detect_host
 
 log = logging.getLogger("envspec.image.engine")
@@ -86,6 +93,7 @@ def _docker_ref(dest: str) -> str:
 
 # --- registry access: credentials, TLS, and what a failed push means ------------------------------
 
+
 @dataclass(frozen=True)
 class RegistryAccess:
     """How a push reaches its registry, in the containers conventions (containers-auth.json(5),
@@ -101,24 +109,42 @@ class RegistryAccess:
     authfile: str = ""
     cert_dir: str = ""
     tls_verify: bool | None = None
-    authfile_from: str = ""  # where ``authfile`` came from, for messages: "--authfile", "REGISTRY_AUTH_FILE"
+    authfile_from: str = (
+        ""  # where ``authfile`` came from, for messages: "--authfile", "REGISTRY_AUTH_FILE"
+    )
 
 
-def registry_access(authfile: str | None = None, cert_dir: str | None = None, tls_verify: bool | None = None,
-                    env: dict[str, str] | None = None) -> RegistryAccess:
+def registry_access(
+    authfile: str | None = None,
+    cert_dir: str | None = None,
+    tls_verify: bool | None = None,
+    env: dict[str, str] | None = None,
+) -> RegistryAccess:
     """The ``RegistryAccess`` of ``build --push``'s options, checked: an authfile or cert dir that
     is named must exist (skopeo would ignore a missing authfile and fail later with "unauthorized")."""
     env = dict(os.environ) if env is None else env
-    where = "--authfile" if authfile else ("REGISTRY_AUTH_FILE" if env.get("REGISTRY_AUTH_FILE") else "")
+    where = (
+        "--authfile"
+        if authfile
+        else ("REGISTRY_AUTH_FILE" if env.get("REGISTRY_AUTH_FILE") else "")
+    )
     path = authfile or env.get("REGISTRY_AUTH_FILE", "")
     if path and not Path(path).is_file():
-        raise UsageError(f"{where} {path}: no such file", reference="authfile-not-found",
-                         hint="write it with `skopeo login --authfile FILE REGISTRY` (or `podman login`), "
-                              "or leave it out to use ${XDG_RUNTIME_DIR}/containers/auth.json")
+        raise UsageError(
+            f"{where} {path}: no such file",
+            reference="authfile-not-found",
+            hint="write it with `skopeo login --authfile FILE REGISTRY` (or `podman login`), "
+            "or leave it out to use ${XDG_RUNTIME_DIR}/containers/auth.json",
+        )
     if cert_dir and not Path(cert_dir).is_dir():
-        raise UsageError(f"--cert-dir {cert_dir}: no such directory", reference="cert-dir-not-found",
-                         hint="a directory holding the registry's CA certificate as ca.crt (or any *.crt)")
-    return RegistryAccess(authfile=path, cert_dir=cert_dir or "", tls_verify=tls_verify, authfile_from=where)
+        raise UsageError(
+            f"--cert-dir {cert_dir}: no such directory",
+            reference="cert-dir-not-found",
+            hint="a directory holding the registry's CA certificate as ca.crt (or any *.crt)",
+        )
+    return RegistryAccess(
+        authfile=path, cert_dir=cert_dir or "", tls_verify=tls_verify, authfile_from=where
+    )
 
 
 def push_args(access: RegistryAccess, dest: str) -> list[str]:
@@ -142,14 +168,42 @@ def skopeo_registry_args(access: RegistryAccess, ref: str, prefix: str = "") -> 
     return args
 
 
-_AUTH = ("unauthorized", "authentication required", "requested access to the resource is denied", "incorrect username or password",
-         "invalid username/password", "401 unauthorized", "403 forbidden")
-_TLS = ("x509:", "certificate signed by unknown authority", "tls: ", "certificate is not valid",
-        "server gave http response to https client")
-_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is unreachable",
-                "no route to host", "dial tcp", "server misbehaving")
-_CUT = ("broken pipe", "connection reset", "unexpected eof", ": eof", "eof\"", "server closed",
-        "use of closed network connection", "http2: ", "context deadline exceeded")
+_AUTH = (
+    "unauthorized",
+    "authentication required",
+    "requested access to the resource is denied",
+    "incorrect username or password",
+    "invalid username/password",
+    "401 unauthorized",
+    "403 forbidden",
+)
+_TLS = (
+    "x509:",
+    "certificate signed by unknown authority",
+    "tls: ",
+    "certificate is not valid",
+    "server gave http response to https client",
+)
+_UNREACHABLE = (
+    "connection refused",
+    "no such host",
+    "i/o timeout",
+    "network is unreachable",
+    "no route to host",
+    "dial tcp",
+    "server misbehaving",
+)
+_CUT = (
+    "broken pipe",
+    "connection reset",
+    "unexpected eof",
+    ": eof",
+    'eof"',
+    "server closed",
+    "use of closed network connection",
+    "http2: ",
+    "context deadline exceeded",
+)
 
 
 def registry_error(access: RegistryAccess, dest: str, stderr: str) -> RegistryError:
@@ -160,29 +214,54 @@ def registry_error(access: RegistryAccess, dest: str, stderr: str) -> RegistryEr
     registry = dest.removeprefix("docker://").split("/", 1)[0]
     text = stderr.lower()
     tail = "\n".join(ln.strip() for ln in stderr.strip().splitlines()[-5:])
-    creds = (f"{access.authfile} ({access.authfile_from})" if access.authfile
-             else "skopeo's default auth.json (${XDG_RUNTIME_DIR}/containers/auth.json, ~/.docker/config.json)")
+    creds = (
+        f"{access.authfile} ({access.authfile_from})"
+        if access.authfile
+        else "skopeo's default auth.json (${XDG_RUNTIME_DIR}/containers/auth.json, ~/.docker/config.json)"
+    )
     if any(k in text for k in _AUTH):
-        return RegistryError(f"push to {dest}: the registry {registry} refused the credentials (or has none for it)",
-                             registry=registry, detail=tail, reference="registry-auth-failed",
-                             hint=f"credentials came from {creds}; log in with `skopeo login --authfile FILE "
-                                  f"{registry}` and pass --authfile FILE (or set REGISTRY_AUTH_FILE)")
+        return RegistryError(
+            f"push to {dest}: the registry {registry} refused the credentials (or has none for it)",
+            registry=registry,
+            detail=tail,
+            reference="registry-auth-failed",
+            hint=f"credentials came from {creds}; log in with `skopeo login --authfile FILE "
+            f"{registry}` and pass --authfile FILE (or set REGISTRY_AUTH_FILE)",
+        )
     if any(k in text for k in _TLS):
-        return RegistryError(f"push to {dest}: the TLS connection to {registry} could not be trusted",
-                             registry=registry, detail=tail, reference="registry-tls-failed",
-                             hint="pass --cert-dir DIR with the registry's CA certificate as DIR/ca.crt "
-                                  "(or --tls-verify=false for a registry you trust without TLS)")
-    if any(k in text for k in ("writing blob", "writing manifest", "uploading", "blobs/uploads")) and \
-            any(k in text for k in _CUT + _UNREACHABLE):
-        return RegistryError(f"push to {dest}: the connection to {registry} broke during the upload; "
-                             "nothing was tagged", registry=registry, detail=tail, reference="push-interrupted",
-                             hint="run the same build --push again: blobs the registry has are not sent twice")
+        return RegistryError(
+            f"push to {dest}: the TLS connection to {registry} could not be trusted",
+            registry=registry,
+            detail=tail,
+            reference="registry-tls-failed",
+            hint="pass --cert-dir DIR with the registry's CA certificate as DIR/ca.crt "
+            "(or --tls-verify=false for a registry you trust without TLS)",
+        )
+    if any(
+        k in text for k in ("writing blob", "writing manifest", "uploading", "blobs/uploads")
+    ) and any(k in text for k in _CUT + _UNREACHABLE):
+        return RegistryError(
+            f"push to {dest}: the connection to {registry} broke during the upload; "
+            "nothing was tagged",
+            registry=registry,
+            detail=tail,
+            reference="push-interrupted",
+            hint="run the same build --push again: blobs the registry has are not sent twice",
+        )
     if any(k in text for k in _UNREACHABLE + _CUT):
-        return RegistryError(f"push to {dest}: the registry {registry} could not be reached", registry=registry,
-                             detail=tail, reference="registry-unreachable",
-                             hint=f"check that a registry listens on {registry} and that this machine reaches it")
-    return RegistryError(f"push to {dest} failed", registry=registry, detail=tail,
-                         hint="see what skopeo said above; `skopeo copy --debug` shows every request")
+        return RegistryError(
+            f"push to {dest}: the registry {registry} could not be reached",
+            registry=registry,
+            detail=tail,
+            reference="registry-unreachable",
+            hint=f"check that a registry listens on {registry} and that this machine reaches it",
+        )
+    return RegistryError(
+        f"push to {dest} failed",
+        registry=registry,
+        detail=tail,
+        hint="see what skopeo said above; `skopeo copy --debug` shows every request",
+    )
 
 
 @dataclass
@@ -191,17 +270,22 @@ class BuildahEngine:
 
     host: Host = field(default_factory=_host_for_build)
     timeout: float = 3600
-    registry: RegistryAccess = field(default_factory=RegistryAccess)  # credentials and TLS of ``push``
+    registry: RegistryAccess = field(
+        default_factory=RegistryAccess
+    )  # credentials and TLS of ``push``
     _store: object = field(default=_UNSET, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         missing = [t for t in ("skopeo", "buildah") if not self.host.which(t)]
         if missing:
-            raise HostError(f"{' and '.join(missing)} not found on PATH; envspec build needs them",
-                            hint=APT_HINT)
+            raise HostError(
+                f"{' and '.join(missing)} not found on PATH; envspec build needs them",
+                hint=APT_HINT,
+            )
 
-    def run(self, step: str, argv: Sequence[str], *, check: bool = True,
-            tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, step: str, argv: Sequence[str], *, check: bool = True, tmpdir: Path | None = None
+    ) -> subprocess.CompletedProcess:
         """Run one command. ``tmpdir``: its TMPDIR (skopeo keeps big temporary files there, and a
         killed skopeo leaves them behind: inside the build's work directory they go with it)."""
         argv = list(argv)
@@ -211,8 +295,14 @@ class BuildahEngine:
             tmpdir.mkdir(parents=True, exist_ok=True)
             env["TMPDIR"] = str(tmpdir)
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    preexec_fn=die_with_parent, env=env)
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=die_with_parent,
+                env=env,
+            )
         except FileNotFoundError:
             raise HostError(f"{argv[0]} not found on PATH", hint=APT_HINT) from None
         try:
@@ -223,8 +313,13 @@ class BuildahEngine:
             raise
         cp = subprocess.CompletedProcess(argv, proc.returncode, out, err)
         if check and proc.returncode != 0:
-            raise BuildError(f"{step} failed", step=step, argv=argv, returncode=proc.returncode,
-                             stderr_tail="\n".join(err.strip().splitlines()[-20:]))
+            raise BuildError(
+                f"{step} failed",
+                step=step,
+                argv=argv,
+                returncode=proc.returncode,
+                stderr_tail="\n".join(err.strip().splitlines()[-20:]),
+            )
         return cp
 
     def _skopeo(self, *args: str, tmpdir: Path | None = None) -> list[str]:
@@ -244,8 +339,18 @@ class BuildahEngine:
         appears only when every layer is stored. build() prefers ``storage_cli()`` where there is
         one: skopeo first copies every blob to a temporary file and hashes it twice more."""
         tmp = Path(oci_dir).parent / "engine-tmp"
-        self.run("import", self._skopeo("copy", "--quiet", "--preserve-digests", f"oci:{oci_dir}",
-                                        self.host.storage.ref(ref), tmpdir=tmp), tmpdir=tmp)
+        self.run(
+            "import",
+            self._skopeo(
+                "copy",
+                "--quiet",
+                "--preserve-digests",
+                f"oci:{oci_dir}",
+                self.host.storage.ref(ref),
+                tmpdir=tmp,
+            ),
+            tmpdir=tmp,
+        )
 
     def storage_cli(self) -> "StorageCLI | None":
         """containers/storage's own tool (Debian package ``containers-storage``, or the binary
@@ -256,7 +361,9 @@ class BuildahEngine:
             store = None
             tool = self.host.which("containers-storage")
             if tool and self.host.euid == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
-                store = StorageCLI(self, *self._store_location(), tool=tool, put_tool=self.host.put_layer or None)
+                store = StorageCLI(
+                    self, *self._store_location(), tool=tool, put_tool=self.host.put_layer or None
+                )
             self._store = store
         return self._store  # type: ignore[return-value]
 
@@ -273,23 +380,52 @@ class BuildahEngine:
         return info["GraphRoot"], info["RunRoot"], info["GraphDriverName"]
 
     def exists(self, ref: str) -> bool:
-        return self.run("exists", ["buildah", *self.host.storage.args(), "inspect", "--type", "image",
-                                   "--format", "{{.FromImageID}}", ref], check=False).returncode == 0
+        return (
+            self.run(
+                "exists",
+                [
+                    "buildah",
+                    *self.host.storage.args(),
+                    "inspect",
+                    "--type",
+                    "image",
+                    "--format",
+                    "{{.FromImageID}}",
+                    ref,
+                ],
+                check=False,
+            ).returncode
+            == 0
+        )
 
     def image_digest(self, ref: str) -> str:
         if not self.exists(ref):
             return ""
-        cp = self.run("inspect", ["skopeo", "inspect", "--raw", self.host.storage.ref(ref)], check=False)
-        return "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
+        cp = self.run(
+            "inspect", ["skopeo", "inspect", "--raw", self.host.storage.ref(ref)], check=False
+        )
+        return (
+            "sha256:" + hashlib.sha256(cp.stdout.encode()).hexdigest() if cp.returncode == 0 else ""
+        )
 
     def push(self, oci_dir: Path, dest: str, *, index: bool = False) -> None:
         """Push with the credentials and TLS of ``self.registry``; a refusal, an unreachable registry
         or a connection cut off is a ``RegistryError`` (``registry_error``). ``index``: an image
         index and all its images (``skopeo copy --all``), the index's bytes kept."""
-        args = ["copy", "--quiet", "--preserve-digests", *(["--all"] if index else []), *push_args(self.registry, dest)]
+        args = [
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            *(["--all"] if index else []),
+            *push_args(self.registry, dest),
+        ]
         tmp = Path(oci_dir).parent / "engine-tmp"
-        cp = self.run("push", self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp), tmpdir=tmp,
-                      check=False)
+        cp = self.run(
+            "push",
+            self._skopeo(*args, f"oci:{oci_dir}", _docker_ref(dest), tmpdir=tmp),
+            tmpdir=tmp,
+            check=False,
+        )
         if cp.returncode != 0:
             raise registry_error(self.registry, dest, cp.stderr)
 
@@ -298,8 +434,11 @@ class BuildahEngine:
         (``index``: an image index and all its images, to an OCI destination)."""
         kind = dest.split(":", 1)[0]
         if kind not in ("oci", "oci-archive", "docker-archive"):
-            raise BuildError(f"unknown output {dest!r}", step="output",
-                             hint="use oci:DIR, oci-archive:FILE or docker-archive:FILE")
+            raise BuildError(
+                f"unknown output {dest!r}",
+                step="output",
+                hint="use oci:DIR, oci-archive:FILE or docker-archive:FILE",
+            )
         args = ["copy", "--quiet", *(["--all"] if index else [])]
         if kind != "docker-archive":  # docker-archive has its own manifest format
             args.append("--preserve-digests")
@@ -310,7 +449,11 @@ class BuildahEngine:
 
     def containers(self) -> list[str]:
         """buildah working containers on this storage (a clean build leaves none)."""
-        cp = self.run("containers", ["buildah", *self.host.storage.args(), "containers", "--quiet"], check=False)
+        cp = self.run(
+            "containers",
+            ["buildah", *self.host.storage.args(), "containers", "--quiet"],
+            check=False,
+        )
         return [ln for ln in cp.stdout.split() if ln]
 
 
@@ -330,8 +473,14 @@ class Cancelled(Exception):
 FEED_CHUNK = 1 << 20
 
 
-def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progress: Callable[[int], None],
-          want: str = "") -> None:
+def _feed(
+    pipe: IO[bytes],
+    tar: Path,
+    size: int,
+    cancel: threading.Event,
+    progress: Callable[[int], None],
+    want: str = "",
+) -> None:
     """Copy the finished layer file ``tar`` of ``size`` bytes into ``pipe``, checking ``cancel``
     between chunks. Without ``want``: ``sendfile``, no copy through Python. With ``want`` (a
     cached file): read and hashed on the way, raising HashMismatch before the end of input when
@@ -353,13 +502,19 @@ def _feed(pipe: IO[bytes], tar: Path, size: int, cancel: threading.Event, progre
                 h.update(view[:n])
                 pipe.write(view[:n])
             if not n:
-                raise BuildError(f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
-                                 step="import layer")
+                raise BuildError(
+                    f"the layer file {tar} ends at {off} bytes, its maker wrote {size}",
+                    step="import layer",
+                )
             off += n
             progress(off)
     if h is not None and f"sha256:{h.hexdigest()}" != want:
-        raise DamagedEntry(f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
-                           step="import layer", paths=(tar,), hint="it changed on disk; build again with --no-cache")
+        raise DamagedEntry(
+            f"the cached layer file {tar} is not {want} (sha256:{h.hexdigest()})",
+            step="import layer",
+            paths=(tar,),
+            hint="it changed on disk; build again with --no-cache",
+        )
 
 
 STAGING_DIR = "envspec-staging"  # under the driver's home (envspec-put-layer's stagingRoot)
@@ -405,14 +560,24 @@ class Stage:
     ``close()`` when it failed; ``wait`` gives what the tool printed last (``commit_staged``
     takes it); ``kill`` stops it and removes what it staged."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], err: IO[bytes], name: str, progress: Callable[[int], None],
-                 root: Path | None = None):
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        err: IO[bytes],
+        name: str,
+        progress: Callable[[int], None],
+        root: Path | None = None,
+    ):
         self.proc, self.err, self.name, self.progress = proc, err, name, progress
         self.root = root  # the staging area, where the tool names its directory "<its pid>-..."
-        self.argv: list[str] = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+        self.argv: list[str] = (
+            [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+        )
         self.staging = ""
         self.result: dict | None = None
-        self._reader = threading.Thread(target=self._read, name=f"envspec-stage-{name}", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name=f"envspec-stage-{name}", daemon=True
+        )
 
     def start(self) -> "Stage":
         self._reader.start()
@@ -423,7 +588,7 @@ class Stage:
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace").strip()
             if line.startswith("staging "):
-                self.staging = line[len("staging "):]
+                self.staging = line[len("staging ") :]
             elif line.startswith("progress "):
                 with contextlib.suppress(ValueError):
                     self.progress(int(line.split()[1]))
@@ -458,8 +623,13 @@ class Stage:
             self.err.seek(0)
             tail = self.err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
             self.kill()
-            raise BuildError(f"untarring the {self.name} layer into containers-storage failed", step="import layer",
-                             argv=[str(a) for a in self.argv[:6]], returncode=rc, stderr_tail="\n".join(tail))
+            raise BuildError(
+                f"untarring the {self.name} layer into containers-storage failed",
+                step="import layer",
+                argv=[str(a) for a in self.argv[:6]],
+                returncode=rc,
+                stderr_tail="\n".join(tail),
+            )
         self.err.close()
         return self.result
 
@@ -500,8 +670,16 @@ class StorageCLI:
     put_tool: str | None = None
 
     def _cs(self, *args: str) -> list[str]:
-        return [self.tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
-                *args]
+        return [
+            self.tool,
+            "--graph",
+            self.root,
+            "--run",
+            self.runroot,
+            "--storage-driver",
+            self.driver,
+            *args,
+        ]
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """One envspec import at a time per store (an flock in its run root)."""
@@ -523,9 +701,19 @@ class StorageCLI:
     def delete_layer(self, layer_id: str) -> None:
         self.engine.run("delete layer", self._cs("delete-layer", layer_id), check=False)
 
-    def put_layer(self, layer_id: str, parent: str, tar: Path, size: int, *, name: str = "",
-                  diff_id: str = "", check: bool = True, cancel: threading.Event | None = None,
-                  progress: Callable[[int], None] = lambda n: None) -> tuple[str, bool]:
+    def put_layer(
+        self,
+        layer_id: str,
+        parent: str,
+        tar: Path,
+        size: int,
+        *,
+        name: str = "",
+        diff_id: str = "",
+        check: bool = True,
+        cancel: threading.Event | None = None,
+        progress: Callable[[int], None] = lambda n: None,
+    ) -> tuple[str, bool]:
         """Apply the layer file ``tar`` as layer ``layer_id`` on ``parent`` unless it is stored
         already. Returns (the stored diff digest, whether this call stored it). With
         ``envspec-put-layer`` and ``diff_id``, the store takes that digest: ``check`` hashes the
@@ -540,17 +728,38 @@ class StorageCLI:
         cancel = cancel or threading.Event()
         given = bool(self.put_tool and diff_id)  # the store takes our digest
         if self.put_tool and diff_id:
-            argv = [self.put_tool, "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
-                    "--id", layer_id, "--parent", parent, "--diff-digest", diff_id]
+            argv = [
+                self.put_tool,
+                "--graph",
+                self.root,
+                "--run",
+                self.runroot,
+                "--storage-driver",
+                self.driver,
+                "--id",
+                layer_id,
+                "--parent",
+                parent,
+                "--diff-digest",
+                diff_id,
+            ]
         else:
             argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
         log.info("import layer %s: %s", name, " ".join(argv))
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
-                                    preexec_fn=die_with_parent, env={**os.environ, "LC_ALL": "C"})
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=die_with_parent,
+                env={**os.environ, "LC_ALL": "C"},
+            )
             assert proc.stdin is not None
             try:
-                _feed(proc.stdin, tar, size, cancel, progress, want=diff_id if given and check else "")
+                _feed(
+                    proc.stdin, tar, size, cancel, progress, want=diff_id if given and check else ""
+                )
                 proc.stdin.close()
             except BrokenPipeError:  # it stopped reading: its exit status says why
                 pass
@@ -567,8 +776,13 @@ class StorageCLI:
                 self.delete_layer(layer_id)
                 err.seek(0)
                 tail = err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
-                raise BuildError("import of a layer into containers-storage failed", step="import layer", argv=argv,
-                                 returncode=rc, stderr_tail="\n".join(tail))
+                raise BuildError(
+                    "import of a layer into containers-storage failed",
+                    step="import layer",
+                    argv=argv,
+                    returncode=rc,
+                    stderr_tail="\n".join(tail),
+                )
         return self.layer_diff_id(layer_id) or "", True
 
     @property
@@ -576,7 +790,11 @@ class StorageCLI:
         """Whether a layer can be untarred before its ID is known, while it is still being written
         (``envspec-put-layer stage`` and ``commit``: the overlay driver; ENVSPEC_STAGED_IMPORT=off
         turns it off; an envspec-put-layer built before it had ``stage`` imports one layer after the other)."""
-        if not (self.put_tool and self.driver == "overlay" and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"):
+        if not (
+            self.put_tool
+            and self.driver == "overlay"
+            and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"
+        ):
             return False
         return _stage_flags(self.put_tool) is not None
 
@@ -586,8 +804,20 @@ class StorageCLI:
         staged files of a pull still dirty took seconds in the first commit. Best effort: a tool
         without ``prepare`` (or a failed check) leaves the check to the first commit, as before."""
         if self.put_tool:
-            self.engine.run("prepare store", [self.put_tool, "prepare", "--graph", self.root, "--run", self.runroot,
-                                              "--storage-driver", self.driver], check=False)
+            self.engine.run(
+                "prepare store",
+                [
+                    self.put_tool,
+                    "prepare",
+                    "--graph",
+                    self.root,
+                    "--run",
+                    self.runroot,
+                    "--storage-driver",
+                    self.driver,
+                ],
+                check=False,
+            )
 
     def stored_layers(self) -> dict[str, str]:
         """Layer ID -> diff digest of every layer in the store ("" for one without content)."""
@@ -620,9 +850,18 @@ class StorageCLI:
             else:
                 p.unlink(missing_ok=True)
 
-    def stage(self, fd: int, *, follow: bool, size: int | None, name: str = "", tree: Path | None = None,
-              own: bool = False, progress: Callable[[int], None] = lambda n: None,
-              nice: int | None = None) -> "Stage":
+    def stage(
+        self,
+        fd: int,
+        *,
+        follow: bool,
+        size: int | None,
+        name: str = "",
+        tree: Path | None = None,
+        own: bool = False,
+        progress: Callable[[int], None] = lambda n: None,
+        nice: int | None = None,
+    ) -> "Stage":
         """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
         the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size.
         ``tree``: the maker makes the files there itself; only the tar-split record is made.
@@ -631,41 +870,87 @@ class StorageCLI:
         untars every tar chrooted). ``nice``: its niceness (default ``ENVSPEC_STAGE_NICE``, 10: a
         stager following a file catches up when cores are free; one fed through a pipe gets 0)."""
         assert self.put_tool
-        argv = [self.put_tool, "stage", "--graph", self.root, "--storage-driver", self.driver, "--fd", str(fd),
-                *(["--follow"] if follow else []), *(["--size", str(size)] if size is not None else []),
-                *(["--tree", str(tree)] if tree is not None else []),
-                *(["--own"] if own and tree is None and "own" in (_stage_flags(self.put_tool) or ()) else [])]
+        argv = [
+            self.put_tool,
+            "stage",
+            "--graph",
+            self.root,
+            "--storage-driver",
+            self.driver,
+            "--fd",
+            str(fd),
+            *(["--follow"] if follow else []),
+            *(["--size", str(size)] if size is not None else []),
+            *(["--tree", str(tree)] if tree is not None else []),
+            *(
+                ["--own"]
+                if own and tree is None and "own" in (_stage_flags(self.put_tool) or ())
+                else []
+            ),
+        ]
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
         if nice is None:
             nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
 
-        def child() -> None:  # below the layer makers: a stager catches up with its maker when cores are free
+        def child() -> (
+            None
+        ):  # below the layer makers: a stager catches up with its maker when cores are free
             os.setpgid(0, 0)  # its own group, with the untar it starts: Stage.kill stops both
             die_with_parent()
             if nice:
                 os.nice(nice)
 
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, pass_fds=(fd,),
-                                preexec_fn=child, env={**os.environ, "LC_ALL": "C"})
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            pass_fds=(fd,),
+            preexec_fn=child,
+            env={**os.environ, "LC_ALL": "C"},
+        )
         return Stage(proc, err, name, progress, root=self.staging_root()).start()
 
-    def commit_staged(self, layer_id: str, parent: str, diff_id: str, staged: dict) -> tuple[str, bool]:
+    def commit_staged(
+        self, layer_id: str, parent: str, diff_id: str, staged: dict
+    ) -> tuple[str, bool]:
         """Make layer ``layer_id`` on ``parent`` from a finished ``Stage``'s result, unless it is
         stored already (then the staged files are dropped). Returns (the stored diff digest,
         whether this call stored it). A layer of that ID left without content by a killed import
         is made again. One process: the tool looks for the layer itself."""
         assert self.put_tool
-        argv = [self.put_tool, "commit", "--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver,
-                "--id", layer_id, "--parent", parent, "--diff-digest", diff_id, "--staged", json.dumps(staged)]
+        argv = [
+            self.put_tool,
+            "commit",
+            "--graph",
+            self.root,
+            "--run",
+            self.runroot,
+            "--storage-driver",
+            self.driver,
+            "--id",
+            layer_id,
+            "--parent",
+            parent,
+            "--diff-digest",
+            diff_id,
+            "--staged",
+            json.dumps(staged),
+        ]
         cp = self.engine.run("commit layer", argv, check=False)
         _drop_staged(staged)  # moved in, or not wanted any more
         if cp.returncode != 0:
             have = self.layer_diff_id(layer_id)
             if have:  # stored by someone else meanwhile
                 return have, False
-            raise BuildError("making a staged layer in containers-storage failed", step="import layer", argv=argv[:-2],
-                             returncode=cp.returncode, stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
+            raise BuildError(
+                "making a staged layer in containers-storage failed",
+                step="import layer",
+                argv=argv[:-2],
+                returncode=cp.returncode,
+                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+            )
         try:
             rec = json.loads(cp.stdout)
             return rec.get("diff-digest") or "", not rec.get("envspec-existing", False)
@@ -679,33 +964,82 @@ class StorageCLI:
 
         image_id = hashlib.sha256(config).hexdigest()
         mdigest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-        items = (("sha256:" + image_id, config), ("manifest-" + mdigest, manifest), ("manifest", manifest))
-        if self.put_tool:  # one process (``envspec-put-layer image``); a tool built before it says usage (2)
+        items = (
+            ("sha256:" + image_id, config),
+            ("manifest-" + mdigest, manifest),
+            ("manifest", manifest),
+        )
+        if (
+            self.put_tool
+        ):  # one process (``envspec-put-layer image``); a tool built before it says usage (2)
             with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
                 args: list[str] = []
                 for i, (name, blob) in enumerate(items):
                     (Path(td) / str(i)).write_bytes(blob)
                     args += ["--data", f"{name}={Path(td) / str(i)}"]
-                argv = [self.put_tool, "image", "--graph", self.root, "--run", self.runroot, "--storage-driver",
-                        self.driver, "--id", image_id, "--digest", mdigest, "--top", top_layer, "--name", ref, *args]
+                argv = [
+                    self.put_tool,
+                    "image",
+                    "--graph",
+                    self.root,
+                    "--run",
+                    self.runroot,
+                    "--storage-driver",
+                    self.driver,
+                    "--id",
+                    image_id,
+                    "--digest",
+                    mdigest,
+                    "--top",
+                    top_layer,
+                    "--name",
+                    ref,
+                    *args,
+                ]
                 cp = self.engine.run("create image", argv, check=False)
             if cp.returncode == 0:
                 return
             if cp.returncode != 2:
-                raise BuildError("creating the image in containers-storage failed", step="create image", argv=argv,
-                                 returncode=cp.returncode, stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
+                raise BuildError(
+                    "creating the image in containers-storage failed",
+                    step="create image",
+                    argv=argv,
+                    returncode=cp.returncode,
+                    stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+                )
         if self.engine.run("image", self._cs("image", image_id), check=False).returncode != 0:
-            cp = self.engine.run("create image", self._cs("create-image", "--id", image_id, "--digest", mdigest,
-                                                          "--metadata", "{}", top_layer), check=False)
-            if cp.returncode != 0 and self.engine.run("image", self._cs("image", image_id), check=False).returncode:
-                raise BuildError("creating the image in containers-storage failed", step="create image",
-                                 argv=cp.args, returncode=cp.returncode,
-                                 stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]))
+            cp = self.engine.run(
+                "create image",
+                self._cs(
+                    "create-image",
+                    "--id",
+                    image_id,
+                    "--digest",
+                    mdigest,
+                    "--metadata",
+                    "{}",
+                    top_layer,
+                ),
+                check=False,
+            )
+            if (
+                cp.returncode != 0
+                and self.engine.run("image", self._cs("image", image_id), check=False).returncode
+            ):
+                raise BuildError(
+                    "creating the image in containers-storage failed",
+                    step="create image",
+                    argv=cp.args,
+                    returncode=cp.returncode,
+                    stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+                )
         with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
             for name, data in items:
                 f = Path(td) / "data"
                 f.write_bytes(data)
-                self.engine.run("image data", self._cs("set-image-data", "--file", str(f), image_id, name))
+                self.engine.run(
+                    "image data", self._cs("set-image-data", "--file", str(f), image_id, name)
+                )
         self.engine.run("name", self._cs("add-names", "--name", ref, image_id))
 
 
@@ -720,7 +1054,9 @@ class RecordingEngine:
     def _call(self, verb: str, *args: object) -> None:
         self.calls.append((verb, *args))
         if verb == self.fail_on:
-            raise BuildError(f"{verb} failed (fake)", step=verb, argv=[verb, *map(str, args)], returncode=1)
+            raise BuildError(
+                f"{verb} failed (fake)", step=verb, argv=[verb, *map(str, args)], returncode=1
+            )
 
     def import_image(self, oci_dir: Path, ref: str) -> None:
         self._call("import_image", str(oci_dir), ref)

@@ -41,9 +41,13 @@ class LayerFile:
     group: str
     path: Path
     made: Future
-    writing: Path | None = None  # where its maker writes it while it is made (a staged import follows it)
+    writing: Path | None = (
+        None  # where its maker writes it while it is made (a staged import follows it)
+    )
     tree: Path | None = None  # where its maker also makes its files, in the store's staging area
-    pipe: Path | None = None  # a FIFO its maker also writes the tar into, for the stager (``tarball.PipeTee``)
+    pipe: Path | None = (
+        None  # a FIFO its maker also writes the tar into, for the stager (``tarball.PipeTee``)
+    )
     # the layer comes through ``pipe`` from the registry cache (``regcache.stream_layers``): ends
     # with the stream, True or its exception (then the layer is made, and staged from its file)
     streamed: Future | None = None
@@ -64,15 +68,25 @@ class Importer:
     store: StorageCLI
     layers: Sequence[LayerFile]
     on_progress: Callable[[str, int], None] = lambda group, sent: None
-    on_stored: Callable[[str, float, float], None] = lambda group, start, end: None  # a layer this import stored, when
-    on_staged: Callable[[str, float, float], None] = lambda group, start, end: None  # ... untarred (staged), when
+    on_stored: Callable[[str, float, float], None] = lambda group, start, end: (
+        None
+    )  # a layer this import stored, when
+    on_staged: Callable[[str, float, float], None] = lambda group, start, end: (
+        None
+    )  # ... untarred (staged), when
     cancel: threading.Event = field(default_factory=threading.Event)
     top: str = ""
-    stored: list[str] = field(default_factory=list)  # groups this import stored (the others were there)
+    stored: list[str] = field(
+        default_factory=list
+    )  # groups this import stored (the others were there)
     _error: BaseException | None = None
     _thread: threading.Thread | None = None
-    _halt: threading.Event = field(default_factory=threading.Event)  # the stagers stop (abort, an error, the end)
-    _present: dict[str, str] = field(default_factory=dict)  # the store's layers when the import began
+    _halt: threading.Event = field(
+        default_factory=threading.Event
+    )  # the stagers stop (abort, an error, the end)
+    _present: dict[str, str] = field(
+        default_factory=dict
+    )  # the store's layers when the import began
     _stages: dict[int, Stage] = field(default_factory=dict)  # stagers running, by layer index
     _staged: dict[int, dict] = field(default_factory=dict)  # staged, not yet committed
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,7 +105,9 @@ class Importer:
         except BaseException as e:  # noqa: BLE001 (handed to the caller by finish)
             self._error = e
         finally:
-            for lay in self.layers:  # a maker still waiting for a stager to open its FIFO goes on without
+            for (
+                lay
+            ) in self.layers:  # a maker still waiting for a stager to open its FIFO goes on without
                 if lay.pipe is not None:
                     lay.pipe.unlink(missing_ok=True)
 
@@ -114,8 +130,16 @@ class Importer:
                 # taken from the layer cache is hashed again on its way into the store
                 start = time.monotonic()
                 have, ours = self.store.put_layer(
-                    layer_id, parent, lay.path, int(made["size"]), name=lay.group, diff_id=want,
-                    check=bool(made.get("cached")), cancel=self.cancel, progress=progress)
+                    layer_id,
+                    parent,
+                    lay.path,
+                    int(made["size"]),
+                    name=lay.group,
+                    diff_id=want,
+                    check=bool(made.get("cached")),
+                    cancel=self.cancel,
+                    progress=progress,
+                )
                 if have != want:
                     if ours:
                         self.store.delete_layer(layer_id)
@@ -123,10 +147,15 @@ class Importer:
                         raise self._mismatch(lay, made, have)
                     raise HashMismatch(
                         f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
-                        f"{layer_id[:12]}, but this build made {want}", step="import layer",
-                        hint=("the layer's file changed while it was imported; build again" if ours else
-                              "the store's layer of this ID holds other bytes (changed on disk?); remove "
-                              "the images using it (`podman rmi`) and build again"))
+                        f"{layer_id[:12]}, but this build made {want}",
+                        step="import layer",
+                        hint=(
+                            "the layer's file changed while it was imported; build again"
+                            if ours
+                            else "the store's layer of this ID holds other bytes (changed on disk?); remove "
+                            "the images using it (`podman rmi`) and build again"
+                        ),
+                    )
                 if ours:
                     self.stored.append(lay.group)
                     self.on_stored(lay.group, start, time.monotonic())
@@ -142,8 +171,12 @@ class Importer:
             jobs = []
             for i, lay in enumerate(self.layers):
                 fut: Future = Future()
-                threading.Thread(target=self._stage_thread, args=(i, lay, fut), name=f"envspec-stage-{lay.group}",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._stage_thread,
+                    args=(i, lay, fut),
+                    name=f"envspec-stage-{lay.group}",
+                    daemon=True,
+                ).start()
                 jobs.append(fut)
             try:
                 parent = ""
@@ -163,15 +196,21 @@ class Importer:
                             self._staged.pop(i, None)
                         if got["size"] != int(made["size"]) or (digest and digest != want):
                             _drop_staged(got)
-                            raise self._mismatch(lay, made, digest or f"{got['size']} bytes, not {made['size']}")
+                            raise self._mismatch(
+                                lay, made, digest or f"{got['size']} bytes, not {made['size']}"
+                            )
                         have, ours = self.store.commit_staged(layer_id, parent, want, got)
                         if have != want:
                             raise self._mismatch(lay, made, have, stored=True)
                         if ours:
                             self.stored.append(lay.group)
                             self.on_stored(lay.group, start, time.monotonic())
-                    elif self._present.get(layer_id) != want:  # its stager saw it stored: still there?
-                        raise self._mismatch(lay, made, self._present.get(layer_id, ""), stored=True)
+                    elif (
+                        self._present.get(layer_id) != want
+                    ):  # its stager saw it stored: still there?
+                        raise self._mismatch(
+                            lay, made, self._present.get(layer_id, ""), stored=True
+                        )
                     parent = layer_id
                 self.top = parent
             finally:
@@ -183,24 +222,40 @@ class Importer:
                     stage.kill()
                 for got in staged:
                     _drop_staged(got)
-                for lay in self.layers:  # not used (the layer came from a cache), or its maker failed; one
+                for lay in (
+                    self.layers
+                ):  # not used (the layer came from a cache), or its maker failed; one
                     # whose maker is still writing is removed by build() once the makers have stopped
                     if lay.tree is not None and lay.made.done() and lay.tree.exists():
-                        _drop_staged({"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"})
+                        _drop_staged(
+                            {"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"}
+                        )
 
-    def _mismatch(self, lay: LayerFile, made: dict, have: str, *, stored: bool = False) -> HashMismatch:
+    def _mismatch(
+        self, lay: LayerFile, made: dict, have: str, *, stored: bool = False
+    ) -> HashMismatch:
         want = made["diff_id"]
         if stored:
-            return HashMismatch(f"containers-storage holds {have or 'nothing'} as the {lay.group} layer, but this "
-                                f"build made {want}", step="import layer",
-                                hint="the store's layer of this ID holds other bytes (changed on disk?); remove the "
-                                     "images using it (`podman rmi`) and build again")
+            return HashMismatch(
+                f"containers-storage holds {have or 'nothing'} as the {lay.group} layer, but this "
+                f"build made {want}",
+                step="import layer",
+                hint="the store's layer of this ID holds other bytes (changed on disk?); remove the "
+                "images using it (`podman rmi`) and build again",
+            )
         if made.get("cached"):
-            return DamagedEntry(f"the cached layer file {lay.path} is not {want} ({have})", step="import layer",
-                                paths=(lay.path,), hint="it changed on disk; build again with --no-cache")
-        return HashMismatch(f"the {lay.group} layer's file untarred into containers-storage is {have}, but its "
-                            f"maker wrote {want}", step="import layer",
-                            hint="the layer's file changed while it was imported; build again")
+            return DamagedEntry(
+                f"the cached layer file {lay.path} is not {want} ({have})",
+                step="import layer",
+                paths=(lay.path,),
+                hint="it changed on disk; build again with --no-cache",
+            )
+        return HashMismatch(
+            f"the {lay.group} layer's file untarred into containers-storage is {have}, but its "
+            f"maker wrote {want}",
+            step="import layer",
+            hint="the layer's file changed while it was imported; build again",
+        )
 
     def _known_id(self, i: int) -> str:
         """Layer ``i``'s ID where it and every layer under it are made already, else ""."""
@@ -235,13 +290,19 @@ class Importer:
                 raise Cancelled()
             if lay.made.done():
                 made = lay.made.result()
-                tree = Path(made["tree"]) if made.get("tree") else None  # its maker made the files too
+                tree = (
+                    Path(made["tree"]) if made.get("tree") else None
+                )  # its maker made the files too
                 known = self._known_id(i)
                 if known and self._present.get(known) == made["diff_id"]:
                     return None
                 fd, follow, size = os.open(lay.path, os.O_RDONLY), False, int(made["size"])
                 break
-            stream_failed = lay.streamed is not None and lay.streamed.done() and lay.streamed.exception() is not None
+            stream_failed = (
+                lay.streamed is not None
+                and lay.streamed.done()
+                and lay.streamed.exception() is not None
+            )
             if lay.pipe is not None and use_pipe and not stream_failed:
                 try:  # the read end first: its maker waits for it before it writes
                     fd = os.open(lay.pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -259,8 +320,12 @@ class Importer:
                     break
                 except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
                     pass
-            wait([lay.made] + ([lay.streamed] if lay.streamed is not None and not lay.streamed.done() else []),
-                 timeout=0.05, return_when="FIRST_COMPLETED")
+            wait(
+                [lay.made]
+                + ([lay.streamed] if lay.streamed is not None and not lay.streamed.done() else []),
+                timeout=0.05,
+                return_when="FIRST_COMPLETED",
+            )
         started = time.monotonic()
         stage: Stage | None = None
         try:
@@ -273,8 +338,16 @@ class Importer:
             own = not streaming and (follow or made.get("source") == "made")
             piped = follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
             # a stager fed through a pipe paces its maker: it runs at the makers' priority
-            stage = self.store.stage(fd, follow=follow, size=None if size < 0 else size, name=group, tree=tree,
-                                     own=own, progress=progress, nice=0 if piped else None)
+            stage = self.store.stage(
+                fd,
+                follow=follow,
+                size=None if size < 0 else size,
+                name=group,
+                tree=tree,
+                own=own,
+                progress=progress,
+                nice=0 if piped else None,
+            )
             # a layer made in this build was hashed by its maker as it was written; one taken
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
             digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""

@@ -49,7 +49,9 @@ class BuiltIndex:
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     seconds: float = 0.0
-    attached: tuple[str, ...] = ()  # the index's own signature (each image's artifacts: its ``attached``)
+    attached: tuple[
+        str, ...
+    ] = ()  # the index's own signature (each image's artifacts: its ``attached``)
 
     @property
     def image(self) -> str:
@@ -60,8 +62,15 @@ class BuiltIndex:
         return {
             "digest": self.digest,
             "media_type": MT_INDEX,
-            "platforms": [{"platform": name, "os": name.split("-", 1)[0], "architecture": _arch(name),
-                           **built.to_json()} for name, built in self.images],
+            "platforms": [
+                {
+                    "platform": name,
+                    "os": name.split("-", 1)[0],
+                    "architecture": _arch(name),
+                    **built.to_json(),
+                }
+                for name, built in self.images
+            ],
             "pushed": list(self.pushed),
             "attached": list(self.attached),
             "outputs": list(self.outputs),
@@ -81,7 +90,11 @@ def platform_tag(tag: str | None, view: Lockfile) -> str | None:
     if not tag:
         return tag
     last = tag.rsplit("/", 1)[-1]
-    return f"{tag}-{view.platform.oci_arch}" if ":" in last else f"{tag}:latest-{view.platform.oci_arch}"
+    return (
+        f"{tag}-{view.platform.oci_arch}"
+        if ":" in last
+        else f"{tag}:latest-{view.platform.oci_arch}"
+    )
 
 
 def check_options(options: "BuildOptions") -> None:
@@ -90,14 +103,23 @@ def check_options(options: "BuildOptions") -> None:
         registry_stage(options)
     for dest in options.outputs:
         if dest.startswith("docker-archive:"):
-            raise UsageError(f"--output {dest}: a docker archive holds one platform's image, not an image index",
-                             hint="use oci:DIR or oci-archive:FILE for the index, or build one platform's lock "
-                                  "(a spec with one [target].platforms entry) for docker load",
-                             reference="index-output-unsupported")
+            raise UsageError(
+                f"--output {dest}: a docker archive holds one platform's image, not an image index",
+                hint="use oci:DIR or oci-archive:FILE for the index, or build one platform's lock "
+                "(a spec with one [target].platforms entry) for docker load",
+                reference="index-output-unsupported",
+            )
 
 
-def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Sequence["Mirror"], *,
-                options: "BuildOptions", reporter: "Reporter | None" = None) -> BuiltIndex:
+def build_index(
+    lock: Lockfile,
+    engine: "Engine",
+    cache: "Cache",
+    mirrors: Sequence["Mirror"],
+    *,
+    options: "BuildOptions",
+    reporter: "Reporter | None" = None,
+) -> BuiltIndex:
     """Build every platform of ``lock`` and the image index over them; deliver the index to
     ``options.outputs`` and ``options.push``. Raises as ``build()`` does, ``UsageError`` first for
     options an index cannot take."""
@@ -111,30 +133,58 @@ def build_index(lock: Lockfile, engine: "Engine", cache: "Cache", mirrors: Seque
         # every platform's image made first, none tagged: a platform that fails to build leaves no tag
         images: list[tuple[str, BuiltImage]] = []
         for view in views:
-            opts = dataclasses.replace(options, tag="", outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
-                                       push=None, cache_to="")
-            images.append((view.platform_names[0], build(make_plan(view), engine, cache, mirrors, options=opts,
-                                                         reporter=reporter)))
-        digest, _size = write_index(layout, [(name.split("-", 1)[0], _arch(name), built.digest) for name, built in images],
-                                    ref_name=lock.short_hash,
-                                    annotations={"org.opencontainers.image.created": created_at(),
-                                                 "org.opencontainers.image.title": lock.meta.name,
-                                                 "org.opencontainers.image.revision": lock.meta.content_hash,
-                                                 "io.envspec.lock-hash": lock.meta.content_hash})
+            opts = dataclasses.replace(
+                options,
+                tag="",
+                outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
+                push=None,
+                cache_to="",
+            )
+            images.append(
+                (
+                    view.platform_names[0],
+                    build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter),
+                )
+            )
+        digest, _size = write_index(
+            layout,
+            [(name.split("-", 1)[0], _arch(name), built.digest) for name, built in images],
+            ref_name=lock.short_hash,
+            annotations={
+                "org.opencontainers.image.created": created_at(),
+                "org.opencontainers.image.title": lock.meta.name,
+                "org.opencontainers.image.revision": lock.meta.content_hash,
+                "io.envspec.lock-hash": lock.meta.content_hash,
+            },
+        )
         outputs, pushed = deliver_index(engine, layout, digest, options, reporter)
         attached: tuple[str, ...] = ()
         if options.push:
-            images, attached = attest_index(engine, work / "attest", views, images, digest, options, reporter)
+            images, attached = attest_index(
+                engine, work / "attest", views, images, digest, options, reporter
+            )
         images = _tag_all(views, images, engine, cache, mirrors, options, reporter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return BuiltIndex(digest=digest, images=tuple(images), pushed=pushed, outputs=outputs,
-                      seconds=time.monotonic() - t0, attached=attached)
+    return BuiltIndex(
+        digest=digest,
+        images=tuple(images),
+        pushed=pushed,
+        outputs=outputs,
+        seconds=time.monotonic() - t0,
+        attached=attached,
+    )
 
 
-def attest_index(engine: "Engine", work: Path, views: list[Lockfile], images: list[tuple[str, "BuiltImage"]],
-                 digest: str, options: "BuildOptions",
-                 reporter: "Reporter") -> tuple[list[tuple[str, "BuiltImage"]], tuple[str, ...]]:
+def attest_index(
+    engine: "Engine",
+    work: Path,
+    views: list[Lockfile],
+    images: list[tuple[str, "BuiltImage"]],
+    digest: str,
+    options: "BuildOptions",
+    reporter: "Reporter",
+) -> tuple[list[tuple[str, "BuiltImage"]], tuple[str, ...]]:
     """Once the index and its images are pushed to ``options.push``: each platform's image gets what
     ``build()`` attaches to a one-platform push (the registry stage's ``attach``: the provenance and
     SBOM of its own view of the lock, for its own manifest digest, and with a key its signature),
@@ -144,7 +194,9 @@ def attest_index(engine: "Engine", work: Path, views: list[Lockfile], images: li
     registry = registry_stage(options)
     out = []
     for view, (name, built) in zip(views, images):
-        pushed = registry.attach(engine.push, work / view.platform.oci_arch, make_plan(view), built.digest, options.push)
+        pushed = registry.attach(
+            engine.push, work / view.platform.oci_arch, make_plan(view), built.digest, options.push
+        )
         for ref, d in pushed:
             reporter.pushed(ref, d)
         out.append((name, dataclasses.replace(built, attached=tuple(r for r, _ in pushed))))
@@ -155,9 +207,15 @@ def attest_index(engine: "Engine", work: Path, views: list[Lockfile], images: li
     return out, (ref,)
 
 
-def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engine: "Engine", cache: "Cache",
-             mirrors: Sequence["Mirror"], options: "BuildOptions",
-             reporter: "Reporter") -> list[tuple[str, "BuiltImage"]]:
+def _tag_all(
+    views: list[Lockfile],
+    images: list[tuple[str, "BuiltImage"]],
+    engine: "Engine",
+    cache: "Cache",
+    mirrors: Sequence["Mirror"],
+    options: "BuildOptions",
+    reporter: "Reporter",
+) -> list[tuple[str, "BuiltImage"]]:
     """Once every platform is built: each image into containers-storage under its tag (``build()``
     again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
     out = []
@@ -166,17 +224,33 @@ def _tag_all(views: list[Lockfile], images: list[tuple[str, "BuiltImage"]], engi
         if tag == "" and not options.cache_to:
             out.append((name, first))
             continue
-        opts = dataclasses.replace(options, tag=tag, outputs=(), push=None, no_cache=False, cache_from="")
+        opts = dataclasses.replace(
+            options, tag=tag, outputs=(), push=None, no_cache=False, cache_from=""
+        )
         again = build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter)
         # the stored image's digest (uncompressed layers): the same whether or not this build compresses
         if again.store_digest != first.store_digest:
-            raise BuildError(f"{name}: the image made again from the cache has digest {again.store_digest}, the "
-                             f"first {first.store_digest}", step="commit", hint="the layer cache holds other bytes than were made: "
-                             "`envspec cache gc` and build again")
-        out.append((name, dataclasses.replace(first, image=again.image, store_digest=again.store_digest,
-                                              phases=first.phases + again.phases,
-                                              seconds=first.seconds + again.seconds,
-                                              cache_to=again.cache_to, cached_to=again.cached_to)))
+            raise BuildError(
+                f"{name}: the image made again from the cache has digest {again.store_digest}, the "
+                f"first {first.store_digest}",
+                step="commit",
+                hint="the layer cache holds other bytes than were made: "
+                "`envspec cache gc` and build again",
+            )
+        out.append(
+            (
+                name,
+                dataclasses.replace(
+                    first,
+                    image=again.image,
+                    store_digest=again.store_digest,
+                    phases=first.phases + again.phases,
+                    seconds=first.seconds + again.seconds,
+                    cache_to=again.cache_to,
+                    cached_to=again.cached_to,
+                ),
+            )
+        )
     return out
 
 
@@ -194,16 +268,23 @@ def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
         engine.push(layout, options.push, index=True)
         registry = registry_stage(options)
         for view in lock.views():
-            for what, dest in registry.refs(options.push, f"sha256:({view.platform.oci_arch} digest)"):
+            for what, dest in registry.refs(
+                options.push, f"sha256:({view.platform.oci_arch} digest)"
+            ):
                 engine.push(Path(f"({what}, {view.platform_names[0]})"), dest)
         if registry.signs:
-            index_sig = [dest for what, dest in registry.refs(options.push, "sha256:(index digest)") if what == "signature"]
+            index_sig = [
+                dest
+                for what, dest in registry.refs(options.push, "sha256:(index digest)")
+                if what == "signature"
+            ]
             engine.push(Path("(index signature)"), index_sig[0])
     return [list(c) for c in engine.calls]
 
 
-def deliver_index(engine: "Engine", layout: Path, digest: str, options: "BuildOptions",
-                  reporter: "Reporter") -> tuple[tuple[str, ...], tuple[str, ...]]:
+def deliver_index(
+    engine: "Engine", layout: Path, digest: str, options: "BuildOptions", reporter: "Reporter"
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The index of ``layout`` to ``options.outputs`` (oci:DIR: hardlinked, ``oci-archive:``: by the
     engine) and ``options.push`` (every image, then the index, digests kept)."""
     for dest in options.outputs:

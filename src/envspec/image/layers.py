@@ -52,6 +52,7 @@ INSTALLER_NAME = b"envspec\n"
 
 # --- wheels ------------------------------------------------------------------------------------
 
+
 def _open_member(zf: zipfile.ZipFile, item: zipfile.ZipInfo) -> IO[bytes]:
     """zipfile's reader of one member (its CRC-32 check, its handling of the stream's end), with
     ISA-L inflating where the member is deflated. zipfile makes its zlib decompressor when the
@@ -113,13 +114,19 @@ class TarDestination(SchemeDictionaryDestination):
     duplicates: list[str] = field(default_factory=list)
     compiler: Compiler | None = None
     compiled: list[tuple[Scheme, RecordEntry]] = field(default_factory=list)  # (scheme, .pyc entry)
-    pending: list[tuple[Scheme, str, int]] = field(default_factory=list)  # (scheme, .py path, compile ticket)
+    pending: list[tuple[Scheme, str, int]] = field(
+        default_factory=list
+    )  # (scheme, .py path, compile ticket)
 
     def write_to_fs(self, scheme, path, stream, is_executable):
         assert self.writer is not None
         target = str(self._path_with_destdir(scheme, path))
-        if (self.compiler is not None and scheme in ("purelib", "platlib") and path.endswith(".py")
-                and not self.writer.has(target)):
+        if (
+            self.compiler is not None
+            and scheme in ("purelib", "platlib")
+            and path.endswith(".py")
+            and not self.writer.has(target)
+        ):
             return self._write_py(scheme, path, target, stream, is_executable)
         # A member written as the wheel has it keeps the hash its RECORD gives (as pip does; the
         # wheel's own sha256 is the lock's, and zipfile checks each member's CRC-32): hashing
@@ -140,7 +147,9 @@ class TarDestination(SchemeDictionaryDestination):
                     h.update(chunk)
                 left -= len(chunk)
         else:
-            self.writer.add_file(target, stream, size, mode=0o755 if is_executable else 0o644, hasher=h)
+            self.writer.add_file(
+                target, stream, size, mode=0o755 if is_executable else 0o644, hasher=h
+            )
         if h is None:
             return RecordEntry(path, Hash(self.hash_algorithm, value), size)
         import base64
@@ -159,7 +168,9 @@ class TarDestination(SchemeDictionaryDestination):
         algo, _, value = known.partition("=")
         if not (value and algo == self.hash_algorithm):
             value = _b64digest(self.hash_algorithm, source)
-        self.writer.add_file(target, None, size, data=source, mode=0o755 if is_executable else 0o644)
+        self.writer.add_file(
+            target, None, size, data=source, mode=0o755 if is_executable else 0o644
+        )
         self.pending.append((scheme, path, self.compiler.submit(target, source)))
         return RecordEntry(path, Hash(self.hash_algorithm, value), size)
 
@@ -173,16 +184,30 @@ class TarDestination(SchemeDictionaryDestination):
             if pyc is None:
                 continue
             rel = pyc_path(path, self.compiler.cache_tag)  # type: ignore[union-attr]
-            if self.writer.has(str(self._path_with_destdir(py_scheme, rel))):  # the wheel ships its own
+            if self.writer.has(
+                str(self._path_with_destdir(py_scheme, rel))
+            ):  # the wheel ships its own
                 continue
-            self.writer.add_file(str(self._path_with_destdir(py_scheme, rel)), None, len(pyc), data=pyc)
-            self.compiled.append((py_scheme, RecordEntry(rel, Hash(self.hash_algorithm,
-                                                                  _b64digest(self.hash_algorithm, pyc)), len(pyc))))
+            self.writer.add_file(
+                str(self._path_with_destdir(py_scheme, rel)), None, len(pyc), data=pyc
+            )
+            self.compiled.append(
+                (
+                    py_scheme,
+                    RecordEntry(
+                        rel,
+                        Hash(self.hash_algorithm, _b64digest(self.hash_algorithm, pyc)),
+                        len(pyc),
+                    ),
+                )
+            )
         self.pending.clear()
         super().finalize_installation(scheme, record_file_path, [*records, *self.compiled])
 
     def write_script(self, name, module, attr, section):
-        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        script_name, data = Script(name, module, attr, section).generate(
+            self.interpreter, self.script_kind
+        )
         return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
 
 
@@ -203,9 +228,15 @@ def venv_schemes(platform: Platform, distribution: str) -> dict[str, str]:
     }
 
 
-def make_wheel_layer(wheel_files: list[tuple[str, str, Identity | None]], platform: Platform, out: str | Path,
-                     compression: Compression | None = None, compiler: tuple[str, str] | None = None,
-                     tree: str | Path | None = None, pipe: str | Path | None = None) -> dict:
+def make_wheel_layer(
+    wheel_files: list[tuple[str, str, Identity | None]],
+    platform: Platform,
+    out: str | Path,
+    compression: Compression | None = None,
+    compiler: tuple[str, str] | None = None,
+    tree: str | Path | None = None,
+    pipe: str | Path | None = None,
+) -> dict:
     """Install wheels ``[(filename, path, identity), ...]`` (already in layer order; ``identity``:
     a local mirror's file read where it is, ``WheelFetcher.in_place``, else None) into a layer tar at
     ``out`` (and its compressed blob beside it, with ``compression``); ``compiler`` ``(python,
@@ -215,14 +246,18 @@ def make_wheel_layer(wheel_files: list[tuple[str, str, Identity | None]], platfo
     Runs in a worker process."""
     import contextlib
 
-    with TarWriter(out, compression=compression, tree=tree, pipe=pipe) as w, \
-            (Compiler(*compiler) if compiler else contextlib.nullcontext()) as comp:
+    with (
+        TarWriter(out, compression=compression, tree=tree, pipe=pipe) as w,
+        Compiler(*compiler) if compiler else contextlib.nullcontext() as comp,
+    ):
         duplicates: list[str] = []
         pyc: list[tuple[Scheme, RecordEntry]] = []
         for filename, path, ident in wheel_files:
             # The cache names files by sha256; installer reads name and version off the filename.
             with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
-                if ident is not None:  # hashed where it is when fetched: still that file, unchanged?
+                if (
+                    ident is not None
+                ):  # hashed where it is when fetched: still that file, unchanged?
                     _unchanged(fh, path, ident)
                 zf.filename = filename
                 source = _SortedWheelFile(zf)
@@ -249,12 +284,20 @@ def make_wheel_layer(wheel_files: list[tuple[str, str, Identity | None]], platfo
 def _unchanged(fh: IO[bytes], path: str, ident: Identity) -> None:
     """Raise HashMismatch where the open file ``fh`` is no longer the one hashed (``ident``)."""
     if identity(os.fstat(fh.fileno())) != tuple(ident):
-        raise HashMismatch(f"{path} changed after its sha256 was checked (a local mirror's file, read where it is)",
-                           step="make layer", hint="something wrote to the mirror during the build; build again")
+        raise HashMismatch(
+            f"{path} changed after its sha256 was checked (a local mirror's file, read where it is)",
+            step="make layer",
+            hint="something wrote to the mirror during the build; build again",
+        )
 
 
 def _result(res: TarResult, duplicates: list[str]) -> dict:
-    out = {"diff_id": res.diff_id, "size": res.size, "entries": res.entries, "duplicates": duplicates}
+    out = {
+        "diff_id": res.diff_id,
+        "size": res.size,
+        "entries": res.entries,
+        "duplicates": duplicates,
+    }
     if res.blob_path is not None:
         out["blob"] = {"digest": res.blob_digest, "size": res.blob_size, "path": str(res.blob_path)}
     return out
@@ -284,9 +327,14 @@ def add_venv_skeleton(w: TarWriter, platform: Platform) -> None:
     w.add_symlink(f"{v}/bin/python", f"python{py}")
 
 
-def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
-                    compression: Compression | None = None, compiler: tuple[str, str] | None = None,
-                    pipe: str | Path | None = None) -> dict:
+def make_base_layer(
+    plan: BuildPlan,
+    rootfs: str | Path | None,
+    out: str | Path,
+    compression: Compression | None = None,
+    compiler: tuple[str, str] | None = None,
+    pipe: str | Path | None = None,
+) -> dict:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
     without Debian packages), the venv skeleton, and /workspace owned by the non-root user.
     ``compiler`` ``(python, cache tag)`` adds the .pyc of the rootfs's Python modules
@@ -294,8 +342,12 @@ def make_base_layer(plan: BuildPlan, rootfs: str | Path | None, out: str | Path,
     rt = plan.lock.runtime
     ws = "/" + rt.workdir.strip("/")
     pyc = {"files": 0, "bytes": 0}
-    with TarWriter(out, compression=compression, pipe=pipe) as w, \
-            (Compiler(*compiler) if compiler and rootfs is not None else contextlib.nullcontext()) as comp:
+    with (
+        TarWriter(out, compression=compression, pipe=pipe) as w,
+        (
+            Compiler(*compiler) if compiler and rootfs is not None else contextlib.nullcontext()
+        ) as comp,
+    ):
         if rootfs is not None:
             root = Path(rootfs)
             # sent to the compiler's children first: they compile while the rootfs is written
@@ -357,7 +409,9 @@ def rootfs_py_files(root: Path, python: str) -> list[str]:
     return out
 
 
-def add_pyc(w: TarWriter, sources: list[tuple[str, bytes]], compiler: tuple[str, str]) -> dict[str, int]:
+def add_pyc(
+    w: TarWriter, sources: list[tuple[str, bytes]], compiler: tuple[str, str]
+) -> dict[str, int]:
     """Compile ``sources`` ((in-image path, bytes), in the order given) with the image's CPython
     (``bytecode.Compiler``) and add each one's ``__pycache__`` .pyc (0644 root:root) unless the
     tar has it already; a source that does not compile gets none. Returns the count and bytes."""
@@ -423,9 +477,16 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
     return out
 
 
-def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service_files: dict[str, tuple[str, int]],
-                       verify_dir: Path | None = None, compression: Compression | None = None,
-                       compiler: tuple[str, str] | None = None) -> dict:
+def make_envspec_layer(
+    plan: BuildPlan,
+    sbom: bytes,
+    out: str | Path,
+    *,
+    service_files: dict[str, tuple[str, int]],
+    verify_dir: Path | None = None,
+    compression: Compression | None = None,
+    compiler: tuple[str, str] | None = None,
+) -> dict:
     """The top layer: the lock, the SBOM, the verifier (``verify_dir``, default envspec's own) and
     its launcher, and ``service_files`` ({image path: (text, mode)}: the entrypoint and the
     services' files that ``envspec.services.render_service_files`` renders from the lock).
@@ -444,15 +505,28 @@ def make_envspec_layer(plan: BuildPlan, sbom: bytes, out: str | Path, *, service
     if not any(rel == "__init__.py" for rel, _ in vfiles):
         files.append((f"{ENVSPEC_LIB}/envspec/verify/__init__.py", b"", 0o644))
     files += [(f"{ENVSPEC_LIB}/envspec/verify/{rel}", data, 0o644) for rel, data in vfiles]
-    files.append((f"{v}/bin/envspec", LAUNCHER.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(), 0o755))
+    files.append(
+        (
+            f"{v}/bin/envspec",
+            LAUNCHER.replace("{venv}", v).replace("{lib}", ENVSPEC_LIB).encode(),
+            0o755,
+        )
+    )
     files.sort(key=lambda t: t[0])
     with TarWriter(out, compression=compression) as w:
         for path, data, mode in files:
             w.add_file(path, None, len(data), data=data, mode=mode)
         pyc = {"files": 0, "bytes": 0}
         if compiler is not None:
-            pyc = add_pyc(w, [(path, data) for path, data, _ in files
-                              if path.startswith(f"{ENVSPEC_LIB}/") and path.endswith(".py")], compiler)
+            pyc = add_pyc(
+                w,
+                [
+                    (path, data)
+                    for path, data, _ in files
+                    if path.startswith(f"{ENVSPEC_LIB}/") and path.endswith(".py")
+                ],
+                compiler,
+            )
         res = w.close()
     made = _result(res, [])
     made["pyc"] = pyc
@@ -485,5 +559,12 @@ def estimated_cost(wheels: "list[str | Path]", *, bytecode: bool) -> float:
 def wheel_layer_job(args: tuple) -> dict:
     """Process-pool entry point (picklable)."""
     wheel_files, platform_json, out, comp, compiler, tree, pipe = args
-    return make_wheel_layer(wheel_files, Platform.model_validate_json(platform_json), out,
-                            Compression(comp) if comp != "none" else None, compiler, tree, pipe)
+    return make_wheel_layer(
+        wheel_files,
+        Platform.model_validate_json(platform_json),
+        out,
+        Compression(comp) if comp != "none" else None,
+        compiler,
+        tree,
+        pipe,
+    )

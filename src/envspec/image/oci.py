@@ -29,7 +29,9 @@ MT_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
 def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -37,14 +39,18 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def created_at() -> str:
-    return datetime.fromtimestamp(source_date_epoch(), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(source_date_epoch(), tz=timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
 
 
 @dataclass(frozen=True)
 class LayerBlob:
     group: str
     key: str
-    path: Path | None  # the blob: the uncompressed tar or its compressed file (in the cache); None: not in the layout
+    path: (
+        Path | None
+    )  # the blob: the uncompressed tar or its compressed file (in the cache); None: not in the layout
     digest: str  # the blob's digest (== diff_id when uncompressed)
     size: int  # the blob's size
     description: str = ""
@@ -116,8 +122,9 @@ def image_labels(plan: BuildPlan) -> dict[str, str]:
     return {k: v for k, v in labels.items() if v}
 
 
-def image_config(plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str],
-                 user: str) -> dict[str, Any]:
+def image_config(
+    plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str], user: str
+) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "Env": image_env(plan),
         "User": user,
@@ -136,12 +143,20 @@ def image_config(plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[s
         "author": "envspec",
         "config": cfg,
         "rootfs": {"type": "layers", "diff_ids": [lay.diff_id or lay.digest for lay in layers]},
-        "history": [{"created": when, "created_by": f"envspec {lay.group} layer",
-                     "comment": lay.description or lay.key} for lay in layers],
+        "history": [
+            {
+                "created": when,
+                "created_by": f"envspec {lay.group} layer",
+                "comment": lay.description or lay.key,
+            }
+            for lay in layers
+        ],
     }
 
 
-def _place_blob(blobs: Path, digest: str, src: Path | None = None, data: bytes | None = None) -> None:
+def _place_blob(
+    blobs: Path, digest: str, src: Path | None = None, data: bytes | None = None
+) -> None:
     dest = blobs / digest.split(":", 1)[1]
     if dest.exists():
         return
@@ -150,7 +165,9 @@ def _place_blob(blobs: Path, digest: str, src: Path | None = None, data: bytes |
         tmp.write_bytes(data)
         os.replace(tmp, dest)
         return
-    if src is None:  # a layer streamed into the store alone: this layout is the store's (image.Layers.layout_path)
+    if (
+        src is None
+    ):  # a layer streamed into the store alone: this layout is the store's (image.Layers.layout_path)
         return
     try:
         os.link(src, dest)  # same file system as the cache: no copy of gigabytes
@@ -158,8 +175,16 @@ def _place_blob(blobs: Path, digest: str, src: Path | None = None, data: bytes |
         shutil.copyfile(src, dest)
 
 
-def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str],
-                 user: str, ref_name: str) -> tuple[str, int, bytes]:
+def write_layout(
+    dest: Path,
+    plan: BuildPlan,
+    layers: list[LayerBlob],
+    *,
+    entrypoint: list[str],
+    cmd: list[str],
+    user: str,
+    ref_name: str,
+) -> tuple[str, int, bytes]:
     """Write an OCI image layout at ``dest`` (an empty or new directory). Returns (manifest
     digest, manifest size, config bytes)."""
     blobs = dest / "blobs" / "sha256"
@@ -174,9 +199,18 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
         "schemaVersion": 2,
         "mediaType": MT_MANIFEST,
         "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": lay.media_type, "digest": lay.digest, "size": lay.size,
-                    "annotations": {"io.envspec.layer.group": lay.group, "io.envspec.layer.key": lay.key}}
-                   for lay in layers],
+        "layers": [
+            {
+                "mediaType": lay.media_type,
+                "digest": lay.digest,
+                "size": lay.size,
+                "annotations": {
+                    "io.envspec.layer.group": lay.group,
+                    "io.envspec.layer.key": lay.key,
+                },
+            }
+            for lay in layers
+        ],
         "annotations": {
             "org.opencontainers.image.created": created_at(),
             "org.opencontainers.image.title": meta.name,
@@ -190,8 +224,14 @@ def write_layout(dest: Path, plan: BuildPlan, layers: list[LayerBlob], *, entryp
     index = {
         "schemaVersion": 2,
         "mediaType": MT_INDEX,
-        "manifests": [{"mediaType": MT_MANIFEST, "digest": mdigest, "size": len(mbytes),
-                       "annotations": {"org.opencontainers.image.ref.name": ref_name}}],
+        "manifests": [
+            {
+                "mediaType": MT_MANIFEST,
+                "digest": mdigest,
+                "size": len(mbytes),
+                "annotations": {"org.opencontainers.image.ref.name": ref_name},
+            }
+        ],
     }
     (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     (dest / "index.json").write_bytes(canonical_json(index))
@@ -216,10 +256,15 @@ def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
     index: dict[str, Any] = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": []}
     if (dest / "index.json").is_file():
         index = json.loads((dest / "index.json").read_bytes())
-    names = {m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in new} - {None}
-    kept = [m for m in index.get("manifests", [])
-            if m.get("annotations", {}).get("org.opencontainers.image.ref.name") not in names
-            and m["digest"] not in {n["digest"] for n in new}]
+    names = {m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in new} - {
+        None
+    }
+    kept = [
+        m
+        for m in index.get("manifests", [])
+        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") not in names
+        and m["digest"] not in {n["digest"] for n in new}
+    ]
     index["manifests"] = kept + new
     (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     tmp = dest / "index.json.tmp"
@@ -227,8 +272,9 @@ def export_layout(src: Path, dest: Path, ref_name: str = "") -> None:
     os.replace(tmp, dest / "index.json")
 
 
-def write_index(layout: Path, images: list[tuple[str, str, str]], *, ref_name: str,
-                annotations: dict[str, str]) -> tuple[str, int]:
+def write_index(
+    layout: Path, images: list[tuple[str, str, str]], *, ref_name: str, annotations: dict[str, str]
+) -> tuple[str, int]:
     """Make the OCI layout ``layout`` (which holds the images' manifests and blobs) hold one image
     index (manifest list) over ``images``, (os, architecture, manifest digest) each in this order,
     with each manifest's ``platform``; ``index.json`` then names the index only, as ``ref_name``.
@@ -237,15 +283,35 @@ def write_index(layout: Path, images: list[tuple[str, str, str]], *, ref_name: s
     manifests = []
     for os_name, arch, digest in images:
         size = (blobs / digest.split(":", 1)[1]).stat().st_size
-        manifests.append({"mediaType": MT_MANIFEST, "digest": digest, "size": size,
-                          "platform": {"architecture": arch, "os": os_name}})
-    index = {"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": manifests, "annotations": annotations}
+        manifests.append(
+            {
+                "mediaType": MT_MANIFEST,
+                "digest": digest,
+                "size": size,
+                "platform": {"architecture": arch, "os": os_name},
+            }
+        )
+    index = {
+        "schemaVersion": 2,
+        "mediaType": MT_INDEX,
+        "manifests": manifests,
+        "annotations": annotations,
+    }
     data = canonical_json(index)
     digest = sha256_bytes(data)
     _place_blob(blobs, digest, data=data)
-    top = {"schemaVersion": 2, "mediaType": MT_INDEX,
-           "manifests": [{"mediaType": MT_INDEX, "digest": digest, "size": len(data),
-                          "annotations": {"org.opencontainers.image.ref.name": ref_name}}]}
+    top = {
+        "schemaVersion": 2,
+        "mediaType": MT_INDEX,
+        "manifests": [
+            {
+                "mediaType": MT_INDEX,
+                "digest": digest,
+                "size": len(data),
+                "annotations": {"org.opencontainers.image.ref.name": ref_name},
+            }
+        ],
+    }
     (layout / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
     tmp = layout / "index.json.tmp"
     tmp.write_bytes(canonical_json(top))

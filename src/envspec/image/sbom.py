@@ -19,57 +19,96 @@ def _spdx_id(kind: str, name: str, version: str) -> str:
 def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
     meta = plan.lock.meta
     root_id = "SPDXRef-image"
-    packages: list[dict[str, Any]] = [{
-        "SPDXID": root_id,
-        "name": meta.name,
-        "versionInfo": plan.lock.short_hash,
-        "downloadLocation": "NOASSERTION",
-        "filesAnalyzed": False,
-        "licenseConcluded": "NOASSERTION",
-        "licenseDeclared": "NOASSERTION",
-        "copyrightText": "NOASSERTION",
-        "primaryPackagePurpose": "CONTAINER",
-        "comment": f"lock {meta.content_hash}",
-    }]
-    rels = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id}]
+    packages: list[dict[str, Any]] = [
+        {
+            "SPDXID": root_id,
+            "name": meta.name,
+            "versionInfo": plan.lock.short_hash,
+            "downloadLocation": "NOASSERTION",
+            "filesAnalyzed": False,
+            "licenseConcluded": "NOASSERTION",
+            "licenseDeclared": "NOASSERTION",
+            "copyrightText": "NOASSERTION",
+            "primaryPackagePurpose": "CONTAINER",
+            "comment": f"lock {meta.content_hash}",
+        }
+    ]
+    rels = [
+        {
+            "spdxElementId": "SPDXRef-DOCUMENT",
+            "relationshipType": "DESCRIBES",
+            "relatedSpdxElement": root_id,
+        }
+    ]
     mirror = plan.lock.debian.mirror.rstrip("/") if plan.lock.debian else ""
     for d in plan.debs:
         sid = _spdx_id("deb", f"{d.name}-{d.architecture}", d.version)
-        packages.append({
-            "SPDXID": sid, "name": d.name, "versionInfo": d.version,
-            "downloadLocation": f"{mirror}/{d.filename}" if mirror else "NOASSERTION",
-            "filesAnalyzed": False, "licenseConcluded": "NOASSERTION", "licenseDeclared": "NOASSERTION",
-            "copyrightText": "NOASSERTION", "supplier": "Organization: Debian",
-            "checksums": [{"algorithm": "SHA256", "checksumValue": d.sha256}],
-            "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
-                              "referenceLocator": f"pkg:deb/debian/{d.name}@{urllib.parse.quote(d.version)}"
-                                                  f"?arch={d.architecture}"}],
-            "primaryPackagePurpose": "LIBRARY",
-        })
-        rels.append({"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid})
+        packages.append(
+            {
+                "SPDXID": sid,
+                "name": d.name,
+                "versionInfo": d.version,
+                "downloadLocation": f"{mirror}/{d.filename}" if mirror else "NOASSERTION",
+                "filesAnalyzed": False,
+                "licenseConcluded": "NOASSERTION",
+                "licenseDeclared": "NOASSERTION",
+                "copyrightText": "NOASSERTION",
+                "supplier": "Organization: Debian",
+                "checksums": [{"algorithm": "SHA256", "checksumValue": d.sha256}],
+                "externalRefs": [
+                    {
+                        "referenceCategory": "PACKAGE-MANAGER",
+                        "referenceType": "purl",
+                        "referenceLocator": f"pkg:deb/debian/{d.name}@{urllib.parse.quote(d.version)}"
+                        f"?arch={d.architecture}",
+                    }
+                ],
+                "primaryPackagePurpose": "LIBRARY",
+            }
+        )
+        rels.append(
+            {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid}
+        )
     for w in plan.wheels:
         sid = _spdx_id("pypi", w.name, w.version)
-        packages.append({
-            "SPDXID": sid, "name": w.name, "versionInfo": w.version,
-            "downloadLocation": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}" if w.index else "NOASSERTION",
-            "packageFileName": w.filename,
-            "filesAnalyzed": False, "licenseConcluded": "NOASSERTION", "licenseDeclared": "NOASSERTION",
-            "copyrightText": "NOASSERTION",
-            "checksums": [{"algorithm": "SHA256", "checksumValue": w.sha256}],
-            "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
-                              "referenceLocator": f"pkg:pypi/{w.name}@{w.version}"}],
-            "primaryPackagePurpose": "LIBRARY",
-            "comment": f"layer group {w.group}",
-        })
-        rels.append({"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid})
+        packages.append(
+            {
+                "SPDXID": sid,
+                "name": w.name,
+                "versionInfo": w.version,
+                "downloadLocation": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}"
+                if w.index
+                else "NOASSERTION",
+                "packageFileName": w.filename,
+                "filesAnalyzed": False,
+                "licenseConcluded": "NOASSERTION",
+                "licenseDeclared": "NOASSERTION",
+                "copyrightText": "NOASSERTION",
+                "checksums": [{"algorithm": "SHA256", "checksumValue": w.sha256}],
+                "externalRefs": [
+                    {
+                        "referenceCategory": "PACKAGE-MANAGER",
+                        "referenceType": "purl",
+                        "referenceLocator": f"pkg:pypi/{w.name}@{w.version}",
+                    }
+                ],
+                "primaryPackagePurpose": "LIBRARY",
+                "comment": f"layer group {w.group}",
+            }
+        )
+        rels.append(
+            {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid}
+        )
     doc = {
         "spdxVersion": "SPDX-2.3",
         "dataLicense": "CC0-1.0",
         "SPDXID": "SPDXRef-DOCUMENT",
         "name": f"{meta.name}-{plan.lock.short_hash}",
         "documentNamespace": f"urn:envspec:sbom:{meta.name}:{meta.content_hash.split(':', 1)[-1]}",
-        "creationInfo": {"created": created_at(),
-                         "creators": [f"Tool: envspec{('-' + tool_version) if tool_version else ''}"]},
+        "creationInfo": {
+            "created": created_at(),
+            "creators": [f"Tool: envspec{('-' + tool_version) if tool_version else ''}"],
+        },
         "packages": packages,
         "relationships": rels,
     }

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 BLOCK = 512
 COPY_CHUNK = 1 << 20
-DIRECT_FILE_MIN = 4 << 20  # a tree's files this big are written with O_DIRECT (``TarWriter.add_file``)
+DIRECT_FILE_MIN = (
+    4 << 20
+)  # a tree's files this big are written with O_DIRECT (``TarWriter.add_file``)
 
 
 def source_date_epoch() -> int:
@@ -75,8 +77,14 @@ class DirectFile:
     ALIGN = 4096  # the largest logical block size a Linux block device has
     BUF = 8 << 20
 
-    def __init__(self, fd: int, *, direct: bool, tee: "PipeTee | None" = None,
-                 buffers: "list[mmap.mmap] | None" = None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        *,
+        direct: bool,
+        tee: "PipeTee | None" = None,
+        buffers: "list[mmap.mmap] | None" = None,
+    ) -> None:
         """``buffers``: three of ``BUF`` bytes to use, which ``close`` leaves open (a caller writing
         one file after another keeps them; else they are made here and freed by ``close``)."""
         self.fd, self.direct, self.tee = fd, direct, tee
@@ -94,8 +102,15 @@ class DirectFile:
         self._thread.start()
 
     @classmethod
-    def open(cls, path: str | Path, *, tee: "PipeTee | None" = None, flags: int = os.O_CREAT | os.O_TRUNC,
-             mode: int = 0o644, buffers: "list[mmap.mmap] | None" = None) -> "DirectFile":
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        tee: "PipeTee | None" = None,
+        flags: int = os.O_CREAT | os.O_TRUNC,
+        mode: int = 0o644,
+        buffers: "list[mmap.mmap] | None" = None,
+    ) -> "DirectFile":
         """``path`` created (``flags``: truncated, or ``O_EXCL``) for writing."""
         flags |= os.O_WRONLY | os.O_CLOEXEC
         if direct_writes():
@@ -134,7 +149,9 @@ class DirectFile:
     def _write_all(self, part: memoryview) -> None:
         done = os.write(self.fd, part)
         if done != len(part):
-            if self.direct:  # a regular file takes all or fails; a short write would break the alignment
+            if (
+                self.direct
+            ):  # a regular file takes all or fails; a short write would break the alignment
                 raise OSError(errno.EIO, f"short write: {done} of {len(part)} bytes")
             with part[done:] as rest:
                 self._write_all(rest)
@@ -148,7 +165,7 @@ class DirectFile:
         self.size += len(mv)
         while len(mv):
             n = min(len(mv), self.BUF - self._pos)
-            self._cur[self._pos:self._pos + n] = mv[:n]
+            self._cur[self._pos : self._pos + n] = mv[:n]
             self._pos += n
             mv = mv[n:]
             if self._pos == self.BUF:
@@ -170,8 +187,10 @@ class DirectFile:
             self._thread.join()
             self._check()
             if self._pos > aligned:
-                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                with memoryview(self._cur) as v, v[aligned:self._pos] as tail:
+                fcntl.fcntl(
+                    self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT
+                )
+                with memoryview(self._cur) as v, v[aligned : self._pos] as tail:
                     self._write_all(tail)
                     if self.tee is not None:
                         self.tee.write(tail)
@@ -215,7 +234,7 @@ class PipeTee:
             return
         try:
             while len(b):
-                b = b[os.write(self.fd, b):]
+                b = b[os.write(self.fd, b) :]
         except BrokenPipeError:  # the stager went away
             self.close()
 
@@ -244,8 +263,15 @@ class TarWriter:
     """Append entries in a caller-decided, deterministic order. Paths are absolute image paths
     ("/opt/venv/bin/python") or relative ones; both are stored relative ("opt/venv/bin/python")."""
 
-    def __init__(self, path: str | Path, *, mtime: int | None = None, compression: "Compression | None" = None,
-                 tree: str | Path | None = None, pipe: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        mtime: int | None = None,
+        compression: "Compression | None" = None,
+        tree: str | Path | None = None,
+        pipe: str | Path | None = None,
+    ) -> None:
         """``tree``: an empty directory where every entry is also made as a file, as an untar of
         the tar would make it (mode, owner, times: containers/storage's untar rules), so a
         staged import into containers-storage need not untar it (image/importer.py). ``pipe``:
@@ -253,7 +279,9 @@ class TarWriter:
         self.path = Path(path)
         self.tree = Path(tree) if tree is not None else None
         self._tree_dirs: list[Path] = []
-        self._tree_buffers: list[mmap.mmap] | None = None  # for the big files of the tree (``DirectFile``)
+        self._tree_buffers: list[mmap.mmap] | None = (
+            None  # for the big files of the tree (``DirectFile``)
+        )
         self.uids: set[int] = set()  # the owners its entries name (containers/storage records them)
         self.gids: set[int] = set()
         self._tee = PipeTee(pipe) if pipe is not None else None
@@ -264,7 +292,11 @@ class TarWriter:
                 self._tee.close()
             raise
         try:
-            self._sink = compression.sink(self.path.with_name(self.path.name + compression.suffix)) if compression else None
+            self._sink = (
+                compression.sink(self.path.with_name(self.path.name + compression.suffix))
+                if compression
+                else None
+            )
         except BaseException:
             self._raw.close()
             if self._tee is not None:
@@ -331,8 +363,18 @@ class TarWriter:
             os.chmod(p, ti.mode)
             self._tree_dirs.append(p)  # its times once its entries are in (``close``)
 
-    def add_file(self, path: str, stream: BinaryIO | None, size: int, *, mode: int = 0o644, uid: int = 0,
-                 gid: int = 0, data: bytes | None = None, hasher: "hashlib._Hash | None" = None) -> None:
+    def add_file(
+        self,
+        path: str,
+        stream: BinaryIO | None,
+        size: int,
+        *,
+        mode: int = 0o644,
+        uid: int = 0,
+        gid: int = 0,
+        data: bytes | None = None,
+        hasher: "hashlib._Hash | None" = None,
+    ) -> None:
         """Write a regular file of exactly ``size`` bytes from ``stream`` (or ``data``).
         ``hasher``, when given, is fed the file's bytes too (for RECORD entries)."""
         rel = self._rel(path)
@@ -345,13 +387,24 @@ class TarWriter:
         self._header(ti)
         copy: "BinaryIO | DirectFile | None" = None
         if self.tree is not None:
-            if size >= DIRECT_FILE_MIN:  # the big libraries (98% of the cuda layer's bytes): past the page cache
+            if (
+                size >= DIRECT_FILE_MIN
+            ):  # the big libraries (98% of the cuda layer's bytes): past the page cache
                 if self._tree_buffers is None:
                     self._tree_buffers = [mmap.mmap(-1, DirectFile.BUF) for _ in range(3)]
-                copy = DirectFile.open(self.tree / rel, flags=os.O_CREAT | os.O_EXCL, mode=0o600,
-                                       buffers=self._tree_buffers)
+                copy = DirectFile.open(
+                    self.tree / rel,
+                    flags=os.O_CREAT | os.O_EXCL,
+                    mode=0o600,
+                    buffers=self._tree_buffers,
+                )
             else:
-                copy = open(os.open(self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb")
+                copy = open(
+                    os.open(
+                        self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                    ),
+                    "wb",
+                )
         try:
             written = 0
             if data is not None:
@@ -418,7 +471,9 @@ class TarWriter:
                 os.lchown(p, uid, gid)
             os.utime(p, ns=self._times(), follow_symlinks=False)
 
-    def add_hardlink(self, path: str, target: str, *, mode: int = 0o644, uid: int = 0, gid: int = 0) -> None:
+    def add_hardlink(
+        self, path: str, target: str, *, mode: int = 0o644, uid: int = 0, gid: int = 0
+    ) -> None:
         rel = self._rel(path)
         self.ensure_parents(rel)
         ti = tarfile.TarInfo(rel)
@@ -451,8 +506,14 @@ class TarWriter:
         self._header(ti)
         self._files.add(rel)
 
-    def add_tree(self, root: str | Path, prefix: str = "/", *, keep_owners: bool = True,
-                 owners: dict[str, tuple[int, int]] | None = None) -> None:
+    def add_tree(
+        self,
+        root: str | Path,
+        prefix: str = "/",
+        *,
+        keep_owners: bool = True,
+        owners: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
         """Add a directory tree, entries sorted by name (bytes order), hardlinks kept as links.
         ``keep_owners`` keeps numeric uid/gid from the tree (a rootfs made as root has real
         owners); otherwise 0. ``owners`` overrides owners of given image paths."""
@@ -480,7 +541,9 @@ class TarWriter:
                 elif stat.S_ISREG(st.st_mode):
                     ino = (st.st_dev, st.st_ino)
                     if st.st_nlink > 1 and ino in seen_inodes:
-                        self.add_hardlink(img_path, seen_inodes[ino], mode=st.st_mode, uid=uid, gid=gid)
+                        self.add_hardlink(
+                            img_path, seen_inodes[ino], mode=st.st_mode, uid=uid, gid=gid
+                        )
                         continue
                     if st.st_nlink > 1:
                         seen_inodes[ino] = img_path
@@ -504,7 +567,9 @@ class TarWriter:
             # No fsync: the cache records each layer's size and diff_id and checks the size on
             # reuse; an fsync of a 3 GB layer costs seconds on every cold build.
             self._raw.close()
-            if self._tee is not None:  # the stager reads to the end: the size it is told comes after
+            if (
+                self._tee is not None
+            ):  # the stager reads to the end: the size it is told comes after
                 self._tee.close()
             if self._sink is not None:
                 self._blob = self._sink.close()
@@ -512,9 +577,14 @@ class TarWriter:
                 os.utime(d, ns=self._times())
             self._free_tree_buffers()
             self._closed = True
-        return TarResult(diff_id="sha256:" + self._out.h.hexdigest(), size=self._out.n, entries=self.entries,
-                         blob_digest=self._blob[0], blob_size=self._blob[1],
-                         blob_path=self._sink.path if self._sink is not None else None)
+        return TarResult(
+            diff_id="sha256:" + self._out.h.hexdigest(),
+            size=self._out.n,
+            entries=self.entries,
+            blob_digest=self._blob[0],
+            blob_size=self._blob[1],
+            blob_path=self._sink.path if self._sink is not None else None,
+        )
 
     def abort(self) -> None:
         if not self._closed:

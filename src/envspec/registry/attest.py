@@ -76,26 +76,50 @@ def repository(ref: str) -> str:
 
 # --- the statements ---------------------------------------------------------------------------------
 
-def provenance(plan: BuildPlan, image_digest: str, *, lock_path: str = "", tool_version: str = __version__) -> dict:
+
+def provenance(
+    plan: BuildPlan, image_digest: str, *, lock_path: str = "", tool_version: str = __version__
+) -> dict:
     """The SLSA v1 provenance of the image ``image_digest`` built from ``plan``: materials are the
     lock (its content hash) and every .deb and wheel with its sha256; the builder is envspec."""
     lock = plan.lock
     meta = lock.meta
     lock_digest = meta.content_hash.split(":", 1)[-1]
-    deps: list[dict[str, Any]] = [{
-        "name": lock_path or f"{meta.name}.lock", "uri": f"envspec-lock:{meta.name}",
-        "digest": {"sha256": lock_digest},
-        "annotations": {"role": "lock", "lock_text_sha256": hashlib.sha256(plan.lock_text.encode()).hexdigest()},
-    }]
+    deps: list[dict[str, Any]] = [
+        {
+            "name": lock_path or f"{meta.name}.lock",
+            "uri": f"envspec-lock:{meta.name}",
+            "digest": {"sha256": lock_digest},
+            "annotations": {
+                "role": "lock",
+                "lock_text_sha256": hashlib.sha256(plan.lock_text.encode()).hexdigest(),
+            },
+        }
+    ]
     mirror = lock.debian.mirror.rstrip("/") if lock.debian else ""
     for d in sorted(plan.debs, key=lambda d: (d.name, d.architecture, d.version)):
-        deps.append({"name": d.filename.rsplit("/", 1)[-1], "uri": f"{mirror}/{d.filename}" if mirror else d.filename,
-                     "digest": {"sha256": d.sha256}, "annotations": {"kind": "deb", "package": d.name,
-                                                                       "version": d.version}})
+        deps.append(
+            {
+                "name": d.filename.rsplit("/", 1)[-1],
+                "uri": f"{mirror}/{d.filename}" if mirror else d.filename,
+                "digest": {"sha256": d.sha256},
+                "annotations": {"kind": "deb", "package": d.name, "version": d.version},
+            }
+        )
     for w in sorted(plan.wheels, key=lambda w: (w.name, w.version, w.filename)):
-        deps.append({"name": w.filename, "uri": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}",
-                     "digest": {"sha256": w.sha256}, "annotations": {"kind": "wheel", "package": w.name,
-                                                                       "version": w.version, "group": w.group}})
+        deps.append(
+            {
+                "name": w.filename,
+                "uri": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}",
+                "digest": {"sha256": w.sha256},
+                "annotations": {
+                    "kind": "wheel",
+                    "package": w.name,
+                    "version": w.version,
+                    "group": w.group,
+                },
+            }
+        )
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": meta.name, "digest": {"sha256": image_digest.split(":", 1)[-1]}}],
@@ -103,8 +127,10 @@ def provenance(plan: BuildPlan, image_digest: str, *, lock_path: str = "", tool_
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"lock": {"path": lock_path, "content_hash": meta.content_hash},
-                                       "platform": f"{lock.platform.os}/{plan.platform.oci_arch}"},
+                "externalParameters": {
+                    "lock": {"path": lock_path, "content_hash": meta.content_hash},
+                    "platform": f"{lock.platform.os}/{plan.platform.oci_arch}",
+                },
                 "internalParameters": {"spec_hash": meta.spec_hash, "db_version": meta.db_version},
                 "resolvedDependencies": deps,
             },
@@ -115,12 +141,18 @@ def provenance(plan: BuildPlan, image_digest: str, *, lock_path: str = "", tool_
 
 def sbom_statement(plan: BuildPlan, image_digest: str, sbom: bytes) -> dict:
     """The SBOM the image carries, as an in-toto Statement about the image."""
-    return {"_type": STATEMENT_TYPE,
-            "subject": [{"name": plan.lock.meta.name, "digest": {"sha256": image_digest.split(":", 1)[-1]}}],
-            "predicateType": SPDX_PREDICATE, "predicate": json.loads(sbom)}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [
+            {"name": plan.lock.meta.name, "digest": {"sha256": image_digest.split(":", 1)[-1]}}
+        ],
+        "predicateType": SPDX_PREDICATE,
+        "predicate": json.loads(sbom),
+    }
 
 
 # --- signing --------------------------------------------------------------------------------------
+
 
 @dataclass
 class SigningKey:
@@ -137,8 +169,11 @@ class SigningKey:
         try:
             data = Path(path).read_bytes()
         except OSError as e:
-            raise UsageError(f"--sign-by-sigstore-private-key {path}: {e.strerror}", reference="signing-key-unreadable",
-                             hint="a cosign/sigstore private key or a PEM private key (docs/build.md)") from e
+            raise UsageError(
+                f"--sign-by-sigstore-private-key {path}: {e.strerror}",
+                reference="signing-key-unreadable",
+                hint="a cosign/sigstore private key or a PEM private key (docs/build.md)",
+            ) from e
         text = data.decode("ascii", "replace")
         try:
             if "ENCRYPTED SIGSTORE PRIVATE KEY" in text or "ENCRYPTED COSIGN PRIVATE KEY" in text:
@@ -146,10 +181,12 @@ class SigningKey:
                 return cls(serialization.load_der_private_key(der, None), str(path))
             return cls(serialization.load_pem_private_key(data, passphrase or None), str(path))
         except (ValueError, TypeError) as e:
-            raise UsageError(f"--sign-by-sigstore-private-key {path}: cannot read the key ({e})",
-                             reference="signing-key-unreadable",
-                             hint="check --sign-passphrase-file; keys: cosign generate-key-pair, or "
-                                  "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256` (docs/build.md)") from e
+            raise UsageError(
+                f"--sign-by-sigstore-private-key {path}: cannot read the key ({e})",
+                reference="signing-key-unreadable",
+                hint="check --sign-passphrase-file; keys: cosign generate-key-pair, or "
+                "`openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256` (docs/build.md)",
+            ) from e
 
     def sign(self, data: bytes) -> bytes:
         from cryptography.hazmat.primitives import hashes
@@ -161,14 +198,18 @@ class SigningKey:
             return self.key.sign(data)
         if isinstance(self.key, rsa.RSAPrivateKey):
             return self.key.sign(data, padding.PKCS1v15(), hashes.SHA256())
-        raise UsageError(f"{self.path}: keys of type {type(self.key).__name__} cannot sign here",
-                         reference="signing-key-unsupported", hint="use an ECDSA P-256, Ed25519 or RSA key")
+        raise UsageError(
+            f"{self.path}: keys of type {type(self.key).__name__} cannot sign here",
+            reference="signing-key-unsupported",
+            hint="use an ECDSA P-256, Ed25519 or RSA key",
+        )
 
     def public_pem(self) -> bytes:
         from cryptography.hazmat.primitives import serialization
 
-        return self.key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+        return self.key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
 
     def keyid(self) -> str:
         return key_id(self.public_pem())
@@ -179,30 +220,42 @@ def key_id(public_pem: bytes) -> str:
     from cryptography.hazmat.primitives import serialization
 
     pub = serialization.load_pem_public_key(public_pem)
-    der = pub.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    der = pub.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
 def _decrypt_sigstore(text: str, passphrase: bytes) -> bytes:
     """The PKCS#8 DER inside a cosign/sigstore encrypted key: JSON (kdf scrypt, cipher
     nacl/secretbox, base64 fields) in a PEM block (sigstore's cryptoutils format)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("-----")]
+    lines = [
+        ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("-----")
+    ]
     doc = json.loads(base64.b64decode("".join(lines)))
     kdf, cipher = doc["kdf"], doc["cipher"]
     if kdf.get("name") != "scrypt" or cipher.get("name") != "nacl/secretbox":
         raise ValueError(f"unknown key encryption {kdf.get('name')}/{cipher.get('name')}")
     p = kdf["params"]
     n, r = int(p["N"]), int(p["r"])
-    secret = hashlib.scrypt(passphrase, salt=base64.b64decode(kdf["salt"]), n=n, r=r, p=int(p["p"]), dklen=32,
-                            maxmem=256 * n * r)
+    secret = hashlib.scrypt(
+        passphrase,
+        salt=base64.b64decode(kdf["salt"]),
+        n=n,
+        r=r,
+        p=int(p["p"]),
+        dklen=32,
+        maxmem=256 * n * r,
+    )
     try:
         import nacl.exceptions
         import nacl.secret
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ValueError("reading a cosign/sigstore key needs PyNaCl (pip install pynacl)") from e
     try:
-        return nacl.secret.SecretBox(secret).decrypt(base64.b64decode(doc["ciphertext"]),
-                                                     base64.b64decode(cipher["nonce"]))
+        return nacl.secret.SecretBox(secret).decrypt(
+            base64.b64decode(doc["ciphertext"]), base64.b64decode(cipher["nonce"])
+        )
     except nacl.exceptions.CryptoError:
         raise ValueError("wrong passphrase") from None
 
@@ -215,14 +268,21 @@ def encrypt_sigstore_key(private_key: Any, passphrase: bytes, *, n: int = 32768)
     import nacl.secret
     from cryptography.hazmat.primitives import serialization
 
-    der = private_key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
+    der = private_key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     salt, nonce = os.urandom(32), os.urandom(24)
     secret = hashlib.scrypt(passphrase, salt=salt, n=n, r=8, p=1, dklen=32, maxmem=256 * n * 8)
     ct = nacl.secret.SecretBox(secret).encrypt(der, nonce).ciphertext
-    doc = {"kdf": {"name": "scrypt", "params": {"N": n, "r": 8, "p": 1}, "salt": base64.b64encode(salt).decode()},
-           "cipher": {"name": "nacl/secretbox", "nonce": base64.b64encode(nonce).decode()},
-           "ciphertext": base64.b64encode(ct).decode()}
+    doc = {
+        "kdf": {
+            "name": "scrypt",
+            "params": {"N": n, "r": 8, "p": 1},
+            "salt": base64.b64encode(salt).decode(),
+        },
+        "cipher": {"name": "nacl/secretbox", "nonce": base64.b64encode(nonce).decode()},
+        "ciphertext": base64.b64encode(ct).decode(),
+    }
     body = base64.encodebytes(json.dumps(doc).encode()).decode()
     return f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n".encode()
 
@@ -236,21 +296,42 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 def envelope(statement: dict, key: SigningKey | None) -> bytes:
     """A DSSE envelope of the statement, signed by ``key`` (no signature without one)."""
     payload = canonical_json(statement)
-    sigs = ([{"keyid": key.keyid(), "sig": base64.b64encode(key.sign(pae(IN_TOTO_PAYLOAD, payload))).decode()}]
-            if key is not None else [])
-    return canonical_json({"payload": base64.b64encode(payload).decode(), "payloadType": IN_TOTO_PAYLOAD,
-                           "signatures": sigs})
+    sigs = (
+        [
+            {
+                "keyid": key.keyid(),
+                "sig": base64.b64encode(key.sign(pae(IN_TOTO_PAYLOAD, payload))).decode(),
+            }
+        ]
+        if key is not None
+        else []
+    )
+    return canonical_json(
+        {
+            "payload": base64.b64encode(payload).decode(),
+            "payloadType": IN_TOTO_PAYLOAD,
+            "signatures": sigs,
+        }
+    )
 
 
 def simple_signing_payload(docker_reference: str, digest: str) -> bytes:
     """The payload that a sigstore image signature signs (containers/image's and cosign's
     "simple signing" format): the manifest digest and the reference it was pushed as."""
-    return canonical_json({"critical": {"identity": {"docker-reference": docker_reference},
-                                        "image": {"docker-manifest-digest": digest}, "type": SIGNATURE_TYPE},
-                           "optional": {"creator": f"envspec {__version__}"}})
+    return canonical_json(
+        {
+            "critical": {
+                "identity": {"docker-reference": docker_reference},
+                "image": {"docker-manifest-digest": digest},
+                "type": SIGNATURE_TYPE,
+            },
+            "optional": {"creator": f"envspec {__version__}"},
+        }
+    )
 
 
 # --- artifacts as OCI layouts ---------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Blob:
@@ -273,33 +354,69 @@ def write_artifact(dest: Path, blobs: list[Blob], *, ref_name: str) -> str:
 
     layers = []
     for b in blobs:
-        entry: dict[str, Any] = {"mediaType": b.media_type, "digest": put(b.data), "size": len(b.data)}
+        entry: dict[str, Any] = {
+            "mediaType": b.media_type,
+            "digest": put(b.data),
+            "size": len(b.data),
+        }
         if b.annotations:
             entry["annotations"] = dict(b.annotations)
         layers.append(entry)
-    config = canonical_json({"architecture": "", "os": "", "config": {},
-                             "rootfs": {"type": "layers", "diff_ids": [lay["digest"] for lay in layers]}})
-    manifest = canonical_json({"schemaVersion": 2, "mediaType": MT_MANIFEST,
-                               "config": {"mediaType": MT_CONFIG, "digest": put(config), "size": len(config)},
-                               "layers": layers})
+    config = canonical_json(
+        {
+            "architecture": "",
+            "os": "",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [lay["digest"] for lay in layers]},
+        }
+    )
+    manifest = canonical_json(
+        {
+            "schemaVersion": 2,
+            "mediaType": MT_MANIFEST,
+            "config": {"mediaType": MT_CONFIG, "digest": put(config), "size": len(config)},
+            "layers": layers,
+        }
+    )
     digest = put(manifest)
     (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    (dest / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": MT_INDEX,
-        "manifests": [{"mediaType": MT_MANIFEST, "digest": digest, "size": len(manifest),
-                       "annotations": {"org.opencontainers.image.ref.name": ref_name}}]}))
+    (dest / "index.json").write_bytes(
+        canonical_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MT_INDEX,
+                "manifests": [
+                    {
+                        "mediaType": MT_MANIFEST,
+                        "digest": digest,
+                        "size": len(manifest),
+                        "annotations": {"org.opencontainers.image.ref.name": ref_name},
+                    }
+                ],
+            }
+        )
+    )
     return digest
 
 
-def attestation_blobs(plan: BuildPlan, image_digest: str, sbom: bytes, key: SigningKey | None, *,
-                      lock_path: str = "") -> list[Blob]:
-    statements = [provenance(plan, image_digest, lock_path=lock_path), sbom_statement(plan, image_digest, sbom)]
-    return [Blob(MT_DSSE, envelope(s, key), ((PREDICATE_ANNOTATION, s["predicateType"]),)) for s in statements]
+def attestation_blobs(
+    plan: BuildPlan, image_digest: str, sbom: bytes, key: SigningKey | None, *, lock_path: str = ""
+) -> list[Blob]:
+    statements = [
+        provenance(plan, image_digest, lock_path=lock_path),
+        sbom_statement(plan, image_digest, sbom),
+    ]
+    return [
+        Blob(MT_DSSE, envelope(s, key), ((PREDICATE_ANNOTATION, s["predicateType"]),))
+        for s in statements
+    ]
 
 
 def signature_blob(docker_reference: str, digest: str, key: SigningKey) -> Blob:
     payload = simple_signing_payload(docker_reference, digest)
-    return Blob(MT_SIMPLESIGNING, payload, ((SIG_ANNOTATION, base64.b64encode(key.sign(payload)).decode()),))
+    return Blob(
+        MT_SIMPLESIGNING, payload, ((SIG_ANNOTATION, base64.b64encode(key.sign(payload)).decode()),)
+    )
 
 
 @dataclass(frozen=True)
@@ -313,12 +430,27 @@ class Attached:
 
     def pushed(self) -> tuple[tuple[str, str], ...]:
         """(reference, manifest digest) of each artifact pushed, in push order."""
-        return tuple((r, d) for r, d in ((self.attestations, self.attestation_digest),
-                                         (self.signature, self.signature_digest)) if r)
+        return tuple(
+            (r, d)
+            for r, d in (
+                (self.attestations, self.attestation_digest),
+                (self.signature, self.signature_digest),
+            )
+            if r
+        )
 
 
-def attach(push: Any, work: Path, plan: BuildPlan, image_digest: str, dest: str, sbom: bytes,
-           key: SigningKey | None, *, lock_path: str = "") -> Attached:
+def attach(
+    push: Any,
+    work: Path,
+    plan: BuildPlan,
+    image_digest: str,
+    dest: str,
+    sbom: bytes,
+    key: SigningKey | None,
+    *,
+    lock_path: str = "",
+) -> Attached:
     """Push the attestations of the image ``image_digest`` pushed as ``dest`` (and, with ``key``,
     the image's signature) with ``push(layout_dir, ref)``: the engine's push, so credentials and
     TLS are the image's. The signature goes last: a signature exists only for what is in the
@@ -326,8 +458,11 @@ def attach(push: Any, work: Path, plan: BuildPlan, image_digest: str, dest: str,
     directory of this image's own (its artifacts' layouts are written there)."""
     repo = repository(dest)
     att_dir = work / "attestations"
-    att_digest = write_artifact(att_dir, attestation_blobs(plan, image_digest, sbom, key, lock_path=lock_path),
-                                ref_name="att")
+    att_digest = write_artifact(
+        att_dir,
+        attestation_blobs(plan, image_digest, sbom, key, lock_path=lock_path),
+        ref_name="att",
+    )
     att_ref = f"{repo}:{att_tag(image_digest)}"
     push(att_dir, att_ref)
     if key is None:
@@ -341,8 +476,9 @@ def sign(push: Any, work: Path, digest: str, dest: str, key: SigningKey) -> tupl
     ``dest``, as ``REPO:sha256-<hex>.sig``; returns (that reference, the signature manifest's
     digest). Called once what it signs is in the registry."""
     sig_dir = work / "signature"
-    sig_digest = write_artifact(sig_dir, [signature_blob(dest.removeprefix("docker://"), digest, key)],
-                                ref_name="sig")
+    sig_digest = write_artifact(
+        sig_dir, [signature_blob(dest.removeprefix("docker://"), digest, key)], ref_name="sig"
+    )
     sig_ref = f"{repository(dest)}:{sig_tag(digest)}"
     push(sig_dir, sig_ref)
     return sig_ref, sig_digest

@@ -41,8 +41,14 @@ from typing import IO
 from envspec.image.engine import RegistryAccess, _is_local_registry
 from envspec.image.oci import MT_INDEX, MT_MANIFEST
 
-ACCEPT = ", ".join((MT_MANIFEST, MT_INDEX, "application/vnd.docker.distribution.manifest.v2+json",
-                    "application/vnd.docker.distribution.manifest.list.v2+json"))
+ACCEPT = ", ".join(
+    (
+        MT_MANIFEST,
+        MT_INDEX,
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+    )
+)
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 CERT_DIRS = ("/etc/containers/certs.d", "/etc/docker/certs.d")
 
@@ -70,7 +76,9 @@ def split_ref(ref: str) -> tuple[str, str, str]:
     return host, repo, reference
 
 
-def credentials(access: RegistryAccess, host: str, env: dict[str, str] | None = None) -> tuple[str, str] | None:
+def credentials(
+    access: RegistryAccess, host: str, env: dict[str, str] | None = None
+) -> tuple[str, str] | None:
     """(user, password) of ``host`` in the authfile that applies, or None where it has none.
     ``Unsupported`` where a credential helper holds them."""
     env = dict(os.environ) if env is None else env
@@ -108,7 +116,9 @@ class RegistryClient:
     timeout: float = 60.0
     env: dict[str, str] | None = None
     _schemes: dict[str, str] = field(default_factory=dict)  # host -> "https" / "http"
-    _auth: dict[tuple[str, str], str] = field(default_factory=dict)  # (host, repo) -> Authorization value
+    _auth: dict[tuple[str, str], str] = field(
+        default_factory=dict
+    )  # (host, repo) -> Authorization value
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- reads -------------------------------------------------------------------------------------
@@ -159,13 +169,18 @@ class RegistryClient:
 
     def _connect(self, scheme: str, netloc: str, tls_host: str) -> http.client.HTTPConnection:
         if scheme == "https":
-            return http.client.HTTPSConnection(netloc, timeout=self.timeout, context=self._context(tls_host))
+            return http.client.HTTPSConnection(
+                netloc, timeout=self.timeout, context=self._context(tls_host)
+            )
         return http.client.HTTPConnection(netloc, timeout=self.timeout)
 
     def _request(self, host: str, path: str, headers: dict[str, str]) -> http.client.HTTPResponse:
         """One GET to the registry ``host``, over the scheme it speaks (found once)."""
-        schemes = [self._schemes[host]] if host in self._schemes else (
-            ["https"] if self._verify(host) else ["https", "http"])
+        schemes = (
+            [self._schemes[host]]
+            if host in self._schemes
+            else (["https"] if self._verify(host) else ["https", "http"])
+        )
         last: Exception | None = None
         for scheme in schemes:
             conn = self._connect(scheme, host, host)
@@ -184,7 +199,9 @@ class RegistryClient:
             return resp
         raise RegistryHTTPError(f"the registry {host} could not be reached ({last})")
 
-    def _get(self, host: str, repo: str, path: str, headers: dict[str, str]) -> http.client.HTTPResponse | None:
+    def _get(
+        self, host: str, repo: str, path: str, headers: dict[str, str]
+    ) -> http.client.HTTPResponse | None:
         """GET ``path`` from ``host`` with the repository's credentials (answering one 401
         challenge), following redirects; None on 404. Anything else but 200 is ``RegistryHTTPError``."""
         with self._lock:
@@ -212,18 +229,29 @@ class RegistryClient:
         if resp.status != 200:
             body = resp.read(2000).decode("utf-8", "replace").strip()
             resp.close()
-            raise RegistryHTTPError(f"GET {host}{path}: {resp.status} {resp.reason} {body}".strip(), resp.status)
+            raise RegistryHTTPError(
+                f"GET {host}{path}: {resp.status} {resp.reason} {body}".strip(), resp.status
+            )
         return resp
 
-    def _follow(self, host: str, url: str, headers: dict[str, str], auth: str | None) -> http.client.HTTPResponse:
+    def _follow(
+        self, host: str, url: str, headers: dict[str, str], auth: str | None
+    ) -> http.client.HTTPResponse:
         u = urllib.parse.urlsplit(url)
         same = u.netloc == host
         scheme = self._schemes.get(host, "https") if same else u.scheme
         conn = self._connect(scheme, u.netloc, u.hostname or u.netloc)
         path = u.path + (f"?{u.query}" if u.query else "")
         try:
-            conn.request("GET", path, headers={"User-Agent": "envspec", **headers,
-                                               **({"Authorization": auth} if auth and same else {})})
+            conn.request(
+                "GET",
+                path,
+                headers={
+                    "User-Agent": "envspec",
+                    **headers,
+                    **({"Authorization": auth} if auth and same else {}),
+                },
+            )
             return conn.getresponse()
         except OSError as e:
             conn.close()
@@ -235,31 +263,47 @@ class RegistryClient:
         kind = challenge.split(" ", 1)[0].lower()
         if kind == "basic":
             if creds is None:
-                raise RegistryHTTPError(f"the registry {host} asks for credentials and the authfile has none", 401)
+                raise RegistryHTTPError(
+                    f"the registry {host} asks for credentials and the authfile has none", 401
+                )
             return "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
         if kind != "bearer":
-            raise RegistryHTTPError(f"the registry {host} asks for {challenge!r}, which envspec does not answer", 401)
+            raise RegistryHTTPError(
+                f"the registry {host} asks for {challenge!r}, which envspec does not answer", 401
+            )
         params = dict(_CHALLENGE.findall(challenge))
         realm = params.pop("realm", "")
         if not realm:
             raise RegistryHTTPError(f"the registry {host}'s token challenge names no realm", 401)
-        query = {"service": params.get("service", ""), "scope": params.get("scope") or f"repository:{repo}:pull"}
+        query = {
+            "service": params.get("service", ""),
+            "scope": params.get("scope") or f"repository:{repo}:pull",
+        }
         u = urllib.parse.urlsplit(realm)
         conn = self._connect(u.scheme or "https", u.netloc, u.hostname or u.netloc)
         head = {"User-Agent": "envspec"}
         if creds is not None:
-            head["Authorization"] = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            head["Authorization"] = (
+                "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            )
         try:
-            conn.request("GET", f"{u.path or '/'}?{urllib.parse.urlencode({k: v for k, v in query.items() if v})}",
-                         headers=head)
+            conn.request(
+                "GET",
+                f"{u.path or '/'}?{urllib.parse.urlencode({k: v for k, v in query.items() if v})}",
+                headers=head,
+            )
             resp = conn.getresponse()
             body = resp.read()
         except (OSError, socket.timeout) as e:
-            raise RegistryHTTPError(f"the token server {realm} could not be reached ({e})") from None
+            raise RegistryHTTPError(
+                f"the token server {realm} could not be reached ({e})"
+            ) from None
         finally:
             conn.close()
         if resp.status != 200:
-            raise RegistryHTTPError(f"the token server {realm} refused a pull token for {repo}: {resp.status}", 401)
+            raise RegistryHTTPError(
+                f"the token server {realm} refused a pull token for {repo}: {resp.status}", 401
+            )
         try:
             token = json.loads(body).get("token") or json.loads(body).get("access_token")
         except ValueError:

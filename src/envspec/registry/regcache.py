@@ -49,7 +49,13 @@ from envspec.image.compress import MT_LAYER, Compression
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.image.tarball import PipeTee
 from envspec.plan import Layer
-from envspec.registry.client import RegistryClient, RegistryHTTPError, Unsupported, credentials, split_ref
+from envspec.registry.client import (
+    RegistryClient,
+    RegistryHTTPError,
+    Unsupported,
+    credentials,
+    split_ref,
+)
 
 ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"
 VERSION = "1"
@@ -57,8 +63,10 @@ A = "dev.envspec.cache."
 CHUNK = 1 << 20
 _HEX64 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REF = re.compile(rf"^(?P<host>(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?)"
-                  rf"/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)$")
+_REF = re.compile(
+    rf"^(?P<host>(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9-]+)*(?::[0-9]+)?)"
+    rf"/(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)$"
+)
 
 
 def parse_ref(ref: str, where: str) -> str:
@@ -67,9 +75,12 @@ def parse_ref(ref: str, where: str) -> str:
     bare = ref.strip().removeprefix("docker://")
     m = _REF.match(bare)
     if not m or ("." not in m["host"] and ":" not in m["host"] and m["host"] != "localhost"):
-        raise UsageError(f"{where} {ref!r}: not a registry repository", reference="cache-ref-invalid",
-                         hint="a repository HOST[:PORT]/PATH without tag or digest, e.g. "
-                              "registry.example.com/team/envspec-cache or 127.0.0.1:5000/cache")
+        raise UsageError(
+            f"{where} {ref!r}: not a registry repository",
+            reference="cache-ref-invalid",
+            hint="a repository HOST[:PORT]/PATH without tag or digest, e.g. "
+            "registry.example.com/team/envspec-cache or 127.0.0.1:5000/cache",
+        )
     return bare
 
 
@@ -99,25 +110,62 @@ class Entry:
 
     def local_meta(self, group: str) -> dict[str, Any]:
         """The local cache's layer record (``image._store_layer``'s keys) of this entry."""
-        return {**self.meta, "key": self.key, "group": group, "diff_id": self.diff_id, "size": self.diff_size}
+        return {
+            **self.meta,
+            "key": self.key,
+            "group": group,
+            "diff_id": self.diff_id,
+            "size": self.diff_size,
+        }
 
 
 # --- the entry format -----------------------------------------------------------------------------
 
-def entry_manifest(key: str, group: str, comp_id: str, media_type: str, digest: str, size: int, diff_id: str,
-                   diff_size: int, meta: dict[str, Any]) -> tuple[bytes, bytes]:
+
+def entry_manifest(
+    key: str,
+    group: str,
+    comp_id: str,
+    media_type: str,
+    digest: str,
+    size: int,
+    diff_id: str,
+    diff_size: int,
+    meta: dict[str, Any],
+) -> tuple[bytes, bytes]:
     """(config, manifest) bytes of the entry for one layer; canonical JSON: equal layers give
     equal bytes on every machine."""
-    config = canonical_json({"architecture": "", "os": "", "config": {},
-                             "rootfs": {"type": "layers", "diff_ids": [diff_id]}})
-    keep = {k: v for k, v in meta.items() if k not in ("key", "group", "diff_id", "size", "blob", "cached", "source")}
-    manifest = canonical_json({
-        "schemaVersion": 2, "mediaType": MT_MANIFEST, "artifactType": ARTIFACT_TYPE,
-        "config": {"mediaType": MT_CONFIG, "digest": sha256_bytes(config), "size": len(config)},
-        "layers": [{"mediaType": media_type, "digest": digest, "size": size}],
-        "annotations": {A + "version": VERSION, A + "key": key, A + "group": group, A + "diff-id": diff_id,
-                        A + "diff-size": str(diff_size), A + "compressor": comp_id,
-                        A + "meta": json.dumps(keep, sort_keys=True, separators=(",", ":"))}})
+    config = canonical_json(
+        {
+            "architecture": "",
+            "os": "",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }
+    )
+    keep = {
+        k: v
+        for k, v in meta.items()
+        if k not in ("key", "group", "diff_id", "size", "blob", "cached", "source")
+    }
+    manifest = canonical_json(
+        {
+            "schemaVersion": 2,
+            "mediaType": MT_MANIFEST,
+            "artifactType": ARTIFACT_TYPE,
+            "config": {"mediaType": MT_CONFIG, "digest": sha256_bytes(config), "size": len(config)},
+            "layers": [{"mediaType": media_type, "digest": digest, "size": size}],
+            "annotations": {
+                A + "version": VERSION,
+                A + "key": key,
+                A + "group": group,
+                A + "diff-id": diff_id,
+                A + "diff-size": str(diff_size),
+                A + "compressor": comp_id,
+                A + "meta": json.dumps(keep, sort_keys=True, separators=(",", ":")),
+            },
+        }
+    )
     return config, manifest
 
 
@@ -137,10 +185,22 @@ def write_entry(dest: Path, blob: Path, **fields: Any) -> str:
             shutil.copyfile(blob, target)
     digest = sha256_bytes(manifest)
     (dest / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    (dest / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": MT_INDEX,
-        "manifests": [{"mediaType": MT_MANIFEST, "digest": digest, "size": len(manifest),
-                       "annotations": {"org.opencontainers.image.ref.name": "cache"}}]}))
+    (dest / "index.json").write_bytes(
+        canonical_json(
+            {
+                "schemaVersion": 2,
+                "mediaType": MT_INDEX,
+                "manifests": [
+                    {
+                        "mediaType": MT_MANIFEST,
+                        "digest": digest,
+                        "size": len(manifest),
+                        "annotations": {"org.opencontainers.image.ref.name": "cache"},
+                    }
+                ],
+            }
+        )
+    )
     return digest
 
 
@@ -150,7 +210,9 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
         m = json.loads(raw)
         ann = m.get("annotations") or {}
         if m.get("artifactType") != ARTIFACT_TYPE or ann.get(A + "version") != VERSION:
-            raise BadEntry(f"not an envspec layer-cache entry (artifactType {m.get('artifactType')!r})")
+            raise BadEntry(
+                f"not an envspec layer-cache entry (artifactType {m.get('artifactType')!r})"
+            )
         if ann.get(A + "key") != key:
             raise BadEntry(f"it is the entry of key {ann.get(A + 'key')!r}, not of {key}")
         layers = m.get("layers") or []
@@ -171,8 +233,18 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
             raise BadEntry(f"an uncompressed blob {digest} whose diff_id is said to be {diff_id}")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadEntry(f"its manifest cannot be read ({type(e).__name__}: {e})") from None
-    return Entry(ref=ref, manifest_digest=sha256_bytes(raw), key=key, diff_id=diff_id, diff_size=diff_size,
-                 compressor=str(ann.get(A + "compressor", "")), media_type=want, digest=digest, size=size, meta=meta)
+    return Entry(
+        ref=ref,
+        manifest_digest=sha256_bytes(raw),
+        key=key,
+        diff_id=diff_id,
+        diff_size=diff_size,
+        compressor=str(ann.get(A + "compressor", "")),
+        media_type=want,
+        digest=digest,
+        size=size,
+        meta=meta,
+    )
 
 
 def unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
@@ -201,8 +273,13 @@ class StreamTimes:
         return tuple((k, round(v, 3)) for k, v in vars(self).items())
 
 
-def check_stream(chunks: Iterable[Any], write: Callable[[Any], Any], entry: Entry, comp: Compression,
-                 times: StreamTimes | None = None) -> None:
+def check_stream(
+    chunks: Iterable[Any],
+    write: Callable[[Any], Any],
+    entry: Entry,
+    comp: Compression,
+    times: StreamTimes | None = None,
+) -> None:
     """Decompress the blob's ``chunks`` into ``write`` as they come, each byte hashed once on
     each side: the blob (size, sha256) must be ``entry``'s and the tar it decompresses to its
     diff size and diff_id, else ``BadEntry`` (after the last chunk: what was written is the
@@ -227,27 +304,37 @@ def check_stream(chunks: Iterable[Any], write: Callable[[Any], Any], entry: Entr
                 break
             n_out += n
             if n_out > entry.diff_size:
-                raise BadEntry(f"its blob decompresses to more than the {entry.diff_size} bytes recorded")
+                raise BadEntry(
+                    f"its blob decompresses to more than the {entry.diff_size} bytes recorded"
+                )
             th.update(view[:n])
             t2 = clock()
             write(view[:n])
             t.sha256_tar += t2 - t1
             t.write += clock() - t2
     except (zlib.error, EOFError, _ZstdError, BadEntry) as e:
-        problem = str(e) if isinstance(e, BadEntry) else f"its blob does not decompress as {comp.name} ({e})"
+        problem = (
+            str(e)
+            if isinstance(e, BadEntry)
+            else f"its blob does not decompress as {comp.name} ({e})"
+        )
     src.drain()  # the blob's digest says more than where the stream broke
     blob_digest = "sha256:" + src.h.hexdigest()
     if src.n != entry.size or blob_digest != entry.digest:
-        raise BadEntry(f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({src.n} bytes), "
-                       f"recorded {entry.digest} ({entry.size} bytes)")
+        raise BadEntry(
+            f"the blob's bytes are not the ones recorded: sha256 {blob_digest} ({src.n} bytes), "
+            f"recorded {entry.digest} ({entry.size} bytes)"
+        )
     if problem:
         raise BadEntry(problem)
     if not src.ended:
         raise BadEntry(f"its blob holds more after the end of its {comp.name} stream")
     diff_id = "sha256:" + th.hexdigest()
     if n_out != entry.diff_size or diff_id != entry.diff_id:
-        raise BadEntry(f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
-                       f"{entry.diff_id} ({entry.diff_size} bytes)")
+        raise BadEntry(
+            f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
+            f"{entry.diff_id} ({entry.diff_size} bytes)"
+        )
 
 
 class _Blob:
@@ -284,7 +371,9 @@ def _tar_reader(src: _Blob, comp: Compression) -> Callable[[bytearray], int]:
     if comp.name == "zstd":
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(src, read_size=CHUNK, read_across_frames=True)  # type: ignore[arg-type]
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            src, read_size=CHUNK, read_across_frames=True
+        )  # type: ignore[arg-type]
 
         def zs(buf: bytearray) -> int:
             n = reader.readinto(buf)
@@ -349,6 +438,7 @@ def _decompressor(comp: Compression) -> Callable[[Any], bytes]:
 
 # --- the registry ---------------------------------------------------------------------------------
 
+
 class Reader(Protocol):
     """What the cache reads of a registry (``verify_image.RegistryReader``; fakes in unit tests)."""
 
@@ -373,7 +463,9 @@ class RegistryCache:
     # None, or a registry whose credentials only a helper has: skopeo (``reader``) reads
     client: RegistryClient | None = None
 
-    _direct: bool | None = None  # whether ``client`` can read ``cache_from`` (asked once: ``_client``)
+    _direct: bool | None = (
+        None  # whether ``client`` can read ``cache_from`` (asked once: ``_client``)
+    )
 
     def _client(self) -> RegistryClient | None:
         """The direct client where it can read ``cache_from``, else None (skopeo reads)."""
@@ -381,7 +473,9 @@ class RegistryCache:
             return None
         if self._direct is None:
             try:
-                credentials(self.client.access, split_ref(self.cache_from + ":x")[0], self.client.env)
+                credentials(
+                    self.client.access, split_ref(self.cache_from + ":x")[0], self.client.env
+                )
                 self._direct = True
             except Unsupported:
                 self._direct = False
@@ -439,8 +533,14 @@ class RegistryCache:
         key = fields["key"]
         comp: Compression = fields.pop("comp")
         dest = work / f"cache-{key.split(':', 1)[-1][:16]}"
-        write_entry(dest, blob, key=key, comp_id=comp.id, media_type=comp.media_type if comp.name != "none" else MT_LAYER,
-                    **{k: v for k, v in fields.items() if k != "key"})
+        write_entry(
+            dest,
+            blob,
+            key=key,
+            comp_id=comp.id,
+            media_type=comp.media_type if comp.name != "none" else MT_LAYER,
+            **{k: v for k, v in fields.items() if k != "key"},
+        )
         ref = f"{self.cache_to}:{tag_for(key, comp)}"
         try:
             self.push(dest, ref)
@@ -469,18 +569,24 @@ class RegistryCache:
 
         if not wanted:
             return {}
-        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache"
+        ) as pool:
             got = list(pool.map(one, wanted))
         if unavailable:
             self.usable = False
-            layers.reporter.warning(f"the layer cache {self.cache_from} could not be read ({unavailable[0]}); "
-                                    "making the layers here")
+            layers.reporter.warning(
+                f"the layer cache {self.cache_from} could not be read ({unavailable[0]}); "
+                "making the layers here"
+            )
             return {}
         return {lay.key: e for lay, e in zip(wanted, got) if e is not None}
 
     def _bad_entry(self, layers: Layers, lay: Layer, e: Exception) -> None:
-        layers.reporter.warning(f"layer cache entry {self.cache_from}:{tag_for(lay.key, layers.cache_comp)} not used: "
-                                f"{e}; making the {lay.group} layer here")
+        layers.reporter.warning(
+            f"layer cache entry {self.cache_from}:{tag_for(lay.key, layers.cache_comp)} not used: "
+            f"{e}; making the {lay.group} layer here"
+        )
 
     def fetch_layers(self, layers: Layers, entries: dict[str, Entry]) -> None:
         """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
@@ -495,9 +601,14 @@ class RegistryCache:
             entry = entries[lay.key]
             try:
                 blob = self.fetch(entry, d, d / "layer.tar", comp)
-                kept = ({"digest": entry.digest, "size": entry.size, "path": str(blob)}
-                        if comp.name != "none" and entry.compressor == comp.id else None)
-                meta = store_fetched(layers.cache, lay, d / "layer.tar", entry.local_meta(lay.group), comp, kept)
+                kept = (
+                    {"digest": entry.digest, "size": entry.size, "path": str(blob)}
+                    if comp.name != "none" and entry.compressor == comp.id
+                    else None
+                )
+                meta = store_fetched(
+                    layers.cache, lay, d / "layer.tar", entry.local_meta(lay.group), comp, kept
+                )
             except BadEntry as e:
                 self._bad_entry(layers, lay, e)
                 return False
@@ -507,13 +618,17 @@ class RegistryCache:
             return True
 
         layers.work.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(4, len(wanted)), thread_name_prefix="envspec-regcache"
+        ) as pool:
             got = list(pool.map(one, wanted))
         for lay, ok in zip(wanted, got):
             if ok:
                 layers.todo.remove(lay)
 
-    def stream_layers(self, layers: Layers, entries: dict[str, Entry], streams: dict[str, Future]) -> None:
+    def stream_layers(
+        self, layers: Layers, entries: dict[str, Entry], streams: dict[str, Future]
+    ) -> None:
         """The layers of ``entries`` read from ``cache_from`` as streams, all at once, each
         checked and decompressed as it arrives (``check_stream``) into its FIFO (``Layers.pipe_for``),
         from which the store's stager untars it (``importer.Importer``): no file of the blob or of
@@ -572,7 +687,9 @@ class RegistryCache:
             return True
 
         layers.work.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted))), thread_name_prefix="envspec-stream") as pool:
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(8, len(wanted))), thread_name_prefix="envspec-stream"
+        ) as pool:
             got = list(pool.map(one, wanted))
         for lay, ok in zip(wanted, got):
             if ok:
@@ -592,12 +709,24 @@ class RegistryCache:
                 continue
             blob = meta.get("blob")
             try:
-                pushed.append(self.store(layers.work, layers.blob_path(lay), key=lay.key, group=lay.group,
-                                         comp=layers.comp, digest=blob["digest"] if blob else meta["diff_id"],
-                                         size=blob["size"] if blob else meta["size"], diff_id=meta["diff_id"],
-                                         diff_size=meta["size"], meta=meta))
+                pushed.append(
+                    self.store(
+                        layers.work,
+                        layers.blob_path(lay),
+                        key=lay.key,
+                        group=lay.group,
+                        comp=layers.comp,
+                        digest=blob["digest"] if blob else meta["diff_id"],
+                        size=blob["size"] if blob else meta["size"],
+                        diff_id=meta["diff_id"],
+                        diff_size=meta["size"],
+                        meta=meta,
+                    )
+                )
             except EnvspecError as e:
-                layers.reporter.warning(f"pushing the {lay.group} layer to the layer cache {self.cache_to} failed: "
-                                        f"{e.message}; the image is built, the cache lacks its layers")
+                layers.reporter.warning(
+                    f"pushing the {lay.group} layer to the layer cache {self.cache_to} failed: "
+                    f"{e.message}; the image is built, the cache lacks its layers"
+                )
                 break
         return tuple(pushed)

@@ -29,13 +29,18 @@ class Registry:
     def signs(self) -> bool:
         return self.key is not None
 
-    def attach(self, push: Callable[[Path, str], None], work: Path, plan: BuildPlan, digest: str,
-               dest: str) -> tuple[tuple[str, str], ...]:
+    def attach(
+        self, push: Callable[[Path, str], None], work: Path, plan: BuildPlan, digest: str, dest: str
+    ) -> tuple[tuple[str, str], ...]:
         """Push the attestations of the image ``digest`` pushed as ``dest`` and, with a key, its
         signature (``attest.attach``); (reference, manifest digest) of each, in push order."""
-        return attach(push, work, plan, digest, dest, make_sbom(plan), self.key, lock_path=self.lock_path).pushed()
+        return attach(
+            push, work, plan, digest, dest, make_sbom(plan), self.key, lock_path=self.lock_path
+        ).pushed()
 
-    def sign(self, push: Callable[[Path, str], None], work: Path, digest: str, dest: str) -> tuple[str, str]:
+    def sign(
+        self, push: Callable[[Path, str], None], work: Path, digest: str, dest: str
+    ) -> tuple[str, str]:
         """Push the signature of the manifest ``digest`` (an image index's) pushed as ``dest``."""
         assert self.key is not None
         return sign(push, work, digest, dest, self.key)
@@ -53,4 +58,6 @@ class Registry:
         """The registries ``cache_from``/``cache_to``, read and written with the engine's registry
         access (credentials, TLS) and its push."""
         access = getattr(engine, "registry", None) or RegistryAccess()
-        return RegistryCache(cache_from, cache_to, RegistryReader(access), engine.push, client=RegistryClient(access))
+        return RegistryCache(
+            cache_from, cache_to, RegistryReader(access), engine.push, client=RegistryClient(access)
+        )

@@ -50,8 +50,17 @@ from envspec.registry import attest
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
 
 _NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
-_UNREACHABLE = ("connection refused", "no such host", "i/o timeout", "network is unreachable", "no route to host",
-                "dial tcp", "server misbehaving", "connection reset", "eof")
+_UNREACHABLE = (
+    "connection refused",
+    "no such host",
+    "i/o timeout",
+    "network is unreachable",
+    "no route to host",
+    "dial tcp",
+    "server misbehaving",
+    "connection reset",
+    "eof",
+)
 
 
 @dataclass
@@ -69,21 +78,33 @@ class RegistryReader:
         try:
             cp = self.run(["skopeo", *argv], capture_output=True, timeout=600)
         except FileNotFoundError:
-            raise HostError("skopeo not found on PATH; verify-image and --check-digest read registries with it",
-                            hint="apt-get install -y skopeo") from None
+            raise HostError(
+                "skopeo not found on PATH; verify-image and --check-digest read registries with it",
+                hint="apt-get install -y skopeo",
+            ) from None
         if cp.returncode == 0:
             return bytes(cp.stdout)
-        err = cp.stderr.decode("utf-8", "replace") if isinstance(cp.stderr, bytes) else str(cp.stderr)
+        err = (
+            cp.stderr.decode("utf-8", "replace") if isinstance(cp.stderr, bytes) else str(cp.stderr)
+        )
         low = err.lower()
-        if any(k in low for k in _NOT_FOUND) and not any(k in low for k in ("connection refused", "no such host")):
+        if any(k in low for k in _NOT_FOUND) and not any(
+            k in low for k in ("connection refused", "no such host")
+        ):
             return None
         tail = "\n".join(err.strip().splitlines()[-3:])
         registry = ref.removeprefix("docker://").split("/", 1)[0]
         if any(k in low for k in _UNREACHABLE):
-            raise SourceError(f"the registry {registry} could not be reached ({tail})", reference="registry-unreachable",
-                              hint=f"check that a registry listens on {registry} and that this machine reaches it")
-        raise SourceError(f"reading {ref} failed: {tail}", reference="registry-read-failed",
-                          hint="check the credentials (--authfile) and TLS (--cert-dir, --tls-verify)")
+            raise SourceError(
+                f"the registry {registry} could not be reached ({tail})",
+                reference="registry-unreachable",
+                hint=f"check that a registry listens on {registry} and that this machine reaches it",
+            )
+        raise SourceError(
+            f"reading {ref} failed: {tail}",
+            reference="registry-read-failed",
+            hint="check the credentials (--authfile) and TLS (--cert-dir, --tls-verify)",
+        )
 
     def manifest(self, ref: str) -> bytes | None:
         """The manifest's bytes as the registry serves them (their sha256 is the digest), or None."""
@@ -102,17 +123,32 @@ class RegistryReader:
                 return None
             index = json.loads((out / "index.json").read_bytes())
             mdigest = index["manifests"][0]["digest"]
-            blobs = {"sha256:" + p.name: p.read_bytes() for p in (out / "blobs" / "sha256").iterdir()}
+            blobs = {
+                "sha256:" + p.name: p.read_bytes() for p in (out / "blobs" / "sha256").iterdir()
+            }
             return blobs[mdigest], blobs
-
 
     def copy_to(self, ref: str, dest: Path, tmpdir: Path) -> bool:
         """Copy what ``ref`` names, unchanged (``--preserve-digests``), into the OCI layout ``dest``
         (skopeo's big temporary files in ``tmpdir``); False where the registry does not have it.
         skopeo checks each blob against its digest on the way (a damaged blob is a SourceError)."""
         tmpdir.mkdir(parents=True, exist_ok=True)
-        return self._skopeo(ref, ["--tmpdir", str(tmpdir), "copy", "--quiet", "--preserve-digests",
-                                  *self._opts(ref, "src-"), _docker(ref), f"oci:{dest}"]) is not None
+        return (
+            self._skopeo(
+                ref,
+                [
+                    "--tmpdir",
+                    str(tmpdir),
+                    "copy",
+                    "--quiet",
+                    "--preserve-digests",
+                    *self._opts(ref, "src-"),
+                    _docker(ref),
+                    f"oci:{dest}",
+                ],
+            )
+            is not None
+        )
 
 
 def _docker(ref: str) -> str:
@@ -127,14 +163,18 @@ def manifest_digest(reader: RegistryReader, ref: str) -> str:
 
 # --- signatures -----------------------------------------------------------------------------------
 
+
 def load_public_key(path: str | Path) -> Any:
     from cryptography.hazmat.primitives import serialization
 
     try:
         return serialization.load_pem_public_key(Path(path).read_bytes())
     except (OSError, ValueError) as e:
-        raise UsageError(f"--key {path}: not a PEM public key ({e})", reference="public-key-unreadable",
-                         hint="the public half of the signing key (cosign.pub, or `openssl pkey -pubout`)") from e
+        raise UsageError(
+            f"--key {path}: not a PEM public key ({e})",
+            reference="public-key-unreadable",
+            hint="the public half of the signing key (cosign.pub, or `openssl pkey -pubout`)",
+        ) from e
 
 
 def verify_bytes(public_key: Any, signature: bytes, data: bytes) -> bool:
@@ -161,18 +201,32 @@ def _layers(manifest: bytes, blobs: dict[str, bytes], media_type: str) -> list[t
     out = []
     for lay in json.loads(manifest).get("layers", []):
         data = blobs.get(lay.get("digest", ""))
-        if lay.get("mediaType") == media_type and data is not None \
-                and "sha256:" + hashlib.sha256(data).hexdigest() == lay["digest"]:
+        if (
+            lay.get("mediaType") == media_type
+            and data is not None
+            and "sha256:" + hashlib.sha256(data).hexdigest() == lay["digest"]
+        ):
             out.append((lay, data))
     return out
 
 
-def check_signature(public_key: Any, artifact: tuple[bytes, dict[str, bytes]] | None, digest: str,
-                    repo: str, *, check: str = "signature") -> Finding:
+def check_signature(
+    public_key: Any,
+    artifact: tuple[bytes, dict[str, bytes]] | None,
+    digest: str,
+    repo: str,
+    *,
+    check: str = "signature",
+) -> Finding:
     expected = f"a signature by the key of {digest[:19]}… in {repo}"
     if artifact is None:
-        return Finding(check, FAIL, expected, f"no signature ({attest.sig_tag(digest)} is not in {repo})",
-                       hint="the image was pushed without a key: push with --sign-by-sigstore-private-key")
+        return Finding(
+            check,
+            FAIL,
+            expected,
+            f"no signature ({attest.sig_tag(digest)} is not in {repo})",
+            hint="the image was pushed without a key: push with --sign-by-sigstore-private-key",
+        )
     seen = []
     for lay, payload in _layers(*artifact, attest.MT_SIMPLESIGNING):
         sig = base64.b64decode(lay.get("annotations", {}).get(attest.SIG_ANNOTATION, "") or b"")
@@ -188,8 +242,13 @@ def check_signature(public_key: Any, artifact: tuple[bytes, dict[str, bytes]] | 
             seen.append(f"a signature of this digest for another repository ({signed_repo})")
         else:
             return Finding(check, PASS, expected, f"signed, key verifies ({digest[:19]}…)")
-    return Finding(check, FAIL, expected, "; ".join(seen) or "no usable signature layer",
-                   hint="this is not the image that was signed with this key: do not trust it")
+    return Finding(
+        check,
+        FAIL,
+        expected,
+        "; ".join(seen) or "no usable signature layer",
+        hint="this is not the image that was signed with this key: do not trust it",
+    )
 
 
 def open_envelope(public_key: Any, data: bytes) -> tuple[dict | None, bool]:
@@ -202,19 +261,25 @@ def open_envelope(public_key: Any, data: bytes) -> tuple[dict | None, bool]:
         return None, False
     pae = attest.pae(env.get("payloadType", ""), payload)
     ok = env.get("payloadType") == attest.IN_TOTO_PAYLOAD and any(
-        verify_bytes(public_key, base64.b64decode(s.get("sig", "")), pae) for s in env.get("signatures", []))
+        verify_bytes(public_key, base64.b64decode(s.get("sig", "")), pae)
+        for s in env.get("signatures", [])
+    )
     return statement, ok
 
 
 # --- the checks -----------------------------------------------------------------------------------
 
 INDEX_TYPES = (MT_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json")
-_LOCK_ARCH = {oci: arch for arch, oci in OCI_ARCH.items() if arch != oci}  # OCI's names -> the lock's: arm64 -> aarch64
+_LOCK_ARCH = {
+    oci: arch for arch, oci in OCI_ARCH.items() if arch != oci
+}  # OCI's names -> the lock's: arm64 -> aarch64
 
 
 def is_index(manifest: dict) -> bool:
     """An image index (manifest list) rather than one image's manifest."""
-    return manifest.get("mediaType") in INDEX_TYPES or ("manifests" in manifest and "config" not in manifest)
+    return manifest.get("mediaType") in INDEX_TYPES or (
+        "manifests" in manifest and "config" not in manifest
+    )
 
 
 def platform_name(os_name: str, architecture: str) -> str:
@@ -222,8 +287,14 @@ def platform_name(os_name: str, architecture: str) -> str:
     return f"{os_name or 'unknown'}-{_LOCK_ARCH.get(architecture, architecture or 'unknown')}"
 
 
-def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfile | None = None, *,
-                 lock_path: str = "") -> Report:
+def verify_image(
+    ref: str,
+    public_key: Any,
+    reader: RegistryReader,
+    lock: Lockfile | None = None,
+    *,
+    lock_path: str = "",
+) -> Report:
     """The findings for the pushed image ``ref``: one image, or an image index and each platform's
     image in it (their findings named ``<platform>.<check>``, e.g. ``linux-aarch64.signature``),
     each platform checked against its section of ``lock``. Raises SourceError (3) when the
@@ -233,16 +304,32 @@ def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfi
     repo = attest.repository(ref)
     raw = reader.manifest(ref)
     if raw is None:
-        report.add(Finding("image", FAIL, f"an image at {ref}", "no such image in the registry",
-                           hint="check the reference; `skopeo inspect docker://REF` lists what is there"))
+        report.add(
+            Finding(
+                "image",
+                FAIL,
+                f"an image at {ref}",
+                "no such image in the registry",
+                hint="check the reference; `skopeo inspect docker://REF` lists what is there",
+            )
+        )
         return report
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     wanted = ref.split("@", 1)[1] if "@" in ref else ""
     manifest = json.loads(raw)
     index = is_index(manifest)
-    report.add(Finding("image", PASS if not wanted or wanted == digest else FAIL, wanted or "a manifest",
-                       digest + (f" (an image index of {len(manifest.get('manifests', []))} images)" if index else ""),
-                       hint="" if not wanted or wanted == digest else "the registry served another manifest"))
+    report.add(
+        Finding(
+            "image",
+            PASS if not wanted or wanted == digest else FAIL,
+            wanted or "a manifest",
+            digest
+            + (
+                f" (an image index of {len(manifest.get('manifests', []))} images)" if index else ""
+            ),
+            hint="" if not wanted or wanted == digest else "the registry served another manifest",
+        )
+    )
     report.fingerprint["digest"] = digest
     if index:
         report.lock_hash = _verify_index(report, repo, digest, manifest, public_key, reader, lock)
@@ -251,16 +338,27 @@ def verify_image(ref: str, public_key: Any, reader: RegistryReader, lock: Lockfi
         view, prefix = lock, ""
         if lock is not None and lock.multi:
             view, prefix = _section_for_image(report, ref, manifest, config, lock, lock_path)
-        report.lock_hash = _check_image(report, repo, digest, manifest, config, public_key, reader, view, prefix)
+        report.lock_hash = _check_image(
+            report, repo, digest, manifest, config, public_key, reader, view, prefix
+        )
     if lock is None:
-        report.add(Finding("lock", SKIP, "--lock LOCK", "not given: the lock hash is not compared",
-                           hint="pass --lock LOCK to check the image was built from it"))
+        report.add(
+            Finding(
+                "lock",
+                SKIP,
+                "--lock LOCK",
+                "not given: the lock hash is not compared",
+                hint="pass --lock LOCK to check the image was built from it",
+            )
+        )
     return report
 
 
 def _config_of(manifest: dict, config: bytes | None) -> dict:
     """The image config, where it is the one the manifest names (so the signed digest covers it); else {}."""
-    if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != manifest.get("config", {}).get("digest"):
+    if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != manifest.get(
+        "config", {}
+    ).get("digest"):
         return {}
     try:
         got = json.loads(config)
@@ -269,163 +367,359 @@ def _config_of(manifest: dict, config: bytes | None) -> dict:
     return got if isinstance(got, dict) else {}
 
 
-def _section_for_image(report: Report, ref: str, manifest: dict, config: bytes | None, lock: Lockfile,
-                       lock_path: str) -> tuple[Lockfile | None, str]:
+def _section_for_image(
+    report: Report, ref: str, manifest: dict, config: bytes | None, lock: Lockfile, lock_path: str
+) -> tuple[Lockfile | None, str]:
     """One image against a lock with a section per platform: the section whose platform is the image
     config's os/architecture (its view, ``Lockfile.for_platform``) and the findings' prefix."""
     cfg = _config_of(manifest, config)
     os_name, arch = cfg.get("os", ""), cfg.get("architecture", "")
     if not arch:
-        report.add(Finding("platform", FAIL, "the image config's os/architecture, to pick the lock's section",
-                           "the config could not be read, or is not the one the manifest names",
-                           hint="the image is damaged or not an envspec image: do not trust it"))
+        report.add(
+            Finding(
+                "platform",
+                FAIL,
+                "the image config's os/architecture, to pick the lock's section",
+                "the config could not be read, or is not the one the manifest names",
+                hint="the image is damaged or not an envspec image: do not trust it",
+            )
+        )
         return None, ""
     part = lock.find_part(arch)
     if part is None or part.platform.os != os_name:
-        raise LockError(f"{lock_path or lock.meta.name}: no section for {os_name}/{arch}, the platform of the image "
-                        f"{ref} (the lock has {', '.join(lock.platform_names)})", reference="platform-not-in-lock",
-                        hint="pass the lock the image was built from; `envspec verify-image` of the image index "
-                             "checks every platform's image")
-    report.add(Finding(f"{part.name}.platform", PASS, "a section of the lock for the image's platform",
-                       f"{os_name}/{arch}: [platforms.{part.name}]"))
+        raise LockError(
+            f"{lock_path or lock.meta.name}: no section for {os_name}/{arch}, the platform of the image "
+            f"{ref} (the lock has {', '.join(lock.platform_names)})",
+            reference="platform-not-in-lock",
+            hint="pass the lock the image was built from; `envspec verify-image` of the image index "
+            "checks every platform's image",
+        )
+    report.add(
+        Finding(
+            f"{part.name}.platform",
+            PASS,
+            "a section of the lock for the image's platform",
+            f"{os_name}/{arch}: [platforms.{part.name}]",
+        )
+    )
     return lock.for_platform(part.name), part.name + "."
 
 
-def _verify_index(report: Report, repo: str, digest: str, index: dict, public_key: Any, reader: RegistryReader,
-                  lock: Lockfile | None) -> str:
+def _verify_index(
+    report: Report,
+    repo: str,
+    digest: str,
+    index: dict,
+    public_key: Any,
+    reader: RegistryReader,
+    lock: Lockfile | None,
+) -> str:
     """The index's signature and lock hash, then each platform's image as ``_check_image`` checks one,
     against its section of ``lock`` (a one-platform lock: its platform's image only, the others
     skipped). Returns the lock hash the index names."""
-    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo,
-                               check="index.signature"))
-    entries = [(platform_name((m.get("platform") or {}).get("os", ""), (m.get("platform") or {}).get("architecture", "")), m)
-               for m in index.get("manifests", [])]
+    report.add(
+        check_signature(
+            public_key,
+            reader.artifact(f"{repo}:{attest.sig_tag(digest)}"),
+            digest,
+            repo,
+            check="index.signature",
+        )
+    )
+    entries = [
+        (
+            platform_name(
+                (m.get("platform") or {}).get("os", ""),
+                (m.get("platform") or {}).get("architecture", ""),
+            ),
+            m,
+        )
+        for m in index.get("manifests", [])
+    ]
     names = [n for n, _ in entries]
     annotation = (index.get("annotations") or {}).get("io.envspec.lock-hash", "")
-    whole = (lock.meta.content_hash if lock.multi else lock.meta.part_of or "") if lock is not None else ""
-    if whole:  # the lock the index was made from: the one given, or the one a platform's view is part of
+    whole = (
+        (lock.meta.content_hash if lock.multi else lock.meta.part_of or "")
+        if lock is not None
+        else ""
+    )
+    if (
+        whole
+    ):  # the lock the index was made from: the one given, or the one a platform's view is part of
         ok = annotation == whole
-        report.add(Finding("index.lock-hash", PASS if ok else FAIL, whole, annotation or "(none)",
-                           hint="" if ok else "the index was made from another lock"))
+        report.add(
+            Finding(
+                "index.lock-hash",
+                PASS if ok else FAIL,
+                whole,
+                annotation or "(none)",
+                hint="" if ok else "the index was made from another lock",
+            )
+        )
     if lock is not None:
         want = lock.platform_names
         ok = (sorted(names) == sorted(want)) if lock.multi else want[0] in names
-        report.add(Finding("index.platforms", PASS if ok else FAIL,
-                           " and ".join(want) + ("" if lock.multi else " (the lock's one platform)"),
-                           ", ".join(names) or "(none)",
-                           hint="" if ok else "the index does not hold an image for each of the lock's platforms"))
+        report.add(
+            Finding(
+                "index.platforms",
+                PASS if ok else FAIL,
+                " and ".join(want) + ("" if lock.multi else " (the lock's one platform)"),
+                ", ".join(names) or "(none)",
+                hint=""
+                if ok
+                else "the index does not hold an image for each of the lock's platforms",
+            )
+        )
     for name, m in entries:
         view = None
         if lock is not None:
             part = lock.find_part(name)
             if part is None:
-                report.add(Finding(name, SKIP, "a section of the lock for this platform",
-                                   f"the lock has none ({', '.join(lock.platform_names)}): its image is not checked",
-                                   hint="pass the lock with a section per platform to check every image"))
+                report.add(
+                    Finding(
+                        name,
+                        SKIP,
+                        "a section of the lock for this platform",
+                        f"the lock has none ({', '.join(lock.platform_names)}): its image is not checked",
+                        hint="pass the lock with a section per platform to check every image",
+                    )
+                )
                 continue
             view = lock.for_platform(part.name)
         mdigest = str(m.get("digest", ""))
         at = f"{repo}@{mdigest}"
         raw = reader.manifest(at) if mdigest else None
         if raw is None:
-            report.add(Finding(f"{name}.image", FAIL, mdigest or "a digest", "no such manifest in the registry",
-                               hint="the index names an image the registry does not hold"))
+            report.add(
+                Finding(
+                    f"{name}.image",
+                    FAIL,
+                    mdigest or "a digest",
+                    "no such manifest in the registry",
+                    hint="the index names an image the registry does not hold",
+                )
+            )
             continue
         got = "sha256:" + hashlib.sha256(raw).hexdigest()
-        report.add(Finding(f"{name}.image", PASS if got == mdigest else FAIL, mdigest, got,
-                           hint="" if got == mdigest else "the registry served another manifest"))
+        report.add(
+            Finding(
+                f"{name}.image",
+                PASS if got == mdigest else FAIL,
+                mdigest,
+                got,
+                hint="" if got == mdigest else "the registry served another manifest",
+            )
+        )
         report.fingerprint[f"{name}.digest"] = got
         manifest, config = json.loads(raw), reader.config(at)
         cfg = _config_of(manifest, config)
         listed = m.get("platform") or {}
         want_p = f"{listed.get('os', '')}/{listed.get('architecture', '')}"
-        seen_p = f"{cfg.get('os', '')}/{cfg.get('architecture', '')}" if cfg else "(no config the manifest names)"
-        report.add(Finding(f"{name}.platform", PASS if want_p == seen_p else FAIL, f"{want_p} (the index's entry)",
-                           seen_p, hint="" if want_p == seen_p else "the index lists this image under another platform"))
+        seen_p = (
+            f"{cfg.get('os', '')}/{cfg.get('architecture', '')}"
+            if cfg
+            else "(no config the manifest names)"
+        )
+        report.add(
+            Finding(
+                f"{name}.platform",
+                PASS if want_p == seen_p else FAIL,
+                f"{want_p} (the index's entry)",
+                seen_p,
+                hint=""
+                if want_p == seen_p
+                else "the index lists this image under another platform",
+            )
+        )
         _check_image(report, repo, got, manifest, config, public_key, reader, view, f"{name}.")
     return annotation
 
 
-def _check_image(report: Report, repo: str, digest: str, manifest: dict, config: bytes | None, public_key: Any,
-                 reader: RegistryReader, lock: Lockfile | None, prefix: str = "") -> str:
+def _check_image(
+    report: Report,
+    repo: str,
+    digest: str,
+    manifest: dict,
+    config: bytes | None,
+    public_key: Any,
+    reader: RegistryReader,
+    lock: Lockfile | None,
+    prefix: str = "",
+) -> str:
     """One image's findings (each check's name after ``prefix``): its signature, its attestations,
     with ``lock`` (one platform's) the lock and materials they name, and the lock hash its config and
     manifest carry. Returns that lock hash."""
-    report.add(check_signature(public_key, reader.artifact(f"{repo}:{attest.sig_tag(digest)}"), digest, repo,
-                               check=prefix + "signature"))
+    report.add(
+        check_signature(
+            public_key,
+            reader.artifact(f"{repo}:{attest.sig_tag(digest)}"),
+            digest,
+            repo,
+            check=prefix + "signature",
+        )
+    )
     att = reader.artifact(f"{repo}:{attest.att_tag(digest)}")
     statements: dict[str, dict] = {}
     if att is None:
-        report.add(Finding(prefix + "attestations", FAIL, f"{attest.att_tag(digest)} in {repo}", "none",
-                           hint="push the image with `envspec build --push` (it attaches provenance and SBOM)"))
+        report.add(
+            Finding(
+                prefix + "attestations",
+                FAIL,
+                f"{attest.att_tag(digest)} in {repo}",
+                "none",
+                hint="push the image with `envspec build --push` (it attaches provenance and SBOM)",
+            )
+        )
     else:
         for lay, data in _layers(*att, attest.MT_DSSE):
             st, signed = open_envelope(public_key, data)
             kind = {attest.SLSA_PROVENANCE: "provenance", attest.SPDX_PREDICATE: "sbom"}.get(
-                (st or {}).get("predicateType", ""), "")
+                (st or {}).get("predicateType", ""), ""
+            )
             if not kind or kind in statements:
                 continue
             statements[kind] = st or {}
-            report.add(Finding(f"{prefix}{kind}.signature", PASS if signed else FAIL, "signed by the key",
-                               "verifies" if signed else "no signature that verifies with this key",
-                               hint="" if signed else "the attestation was altered or made without the key"))
-            subjects = [s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])]
+            report.add(
+                Finding(
+                    f"{prefix}{kind}.signature",
+                    PASS if signed else FAIL,
+                    "signed by the key",
+                    "verifies" if signed else "no signature that verifies with this key",
+                    hint="" if signed else "the attestation was altered or made without the key",
+                )
+            )
+            subjects = [
+                s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])
+            ]
             ok = digest.split(":", 1)[1] in subjects
-            report.add(Finding(f"{prefix}{kind}.subject", PASS if ok else FAIL, digest,
-                               ", ".join("sha256:" + s for s in subjects) or "(none)",
-                               hint="" if ok else "the attestation is about another image"))
+            report.add(
+                Finding(
+                    f"{prefix}{kind}.subject",
+                    PASS if ok else FAIL,
+                    digest,
+                    ", ".join("sha256:" + s for s in subjects) or "(none)",
+                    hint="" if ok else "the attestation is about another image",
+                )
+            )
         for kind in ("provenance", "sbom"):
             if kind not in statements:
-                report.add(Finding(f"{prefix}{kind}.present", FAIL, f"a {kind} attestation", "none in the attestations"))
+                report.add(
+                    Finding(
+                        f"{prefix}{kind}.present",
+                        FAIL,
+                        f"a {kind} attestation",
+                        "none in the attestations",
+                    )
+                )
     prov = statements.get("provenance", {}).get("predicate", {})
     if prov:
         builder = prov.get("runDetails", {}).get("builder", {})
-        report.add(Finding(prefix + "provenance.builder", PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
-                           attest.BUILDER_ID, f"{builder.get('id', '')} {builder.get('version', {})}".strip()))
-    prov_lock = prov.get("buildDefinition", {}).get("externalParameters", {}).get("lock", {}).get("content_hash", "")
+        report.add(
+            Finding(
+                prefix + "provenance.builder",
+                PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
+                attest.BUILDER_ID,
+                f"{builder.get('id', '')} {builder.get('version', {})}".strip(),
+            )
+        )
+    prov_lock = (
+        prov.get("buildDefinition", {})
+        .get("externalParameters", {})
+        .get("lock", {})
+        .get("content_hash", "")
+    )
     expected_lock = lock.meta.content_hash if lock is not None else ""
     if lock is not None:
         ok = bool(prov_lock) and prov_lock == expected_lock
-        report.add(Finding(prefix + "provenance.lock", PASS if ok else FAIL, expected_lock, prov_lock or "(none)",
-                           hint="" if ok else "the image was built from another lock"))
+        report.add(
+            Finding(
+                prefix + "provenance.lock",
+                PASS if ok else FAIL,
+                expected_lock,
+                prov_lock or "(none)",
+                hint="" if ok else "the image was built from another lock",
+            )
+        )
         report.add(_materials(prov, lock, prefix))
         report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock, prefix))
-    label = _config_of(manifest, config).get("config", {}).get("Labels", {}).get("io.envspec.lock-hash", "")
+    label = (
+        _config_of(manifest, config)
+        .get("config", {})
+        .get("Labels", {})
+        .get("io.envspec.lock-hash", "")
+    )
     annotation = manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
-    wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, and the one the provenance names
+    wants = {
+        h for h in (expected_lock, prov_lock) if h
+    }  # the lock given, and the one the provenance names
     ok = bool(label) and label == annotation and wants <= {label}
-    report.add(Finding(prefix + "image.lock-hash", PASS if ok else FAIL,
-                       " = ".join(sorted(wants)) or "the same lock hash in labels and annotations",
-                       f"label {label or '(none)'}, annotation {annotation or '(none)'}",
-                       hint="" if ok else "the image's config, the provenance and the expected lock do not agree"))
+    report.add(
+        Finding(
+            prefix + "image.lock-hash",
+            PASS if ok else FAIL,
+            " = ".join(sorted(wants)) or "the same lock hash in labels and annotations",
+            f"label {label or '(none)'}, annotation {annotation or '(none)'}",
+            hint=""
+            if ok
+            else "the image's config, the provenance and the expected lock do not agree",
+        )
+    )
     return label or prov_lock
 
 
 def _materials(prov: dict, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
-    want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels} | {lock.meta.content_hash.split(":")[-1]}
-    got = {d.get("digest", {}).get("sha256", "") for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])}
+    want = (
+        {d.sha256 for d in plan.debs}
+        | {w.sha256 for w in plan.wheels}
+        | {lock.meta.content_hash.split(":")[-1]}
+    )
+    got = {
+        d.get("digest", {}).get("sha256", "")
+        for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])
+    }
     missing, extra = want - got, got - want
     status = PASS if not missing and not extra else FAIL
-    return Finding(prefix + "provenance.materials", status, f"{len(want)} materials: the lock, its .debs and wheels",
-                   f"{len(got)}" + (f"; {len(missing)} missing" if missing else "") + (f"; {len(extra)} extra" if extra else ""),
-                   hint="" if status == PASS else "the provenance lists other files than the lock pins")
+    return Finding(
+        prefix + "provenance.materials",
+        status,
+        f"{len(want)} materials: the lock, its .debs and wheels",
+        f"{len(got)}"
+        + (f"; {len(missing)} missing" if missing else "")
+        + (f"; {len(extra)} extra" if extra else ""),
+        hint="" if status == PASS else "the provenance lists other files than the lock pins",
+    )
 
 
 def _sbom_packages(sbom: dict, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels}
-    got = {c.get("checksumValue", "") for p in sbom.get("packages", []) for c in p.get("checksums", [])}
+    got = {
+        c.get("checksumValue", "") for p in sbom.get("packages", []) for c in p.get("checksums", [])
+    }
     if not sbom:
         return Finding(prefix + "sbom.packages", FAIL, f"{len(want)} packages", "no SBOM")
     ok = want == got
-    return Finding(prefix + "sbom.packages", PASS if ok else FAIL, f"{len(want)} packages of the lock",
-                   f"{len(got)} with these sha256" if ok else f"{len(got & want)} of them, {len(got - want)} others",
-                   hint="" if ok else "the SBOM does not describe the lock's packages")
+    return Finding(
+        prefix + "sbom.packages",
+        PASS if ok else FAIL,
+        f"{len(want)} packages of the lock",
+        f"{len(got)} with these sha256"
+        if ok
+        else f"{len(got & want)} of them, {len(got - want)} others",
+        hint="" if ok else "the SBOM does not describe the lock's packages",
+    )
 
 
 def exit_code(report: Report) -> int:
     return report.exit_code
 
 
-__all__ = ["RegistryReader", "verify_image", "manifest_digest", "load_public_key", "exit_code", "WARN"]
+__all__ = [
+    "RegistryReader",
+    "verify_image",
+    "manifest_digest",
+    "load_public_key",
+    "exit_code",
+    "WARN",
+]

@@ -12,13 +12,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "System": "checks", "run_checks": "checks", "main": "cli", "startup_check": "cli",
-    "LockReadError": "lockfile", "find_lock": "lockfile", "load_lock": "lockfile",
-    "FAIL": "model", "PASS": "model", "SKIP": "model", "WARN": "model", "Finding": "model", "Report": "model",
+    "System": "checks",
+    "run_checks": "checks",
+    "main": "cli",
+    "startup_check": "cli",
+    "LockReadError": "lockfile",
+    "find_lock": "lockfile",
+    "load_lock": "lockfile",
+    "FAIL": "model",
+    "PASS": "model",
+    "SKIP": "model",
+    "WARN": "model",
+    "Finding": "model",
+    "Report": "model",
 }
 
-__all__ = ["FAIL", "PASS", "SKIP", "WARN", "Finding", "LockReadError", "Report", "System", "find_lock",
-           "load_lock", "main", "run_checks", "startup_check"]
+__all__ = [
+    "FAIL",
+    "PASS",
+    "SKIP",
+    "WARN",
+    "Finding",
+    "LockReadError",
+    "Report",
+    "System",
+    "find_lock",
+    "load_lock",
+    "main",
+    "run_checks",
+    "startup_check",
+]
 
 if TYPE_CHECKING:
     from .checks import System, run_checks

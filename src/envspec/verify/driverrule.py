@@ -34,11 +34,18 @@ FIRST_BRANCH: dict[str, tuple[int, str, str]] = {
 # compute capability -> (last driver branch, the source): NVIDIA named R470 the last branch for
 # Kepler and R580 the last for Maxwell, Pascal and Volta; a newer branch does not drive them.
 _R470 = "NVIDIA: R470 is the last driver branch for Kepler (Data Center GPU driver documentation)"
-_R580 = ("NVIDIA's Unix graphics feature deprecation schedule: the 580 series is the last to support Maxwell, "
-         "Pascal and Volta")
+_R580 = (
+    "NVIDIA's Unix graphics feature deprecation schedule: the 580 series is the last to support Maxwell, "
+    "Pascal and Volta"
+)
 LAST_BRANCH: dict[str, tuple[int, str]] = {
-    "3.5": (470, _R470), "3.7": (470, _R470),
-    "5.0": (580, _R580), "5.2": (580, _R580), "6.0": (580, _R580), "6.1": (580, _R580), "7.0": (580, _R580),
+    "3.5": (470, _R470),
+    "3.7": (470, _R470),
+    "5.0": (580, _R580),
+    "5.2": (580, _R580),
+    "6.0": (580, _R580),
+    "6.1": (580, _R580),
+    "7.0": (580, _R580),
 }
 
 

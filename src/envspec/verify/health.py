@@ -40,18 +40,27 @@ SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
 # the reasons that mean a sick or badly cooled GPU (a power cap under load is the normal state)
-BAD_REASONS = {HW_SLOWDOWN: "hardware slowdown", HW_THERMAL: "hardware thermal slowdown",
-               HW_POWER_BRAKE: "hardware power brake (the PSU or the chassis asked for it)",
-               SW_THERMAL: "software thermal slowdown"}
+BAD_REASONS = {
+    HW_SLOWDOWN: "hardware slowdown",
+    HW_THERMAL: "hardware thermal slowdown",
+    HW_POWER_BRAKE: "hardware power brake (the PSU or the chassis asked for it)",
+    SW_THERMAL: "software thermal slowdown",
+}
 
 # PCIe: usable GB/s per lane and direction, per generation (the line rate after encoding)
 PCIE_GBS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 class _PciInfo(ctypes.Structure):  # nvmlPciInfo_t (v3)
-    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
-                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
-                ("busId", ctypes.c_char * 32)]
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
 
 
 class Nvml:
@@ -86,28 +95,48 @@ class Nvml:
 
     def count(self) -> int:
         n = ctypes.c_uint()
-        return n.value if self._call("nvmlDeviceGetCount_v2", ctypes.byref(n)) == NVML_SUCCESS else 0
+        return (
+            n.value if self._call("nvmlDeviceGetCount_v2", ctypes.byref(n)) == NVML_SUCCESS else 0
+        )
 
     def handle(self, index: int) -> Any:
         h = ctypes.c_void_p()
-        return h if self._call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.byref(h)) == NVML_SUCCESS else None
+        return (
+            h
+            if self._call("nvmlDeviceGetHandleByIndex_v2", index, ctypes.byref(h)) == NVML_SUCCESS
+            else None
+        )
 
     def name(self, h: Any) -> str:
         buf = ctypes.create_string_buffer(96)
-        return buf.value.decode() if self._call("nvmlDeviceGetName", h, buf, 96) == NVML_SUCCESS else ""
+        return (
+            buf.value.decode()
+            if self._call("nvmlDeviceGetName", h, buf, 96) == NVML_SUCCESS
+            else ""
+        )
 
     def _uint(self, name: str, h: Any, *extra: Any, ctype: Any = ctypes.c_uint) -> int | None:
         v = ctype()
-        return int(v.value) if self._call(name, h, *extra, ctypes.byref(v)) == NVML_SUCCESS else None
+        return (
+            int(v.value) if self._call(name, h, *extra, ctypes.byref(v)) == NVML_SUCCESS else None
+        )
 
     def ecc_uncorrected(self, h: Any) -> int | None:
         """Uncorrected ECC errors since the driver loaded (volatile); None without ECC."""
-        return self._uint("nvmlDeviceGetTotalEccErrors", h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
-                          ctype=ctypes.c_ulonglong)
+        return self._uint(
+            "nvmlDeviceGetTotalEccErrors",
+            h,
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            NVML_VOLATILE_ECC,
+            ctype=ctypes.c_ulonglong,
+        )
 
     def ecc_enabled(self, h: Any) -> bool | None:
         cur, pend = ctypes.c_int(), ctypes.c_int()
-        if self._call("nvmlDeviceGetEccMode", h, ctypes.byref(cur), ctypes.byref(pend)) != NVML_SUCCESS:
+        if (
+            self._call("nvmlDeviceGetEccMode", h, ctypes.byref(cur), ctypes.byref(pend))
+            != NVML_SUCCESS
+        ):
             return None
         return bool(cur.value)
 
@@ -115,17 +144,33 @@ class Nvml:
         """Row remapping (Ampere and newer): rows remapped for correctable and uncorrectable errors,
         whether a remap waits for a GPU reset, whether a remap failed."""
         c, u, p, f = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
-        if self._call("nvmlDeviceGetRemappedRows", h, ctypes.byref(c), ctypes.byref(u), ctypes.byref(p),
-                      ctypes.byref(f)) != NVML_SUCCESS:
+        if (
+            self._call(
+                "nvmlDeviceGetRemappedRows",
+                h,
+                ctypes.byref(c),
+                ctypes.byref(u),
+                ctypes.byref(p),
+                ctypes.byref(f),
+            )
+            != NVML_SUCCESS
+        ):
             return None
-        return {"correctable": c.value, "uncorrectable": u.value, "pending": p.value, "failed": f.value}
+        return {
+            "correctable": c.value,
+            "uncorrectable": u.value,
+            "pending": p.value,
+            "failed": f.value,
+        }
 
     def retired_pages(self, h: Any) -> dict[str, int] | None:
         """Page retirement (before Ampere): pages retired for double-bit and repeated single-bit
         errors, and whether a retirement waits for a reboot."""
         out: dict[str, int] = {}
-        for key, cause in (("dbe", NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT),
-                           ("sbe", NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT)):
+        for key, cause in (
+            ("dbe", NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT),
+            ("sbe", NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT),
+        ):
             n = ctypes.c_uint(0)
             rc = self._call("nvmlDeviceGetRetiredPages", h, cause, ctypes.byref(n), None)
             if rc not in (NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE):
@@ -137,7 +182,10 @@ class Nvml:
 
     def event_reasons(self, h: Any) -> int | None:
         """The active clocks event (throttle) reasons, a bit mask."""
-        for fn in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        for fn in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
             v = self._uint(fn, h, ctype=ctypes.c_ulonglong)
             if v is not None:
                 return v
@@ -147,11 +195,13 @@ class Nvml:
         return self._uint("nvmlDeviceGetPersistenceMode", h, ctype=ctypes.c_int)
 
     def pcie(self, h: Any) -> dict[str, int | None]:
-        return {"gen": self._uint("nvmlDeviceGetCurrPcieLinkGeneration", h),
-                "max_gen": self._uint("nvmlDeviceGetMaxPcieLinkGeneration", h),
-                "gpu_max_gen": self._uint("nvmlDeviceGetGpuMaxPcieLinkGeneration", h),
-                "width": self._uint("nvmlDeviceGetCurrPcieLinkWidth", h),
-                "max_width": self._uint("nvmlDeviceGetMaxPcieLinkWidth", h)}
+        return {
+            "gen": self._uint("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            "max_gen": self._uint("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "gpu_max_gen": self._uint("nvmlDeviceGetGpuMaxPcieLinkGeneration", h),
+            "width": self._uint("nvmlDeviceGetCurrPcieLinkWidth", h),
+            "max_width": self._uint("nvmlDeviceGetMaxPcieLinkWidth", h),
+        }
 
     def nvlinks(self, h: Any) -> list[int | None]:
         """Each NVLink's state (1 up, 0 down), None where the GPU has no such link."""
@@ -190,10 +240,19 @@ def read_gpu(nvml: Nvml, index: int) -> GpuHealth | None:
     h = nvml.handle(index)
     if h is None:
         return None
-    return GpuHealth(index=index, name=nvml.name(h), bus_id=nvml.bus_id(h), ecc_enabled=nvml.ecc_enabled(h),
-                     ecc_uncorrected=nvml.ecc_uncorrected(h), remapped_rows=nvml.remapped_rows(h),
-                     retired_pages=nvml.retired_pages(h), event_reasons=nvml.event_reasons(h),
-                     persistence=nvml.persistence(h), pcie=nvml.pcie(h), nvlinks=nvml.nvlinks(h))
+    return GpuHealth(
+        index=index,
+        name=nvml.name(h),
+        bus_id=nvml.bus_id(h),
+        ecc_enabled=nvml.ecc_enabled(h),
+        ecc_uncorrected=nvml.ecc_uncorrected(h),
+        remapped_rows=nvml.remapped_rows(h),
+        retired_pages=nvml.retired_pages(h),
+        event_reasons=nvml.event_reasons(h),
+        persistence=nvml.persistence(h),
+        pcie=nvml.pcie(h),
+        nvlinks=nvml.nvlinks(h),
+    )
 
 
 def read_all(nvml: Nvml) -> list[GpuHealth]:
@@ -206,9 +265,23 @@ DRAIN = "drain the node (no new jobs), "
 RESET = "reset the GPU when it is idle (nvidia-smi -r -i {i}, or reboot the node)"
 
 
-def _f(check: str, status: str, expected: str, observed: str, hint: str = "", data: dict[str, Any] | None = None,
-       **more: Any) -> Finding:
-    return Finding(check, status, expected=expected, observed=observed, hint=hint, data={**(data or {}), **more})
+def _f(
+    check: str,
+    status: str,
+    expected: str,
+    observed: str,
+    hint: str = "",
+    data: dict[str, Any] | None = None,
+    **more: Any,
+) -> Finding:
+    return Finding(
+        check,
+        status,
+        expected=expected,
+        observed=observed,
+        hint=hint,
+        data={**(data or {}), **more},
+    )
 
 
 def gpu_findings(g: GpuHealth, *, gpus_in_node: int) -> list[Finding]:
@@ -218,60 +291,147 @@ def gpu_findings(g: GpuHealth, *, gpus_in_node: int) -> list[Finding]:
     reset = RESET.format(i=i)
     # ECC
     if g.ecc_uncorrected is None:
-        out.append(_f(f"{p}.ecc", SKIP, "no uncorrected ECC error since the driver loaded",
-                      "this GPU reports no ECC counters (no ECC memory, or ECC off)" if g.ecc_enabled is not True
-                      else "NVML gave no ECC counter"))
+        out.append(
+            _f(
+                f"{p}.ecc",
+                SKIP,
+                "no uncorrected ECC error since the driver loaded",
+                "this GPU reports no ECC counters (no ECC memory, or ECC off)"
+                if g.ecc_enabled is not True
+                else "NVML gave no ECC counter",
+            )
+        )
     elif g.ecc_uncorrected > 0:
-        out.append(_f(f"{p}.ecc", FAIL, "no uncorrected ECC error since the driver loaded",
-                      f"{g.ecc_uncorrected} uncorrected ECC error(s)", DRAIN + reset + "; if errors come back, "
-                      "RMA the GPU", uncorrected=g.ecc_uncorrected))
+        out.append(
+            _f(
+                f"{p}.ecc",
+                FAIL,
+                "no uncorrected ECC error since the driver loaded",
+                f"{g.ecc_uncorrected} uncorrected ECC error(s)",
+                DRAIN + reset + "; if errors come back, RMA the GPU",
+                uncorrected=g.ecc_uncorrected,
+            )
+        )
     else:
-        out.append(_f(f"{p}.ecc", PASS, "no uncorrected ECC error since the driver loaded", "0", uncorrected=0))
+        out.append(
+            _f(
+                f"{p}.ecc",
+                PASS,
+                "no uncorrected ECC error since the driver loaded",
+                "0",
+                uncorrected=0,
+            )
+        )
     # row remapping (Ampere and newer) or page retirement (older)
     rr = g.remapped_rows
     if rr is not None:
         if rr["failed"]:
-            out.append(_f(f"{p}.row_remap", FAIL, "no failed row remap", "a row remap failed: the GPU ran out of "
-                          "spare rows", DRAIN + "and RMA the GPU", data=rr))
+            out.append(
+                _f(
+                    f"{p}.row_remap",
+                    FAIL,
+                    "no failed row remap",
+                    "a row remap failed: the GPU ran out of spare rows",
+                    DRAIN + "and RMA the GPU",
+                    data=rr,
+                )
+            )
         elif rr["pending"]:
-            out.append(_f(f"{p}.row_remap", FAIL, "no row remap pending",
-                          f"a row remap waits for a GPU reset ({rr['uncorrectable']} row(s) remapped for "
-                          "uncorrectable errors)", DRAIN + reset + ", which applies the remap", data=rr))
+            out.append(
+                _f(
+                    f"{p}.row_remap",
+                    FAIL,
+                    "no row remap pending",
+                    f"a row remap waits for a GPU reset ({rr['uncorrectable']} row(s) remapped for "
+                    "uncorrectable errors)",
+                    DRAIN + reset + ", which applies the remap",
+                    data=rr,
+                )
+            )
         else:
-            out.append(_f(f"{p}.row_remap", PASS, "no row remap pending or failed",
-                          f"{rr['correctable']} + {rr['uncorrectable']} row(s) remapped (correctable + "
-                          "uncorrectable), none pending", data=rr))
+            out.append(
+                _f(
+                    f"{p}.row_remap",
+                    PASS,
+                    "no row remap pending or failed",
+                    f"{rr['correctable']} + {rr['uncorrectable']} row(s) remapped (correctable + "
+                    "uncorrectable), none pending",
+                    data=rr,
+                )
+            )
     elif g.retired_pages is not None:
         rp = g.retired_pages
         if rp["pending"]:
-            out.append(_f(f"{p}.retired_pages", FAIL, "no page retirement pending",
-                          f"a page retirement waits for a reboot ({rp['dbe']} double-bit, {rp['sbe']} single-bit "
-                          "pages retired)", DRAIN + "and reboot it to retire the pages", data=rp))
+            out.append(
+                _f(
+                    f"{p}.retired_pages",
+                    FAIL,
+                    "no page retirement pending",
+                    f"a page retirement waits for a reboot ({rp['dbe']} double-bit, {rp['sbe']} single-bit "
+                    "pages retired)",
+                    DRAIN + "and reboot it to retire the pages",
+                    data=rp,
+                )
+            )
         else:
-            out.append(_f(f"{p}.retired_pages", PASS, "no page retirement pending",
-                          f"{rp['dbe']} double-bit and {rp['sbe']} single-bit page(s) retired, none pending", data=rp))
+            out.append(
+                _f(
+                    f"{p}.retired_pages",
+                    PASS,
+                    "no page retirement pending",
+                    f"{rp['dbe']} double-bit and {rp['sbe']} single-bit page(s) retired, none pending",
+                    data=rp,
+                )
+            )
     else:
-        out.append(_f(f"{p}.row_remap", SKIP, "no row remap or page retirement pending",
-                      "this GPU reports neither (no ECC memory)"))
+        out.append(
+            _f(
+                f"{p}.row_remap",
+                SKIP,
+                "no row remap or page retirement pending",
+                "this GPU reports neither (no ECC memory)",
+            )
+        )
     # throttling
     if g.event_reasons is None:
-        out.append(_f(f"{p}.throttle", SKIP, "no hardware slowdown, thermal or power-brake throttling",
-                      "NVML gave no clocks event reasons"))
+        out.append(
+            _f(
+                f"{p}.throttle",
+                SKIP,
+                "no hardware slowdown, thermal or power-brake throttling",
+                "NVML gave no clocks event reasons",
+            )
+        )
     else:
         bad = [words for bit, words in BAD_REASONS.items() if g.event_reasons & bit]
-        out.append(_f(f"{p}.throttle", FAIL if bad else PASS,
-                      "no hardware slowdown, thermal or power-brake throttling",
-                      "; ".join(bad) if bad else _reasons_text(g.event_reasons),
-                      "check the GPU's temperature, fans and airflow, and the power supply "
-                      "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); drain the node until it clears; "
-                      "reseat the GPU if it is one GPU of a cool node" if bad else "",
-                      reasons=g.event_reasons))
+        out.append(
+            _f(
+                f"{p}.throttle",
+                FAIL if bad else PASS,
+                "no hardware slowdown, thermal or power-brake throttling",
+                "; ".join(bad) if bad else _reasons_text(g.event_reasons),
+                "check the GPU's temperature, fans and airflow, and the power supply "
+                "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); drain the node until it clears; "
+                "reseat the GPU if it is one GPU of a cool node"
+                if bad
+                else "",
+                reasons=g.event_reasons,
+            )
+        )
     # persistence mode
     if g.persistence is not None:
-        out.append(_f(f"{p}.persistence", PASS if g.persistence else WARN, "persistence mode on",
-                      "on" if g.persistence else "off",
-                      "" if g.persistence else "without it the driver tears the GPU down between processes: "
-                      "each job start pays seconds of initialisation; run nvidia-persistenced (or nvidia-smi -pm 1)"))
+        out.append(
+            _f(
+                f"{p}.persistence",
+                PASS if g.persistence else WARN,
+                "persistence mode on",
+                "on" if g.persistence else "off",
+                ""
+                if g.persistence
+                else "without it the driver tears the GPU down between processes: "
+                "each job start pays seconds of initialisation; run nvidia-persistenced (or nvidia-smi -pm 1)",
+            )
+        )
     # PCIe link
     out.append(_pcie_finding(p, g))
     # NVLink
@@ -282,31 +442,65 @@ def gpu_findings(g: GpuHealth, *, gpus_in_node: int) -> list[Finding]:
 def _reasons_text(mask: int) -> str:
     if mask == 0:
         return "none"
-    names = {IDLE: "idle", 0x2: "application clocks setting", SW_POWER_CAP: "power cap (normal under load)",
-             0x10: "sync boost", 0x100: "display clocks"}
+    names = {
+        IDLE: "idle",
+        0x2: "application clocks setting",
+        SW_POWER_CAP: "power cap (normal under load)",
+        0x10: "sync boost",
+        0x100: "display clocks",
+    }
     words = [w for bit, w in names.items() if mask & bit]
     return ", ".join(words) or f"0x{mask:x}"
 
 
 def _pcie_finding(p: str, g: GpuHealth) -> Finding:
     pc = g.pcie
-    gen, max_gen, width, max_width = pc.get("gen"), pc.get("max_gen"), pc.get("width"), pc.get("max_width")
+    gen, max_gen, width, max_width = (
+        pc.get("gen"),
+        pc.get("max_gen"),
+        pc.get("width"),
+        pc.get("max_width"),
+    )
     want = "the PCIe link at the width and generation the GPU and the slot allow"
     if gen is None or max_gen is None or width is None or max_width is None:
-        return _f(f"{p}.pcie", SKIP, want, "NVML gave no PCIe link state (an integrated GPU, or a virtual one)")
+        return _f(
+            f"{p}.pcie",
+            SKIP,
+            want,
+            "NVML gave no PCIe link state (an integrated GPU, or a virtual one)",
+        )
     data = {k: v for k, v in pc.items() if v is not None}
     now = f"gen {gen} x{width}, the link allows gen {max_gen} x{max_width}"
     if width < max_width:
-        return _f(f"{p}.pcie", FAIL, want, now, "the link trained narrower than its slot: a badly seated GPU, a "
-                  "damaged riser or slot; drain the node and reseat the GPU (RMA if it persists)", data=data)
+        return _f(
+            f"{p}.pcie",
+            FAIL,
+            want,
+            now,
+            "the link trained narrower than its slot: a badly seated GPU, a "
+            "damaged riser or slot; drain the node and reseat the GPU (RMA if it persists)",
+            data=data,
+        )
     if gen < max_gen:
         idle = bool(g.event_reasons is not None and g.event_reasons & IDLE)
         if idle:  # an idle GPU drops its link to a low generation to save power: not a fault
-            return _f(f"{p}.pcie", PASS, want, now + " (the GPU is idle: the link drops its speed then; the "
-                      "full level's copy bandwidth measures it under load)", data=data)
-        return _f(f"{p}.pcie", WARN, want, now + " while the GPU is busy",
-                  "a link below its generation under load: check the slot's BIOS setting, then reseat the GPU; "
-                  "the full level's copy bandwidth says what it costs", data=data)
+            return _f(
+                f"{p}.pcie",
+                PASS,
+                want,
+                now + " (the GPU is idle: the link drops its speed then; the "
+                "full level's copy bandwidth measures it under load)",
+                data=data,
+            )
+        return _f(
+            f"{p}.pcie",
+            WARN,
+            want,
+            now + " while the GPU is busy",
+            "a link below its generation under load: check the slot's BIOS setting, then reseat the GPU; "
+            "the full level's copy bandwidth says what it costs",
+            data=data,
+        )
     return _f(f"{p}.pcie", PASS, want, now, data=data)
 
 
@@ -318,13 +512,27 @@ def _nvlink_finding(p: str, g: GpuHealth, gpus_in_node: int) -> Finding:
     up = sum(1 for s in links if s == 1)
     down = [i for i, s in enumerate(g.nvlinks) if s == 0]
     if up == 0 and gpus_in_node <= 1:
-        return _f(f"{p}.nvlink", SKIP, want, f"{len(links)} link(s), none up: this node shows one GPU, with no "
-                  "peer or NVSwitch to link to", links=len(links), up=0)
+        return _f(
+            f"{p}.nvlink",
+            SKIP,
+            want,
+            f"{len(links)} link(s), none up: this node shows one GPU, with no "
+            "peer or NVSwitch to link to",
+            links=len(links),
+            up=0,
+        )
     if down:
-        return _f(f"{p}.nvlink", FAIL, want, f"{up} of {len(links)} up; down: link(s) {', '.join(map(str, down))}",
-                  "a link down halves or worse this GPU's all-reduce bandwidth: drain the node, reset the GPUs "
-                  "(or reboot), check the NVSwitch fabric manager (systemctl status nvidia-fabricmanager); RMA the "
-                  "board if it stays down", links=len(links), up=up)
+        return _f(
+            f"{p}.nvlink",
+            FAIL,
+            want,
+            f"{up} of {len(links)} up; down: link(s) {', '.join(map(str, down))}",
+            "a link down halves or worse this GPU's all-reduce bandwidth: drain the node, reset the GPUs "
+            "(or reboot), check the NVSwitch fabric manager (systemctl status nvidia-fabricmanager); RMA the "
+            "board if it stays down",
+            links=len(links),
+            up=up,
+        )
     return _f(f"{p}.nvlink", PASS, want, f"{up} of {len(links)} up", links=len(links), up=up)
 
 
@@ -332,11 +540,22 @@ def _nvlink_finding(p: str, g: GpuHealth, gpus_in_node: int) -> Finding:
 
 # XIDs that mean the GPU or its memory failed (drain it), and those that warn of it; the others are
 # most often an application's own errors (13, 31, 43: a bad kernel, an illegal address)
-XID_FAIL = {48: "double-bit ECC error", 62: "internal micro-controller halt", 64: "row remapping failure",
-            74: "NVLink error", 79: "GPU has fallen off the bus", 95: "uncontained ECC error",
-            119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error"}
-XID_WARN = {63: "row remapping event (a reset applies it)", 92: "high single-bit ECC error rate",
-            94: "contained ECC error"}
+XID_FAIL = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    64: "row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+XID_WARN = {
+    63: "row remapping event (a reset applies it)",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+}
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 
 
@@ -377,8 +596,16 @@ def xid_findings(text: str | None, bus_ids: dict[str, int]) -> list[Finding]:
     """``health.xid``: the XID events in the kernel log, by GPU (``bus_ids``: NVML bus id -> index)."""
     want = "no XID error of a failing GPU since boot"
     if text is None:
-        return [_f("health.xid", SKIP, want, "the kernel log cannot be read here (/dev/kmsg needs root, and a "
-                   "container needs CAP_SYSLOG)", "read it on the host: dmesg | grep -i xid")]
+        return [
+            _f(
+                "health.xid",
+                SKIP,
+                want,
+                "the kernel log cannot be read here (/dev/kmsg needs root, and a "
+                "container needs CAP_SYSLOG)",
+                "read it on the host: dmesg | grep -i xid",
+            )
+        ]
     events = parse_xids(text)
 
     by_key = {pci_key(b): i for b, i in bus_ids.items()}
@@ -393,15 +620,37 @@ def xid_findings(text: str | None, bus_ids: dict[str, int]) -> list[Finding]:
     data = {"events": len(events), "xids": sorted({x for _, x in events})}
     if bad:
         words = "; ".join(f"{w}: Xid {x} ({XID_FAIL[x]})" for w, x in _uniq(bad))
-        return [_f("health.xid", FAIL, want, words, "drain the node; Xid 79, 48, 95 and 140 mean a reset or a "
-                   "reboot at least and, when they come back, an RMA; 74 a reseat of the NVLink bridge or the "
-                   "board; 119/120 a driver upgrade or a reboot", data=data)]
+        return [
+            _f(
+                "health.xid",
+                FAIL,
+                want,
+                words,
+                "drain the node; Xid 79, 48, 95 and 140 mean a reset or a "
+                "reboot at least and, when they come back, an RMA; 74 a reseat of the NVLink bridge or the "
+                "board; 119/120 a driver upgrade or a reboot",
+                data=data,
+            )
+        ]
     if warn:
         words = "; ".join(f"{w}: Xid {x} ({XID_WARN[x]})" for w, x in _uniq(warn))
-        return [_f("health.xid", WARN, want, words, "watch the GPU: reset it when idle to apply a row remap; "
-                   "repeated events mean an RMA", data=data)]
-    observed = "none" if not events else f"{len(events)} event(s) of XID {', '.join(map(str, sorted(set(other))))} " \
-                                         "(an application's errors, not the GPU's)"
+        return [
+            _f(
+                "health.xid",
+                WARN,
+                want,
+                words,
+                "watch the GPU: reset it when idle to apply a row remap; "
+                "repeated events mean an RMA",
+                data=data,
+            )
+        ]
+    observed = (
+        "none"
+        if not events
+        else f"{len(events)} event(s) of XID {', '.join(map(str, sorted(set(other))))} "
+        "(an application's errors, not the GPU's)"
+    )
     return [_f("health.xid", PASS, want, observed, data=data)]
 
 
@@ -420,6 +669,7 @@ def _uniq(items: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 # -- recorded answers ------------------------------------------------------------------------------
+
 
 def record(nvml: Nvml) -> dict[str, Any]:
     """Every answer the health checks read, as JSON-able data (``FakeNvml`` plays it back)."""
@@ -441,7 +691,9 @@ class FakeNvml:
         ptr._obj.value = value
 
     def _gpu(self, h: Any) -> dict[str, Any]:
-        return self.gpus[(h.value if hasattr(h, "value") else int(h)) - 1]  # handle i + 1: a NULL is no handle
+        return self.gpus[
+            (h.value if hasattr(h, "value") else int(h)) - 1
+        ]  # handle i + 1: a NULL is no handle
 
     def nvmlInit_v2(self) -> int:
         return 0

@@ -66,7 +66,9 @@ def read_record(dist: Dist) -> list[RecordEntry]:
         p = Path(rel)
         path = p if p.is_absolute() else Path(os.path.normpath(dist.site / p))
         entries.append(
-            RecordEntry(path, rel, value if algo == "sha256" else "", int(size) if size.isdigit() else None)
+            RecordEntry(
+                path, rel, value if algo == "sha256" else "", int(size) if size.isdigit() else None
+            )
         )
     return entries
 
@@ -238,7 +240,9 @@ def _hash_workers() -> int:
     return max(2, min(32, usable_cpus()))
 
 
-def check_files(dists: list[Dist], cache: HashCache | None = None, *, hash_all: bool = True) -> FileCheck:
+def check_files(
+    dists: list[Dist], cache: HashCache | None = None, *, hash_all: bool = True
+) -> FileCheck:
     """Check every RECORD entry that has a hash.
 
     ``hash_all`` (the full level): re-hash every file. Otherwise (the quick level) hash the
@@ -269,7 +273,9 @@ def check_files(dists: list[Dist], cache: HashCache | None = None, *, hash_all: 
         except OSError:
             return FileProblem(d.name, str(e.path), "unreadable")
         if e.size is not None and size != e.size:
-            return FileProblem(d.name, str(e.path), "changed", f"size {size} B, RECORD says {e.size} B")
+            return FileProblem(
+                d.name, str(e.path), "changed", f"size {size} B, RECORD says {e.size} B"
+            )
         return None
 
     def one(job: tuple[Dist, RecordEntry]) -> FileProblem | None:
@@ -283,7 +289,11 @@ def check_files(dists: list[Dist], cache: HashCache | None = None, *, hash_all: 
             return FileProblem(d.name, str(e.path), "missing")
         except OSError:
             return FileProblem(d.name, str(e.path), "unreadable")
-        return None if got == e.sha256 else FileProblem(d.name, str(e.path), "changed", "sha256 differs")
+        return (
+            None
+            if got == e.sha256
+            else FileProblem(d.name, str(e.path), "changed", "sha256 differs")
+        )
 
     with ThreadPoolExecutor(out.workers, thread_name_prefix="envspec-verify-sha256") as pool:
         hashed = pool.map(one, hash_jobs)

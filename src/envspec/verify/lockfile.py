@@ -53,14 +53,16 @@ def _only_tables(text: str, tables: tuple[str, ...]) -> str:
     keep, pos, name = [], 0, ""
     for m in _HEADER.finditer(text):
         if not name or name in tables:
-            keep.append(text[pos:m.start()])
+            keep.append(text[pos : m.start()])
         pos, name = m.start(), m.group(1)
     if not name or name in tables:
         keep.append(text[pos:])
     return "".join(keep)
 
 
-def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None) -> dict[str, Any]:
+def load_lock(
+    path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None
+) -> dict[str, Any]:
     """The lock as a dict. ``tables``: read only these top-level tables (and the top-level
     keys), e.g. the start-up hook's ("meta", "platform", "hardware", "torch", "runtime"); the
     others are absent from the dict and not checked."""
@@ -83,7 +85,9 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
                 part = tomllib.loads(_only_tables(text, tables))
             except tomllib.TOMLDecodeError:
                 part = None  # a cut in an odd place: the whole file says what is wrong
-        full = part is None or part.get("version") == MULTI_VERSION  # the sections are under [platforms]
+        full = (
+            part is None or part.get("version") == MULTI_VERSION
+        )  # the sections are under [platforms]
         data = tomllib.loads(text) if full or part is None else part
     except UnicodeDecodeError as e:
         raise LockReadError(f"{p} is not UTF-8 text (byte {e.start})") from None
@@ -92,7 +96,9 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
     if full:  # the whole text was read: its tables must give its content hash
         _check_hash(data, p)
     version = data.get("version")
-    if version not in KNOWN_VERSIONS or (version == MULTI_VERSION and not isinstance(data.get("platforms"), dict)):
+    if version not in KNOWN_VERSIONS or (
+        version == MULTI_VERSION and not isinstance(data.get("platforms"), dict)
+    ):
         raise LockReadError(
             f"{p}: lock format version {version!r} is not one this verifier reads "
             f"(it reads {', '.join(map(str, KNOWN_VERSIONS))}; version {MULTI_VERSION} with [platforms.<name>] sections)",
@@ -128,7 +134,12 @@ def _check_hash(data: dict[str, Any], p: Path) -> None:
     if not isinstance(claimed, str) or not claimed:
         return
     body = {k: v for k, v in data.items() if k != "meta"}
-    got = "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    got = (
+        "sha256:"
+        + hashlib.sha256(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+    )
     if got != claimed:
         raise LockReadError(
             f"{p}: its content does not match its [meta].content_hash: it was changed after `envspec lock` "

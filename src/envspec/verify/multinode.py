@@ -28,8 +28,15 @@ FAKE_TASK_ENV = "ENVSPEC_FAKE_FINGERPRINT_TASK"
 RESULT_DIR_ENV = "ENVSPEC_VERIFY_RESULT_DIR"  # set by launch(): where ranks leave their exit codes
 
 # Options consumed by the launcher (not forwarded to the ranks); value-taking ones.
-LAUNCH_OPTS = ("--nproc-per-node", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend", "--node-rank",
-               "--master-addr", "--master-port")
+LAUNCH_OPTS = (
+    "--nproc-per-node",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--rdzv-backend",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+)
 
 
 def under_torchrun(env: Mapping[str, str] = os.environ) -> bool:
@@ -51,16 +58,39 @@ def forwarded_argv(argv: list[str]) -> list[str]:
 
 
 def torchrun_argv(args: Any, argv: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.nnodes),
-           "--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(args.nnodes),
+        "--nproc-per-node",
+        str(args.nproc_per_node),
+        "--max-restarts",
+        "0",
+    ]
     if args.master_addr:  # static rendezvous: every node names the same master and its own rank
-        cmd += ["--master-addr", args.master_addr, "--master-port", str(args.master_port),
-                "--node-rank", str(args.node_rank or 0)]
+        cmd += [
+            "--master-addr",
+            args.master_addr,
+            "--master-port",
+            str(args.master_port),
+            "--node-rank",
+            str(args.node_rank or 0),
+        ]
     else:
         if not args.rdzv_endpoint:
-            raise ValueError("--nnodes needs --rdzv-endpoint HOST:PORT (c10d rendezvous) or --master-addr")
-        cmd += ["--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", args.rdzv_endpoint,
-                "--rdzv-id", args.rdzv_id]
+            raise ValueError(
+                "--nnodes needs --rdzv-endpoint HOST:PORT (c10d rendezvous) or --master-addr"
+            )
+        cmd += [
+            "--rdzv-backend",
+            args.rdzv_backend,
+            "--rdzv-endpoint",
+            args.rdzv_endpoint,
+            "--rdzv-id",
+            args.rdzv_id,
+        ]
         if args.node_rank is not None:
             cmd += ["--node-rank", str(args.node_rank)]
     return cmd + ["-m", "envspec.verify", *forwarded_argv(argv)]
@@ -123,30 +153,51 @@ def compare(entries: list[dict[str, Any]]) -> list[Finding]:
         values = Counter(e["fingerprint"].get(key, "") for e in entries)
         if len(values) <= 1:
             v = next(iter(values), "")
-            out.append(Finding(f"cluster.{key}", PASS, expected="the same on every node",
-                               observed=f"{v or '(none)'} on all {len(entries)} ranks"))
+            out.append(
+                Finding(
+                    f"cluster.{key}",
+                    PASS,
+                    expected="the same on every node",
+                    observed=f"{v or '(none)'} on all {len(entries)} ranks",
+                )
+            )
             continue
         (majority, count), (_, second) = values.most_common(2)
         if count == second:  # no majority: name every node with its value
-            named = "; ".join(f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in entries)
-            out.append(Finding(
-                f"cluster.{key}", FAIL, expected="one value on every node",
-                observed=f"no majority among {len(entries)} ranks: {named}",
-                hint=f"the nodes do not run the same {key}; find the odd ones and drain or fix them",
-                data={"odd_nodes": [node_label(e) for e in entries]}))
+            named = "; ".join(
+                f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in entries
+            )
+            out.append(
+                Finding(
+                    f"cluster.{key}",
+                    FAIL,
+                    expected="one value on every node",
+                    observed=f"no majority among {len(entries)} ranks: {named}",
+                    hint=f"the nodes do not run the same {key}; find the odd ones and drain or fix them",
+                    data={"odd_nodes": [node_label(e) for e in entries]},
+                )
+            )
             continue
         odd = [e for e in entries if e["fingerprint"].get(key, "") != majority]
-        named = "; ".join(f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in odd)
-        out.append(Finding(
-            f"cluster.{key}", FAIL, expected=f"{majority or '(none)'} (as on {count} of {len(entries)} ranks)",
-            observed=f"differs on {named}",
-            hint=f"these nodes do not run what the others run ({key}); drain them or fix them before a job spans them",
-            data={"odd_nodes": [node_label(e) for e in odd]},
-        ))
+        named = "; ".join(
+            f"{node_label(e)}: {e['fingerprint'].get(key, '') or '(none)'}" for e in odd
+        )
+        out.append(
+            Finding(
+                f"cluster.{key}",
+                FAIL,
+                expected=f"{majority or '(none)'} (as on {count} of {len(entries)} ranks)",
+                observed=f"differs on {named}",
+                hint=f"these nodes do not run what the others run ({key}); drain them or fix them before a job spans them",
+                data={"odd_nodes": [node_label(e) for e in odd]},
+            )
+        )
     return out
 
 
-def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.environ, level: str = "quick") -> Report:
+def cluster_phase(
+    report: Report, torch: Any, env: Mapping[str, str] = os.environ, level: str = "quick"
+) -> Report:
     """Run on every rank after the local checks; returns the report to print (rank 0's has the
     cluster findings; the others' are unchanged)."""
     import torch.distributed as dist  # noqa: PLC0415
@@ -161,9 +212,15 @@ def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.enviro
     t0 = time.perf_counter()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    entry = {"rank": rank, "node_rank": node_rank, "local_rank": local_rank, "fingerprint": fp,
-             "test_hook": faked,
-             "ok": report.ok, "failed": [f.check for f in report.findings if f.status == FAIL]}
+    entry = {
+        "rank": rank,
+        "node_rank": node_rank,
+        "local_rank": local_rank,
+        "fingerprint": fp,
+        "test_hook": faked,
+        "ok": report.ok,
+        "failed": [f.check for f in report.findings if f.status == FAIL],
+    }
     entries = gather_json(dist, torch, entry, world)
     report.timings["cluster.gather"] = time.perf_counter() - t0
     findings: list[Finding] = []
@@ -171,15 +228,29 @@ def cluster_phase(report: Report, torch: Any, env: Mapping[str, str] = os.enviro
         findings += compare(entries)
         for e in entries:
             if e.get("test_hook"):
-                findings.append(Finding("cluster.test_hook", WARN, expected=f"{FAKE_ENV} unset on every node",
-                                        observed=f"{node_label(e)} faked its fingerprint with {FAKE_ENV}",
-                                        hint="a test hook; never set it in production"))
+                findings.append(
+                    Finding(
+                        "cluster.test_hook",
+                        WARN,
+                        expected=f"{FAKE_ENV} unset on every node",
+                        observed=f"{node_label(e)} faked its fingerprint with {FAKE_ENV}",
+                        hint="a test hook; never set it in production",
+                    )
+                )
         bad = [e for e in entries if not e["ok"]]
-        findings.append(Finding(
-            "cluster.nodes", FAIL if bad else PASS, expected=f"every one of {world} ranks passes its local checks",
-            observed=("; ".join(f"{node_label(e)} failed {', '.join(e['failed'][:5])}" for e in bad)
-                      if bad else f"{world} ranks ok"),
-            hint="read that node's own report (run verify there)" if bad else ""))
+        findings.append(
+            Finding(
+                "cluster.nodes",
+                FAIL if bad else PASS,
+                expected=f"every one of {world} ranks passes its local checks",
+                observed=(
+                    "; ".join(f"{node_label(e)} failed {', '.join(e['failed'][:5])}" for e in bad)
+                    if bad
+                    else f"{world} ranks ok"
+                ),
+                hint="read that node's own report (run verify there)" if bad else "",
+            )
+        )
         report.nodes = entries
     t0 = time.perf_counter()
     findings_ar = _allreduce(dist, torch, world, local_rank, level)
@@ -209,7 +280,11 @@ def gather_json(dist: Any, torch: Any, obj: Any, world: int) -> list[Any]:
 
 def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -> list[Finding]:
     if world < 2:
-        return [Finding("cluster.nccl.allreduce", SKIP, observed="one rank: nothing to all-reduce across")]
+        return [
+            Finding(
+                "cluster.nccl.allreduce", SKIP, observed="one rank: nothing to all-reduce across"
+            )
+        ]
     use_cuda = bool(torch.cuda.is_available())
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -244,12 +319,23 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
             torch.cuda.synchronize(dev)
         dt = (time.perf_counter() - t0) / iters
         algbw = size / dt / 1e9
-        results.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": algbw,
-                        "busbw_gbps": algbw * 2 * (world - 1) / world})
+        results.append(
+            {
+                "bytes": size,
+                "time_us": dt * 1e6,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (world - 1) / world,
+            }
+        )
         del buf
     table = "; ".join(f"{s['bytes'] >> 20} MiB: {s['busbw_gbps']:.1f}" for s in results)
-    return [Finding("cluster.nccl.allreduce" if use_cuda else "cluster.allreduce", PASS if ok else FAIL,
-                    expected=f"sum {want:g} on all {world} ranks ({backend}); bus bandwidth (GB/s) reported",
-                    observed=("correct" if ok else "WRONG sum on some rank") + f"; busbw GB/s {table}",
-                    hint="" if ok else "a collective returned a wrong result: a faulty NIC, link or GPU",
-                    data={"sizes": results, "backend": backend, "ranks": world})]
+    return [
+        Finding(
+            "cluster.nccl.allreduce" if use_cuda else "cluster.allreduce",
+            PASS if ok else FAIL,
+            expected=f"sum {want:g} on all {world} ranks ({backend}); bus bandwidth (GB/s) reported",
+            observed=("correct" if ok else "WRONG sum on some rank") + f"; busbw GB/s {table}",
+            hint="" if ok else "a collective returned a wrong result: a faulty NIC, link or GPU",
+            data={"sizes": results, "backend": backend, "ranks": world},
+        )
+    ]

@@ -43,7 +43,11 @@ def version_tuple(v: str) -> tuple[int, ...]:
 
 
 class _NvmlMemory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 def probe_nvml(lib: str = NVML_LIB) -> DriverInfo | None:
@@ -77,7 +81,10 @@ def probe_nvml(lib: str = NVML_LIB) -> DriverInfo | None:
                     gpu["memory_total"] = mem.total
                     gpu["memory_free"] = mem.free
                 ma, mi = ctypes.c_int(), ctypes.c_int()
-                if nvml.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(ma), ctypes.byref(mi)) == 0:
+                if (
+                    nvml.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(ma), ctypes.byref(mi))
+                    == 0
+                ):
                     gpu["cc"] = f"{ma.value}.{mi.value}"
                 info.gpus.append(gpu)
         nvml.nvmlShutdown()
@@ -95,8 +102,15 @@ def probe_nvidia_smi() -> DriverInfo | None:
         return None
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=driver_version,name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
+            [
+                exe,
+                "--query-gpu=driver_version,name,compute_cap,memory.total",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -113,8 +127,9 @@ def probe_nvidia_smi() -> DriverInfo | None:
     return info
 
 
-def probe_driver(proc_path: str = PROC_DRIVER, *, nvml_lib: str = NVML_LIB,
-                 nvidia_smi: bool = True) -> DriverInfo | None:
+def probe_driver(
+    proc_path: str = PROC_DRIVER, *, nvml_lib: str = NVML_LIB, nvidia_smi: bool = True
+) -> DriverInfo | None:
     """The driver version: the kernel module's file first, then NVML, then (``nvidia_smi``)
     nvidia-smi. The GPUs (name, compute capability, memory) come from NVML or nvidia-smi."""
     info = probe_nvml(nvml_lib)
@@ -229,7 +244,9 @@ def compile_toolchain(gpu: bool, env: Mapping[str, str] | None = None) -> Toolch
             path = found
             break
     include = sysconfig.get_paths().get("include", "")
-    return Toolchain(role, wanted, path, include, bool(include) and Path(include, "Python.h").is_file())
+    return Toolchain(
+        role, wanted, path, include, bool(include) and Path(include, "Python.h").is_file()
+    )
 
 
 # the child that imports modules one by one, a JSON line after each (its last line names the module
@@ -255,8 +272,9 @@ class ImportResult:
     seconds: float = 0.0
 
 
-def import_modules(modules: list[str], *, python: str, timeout: float = 300,
-                   env: Mapping[str, str] | None = None) -> list[ImportResult]:
+def import_modules(
+    modules: list[str], *, python: str, timeout: float = 300, env: Mapping[str, str] | None = None
+) -> list[ImportResult]:
     """Import each module in a child python, in order, and say which failed and how; a child that
     dies (a crash in an extension's initialiser) or runs past ``timeout`` is named against the
     module it was importing, and the rest are imported by a new child."""
@@ -270,13 +288,26 @@ def import_modules(modules: list[str], *, python: str, timeout: float = 300,
     while todo:
         left = deadline - time.monotonic()
         if left <= 0:
-            out += [ImportResult(m, f"not imported: the imports ran past {timeout:.0f} s") for m in todo]
+            out += [
+                ImportResult(m, f"not imported: the imports ran past {timeout:.0f} s") for m in todo
+            ]
             break
         try:
-            proc = subprocess.run([python, "-c", _IMPORT_CHILD, *todo], capture_output=True, text=True, timeout=left,
-                                  env=None if env is None else dict(env))
-            stdout, why = proc.stdout, (f"the importing process died with signal {-proc.returncode}"
-                                        if proc.returncode < 0 else f"the importing process exited {proc.returncode}")
+            proc = subprocess.run(
+                [python, "-c", _IMPORT_CHILD, *todo],
+                capture_output=True,
+                text=True,
+                timeout=left,
+                env=None if env is None else dict(env),
+            )
+            stdout, why = (
+                proc.stdout,
+                (
+                    f"the importing process died with signal {-proc.returncode}"
+                    if proc.returncode < 0
+                    else f"the importing process exited {proc.returncode}"
+                ),
+            )
         except subprocess.TimeoutExpired as e:
             stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             why = f"its import ran past {timeout:.0f} s"

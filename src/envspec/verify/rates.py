@@ -14,39 +14,111 @@ from typing import Any
 
 # nvidia-smi name -> (bf16 dense TFLOP/s, tf32 dense TFLOP/s, source); None where not published
 RATES: dict[str, tuple[float | None, float | None, str]] = {
-    "NVIDIA A30": (165.0, 82.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/a30-gpu/pdf/a30-datasheet.pdf"),
-    "NVIDIA A100-SXM4-40GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "NVIDIA A100-PCIE-40GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "NVIDIA A100-SXM4-80GB": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    "NVIDIA A100 80GB PCIe": (312.0, 156.0, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    "NVIDIA A30": (
+        165.0,
+        82.0,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/data-center/products/a30-gpu/pdf/a30-datasheet.pdf",
+    ),
+    "NVIDIA A100-SXM4-40GB": (
+        312.0,
+        156.0,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    ),
+    "NVIDIA A100-PCIE-40GB": (
+        312.0,
+        156.0,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    ),
+    "NVIDIA A100-SXM4-80GB": (
+        312.0,
+        156.0,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    ),
+    "NVIDIA A100 80GB PCIe": (
+        312.0,
+        156.0,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    ),
     "NVIDIA A800-SXM4-80GB": (312.0, 156.0, "NVIDIA A800 Tensor Core GPU datasheet"),
     "NVIDIA A800 80GB PCIe": (312.0, 156.0, "NVIDIA A800 Tensor Core GPU datasheet"),
-    "NVIDIA A10": (125.0, 62.5, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"),
+    "NVIDIA A10": (
+        125.0,
+        62.5,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf",
+    ),
     "NVIDIA A10G": (70.0, 35.0, "https://aws.amazon.com/ec2/instance-types/g5/"),
-    "NVIDIA A40": (149.7, 74.8, "https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf"),
+    "NVIDIA A40": (
+        149.7,
+        74.8,
+        "https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf",
+    ),
     "NVIDIA A2": (18.0, 9.0, "https://www.nvidia.com/en-us/data-center/products/a2/"),
     "NVIDIA A16": (17.9, 9.0, "https://www.nvidia.com/en-us/data-center/products/a16-gpu/"),
     "NVIDIA L4": (121.0, 60.0, "https://www.nvidia.com/en-us/data-center/l4/"),
     "NVIDIA L40S": (362.05, 183.0, "https://www.nvidia.com/en-us/data-center/l40s/"),
-    "NVIDIA L40": (181.05, 90.5, "https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf"),
-    "NVIDIA H100 PCIe": (756.0, 378.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
-    "NVIDIA H100 80GB HBM3": (989.0, 494.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
-    "NVIDIA H100 NVL": (835.0, 417.0, "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"),
+    "NVIDIA L40": (
+        181.05,
+        90.5,
+        "https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf",
+    ),
+    "NVIDIA H100 PCIe": (
+        756.0,
+        378.0,
+        "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    ),
+    "NVIDIA H100 80GB HBM3": (
+        989.0,
+        494.0,
+        "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    ),
+    "NVIDIA H100 NVL": (
+        835.0,
+        417.0,
+        "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    ),
     "NVIDIA H200": (989.0, 494.0, "https://www.nvidia.com/en-us/data-center/h200/"),
     "NVIDIA H200 NVL": (835.0, 417.0, "https://www.nvidia.com/en-us/data-center/h200/"),
-    "NVIDIA GH200 480GB": (989.0, 494.0, "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip"),
-    "NVIDIA GH200 144G HBM3e": (989.0, 494.0, "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip"),
+    "NVIDIA GH200 480GB": (
+        989.0,
+        494.0,
+        "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip",
+    ),
+    "NVIDIA GH200 144G HBM3e": (
+        989.0,
+        494.0,
+        "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip",
+    ),
     "NVIDIA H800": (989.5, 494.5, "NVIDIA H800 Tensor Core GPU datasheet"),
     "NVIDIA H800 PCIe": (756.5, 378.0, "NVIDIA H800 Tensor Core GPU datasheet"),
     "NVIDIA B200": (2250.0, 1125.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
     "NVIDIA GB200": (2500.0, 1250.0, "https://www.nvidia.com/en-us/data-center/gb200-nvl72/"),
     "NVIDIA B300 SXM6 AC": (2250.0, 1125.0, "https://www.nvidia.com/en-us/data-center/hgx/"),
     "NVIDIA GB300": (2500.0, 1250.0, "https://www.nvidia.com/en-us/data-center/gb300-nvl72/"),
-    "NVIDIA RTX A6000": (154.8, 77.4, "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web.pdf"),
-    "NVIDIA RTX 6000 Ada Generation": (364.2, 182.1, "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx-6000/proviz-print-rtx6000-datasheet-web-2504660.pdf"),
-    "NVIDIA GeForce RTX 3090": (71.0, 35.6, "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"),
-    "NVIDIA GeForce RTX 4090": (165.2, 82.6, "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"),
-    "NVIDIA GeForce RTX 5090": (209.5, 104.8, "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"),
+    "NVIDIA RTX A6000": (
+        154.8,
+        77.4,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web.pdf",
+    ),
+    "NVIDIA RTX 6000 Ada Generation": (
+        364.2,
+        182.1,
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx-6000/proviz-print-rtx6000-datasheet-web-2504660.pdf",
+    ),
+    "NVIDIA GeForce RTX 3090": (
+        71.0,
+        35.6,
+        "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf",
+    ),
+    "NVIDIA GeForce RTX 4090": (
+        165.2,
+        82.6,
+        "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
+    ),
+    "NVIDIA GeForce RTX 5090": (
+        209.5,
+        104.8,
+        "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf",
+    ),
 }
 
 
@@ -68,7 +140,7 @@ GEMM_SPREAD = 0.90
 def _key(name: str) -> str:
     """A name without case, spaces, punctuation and the "NVIDIA" prefix older drivers left out."""
     key = re.sub(r"[^0-9a-z]", "", name.lower())
-    return key[len("nvidia"):] if key.startswith("nvidia") else key
+    return key[len("nvidia") :] if key.startswith("nvidia") else key
 
 
 _BY_KEY = {_key(n): v for n, v in RATES.items()}
@@ -83,7 +155,9 @@ PASS_FRACTION = 0.60
 FAIL_FRACTION = 0.30
 
 
-def expected_rate(name: str, kind: str, lock_expected: dict[str, Any] | None = None) -> tuple[float, str] | None:
+def expected_rate(
+    name: str, kind: str, lock_expected: dict[str, Any] | None = None
+) -> tuple[float, str] | None:
     """(TFLOP/s, source) for ``kind`` in {"bf16", "tf32"} on the GPU called ``name``."""
     key = f"{kind}_tflops"
     if lock_expected:

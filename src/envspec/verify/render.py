@@ -17,7 +17,9 @@ _MARK = {PASS: "PASS", WARN: "WARN", FAIL: "FAIL", SKIP: "skip"}
 def table(report: Report, width: int = 120, verbose: bool = False) -> str:
     lines = []
     lock = report.lock_name or report.lock_path or "(lock)"
-    lines.append(f"envspec verify: {lock} {report.lock_hash[:19]}  level={report.level} mode={report.mode}")
+    lines.append(
+        f"envspec verify: {lock} {report.lock_hash[:19]}  level={report.level} mode={report.mode}"
+    )
     cw = max([len(f.check) for f in report.findings] + [5])
     cw = min(cw, 34)
     rest = max(40, width - cw - 8)
@@ -63,10 +65,15 @@ def prometheus(report: Report, now: float | None = None) -> str:
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} gauge")
 
-    fam("envspec_verify_ok", "1 when the last verification found no failure (no warning with --strict)")
+    fam(
+        "envspec_verify_ok",
+        "1 when the last verification found no failure (no warning with --strict)",
+    )
     out.append(f"envspec_verify_ok{{{base}}} {int(report.ok)}")
     fam("envspec_verify_last_run_timestamp_seconds", "when the last verification finished")
-    out.append(f"envspec_verify_last_run_timestamp_seconds{{{base}}} {now if now is not None else time.time():.0f}")
+    out.append(
+        f"envspec_verify_last_run_timestamp_seconds{{{base}}} {now if now is not None else time.time():.0f}"
+    )
     fam("envspec_verify_duration_seconds", "how long the last verification took")
     out.append(f"envspec_verify_duration_seconds{{{base}}} {report.timings.get('total', 0.0):.3f}")
     fam("envspec_verify_findings", "number of findings by status")
@@ -83,22 +90,49 @@ def prometheus(report: Report, now: float | None = None) -> str:
         fam("envspec_verify_gemm_tflops", "measured dense GEMM rate (8192^3) per GPU and kind")
         for f in gemm:
             _, gpu, kind = f.check.split(".", 2)
-            out.append(f'envspec_verify_gemm_tflops{{{base},gpu="{gpu}",kind="{kind}"}} {f.data["tflops"]:.1f}')
+            out.append(
+                f'envspec_verify_gemm_tflops{{{base},gpu="{gpu}",kind="{kind}"}} {f.data["tflops"]:.1f}'
+            )
     copies = [f for f in report.findings if f.check.startswith("perf.") and "gbps" in f.data]
     if copies:
-        fam("envspec_verify_copy_gbps", "measured host<->GPU copy bandwidth per GPU and direction (h2d, d2h)")
+        fam(
+            "envspec_verify_copy_gbps",
+            "measured host<->GPU copy bandwidth per GPU and direction (h2d, d2h)",
+        )
         for f in copies:
             _, gpu, way = f.check.split(".", 2)
-            out.append(f'envspec_verify_copy_gbps{{{base},gpu="{gpu}",direction="{way}"}} {f.data["gbps"]:.2f}')
-    numbers = (("ecc", "uncorrected", "envspec_verify_gpu_ecc_uncorrected",
-                "uncorrected ECC errors since the driver loaded, per GPU"),
-               ("row_remap", "pending", "envspec_verify_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset"),
-               ("throttle", "reasons", "envspec_verify_gpu_clocks_event_reasons",
-                "NVML's active clocks event (throttle) reasons, a bit mask"),
-               ("nvlink", "up", "envspec_verify_gpu_nvlinks_up", "NVLinks up per GPU"))
+            out.append(
+                f'envspec_verify_copy_gbps{{{base},gpu="{gpu}",direction="{way}"}} {f.data["gbps"]:.2f}'
+            )
+    numbers = (
+        (
+            "ecc",
+            "uncorrected",
+            "envspec_verify_gpu_ecc_uncorrected",
+            "uncorrected ECC errors since the driver loaded, per GPU",
+        ),
+        (
+            "row_remap",
+            "pending",
+            "envspec_verify_gpu_row_remap_pending",
+            "1 when a row remap waits for a GPU reset",
+        ),
+        (
+            "throttle",
+            "reasons",
+            "envspec_verify_gpu_clocks_event_reasons",
+            "NVML's active clocks event (throttle) reasons, a bit mask",
+        ),
+        ("nvlink", "up", "envspec_verify_gpu_nvlinks_up", "NVLinks up per GPU"),
+    )
     for suffix, key, name, help_ in numbers:
-        rows = [f for f in report.findings
-                if f.check.startswith("health.gpu.") and f.check.endswith("." + suffix) and key in f.data]
+        rows = [
+            f
+            for f in report.findings
+            if f.check.startswith("health.gpu.")
+            and f.check.endswith("." + suffix)
+            and key in f.data
+        ]
         if rows:
             fam(name, help_)
             for f in rows:
@@ -113,8 +147,10 @@ def prometheus(report: Report, now: float | None = None) -> str:
         for f in ar:
             scope = "cluster" if "cluster" in f.check else "node"
             for s in f.data["sizes"]:
-                out.append(f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
-                           f'{s["busbw_gbps"]:.2f}')
+                out.append(
+                    f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
+                    f"{s['busbw_gbps']:.2f}"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -134,4 +170,3 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         except OSError:
             pass
         raise
-

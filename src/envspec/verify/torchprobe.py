@@ -231,7 +231,9 @@ def cpu_matmul_error(torch: Any, n: int = 256) -> float:
 # -- speed ---------------------------------------------------------------------------------
 
 
-def gemm_tflops(torch: Any, index: int, kind: str, n: int = 8192, warmup: int = 3, iters: int = 10) -> float:
+def gemm_tflops(
+    torch: Any, index: int, kind: str, n: int = 8192, warmup: int = 3, iters: int = 10
+) -> float:
     """Dense n^3 GEMM rate on one GPU, timed with CUDA events after warm-up."""
     dev = torch.device("cuda", index)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
@@ -289,7 +291,9 @@ EXACT_GEMM_N = 4096
 EXACT_GEMM_SEED = 20261205
 
 
-def exact_gemm_reference(torch: Any, n: int = EXACT_GEMM_N, seed: int = EXACT_GEMM_SEED) -> dict[str, Any]:
+def exact_gemm_reference(
+    torch: Any, n: int = EXACT_GEMM_N, seed: int = EXACT_GEMM_SEED
+) -> dict[str, Any]:
     """The inputs of the silent-data-corruption GEMM and its exact row and column sums, made on the
     CPU from a fixed seed: every node and every GPU computes the same product of the same inputs."""
     g = torch.Generator().manual_seed(seed)
@@ -329,7 +333,11 @@ def exact_gemm(torch: Any, dev: Any, ref: dict[str, Any]) -> dict[str, Any]:
                     out["wrong"].append(kind)
                 weights = torch.arange(1, c.shape[1] + 1, device=dev, dtype=torch.int64)
                 mix = (c * weights).sum(dim=1).cpu()
-                digests.append(hashlib.sha256(str(rows.tolist() + cols.tolist() + mix.tolist()).encode()).hexdigest())
+                digests.append(
+                    hashlib.sha256(
+                        str(rows.tolist() + cols.tolist() + mix.tolist()).encode()
+                    ).hexdigest()
+                )
                 del c
             del a, b
     finally:
@@ -347,7 +355,9 @@ def exact_gemm(torch: Any, dev: Any, ref: dict[str, Any]) -> dict[str, Any]:
 ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
 
 
-def allreduce_local(torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters: int = 10) -> dict[str, Any]:
+def allreduce_local(
+    torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters: int = 10
+) -> dict[str, Any]:
     """All-reduce across this process's GPUs with torch.cuda.nccl (one communicator clique, as
     nccl-tests does with -g N). Returns correctness and per-size algbw/busbw in GB/s."""
     n = len(devices)
@@ -373,7 +383,14 @@ def allreduce_local(torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters
             torch.cuda.synchronize(d)
         dt = (time.perf_counter() - t0) / iters
         algbw = size / dt / 1e9
-        results.append({"bytes": size, "time_us": dt * 1e6, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n})
+        results.append(
+            {
+                "bytes": size,
+                "time_us": dt * 1e6,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (n - 1) / n,
+            }
+        )
         del bufs
     return {"correct": not wrong, "wrong_devices": wrong, "expected_sum": want, "sizes": results}
 
@@ -414,15 +431,30 @@ def allreduce_spawn(ngpus: int, sizes=ALLREDUCE_SIZES, timeout: float = 120.0) -
         f.write(_SPAWN_SCRIPT)
     try:
         p = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ngpus}",
-             f.name, json.dumps(list(sizes))], capture_output=True, text=True, timeout=timeout)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={ngpus}",
+                f.name,
+                json.dumps(list(sizes)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     finally:
         os.unlink(f.name)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
-            return {"correct": r["correct"], "wrong_devices": [] if r["correct"] else ["?"],
-                    "expected_sum": ngpus * (ngpus + 1) / 2, "sizes": r["sizes"]}
+            return {
+                "correct": r["correct"],
+                "wrong_devices": [] if r["correct"] else ["?"],
+                "expected_sum": ngpus * (ngpus + 1) / 2,
+                "sizes": r["sizes"],
+            }
     raise RuntimeError(f"the one-process-a-GPU all-reduce failed: {(p.stderr or p.stdout)[-600:]}")
 
 
@@ -464,7 +496,10 @@ class CompileProbe:
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         self.proc = subprocess.Popen(
             argv or [sys.executable, "-c", _COMPILE_SCRIPT],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
             start_new_session=True,  # setsid(): the child's pid is its process group's id
         )
         self.pgid = self.proc.pid
@@ -492,7 +527,11 @@ class CompileProbe:
             out, err = self.proc.communicate(timeout=left)
         except subprocess.TimeoutExpired:
             self.close()
-            return {"ok": False, "timeout": True, "error": f"did not finish within {self.timeout:.0f} s"}
+            return {
+                "ok": False,
+                "timeout": True,
+                "error": f"did not finish within {self.timeout:.0f} s",
+            }
         self.kill_group()  # what a finished child left behind
         for line in reversed(out.splitlines()):
             if line.startswith("{"):

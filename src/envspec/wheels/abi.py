@@ -91,8 +91,12 @@ class WheelNeeds:
 
     @classmethod
     def from_json(cls, d: Mapping) -> "WheelNeeds":
-        return cls(tuple(Extension(e["path"], tuple(e["libs"]), tuple(e["symbols"])) for e in d["extensions"]),
-                   d.get("torch_requirement", ""))
+        return cls(
+            tuple(
+                Extension(e["path"], tuple(e["libs"]), tuple(e["symbols"])) for e in d["extensions"]
+            ),
+            d.get("torch_requirement", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -127,12 +131,16 @@ class Mismatch:
     def sentence(self) -> str:
         what = []
         if self.missing_libs:
-            what.append(f"links {', '.join(self.missing_libs)}, which torch {self.torch} does not have")
+            what.append(
+                f"links {', '.join(self.missing_libs)}, which torch {self.torch} does not have"
+            )
         if self.missing:
             more = len(self.missing) - SHOWN_SYMBOLS
             shown = "; ".join(self.demangled())
-            what.append(f"needs {len(self.missing)} of its {self.needed} torch symbols that torch {self.torch} "
-                        f"does not export ({shown}{f'; and {more} more' if more > 0 else ''})")
+            what.append(
+                f"needs {len(self.missing)} of its {self.needed} torch symbols that torch {self.torch} "
+                f"does not export ({shown}{f'; and {more} more' if more > 0 else ''})"
+            )
         if not what:  # the companion table's word, no binary read
             what.append(f"is not built for torch {self.torch}")
         abi = "torch's C++ ABI" if self.kind == "c++" else "torch's stable ABI"
@@ -162,6 +170,7 @@ def demangle(symbol: str) -> str:
 
 # -- reading ELF files --------------------------------------------------------------------------
 
+
 @dataclass
 class ElfSymbols:
     needed: list[str] = field(default_factory=list)
@@ -181,7 +190,9 @@ def elf_symbols(f: IO[bytes]) -> ElfSymbols | None:
         out = ElfSymbols()
         for sec in elf.iter_sections():
             if isinstance(sec, DynamicSection):
-                out.needed = [str(t.needed) for t in sec.iter_tags() if t.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]
+                out.needed = [
+                    str(t.needed) for t in sec.iter_tags() if t.entry.d_tag == "DT_NEEDED"
+                ]  # type: ignore[attr-defined]
         dynsym = elf.get_section_by_name(".dynsym")
         if not isinstance(dynsym, SymbolTableSection):
             return out
@@ -264,18 +275,27 @@ def torch_exports(path: Path, version: str, *, tmpdir: Path | None = None) -> To
     """The dynamic symbols torch's own libraries (``torch/lib``) define."""
     libs: set[str] = set()
     symbols: set[str] = set()
-    with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory(prefix="envspec-abi-", dir=tmpdir) as td:
+    with (
+        zipfile.ZipFile(path) as z,
+        tempfile.TemporaryDirectory(prefix="envspec-abi-", dir=tmpdir) as td,
+    ):
         for info in z.infolist():
             parts = info.filename.split("/")
-            if len(parts) == 3 and parts[:2] == ["torch", "lib"] and EXTENSION_FILE.search(parts[2]):
+            if (
+                len(parts) == 3
+                and parts[:2] == ["torch", "lib"]
+                and EXTENSION_FILE.search(parts[2])
+            ):
                 syms = _zip_elf(z, info, Path(td))
                 if syms is None:
                     continue
                 libs.add(parts[2])
                 symbols |= syms.defined
     if not libs:
-        raise LockError(f"{path.name}: no torch/lib/*.so in this wheel: it is not a torch wheel",
-                        reference="not-a-torch-wheel")
+        raise LockError(
+            f"{path.name}: no torch/lib/*.so in this wheel: it is not a torch wheel",
+            reference="not-a-torch-wheel",
+        )
     return TorchExports(version, frozenset(libs), frozenset(symbols))
 
 
@@ -310,8 +330,16 @@ def mismatch(pin: Wheel, ext: Extension, exports: TorchExports) -> Mismatch | No
     missing = tuple(s for s in ext.symbols if s not in exports.symbols)
     if not missing_libs and not missing:
         return None
-    return Mismatch(pin.name, pin.version, ext.path, ext.kind, exports.version, missing_libs, missing,
-                    len(ext.symbols))
+    return Mismatch(
+        pin.name,
+        pin.version,
+        ext.path,
+        ext.kind,
+        exports.version,
+        missing_libs,
+        missing,
+        len(ext.symbols),
+    )
 
 
 @dataclass(frozen=True)
@@ -333,10 +361,19 @@ def companion_table(text: str | None = None) -> list[BuildRow]:
     rows = []
     for i, row in enumerate(tomllib.loads(text).get("build", [])):
         try:
-            rows.append(BuildRow(canonicalize_name(row["package"]), SpecifierSet(row["versions"]),
-                                 SpecifierSet(row["torch"]), row["built_for"], row["source"]))
+            rows.append(
+                BuildRow(
+                    canonicalize_name(row["package"]),
+                    SpecifierSet(row["versions"]),
+                    SpecifierSet(row["torch"]),
+                    row["built_for"],
+                    row["source"],
+                )
+            )
         except (KeyError, InvalidSpecifier) as e:
-            raise LockError(f"compat/data/torch_builds.toml: build[{i}]: {e}", reference="invalid-compat-db") from e
+            raise LockError(
+                f"compat/data/torch_builds.toml: build[{i}]: {e}", reference="invalid-compat-db"
+            ) from e
     return rows
 
 
@@ -346,7 +383,9 @@ def table_row(rows: Sequence[BuildRow], name: str, version: str) -> BuildRow | N
     except InvalidVersion:
         return None
     n = canonicalize_name(name)
-    return next((r for r in rows if r.package == n and r.versions.contains(v, prereleases=True)), None)
+    return next(
+        (r for r in rows if r.package == n and r.versions.contains(v, prereleases=True)), None
+    )
 
 
 def table_mismatches(lock: Lockfile, rows: Sequence[BuildRow]) -> list[Mismatch]:
@@ -359,14 +398,23 @@ def table_mismatches(lock: Lockfile, rows: Sequence[BuildRow]) -> list[Mismatch]
     for w in lock.wheels:
         row = table_row(rows, w.name, w.version)
         if row and not row.torch.contains(tv, prereleases=True):
-            out.append(Mismatch(w.name, w.version, "(every extension module)", "c++", torch.version,
-                                built_for=f"{row.built_for}; companion table: {row.source}",
-                                hint=_hint(w, torch.version, row.built_for, rows)))
+            out.append(
+                Mismatch(
+                    w.name,
+                    w.version,
+                    "(every extension module)",
+                    "c++",
+                    torch.version,
+                    built_for=f"{row.built_for}; companion table: {row.source}",
+                    hint=_hint(w, torch.version, row.built_for, rows),
+                )
+            )
     return out
 
 
-def built_for(pin: Wheel, needs: WheelNeeds, rows: Sequence[BuildRow],
-              others: Iterable[TorchExports] = ()) -> tuple[str, str]:
+def built_for(
+    pin: Wheel, needs: WheelNeeds, rows: Sequence[BuildRow], others: Iterable[TorchExports] = ()
+) -> tuple[str, str]:
     """The torch release ``pin`` was most likely built for, and how that is known."""
     req = needs.torch_requirement
     try:
@@ -412,22 +460,35 @@ def _vkey(v: str) -> Version:
 def _hint(pin: Wheel, torch_version: str, release: str, rows: Sequence[BuildRow]) -> str:
     fixes = []
     if release and not release.endswith("or later"):
-        fixes.append(f'the torch it was built for: set [torch] version = "=={release}" in the spec and re-lock')
+        fixes.append(
+            f'the torch it was built for: set [torch] version = "=={release}" in the spec and re-lock'
+        )
     elif release:
-        fixes.append(f"a torch it was built for ({release}): widen [torch] version in the spec and re-lock")
-    fitting = [r for r in rows if r.package == canonicalize_name(pin.name)
-               and r.torch.contains(Version(torch_version).public, prereleases=True)]
+        fixes.append(
+            f"a torch it was built for ({release}): widen [torch] version in the spec and re-lock"
+        )
+    fitting = [
+        r
+        for r in rows
+        if r.package == canonicalize_name(pin.name)
+        and r.torch.contains(Version(torch_version).public, prereleases=True)
+    ]
     if fitting:
-        fixes.append(f"a {pin.name} release built for torch {torch_version} ({fitting[0].versions}): "
-                     f"pin it in [python].packages and re-lock")
+        fixes.append(
+            f"a {pin.name} release built for torch {torch_version} ({fitting[0].versions}): "
+            f"pin it in [python].packages and re-lock"
+        )
     else:
-        fixes.append(f"a {pin.name} release built for torch {Version(torch_version).public} (its wheels' "
-                     f"metadata pins torch=={Version(torch_version).public}): pin it in [python].packages and "
-                     f"re-lock")
+        fixes.append(
+            f"a {pin.name} release built for torch {Version(torch_version).public} (its wheels' "
+            f"metadata pins torch=={Version(torch_version).public}): pin it in [python].packages and "
+            f"re-lock"
+        )
     return "lock " + ", or ".join(fixes)
 
 
 # -- the check, cached by the wheels' hashes ------------------------------------------------------
+
 
 class AbiCheck:
     """The check of a lock's compiled packages against its torch, its reads and verdicts kept
@@ -436,7 +497,9 @@ class AbiCheck:
     def __init__(self, root: Path, rows: Sequence[BuildRow] | None = None) -> None:
         self.root = root
         self.rows = list(companion_table() if rows is None else rows)
-        self.read_cold: list[str] = []  # wheels read from their files in this check (not from records)
+        self.read_cold: list[
+            str
+        ] = []  # wheels read from their files in this check (not from records)
         self.judged: list[str] = []  # packages with extensions on torch, judged against it
         self.unchecked: list[str] = []  # wheels a partial check could not read (not at hand)
 
@@ -463,8 +526,14 @@ class AbiCheck:
         """The wheels that can hold torch extensions: platform wheels beside torch, not NVIDIA's
         libraries (``cuda`` group), not sdists (a wheel built from source, ``Wheel.source``, is made
         by the build, after this check)."""
-        return [w for w in lock.wheels if canonicalize_name(w.name) != "torch" and w.group != "cuda"
-                and not w.filename.endswith("-none-any.whl") and not w.built]
+        return [
+            w
+            for w in lock.wheels
+            if canonicalize_name(w.name) != "torch"
+            and w.group != "cuda"
+            and not w.filename.endswith("-none-any.whl")
+            and not w.built
+        ]
 
     def unread(self, lock: Lockfile) -> list[Wheel]:
         """The candidate wheels whose files the check still has to read (no record kept)."""
@@ -478,8 +547,11 @@ class AbiCheck:
             return None
         for w in self.candidates(lock):
             d = self._load("needs", w.sha256)
-            if (d is not None and loaded_beside(WheelNeeds.from_json(d).extensions, torch.version)
-                    and self._load("verdicts", _verdict_key(torch, w)) is None):
+            if (
+                d is not None
+                and loaded_beside(WheelNeeds.from_json(d).extensions, torch.version)
+                and self._load("verdicts", _verdict_key(torch, w)) is None
+            ):
                 return torch
         return None
 
@@ -488,12 +560,21 @@ class AbiCheck:
         if d is not None:
             return WheelNeeds.from_json(d)
         if path is None:
-            raise LockError(f"{pin.filename} is needed for the ABI check and is not at hand", reference="abi-unread")
+            raise LockError(
+                f"{pin.filename} is needed for the ABI check and is not at hand",
+                reference="abi-unread",
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         needs = wheel_needs(path, tmpdir=self.root)
         self.read_cold.append(pin.name)
-        self._save("needs", pin.sha256, {"extensions": [asdict(e) for e in needs.extensions],
-                                         "torch_requirement": needs.torch_requirement})
+        self._save(
+            "needs",
+            pin.sha256,
+            {
+                "extensions": [asdict(e) for e in needs.extensions],
+                "torch_requirement": needs.torch_requirement,
+            },
+        )
         return needs
 
     def exports(self, pin: Wheel, path: Path | None) -> TorchExports:
@@ -501,12 +582,18 @@ class AbiCheck:
         if d is not None:
             return TorchExports.from_json(d)
         if path is None:
-            raise LockError(f"{pin.filename} is needed for the ABI check and is not at hand", reference="abi-unread")
+            raise LockError(
+                f"{pin.filename} is needed for the ABI check and is not at hand",
+                reference="abi-unread",
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         ex = torch_exports(path, pin.version, tmpdir=self.root)
         self.read_cold.append(pin.name)
-        self._save("exports", pin.sha256, {"version": ex.version, "libs": sorted(ex.libs),
-                                           "symbols": sorted(ex.symbols)})
+        self._save(
+            "exports",
+            pin.sha256,
+            {"version": ex.version, "libs": sorted(ex.libs), "symbols": sorted(ex.symbols)},
+        )
         return ex
 
     def _other_exports(self, torch: Wheel) -> list[TorchExports]:
@@ -516,7 +603,9 @@ class AbiCheck:
                 out.append(TorchExports.from_json(d))
         return out
 
-    def check(self, lock: Lockfile, paths: Mapping[str, Path], *, partial: bool = False) -> list[Mismatch]:
+    def check(
+        self, lock: Lockfile, paths: Mapping[str, Path], *, partial: bool = False
+    ) -> list[Mismatch]:
         """Every extension module of the lock's wheels that the locked torch cannot load (``paths``:
         sha256 -> wheel file, for the wheels without records: ``unread``, ``torch_unread``).
         ``partial``: a wheel that is needed and not in ``paths`` is left unchecked (``unchecked``)
@@ -541,10 +630,23 @@ class AbiCheck:
             key = _verdict_key(torch, pin)
             kept = self._load("verdicts", key)
             if kept is not None:
-                found += [Mismatch(**{**m, "missing": tuple(m["missing"]), "missing_libs": tuple(m["missing_libs"])})
-                          for m in kept["mismatches"]]
+                found += [
+                    Mismatch(
+                        **{
+                            **m,
+                            "missing": tuple(m["missing"]),
+                            "missing_libs": tuple(m["missing_libs"]),
+                        }
+                    )
+                    for m in kept["mismatches"]
+                ]
                 continue
-            if partial and exports is None and torch.sha256 not in paths and self._load("exports", torch.sha256) is None:
+            if (
+                partial
+                and exports is None
+                and torch.sha256 not in paths
+                and self._load("exports", torch.sha256) is None
+            ):
                 self.judged.pop()
                 self.unchecked.append(pin.name)
                 continue
@@ -554,8 +656,16 @@ class AbiCheck:
             if bad:
                 release, why = built_for(pin, needs, self.rows, self._other_exports(torch))
                 hint = _hint(pin, torch.version, release, self.rows)
-                bad = [Mismatch(**{**asdict(m), "built_for": f"{release}; {why}" if release else "",
-                                   "hint": hint}) for m in bad]
+                bad = [
+                    Mismatch(
+                        **{
+                            **asdict(m),
+                            "built_for": f"{release}; {why}" if release else "",
+                            "hint": hint,
+                        }
+                    )
+                    for m in bad
+                ]
             self._save("verdicts", key, {"mismatches": [asdict(m) for m in bad]})
             found += bad
         return found
@@ -575,15 +685,23 @@ def raise_for(found: Sequence[Mismatch], lock_name: str) -> None:
         raise AbiMismatch(lock_name, list(found))
 
 
-def _run(lock: Lockfile, root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]], *, lock_name: str,
-         partial: bool) -> AbiCheck:
+def _run(
+    lock: Lockfile,
+    root: Path,
+    fetch: Callable[[list[Wheel]], Mapping[str, Path]],
+    *,
+    lock_name: str,
+    partial: bool,
+) -> AbiCheck:
     """Read what has no record (``fetch`` gives those wheels' files: first the candidates, then torch
     where one of them links it), judge, raise ``AbiMismatch``. ``partial``: what ``fetch`` does not
     give is left unchecked."""
     check = AbiCheck(root)
     if _torch_pin(lock) is None:
         return check
-    raise_for(table_mismatches(lock, check.rows), lock_name)  # the table alone: no wheel is fetched for it
+    raise_for(
+        table_mismatches(lock, check.rows), lock_name
+    )  # the table alone: no wheel is fetched for it
     todo = check.unread(lock)
     paths = dict(fetch(todo)) if todo else {}
     for w in todo:
@@ -596,8 +714,13 @@ def _run(lock: Lockfile, root: Path, fetch: Callable[[list[Wheel]], Mapping[str,
     return check
 
 
-def check_lock(lock: Lockfile, cache_root: Path, fetch: Callable[[list[Wheel]], Mapping[str, Path]],
-               *, lock_name: str = "the lock") -> list[str]:
+def check_lock(
+    lock: Lockfile,
+    cache_root: Path,
+    fetch: Callable[[list[Wheel]], Mapping[str, Path]],
+    *,
+    lock_name: str = "the lock",
+) -> list[str]:
     """The whole check, as ``envspec build`` runs it (``fetch`` downloads what is not at hand);
     returns the names of the wheels read from their files."""
     return _run(lock, cache_root, fetch, lock_name=lock_name, partial=False).read_cold
@@ -615,7 +738,9 @@ class AtHand:
         return {"judged": self.judged, "unchecked": self.unchecked, "read": self.read}
 
 
-def check_at_hand(lock: Lockfile, cache: "Cache", mirrors: Sequence["Mirror"], *, lock_name: str) -> AtHand:
+def check_at_hand(
+    lock: Lockfile, cache: "Cache", mirrors: Sequence["Mirror"], *, lock_name: str
+) -> AtHand:
     """The check with the wheels at hand only (in the cache, or on a mirror on this machine: taken
     into the cache, checked against their sha256); nothing is downloaded. What is not at hand is
     left to ``envspec build``, which always checks. Raises ``AbiMismatch``."""

@@ -38,6 +38,7 @@ class FilePin(Protocol):
     @property
     def size(self) -> int: ...
 
+
 CHUNK = 1 << 20
 
 
@@ -85,16 +86,29 @@ class WheelFetcher:
     hard link of earlier versions did; a copy (``copy_local``) 9-12% more on ext4
     (bench/local_source.py, docs/benchmarks.md)."""
 
-    read_in_place = True  # False: a local file is copied into the cache (bench/local_source.py's "copy")
+    read_in_place = (
+        True  # False: a local file is copied into the cache (bench/local_source.py's "copy")
+    )
 
-    def __init__(self, cache: Cache, mirrors: Sequence[sources.Mirror], *, timeout: float = 120,
-                 allow_canonical: bool = True, on_damaged: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        cache: Cache,
+        mirrors: Sequence[sources.Mirror],
+        *,
+        timeout: float = 120,
+        allow_canonical: bool = True,
+        on_damaged: Callable[[str], None] | None = None,
+    ) -> None:
         self.cache = cache
-        self.on_damaged = on_damaged  # told of a cache entry that no longer matched and is fetched again
+        self.on_damaged = (
+            on_damaged  # told of a cache entry that no longer matched and is fetched again
+        )
         self.mirrors = list(mirrors)
         self.timeout = timeout
         self.allow_canonical = allow_canonical
-        self.in_place: dict[str, Identity] = {}  # sha256 -> identity of a local file returned where it is
+        self.in_place: dict[
+            str, Identity
+        ] = {}  # sha256 -> identity of a local file returned where it is
         self._listing: dict[tuple[str, str], dict[str, str]] = {}
         self._listing_errors: dict[tuple[str, str], str] = {}
 
@@ -127,10 +141,14 @@ class WheelFetcher:
         if dest.is_file():
             if _sha256_file(dest) == pin.sha256:  # checked before each use, not only on entry
                 return dest
-            dest.unlink(missing_ok=True)  # damaged in the cache: fetch it again (a link: only the link goes)
+            dest.unlink(
+                missing_ok=True
+            )  # damaged in the cache: fetch it again (a link: only the link goes)
             if self.on_damaged:
-                self.on_damaged(f"the cached {pin.filename} ({dest}) no longer matched its sha256; "
-                                "it was removed and is fetched again")
+                self.on_damaged(
+                    f"the cached {pin.filename} ({dest}) no longer matched its sha256; "
+                    "it was removed and is fetched again"
+                )
         mismatches: list[str] = []
         failures: list[str] = []
         for where, url in self.candidates(pin):
@@ -170,10 +188,14 @@ class WheelFetcher:
                 + "\n".join(f"    {m}" for m in [*mismatches, *failures]),
                 step=f"fetch {pin.filename}",
                 hint="the file changed upstream or the lock was edited by hand; re-lock with `envspec lock` "
-                     "and review the change",
+                "and review the change",
             )
-        tried = [f"mirror {m.url}" for m in self.mirrors] + ([f"index {pin.index}"] if pin.index else [])
-        failures += [err for (url, proj), err in self._listing_errors.items() if proj in ("", pin.name)]
+        tried = [f"mirror {m.url}" for m in self.mirrors] + (
+            [f"index {pin.index}"] if pin.index else []
+        )
+        failures += [
+            err for (url, proj), err in self._listing_errors.items() if proj in ("", pin.name)
+        ]
         raise SourceError(
             f"{pin.filename} ({pin.name} {pin.version}) was not found on: {', '.join(tried) or 'no source'}"
             + (f"\n  errors: {'; '.join(failures)}" if failures else ""),
@@ -181,8 +203,14 @@ class WheelFetcher:
             reference="file-not-found",
         )
 
-    def fetch_all(self, pins: Sequence[FilePin], *, on_start: Callable[[FilePin], None] | None = None,
-                  on_done: Callable[[FilePin, Path], None] | None = None, workers: int = 4) -> dict[str, Path]:
+    def fetch_all(
+        self,
+        pins: Sequence[FilePin],
+        *,
+        on_start: Callable[[FilePin], None] | None = None,
+        on_done: Callable[[FilePin, Path], None] | None = None,
+        workers: int = 4,
+    ) -> dict[str, Path]:
         """Fetch every pin (parallel downloads); raises the first error after the rest stop."""
         out: dict[str, Path] = {}
         todo = list({p.sha256: p for p in pins}.values())
@@ -191,7 +219,9 @@ class WheelFetcher:
             cached = self.cache.has_blob(p.sha256)
             if on_start and not cached:
                 on_start(p)
-            path = self.fetch(p)  # a cached file is hashed again here (threads: hashlib frees the GIL)
+            path = self.fetch(
+                p
+            )  # a cached file is hashed again here (threads: hashlib frees the GIL)
             return p, path, cached
 
         if todo:

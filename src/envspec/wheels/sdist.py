@@ -84,9 +84,13 @@ class Derivation:
     build_requires: tuple[Pin, ...]
     python: str  # "3.11"
     platform: str  # the wheel platform tag the image runs, "manylinux_2_36_x86_64"
-    compiler: str = ""  # the C/C++ compiler's identity ("gcc (Debian 12.2.0-14) 12.2.0"), "" for none
+    compiler: str = (
+        ""  # the C/C++ compiler's identity ("gcc (Debian 12.2.0-14) 12.2.0"), "" for none
+    )
     epoch: int = DEFAULT_EPOCH
-    extra: tuple[tuple[str, str], ...] = field(default=())  # further inputs by name (torch's sha256, ...)
+    extra: tuple[tuple[str, str], ...] = field(
+        default=()
+    )  # further inputs by name (torch's sha256, ...)
     # a CUDA extension's compiler and headers: NVIDIA's toolkit wheels for the lock's CUDA, unpacked
     # as CUDA_HOME (``cuda_home``), and the GPU architectures it is compiled for (the lock's arch list)
     toolkit: tuple[Pin, ...] = ()
@@ -97,13 +101,23 @@ class Derivation:
         body: dict = {
             "sdist": [self.sdist.name, self.sdist.version, self.sdist.sha256],
             "build_requires": sorted([p.name, p.version, p.sha256] for p in self.build_requires),
-            "python": self.python, "platform": self.platform, "compiler": self.compiler,
-            "epoch": self.epoch, "extra": sorted(list(x) for x in self.extra),
+            "python": self.python,
+            "platform": self.platform,
+            "compiler": self.compiler,
+            "epoch": self.epoch,
+            "extra": sorted(list(x) for x in self.extra),
         }
-        if self.toolkit or self.arch_list:  # only then: the keys of builds without CUDA stay as they were
+        if (
+            self.toolkit or self.arch_list
+        ):  # only then: the keys of builds without CUDA stay as they were
             body["toolkit"] = sorted([p.name, p.version, p.sha256] for p in self.toolkit)
             body["arch_list"] = list(self.arch_list)
-        return "sha256:" + hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return (
+            "sha256:"
+            + hashlib.sha256(
+                json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            ).hexdigest()
+        )
 
 
 def _names(sdist: Path) -> list[str]:
@@ -129,9 +143,12 @@ def _read_member(sdist: Path, name: str) -> bytes | None:
 def _top(sdist: Path) -> str:
     tops = {n.split("/", 1)[0] for n in _names(sdist) if n}
     if len(tops) != 1:
-        raise SourceBuildError(f"{sdist.name}: a source distribution holds one top folder, this one has "
-                               f"{len(tops)} ({', '.join(sorted(tops)[:3])})", step=f"unpack {sdist.name}",
-                               hint="it is not an sdist as PEP 625 describes one; pin a release with a wheel")
+        raise SourceBuildError(
+            f"{sdist.name}: a source distribution holds one top folder, this one has "
+            f"{len(tops)} ({', '.join(sorted(tops)[:3])})",
+            step=f"unpack {sdist.name}",
+            hint="it is not an sdist as PEP 625 describes one; pin a release with a wheel",
+        )
     return tops.pop()
 
 
@@ -139,9 +156,18 @@ def _top(sdist: Path) -> str:
 # module -> the distribution that provides it (flash-attn's setup.py imports torch, packaging and
 # wheel, and declares none of them: `pip install --no-build-isolation` is its documented way)
 SETUP_IMPORTS: dict[str, str] = {
-    "torch": "torch", "packaging": "packaging", "wheel": "wheel", "ninja": "ninja", "psutil": "psutil",
-    "numpy": "numpy", "Cython": "cython", "pybind11": "pybind11", "setuptools_scm": "setuptools-scm",
-    "cpuinfo": "py-cpuinfo", "einops": "einops", "triton": "triton",
+    "torch": "torch",
+    "packaging": "packaging",
+    "wheel": "wheel",
+    "ninja": "ninja",
+    "psutil": "psutil",
+    "numpy": "numpy",
+    "Cython": "cython",
+    "pybind11": "pybind11",
+    "setuptools_scm": "setuptools-scm",
+    "cpuinfo": "py-cpuinfo",
+    "einops": "einops",
+    "triton": "triton",
 }
 
 
@@ -160,8 +186,13 @@ def setup_imports(sdist: Path) -> list[str]:
         return []
     found: list[str] = []
     for node in tree.body:
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+            else []
+        )
         for n in names:
             dist = SETUP_IMPORTS.get(n.split(".")[0])
             if dist and dist not in found:
@@ -179,8 +210,11 @@ def build_system(sdist: Path) -> tuple[list[str], str]:
     try:
         table = tomllib.loads(raw.decode()).get("build-system")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SourceBuildError(f"{sdist.name}: its pyproject.toml cannot be read: {e}",
-                               step=f"read {sdist.name}", hint="pin a release with a wheel") from e
+        raise SourceBuildError(
+            f"{sdist.name}: its pyproject.toml cannot be read: {e}",
+            step=f"read {sdist.name}",
+            hint="pin a release with a wheel",
+        ) from e
     if not isinstance(table, dict) or "requires" not in table:
         return list(LEGACY_REQUIRES) + setup_imports(sdist), LEGACY_BACKEND
     return [str(r) for r in table["requires"]], str(table.get("build-backend") or LEGACY_BACKEND)
@@ -206,8 +240,11 @@ def _unpack(sdist: Path, dest: Path, sha256: str = "") -> Path:
         if sha256:
             got = hashlib.file_digest(f, "sha256").hexdigest()
             if got != sha256:
-                raise HashMismatch(f"{sdist} is not the locked sdist (sha256 {got}, the lock says {sha256})",
-                                   step=f"unpack {sdist.name}", hint="it changed after it was fetched; build again")
+                raise HashMismatch(
+                    f"{sdist} is not the locked sdist (sha256 {got}, the lock says {sha256})",
+                    step=f"unpack {sdist.name}",
+                    hint="it changed after it was fetched; build again",
+                )
             f.seek(0)
         if zipfile.is_zipfile(f):
             f.seek(0)
@@ -225,11 +262,21 @@ def build_env(work: Path, epoch: int, base: dict[str, str] | None = None) -> dic
     keep = ("PATH", "LANG", "TMPDIR", "CC", "CXX", "MAKEFLAGS")
     src = os.environ if base is None else base
     env = {k: v for k, v in src.items() if k in keep}
-    env.update({
-        "SOURCE_DATE_EPOCH": str(epoch), "PYTHONHASHSEED": "0", "TZ": "UTC", "LC_ALL": "C.UTF-8",
-        "HOME": str(work / "home"), "UV_CACHE_DIR": str(work / "uv-cache"), "UV_NO_CONFIG": "1",
-        "UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never", "PIP_NO_INDEX": "1", "PYTHONDONTWRITEBYTECODE": "1",
-    })
+    env.update(
+        {
+            "SOURCE_DATE_EPOCH": str(epoch),
+            "PYTHONHASHSEED": "0",
+            "TZ": "UTC",
+            "LC_ALL": "C.UTF-8",
+            "HOME": str(work / "home"),
+            "UV_CACHE_DIR": str(work / "uv-cache"),
+            "UV_NO_CONFIG": "1",
+            "UV_OFFLINE": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "PIP_NO_INDEX": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     return env
 
 
@@ -252,20 +299,51 @@ def jobs_env(jobs: int) -> dict[str, str]:
     and CMake read them; nothing where ``jobs`` is 0 (the build's own default)."""
     if jobs <= 0:
         return {}
-    return {"MAKEFLAGS": f"-j{jobs}", "MAX_JOBS": str(jobs), "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs)}
+    return {
+        "MAKEFLAGS": f"-j{jobs}",
+        "MAX_JOBS": str(jobs),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
+    }
 
 
-def _sandboxed(argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mapping[str, str], uv: str) -> list[str]:
+def _sandboxed(
+    argv: list[str], box: Sandbox, work: Path, cwd: Path, env: Mapping[str, str], uv: str
+) -> list[str]:
     """``argv`` as bubblewrap runs it in ``box``, with this host's ``uv`` at ``SANDBOX_UV``."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SourceBuildError("bubblewrap (bwrap) is not installed: wheels built from sdists run in a sandbox "
-                               "of the lock's Debian base", step="build from source",
-                               hint="apt-get install bubblewrap (scripts/dev.sh setup installs it)")
-    out = [bwrap, "--ro-bind", str(box.rootfs), "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-           "--bind", str(work), str(work), "--ro-bind", uv, SANDBOX_UV,
-           "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-           "--chdir", str(cwd), "--clearenv"]
+        raise SourceBuildError(
+            "bubblewrap (bwrap) is not installed: wheels built from sdists run in a sandbox "
+            "of the lock's Debian base",
+            step="build from source",
+            hint="apt-get install bubblewrap (scripts/dev.sh setup installs it)",
+        )
+    out = [
+        bwrap,
+        "--ro-bind",
+        str(box.rootfs),
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        str(work),
+        str(work),
+        "--ro-bind",
+        uv,
+        SANDBOX_UV,
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--chdir",
+        str(cwd),
+        "--clearenv",
+    ]
     if os.geteuid() != 0:  # an unprivileged bwrap needs a user namespace of its own
         out.append("--unshare-user")
     for k, v in sorted(env.items()):
@@ -288,7 +366,11 @@ def compile_steps(text: str) -> list[str]:
         m = re.search(_COMPILE_LINE, line)
         if m is None:
             continue
-        out.append(f"[{m.group(1)}/{m.group(2)}]" if m.group(1) else f"{m.group(3)} {Path(m.group(4)).name}")
+        out.append(
+            f"[{m.group(1)}/{m.group(2)}]"
+            if m.group(1)
+            else f"{m.group(3)} {Path(m.group(4)).name}"
+        )
     return out
 
 
@@ -306,8 +388,13 @@ def failure_excerpt(text: str, tail: int = LOG_TAIL, first: int = 8) -> str:
     return "\n".join(["first errors in the log:", *early, "...", "its end:", *end])
 
 
-def _follow(proc: "subprocess.Popen[bytes]", log: Path, on_progress: "Callable[[str], None] | None",
-            every: float = 1.0, start: int | None = None) -> None:
+def _follow(
+    proc: "subprocess.Popen[bytes]",
+    log: Path,
+    on_progress: "Callable[[str], None] | None",
+    every: float = 1.0,
+    start: int | None = None,
+) -> None:
     """Wait for ``proc``, reading what it writes to ``log`` from ``start`` (default: the end as it is
     now) and reporting its compile steps."""
     if on_progress is None:
@@ -329,9 +416,20 @@ def _follow(proc: "subprocess.Popen[bytes]", log: Path, on_progress: "Callable[[
             time.sleep(every)
 
 
-def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], out_dir: Path, *,
-                uv: str, python: str, log: Path, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
-                jobs: int = 0, on_progress: "Callable[[str], None] | None" = None) -> Path:
+def build_wheel(
+    d: Derivation,
+    sdist: Path,
+    build_wheels: Mapping[str, Path],
+    out_dir: Path,
+    *,
+    uv: str,
+    python: str,
+    log: Path,
+    root: Path = BUILD_ROOT,
+    sandbox: Sandbox | None = None,
+    jobs: int = 0,
+    on_progress: "Callable[[str], None] | None" = None,
+) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
     of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
     path. ``python``: the interpreter (or version) uv builds with, on this host; with ``sandbox``,
@@ -345,26 +443,39 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         (work / "home").mkdir()
         for p in d.build_requires:  # under its own file name: uv finds wheels by name
             if p.sha256 not in build_wheels:
-                raise SourceBuildError(f"{p.filename} (a build requirement of {d.sdist.name}) was not given",
-                                       step=f"build {d.sdist.name} {d.sdist.version}")
+                raise SourceBuildError(
+                    f"{p.filename} (a build requirement of {d.sdist.name}) was not given",
+                    step=f"build {d.sdist.name} {d.sdist.version}",
+                )
             shutil.copyfile(build_wheels[p.sha256], work / "wheels" / p.filename)
         src = _unpack(sdist, work / "src", d.sdist.sha256)
         toolkit_env: dict[str, str] = {}
-        if d.toolkit:  # a CUDA extension: the pinned toolkit as CUDA_HOME, at the build's fixed path
+        if (
+            d.toolkit
+        ):  # a CUDA extension: the pinned toolkit as CUDA_HOME, at the build's fixed path
             missing = [p.filename for p in d.toolkit if p.sha256 not in build_wheels]
             if missing:
-                raise SourceBuildError(f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
-                                       step=f"build {d.sdist.name} {d.sdist.version}")
+                raise SourceBuildError(
+                    f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
+                    step=f"build {d.sdist.name} {d.sdist.version}",
+                )
             home = cuda_home([build_wheels[p.sha256] for p in d.toolkit], work / "cuda")
             # nvcc names its intermediate files tmpxft_<its PID>_..., and those names end up in the
             # object (a static initializer's symbol): in the object's own folder they are named after it
-            toolkit_env = {"CUDA_HOME": str(home), "CUDA_PATH": str(home),
-                           "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
-                           "NVCC_APPEND_FLAGS": "--objdir-as-tempdir"}
+            toolkit_env = {
+                "CUDA_HOME": str(home),
+                "CUDA_PATH": str(home),
+                "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
+                "NVCC_APPEND_FLAGS": "--objdir-as-tempdir",
+            }
         toolkit_env |= {k.removeprefix("env:"): v for k, v in d.extra if k.startswith("env:")}
         constraints = work / "build-constraints.txt"
-        constraints.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
-                                       for p in sorted(d.build_requires, key=lambda p: p.name)))
+        constraints.write_text(
+            "".join(
+                f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
+                for p in sorted(d.build_requires, key=lambda p: p.name)
+            )
+        )
         # The build environment at a fixed path (<work>/env), holding exactly the pinned build
         # requirements, and the backend run in it without another isolation layer: uv's own isolated
         # environment lives in a folder of a random name, which a compiler writes into the objects'
@@ -372,11 +483,41 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
         venv = work / "env"
         tool = SANDBOX_UV if sandbox is not None else uv
         steps = [
-            [tool, "venv", "--offline", "--python", sandbox.python if sandbox else python, str(venv)],
-            [tool, "pip", "install", "--offline", "--no-index", "--find-links", str(work / "wheels"), "--require-hashes",
-             "--python", str(venv / "bin" / "python"), "-r", str(constraints)],
-            [tool, "build", "--wheel", "--no-build-isolation", "--offline", "--no-index", "--python",
-             str(venv / "bin" / "python"), "--out-dir", str(work / "out"), str(src)],
+            [
+                tool,
+                "venv",
+                "--offline",
+                "--python",
+                sandbox.python if sandbox else python,
+                str(venv),
+            ],
+            [
+                tool,
+                "pip",
+                "install",
+                "--offline",
+                "--no-index",
+                "--find-links",
+                str(work / "wheels"),
+                "--require-hashes",
+                "--python",
+                str(venv / "bin" / "python"),
+                "-r",
+                str(constraints),
+            ],
+            [
+                tool,
+                "build",
+                "--wheel",
+                "--no-build-isolation",
+                "--offline",
+                "--no-index",
+                "--python",
+                str(venv / "bin" / "python"),
+                "--out-dir",
+                str(work / "out"),
+                str(src),
+            ],
         ]
         if not d.build_requires:
             del steps[1]
@@ -384,8 +525,17 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
 
         argv = ["/bin/sh", "-ec", " && ".join(shlex.join(s) for s in steps)]
         if sandbox is not None:
-            path = f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}" if "CUDA_HOME" in toolkit_env else SANDBOX_PATH
-            env = build_env(work, d.epoch, base={"PATH": path}) | jobs_env(jobs) | toolkit_env | {"TMPDIR": "/tmp"}
+            path = (
+                f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}"
+                if "CUDA_HOME" in toolkit_env
+                else SANDBOX_PATH
+            )
+            env = (
+                build_env(work, d.epoch, base={"PATH": path})
+                | jobs_env(jobs)
+                | toolkit_env
+                | {"TMPDIR": "/tmp"}
+            )
             argv = _sandboxed(argv, sandbox, work, src, env, uv)
         else:
             env = build_env(work, d.epoch) | jobs_env(jobs) | toolkit_env
@@ -393,12 +543,16 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
                 env["PATH"] = f"{toolkit_env['CUDA_HOME']}/bin:{env.get('PATH', '')}"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as f:
-            f.write(f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
-                    f"# {' '.join(argv)}\n")
+            f.write(
+                f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
+                f"# {' '.join(argv)}\n"
+            )
             f.flush()
             start = f.tell()
             # umask in the child only: builds run on several threads at once (``build_all``)
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022)
+            proc = subprocess.Popen(
+                argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022
+            )
             _follow(proc, log, on_progress, start=start)
         wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
         if proc.returncode != 0 or len(wheels) != 1:
@@ -407,8 +561,12 @@ def build_wheel(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], ou
             raise SourceBuildError(
                 f"building {d.sdist.name} {d.sdist.version} from {d.sdist.filename} failed"
                 + ("" if proc.returncode != 0 else f": it made {len(wheels)} wheels"),
-                step=f"build {d.sdist.name} {d.sdist.version}", argv=argv, returncode=proc.returncode,
-                stderr_tail=tail, log=log)
+                step=f"build {d.sdist.name} {d.sdist.version}",
+                argv=argv,
+                returncode=proc.returncode,
+                stderr_tail=tail,
+                log=log,
+            )
         out_dir.mkdir(parents=True, exist_ok=True)
         dest = out_dir / wheels[0].name
         shutil.move(wheels[0], dest)
@@ -436,9 +594,19 @@ def cached_wheel(d: Derivation, cache_root: Path) -> Path | None:
     return None
 
 
-def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], cache_root: Path, *,
-                 uv: str, python: str, root: Path = BUILD_ROOT, sandbox: Sandbox | None = None,
-                 jobs: int = 0, on_progress: "Callable[[str], None] | None" = None) -> tuple[Path, bool]:
+def cached_build(
+    d: Derivation,
+    sdist: Path,
+    build_wheels: Mapping[str, Path],
+    cache_root: Path,
+    *,
+    uv: str,
+    python: str,
+    root: Path = BUILD_ROOT,
+    sandbox: Sandbox | None = None,
+    jobs: int = 0,
+    on_progress: "Callable[[str], None] | None" = None,
+) -> tuple[Path, bool]:
     """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
     when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
     also kept when the build fails). Returns (the wheel, whether it was built now)."""
@@ -455,15 +623,35 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
             return found, False
         out = Path(tempfile.mkdtemp(prefix=".out-", dir=entry))
         try:
-            made = build_wheel(d, sdist, build_wheels, out, uv=uv, python=python, log=entry / "build.log", root=root,
-                               sandbox=sandbox, jobs=jobs, on_progress=on_progress)
+            made = build_wheel(
+                d,
+                sdist,
+                build_wheels,
+                out,
+                uv=uv,
+                python=python,
+                log=entry / "build.log",
+                root=root,
+                sandbox=sandbox,
+                jobs=jobs,
+                on_progress=on_progress,
+            )
             with open(made, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
             admit(made, entry / made.name)  # read-only, as every entry
             tmp = entry / ".wheel.json.tmp"
             tmp.unlink(missing_ok=True)
-            tmp.write_text(json.dumps({"filename": made.name, "sha256": digest, "key": d.key,
-                                       "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256]}, indent=1))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "filename": made.name,
+                        "sha256": digest,
+                        "key": d.key,
+                        "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256],
+                    },
+                    indent=1,
+                )
+            )
             admit(tmp, entry / "wheel.json")  # last: an entry without its record is not an entry
             return entry / made.name, True
         finally:
@@ -475,7 +663,13 @@ def cached_build(d: Derivation, sdist: Path, build_wheels: Mapping[str, Path], c
 # runtime (cuda_runtime.h, libcudart), each pinned to the lock's CUDA major.minor. CUDA 13 only:
 # PyPI's nvidia-cuda-nvcc-cu12 carries ptxas and no nvcc (12.8.93: bin/ptxas alone)
 TOOLKIT_WHEELS: dict[str, tuple[str, ...]] = {
-    "13": ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl", "nvidia-cuda-runtime"),
+    "13": (
+        "nvidia-cuda-nvcc",
+        "nvidia-cuda-crt",
+        "nvidia-nvvm",
+        "nvidia-cuda-cccl",
+        "nvidia-cuda-runtime",
+    ),
 }
 
 
@@ -566,18 +760,35 @@ def compiler_of(debs: list) -> str:
     return found[-1] if found else ""
 
 
-def derivation(w: "FilePin", build: "Sequence[FilePin]", *, python: str, platform: str,
-               compiler: str, toolkit: "Sequence[FilePin]" = (), arch_list: "Sequence[str]" = (),
-               env: "Mapping[str, str] | None" = None) -> Derivation:
+def derivation(
+    w: "FilePin",
+    build: "Sequence[FilePin]",
+    *,
+    python: str,
+    platform: str,
+    compiler: str,
+    toolkit: "Sequence[FilePin]" = (),
+    arch_list: "Sequence[str]" = (),
+    env: "Mapping[str, str] | None" = None,
+) -> Derivation:
     """The derivation of a locked sdist (``w``) with its pinned build requirements (and, for a CUDA
     extension, its toolkit wheels, arch list and the package's own settings), as the lock makes it
     (``pin_inputs``) and the build makes it again (``derivation_of``)."""
-    return Derivation(sdist=Pin.of(w), build_requires=tuple(Pin.of(b) for b in build),
-                      python=python, platform=platform, compiler=compiler, toolkit=tuple(Pin.of(b) for b in toolkit),
-                      arch_list=tuple(arch_list), extra=tuple(sorted((f"env:{k}", v) for k, v in (env or {}).items())))
+    return Derivation(
+        sdist=Pin.of(w),
+        build_requires=tuple(Pin.of(b) for b in build),
+        python=python,
+        platform=platform,
+        compiler=compiler,
+        toolkit=tuple(Pin.of(b) for b in toolkit),
+        arch_list=tuple(arch_list),
+        extra=tuple(sorted((f"env:{k}", v) for k, v in (env or {}).items())),
+    )
 
 
-def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path) -> "Resolution":
+def pin_inputs(
+    res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path
+) -> "Resolution":
     """The resolution with each sdist it takes (``WheelCandidate.is_sdist``) given its build inputs
     (``WheelCandidate.source``): the sdist is fetched by its sha256 into the cache, its
     ``[build-system]`` read (``build_system``), its build requirements pinned as wheels for the
@@ -618,28 +829,65 @@ def pin_inputs(res: "Resolution", sources: "Sources", cache: "Cache", *, workdir
                 raise ResolutionImpossible(
                     f"{w.name} {w.version} has no wheel and builds a CUDA extension, and there is no CUDA compiler "
                     f"for CUDA {cuda} on the package indexes",
-                    causes=[{"kind": "no-cuda-compiler", "text": f"{w.name} {w.version} builds against torch "
-                             f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
-                             f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
-                             f"carries ptxas alone), and envspec never compiles with a system's nvcc"}],
-                    hint=f"lock a CUDA 13 torch ([torch].cuda = \"13.0\": torch 2.11 or later on PyPI), or pin a "
-                         f"release of {w.name} that has a wheel", reference="no-cuda-compiler")
-            toolkit = build_inputs(toolkit_requirements(cuda), ch, sources, workdir=workdir, name=f"{w.name}-cuda",
-                                   constraints=locked)
+                    causes=[
+                        {
+                            "kind": "no-cuda-compiler",
+                            "text": f"{w.name} {w.version} builds against torch "
+                            f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
+                            f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
+                            f"carries ptxas alone), and envspec never compiles with a system's nvcc",
+                        }
+                    ],
+                    hint=f'lock a CUDA 13 torch ([torch].cuda = "13.0": torch 2.11 or later on PyPI), or pin a '
+                    f"release of {w.name} that has a wheel",
+                    reference="no-cuda-compiler",
+                )
+            toolkit = build_inputs(
+                toolkit_requirements(cuda),
+                ch,
+                sources,
+                workdir=workdir,
+                name=f"{w.name}-cuda",
+                constraints=locked,
+            )
             if "ninja" not in names(requires):
                 # torch's cpp_extension compiles in parallel (MAX_JOBS) with ninja, else one file at a time
                 requires = [*requires, "ninja"]
             # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
             arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or (
-                tuple(ch.torch.variant.arch_list) if ch.torch is not None else ())
-        build = build_inputs(requires, ch, sources, workdir=workdir, name=w.name, constraints=locked)
+                tuple(ch.torch.variant.arch_list) if ch.torch is not None else ()
+            )
+        build = build_inputs(
+            requires, ch, sources, workdir=workdir, name=w.name, constraints=locked
+        )
         env = package_env(w.name, arch_list) if toolkit else {}
-        d = derivation(w, build, python=python, platform=ch.platform_tag, compiler=compiler, toolkit=toolkit,
-                       arch_list=arch_list, env=env)
-        done[w.sha256] = dataclasses.replace(w, source=SourceInputs(
-            backend=backend, requires=tuple(requires), build=tuple(build), python=python, compiler=compiler, key=d.key,
-            toolkit=tuple(toolkit), arch_list=arch_list, env=tuple(sorted(env.items()))))
-    return dataclasses.replace(res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels])
+        d = derivation(
+            w,
+            build,
+            python=python,
+            platform=ch.platform_tag,
+            compiler=compiler,
+            toolkit=toolkit,
+            arch_list=arch_list,
+            env=env,
+        )
+        done[w.sha256] = dataclasses.replace(
+            w,
+            source=SourceInputs(
+                backend=backend,
+                requires=tuple(requires),
+                build=tuple(build),
+                python=python,
+                compiler=compiler,
+                key=d.key,
+                toolkit=tuple(toolkit),
+                arch_list=arch_list,
+                env=tuple(sorted(env.items())),
+            ),
+        )
+    return dataclasses.replace(
+        res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels]
+    )
 
 
 def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
@@ -651,20 +899,39 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
     src = w.source
     if src is None:
         raise ValueError(f"{w.filename} is not built from source")
-    d = derivation(w, src.build, python=src.python, platform=platform.platform_tag, compiler=src.compiler,
-                   toolkit=src.toolkit, arch_list=src.arch_list, env=src.env)
+    d = derivation(
+        w,
+        src.build,
+        python=src.python,
+        platform=platform.platform_tag,
+        compiler=src.compiler,
+        toolkit=src.toolkit,
+        arch_list=src.arch_list,
+        env=src.env,
+    )
     if d.key != src.key:
-        raise LockError(f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
-                        f"its inputs ({d.key[:19]}…)", hint="re-create the lock with `envspec lock`",
-                        reference="lock-source-key")
+        raise LockError(
+            f"{w.name} {w.version}: the lock's [wheels.source].key {src.key[:19]}… is not the hash of "
+            f"its inputs ({d.key[:19]}…)",
+            hint="re-create the lock with `envspec lock`",
+            reference="lock-source-key",
+        )
     return d
 
 
-def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Path], cache_root: Path, *,
-              sandbox: "Callable[[], Sandbox]", parallel: int = 1, jobs: int = 0,
-              on_start: "Callable[[Wheel], None] | None" = None,
-              on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None,
-              on_progress: "Callable[[Wheel, str], None] | None" = None) -> dict[str, Path]:
+def build_all(
+    lock: "Lockfile",
+    pins: "Sequence[Wheel]",
+    files: Mapping[str, Path],
+    cache_root: Path,
+    *,
+    sandbox: "Callable[[], Sandbox]",
+    parallel: int = 1,
+    jobs: int = 0,
+    on_start: "Callable[[Wheel], None] | None" = None,
+    on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None,
+    on_progress: "Callable[[Wheel, str], None] | None" = None,
+) -> dict[str, Path]:
     """The wheels of the lock's pins built from source: sdist sha256 -> the wheel, each taken from
     the cache (``cached_wheel``) or built (``cached_build``) in the lock's Debian base (``sandbox``,
     made only where something is built), ``parallel`` at once with ``jobs`` compile jobs each (0:
@@ -690,12 +957,16 @@ def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Pat
     if not todo:
         return out
     machine = host_platform.machine()
-    if machine != lock.platform.arch:  # Linux names them as the lock does (x86_64, aarch64), as run.py compares
+    if (
+        machine != lock.platform.arch
+    ):  # Linux names them as the lock does (x86_64, aarch64), as run.py compares
         names = ", ".join(f"{w.name} {w.version}" for w in todo)
-        raise SourceBuildError(f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
-                               step="build from source",
-                               hint=f"build this lock on a {lock.platform.arch} host once with --cache-to, and take "
-                                    "the layer from the registry cache here (--cache-from)")
+        raise SourceBuildError(
+            f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
+            step="build from source",
+            hint=f"build this lock on a {lock.platform.arch} host once with --cache-to, and take "
+            "the layer from the registry cache here (--cache-from)",
+        )
     box = sandbox()
     uv = _uv()
     parallel = max(1, min(parallel, len(todo)))
@@ -707,9 +978,17 @@ def build_all(lock: "Lockfile", pins: "Sequence[Wheel]", files: Mapping[str, Pat
         if on_start:
             on_start(w)
         start = time.monotonic()
-        wheel, made = cached_build(derivations[w.sha256], files[w.sha256], files, cache_root, uv=uv,
-                                   python=box.python, sandbox=box, jobs=per,
-                                   on_progress=(lambda text: on_progress(w, text)) if on_progress else None)
+        wheel, made = cached_build(
+            derivations[w.sha256],
+            files[w.sha256],
+            files,
+            cache_root,
+            uv=uv,
+            python=box.python,
+            sandbox=box,
+            jobs=per,
+            on_progress=(lambda text: on_progress(w, text)) if on_progress else None,
+        )
         if on_done:
             on_done(w, wheel, time.monotonic() - start, not made)
         return w.sha256, wheel

@@ -23,18 +23,27 @@ def _rec(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
 
 
-def make_wheel(dest_dir: Path, name: str, version: str, files: dict[str, bytes] | None = None,
-               entry_points: str = "") -> tuple[Path, str]:
+def make_wheel(
+    dest_dir: Path,
+    name: str,
+    version: str,
+    files: dict[str, bytes] | None = None,
+    entry_points: str = "",
+) -> tuple[Path, str]:
     """Write ``{name}-{version}-py3-none-any.whl`` into ``dest_dir``; return (path, sha256 hex).
     Member order and times are fixed, so the same arguments give the same bytes."""
     mod = name.replace("-", "_")
     files = dict(files or {f"{mod}/__init__.py": f"__version__ = {version!r}\n".encode()})
     di = f"{mod}-{version}.dist-info"
     files[f"{di}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    files[f"{di}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{di}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     if entry_points:
         files[f"{di}/entry_points.txt"] = entry_points.encode()
-    record = "".join(f"{p},{_rec(d)},{len(d)}\n" for p, d in sorted(files.items())) + f"{di}/RECORD,,\n"
+    record = (
+        "".join(f"{p},{_rec(d)},{len(d)}\n" for p, d in sorted(files.items())) + f"{di}/RECORD,,\n"
+    )
     files[f"{di}/RECORD"] = record.encode()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
@@ -73,8 +82,13 @@ def with_wheel(lock: "dict | Lockfile", name: str, **changes) -> Lockfile:
     return rehash(out)
 
 
-def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "unit",
-               files: dict[str, dict[str, bytes]] | None = None) -> tuple[Lockfile, Path]:
+def local_lock(
+    tmp: Path,
+    wheels: list[tuple[str, str, str]],
+    *,
+    name: str = "unit",
+    files: dict[str, dict[str, bytes]] | None = None,
+) -> tuple[Lockfile, Path]:
     """A lock of tiny wheels [(name, version, group)] made in ``tmp/wheels`` (a find-links
     mirror), no Debian packages; ``files``: a wheel's members by its name, where not the default.
     Returns (the lock, the mirror directory)."""
@@ -85,7 +99,16 @@ def local_lock(tmp: Path, wheels: list[tuple[str, str, str]], *, name: str = "un
     lock["wheels"] = []
     for wname, version, group in wheels:
         path, sha = make_wheel(mirror, wname, version, files=(files or {}).get(wname))
-        lock["wheels"].append({"name": wname, "version": version, "filename": path.name,
-                               "index": "https://pypi.invalid/simple", "sha256": sha,
-                               "size": path.stat().st_size, "group": group, "direct": group == "team"})
+        lock["wheels"].append(
+            {
+                "name": wname,
+                "version": version,
+                "filename": path.name,
+                "index": "https://pypi.invalid/simple",
+                "sha256": sha,
+                "size": path.stat().st_size,
+                "group": group,
+                "direct": group == "team",
+            }
+        )
     return rehash(lock), mirror

@@ -26,9 +26,16 @@ def main() -> None:
     small = lock.Lockfile.model_validate(data).with_hash()
     (HERE / "small.lock").write_text(lock.dumps(small))
     req = debian.base_packages("bookworm", gpu=False)
-    pins = debian.resolve_closure("bookworm", req, cache_dir=Path.home() / ".cache" / "envspec" / "debian")
-    data["debian"] = {"suite": "bookworm", "architecture": "amd64", "mirror": debian.CANONICAL_MIRROR,
-                      "requested": req, "packages": [p.model_dump() for p in debian.sorted_pins(pins)]}
+    pins = debian.resolve_closure(
+        "bookworm", req, cache_dir=Path.home() / ".cache" / "envspec" / "debian"
+    )
+    data["debian"] = {
+        "suite": "bookworm",
+        "architecture": "amd64",
+        "mirror": debian.CANONICAL_MIRROR,
+        "requested": req,
+        "packages": [p.model_dump() for p in debian.sorted_pins(pins)],
+    }
     data["meta"]["name"] = "build-small-debian"
     data["platform"]["python_full"] = debian.python_full_version(pins, "bookworm")
     full = lock.Lockfile.model_validate(data).with_hash()

@@ -14,10 +14,16 @@ from envspec.cache.store import Cache  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
 
+
 def main() -> int:
     try:
-        img = build(make_plan(lockmod.load(sys.argv[1])), BuildahEngine(), Cache(sys.argv[2]),
-                    sources.discover().mirrors, options=BuildOptions(no_cache="--no-cache" in sys.argv))
+        img = build(
+            make_plan(lockmod.load(sys.argv[1])),
+            BuildahEngine(),
+            Cache(sys.argv[2]),
+            sources.discover().mirrors,
+            options=BuildOptions(no_cache="--no-cache" in sys.argv),
+        )
     except EnvspecError as e:
         print(e.message, file=sys.stderr)
         return e.exit_code

@@ -26,18 +26,28 @@ VERSIONS = ["1.13.1", "2.0.0", "2.9.1", "2.14.1", "2.15.0"]
 def main() -> None:
     api = json.loads(r.default_fetch(r.JSON_API))
     simple = json.loads(r.default_fetch(r.SIMPLE_API))
-    keep_api = {"info": {"name": api["info"]["name"], "version": api["info"]["version"]},
-                "releases": {v: [] for v in VERSIONS + ["2.16.0rc1"] if v in api["releases"] or v.endswith("rc1")}}
+    keep_api = {
+        "info": {"name": api["info"]["name"], "version": api["info"]["version"]},
+        "releases": {
+            v: [] for v in VERSIONS + ["2.16.0rc1"] if v in api["releases"] or v.endswith("rc1")
+        },
+    }
     keys = ("filename", "url", "size", "hashes", "yanked", "core-metadata", "requires-python")
     files = []
     for f in simple["files"]:
         fn = f["filename"]
         if any(fn.startswith(f"torch-{v}-") for v in VERSIONS):
             files.append({k: f[k] for k in keys if k in f})
-    keep_simple = {"meta": simple["meta"], "name": simple["name"],
-                   "versions": [v for v in simple["versions"] if v in VERSIONS], "files": files}
+    keep_simple = {
+        "meta": simple["meta"],
+        "name": simple["name"],
+        "versions": [v for v in simple["versions"] if v in VERSIONS],
+        "files": files,
+    }
     (HERE / "pypi_torch.json").write_text(json.dumps(keep_api, indent=1, sort_keys=True) + "\n")
-    (HERE / "simple_torch.json").write_text(json.dumps(keep_simple, indent=1, sort_keys=True) + "\n")
+    (HERE / "simple_torch.json").write_text(
+        json.dumps(keep_simple, indent=1, sort_keys=True) + "\n"
+    )
     meta_dir = HERE / "metadata"
     meta_dir.mkdir(exist_ok=True)
     for v in VERSIONS:
@@ -45,7 +55,9 @@ def main() -> None:
         if not wheels:
             continue
         pick = max(wheels, key=lambda f: r.Version(r.linux_x86_64_pythons([f["filename"]])[0][-1]))
-        raw = r.read_zip_member(pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range)
+        raw = r.read_zip_member(
+            pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range
+        )
         head = raw.decode().split("\n\n", 1)[0] + "\n"  # headers only
         (meta_dir / (pick["filename"] + ".metadata")).write_text(head)
         print(v, pick["filename"])
@@ -59,7 +71,9 @@ def record_aarch64() -> None:
         pick = r._linux_aarch64_wheel(files, v)
         if pick is None:
             continue
-        raw = r.read_zip_member(pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range)
+        raw = r.read_zip_member(
+            pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range
+        )
         head = raw.decode().split("\n\n", 1)[0] + "\n"
         (HERE / "metadata" / (pick["filename"] + ".metadata")).write_text(head)
         print(v, pick["filename"])

@@ -44,7 +44,9 @@ def _tar(entries: list[tuple[tarfile.TarInfo, bytes | None]], comp: str) -> byte
     return buf.getvalue()
 
 
-def _ti(name: str, *, kind: bytes, mode: int, size: int = 0, link: str = "", uid: int = 0, gid: int = 0):
+def _ti(
+    name: str, *, kind: bytes, mode: int, size: int = 0, link: str = "", uid: int = 0, gid: int = 0
+):
     ti = tarfile.TarInfo(name)
     ti.type, ti.mode, ti.size, ti.linkname = kind, mode, size, link
     ti.uid, ti.gid, ti.uname, ti.gname, ti.mtime = uid, gid, "root", "root", 1700000000
@@ -52,7 +54,9 @@ def _ti(name: str, *, kind: bytes, mode: int, size: int = 0, link: str = "", uid
 
 
 def _data_entries(files: list[Entry]) -> list[tuple[tarfile.TarInfo, bytes | None]]:
-    out: list[tuple[tarfile.TarInfo, bytes | None]] = [(_ti("./", kind=tarfile.DIRTYPE, mode=0o755), None)]
+    out: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_ti("./", kind=tarfile.DIRTYPE, mode=0o755), None)
+    ]
     seen = {"./"}
     for e in files:
         parts = e.name.rstrip("/").split("/")
@@ -64,34 +68,63 @@ def _data_entries(files: list[Entry]) -> list[tuple[tarfile.TarInfo, bytes | Non
         if e.name.endswith("/"):
             if e.name not in seen:
                 seen.add(e.name)
-                out.append((_ti(e.name, kind=tarfile.DIRTYPE, mode=e.mode, uid=e.uid, gid=e.gid), None))
+                out.append(
+                    (_ti(e.name, kind=tarfile.DIRTYPE, mode=e.mode, uid=e.uid, gid=e.gid), None)
+                )
         elif e.link:
             out.append((_ti(e.name, kind=tarfile.SYMTYPE, mode=0o777, link=e.link), None))
         elif e.hardlink:
             out.append((_ti(e.name, kind=tarfile.LNKTYPE, mode=e.mode, link=e.hardlink), None))
         else:
-            out.append((_ti(e.name, kind=tarfile.REGTYPE, mode=e.mode, size=len(e.data), uid=e.uid, gid=e.gid),
-                        e.data))
+            out.append(
+                (
+                    _ti(
+                        e.name,
+                        kind=tarfile.REGTYPE,
+                        mode=e.mode,
+                        size=len(e.data),
+                        uid=e.uid,
+                        gid=e.gid,
+                    ),
+                    e.data,
+                )
+            )
     return out
 
 
 def control_text(p: Pkg) -> str:
-    fields = {"Package": p.name, "Version": p.version, "Architecture": p.arch,
-              "Maintainer": "envspec tests <tests@invalid>", "Installed-Size": "1", **p.extra_control,
-              "Description": f"{p.name} for tests\n envspec's unit tests build this package."}
+    fields = {
+        "Package": p.name,
+        "Version": p.version,
+        "Architecture": p.arch,
+        "Maintainer": "envspec tests <tests@invalid>",
+        "Installed-Size": "1",
+        **p.extra_control,
+        "Description": f"{p.name} for tests\n envspec's unit tests build this package.",
+    }
     return "".join(f"{k}: {v}\n" for k, v in fields.items())
 
 
 def make_deb(directory: Path, pkg: Pkg, *, comp: str = "xz") -> Path:
-    md5 = "".join(f"{hashlib.md5(e.data).hexdigest()}  {e.name[2:]}\n" for e in pkg.files
-                  if not e.name.endswith("/") and not e.link and not e.hardlink and e.name[1:] not in pkg.conffiles)
+    md5 = "".join(
+        f"{hashlib.md5(e.data).hexdigest()}  {e.name[2:]}\n"
+        for e in pkg.files
+        if not e.name.endswith("/")
+        and not e.link
+        and not e.hardlink
+        and e.name[1:] not in pkg.conffiles
+    )
     ctrl_files = {"./control": control_text(pkg).encode(), "./md5sums": md5.encode()}
     if pkg.conffiles:
         ctrl_files["./conffiles"] = "".join(c + "\n" for c in pkg.conffiles).encode()
     ctrl = [(_ti("./", kind=tarfile.DIRTYPE, mode=0o755), None)] + [
-        (_ti(n, kind=tarfile.REGTYPE, mode=0o644, size=len(d)), d) for n, d in ctrl_files.items()]
-    members = [("debian-binary", b"2.0\n"), ("control.tar.xz", _tar(ctrl, "xz")),
-               (f"data.tar.{comp}" if comp else "data.tar", _tar(_data_entries(pkg.files), comp))]
+        (_ti(n, kind=tarfile.REGTYPE, mode=0o644, size=len(d)), d) for n, d in ctrl_files.items()
+    ]
+    members = [
+        ("debian-binary", b"2.0\n"),
+        ("control.tar.xz", _tar(ctrl, "xz")),
+        (f"data.tar.{comp}" if comp else "data.tar", _tar(_data_entries(pkg.files), comp)),
+    ]
     out = bytearray(b"!<arch>\n")
     for name, data in members:
         head = f"{name:<16}{1700000000:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode()

@@ -66,7 +66,9 @@ def main() -> None:
     ap.add_argument("--suite", default="bookworm")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--services", default="")
-    ap.add_argument("--jobs", type=int, default=0, help="make_rootfs's decompression workers (0: default)")
+    ap.add_argument(
+        "--jobs", type=int, default=0, help="make_rootfs's decompression workers (0: default)"
+    )
     args = ap.parse_args()
     services = {s for s in args.services.split(",") if s}
     rows = []

@@ -20,8 +20,18 @@ from envspec.debian.closure import AptRoot, security_mirror_for  # noqa: E402
 from envspec.debian.models import CANONICAL_MIRROR  # noqa: E402
 from envspec.debian.reporter import DebianReporter  # noqa: E402
 
-NAMES = {"tini", "libc6", "libgcc-s1", "gcc-12-base", "liblzma5", "python3", "python3-venv", "mawk",
-         "exim4-daemon-light", "exim4-daemon-heavy"}
+NAMES = {
+    "tini",
+    "libc6",
+    "libgcc-s1",
+    "gcc-12-base",
+    "liblzma5",
+    "python3",
+    "python3-venv",
+    "mawk",
+    "exim4-daemon-light",
+    "exim4-daemon-heavy",
+}
 CASES = {
     "print-uris-tini": ["tini", "liblzma5"],
     "unmet-exim": ["exim4-daemon-light", "exim4-daemon-heavy"],
@@ -31,19 +41,30 @@ CASES = {
 
 
 def main(cache_dir: Path) -> None:
-    root = AptRoot("bookworm", mirror=CANONICAL_MIRROR, security_mirror=security_mirror_for(CANONICAL_MIRROR),
-                   architecture="amd64", components=("main",), cache_dir=cache_dir,
-                   keyring=Path("/usr/share/keyrings/debian-archive-keyring.gpg"))
+    root = AptRoot(
+        "bookworm",
+        mirror=CANONICAL_MIRROR,
+        security_mirror=security_mirror_for(CANONICAL_MIRROR),
+        architecture="amd64",
+        components=("main",),
+        cache_dir=cache_dir,
+        keyring=Path("/usr/share/keyrings/debian-archive-keyring.gpg"),
+    )
     rep = DebianReporter()
     root.update(max_age=6 * 3600, offline=False, reporter=rep)
     (HERE / "lists").mkdir(exist_ok=True)
     (HERE / "apt").mkdir(exist_ok=True)
     for path, pocket, _repo in root.index_files(rep):
-        keep = [st for st in path.read_text().split("\n\n")
-                if st.startswith("Package: ") and st.split("\n", 1)[0][len("Package: "):] in NAMES]
+        keep = [
+            st
+            for st in path.read_text().split("\n\n")
+            if st.startswith("Package: ") and st.split("\n", 1)[0][len("Package: ") :] in NAMES
+        ]
         (HERE / "lists" / f"{pocket}_Packages").write_text("\n\n".join(keep) + "\n")
     for case, req in CASES.items():
-        proc = root.run(["install", "--print-uris", "-y", "-q", "--no-install-recommends", "--", *req], rep)
+        proc = root.run(
+            ["install", "--print-uris", "-y", "-q", "--no-install-recommends", "--", *req], rep
+        )
         (HERE / "apt" / f"{case}.txt").write_text(proc.stdout + proc.stderr)
 
 
