@@ -47,9 +47,9 @@ from _common import emit  # noqa: E402
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 from envspec.host import detect_host  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
 ROOT = bench_build.ROOT
 LOCKS = {

@@ -57,16 +57,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
-from envspec.image import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
-from envspec.host import detect_host  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.wheels.fetch import WheelFetcher  # noqa: E402
+from envspec.host import detect_host  # noqa: E402
+from envspec.image import BuildahEngine, BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
-
-from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
 
 def run_build(
@@ -137,7 +137,7 @@ SETTLE = 61.0  # --settle
 EVICT = False  # --evict
 
 
-def timed(fn, settle: bool = True, phases: "Phases | None" = None):
+def timed(fn, settle: bool = True, phases: Phases | None = None):
     """Time ``fn``. ``settle``: first write out dirty pages (``sync``) and wait SETTLE seconds, so
     that a phase does not pay for the one before it: ext4 does not reuse an inode freed less than
     60 s ago (``recently_deleted``, 300 s more while its block is dirty) and scans on for another,

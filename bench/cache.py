@@ -48,9 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from conftest import loop_fs, private_storage, start_registry  # noqa: E402  (the tests' registry, storage, loop file systems)
-
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+from conftest import loop_fs, private_storage, start_registry  # noqa: E402  (the tests' registry, storage, loop file systems)
 
 DECOMPRESS = {"zstd": "zstd -dc", "gzip": "gzip -dc", "tar": "cat"}
 

@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 
-def pav_nonincreasing(y: "list[float]") -> "list[float]":
+def pav_nonincreasing(y: list[float]) -> list[float]:
     """argmin over non-increasing v of sum (v_i - y_i)^2: pool adjacent violators, in Python."""
     blocks: list[list[float]] = []  # [sum, count]
     for v in y:

@@ -42,10 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from conftest import private_storage  # noqa: E402  (the tests' storage roots)
-
 from _common import emit  # noqa: E402
 from cache import drop_caches, fresh_fs  # noqa: E402  bench/cache.py
+from conftest import private_storage  # noqa: E402  (the tests' storage roots)
 
 
 def _link(src: Path, dest: Path) -> str:

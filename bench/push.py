@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,9 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
-from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
-
 from _common import emit, wait_gone  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+from conftest import private_storage, start_registry  # noqa: E402  (the tests' registry and storage)
 
 
 def du(path: Path) -> int:

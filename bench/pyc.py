@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 from envspec import sources
+from envspec.cache.store import Cache
 from envspec.image import layers
 from envspec.image.bytecode import find_compiler
-from envspec.cache.store import Cache
-from envspec.wheels.fetch import WheelFetcher
 from envspec.lock import load
 from envspec.plan import make_plan
+from envspec.wheels.fetch import WheelFetcher
 
 
 def _cpu() -> tuple[float, float]:

@@ -38,13 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envspec import lock as lockmod, sources  # noqa: E402
-from envspec.image import BuildahEngine  # noqa: E402
-from envspec.cache.store import Cache  # noqa: E402
-from envspec.wheels.fetch import WheelFetcher  # noqa: E402
-from envspec.plan import make_plan  # noqa: E402
-
 from _common import emit  # noqa: E402  bench/_common.py (run as a script: its directory is on sys.path)
+
+from envspec import lock as lockmod  # noqa: E402
+from envspec import sources
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.image import BuildahEngine  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
 ENVSPEC = [sys.executable, "-m", "envspec"]
 PEER_REF = "localhost/bench/peer-startup:1"

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from debian.debian_support import version_compare
 from packaging.version import InvalidVersion, Version
@@ -83,7 +84,7 @@ class LockDiff:
     notes: tuple[str, ...] = ()
     # two locks of which one has a section per platform: the diff of each platform both have (the
     # fields above stay empty), and the platforms only one of them has
-    platforms: tuple[tuple[str, "LockDiff"], ...] = ()
+    platforms: tuple[tuple[str, LockDiff], ...] = ()
     platforms_added: tuple[str, ...] = ()
     platforms_removed: tuple[str, ...] = ()
 

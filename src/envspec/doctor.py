@@ -13,13 +13,14 @@ not look at the machine itself, so tests give it a ``Host`` they build. Nothing 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from envspec.compat import best_arch, driver_branch, load_db
-from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host, disk_free
 from envspec.errors import HostError
+from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host, disk_free
 from envspec.lock import Lockfile
 
 Status = Literal["ok", "warn", "fail", "info"]

@@ -29,10 +29,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Collection, Literal, Mapping, Protocol, Sequence
+from typing import Literal, Protocol
 
 from envspec.cache.dirs import (
     cache_dir_for,

@@ -9,11 +9,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tempfile
 import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Self, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 import tomli_w
 from packaging.requirements import Requirement
@@ -277,7 +278,7 @@ class Lockfile(_M):
         return data
 
     @model_validator(mode="after")
-    def _shape(self) -> "Lockfile":
+    def _shape(self) -> Lockfile:
         names = [p.name for p in self.parts]
         if not names:
             raise ValueError("a lock pins at least one platform")
@@ -348,7 +349,7 @@ class Lockfile(_M):
             }
         return super().model_copy(update=update, deep=deep)
 
-    def replace_part(self, **changes: Any) -> "Lockfile":
+    def replace_part(self, **changes: Any) -> Lockfile:
         """This one-platform lock with fields of its part changed (``wheels=...``), hash not redone."""
         return self.model_copy(update={"parts": [self.part.model_copy(update=changes)]})
 
@@ -360,7 +361,7 @@ class Lockfile(_M):
                 return p
         return None
 
-    def for_platform(self, name: str) -> "Lockfile":
+    def for_platform(self, name: str) -> Lockfile:
         """One platform's view: a version-1 lock of that part and the shared tables. Of a
         multi-platform lock its ``[meta].part_of`` names the whole lock's hash, its content hash is
         its own (the image carries it, and the verifier checks it), its image tag is
@@ -385,7 +386,7 @@ class Lockfile(_M):
         )
         return view.with_hash()
 
-    def views(self) -> list["Lockfile"]:
+    def views(self) -> list[Lockfile]:
         """Every platform's view, in the lock's order (the lock itself for one platform)."""
         return [self.for_platform(n) for n in self.platform_names] if self.multi else [self]
 
@@ -422,7 +423,7 @@ class Lockfile(_M):
         """The image runs CUDA code (a torch build other than the CPU one)."""
         return any(p.torch is not None and p.torch.variant != "cpu" for p in self.parts)
 
-    def with_hash(self) -> "Lockfile":
+    def with_hash(self) -> Lockfile:
         meta = self.meta.model_copy(update={"content_hash": self.compute_hash()})
         return self.model_copy(update={"meta": meta})
 

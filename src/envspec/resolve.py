@@ -13,9 +13,10 @@ import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from packaging.version import Version
@@ -180,7 +181,7 @@ class WheelCandidate:
     held_back: str | None = None  # a named package below its newest release: why (``held_back``)
     # a package with no wheel for the platform, locked by its sdist (``filename``, ``sha256``): the
     # inputs its wheel is built from (``wheels.sdist.pin_inputs`` fills them in after resolution)
-    source: "SourceInputs | None" = None
+    source: SourceInputs | None = None
 
     @property
     def is_sdist(self) -> bool:

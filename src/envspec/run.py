@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from envspec import lock as lockmod
 from envspec.errors import HostError, UsageError
@@ -129,7 +129,7 @@ class RunCommand:
         ""  # the directory mounted on /sys/devices/system/cpu (``host.write_emulated_cpu_dir``)
     )
 
-    def without_emulated_cpu(self) -> "RunCommand":
+    def without_emulated_cpu(self) -> RunCommand:
         """This command without the /sys/devices/system/cpu mount (its directory could not be made)."""
         import dataclasses
 
@@ -425,7 +425,7 @@ def _emulated(host: Host, engine: str, lock: Lockfile, out: _Argv, *, asked: boo
             f"the image is for linux-{arch} ({oci}) and this host is linux-{host.machine}: it can only "
             "run under emulation (qemu-user-static), many times slower and without GPUs, which "
             "envspec run does only when asked",
-            hint=f"add --emulate to run it under emulation"
+            hint="add --emulate to run it under emulation"
             + (
                 ""
                 if host.runs_arch(arch)
@@ -532,9 +532,9 @@ def check_docker_image(command: RunCommand, run: Runner | None = None) -> None:
     said = " ".join(err.split())[:300]
     raise HostError(
         f"docker's daemon has no image {command.image} (step: before docker run){': ' + said if said else ''}",
-        hint=f"load it once: envspec build LOCK --output docker-archive:image.tar && docker load -i "
-        f"image.tar (docker load reports a daemon that runs out of space; skopeo copy ... "
-        f"docker-daemon: does not); or use --engine podman",
+        hint="load it once: envspec build LOCK --output docker-archive:image.tar && docker load -i "
+        "image.tar (docker load reports a daemon that runs out of space; skopeo copy ... "
+        "docker-daemon: does not); or use --engine podman",
         reference="docker-image-missing",
     )
 

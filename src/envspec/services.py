@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
 from envspec.errors import PlanError
 from envspec.lock import Lockfile, RuntimeLock, Ssh, keys_sha256
 

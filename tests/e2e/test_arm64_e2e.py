@@ -64,8 +64,8 @@ def new_cache(base: Path, debs: Path, name: str) -> Path:
 
 def do_build(lock_path: Path, host, cache: Path, **kw):
     from envspec import sources
-    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.cache.store import Cache
+    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.plan import make_plan
 
     return build(

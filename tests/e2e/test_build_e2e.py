@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import lock as lockmod  # noqa: E402
+from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
 from envspec.host import find_put_layer  # noqa: E402
 from envspec.run import podman_args  # noqa: E402
-from envspec.errors import BuildError, HashMismatch, SourceError  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.network]
 
@@ -72,8 +72,8 @@ def new_cache(base: Path, debs: Path, name: str = "cache") -> Path:
 
 def do_build(lock, engine, cache, **kw):
     from envspec import sources
-    from envspec.image import BuildOptions, build
     from envspec.cache.store import Cache
+    from envspec.image import BuildOptions, build
     from envspec.plan import make_plan
     from envspec.registry.stage import Registry
 
@@ -122,8 +122,9 @@ needs_store_tools = pytest.mark.skipif(
 def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gives_our_bytes_back(
     engine, tmp_path, debs, monkeypatch
 ):
-    from envspec.image import BuildahEngine
     from conftest import private_storage
+
+    from envspec.image import BuildahEngine
 
     lock = small_debian()
     assert engine.storage_cli() is not None and engine.storage_cli().put_tool == find_put_layer()
@@ -254,8 +255,9 @@ def _tree(root: Path) -> list[tuple]:
 def test_a_layer_left_without_content_by_a_killed_import_is_made_again(engine, tmp_path, debs):
     """A layer record a killed import left with no content (no diff digest) under the ID the build
     needs is replaced by the staged layer: the image builds, and the layer holds its bytes."""
-    from envspec.image import BuildahEngine
     from conftest import private_storage
+
+    from envspec.image import BuildahEngine
 
     lock = small_debian()
     a = do_build(lock, engine, new_cache(tmp_path, debs, "c1"))
@@ -281,8 +283,10 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
 ):
     """Staged import: what a killed build left in the staging area goes with the next import; a
     maker that fails while its layer is being untarred leaves no layer, no staging, no image."""
-    from envspec.image import BuildahEngine, layers as layer_makers
     from conftest import private_storage
+
+    from envspec.image import BuildahEngine
+    from envspec.image import layers as layer_makers
 
     lock = small_debian()
     with private_storage(tmp_path / "storage"):
@@ -330,12 +334,13 @@ def test_a_cached_layer_damaged_on_disk_is_made_again_and_a_wheel_from_a_file_mi
     wheel, finds the wheel damaged, drops it, takes it again from its file:// mirror (read where
     it is, or a reflink: the cache shares no inode with the mirror, whose files stay as they
     were) and ends with the same image."""
+    from conftest import private_storage
+
     from envspec import sources
     from envspec.cache.store import Cache
     from envspec.image import BuildahEngine, BuildOptions, Reporter, build
     from envspec.plan import make_plan
     from envspec.registry.stage import Registry
-    from conftest import private_storage
 
     lock = small_debian()
     first = do_build(lock, engine, new_cache(tmp_path, debs, "fill"))
@@ -726,11 +731,11 @@ def test_a_damaged_cached_layer_is_made_again_before_it_goes_into_an_oci_output(
 ):
     """Without an import into a store nothing else reads a cached layer: an output build checks
     the files it carries (and a tar it compresses), drops the damaged one, makes it again."""
+    from envspec import sources
     from envspec.cache.store import Cache
     from envspec.image import BuildOptions, Reporter, build
     from envspec.plan import make_plan
     from envspec.registry.stage import Registry
-    from envspec import sources
 
     lock = lockmod.load(DATA / "small.lock")
     cache = new_cache(tmp_path, debs)

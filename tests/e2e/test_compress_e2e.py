@@ -66,8 +66,8 @@ def _build_in_own_store(tmp_path, debs, name, **kw):
     from conftest import private_storage
 
     from envspec import sources
-    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.cache.store import Cache
+    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.plan import make_plan
     from envspec.registry.stage import Registry
 

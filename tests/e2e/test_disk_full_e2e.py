@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import loop_fs, private_storage
+
 from envspec.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -154,7 +154,7 @@ def test_run_with_docker_starts_checks_and_verifies(dockerd, loaded, tmp_path):
     printed = envspec(
         "run", "--engine", "docker", str(LOCK), "--print", env=dockerd.env, cwd=tmp_path
     ).stdout
-    assert printed.startswith(f"docker run --rm -i --shm-size 1g ") and loaded[0] in printed
+    assert printed.startswith("docker run --rm -i --shm-size 1g ") and loaded[0] in printed
     r = report_of(cp.stdout)
     assert r["ok"] and r["mode"] == "image", r
     by = {f["check"]: f for f in r["findings"]}

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import private_storage, start_registry
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -89,8 +89,8 @@ def image(tmp_path_factory):
     """(lock, image ref): the spec locked into a temporary lockfile and built."""
     from envspec import lock as lockmod
     from envspec import sources
-    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.cache.store import Cache
+    from envspec.image import BuildahEngine, BuildOptions, build
     from envspec.plan import make_plan
 
     out = tmp_path_factory.mktemp("lock") / "services.lock"

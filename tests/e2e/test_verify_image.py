@@ -42,8 +42,8 @@ def cpu_image(tmp_path_factory):
     from conftest import private_storage
 
     from envspec import sources
-    from envspec.image import BuildahEngine, build
     from envspec.cache.store import Cache
+    from envspec.image import BuildahEngine, build
     from envspec.lock import load
     from envspec.plan import make_plan
     from envspec.run import podman_args

@@ -30,8 +30,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 USER = "envspec"
 PASSWORD = "s3cret-for-tests"
@@ -74,7 +74,7 @@ def make_ca_and_cert(d: Path) -> tuple[Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "envspec test CA")])
     ca = (
@@ -270,7 +270,7 @@ class CutProxy:
         self.conns: list[socket.socket] = []
         self.thread = threading.Thread(target=self._accept, daemon=True)
 
-    def __enter__(self) -> "CutProxy":
+    def __enter__(self) -> CutProxy:
         self.thread.start()
         return self
 

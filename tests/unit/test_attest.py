@@ -14,11 +14,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from envspec import __version__
 from envspec import lock as lockmod
-from envspec.registry import attest
+from envspec.errors import SourceError, UsageError
 from envspec.image.oci import canonical_json
 from envspec.image.sbom import make_sbom
-from envspec.errors import SourceError, UsageError
 from envspec.plan import make_plan
+from envspec.registry import attest
 from envspec.registry.verify_image import (
     RegistryReader,
     check_signature,

@@ -14,15 +14,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.image import BuildOptions, Reporter, RecordingEngine, build, preview  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.wheels.fetch import WheelFetcher  # noqa: E402
-from envspec.image.oci import nvidia_require_cuda  # noqa: E402
 from envspec.errors import BuildError, HashMismatch, SourceError, UsageError  # noqa: E402
 from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402
+from envspec.image import BuildOptions, RecordingEngine, Reporter, build, preview  # noqa: E402
+from envspec.image.oci import nvidia_require_cuda  # noqa: E402
 from envspec.lock import Wheel  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
+from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
 WHEELS = [
     ("cudalib", "1.0", "cuda"),
@@ -626,8 +626,8 @@ def test_progress_events_come_as_the_work_happens(env):
 
 
 def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path):
-    from envspec.image import _DebEvents
     from envspec.debian.models import DebPin
+    from envspec.image import _DebEvents
 
     class Rec(Reporter):
         def __init__(self):

@@ -190,8 +190,8 @@ def test_a_changed_pyc_fails_the_integrity_check(tmp_path):
 
 def test_without_a_compiler_of_the_images_version_no_pyc_a_warning_and_other_keys(tmp_path):
     from envspec import sources
-    from envspec.image import RecordingEngine, build
     from envspec.cache.store import Cache
+    from envspec.image import RecordingEngine, build
 
     lock, mirror = helpers.local_lock(tmp_path, [("teampkg", "1.0", "team")])
     d = helpers.data(lock)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from envspec import lock as lockmod
+from envspec.errors import UsageError
 from envspec.image import BuildOptions
 from envspec.image.index import check_options, platform_tag
 from envspec.image.oci import MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes, write_index
-from envspec.errors import UsageError
 from envspec.registry.stage import Registry
 
 ROOT = Path(__file__).parents[2]

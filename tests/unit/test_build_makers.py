@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
-from envspec.image import Layers, Reporter, layers  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
+from envspec.image import Layers, Reporter, layers  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 MODULES = {f"manymods/m{i:03d}.py": f"X = {i}\n".encode() for i in range(200)}  # 200 modules, 2 kB

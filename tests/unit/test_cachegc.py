@@ -13,8 +13,8 @@ import pytest
 
 from envspec.cache import gc as cachegc
 from envspec.cache.store import Cache
-from envspec.errors import UsageError
 from envspec.cli.cache import _needed
+from envspec.errors import UsageError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "build"
 OLD = time.time() - 10 * 24 * 3600  # ten days ago: out of the grace period

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from envspec.cli import GROUPS, _COMMANDS
+from envspec.cli import _COMMANDS, GROUPS
 from envspec.cli.reference import _parsers, markdown
 
 ROOT = Path(__file__).resolve().parents[2]

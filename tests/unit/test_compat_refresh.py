@@ -10,8 +10,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from envspec.cli import main
-from envspec.compat import DATA_DIR, load_db, refresh
-from envspec.compat import pypi
+from envspec.compat import DATA_DIR, load_db, pypi, refresh
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_SOURCE, SourceError
 
 REC = Path(__file__).parents[1] / "data" / "compat"
@@ -498,9 +497,8 @@ source = "test: curated after review"
 
 
 def test_resolution_skips_releases_that_need_review(tmp_path, monkeypatch, capsys):
-    from envspec.compat import load as loadmod
-    from envspec.resolve import choose
     from envspec.errors import ResolutionImpossible
+    from envspec.resolve import choose
     from envspec.spec import load_spec
 
     d = _data_copy(tmp_path)

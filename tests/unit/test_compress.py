@@ -5,7 +5,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import sys
 import tarfile
 from pathlib import Path
@@ -17,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.errors import BuildError  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, build, compress  # noqa: E402
 from envspec.image.compress import Compression, compress_file  # noqa: E402
-from envspec.cache.store import Cache  # noqa: E402
 from envspec.image.tarball import TarWriter  # noqa: E402
-from envspec.errors import BuildError  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
 

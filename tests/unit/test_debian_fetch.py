@@ -7,7 +7,6 @@ import io
 import threading
 import urllib.error
 
-
 import pytest
 
 from envspec.debian import (

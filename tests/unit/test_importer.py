@@ -5,8 +5,8 @@ containers-storage tool is exercised by tests/e2e/test_build_e2e.py."""
 import contextlib
 import hashlib
 import os
-import stat
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import Future
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from envspec import host as host_mod
-from envspec.image import engine as eng_mod
-from envspec.image.engine import Cancelled, chain_id
-from envspec.image import importer as importer_mod
-from envspec.image.importer import Importer, LayerFile
 from envspec.errors import BuildError, HashMismatch
+from envspec.image import engine as eng_mod
+from envspec.image import importer as importer_mod
+from envspec.image.engine import Cancelled, chain_id
+from envspec.image.importer import Importer, LayerFile
 
 
 def test_chain_id_is_containers_image_style():
@@ -522,9 +522,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine  # noqa: E402
 from envspec.image import build as _build  # noqa: E402
-from envspec.cache.store import Cache  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 

@@ -14,19 +14,19 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
+from test_attest import FakeRegistry
 
 from envspec import lock as lockmod
+from envspec.errors import LockError
 from envspec.image import BuildOptions, BuiltImage, Reporter
-from envspec.registry import attest
 from envspec.image.index import attest_index, check_options
 from envspec.image.oci import write_index, write_layout
-from envspec.errors import LockError
 from envspec.lock import Lockfile
 from envspec.plan import make_plan
-from envspec.verify.model import FAIL, PASS, SKIP
-from envspec.registry.verify_image import platform_name, verify_image
+from envspec.registry import attest
 from envspec.registry.stage import Registry
-from test_attest import FakeRegistry
+from envspec.registry.verify_image import platform_name, verify_image
+from envspec.verify.model import FAIL, PASS, SKIP
 
 ROOT = Path(__file__).resolve().parents[2]
 MULTI = ROOT / "lockfiles" / "smoke-multi.lock"

@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from envspec.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

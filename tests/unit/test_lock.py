@@ -534,8 +534,8 @@ def test_a_gpu_spec_without_a_driver_says_the_floor_it_assumes():
     """issue 43, 2: a spec that sets no [target].driver gets the floor of the build chosen, and says
     so: a note in explain's choice, [hardware].driver_assumed in the lock (revision 5), a note in
     the build's summary; a spec that sets it keeps revision 0 and no such key."""
-    from envspec.explain import driver_assumed_lines as _driver_lines
     from envspec.compat import load_db
+    from envspec.explain import driver_assumed_lines as _driver_lines
     from envspec.resolve import Resolution, choose
 
     text = """name = "nodriver"

@@ -15,9 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data" / "build"))
 import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
+from envspec.cache.store import Cache  # noqa: E402
+from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.image.compress import Compression  # noqa: E402
-from envspec.cache.store import Cache  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.regcache import (
     ARTIFACT_TYPE,
     BadEntry,
@@ -29,8 +31,6 @@ from envspec.registry.regcache import (
     unpack,
     write_entry,
 )
-from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402
-from envspec.plan import make_plan  # noqa: E402
 
 KEY = "sha256:" + "ab" * 32
 WHEELS = [("torchish", "2.0", "torch"), ("depa", "0.1", "deps"), ("teampkg", "1.0", "team")]
@@ -431,8 +431,8 @@ def test_precedence_flag_then_environment_then_spec(monkeypatch):
 
 
 def test_the_summary_says_where_the_layers_came_from():
-    from envspec.image import BuiltImage, LayerInfo
     from envspec.cli.build import _built_lines
+    from envspec.image import BuiltImage, LayerInfo
 
     def lay(group, source):
         return LayerInfo(

@@ -3,8 +3,8 @@ what skopeo's failures mean (the messages are skopeo 1.9's, seen against docker-
 
 import pytest
 
-from envspec.image.engine import RegistryAccess, push_args, registry_access, registry_error
 from envspec.errors import EXIT_SOURCE, UsageError
+from envspec.image.engine import RegistryAccess, push_args, registry_access, registry_error
 
 DEST = "127.0.0.1:5000/envspec/smoke:abc"
 

@@ -112,7 +112,6 @@ def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monke
     from envspec import lock as lockmod
     from envspec.cache.store import Cache
     from envspec.compat import load_db
-    from envspec.plan import make_plan
     from envspec.resolve import Resolution, choose, resolve_python
     from envspec.spec import load_spec
     from tests.unit.test_resolve_packages import CASES, make_sdist, make_wheel, offline_sources

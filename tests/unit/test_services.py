@@ -3,8 +3,8 @@ spec's bad-input checks for [services]. The running services are tested in tests
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import shutil
 import subprocess
 import tomllib

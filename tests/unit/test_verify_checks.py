@@ -2,11 +2,11 @@
 
 import json
 
+from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
+
 from envspec.verify import render
 from envspec.verify.checks import run_checks
 from envspec.verify.probes import DriverInfo
-
-from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
 
 
 def run(lock=None, **sys_kw):

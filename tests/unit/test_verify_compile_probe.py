@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from test_verify_fakes import FakeSystem, by_check, content_hash, make_lock
 
 from envspec.verify.checks import run_checks
 from envspec.verify.torchprobe import CompileProbe
-
-from test_verify_fakes import FakeSystem, by_check, content_hash, make_lock
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"

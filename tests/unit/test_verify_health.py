@@ -10,11 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
 
 from envspec.verify import health, rates, render, torchprobe
 from envspec.verify.checks import run_checks
-
-from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
 
 DATA = Path(__file__).parent.parent / "data" / "verify"
 HEALTHY = {

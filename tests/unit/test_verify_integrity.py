@@ -9,11 +9,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_verify_fakes import FakeSystem, by_check
 
 from envspec.verify.checks import run_checks
 from envspec.verify.integrity import HashCache, check_files, find_dists, is_native, owner_index
-
-from test_verify_fakes import FakeSystem, by_check
 
 installer = pytest.importorskip("installer")
 from installer.destinations import SchemeDictionaryDestination  # noqa: E402

@@ -1,9 +1,8 @@
 import pytest
+from test_verify_fakes import content_hash, rehash_text
 
 from envspec.verify import cli
 from envspec.verify.lockfile import DEFAULT_LOCK, LockReadError, find_lock, load_lock, lock_hash
-
-from test_verify_fakes import content_hash, rehash_text
 
 GOOD = """version = 1
 revision = 3

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from test_verify_fakes import FakeSystem, FakeTorch
 
 from envspec import lock as lockmod
 from envspec.verify.checks import run_checks
 from envspec.verify.lockfile import load_lock, lock_hash
-
-from test_verify_fakes import FakeSystem, FakeTorch
 
 REPO = Path(__file__).parents[2]
 # every lock in the repository but those made wrong on purpose (tests/data/first-hour: bad inputs)

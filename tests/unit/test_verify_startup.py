@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_verify_fakes import rehash_text
 
 from envspec.verify import startup
 from envspec.verify.lockfile import load_lock
-
-from test_verify_fakes import rehash_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"

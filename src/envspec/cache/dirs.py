@@ -4,8 +4,8 @@ explain``'s DB cache) does not import ``envspec.host``'s probes; ``envspec.host`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 
 def cache_dir_for(env: Mapping[str, str]) -> Path:

@@ -32,9 +32,10 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from envspec.cache.store import Cache
 from envspec.errors import UsageError

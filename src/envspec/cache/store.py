@@ -8,8 +8,8 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from envspec.cache.dirs import cache_dir_for
 

@@ -151,11 +151,11 @@ class _Progress:
 
 def cmd_build(args) -> int:
     from envspec import sources
-    from envspec.lock import lock_base
-    from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
-    from envspec.image.engine import registry_access
     from envspec.cache.store import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
+    from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
+    from envspec.image.engine import registry_access
+    from envspec.lock import lock_base
     from envspec.plan import make_plan
     from envspec.registry.stage import Registry
 

@@ -16,13 +16,13 @@ from envspec.errors import EXIT_OK, EnvspecError
 
 def _cache_compress(args, cache) -> int:
     """`envspec cache compress LOCK`: the compressed blobs of the lock's cached layers, made now."""
+    import time
+    from dataclasses import asdict
+
     from envspec import lock as lockmod
     from envspec.image import compress_layers
     from envspec.image.compress import compression
     from envspec.plan import make_plan
-
-    import time
-    from dataclasses import asdict
 
     started = time.monotonic()
     made = compress_layers(

@@ -13,9 +13,9 @@ from envspec.cli.common import JSON_HELP, bool_flag, command, print_json
 
 
 def cmd_verify_image(args) -> int:
-    from envspec.verify.render import table
     from envspec.image.engine import registry_access
     from envspec.registry.verify_image import RegistryReader, load_public_key, verify_image
+    from envspec.verify.render import table
 
     key = load_public_key(args.key)
     lock = None

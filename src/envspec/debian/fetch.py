@@ -23,10 +23,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceError

@@ -5,8 +5,9 @@ goes to the ``envspec.debian`` logger."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .models import DebPin
 

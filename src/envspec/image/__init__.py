@@ -24,10 +24,11 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 from envspec import debian
 from envspec.cache.store import Cache, Identity, _pid_alive, admit
@@ -36,6 +37,8 @@ from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
 from envspec.image.compress import (
     DEFAULT as DEFAULT_COMPRESSION,
+)
+from envspec.image.compress import (
     MT_LAYER,
     Compression,
     compress_file,
@@ -86,13 +89,13 @@ class LayerCache(Protocol):
     cache_from: str
     cache_to: str
 
-    def lookup_layers(self, layers: "Layers") -> dict[str, Any]: ...
-    def fetch_layers(self, layers: "Layers", entries: dict[str, Any]) -> None: ...
+    def lookup_layers(self, layers: Layers) -> dict[str, Any]: ...
+    def fetch_layers(self, layers: Layers, entries: dict[str, Any]) -> None: ...
     def can_stream(self) -> bool: ...
     def stream_layers(
-        self, layers: "Layers", entries: dict[str, Any], streams: dict[str, Future[bool]]
+        self, layers: Layers, entries: dict[str, Any], streams: dict[str, Future[bool]]
     ) -> None: ...
-    def push_layers(self, layers: "Layers") -> tuple[str, ...]: ...
+    def push_layers(self, layers: Layers) -> tuple[str, ...]: ...
 
 
 class RegistrySide(Protocol):
@@ -130,7 +133,7 @@ class BuildOptions:
     )
     # what a push carries beside the image, and the registry layer cache: the registry stage's
     # (``envspec.registry.stage.Registry``); needed for a push and for cache_from/cache_to
-    registry: "RegistrySide | None" = None
+    registry: RegistrySide | None = None
     cache_from: str = ""  # a registry repository to take layers from (registry/regcache.py)
     cache_to: str = ""  # a registry repository to put the layers in
     # wheels built from sdists (the spec's [build]): builds at once, compile jobs each (0: the cores
@@ -192,7 +195,7 @@ class Phase:
 class Clock:
     """The phases of one build as they end, each also sent to the reporter."""
 
-    def __init__(self, reporter: "Reporter") -> None:
+    def __init__(self, reporter: Reporter) -> None:
         self.t0 = time.monotonic()
         self.reporter = reporter
         self.phases: list[Phase] = []
@@ -1028,7 +1031,7 @@ class Layers:
                 shutil.rmtree(d if d.parent == self.work else d.parent, ignore_errors=True)
         self.paths.update(built)
 
-    def wheel_makers(self, workers: int, *, fork: bool = True) -> "WheelMakers":
+    def wheel_makers(self, workers: int, *, fork: bool = True) -> WheelMakers:
         """Worker processes that make the wheel layers, the costliest first (``estimated_cost``:
         its maker also runs ahead of the others, ``WheelMakers``); ``fork=False``: started by a
         fork server (not forked from this process, whose other threads are running)."""
@@ -1096,7 +1099,7 @@ class Layers:
             )
         return dest
 
-    def finish(self, pending: "WheelMakers") -> None:
+    def finish(self, pending: WheelMakers) -> None:
         for lay, out, fut in pending.jobs:
 
             def done(
@@ -1171,7 +1174,7 @@ class WheelMakers:
             lay.key: min(19, first + (others if i else 0)) for i, lay in enumerate(todo)
         }
 
-    def __enter__(self) -> "WheelMakers":
+    def __enter__(self) -> WheelMakers:
         if not self.todo:
             return self
         self.pool = ProcessPoolExecutor(
@@ -1220,12 +1223,12 @@ class Image:
     digest: str  # the manifest's
     config: bytes
     manifest: bytes
-    compressed: "Image | None" = (
+    compressed: Image | None = (
         None  # the same image with compressed layers (for pushes and outputs)
     )
 
     @property
-    def dist(self) -> "Image":
+    def dist(self) -> Image:
         """The image as pushes and OCI outputs carry it."""
         return self.compressed or self
 

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+
 from envspec.lock import Platform
 
 INVALIDATION = "unchecked-hash"
@@ -212,7 +213,7 @@ class Compiler:
         self.compiled = 0
         self.failed = 0
 
-    def __enter__(self) -> "Compiler":
+    def __enter__(self) -> Compiler:
         env = {
             "PYTHONHASHSEED": "0",
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -280,7 +281,7 @@ class Compiler:
         return self.result(self.submit(in_image_path, source))
 
 
-def _read_answers(proc: subprocess.Popen[bytes], answers: "queue.Queue[bytes | None]") -> None:
+def _read_answers(proc: subprocess.Popen[bytes], answers: queue.Queue[bytes | None]) -> None:
     out = proc.stdout
     assert out is not None
     while True:

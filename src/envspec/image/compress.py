@@ -76,7 +76,7 @@ class Compression:
             return f"gzip-zlib{zlib.ZLIB_RUNTIME_VERSION}-{GZIP_LEVEL}"
         return "none"
 
-    def sink(self, path: Path) -> "Sink | None":
+    def sink(self, path: Path) -> Sink | None:
         """A writer of the compressed blob at ``path``; None for ``none``."""
         if self.name == "zstd":
             return ZstdSink(path)
@@ -156,7 +156,7 @@ class ZstdSink(Sink):
         cctx = zstandard.ZstdCompressor(
             level=ZSTD_LEVEL, threads=threads(), write_checksum=True, write_content_size=False
         )
-        self._w: "zstandard.ZstdCompressionWriter | None" = cctx.stream_writer(
+        self._w: zstandard.ZstdCompressionWriter | None = cctx.stream_writer(
             self.out, closefd=False
         )  # type: ignore[arg-type]
 

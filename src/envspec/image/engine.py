@@ -26,15 +26,15 @@ import subprocess
 import tempfile
 import threading
 import urllib.parse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Protocol, Sequence
+from typing import IO, Protocol
 
 from envspec.cache.store import flocked
 from envspec.errors import (
     BuildError,
     DamagedEntry,
-    HashMismatch,
     HostError,
     RegistryError,
     UsageError,
@@ -64,7 +64,7 @@ def _host_for_build() -> Host:
 class Engine(Protocol):
     """Every verb ``build()`` calls on a container engine, and nothing else."""
 
-    def storage_cli(self) -> "StorageCLI | None":
+    def storage_cli(self) -> StorageCLI | None:
         """A store that takes layers one by one while they are made, or None."""
 
     def image_digest(self, ref: str) -> str:
@@ -352,7 +352,7 @@ class BuildahEngine:
             tmpdir=tmp,
         )
 
-    def storage_cli(self) -> "StorageCLI | None":
+    def storage_cli(self) -> StorageCLI | None:
         """containers/storage's own tool (Debian package ``containers-storage``, or the binary
         ``ENVSPEC_CONTAINERS_STORAGE`` names) on this engine's store, or None where it is
         missing, we are not root (it does not enter a user namespace as buildah does), or
@@ -579,7 +579,7 @@ class Stage:
             target=self._read, name=f"envspec-stage-{name}", daemon=True
         )
 
-    def start(self) -> "Stage":
+    def start(self) -> Stage:
         self._reader.start()
         return self
 
@@ -861,7 +861,7 @@ class StorageCLI:
         own: bool = False,
         progress: Callable[[int], None] = lambda n: None,
         nice: int | None = None,
-    ) -> "Stage":
+    ) -> Stage:
         """Start untarring the layer file open at ``fd`` into the store's staging area (no lock of
         the store is taken). ``follow``: its maker is still writing it; ``Stage.end`` says its size.
         ``tree``: the maker makes the files there itself; only the tar-split record is made.
@@ -1064,7 +1064,7 @@ class RecordingEngine:
         if index.is_file():  # a dry run records the verb on a layout that was never written
             self.images[ref] = json.loads(index.read_text())["manifests"][0]["digest"]
 
-    def storage_cli(self) -> "StorageCLI | None":
+    def storage_cli(self) -> StorageCLI | None:
         return None
 
     def image_digest(self, ref: str) -> str:

@@ -24,10 +24,10 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from envspec.errors import DamagedEntry, HashMismatch
 from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
@@ -91,7 +91,7 @@ class Importer:
     _staged: dict[int, dict] = field(default_factory=dict)  # staged, not yet committed
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> "Importer":
+    def start(self) -> Importer:
         self._thread = threading.Thread(target=self._run, name="envspec-import", daemon=True)
         self._thread.start()
         return self
@@ -283,7 +283,7 @@ class Importer:
                 return got  # type: ignore[return-value]
             use_pipe = False
 
-    def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> "dict | None | object":
+    def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> dict | None | object:
         streaming = False  # reading the registry cache's stream of it (``lay.streamed``)
         while True:
             if self._halt.is_set():

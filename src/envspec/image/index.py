@@ -26,9 +26,10 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from envspec.cache.store import Cache
 from envspec.errors import BuildError, UsageError
@@ -45,7 +46,7 @@ class BuiltIndex:
     """The image index of a multi-platform lock and the images it names, in the lock's order."""
 
     digest: str  # the index's: what pushes and OCI outputs carry
-    images: tuple[tuple[str, "BuiltImage"], ...]  # (platform name, its image)
+    images: tuple[tuple[str, BuiltImage], ...]  # (platform name, its image)
     pushed: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     seconds: float = 0.0
@@ -97,7 +98,7 @@ def platform_tag(tag: str | None, view: Lockfile) -> str | None:
     )
 
 
-def check_options(options: "BuildOptions") -> None:
+def check_options(options: BuildOptions) -> None:
     """What an image index cannot carry, refused before anything is built (exit 2)."""
     if options.push:
         registry_stage(options)
@@ -113,12 +114,12 @@ def check_options(options: "BuildOptions") -> None:
 
 def build_index(
     lock: Lockfile,
-    engine: "Engine",
-    cache: "Cache",
-    mirrors: Sequence["Mirror"],
+    engine: Engine,
+    cache: Cache,
+    mirrors: Sequence[Mirror],
     *,
-    options: "BuildOptions",
-    reporter: "Reporter | None" = None,
+    options: BuildOptions,
+    reporter: Reporter | None = None,
 ) -> BuiltIndex:
     """Build every platform of ``lock`` and the image index over them; deliver the index to
     ``options.outputs`` and ``options.push``. Raises as ``build()`` does, ``UsageError`` first for
@@ -177,14 +178,14 @@ def build_index(
 
 
 def attest_index(
-    engine: "Engine",
+    engine: Engine,
     work: Path,
     views: list[Lockfile],
-    images: list[tuple[str, "BuiltImage"]],
+    images: list[tuple[str, BuiltImage]],
     digest: str,
-    options: "BuildOptions",
-    reporter: "Reporter",
-) -> tuple[list[tuple[str, "BuiltImage"]], tuple[str, ...]]:
+    options: BuildOptions,
+    reporter: Reporter,
+) -> tuple[list[tuple[str, BuiltImage]], tuple[str, ...]]:
     """Once the index and its images are pushed to ``options.push``: each platform's image gets what
     ``build()`` attaches to a one-platform push (the registry stage's ``attach``: the provenance and
     SBOM of its own view of the lock, for its own manifest digest, and with a key its signature),
@@ -209,13 +210,13 @@ def attest_index(
 
 def _tag_all(
     views: list[Lockfile],
-    images: list[tuple[str, "BuiltImage"]],
-    engine: "Engine",
-    cache: "Cache",
-    mirrors: Sequence["Mirror"],
-    options: "BuildOptions",
-    reporter: "Reporter",
-) -> list[tuple[str, "BuiltImage"]]:
+    images: list[tuple[str, BuiltImage]],
+    engine: Engine,
+    cache: Cache,
+    mirrors: Sequence[Mirror],
+    options: BuildOptions,
+    reporter: Reporter,
+) -> list[tuple[str, BuiltImage]]:
     """Once every platform is built: each image into containers-storage under its tag (``build()``
     again, from the layers just made; the same bytes, checked), and the layers to ``--cache-to``."""
     out = []
@@ -254,7 +255,7 @@ def _tag_all(
     return out
 
 
-def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
+def preview_index(lock: Lockfile, options: BuildOptions) -> list[list[str]]:
     """``build --dry-run`` of a multi-platform lock: the engine verbs after every platform's image
     is built (each tagged on its own: its ``preview``), in the order ``build_index`` runs them: the
     outputs, the push of the index with every image, then each platform's attestations (and, with
@@ -283,7 +284,7 @@ def preview_index(lock: Lockfile, options: "BuildOptions") -> list[list[str]]:
 
 
 def deliver_index(
-    engine: "Engine", layout: Path, digest: str, options: "BuildOptions", reporter: "Reporter"
+    engine: Engine, layout: Path, digest: str, options: BuildOptions, reporter: Reporter
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The index of ``layout`` to ``options.outputs`` (oci:DIR: hardlinked, ``oci-archive:``: by the
     engine) and ``options.push`` (every image, then the index, digests kept)."""

@@ -19,9 +19,9 @@ envspec layer's verifier get theirs the same way (``add_pyc``), after the layer'
 from __future__ import annotations
 
 import contextlib
-import os
 import hashlib
 import io
+import os
 import types
 import zipfile
 from dataclasses import dataclass, field
@@ -30,12 +30,10 @@ from typing import IO, BinaryIO
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
-from installer.records import Hash, RecordEntry
+from installer.records import Hash, RecordEntry, parse_record_file
 from installer.scripts import Script
-from installer.utils import Scheme
 from installer.sources import WheelFile
-from installer.records import parse_record_file
-
+from installer.utils import Scheme
 from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
 from envspec.cache.store import Identity, identity
@@ -542,7 +540,7 @@ COST_PER_MEMBER = 1.0e-4  # a file's header, RECORD line and tree entry
 COST_PER_PY = 2.6e-3  # compiling a module to .pyc
 
 
-def estimated_cost(wheels: "list[str | Path]", *, bytecode: bool) -> float:
+def estimated_cost(wheels: list[str | Path], *, bytecode: bool) -> float:
     """The CPU seconds a maker will spend on a layer of these wheel files (an estimate, to start
     the longest one first and give it the CPU: ``WheelMakers``), from each wheel's central
     directory: its members' bytes, their number, and with ``bytecode`` its .py files."""

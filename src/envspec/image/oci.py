@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,7 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def created_at() -> str:
-    return datetime.fromtimestamp(source_date_epoch(), tz=timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ"
-    )
+    return datetime.fromtimestamp(source_date_epoch(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

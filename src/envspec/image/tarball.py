@@ -82,8 +82,8 @@ class DirectFile:
         fd: int,
         *,
         direct: bool,
-        tee: "PipeTee | None" = None,
-        buffers: "list[mmap.mmap] | None" = None,
+        tee: PipeTee | None = None,
+        buffers: list[mmap.mmap] | None = None,
     ) -> None:
         """``buffers``: three of ``BUF`` bytes to use, which ``close`` leaves open (a caller writing
         one file after another keeps them; else they are made here and freed by ``close``)."""
@@ -106,11 +106,11 @@ class DirectFile:
         cls,
         path: str | Path,
         *,
-        tee: "PipeTee | None" = None,
+        tee: PipeTee | None = None,
         flags: int = os.O_CREAT | os.O_TRUNC,
         mode: int = 0o644,
-        buffers: "list[mmap.mmap] | None" = None,
-    ) -> "DirectFile":
+        buffers: list[mmap.mmap] | None = None,
+    ) -> DirectFile:
         """``path`` created (``flags``: truncated, or ``O_EXCL``) for writing."""
         flags |= os.O_WRONLY | os.O_CLOEXEC
         if direct_writes():
@@ -245,7 +245,7 @@ class PipeTee:
 
 
 class _HashingFile:
-    def __init__(self, f: DirectFile, sink: "Sink | None" = None) -> None:
+    def __init__(self, f: DirectFile, sink: Sink | None = None) -> None:
         self.f = f
         self.h = hashlib.sha256()
         self.n = 0
@@ -268,7 +268,7 @@ class TarWriter:
         path: str | Path,
         *,
         mtime: int | None = None,
-        compression: "Compression | None" = None,
+        compression: Compression | None = None,
         tree: str | Path | None = None,
         pipe: str | Path | None = None,
     ) -> None:
@@ -373,7 +373,7 @@ class TarWriter:
         uid: int = 0,
         gid: int = 0,
         data: bytes | None = None,
-        hasher: "hashlib._Hash | None" = None,
+        hasher: hashlib._Hash | None = None,
     ) -> None:
         """Write a regular file of exactly ``size`` bytes from ``stream`` (or ``data``).
         ``hasher``, when given, is fed the file's bytes too (for RECORD entries)."""
@@ -385,7 +385,7 @@ class TarWriter:
         ti.mode = mode & 0o7777
         ti.uid, ti.gid = uid, gid
         self._header(ti)
-        copy: "BinaryIO | DirectFile | None" = None
+        copy: BinaryIO | DirectFile | None = None
         if self.tree is not None:
             if (
                 size >= DIRECT_FILE_MIN
@@ -603,7 +603,7 @@ class TarWriter:
         except FileNotFoundError:
             pass
 
-    def __enter__(self) -> "TarWriter":
+    def __enter__(self) -> TarWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -163,7 +163,7 @@ class SigningKey:
     path: str = ""
 
     @classmethod
-    def load(cls, path: str | Path, passphrase: bytes | None = None) -> "SigningKey":
+    def load(cls, path: str | Path, passphrase: bytes | None = None) -> SigningKey:
         from cryptography.hazmat.primitives import serialization
 
         try:

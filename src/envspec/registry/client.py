@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import ssl
 import threading
 import urllib.parse
@@ -294,7 +293,7 @@ class RegistryClient:
             )
             resp = conn.getresponse()
             body = resp.read()
-        except (OSError, socket.timeout) as e:
+        except (TimeoutError, OSError) as e:
             raise RegistryHTTPError(
                 f"the token server {realm} could not be reached ({e})"
             ) from None

@@ -38,10 +38,11 @@ import shutil
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Protocol
 
 from envspec.errors import EnvspecError, UsageError
 from envspec.image import Layers, store_fetched

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from envspec.image.engine import Engine, RegistryAccess
 from envspec.image.sbom import make_sbom

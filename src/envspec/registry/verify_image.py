@@ -37,9 +37,10 @@ import hashlib
 import json
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.image.engine import RegistryAccess, skopeo_registry_args

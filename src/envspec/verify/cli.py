@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Iterator
 from typing import TextIO
 

@@ -13,8 +13,9 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, TextIO
 
 from . import archrule, driverrule, probes
 from .lockfile import LockReadError, find_lock, load_lock, lock_hash, table

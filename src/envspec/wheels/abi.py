@@ -32,10 +32,11 @@ import shutil
 import tempfile
 import tomllib
 import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -90,7 +91,7 @@ class WheelNeeds:
     torch_requirement: str = ""  # its Requires-Dist on torch, as written ("" where it has none)
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "WheelNeeds":
+    def from_json(cls, d: Mapping) -> WheelNeeds:
         return cls(
             tuple(
                 Extension(e["path"], tuple(e["libs"]), tuple(e["symbols"])) for e in d["extensions"]
@@ -106,7 +107,7 @@ class TorchExports:
     symbols: frozenset[str]
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "TorchExports":
+    def from_json(cls, d: Mapping) -> TorchExports:
         return cls(d["version"], frozenset(d["libs"]), frozenset(d["symbols"]))
 
 
@@ -739,7 +740,7 @@ class AtHand:
 
 
 def check_at_hand(
-    lock: Lockfile, cache: "Cache", mirrors: Sequence["Mirror"], *, lock_name: str
+    lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], *, lock_name: str
 ) -> AtHand:
     """The check with the wheels at hand only (in the cache, or on a mirror on this machine: taken
     into the cache, checked against their sha256); nothing is downloaded. What is not at hand is

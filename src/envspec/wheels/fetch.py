@@ -12,9 +12,10 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 from envspec import sources
 from envspec.cache.store import Cache, Identity, admit, copy_local, identity, reflink

@@ -37,15 +37,16 @@ import subprocess
 import tarfile
 import tomllib
 import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceBuildError
 
 if TYPE_CHECKING:
-    from typing import Sequence
+    from collections.abc import Sequence
 
     from envspec.cache.store import Cache
     from envspec.lock import Lockfile, Platform, Wheel
@@ -71,7 +72,7 @@ class Pin:
     sha256: str
 
     @classmethod
-    def of(cls, f: "FilePin") -> "Pin":
+    def of(cls, f: FilePin) -> Pin:
         """The pin of a lock's or a resolution's file (a wheel, an sdist, a build input)."""
         return cls(f.name, f.version, f.filename, f.sha256)
 
@@ -389,9 +390,9 @@ def failure_excerpt(text: str, tail: int = LOG_TAIL, first: int = 8) -> str:
 
 
 def _follow(
-    proc: "subprocess.Popen[bytes]",
+    proc: subprocess.Popen[bytes],
     log: Path,
-    on_progress: "Callable[[str], None] | None",
+    on_progress: Callable[[str], None] | None,
     every: float = 1.0,
     start: int | None = None,
 ) -> None:
@@ -428,7 +429,7 @@ def build_wheel(
     root: Path = BUILD_ROOT,
     sandbox: Sandbox | None = None,
     jobs: int = 0,
-    on_progress: "Callable[[str], None] | None" = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
     of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
@@ -605,7 +606,7 @@ def cached_build(
     root: Path = BUILD_ROOT,
     sandbox: Sandbox | None = None,
     jobs: int = 0,
-    on_progress: "Callable[[str], None] | None" = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> tuple[Path, bool]:
     """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
     when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
@@ -684,7 +685,7 @@ PACKAGE_ENV: dict[str, dict[str, str]] = {
 }
 
 
-def package_env(name: str, arch_list: "Sequence[str]") -> dict[str, str]:
+def package_env(name: str, arch_list: Sequence[str]) -> dict[str, str]:
     """``PACKAGE_ENV``'s settings for package ``name``, for the lock's arch list."""
     archs = ";".join(a.split("_", 1)[-1] for a in arch_list if a.startswith("sm_"))
     return {k: v.replace("{archs}", archs) for k, v in PACKAGE_ENV.get(name, {}).items()}
@@ -697,7 +698,7 @@ def toolkit_requirements(cuda: str) -> list[str]:
     return [f"{n}=={major}.{minor or 0}.*" for n in TOOLKIT_WHEELS.get(major, ())]
 
 
-def torch_arch_list(arch_list: "Sequence[str]") -> str:
+def torch_arch_list(arch_list: Sequence[str]) -> str:
     """The lock's arch list (``sm_90``, ``compute_120``) as TORCH_CUDA_ARCH_LIST reads it: "9.0;12.0+PTX"."""
     import re
 
@@ -716,7 +717,7 @@ def torch_arch_list(arch_list: "Sequence[str]") -> str:
     return ";".join(out)
 
 
-def cuda_home(toolkit: "Sequence[Path]", dest: Path) -> Path:
+def cuda_home(toolkit: Sequence[Path], dest: Path) -> Path:
     """NVIDIA's toolkit wheels (``toolkit``) unpacked into one CUDA_HOME at ``dest``: each wheel's
     ``nvidia/<part>/`` tree merged (CUDA 13 wheels share ``nvidia/cu13/``, CUDA 12 ones have a folder
     each), ``lib64`` as ``lib``, and the unversioned ``libcudart.so`` the linker asks for."""
@@ -761,15 +762,15 @@ def compiler_of(debs: list) -> str:
 
 
 def derivation(
-    w: "FilePin",
-    build: "Sequence[FilePin]",
+    w: FilePin,
+    build: Sequence[FilePin],
     *,
     python: str,
     platform: str,
     compiler: str,
-    toolkit: "Sequence[FilePin]" = (),
-    arch_list: "Sequence[str]" = (),
-    env: "Mapping[str, str] | None" = None,
+    toolkit: Sequence[FilePin] = (),
+    arch_list: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Derivation:
     """The derivation of a locked sdist (``w``) with its pinned build requirements (and, for a CUDA
     extension, its toolkit wheels, arch list and the package's own settings), as the lock makes it
@@ -786,9 +787,7 @@ def derivation(
     )
 
 
-def pin_inputs(
-    res: "Resolution", sources: "Sources", cache: "Cache", *, workdir: Path
-) -> "Resolution":
+def pin_inputs(res: Resolution, sources: Sources, cache: Cache, *, workdir: Path) -> Resolution:
     """The resolution with each sdist it takes (``WheelCandidate.is_sdist``) given its build inputs
     (``WheelCandidate.source``): the sdist is fetched by its sha256 into the cache, its
     ``[build-system]`` read (``build_system``), its build requirements pinned as wheels for the
@@ -810,7 +809,7 @@ def pin_inputs(
     python = (debian.python_full_version(list(res.debs), ch.suite) if ch.suite else "") or ch.python
     compiler = compiler_of(list(res.debs))
     locked = [f"{w.name}=={w.version}" for w in res.wheels if not w.is_sdist]
-    done: dict[str, "WheelCandidate"] = {}
+    done: dict[str, WheelCandidate] = {}
     cuda = ch.torch.variant.cuda if ch.torch is not None else ""
 
     def names(requires: list[str]) -> set[str]:
@@ -818,7 +817,7 @@ def pin_inputs(
 
     for w in todo:
         requires, backend = build_system(files[w.sha256])
-        toolkit: list["WheelCandidate"] = []
+        toolkit: list[WheelCandidate] = []
         arch_list: tuple[str, ...] = ()
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
         if cuda and "torch" in names(requires):
@@ -890,7 +889,7 @@ def pin_inputs(
     )
 
 
-def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
+def derivation_of(w: Wheel, platform: Platform) -> Derivation:
     """The derivation of a lock's pin built from its sdist (``Wheel.source``), checked against the
     key the lock records: a lock whose inputs do not give its key (edited by hand, or written by an
     envspec that hashes otherwise) is refused (``LockError``), not built under a wrong name."""
@@ -920,17 +919,17 @@ def derivation_of(w: "Wheel", platform: "Platform") -> Derivation:
 
 
 def build_all(
-    lock: "Lockfile",
-    pins: "Sequence[Wheel]",
+    lock: Lockfile,
+    pins: Sequence[Wheel],
     files: Mapping[str, Path],
     cache_root: Path,
     *,
-    sandbox: "Callable[[], Sandbox]",
+    sandbox: Callable[[], Sandbox],
     parallel: int = 1,
     jobs: int = 0,
-    on_start: "Callable[[Wheel], None] | None" = None,
-    on_done: "Callable[[Wheel, Path, float, bool], None] | None" = None,
-    on_progress: "Callable[[Wheel, str], None] | None" = None,
+    on_start: Callable[[Wheel], None] | None = None,
+    on_done: Callable[[Wheel, Path, float, bool], None] | None = None,
+    on_progress: Callable[[Wheel, str], None] | None = None,
 ) -> dict[str, Path]:
     """The wheels of the lock's pins built from source: sdist sha256 -> the wheel, each taken from
     the cache (``cached_wheel``) or built (``cached_build``) in the lock's Debian base (``sandbox``,
@@ -974,7 +973,7 @@ def build_all(
     if jobs <= 0 and any(derivations[w.sha256].toolkit for w in todo):  # nvcc: about 4 GiB a job
         per = max(1, min(per, memory_jobs() // parallel))
 
-    def one(w: "Wheel") -> tuple[str, Path]:
+    def one(w: Wheel) -> tuple[str, Path]:
         if on_start:
             on_start(w)
         start = time.monotonic()

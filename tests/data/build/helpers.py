@@ -57,7 +57,7 @@ def make_wheel(
     return path, hashlib.sha256(data).hexdigest()
 
 
-def data(lock: "str | Lockfile" = "small.lock") -> dict:
+def data(lock: str | Lockfile = "small.lock") -> dict:
     """A lock as the plain dict of its TOML, to edit in a test: a fixture's name, or a model."""
     if isinstance(lock, str):
         return tomllib.loads((HERE / lock).read_text())
@@ -73,7 +73,7 @@ def rehash(lock: dict) -> Lockfile:
     return Lockfile.model_validate(lock).with_hash()
 
 
-def with_wheel(lock: "dict | Lockfile", name: str, **changes) -> Lockfile:
+def with_wheel(lock: dict | Lockfile, name: str, **changes) -> Lockfile:
     """A copy of ``lock`` with wheel ``name``'s fields changed (and a new content hash)."""
     out = copy.deepcopy(lock) if isinstance(lock, dict) else data(lock)
     for w in out["wheels"]:

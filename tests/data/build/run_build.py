@@ -9,10 +9,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
 
 from envspec import lock as lockmod  # noqa: E402
 from envspec import sources  # noqa: E402
-from envspec.image import BuildahEngine, BuildOptions, build  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.plan import make_plan  # noqa: E402
 from envspec.errors import EXIT_INTERRUPTED, EnvspecError  # noqa: E402
+from envspec.image import BuildahEngine, BuildOptions, build  # noqa: E402
+from envspec.plan import make_plan  # noqa: E402
 
 
 def main() -> int:
