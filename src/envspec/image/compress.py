@@ -157,8 +157,9 @@ class ZstdSink(Sink):
             level=ZSTD_LEVEL, threads=threads(), write_checksum=True, write_content_size=False
         )
         self._w: zstandard.ZstdCompressionWriter | None = cctx.stream_writer(
-            self.out, closefd=False
-        )  # type: ignore[arg-type]
+            self.out,  # type: ignore[arg-type]
+            closefd=False,
+        )
 
     def write(self, b: bytes | bytearray | memoryview) -> None:
         assert self._w is not None

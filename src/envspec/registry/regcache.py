@@ -373,8 +373,10 @@ def _tar_reader(src: _Blob, comp: Compression) -> Callable[[bytearray], int]:
         import zstandard
 
         reader = zstandard.ZstdDecompressor().stream_reader(
-            src, read_size=CHUNK, read_across_frames=True
-        )  # type: ignore[arg-type]
+            src,  # type: ignore[arg-type]
+            read_size=CHUNK,
+            read_across_frames=True,
+        )
 
         def zs(buf: bytearray) -> int:
             n = reader.readinto(buf)

@@ -192,8 +192,10 @@ def elf_symbols(f: IO[bytes]) -> ElfSymbols | None:
         for sec in elf.iter_sections():
             if isinstance(sec, DynamicSection):
                 out.needed = [
-                    str(t.needed) for t in sec.iter_tags() if t.entry.d_tag == "DT_NEEDED"
-                ]  # type: ignore[attr-defined]
+                    str(t.needed)  # type: ignore[attr-defined]
+                    for t in sec.iter_tags()
+                    if t.entry.d_tag == "DT_NEEDED"
+                ]
         dynsym = elf.get_section_by_name(".dynsym")
         if not isinstance(dynsym, SymbolTableSection):
             return out
