@@ -35,6 +35,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, Protocol
 
+from envspec import settings
 from envspec.cache.dirs import (
     cache_dir_for,
 )  # the one rule, kept light for explain; re-exported here
@@ -370,7 +371,7 @@ def find_put_layer(env: Mapping[str, str] | None = None) -> str | None:
     (the venv's bin), else on PATH."""
     env = os.environ if env is None else env
     path = env.get("PATH", os.defpath)
-    given = env.get("ENVSPEC_PUT_LAYER")
+    given = settings.read(env).put_layer
     if given is not None:
         return None if given in ("", "off") else shutil.which(given, path=path)
     beside = Path(sys.executable).parent / PUT_LAYER
@@ -613,10 +614,11 @@ def _storage(
     """ENVSPEC_STORAGE_ROOT (its run root a short path; overlay where the kernel has it and the
     root is not itself on overlayfs, else vfs), else what ``buildah info`` reports, else the
     default location (not asked, or buildah failed)."""
-    driver_env = env.get("ENVSPEC_STORAGE_DRIVER", "")
-    given = env.get("ENVSPEC_STORAGE_ROOT", "")
+    conf = settings.read(env)
+    driver_env = conf.storage_driver
+    given = conf.storage_root
     if given:
-        runroot = env.get("ENVSPEC_STORAGE_RUNROOT", "") or short_runroot(given, root)
+        runroot = conf.storage_runroot or short_runroot(given, root)
         driver = driver_env or storage_driver_for(given, overlay, root)
         return Storage(given, runroot, driver, FROM_ENV, driver_from_env=bool(driver_env))
     if buildah:
@@ -698,7 +700,7 @@ def detect_host(
     tools: dict[str, Tool] = {}
     for name in TOOLS:
         exe = (
-            shutil.which(env.get("ENVSPEC_CONTAINERS_STORAGE") or name, path=path)
+            shutil.which(settings.read(env).containers_storage or name, path=path)
             if name == "containers-storage"
             else shutil.which(name, path=path)
         )
@@ -771,7 +773,7 @@ def detect_host(
         docker=docker,
         docker_daemon=daemon,
         docker_host=docker_address(env),
-        runtime_override=env.get("ENVSPEC_RUNTIME", ""),
+        runtime_override=settings.read(env).runtime,
         host_init=next((p for p in HOST_INITS if _under(root, p).exists()), ""),
         podman_init=any(_under(root, p).exists() for p in PODMAN_INITS),
         driver_version=driver,

@@ -36,7 +36,7 @@ from envspec.compat import (
 from envspec.compat.model import PYPI_INDEX, PYTORCH_INDEX
 from envspec.compat.platforms import PypiBuild, pypi_build, pypi_builds
 from envspec.debian.suites import SUITES as DEBIAN_SUITES
-from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError, UsageError
+from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
@@ -1108,14 +1108,9 @@ def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
 
 
 def _is_fresh(marker: Path, env: Mapping[str, str]) -> bool:
-    try:
-        max_age = float(env.get("ENVSPEC_INDEX_MAX_AGE", "600"))
-    except ValueError:
-        raise UsageError(
-            f"ENVSPEC_INDEX_MAX_AGE={env['ENVSPEC_INDEX_MAX_AGE']!r} is not a number of seconds",
-            hint="e.g. ENVSPEC_INDEX_MAX_AGE=600, or 0 to read the indexes online at every lock",
-            reference="bad-setting",
-        ) from None
+    from envspec.settings import index_max_age
+
+    max_age = index_max_age(env)
     import time
 
     try:

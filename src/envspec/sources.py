@@ -21,6 +21,8 @@ from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
 
+from envspec import settings
+
 PYPI = "https://pypi.org/simple"
 
 
@@ -122,7 +124,8 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
     mirrors: list[Mirror] = []
     if s is not None:
         mirrors += [_as_mirror(u, "spec") for u in s.mirrors]
-    mirrors += [_as_mirror(u, "env") for u in _split(env.get("ENVSPEC_MIRRORS", ""))]
+    conf = settings.read(env)
+    mirrors += [_as_mirror(u, "env") for u in _split(conf.mirrors)]
     if s is None or s.use_pip_config:
         canon = {(s.index if s else PYPI).rstrip("/")}
         mirrors += [m for m in pip_mirrors(env) if m.url.rstrip("/") not in canon]
@@ -142,10 +145,10 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
             debian_security_mirror=s.debian_security_mirror,
             debian_snapshot=s.debian_snapshot,
         )
-    if env.get("ENVSPEC_DEBIAN_SNAPSHOT"):
-        kw["debian_snapshot"] = env["ENVSPEC_DEBIAN_SNAPSHOT"]
-    if env.get("ENVSPEC_DEBIAN_MIRROR"):
-        kw["debian_mirror"] = env["ENVSPEC_DEBIAN_MIRROR"]
+    if conf.debian_snapshot:
+        kw["debian_snapshot"] = conf.debian_snapshot
+    if conf.debian_mirror:
+        kw["debian_mirror"] = conf.debian_mirror
     return Sources(mirrors=tuple(unique), **kw)
 
 
@@ -155,7 +158,7 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme in ("", "file"):
         return Path(urllib.parse.unquote(parsed.path)).exists()
-    if os.environ.get("ENVSPEC_OFFLINE"):
+    if settings.read().offline:
         return False
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:

@@ -154,7 +154,12 @@ def test_no_stage_imports_a_later_one():
 
 
 def test_the_cache_imports_no_stage():  # it is below all of them: compat's DB cache and host use it
-    assert PACKAGES["cache"] <= {"errors"}
+    assert PACKAGES["cache"] <= {"errors", "settings"}
+
+
+def test_settings_are_below_every_stage():  # every stage may read them (issue 41, point 1)
+    # (verify: its own table of the verifier's variables, read for docs/usage.md's list)
+    assert PACKAGES["settings"] <= {"errors", "verify"}
 
 
 def test_verify_imports_nothing_else_from_envspec():  # it is copied into images alone

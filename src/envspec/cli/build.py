@@ -180,11 +180,12 @@ def cmd_build(args) -> int:
     if (
         spec_sources is not None
         and spec_sources.debian_snapshot
-        and not os.environ.get("ENVSPEC_DEBIAN_SNAPSHOT")
+        and not _settings().debian_snapshot
     ):
-        os.environ["ENVSPEC_DEBIAN_SNAPSHOT"] = (
-            spec_sources.debian_snapshot
-        )  # tried first for pinned .debs
+        # tried first for pinned .debs (debian.fetch reads it where the build fetches them)
+        from envspec.settings import DEBIAN_SNAPSHOT
+
+        os.environ[DEBIAN_SNAPSHOT] = spec_sources.debian_snapshot
     plan = make_plan(lock) if not lock.multi else None
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
@@ -311,12 +312,7 @@ def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
 
     if not built.image or built.compression == built.carried_compression:
         return None
-    if os.environ.get("ENVSPEC_BACKGROUND_COMPRESS", "on").strip().lower() in (
-        "0",
-        "off",
-        "no",
-        "false",
-    ):
+    if not _settings().background_compress:
         return None
     argv = [
         sys.executable,
@@ -350,6 +346,12 @@ def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
     return {"pid": proc.pid, "log": str(log), "command": argv}
 
 
+def _settings():
+    from envspec import settings
+
+    return settings.read()
+
+
 def _cache_refs(args, spec_sources) -> tuple[str, str]:
     """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
     ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
@@ -357,11 +359,12 @@ def _cache_refs(args, spec_sources) -> tuple[str, str]:
     from envspec.registry.regcache import parse_ref
 
     refs = []
+    conf = _settings()
     for name in ("cache_from", "cache_to"):
         flag, var = "--" + name.replace("_", "-"), "ENVSPEC_" + name.upper()
         value, where = getattr(args, name), flag
-        if value is None and var in os.environ:
-            value, where = os.environ[var], var
+        if value is None and getattr(conf, name) is not None:
+            value, where = getattr(conf, name), var
         if value is None and spec_sources is not None:
             value, where = getattr(spec_sources, name), f"{args.target} [sources] {name}"
         refs.append(parse_ref(value, where) if value else "")

@@ -29,6 +29,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
+from envspec import settings
 from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceError
 
@@ -36,7 +37,7 @@ from .closure import security_mirror_for
 from .models import CANONICAL_MIRROR, DebPin
 from .reporter import DebianReporter
 
-SNAPSHOT_ENV = "ENVSPEC_DEBIAN_SNAPSHOT"
+SNAPSHOT_ENV = settings.DEBIAN_SNAPSHOT
 USER_AGENT = "envspec (+https://github.com/envspec)"
 CHUNK = 1 << 20
 
@@ -147,7 +148,7 @@ def mirror_list(
     """The mirrors to try, in order: the snapshot (argument, else $ENVSPEC_DEBIAN_SNAPSHOT),
     then configured mirrors, then the canonical archive; duplicates dropped."""
     env = os.environ if env is None else env
-    snap = snapshot if snapshot is not None else env.get(SNAPSHOT_ENV, "")
+    snap = snapshot if snapshot is not None else settings.read(env).debian_snapshot
     out: list[str] = []
     for m in [snap, *mirrors, canonical]:
         m = (m or "").strip().rstrip("/")
@@ -242,7 +243,7 @@ def fetch_deb(
         )
 
     # The caller's order, with the environment's snapshot (the documented way out) first.
-    env_snap = os.environ.get(SNAPSHOT_ENV, "").strip().rstrip("/")
+    env_snap = settings.read().debian_snapshot.strip().rstrip("/")
     ordered = [m for m in dict.fromkeys([env_snap, *(m.strip().rstrip("/") for m in mirrors)]) if m]
     ordered = ordered or [CANONICAL_MIRROR]
     dest.parent.mkdir(parents=True, exist_ok=True)

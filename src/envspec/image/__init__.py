@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from envspec import debian
+from envspec import debian, settings
 from envspec.cache.store import Cache, Identity, _pid_alive, admit
 from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
@@ -60,7 +60,7 @@ from envspec.wheels.fetch import WheelFetcher
 # containers-storage"). The torch layer's maker is the cold build's critical path (torch's 2 GB, its
 # 22,000 files, and most of the image's .pyc fed through it); its stager untars beside it. Made as
 # files by its maker instead (its big libraries past the page cache too), the cold build took 60-62 s
-# against 54-55 s (docs/benchmarks.md, session 12). ENVSPEC_LAYER_TREES=all: every wheel layer made
+# against 54-55 s (measured 2026-12-03, recorded in 84c94ad). ENVSPEC_LAYER_TREES=all: every wheel layer made
 # as files; =off: none.
 UNTARRED_GROUPS = frozenset({"torch"})
 
@@ -385,18 +385,15 @@ def _build(
     layers.compiler = compiler
     store = engine.storage_cli() if ref else None
     if store is not None and store.can_stage:
-        if os.environ.get("ENVSPEC_LAYER_TREES") != "off":
+        if settings.read().layer_trees != "off":
             layers.tree_root = (
                 store.staging_root()
             )  # the wheel layers' makers make their files there too
         # each layer's stager reads the tar from its maker through a FIFO, not from the file; not
         # where layers may come from a registry cache instead (a FIFO nobody writes would stall it)
-        layers.pipes = os.environ.get("ENVSPEC_STAGE_PIPE", "on").lower() not in (
-            "0",
-            "off",
-            "no",
-            "false",
-        ) and not (rc is not None and rc.cache_from and not options.no_cache)
+        layers.pipes = settings.read().stage_pipe and not (
+            rc is not None and rc.cache_from and not options.no_cache
+        )
 
     def new_importer() -> Importer:
         assert store is not None
@@ -891,7 +888,7 @@ class Layers:
             or lay.key in self.streams
         ):
             return None
-        if lay.group in UNTARRED_GROUPS and os.environ.get("ENVSPEC_LAYER_TREES") != "all":
+        if lay.group in UNTARRED_GROUPS and settings.read().layer_trees != "all":
             return None
         if lay.key not in self.trees:
             self.tree_root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -1081,7 +1078,7 @@ class Layers:
         lock = self.plan.lock
         # configured mirrors first (snapshot from the environment, then ENVSPEC_DEBIAN_MIRROR), then
         # the lock's canonical archive
-        extra = os.environ.get("ENVSPEC_DEBIAN_MIRROR", "")
+        extra = settings.read().debian_mirror
         mirrors = debian.mirror_list(
             (lock.debian.mirror if lock.debian else "") or debian.CANONICAL_MIRROR,
             mirrors=[extra] if extra else [],
@@ -1168,8 +1165,9 @@ class WheelMakers:
         self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
         self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
-        first = os.getpriority(os.PRIO_PROCESS, 0) + int(os.environ.get("ENVSPEC_MAKER_NICE", "0"))
-        others = int(os.environ.get("ENVSPEC_MAKER_NICE_OTHERS", "10"))
+        conf = settings.read()
+        first = os.getpriority(os.PRIO_PROCESS, 0) + conf.maker_nice
+        others = conf.maker_nice_others
         self.niceness = {
             lay.key: min(19, first + (others if i else 0)) for i, lay in enumerate(todo)
         }
@@ -1534,7 +1532,7 @@ def _streams(rc: LayerCache | None, store: Any, options: BuildOptions, comp: Com
     a tagged build into a store that stages (``StorageCLI.can_stage``), of uncompressed layers,
     with nothing else that needs the layers' files (no output, no push, no other ``--cache-to``),
     from a registry read directly (``RegistryCache.can_stream``); ``ENVSPEC_CACHE_STREAM=off``: never."""
-    if os.environ.get("ENVSPEC_CACHE_STREAM", "on").lower() in ("0", "off", "no", "false"):
+    if not settings.read().cache_stream:
         return False
     if rc is None or store is None or not getattr(store, "can_stage", False) or comp.name != "none":
         return False
@@ -1606,7 +1604,7 @@ SCRATCH_PREFIX = "envspec-scratch-"
 
 
 def _scratch_base() -> Path:
-    return Path(os.environ.get("ENVSPEC_SCRATCH", "/dev/shm"))
+    return settings.read().scratch
 
 
 def _scratch_dir(work: Path, need: int) -> Path:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from envspec import settings
 from envspec.cache.store import flocked
 from envspec.errors import (
     BuildError,
@@ -360,7 +361,7 @@ class BuildahEngine:
         if self._store is _UNSET:
             store = None
             tool = self.host.which("containers-storage")
-            if tool and self.host.euid == 0 and os.environ.get("ENVSPEC_IMPORT", "") != "skopeo":
+            if tool and self.host.euid == 0 and settings.read().import_with != "skopeo":
                 store = StorageCLI(
                     self, *self._store_location(), tool=tool, put_tool=self.host.put_layer or None
                 )
@@ -790,11 +791,7 @@ class StorageCLI:
         """Whether a layer can be untarred before its ID is known, while it is still being written
         (``envspec-put-layer stage`` and ``commit``: the overlay driver; ENVSPEC_STAGED_IMPORT=off
         turns it off; an envspec-put-layer built before it had ``stage`` imports one layer after the other)."""
-        if not (
-            self.put_tool
-            and self.driver == "overlay"
-            and os.environ.get("ENVSPEC_STAGED_IMPORT") != "off"
-        ):
+        if not (self.put_tool and self.driver == "overlay" and settings.read().staged_import):
             return False
         return _stage_flags(self.put_tool) is not None
 
@@ -891,7 +888,7 @@ class StorageCLI:
         log.info("stage layer %s: %s", name, " ".join(argv))
         err = tempfile.TemporaryFile()
         if nice is None:
-            nice = int(os.environ.get("ENVSPEC_STAGE_NICE", "10"))
+            nice = settings.read().stage_nice
 
         def child() -> (
             None

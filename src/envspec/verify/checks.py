@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import integrity, probes, rates, startup, torchprobe
+from . import integrity, probes, rates, settings, startup, torchprobe
 from .model import FAIL, PASS, SKIP, WARN, Report
 
 LEVELS = ("startup", "quick", "full")
@@ -981,7 +981,8 @@ class _Run(startup.MachineChecks):
     def make_fingerprint(self) -> None:
         fp = {
             "hostname": self.sys.hostname(),
-            "image": self.sys.env.get("ENVSPEC_IMAGE_DIGEST", "")
+            "image": settings.get(settings.IMAGE_DIGEST, self.sys.env)
+            or ""
             or f"lock:{self.report.lock_hash}",
             "lock": self.report.lock_hash,
             "driver": self.driver.version if self.driver else "",

@@ -18,6 +18,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from . import settings
+
 DEFAULT_LOCK = "/opt/envspec/envspec.lock"  # where envspec's image builder bakes the lock
 KNOWN_VERSIONS = (1, 2)
 MULTI_VERSION = 2  # a section per platform
@@ -36,9 +38,9 @@ def find_lock(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, str
     """Where the lock is and why: --lock, else $ENVSPEC_LOCK, else the image's path."""
     if explicit:
         return Path(explicit), "--lock"
-    env = os.environ.get("ENVSPEC_LOCK")
+    env = settings.get(settings.LOCK)
     if env:
-        return Path(env), "ENVSPEC_LOCK"
+        return Path(env), settings.LOCK
     return Path(DEFAULT_LOCK), "default image path"
 
 
@@ -160,7 +162,7 @@ def _platform_view(data: dict[str, Any], p: Path) -> dict[str, Any]:
     """A version-2 lock as the one-platform lock of this host (``ENVSPEC_PLATFORM`` overrides):
     the shared tables, then the section's; ``__platform__`` names it."""
     sections = data["platforms"]
-    name = os.environ.get("ENVSPEC_PLATFORM") or host_platform()
+    name = settings.get(settings.PLATFORM) or host_platform()
     part = sections.get(name)
     if not isinstance(part, dict):
         raise LockReadError(

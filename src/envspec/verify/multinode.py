@@ -17,16 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import settings
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
 COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda", "gemm_result")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
 # rank's fingerprint so a CPU test can make one "node" differ. A finding says it was used.
-FAKE_ENV = "ENVSPEC_FAKE_FINGERPRINT"
+FAKE_ENV = settings.FAKE_FINGERPRINT
 # With it, only the Slurm task whose SLURM_PROCID equals this value fakes (a job's tasks share one
 # environment, so a Slurm test cannot give one task its own ENVSPEC_FAKE_FINGERPRINT).
-FAKE_TASK_ENV = "ENVSPEC_FAKE_FINGERPRINT_TASK"
-RESULT_DIR_ENV = "ENVSPEC_VERIFY_RESULT_DIR"  # set by launch(): where ranks leave their exit codes
+FAKE_TASK_ENV = settings.FAKE_FINGERPRINT_TASK
+RESULT_DIR_ENV = settings.RESULT_DIR  # set by launch(): where ranks leave their exit codes
 
 # Options consumed by the launcher (not forwarded to the ranks); value-taking ones.
 LAUNCH_OPTS = (
@@ -119,7 +120,7 @@ def launch(args: Any, argv: list[str]) -> int:
 
 def finish_rank(code: int, env: Mapping[str, str] = os.environ) -> int:
     """Under our own launcher, record the verdict and exit 0; under a user's torchrun, exit code."""
-    d = env.get(RESULT_DIR_ENV)
+    d = settings.get(RESULT_DIR_ENV, env)
     if not d:
         return code
     Path(d, f"rank-{env.get('RANK', '0')}.rc").write_text(str(code))
@@ -127,10 +128,10 @@ def finish_rank(code: int, env: Mapping[str, str] = os.environ) -> int:
 
 
 def apply_fake(fp: dict[str, str], env: Mapping[str, str]) -> bool:
-    raw = env.get(FAKE_ENV, "")
+    raw = settings.get(FAKE_ENV, env) or ""
     if not raw:
         return False
-    task = env.get(FAKE_TASK_ENV, "")
+    task = settings.get(FAKE_TASK_ENV, env) or ""
     if task and env.get("SLURM_PROCID", "") != task:
         return False
     if raw.lstrip().startswith("{"):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import archrule, driverrule, probes
+from . import archrule, driverrule, probes, settings
 from .lockfile import LockReadError, find_lock, load_lock, lock_hash, table
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
@@ -30,7 +30,7 @@ LOCK_TABLES = ("meta", "platform", "hardware", "torch", "runtime")
 # Test hook (never for production): the probes read /proc, /dev, /sys and NVML
 # ($ENVSPEC_FAKE_ROOT/lib/libnvidia-ml.so.1) under this directory instead of /; every report made
 # with it carries a `test_hook` warning.
-FAKE_ROOT_ENV = "ENVSPEC_FAKE_ROOT"
+FAKE_ROOT_ENV = settings.FAKE_ROOT
 
 
 # Environment settings that cost speed or hide errors, with the reason (checked as "env.NAME").
@@ -99,7 +99,7 @@ class Machine:
 
     def __init__(self, root: str | None = None, *, nvidia_smi: bool = True) -> None:
         self.env: Mapping[str, str] = os.environ
-        self.root = root if root is not None else (os.environ.get(FAKE_ROOT_ENV) or "/")
+        self.root = root if root is not None else (settings.get(FAKE_ROOT_ENV) or "/")
         self.nvidia_smi = nvidia_smi
 
     def path(self, p: str) -> str:
@@ -709,7 +709,7 @@ def hook(
     """The container start-up hook. mode (default $ENVSPEC_VERIFY, else "warn"):
     off: nothing; warn: print warnings and failures, return 0; strict: return 1 on a failure,
     2 when the lock cannot be read. Runs ``run_startup``: no torch, no hashing, no GPU work."""
-    mode = (mode or os.environ.get("ENVSPEC_VERIFY", "warn")).strip().lower() or "warn"
+    mode = (mode or settings.get(settings.VERIFY) or "warn").strip().lower() or "warn"
     mode = {
         "0": "off",
         "no": "off",
