@@ -6,7 +6,7 @@ machine, in one run: the h100-train stack on both platforms.
 The locks: lockfiles/h100-train.lock (specs/h100.toml: torch 2.14.1 cu130 for linux-x86_64) and
 lockfiles/gh200-train.lock (specs/gh200.toml: the same stack for GH200 hosts, linux-aarch64; PyPI's
 aarch64 wheel of torch 2.11 .. 2.15 is the same CUDA 13 build as x86_64's, with the same 32 wheels
-at the same versions). `--amd64-lock`/`--arm64-lock` take another pair: session 7 ran
+at the same versions). `--amd64-lock`/`--arm64-lock` take another pair: the run of 2026-12-02 (449458f) used
 bench/lockfiles/cuda-stack-{amd64,arm64}.lock (torch 2.9.1, whose aarch64 PyPI wheel is a CPU
 build), the substitute used while PyPI listed no aarch64 CUDA torch (docs/benchmarks.md).
 
@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the cache (the temp dir)")
     ap.add_argument(
         "--json", default=str(ROOT / "bench" / "arm64-result-h100-train.json")
-    )  # session 7: arm64-result.json
+    )  # 2026-12-02 (449458f): arm64-result.json
     ap.add_argument(
         "--amd64-lock",
         default=str(LOCKS["amd64"]),

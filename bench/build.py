@@ -745,9 +745,9 @@ def main_cli(args) -> int:
         # a local build keeps its layers uncompressed (docs/build.md, "Which digest"); the last run
         # names --compression zstd, compressing them as a push would, for the comparison
         # and, between two runs of the default, every layer written through the page cache and read
-        # back by its stager from its file, as before session 12 (docs/build.md, "Every byte written
-        # once through the page cache"; session 9 ran ENVSPEC_LAYER_TREES=all here, session 8
-        # ENVSPEC_STAGED_IMPORT=off)
+        # back by its stager from its file, as before c053b5f (2026-12-03; docs/build.md, "Every byte
+        # written once through the page cache"; on 2026-12-02 this row ran ENVSPEC_LAYER_TREES=all
+        # (6291705), before that ENVSPEC_STAGED_IMPORT=off (727c10c))
         page_cache = {"ENVSPEC_DIRECT_WRITE": "off", "ENVSPEC_STAGE_PIPE": "off"}
         for name, as_json, extra, env in (
             ("warm_cache", False, (), {}),

@@ -47,8 +47,8 @@ class _Model(BaseModel):
 # extras, markers or a URL ("numpy>=2", "einops>=0.8,<1", "torchvision==0.29.*"). packaging's
 # parser accepts every such string and reads this name from it (tests/unit/test_spec.py checks
 # both on generated strings); any other string is parsed by packaging.requirements, imported then:
-# with the marker grammar and packaging.tags it was 7% of `envspec explain` (docs/benchmarks.md,
-# session 12), for specs that list only such requirements.
+# with the marker grammar and packaging.tags it was 7% of `envspec explain` (callgrind, 2026-12-03,
+# commit 8a8292e), for specs that list only such requirements.
 _VERSION = r"[0-9]+(?:\.[0-9]+)*"
 _CLAUSE = rf"(?:(?:==|!=){_VERSION}(?:\.\*)?|~={_VERSION}\.[0-9]+|(?:<=|>=|<|>){_VERSION})"
 _SIMPLE_REQUIREMENT = re.compile(

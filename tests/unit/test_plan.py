@@ -173,7 +173,7 @@ def _lock_of_golden(name: str) -> lockmod.Lockfile:
 @pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN_PLANS.glob("*.json")))
 def test_committed_locks_keep_their_layer_keys(name):
     """The plan of every committed, buildable lock, as `envspec build --dry-run --json` printed it
-    before the lock model was reworked (session 4): image name, layers, content keys, pins. A
+    before the lock model was reworked (02c072f, 2026-12-01): image name, layers, content keys, pins. A
     changed key means other layer bytes: bump the maker version in MAKER_VERSIONS on purpose,
     then regenerate with ENVSPEC_REGEN_GOLDEN=1 and review."""
     import json
