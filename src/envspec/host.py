@@ -208,7 +208,7 @@ class DiskFree:
 
 
 @dataclass(frozen=True)
-class Gpu:
+class HostGpu:
     name: str
     cc: str  # compute capability, "9.0"; "" when nvidia-smi does not say
 
@@ -270,7 +270,7 @@ class Host:
     # GPUs
     driver_version: str = ""  # NVIDIA's kernel module
     driver_source: str = ""  # where it was read: /proc/driver/nvidia/version or nvidia-smi
-    gpus: tuple[Gpu, ...] = ()  # as nvidia-smi lists them (one per device)
+    gpus: tuple[HostGpu, ...] = ()  # as nvidia-smi lists them (one per device)
     gpu_error: str = ""  # what nvidia-smi said when it failed
     cdi_gpu_specs: tuple[str, ...] = ()  # CDI spec files that name nvidia.com/gpu
     # storage and cache
@@ -669,7 +669,7 @@ def _driver_version(root: Path, run: Runner, smi: str, ask: Collection[Ask]) -> 
     return "", ""
 
 
-def _gpus(run: Runner) -> tuple[tuple[Gpu, ...], str]:
+def _gpus(run: Runner) -> tuple[tuple[HostGpu, ...], str]:
     rc, out, err = run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
     if rc != 0:
         return (), (err or out).strip()[:200] or f"exit status {rc}"
@@ -677,7 +677,7 @@ def _gpus(run: Runner) -> tuple[tuple[Gpu, ...], str]:
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if parts and parts[0]:
-            gpus.append(Gpu(parts[0], parts[1] if len(parts) > 1 else ""))
+            gpus.append(HostGpu(parts[0], parts[1] if len(parts) > 1 else ""))
     return tuple(gpus), ""
 
 

@@ -41,7 +41,7 @@ from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
     from envspec.debian.models import DebPin
-    from envspec.sources import Sources
+    from envspec.sources import ResolvedSources
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 HOST_GLIBC = "2_28"  # host-only locks (base = "none"): the manylinux floor torch's own wheels use
@@ -961,7 +961,7 @@ def _uv() -> str:
 
 
 def _index_args(
-    sources: Sources, choice: Choice, *, torch_index: bool = True
+    sources: ResolvedSources, choice: Choice, *, torch_index: bool = True
 ) -> tuple[list[str], list[str]]:
     """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer.
     ``torch_index``: also the PyTorch index of the chosen build (not where only torch's version is
@@ -1001,7 +1001,7 @@ def _index_args(
 def _run_uv(
     reqs: list[str],
     choice: Choice,
-    sources: Sources,
+    sources: ResolvedSources,
     workdir: Path,
     name: str,
     upgrade: list[str],
@@ -1211,7 +1211,7 @@ _NO_USABLE_WHEELS = r"Wheels are required for `([A-Za-z0-9._-]+)`|([A-Za-z0-9._-
 
 
 def _no_wheel_error(
-    stderr: str, choice: Choice, sources: Sources, workdir: Path
+    stderr: str, choice: Choice, sources: ResolvedSources, workdir: Path
 ) -> Exception | None:
     """A package with no wheel for the platform and Python (flash-attn: source distributions only):
     named at its place in the spec (its cause's ``package``), with the release a build from source
@@ -1322,7 +1322,10 @@ _NOT_FOUND = r"(?:Because |`)([A-Za-z0-9._-]+)`? was not found in the"
 
 
 def _uv_error(
-    stderr: str, reqs: list[str], choice: Choice | None = None, sources: Sources | None = None
+    stderr: str,
+    reqs: list[str],
+    choice: Choice | None = None,
+    sources: ResolvedSources | None = None,
 ) -> Exception:
     text = stderr.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -1346,7 +1349,7 @@ def _uv_error(
 
 
 def _unknown_packages(
-    missing: list[str], lines: list[str], choice: Choice | None, sources: Sources | None
+    missing: list[str], lines: list[str], choice: Choice | None, sources: ResolvedSources | None
 ) -> ResolutionImpossible:
     """Packages no configured index has: each at its place in the spec, with the names the indexes
     do serve that are closest to it (``sources.close_names``)."""
@@ -1447,7 +1450,7 @@ def _conflict_hint(text: str, choice: Choice | None) -> str:
     )
 
 
-def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> str:
+def _attribute_index(url: str, name: str, choice: Choice, sources: ResolvedSources) -> str:
     """The canonical index for a file, whichever mirror served it."""
     if choice.torch is not None and choice.torch.variant.local and name in TORCH_FAMILY:
         return choice.torch.variant.index
@@ -1465,7 +1468,9 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: Sources) -> s
     return sources.index  # a mirror's copy of the canonical index's file
 
 
-def with_packages(choice: Choice, db: CompatDB, sources: Sources, *, workdir: Path) -> Choice:
+def with_packages(
+    choice: Choice, db: CompatDB, sources: ResolvedSources, *, workdir: Path
+) -> Choice:
     """Torch and the packages the spec names, chosen together. ``choose`` takes the newest torch
     release that fits the hardware; a package resolved around it afterwards can only move back, to
     an old release with no bound on torch (vllm 0.2.2 beside torch 2.15.0, which it does not import
@@ -1626,7 +1631,7 @@ def _wheel_metadata(wheel: dict) -> str:
 
 def resolve_python(
     choice: Choice,
-    sources: Sources,
+    sources: ResolvedSources,
     *,
     workdir: Path,
     keep: Mapping[str, str] | None = None,
@@ -1713,7 +1718,7 @@ def _named(spec: EnvSpec) -> list[str]:
 
 
 def _newest_any(
-    choice: Choice, sources: Sources, workdir: Path
+    choice: Choice, sources: ResolvedSources, workdir: Path
 ) -> dict[str, tuple[str, bool]] | None:
     """name -> (version, has a wheel) of the newest release of each package the spec names, of any
     kind (uv without ``--only-binary``, no dependencies); None where they cannot be resolved alone.
@@ -1757,7 +1762,7 @@ def _newest_any(
     return found
 
 
-def source_only(choice: Choice, sources: Sources, workdir: Path) -> set[str]:
+def source_only(choice: Choice, sources: ResolvedSources, workdir: Path) -> set[str]:
     """The packages the spec names whose newest release (for its own requirement, the platform and
     Python) is published as an sdist only: deepspeed 0.19.8, where a wheel-only resolution takes
     0.3.1.dev5, its one release with a wheel. An empty set where the packages cannot be resolved
@@ -1769,7 +1774,7 @@ def source_only(choice: Choice, sources: Sources, workdir: Path) -> set[str]:
 
 
 def _candidate(
-    p: dict, choice: Choice, sources: Sources, *, group: str, direct: bool = False
+    p: dict, choice: Choice, sources: ResolvedSources, *, group: str, direct: bool = False
 ) -> WheelCandidate:
     """A package of uv's pylock.toml output as its pin: its wheel, or its sdist where uv took that
     (``resolve_python``'s no_binary: built from source); ``no-wheel`` where it has neither."""
@@ -1816,7 +1821,7 @@ def _candidate(
 def build_inputs(
     requires: list[str],
     choice: Choice,
-    sources: Sources,
+    sources: ResolvedSources,
     *,
     workdir: Path,
     name: str,
@@ -1870,7 +1875,9 @@ def debian_request(choice: Choice) -> list[str]:
     return sorted(base | set(spec.system.packages))
 
 
-def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tuple[list, list[str]]:
+def resolve_debian(
+    choice: Choice, sources: ResolvedSources, *, cache_dir: Path
+) -> tuple[list, list[str]]:
     if choice.suite is None:
         return [], []
     requested = debian_request(choice)
@@ -1899,7 +1906,7 @@ def resolve_debian(choice: Choice, sources: Sources, *, cache_dir: Path) -> tupl
 
 
 def held_back(
-    choice: Choice, wheels: list[WheelCandidate], sources: Sources, *, workdir: Path
+    choice: Choice, wheels: list[WheelCandidate], sources: ResolvedSources, *, workdir: Path
 ) -> dict[str, str]:
     """name -> why, for each package the spec names that the resolution holds below the newest
     release its own requirement admits for the platform and Python, or at a pre-release nobody
@@ -1967,7 +1974,7 @@ def held_back(
 
 
 def _holds_back(
-    top: dict, torch_version: str | None, choice: Choice, sources: Sources, workdir: Path
+    top: dict, torch_version: str | None, choice: Choice, sources: ResolvedSources, workdir: Path
 ) -> str:
     """Why the lock does not take ``top`` (a uv pylock entry): its requirement on torch against the
     lock's torch, by its wheel's metadata; else its own requirements, where it cannot be installed
@@ -2020,7 +2027,7 @@ def _asks_prerelease(req: str) -> bool:
 
 def resolve(
     choice: Choice,
-    sources: Sources,
+    sources: ResolvedSources,
     *,
     cache_dir: Path,
     keep: Mapping[str, str] | None = None,

@@ -45,7 +45,7 @@ class Mirror:
 
 
 @dataclass(frozen=True)
-class Sources:
+class ResolvedSources:
     index: str = PYPI
     extra_indexes: tuple[str, ...] = ()
     torch_index: str = "https://download.pytorch.org/whl"
@@ -117,7 +117,7 @@ def _as_mirror(url: str, origin: str) -> Mirror:
     return m
 
 
-def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
+def discover(spec_sources=None, env: dict[str, str] | None = None) -> ResolvedSources:
     """Combine the spec's ``[sources]`` with this machine's mirrors."""
     env = dict(os.environ) if env is None else env
     s = spec_sources
@@ -149,7 +149,7 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> Sources:
         kw["debian_snapshot"] = conf.debian_snapshot
     if conf.debian_mirror:
         kw["debian_mirror"] = conf.debian_mirror
-    return Sources(mirrors=tuple(unique), **kw)
+    return ResolvedSources(mirrors=tuple(unique), **kw)
 
 
 @lru_cache(maxsize=64)
@@ -247,7 +247,7 @@ _ANCHOR_TEXT = re.compile(r">([^<>]+)</a>")
 _DIST_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._]*?)-[0-9]")
 
 
-def project_names(sources: Sources, *, cache_dir: Path, timeout: float = 30) -> set[str]:
+def project_names(sources: ResolvedSources, *, cache_dir: Path, timeout: float = 30) -> set[str]:
     """The normalized names of the projects the configured indexes and mirrors serve: a find-links
     folder's files, a local simple index's folders, a remote index's root page (kept in
     ``cache_dir`` for a day). What cannot be read is left out: this serves a did-you-mean."""

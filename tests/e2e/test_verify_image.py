@@ -198,7 +198,7 @@ def alive():
 CHILD = ("import subprocess, sys, time; "
          "g = subprocess.Popen(['sleep', '600']); open('/tmp/grandchild', 'w').write(str(g.pid)); time.sleep(600)")
 
-class Hanging(checks.System):
+class Hanging(checks.TorchMachine):
     def compile_probe(self, timeout):
         return torchprobe.CompileProbe(timeout, argv=[sys.executable, "-c", CHILD])
 

@@ -10,7 +10,16 @@ import pytest
 
 from envspec.compat import best_arch
 from envspec.doctor import Diagnosis, doctor_exit_code, doctor_json, doctor_lines, run_doctor
-from envspec.host import FROM_BUILDAH, DiskFree, DockerDaemon, Gpu, Host, Storage, Tool, detect_host
+from envspec.host import (
+    FROM_BUILDAH,
+    DiskFree,
+    DockerDaemon,
+    Host,
+    HostGpu,
+    Storage,
+    Tool,
+    detect_host,
+)
 from envspec.lock import load
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -56,7 +65,9 @@ def build_host(**kw) -> Host:
     return replace(h, **kw)
 
 
-def gpu_host(driver="580.82.07", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2, cdi=True) -> Host:
+def gpu_host(
+    driver="580.82.07", gpus=(HostGpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2, cdi=True
+) -> Host:
     h = build_host()
     tools = dict(h.tools) | _tools("nvidia-smi", "crun")
     if cdi:
@@ -144,7 +155,7 @@ def test_old_driver_blocks():
 
 
 def test_gpu_without_kernels_blocks():
-    f = run_doctor(gpu_host(gpus=(Gpu("Tesla T4", "7.5"),)), load(GPU_LOCK))
+    f = run_doctor(gpu_host(gpus=(HostGpu("Tesla T4", "7.5"),)), load(GPU_LOCK))
     assert by(f, "gpus")[0].status == "fail"  # the new lock dropped sm_75 and has no older PTX
 
 
@@ -267,7 +278,7 @@ def test_docker_vfs_storage_is_a_warning():
 
 def test_docker_gpus_need_the_nvidia_runtime_or_toolkit():
     lock = load(GPU_LOCK)
-    gpu = dict(driver_version="580.65.06", gpus=(Gpu("NVIDIA H100 80GB HBM3", "9.0"),))
+    gpu = dict(driver_version="580.65.06", gpus=(HostGpu("NVIDIA H100 80GB HBM3", "9.0"),))
     f = by(run_doctor(docker_host(DAEMON, **gpu), lock), "docker-gpu")
     assert (
         f[0].status == "fail" and "nvidia-ctk runtime configure" in f[0].fix
@@ -351,16 +362,16 @@ def test_a_driver_older_than_the_gpus_first_branch_fails_without_a_lock():
         and "R520" in d[0].what
         and "R520" in d[0].fix
     )
-    f = run_doctor(gpu_host(driver="565.57.01", gpus=(Gpu("NVIDIA GeForce RTX 5090", "12.0"),)))
+    f = run_doctor(gpu_host(driver="565.57.01", gpus=(HostGpu("NVIDIA GeForce RTX 5090", "12.0"),)))
     assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "570"] == ["fail"]
     # a GPU the DB does not name is judged by its compute capability
-    f = run_doctor(gpu_host(driver="515.65.01", gpus=(Gpu("NVIDIA L4 Rev B", "8.9"),)))
+    f = run_doctor(gpu_host(driver="515.65.01", gpus=(HostGpu("NVIDIA L4 Rev B", "8.9"),)))
     assert [x.status for x in by(f, "driver") if x.detail.get("min_driver") == "520"] == ["fail"]
 
 
 def test_a_driver_newer_than_the_gpus_last_branch_fails():
     # gpus.toml: R580 is the last branch for Volta, R470 for Kepler
-    f = run_doctor(gpu_host(driver="590.48.01", gpus=(Gpu("Tesla V100-SXM2-32GB", "7.0"),)))
+    f = run_doctor(gpu_host(driver="590.48.01", gpus=(HostGpu("Tesla V100-SXM2-32GB", "7.0"),)))
     d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
     assert [x.status for x in d] == ["fail"] and doctor_exit_code(f) != 0
     assert (
@@ -368,7 +379,7 @@ def test_a_driver_newer_than_the_gpus_last_branch_fails():
         and "R580 is the last" in d[0].what
         and "R580" in d[0].fix
     )
-    f = run_doctor(gpu_host(driver="470.256.02", gpus=(Gpu("Tesla K80", "3.7"),)))
+    f = run_doctor(gpu_host(driver="470.256.02", gpus=(HostGpu("Tesla K80", "3.7"),)))
     d = [x for x in by(f, "driver") if x.detail.get("max_driver")]
     assert [x.status for x in d] == ["ok"] and "R340 or newer and R470 or older" in d[0].what
 

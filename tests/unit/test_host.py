@@ -16,8 +16,8 @@ from envspec.host import (
     FROM_DEFAULT,
     FROM_ENV,
     UNLIMITED,
-    Gpu,
     Host,
+    HostGpu,
     Storage,
     cache_dir_for,
     detect_host,
@@ -355,7 +355,7 @@ def test_driver_version_sources(tmp_path):
     )
     h = host_of(tmp_path, {"PATH": path}, run=smi, ask={"nvidia-smi"})
     assert (h.driver_version, h.driver_source) == ("575.57.08", "nvidia-smi")
-    assert h.gpus == (Gpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2 and h.gpu_error == ""
+    assert h.gpus == (HostGpu("NVIDIA H100 80GB HBM3", "9.0"),) * 2 and h.gpu_error == ""
     put(
         root,
         "/proc/driver/nvidia/version",

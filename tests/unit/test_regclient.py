@@ -27,7 +27,7 @@ from envspec.registry.client import (
     credentials,
     split_ref,
 )
-from envspec.registry.regcache import BadEntry, Entry, StreamTimes, check_stream
+from envspec.registry.regcache import BadEntry, RegistryEntry, StreamTimes, check_stream
 
 BLOB = b"layer bytes " * 1000
 DIGEST = "sha256:" + hashlib.sha256(BLOB).hexdigest()
@@ -193,8 +193,8 @@ def test_refusals_and_an_unreachable_registry_are_errors(tmp_path):
 TAR = bytes(range(256)) * 40000  # 10 MB: several chunks on each side
 
 
-def entry_for(blob: bytes, tar: bytes = TAR) -> Entry:
-    return Entry(
+def entry_for(blob: bytes, tar: bytes = TAR) -> RegistryEntry:
+    return RegistryEntry(
         ref="r",
         manifest_digest="",
         key="k",

@@ -145,7 +145,7 @@ def test_torch_index_leaves_pypis_build_on_pypi(db):
 def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
     from envspec import lock as lockmod
     from envspec.resolve import Resolution, _attribute_index
-    from envspec.sources import Sources
+    from envspec.sources import ResolvedSources
 
     s = spec(f'[torch]\nversion = "2.14.*"\ncuda = "cpu"\n[sources]\ntorch_index = "{MIRROR}"\n')
     ch = choose(s, db)
@@ -155,7 +155,7 @@ def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
         db_version=db.version,
     )
     assert lk.torch is not None and lk.torch.index == f"{MIRROR}/cpu"
-    src = Sources(torch_index=MIRROR)
+    src = ResolvedSources(torch_index=MIRROR)
     fn = "filelock-3.20.0-py3-none-any.whl"
     assert (
         _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src) == f"{MIRROR}/cpu"
@@ -169,7 +169,7 @@ def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
 
 def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
     from envspec.resolve import _index_args
-    from envspec.sources import Sources
+    from envspec.sources import ResolvedSources
 
     monkeypatch.setenv(
         "ENVSPEC_OFFLINE", "1"
@@ -179,7 +179,7 @@ def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
     ch = choose(
         spec(f'[torch]\nversion = "2.14.*"\ncuda = "12.6"\n[sources]\ntorch_index = "{base}"\n'), db
     )
-    args, _ = _index_args(Sources(torch_index=base), ch)
+    args, _ = _index_args(ResolvedSources(torch_index=base), ch)
     assert args[:2] == ["--extra-index-url", f"{base}/cu126"]
     assert "https://download.pytorch.org/whl/cu126" not in args
 

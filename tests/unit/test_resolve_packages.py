@@ -15,7 +15,7 @@ import pytest
 
 from envspec.compat import load_db
 from envspec.resolve import choose, held_back, resolve_python, with_packages
-from envspec.sources import Mirror, Sources
+from envspec.sources import Mirror, ResolvedSources
 from envspec.spec import load_spec
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "resolve_packages"
@@ -65,7 +65,7 @@ def make_sdist(dest: Path, name: str, version: str, requires: list[str]) -> None
     (dest / f"{name}-{version}.tar.gz").write_bytes(buf.getvalue())
 
 
-def offline_sources(case: Path, tmp: Path) -> Sources:
+def offline_sources(case: Path, tmp: Path) -> ResolvedSources:
     index = tmp / "index"
     index.mkdir()
     listed = tomllib.loads((case / "index.toml").read_text())
@@ -73,7 +73,7 @@ def offline_sources(case: Path, tmp: Path) -> Sources:
         make_wheel(index, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
     for s in listed.get("sdist", []):
         make_sdist(index, s["name"], s["version"], s.get("requires", []))
-    return Sources(
+    return ResolvedSources(
         index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),)
     )
 

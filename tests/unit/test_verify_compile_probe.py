@@ -3,7 +3,7 @@ and a SIGTERM to the verifier each leave no process of that group behind (read f
 
 The child here is not torch.compile but a stand-in that starts a grandchild which sleeps, as
 Inductor's C++ compiler or a worker pool would (CompileProbe's ``argv`` seam;
-``System.compile_probe`` hands it to the checks)."""
+``TorchMachine.compile_probe`` hands it to the checks)."""
 
 import json
 import os

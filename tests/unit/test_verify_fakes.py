@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from envspec.verify.checks import System
+from envspec.verify.checks import TorchMachine
 from envspec.verify.probes import DriverInfo
 
 
@@ -104,7 +104,7 @@ class FakeTorch:
         return self._precision
 
 
-class FakeSystem(System):
+class FakeSystem(TorchMachine):
     def __init__(
         self,
         *,

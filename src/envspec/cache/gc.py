@@ -46,7 +46,7 @@ KINDS = ("wheel", "deb", "layer", "built")
 
 
 @dataclass(frozen=True)
-class Entry:
+class CacheEntry:
     kind: str  # "wheel" | "deb" | "layer" | "built"
     name: str  # the sha256 hex (wheel, deb), the layer key's hex, a built wheel's derivation key's hex
     paths: tuple[Path, ...]
@@ -94,11 +94,11 @@ def _own_dir(d: Path, root: Path) -> bool:
     return True
 
 
-def scan(cache: Cache) -> list[Entry]:
+def scan(cache: Cache) -> list[CacheEntry]:
     """Every wheel, .deb, layer and wheel built from an sdist in the cache (sorted by kind, then
     name). Entries are regular files in the cache's own directories: a link in the cache (to a file
     or a directory) is no entry, so neither ``cache gc`` nor eviction follows it out of the cache."""
-    out: list[Entry] = []
+    out: list[CacheEntry] = []
     for kind, d in (
         ("wheel", cache.root / "blobs" / "sha256"),
         ("deb", cache.root / "debs" / "sha256"),
@@ -107,7 +107,7 @@ def scan(cache: Cache) -> list[Entry]:
             if _HEX.match(p.name):
                 st = _stat([p])
                 if st:
-                    out.append(Entry(kind, p.name, (p,), *st))
+                    out.append(CacheEntry(kind, p.name, (p,), *st))
     layers = cache.root / "layers"
     by_key: dict[
         str, list[Path]
@@ -125,7 +125,7 @@ def scan(cache: Cache) -> list[Entry]:
         if st is None:
             continue
         group = str(_read_json(meta).get("group", "")) if meta in files else ""
-        out.append(Entry("layer", key, paths, *st, group=group))
+        out.append(CacheEntry("layer", key, paths, *st, group=group))
     built = (
         cache.root / "built"
     )  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
@@ -134,7 +134,7 @@ def scan(cache: Cache) -> list[Entry]:
             made = tuple(sorted(p for p in d.iterdir() if p.is_file() and not p.is_symlink()))
             st = _stat(made)
             if st:
-                out.append(Entry("built", d.name, made, *st))
+                out.append(CacheEntry("built", d.name, made, *st))
     return out
 
 
@@ -163,7 +163,7 @@ def _tree_size(d: Path) -> int:
     return total
 
 
-def summary(cache: Cache, entries: Sequence[Entry] | None = None) -> dict[str, Any]:
+def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> dict[str, Any]:
     """``envspec cache``: counts and bytes per kind, and the other directories' sizes."""
     entries = scan(cache) if entries is None else entries
     kinds = {k: {"count": 0, "bytes": 0} for k in KINDS}
@@ -233,7 +233,7 @@ class Needed:
             self._set(kind).add(name)
             self.by.setdefault(f"{kind}:{name}", []).append(lock_path)
 
-    def needs(self, e: Entry) -> bool:
+    def needs(self, e: CacheEntry) -> bool:
         return e.name in self._set(e.kind)
 
     def _set(self, kind: str) -> set[str]:
@@ -289,8 +289,8 @@ def default_locks(start: Path) -> list[Path]:
 
 @dataclass
 class GcPlan:
-    keep: list[tuple[Entry, str]]  # (entry, why: "needed" | "recent" | "budget")
-    remove: list[Entry]
+    keep: list[tuple[CacheEntry, str]]  # (entry, why: "needed" | "recent" | "budget")
+    remove: list[CacheEntry]
     keep_size: int | None = None
     over_budget: int = 0  # bytes the needed (and recent) entries alone exceed the budget by
 
@@ -315,7 +315,7 @@ class GcPlan:
 
 
 def plan_gc(
-    entries: Sequence[Entry],
+    entries: Sequence[CacheEntry],
     needed: Needed,
     *,
     keep_size: int | None = None,
@@ -324,8 +324,8 @@ def plan_gc(
 ) -> GcPlan:
     """Which entries stay and which go (pure: nothing is touched)."""
     now = time.time() if now is None else now
-    keep: list[tuple[Entry, str]] = []
-    rest: list[Entry] = []
+    keep: list[tuple[CacheEntry, str]] = []
+    rest: list[CacheEntry] = []
     for e in entries:
         if needed.needs(e):
             keep.append((e, "needed"))
@@ -333,7 +333,7 @@ def plan_gc(
             keep.append((e, "recent"))
         else:
             rest.append(e)
-    remove: list[Entry] = []
+    remove: list[CacheEntry] = []
     over = 0
     if keep_size is None:
         remove = rest
@@ -401,7 +401,7 @@ def users(cache: Cache) -> list[str]:
     return sorted(set(out))
 
 
-def _remove(cache: Cache, e: Entry) -> None:
+def _remove(cache: Cache, e: CacheEntry) -> None:
     if e.kind == "layer":
         with cache.locked("layer-" + e.name):
             for p in e.paths:  # the .json (the record) first: no longer an entry, then its files

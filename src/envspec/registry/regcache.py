@@ -95,7 +95,7 @@ class BadEntry(Exception):
 
 
 @dataclass(frozen=True)
-class Entry:
+class RegistryEntry:
     """A checked cache entry's manifest: what the blob must be and what it must decompress to."""
 
     ref: str  # REPO:TAG
@@ -205,7 +205,7 @@ def write_entry(dest: Path, blob: Path, **fields: Any) -> str:
     return digest
 
 
-def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
+def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> RegistryEntry:
     """The entry a manifest describes, or ``BadEntry``: ours, for ``key``, of ``comp``'s media type."""
     try:
         m = json.loads(raw)
@@ -234,7 +234,7 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
             raise BadEntry(f"an uncompressed blob {digest} whose diff_id is said to be {diff_id}")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise BadEntry(f"its manifest cannot be read ({type(e).__name__}: {e})") from None
-    return Entry(
+    return RegistryEntry(
         ref=ref,
         manifest_digest=sha256_bytes(raw),
         key=key,
@@ -248,7 +248,7 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Entry:
     )
 
 
-def unpack(blob: Path, tar: Path, entry: Entry, comp: Compression) -> None:
+def unpack(blob: Path, tar: Path, entry: RegistryEntry, comp: Compression) -> None:
     """Check the fetched ``blob`` against ``entry`` (size, sha256) while decompressing it to
     ``tar``, then the tar (size, sha256 = diff_id); ``BadEntry`` (and no ``tar``) otherwise."""
     try:
@@ -277,7 +277,7 @@ class StreamTimes:
 def check_stream(
     chunks: Iterable[Any],
     write: Callable[[Any], Any],
-    entry: Entry,
+    entry: RegistryEntry,
     comp: Compression,
     times: StreamTimes | None = None,
 ) -> None:
@@ -488,7 +488,7 @@ class RegistryCache:
         """Whether the blobs of ``cache_from`` can be read as streams (``stream_layers``)."""
         return self.usable and self._client() is not None
 
-    def lookup(self, key: str, comp: Compression) -> Entry | None:
+    def lookup(self, key: str, comp: Compression) -> RegistryEntry | None:
         """The checked manifest of ``key``'s entry in ``cache_from``; None where there is none.
         ``BadEntry`` where it is not usable, ``Unavailable`` where the registry cannot be read."""
         ref = f"{self.cache_from}:{tag_for(key, comp)}"
@@ -503,7 +503,7 @@ class RegistryCache:
             raise Unavailable(str(e)) from None
         return None if raw is None else check_entry(raw, ref=ref, key=key, comp=comp)
 
-    def fetch(self, entry: Entry, work: Path, tar: Path, comp: Compression) -> Path:
+    def fetch(self, entry: RegistryEntry, work: Path, tar: Path, comp: Compression) -> Path:
         """The entry's blob, fetched into ``work`` and checked, with its tar at ``tar``; returns
         the blob's path. ``BadEntry`` (nothing left at ``tar``) where a check fails."""
         repo = self.cache_from
@@ -552,14 +552,14 @@ class RegistryCache:
         return ref
 
     # -- a build's layers (``envspec.image.LayerCache``) ------------------------------------------
-    def lookup_layers(self, layers: Layers) -> dict[str, Entry]:
+    def lookup_layers(self, layers: Layers) -> dict[str, RegistryEntry]:
         """The entries ``cache_from`` has of the layers to make, by key, their manifests
         checked (``check_entry``); a few asked at a time. A bad entry is a warning (its
         layer is made); an unreachable cache is one warning and every layer is made."""
         wanted = [lay for lay in layers.todo if lay.cacheable]
         unavailable: list[str] = []
 
-        def one(lay: Layer) -> Entry | None:
+        def one(lay: Layer) -> RegistryEntry | None:
             if unavailable:
                 return None
             try:
@@ -591,7 +591,7 @@ class RegistryCache:
             f"{e}; making the {lay.group} layer here"
         )
 
-    def fetch_layers(self, layers: Layers, entries: dict[str, Entry]) -> None:
+    def fetch_layers(self, layers: Layers, entries: dict[str, RegistryEntry]) -> None:
         """The layers of ``entries`` fetched (a few at a time), checked and put in the cache
         instead of being made (``fetch``); each one is done (and can be imported) as soon as it
         is in. One that fails a check is a warning and is made."""
@@ -630,7 +630,7 @@ class RegistryCache:
                 layers.todo.remove(lay)
 
     def stream_layers(
-        self, layers: Layers, entries: dict[str, Entry], streams: dict[str, Future]
+        self, layers: Layers, entries: dict[str, RegistryEntry], streams: dict[str, Future]
     ) -> None:
         """The layers of ``entries`` read from ``cache_from`` as streams, all at once, each
         checked and decompressed as it arrives (``check_stream``) into its FIFO (``Layers.pipe_for``),

@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _WHERE = {
-    "System": "checks",
+    "TorchMachine": "checks",
     "run_checks": "checks",
     "main": "cli",
     "startup_check": "cli",
@@ -35,7 +35,7 @@ __all__ = [
     "Finding",
     "LockReadError",
     "Report",
-    "System",
+    "TorchMachine",
     "find_lock",
     "load_lock",
     "main",
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .checks import System, run_checks
+    from .checks import TorchMachine, run_checks
     from .cli import main, startup_check
     from .lockfile import LockReadError, find_lock, load_lock
     from .model import FAIL, PASS, SKIP, WARN, Finding, Report

@@ -1,6 +1,6 @@
 """run_checks(lock) -> Report: every check, in order, from cheap to expensive.
 
-The machine is reached through a ``System`` object (probes); unit tests pass a fake one. Each
+The machine is reached through a ``TorchMachine`` object (probes); unit tests pass a fake one. Each
 check appends Findings; none raises for a broken machine (a probe that throws becomes a failing
 finding naming the exception), so one report lists every problem at once.
 """
@@ -30,7 +30,7 @@ HOST_STRICT = ("torch", "triton")
 ALWAYS_ALLOWED_EXTRA = ("pip",)  # `python -m venv` bootstraps pip into every venv
 
 
-class System(startup.Machine):
+class TorchMachine(startup.Machine):
     """The machine as the verifier sees it: ``startup.Machine``'s probes plus those that need
     torch or the installed files. Every method is a probe; tests override them."""
 
@@ -89,7 +89,7 @@ class _Run(startup.MachineChecks):
         lock: dict[str, Any],
         level: str,
         mode: str,
-        system: System,
+        system: TorchMachine,
         skip: tuple[str, ...],
         compile_timeout: float,
         allreduce: str = "inprocess",
@@ -97,7 +97,7 @@ class _Run(startup.MachineChecks):
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
         super().__init__(lock, level, mode, system, skip)
-        self.sys: System = system
+        self.sys: TorchMachine = system
         self.compile_timeout = compile_timeout
         self.allreduce = allreduce
         self.wheels = {integrity.normalize(w["name"]): w for w in lock.get("wheels", [])}
@@ -1037,7 +1037,7 @@ def run_checks(
     level: str = "quick",
     mode: str = "auto",
     strict: bool = False,
-    system: System | None = None,
+    system: TorchMachine | None = None,
     skip: tuple[str, ...] = (),
     compile_timeout: float = 60.0,
     allreduce: str = "inprocess",
@@ -1051,6 +1051,6 @@ def run_checks(
     """
     if level == "startup":  # the torch-free checks only (startup.py)
         return startup.run_startup(lock, mode=mode, strict=strict, system=system, skip=tuple(skip))
-    r = _Run(lock, level, mode, system or System(), tuple(skip), compile_timeout, allreduce)
+    r = _Run(lock, level, mode, system or TorchMachine(), tuple(skip), compile_timeout, allreduce)
     r.report.strict = strict
     return r.run()

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from . import multinode, render, startup
-from .checks import System, run_checks
+from .checks import TorchMachine, run_checks
 from .lockfile import LockReadError, find_lock, load_lock
 from .model import FAIL, WARN
 
@@ -149,7 +149,7 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def main(argv: list[str] | None = None, *, system: System | None = None) -> int:
+def main(argv: list[str] | None = None, *, system: TorchMachine | None = None) -> int:
     """The CLI. ``system`` replaces the machine's probes (tests)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "verify":  # the image's `envspec verify ...` launcher passes it through
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None, *, system: System | None = None) -> int:
         if e.hint:
             _print(f"  hint: {e.hint}\n", sys.stderr)
         return EXIT_BAD_INPUT
-    system = system or System()
+    system = system or TorchMachine()
     with _sigterm_exits():
         report = run_checks(
             lock,

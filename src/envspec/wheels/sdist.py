@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from envspec.cache.store import Cache
     from envspec.lock import Lockfile, Platform, Wheel
     from envspec.resolve import Resolution, WheelCandidate
-    from envspec.sources import Sources
+    from envspec.sources import ResolvedSources
     from envspec.wheels.fetch import FilePin
 
 # PEP 517: a source tree without [build-system] is built with setuptools' legacy backend
@@ -787,7 +787,9 @@ def derivation(
     )
 
 
-def pin_inputs(res: Resolution, sources: Sources, cache: Cache, *, workdir: Path) -> Resolution:
+def pin_inputs(
+    res: Resolution, sources: ResolvedSources, cache: Cache, *, workdir: Path
+) -> Resolution:
     """The resolution with each sdist it takes (``WheelCandidate.is_sdist``) given its build inputs
     (``WheelCandidate.source``): the sdist is fetched by its sha256 into the cache, its
     ``[build-system]`` read (``build_system``), its build requirements pinned as wheels for the
