@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -219,6 +219,56 @@ def _families(rows: list, problems: _Problems) -> dict:
     return out
 
 
+def _gpu(
+    where: str, g: Any, families: dict, seen_labels: dict[str, str], problems: _Problems
+) -> Gpu | None:
+    """One [[gpu]] row checked (its family, product line, hosts, sources, names no other GPU has)
+    and made a ``Gpu`` with its family's facts; None where it has no family."""
+    fam = families.get(g.cc.strip())
+    if fam is None:
+        known = f" (the families: {', '.join(sorted(families, key=_cc_key))})" if families else ""
+        problems.add(
+            "gpus.toml",
+            f"{where}.cc",
+            f"{g.cc!r}: no [[family]] row has this compute capability{known}",
+        )
+        return None
+    if g.line not in LINES:
+        problems.add("gpus.toml", f"{where}.line", f"{g.line!r}: one of {', '.join(LINES)}")
+    if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
+        problems.add(
+            "gpus.toml",
+            f"{where}.host_arch",
+            f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}",
+        )
+    elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
+        problems.add(
+            "gpus.toml", f"{where}.host_arch_source", "empty: say where the GPU ships on Arm hosts"
+        )
+    if g.node_allreduce_busbw_gbs is not None and not g.node_allreduce_source.strip():
+        problems.add(
+            "gpus.toml",
+            f"{where}.node_allreduce_source",
+            "empty: an expected bus bandwidth needs its source",
+        )
+    for label in [g.name, *g.aliases]:
+        k = "".join(ch for ch in label.lower() if ch.isalnum())
+        if k in seen_labels and seen_labels[k] != g.name:
+            problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
+        seen_labels[k] = g.name
+    return Gpu(
+        **g.model_dump(),
+        architecture=fam.architecture,
+        min_driver=fam.min_driver,
+        min_driver_source=fam.min_driver_source,
+        max_driver=fam.max_driver,
+        max_driver_source=fam.max_driver_source,
+        driver_note=fam.driver_note,
+        pypi_torch=fam.pypi_torch,
+        torch_note=fam.torch_note,
+    )
+
+
 def _cuda_key(v: Variant) -> tuple:
     return (0, Version("0")) if v.cuda is None else (1, Version(v.cuda))
 
@@ -275,60 +325,10 @@ def _build(root: Path) -> CompatDB:
 
     # -- GPUs: a family per compute capability, then the GPUs of each
     families = _families(fam_rows, problems)
-    gpus: list[Gpu] = []
-    seen_labels: dict[str, str] = {}
-    for where, g in gpu_rows:
-        fam = families.get(g.cc.strip())
-        if fam is None:
-            problems.add(
-                "gpus.toml",
-                f"{where}.cc",
-                f"{g.cc!r}: no [[family]] row has this compute capability"
-                + (
-                    f" (the families: {', '.join(sorted(families, key=_cc_key))})"
-                    if families
-                    else ""
-                ),
-            )
-            continue
-        if g.line not in LINES:
-            problems.add("gpus.toml", f"{where}.line", f"{g.line!r}: one of {', '.join(LINES)}")
-        if not g.host_arch or any(a not in HOST_ARCHS for a in g.host_arch):
-            problems.add(
-                "gpus.toml",
-                f"{where}.host_arch",
-                f"{g.host_arch!r}: list one or both of {', '.join(HOST_ARCHS)}",
-            )
-        elif g.host_arch != ["x86_64"] and not g.host_arch_source.strip():
-            problems.add(
-                "gpus.toml",
-                f"{where}.host_arch_source",
-                "empty: say where the GPU ships on Arm hosts",
-            )
-        if g.node_allreduce_busbw_gbs is not None and not g.node_allreduce_source.strip():
-            problems.add(
-                "gpus.toml",
-                f"{where}.node_allreduce_source",
-                "empty: an expected bus bandwidth needs its source",
-            )
-        for label in [g.name, *g.aliases]:
-            k = "".join(ch for ch in label.lower() if ch.isalnum())
-            if k in seen_labels and seen_labels[k] != g.name:
-                problems.add("gpus.toml", where, f"{label!r} also names {seen_labels[k]!r}")
-            seen_labels[k] = g.name
-        gpus.append(
-            Gpu(
-                **g.model_dump(),
-                architecture=fam.architecture,
-                min_driver=fam.min_driver,
-                min_driver_source=fam.min_driver_source,
-                max_driver=fam.max_driver,
-                max_driver_source=fam.max_driver_source,
-                driver_note=fam.driver_note,
-                pypi_torch=fam.pypi_torch,
-                torch_note=fam.torch_note,
-            )
-        )
+    seen_labels: dict[str, str] = {}  # a name or alias (letters and digits) -> the GPU it names
+    gpus = [
+        g for where, row in gpu_rows if (g := _gpu(where, row, families, seen_labels, problems))
+    ]
 
     # -- torch variants (curated) and releases (generated)
     builds: list[tuple[str, BuildRow, SpecifierSet]] = []

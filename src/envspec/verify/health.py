@@ -285,158 +285,127 @@ def _f(
 
 
 def gpu_findings(g: GpuHealth, *, gpus_in_node: int) -> list[Finding]:
-    """One GPU's health findings (``health.gpu.N.*``)."""
-    i, p = g.index, f"health.gpu.{g.index}"
-    out: list[Finding] = []
-    reset = RESET.format(i=i)
-    # ECC
+    """One GPU's health findings (``health.gpu.N.*``), one function a check."""
+    p = f"health.gpu.{g.index}"
+    out = [_ecc_finding(p, g), _memory_repair_finding(p, g), _throttle_finding(p, g)]
+    if g.persistence is not None:
+        out.append(_persistence_finding(p, g.persistence))
+    out += [_pcie_finding(p, g), _nvlink_finding(p, g, gpus_in_node)]
+    return out
+
+
+def _ecc_finding(p: str, g: GpuHealth) -> Finding:
+    want = "no uncorrected ECC error since the driver loaded"
     if g.ecc_uncorrected is None:
-        out.append(
-            _f(
-                f"{p}.ecc",
-                SKIP,
-                "no uncorrected ECC error since the driver loaded",
-                "this GPU reports no ECC counters (no ECC memory, or ECC off)"
-                if g.ecc_enabled is not True
-                else "NVML gave no ECC counter",
-            )
+        return _f(
+            f"{p}.ecc",
+            SKIP,
+            want,
+            "this GPU reports no ECC counters (no ECC memory, or ECC off)"
+            if g.ecc_enabled is not True
+            else "NVML gave no ECC counter",
         )
-    elif g.ecc_uncorrected > 0:
-        out.append(
-            _f(
-                f"{p}.ecc",
-                FAIL,
-                "no uncorrected ECC error since the driver loaded",
-                f"{g.ecc_uncorrected} uncorrected ECC error(s)",
-                DRAIN + reset + "; if errors come back, RMA the GPU",
-                uncorrected=g.ecc_uncorrected,
-            )
+    if g.ecc_uncorrected > 0:
+        return _f(
+            f"{p}.ecc",
+            FAIL,
+            want,
+            f"{g.ecc_uncorrected} uncorrected ECC error(s)",
+            DRAIN + RESET.format(i=g.index) + "; if errors come back, RMA the GPU",
+            uncorrected=g.ecc_uncorrected,
         )
-    else:
-        out.append(
-            _f(
-                f"{p}.ecc",
-                PASS,
-                "no uncorrected ECC error since the driver loaded",
-                "0",
-                uncorrected=0,
-            )
-        )
-    # row remapping (Ampere and newer) or page retirement (older)
-    rr = g.remapped_rows
+    return _f(f"{p}.ecc", PASS, want, "0", uncorrected=0)
+
+
+def _memory_repair_finding(p: str, g: GpuHealth) -> Finding:
+    """Row remapping (Ampere and newer), else page retirement (older), else nothing to read."""
+    rr, rp = g.remapped_rows, g.retired_pages
     if rr is not None:
         if rr["failed"]:
-            out.append(
-                _f(
-                    f"{p}.row_remap",
-                    FAIL,
-                    "no failed row remap",
-                    "a row remap failed: the GPU ran out of spare rows",
-                    DRAIN + "and RMA the GPU",
-                    data=rr,
-                )
-            )
-        elif rr["pending"]:
-            out.append(
-                _f(
-                    f"{p}.row_remap",
-                    FAIL,
-                    "no row remap pending",
-                    f"a row remap waits for a GPU reset ({rr['uncorrectable']} row(s) remapped for "
-                    "uncorrectable errors)",
-                    DRAIN + reset + ", which applies the remap",
-                    data=rr,
-                )
-            )
-        else:
-            out.append(
-                _f(
-                    f"{p}.row_remap",
-                    PASS,
-                    "no row remap pending or failed",
-                    f"{rr['correctable']} + {rr['uncorrectable']} row(s) remapped (correctable + "
-                    "uncorrectable), none pending",
-                    data=rr,
-                )
-            )
-    elif g.retired_pages is not None:
-        rp = g.retired_pages
-        if rp["pending"]:
-            out.append(
-                _f(
-                    f"{p}.retired_pages",
-                    FAIL,
-                    "no page retirement pending",
-                    f"a page retirement waits for a reboot ({rp['dbe']} double-bit, {rp['sbe']} single-bit "
-                    "pages retired)",
-                    DRAIN + "and reboot it to retire the pages",
-                    data=rp,
-                )
-            )
-        else:
-            out.append(
-                _f(
-                    f"{p}.retired_pages",
-                    PASS,
-                    "no page retirement pending",
-                    f"{rp['dbe']} double-bit and {rp['sbe']} single-bit page(s) retired, none pending",
-                    data=rp,
-                )
-            )
-    else:
-        out.append(
-            _f(
+            return _f(
                 f"{p}.row_remap",
-                SKIP,
-                "no row remap or page retirement pending",
-                "this GPU reports neither (no ECC memory)",
+                FAIL,
+                "no failed row remap",
+                "a row remap failed: the GPU ran out of spare rows",
+                DRAIN + "and RMA the GPU",
+                data=rr,
             )
+        if rr["pending"]:
+            return _f(
+                f"{p}.row_remap",
+                FAIL,
+                "no row remap pending",
+                f"a row remap waits for a GPU reset ({rr['uncorrectable']} row(s) remapped for "
+                "uncorrectable errors)",
+                DRAIN + RESET.format(i=g.index) + ", which applies the remap",
+                data=rr,
+            )
+        return _f(
+            f"{p}.row_remap",
+            PASS,
+            "no row remap pending or failed",
+            f"{rr['correctable']} + {rr['uncorrectable']} row(s) remapped (correctable + "
+            "uncorrectable), none pending",
+            data=rr,
         )
-    # throttling
+    if rp is not None:
+        if rp["pending"]:
+            return _f(
+                f"{p}.retired_pages",
+                FAIL,
+                "no page retirement pending",
+                f"a page retirement waits for a reboot ({rp['dbe']} double-bit, {rp['sbe']} "
+                "single-bit pages retired)",
+                DRAIN + "and reboot it to retire the pages",
+                data=rp,
+            )
+        return _f(
+            f"{p}.retired_pages",
+            PASS,
+            "no page retirement pending",
+            f"{rp['dbe']} double-bit and {rp['sbe']} single-bit page(s) retired, none pending",
+            data=rp,
+        )
+    return _f(
+        f"{p}.row_remap",
+        SKIP,
+        "no row remap or page retirement pending",
+        "this GPU reports neither (no ECC memory)",
+    )
+
+
+def _throttle_finding(p: str, g: GpuHealth) -> Finding:
+    want = "no hardware slowdown, thermal or power-brake throttling"
     if g.event_reasons is None:
-        out.append(
-            _f(
-                f"{p}.throttle",
-                SKIP,
-                "no hardware slowdown, thermal or power-brake throttling",
-                "NVML gave no clocks event reasons",
-            )
-        )
-    else:
-        bad = [words for bit, words in BAD_REASONS.items() if g.event_reasons & bit]
-        out.append(
-            _f(
-                f"{p}.throttle",
-                FAIL if bad else PASS,
-                "no hardware slowdown, thermal or power-brake throttling",
-                "; ".join(bad) if bad else _reasons_text(g.event_reasons),
-                "check the GPU's temperature, fans and airflow, and the power supply "
-                "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); drain the node until it clears; "
-                "reseat the GPU if it is one GPU of a cool node"
-                if bad
-                else "",
-                reasons=g.event_reasons,
-            )
-        )
-    # persistence mode
-    if g.persistence is not None:
-        out.append(
-            _f(
-                f"{p}.persistence",
-                PASS if g.persistence else WARN,
-                "persistence mode on",
-                "on" if g.persistence else "off",
-                ""
-                if g.persistence
-                else "without it the driver tears the GPU down between processes: "
-                "each job start pays seconds of initialisation; run nvidia-persistenced (or nvidia-smi -pm 1)",
-            )
-        )
-    # PCIe link
-    out.append(_pcie_finding(p, g))
-    # NVLink
-    out.append(_nvlink_finding(p, g, gpus_in_node))
-    return out
+        return _f(f"{p}.throttle", SKIP, want, "NVML gave no clocks event reasons")
+    bad = [words for bit, words in BAD_REASONS.items() if g.event_reasons & bit]
+    hint = (
+        "check the GPU's temperature, fans and airflow, and the power supply "
+        "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); drain the node until it clears; "
+        "reseat the GPU if it is one GPU of a cool node"
+    )
+    return _f(
+        f"{p}.throttle",
+        FAIL if bad else PASS,
+        want,
+        "; ".join(bad) if bad else _reasons_text(g.event_reasons),
+        hint if bad else "",
+        reasons=g.event_reasons,
+    )
+
+
+def _persistence_finding(p: str, mode: int) -> Finding:
+    hint = (
+        "without it the driver tears the GPU down between processes: each job start pays seconds "
+        "of initialisation; run nvidia-persistenced (or nvidia-smi -pm 1)"
+    )
+    return _f(
+        f"{p}.persistence",
+        PASS if mode else WARN,
+        "persistence mode on",
+        "on" if mode else "off",
+        "" if mode else hint,
+    )
 
 
 def _reasons_text(mask: int) -> str:
