@@ -398,8 +398,6 @@ def db_matrix(db) -> dict:
                 cells.append(
                     {
                         "gpu": gd["id"],
-                        "line": g.line,
-                        "last": g.max_driver,
                         "runs": bool(arch),
                         "arch": arch,
                         "compat": compat,

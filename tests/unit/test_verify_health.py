@@ -1,5 +1,5 @@
 """The verifier's node health checks (issue 31) over a fake NVML: recorded answers played back
-behind the same ctypes calls (health.FakeNvml), one fault at a time; the XID reader; the exact GEMM
+behind the same ctypes calls (test_verify_fakes.FakeNvml), one fault at a time; the XID reader; the exact GEMM
 that finds silent data corruption, on the CPU; the full level's speed judgements with their
 measurements faked."""
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_verify_fakes import GPU_WORK, FakeSystem, FakeTorch, by_check, make_lock
+from test_verify_fakes import GPU_WORK, FakeNvml, FakeSystem, FakeTorch, by_check, make_lock
 
 from envspec.verify import health, rates, render, torchprobe
 from envspec.verify.checks import run_checks
@@ -48,13 +48,13 @@ def recorded(n: int = 1, **over) -> dict:
 
 
 def findings(rec: dict) -> dict:
-    nvml = health.Nvml(health.FakeNvml(rec))
+    nvml = health.Nvml(FakeNvml(rec))
     gpus = health.read_all(nvml)
     return {f.check: f for g in gpus for f in health.gpu_findings(g, gpus_in_node=len(gpus))}
 
 
 def test_the_fake_plays_back_what_was_recorded():
-    nvml = health.Nvml(health.FakeNvml(recorded(2)))
+    nvml = health.Nvml(FakeNvml(recorded(2)))
     assert health.record(nvml) == recorded(2)
 
 

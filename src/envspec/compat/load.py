@@ -150,10 +150,6 @@ def _arch_ok(entries: list[str], file: str, where: str, problems: _Problems) -> 
             problems.add(file, f"{where}[{j}]", str(exc))
 
 
-def _cc_key(cc: str) -> tuple[int, ...]:
-    return tuple(int(x) if x.isdigit() else 0 for x in cc.split("."))
-
-
 def _families(rows: list, problems: _Problems) -> dict:
     """The [[family]] rows by compute capability, each checked: a real capability, driver branches
     as numbers with their sources, the last not older than the first, and a reason where a family
@@ -226,7 +222,7 @@ def _gpu(
     and made a ``Gpu`` with its family's facts; None where it has no family."""
     fam = families.get(g.cc.strip())
     if fam is None:
-        known = f" (the families: {', '.join(sorted(families, key=_cc_key))})" if families else ""
+        known = f" (the families: {', '.join(sorted(families, key=parse_cc))})" if families else ""
         problems.add(
             "gpus.toml",
             f"{where}.cc",
@@ -492,7 +488,8 @@ def _build(root: Path) -> CompatDB:
         gpus=gpus,
         sources=dict(FILES),
         families=[
-            Family(**f.model_dump()) for f in sorted(families.values(), key=lambda f: _cc_key(f.cc))
+            Family(**f.model_dump())
+            for f in sorted(families.values(), key=lambda f: parse_cc(f.cc))
         ],
         pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)],
     )

@@ -670,17 +670,12 @@ class StorageCLI:
     tool: str = "containers-storage"
     put_tool: str | None = None
 
+    def _store_flags(self) -> list[str]:
+        """The flags that name this store, as containers-storage and envspec-put-layer take them."""
+        return ["--graph", self.root, "--run", self.runroot, "--storage-driver", self.driver]
+
     def _cs(self, *args: str) -> list[str]:
-        return [
-            self.tool,
-            "--graph",
-            self.root,
-            "--run",
-            self.runroot,
-            "--storage-driver",
-            self.driver,
-            *args,
-        ]
+        return [self.tool, *self._store_flags(), *args]
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """One envspec import at a time per store (an flock in its run root)."""
@@ -731,12 +726,7 @@ class StorageCLI:
         if self.put_tool and diff_id:
             argv = [
                 self.put_tool,
-                "--graph",
-                self.root,
-                "--run",
-                self.runroot,
-                "--storage-driver",
-                self.driver,
+                *self._store_flags(),
                 "--id",
                 layer_id,
                 "--parent",
@@ -806,12 +796,7 @@ class StorageCLI:
                 [
                     self.put_tool,
                     "prepare",
-                    "--graph",
-                    self.root,
-                    "--run",
-                    self.runroot,
-                    "--storage-driver",
-                    self.driver,
+                    *self._store_flags(),
                 ],
                 check=False,
             )
@@ -920,12 +905,7 @@ class StorageCLI:
         argv = [
             self.put_tool,
             "commit",
-            "--graph",
-            self.root,
-            "--run",
-            self.runroot,
-            "--storage-driver",
-            self.driver,
+            *self._store_flags(),
             "--id",
             layer_id,
             "--parent",
@@ -977,12 +957,7 @@ class StorageCLI:
                 argv = [
                     self.put_tool,
                     "image",
-                    "--graph",
-                    self.root,
-                    "--run",
-                    self.runroot,
-                    "--storage-driver",
-                    self.driver,
+                    *self._store_flags(),
                     "--id",
                     image_id,
                     "--digest",

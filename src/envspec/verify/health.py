@@ -6,8 +6,9 @@ measurements, which live in torchprobe.py). ``Nvml`` wraps the calls; each answe
 None where the GPU or the driver does not have it (no ECC on a GeForce, no NVLink on a PCIe card, a
 function an old driver lacks). ``gpu_findings`` turns one GPU's answers into findings in the usual
 shape, with a hint naming the remedy (reset, drain, reseat, RMA); ``xid_findings`` reads the XID
-events of the kernel log since boot. ``record``/``FakeNvml`` capture a machine's answers as JSON and
-play them back behind the same ctypes calls, for tests (tests/data/verify/nvml-*.json).
+events of the kernel log since boot. ``record`` captures a machine's answers as JSON
+(tests/data/verify/nvml-*.json), which the tests' ``FakeNvml`` (tests/unit/test_verify_fakes.py)
+plays back behind the same ctypes calls.
 
 Run ``python -m envspec.verify.health --record`` on a GPU machine to print its answers.
 """
@@ -641,119 +642,8 @@ def _uniq(items: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 def record(nvml: Nvml) -> dict[str, Any]:
-    """Every answer the health checks read, as JSON-able data (``FakeNvml`` plays it back)."""
+    """Every answer the health checks read, as JSON-able data (the tests' ``FakeNvml`` plays it back)."""
     return {"format": 1, "gpus": [g.__dict__ for g in read_all(nvml)]}
-
-
-class FakeNvml:
-    """Recorded NVML answers behind the same ctypes calls (for tests): each nvml* function of the
-    library that the health checks call, writing its answer through the ctypes pointers it is given
-    and returning NVML_ERROR_NOT_SUPPORTED (3) where the record has none."""
-
-    NOT_SUPPORTED = 3
-
-    def __init__(self, recorded: dict[str, Any]) -> None:
-        self.gpus = [dict(g) for g in recorded["gpus"]]
-
-    @staticmethod
-    def _set(ptr: Any, value: Any) -> None:
-        ptr._obj.value = value
-
-    def _gpu(self, h: Any) -> dict[str, Any]:
-        return self.gpus[
-            (h.value if hasattr(h, "value") else int(h)) - 1
-        ]  # handle i + 1: a NULL is no handle
-
-    def nvmlInit_v2(self) -> int:
-        return 0
-
-    def nvmlShutdown(self) -> int:
-        return 0
-
-    def nvmlDeviceGetCount_v2(self, n: Any) -> int:
-        self._set(n, len(self.gpus))
-        return 0
-
-    def nvmlDeviceGetHandleByIndex_v2(self, i: int, h: Any) -> int:
-        if i >= len(self.gpus):
-            return 2
-        self._set(h, i + 1)
-        return 0
-
-    def nvmlDeviceGetName(self, h: Any, buf: Any, size: int) -> int:
-        buf.value = self._gpu(h)["name"].encode()[: size - 1]
-        return 0
-
-    def nvmlDeviceGetPciInfo_v3(self, h: Any, pci: Any) -> int:
-        bus = self._gpu(h).get("bus_id")
-        if not bus:
-            return self.NOT_SUPPORTED
-        pci._obj.busId = bus.encode()
-        return 0
-
-    def _value(self, ptr: Any, value: Any) -> int:
-        if value is None:
-            return self.NOT_SUPPORTED
-        self._set(ptr, value)
-        return 0
-
-    def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: int, counter: int, out: Any) -> int:
-        return self._value(out, self._gpu(h).get("ecc_uncorrected"))
-
-    def nvmlDeviceGetEccMode(self, h: Any, cur: Any, pend: Any) -> int:
-        v = self._gpu(h).get("ecc_enabled")
-        if v is None:
-            return self.NOT_SUPPORTED
-        self._set(cur, int(v))
-        self._set(pend, int(v))
-        return 0
-
-    def nvmlDeviceGetRemappedRows(self, h: Any, c: Any, u: Any, p: Any, f: Any) -> int:
-        rr = self._gpu(h).get("remapped_rows")
-        if rr is None:
-            return self.NOT_SUPPORTED
-        for ptr, key in ((c, "correctable"), (u, "uncorrectable"), (p, "pending"), (f, "failed")):
-            self._set(ptr, rr[key])
-        return 0
-
-    def nvmlDeviceGetRetiredPages(self, h: Any, cause: int, count: Any, addresses: Any) -> int:
-        rp = self._gpu(h).get("retired_pages")
-        if rp is None:
-            return self.NOT_SUPPORTED
-        self._set(count, rp["dbe" if cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT else "sbe"])
-        return 0
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any, out: Any) -> int:
-        rp = self._gpu(h).get("retired_pages")
-        return self._value(out, None if rp is None else rp["pending"])
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any, out: Any) -> int:
-        return self._value(out, self._gpu(h).get("event_reasons"))
-
-    def nvmlDeviceGetPersistenceMode(self, h: Any, out: Any) -> int:
-        return self._value(out, self._gpu(h).get("persistence"))
-
-    def _pcie(self, h: Any, key: str, out: Any) -> int:
-        return self._value(out, (self._gpu(h).get("pcie") or {}).get(key))
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any, out: Any) -> int:
-        return self._pcie(h, "gen", out)
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any, out: Any) -> int:
-        return self._pcie(h, "max_gen", out)
-
-    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: Any, out: Any) -> int:
-        return self._pcie(h, "gpu_max_gen", out)
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any, out: Any) -> int:
-        return self._pcie(h, "width", out)
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any, out: Any) -> int:
-        return self._pcie(h, "max_width", out)
-
-    def nvmlDeviceGetNvLinkState(self, h: Any, link: int, out: Any) -> int:
-        links = self._gpu(h).get("nvlinks") or []
-        return self._value(out, links[link] if link < len(links) else None)
 
 
 def main(argv: list[str] | None = None) -> int:
