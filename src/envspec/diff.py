@@ -24,8 +24,9 @@ from debian.debian_support import version_compare
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel
 
+from envspec.debian.models import DebPin
 from envspec.errors import PlanError
-from envspec.lock import DebPin, Lockfile, Wheel, load, short_hash
+from envspec.lock import Lockfile, Wheel, load, short_hash
 from envspec.plan import LAYER_ORDER, make_plan
 
 ChangeKind = Literal["added", "removed", "upgraded", "downgraded", "rebuilt"]
@@ -553,7 +554,7 @@ def _per_platform_lines(d: LockDiff) -> list[str]:
     return lines
 
 
-def _arch_swaps(changes) -> dict[tuple[str, str], list[str]]:
+def _arch_swaps(changes: Sequence[PackageChange]) -> dict[tuple[str, str], list[str]]:
     """The Debian packages removed for one architecture and added at the same version for another
     (an x86_64 lock against an aarch64 one): {(old arch, new arch): names}."""
     gone = {(c.name, c.old): c.group for c in changes if c.change == "removed"}

@@ -22,9 +22,10 @@ Exit codes (documented in README.md, kept distinct by tests/unit/test_errors.py)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -74,7 +75,7 @@ class EnvspecError(Exception):
     def problems(self) -> list[Problem]:
         return [Problem(self.message, hint=self.hint, reference=self.reference)]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "reference": self.reference,
             "message": self.message,
@@ -115,7 +116,7 @@ class SpecError(EnvspecError):
     def problems(self) -> list[Problem]:
         return self._problems
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "reference": self.reference,
             "message": f"{self.file}: invalid spec",
@@ -147,8 +148,8 @@ class ResolutionImpossible(EnvspecError):
     def __init__(
         self,
         message: str,
-        causes: list,
-        candidates: list | None = None,
+        causes: list[dict[str, Any]],
+        candidates: list[Any] | None = None,
         *,
         hint: str = "",
         reference: str | None = None,
@@ -185,6 +186,17 @@ class StaleLock(EnvspecError):
         )
 
 
+class AbiProblem(Protocol):
+    """What ``AbiMismatch`` words of a ``wheels.abi.Mismatch`` (errors imports no stage)."""
+
+    @property
+    def hint(self) -> str: ...
+    @property
+    def torch(self) -> str: ...
+    def sentence(self) -> str: ...
+    def to_json(self) -> dict[str, object]: ...
+
+
 class AbiMismatch(EnvspecError):
     """Compiled packages of a lock that the locked torch cannot load: each ``wheels.abi.Mismatch``
     (the package, its extension module, the torch symbols or libraries missing, the torch it was
@@ -193,7 +205,7 @@ class AbiMismatch(EnvspecError):
     reference = "abi-mismatch"
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, lock_name: str, mismatches: list) -> None:
+    def __init__(self, lock_name: str, mismatches: Sequence[AbiProblem]) -> None:
         self.mismatches = mismatches
         hints = list(dict.fromkeys(m.hint for m in mismatches if m.hint))
         super().__init__(
@@ -204,7 +216,7 @@ class AbiMismatch(EnvspecError):
             "package built for the locked torch",
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {**super().to_json(), "mismatches": [m.to_json() for m in self.mismatches]}
 
 
@@ -252,7 +264,7 @@ class SourceBuildError(BuildError):
 
     reference = "source-build-failed"
 
-    def __init__(self, message: str, *, log: Path | None = None, hint: str = "", **kw) -> None:
+    def __init__(self, message: str, *, log: Path | None = None, hint: str = "", **kw: Any) -> None:
         if log is not None:
             hint = hint or f"the whole build log: {log}"
         super().__init__(message, hint=hint, **kw)
@@ -298,7 +310,7 @@ class RegistryError(EnvspecError):
         super().__init__(message, hint=hint, reference=reference)
         self.registry = registry
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return super().to_json() | {"registry": self.registry}
 
 

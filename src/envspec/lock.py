@@ -391,7 +391,7 @@ class Lockfile(_M):
         return [self.for_platform(n) for n in self.platform_names] if self.multi else [self]
 
     # -- identity ------------------------------------------------------------------------
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         """Everything the lock hash covers: all tables but [meta] (for one platform exactly the
         version-1 tables, so the hash of a lock written before sections existed is unchanged)."""
         d = self.model_dump(

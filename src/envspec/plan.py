@@ -35,8 +35,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from envspec.debian.models import DebPin
 from envspec.errors import PlanError
-from envspec.lock import WHEEL_GROUPS, DebPin, Lockfile, Platform, Wheel, dumps
+from envspec.lock import WHEEL_GROUPS, Lockfile, Platform, Wheel, dumps
 
 # Bump a kind's maker version whenever its maker's output bytes change for the same pins.
 MAKER_VERSIONS: dict[str, str] = {

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envspec.errors import PlanError
 from envspec.lock import Lockfile, RuntimeLock, Ssh, keys_sha256
+
+if TYPE_CHECKING:
+    import jinja2
 
 WORKSPACE = "/workspace"
 ENTRYPOINT_IN_IMAGE = "/opt/envspec/entrypoint.sh"
@@ -23,7 +27,7 @@ _KEY_TYPES = re.compile(
 )
 
 
-def _templates():
+def _templates() -> jinja2.Environment:
     import jinja2
 
     return jinja2.Environment(

@@ -10,6 +10,7 @@ variables), so a team shares one lock while each machine fetches from what it ca
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import json
 import os
 import re
@@ -20,8 +21,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envspec import settings
+
+if TYPE_CHECKING:
+    from envspec.spec import Sources as SpecSources
 
 PYPI = "https://pypi.org/simple"
 
@@ -117,7 +122,9 @@ def _as_mirror(url: str, origin: str) -> Mirror:
     return m
 
 
-def discover(spec_sources=None, env: dict[str, str] | None = None) -> ResolvedSources:
+def discover(
+    spec_sources: SpecSources | None = None, env: dict[str, str] | None = None
+) -> ResolvedSources:
     """Combine the spec's ``[sources]`` with this machine's mirrors."""
     env = dict(os.environ) if env is None else env
     s = spec_sources
@@ -135,9 +142,10 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> ResolvedSo
         if m.url not in seen:
             seen.add(m.url)
             unique.append(m)
-    kw = {}
+    out = ResolvedSources(mirrors=tuple(unique))
     if s is not None:
-        kw = dict(
+        out = dataclasses.replace(
+            out,
             index=s.index,
             extra_indexes=tuple(s.extra_indexes),
             torch_index=s.torch_index,
@@ -146,10 +154,10 @@ def discover(spec_sources=None, env: dict[str, str] | None = None) -> ResolvedSo
             debian_snapshot=s.debian_snapshot,
         )
     if conf.debian_snapshot:
-        kw["debian_snapshot"] = conf.debian_snapshot
+        out = dataclasses.replace(out, debian_snapshot=conf.debian_snapshot)
     if conf.debian_mirror:
-        kw["debian_mirror"] = conf.debian_mirror
-    return ResolvedSources(mirrors=tuple(unique), **kw)
+        out = dataclasses.replace(out, debian_mirror=conf.debian_mirror)
+    return out
 
 
 @lru_cache(maxsize=64)

@@ -26,6 +26,10 @@ from pydantic import (
 
 from envspec.errors import Problem, SpecError
 
+TomlPath = tuple[
+    str | int, ...
+]  # a key's path in a TOML document: ("torch", "version"), ("apt", 0)
+
 if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
@@ -459,7 +463,7 @@ class EnvSpec(_Model):
     sources: Sources = Field(default_factory=Sources, description="[sources]")
 
     _file: str = PrivateAttr(default="")
-    _lines: dict[tuple, int] = PrivateAttr(default={})
+    _lines: dict[TomlPath, int] = PrivateAttr(default={})
 
     @field_validator("name")
     @classmethod
@@ -478,7 +482,7 @@ class EnvSpec(_Model):
     def line_of(self, *path: str | int) -> int | None:
         return _nearest_line(self._lines, tuple(path))
 
-    def problem(self, path: tuple, message: str, hint: str = "", reference: str = "") -> Problem:
+    def problem(self, path: TomlPath, message: str, hint: str = "", reference: str = "") -> Problem:
         return Problem(
             message, path=toml_path(path), line=self.line_of(*path), hint=hint, reference=reference
         )
@@ -516,21 +520,21 @@ class EnvSpec(_Model):
 # TOML paths and lines
 
 
-def toml_path(loc: tuple) -> str:
+def toml_path(loc: TomlPath) -> str:
     """("target", "gpus", 0) -> "[target].gpus[0]"; ("name",) -> "name"."""
     parts = [p for p in loc if p not in ("function-after", "function-before")]
     if not parts:
         return "(top level)"
     out = ""
-    tables = []
+    tables: list[str] = []
     i = 0
     while (
         i < len(parts) and isinstance(parts[i], str) and i < len(parts) - 1 and parts[i] in _TABLES
     ):
-        tables.append(parts[i])
+        tables.append(str(parts[i]))
         i += 1
         if tables == ["services"] and i < len(parts) - 1 and isinstance(parts[i], str):
-            tables.append(parts[i])
+            tables.append(str(parts[i]))
             i += 1
         break
     if tables:
@@ -554,11 +558,11 @@ class _LineIndex:
     _key = re.compile(r"^\s*([A-Za-z0-9_\"'.-]+)\s*=")
 
     @classmethod
-    def build(cls, text: str) -> dict[tuple, int]:
-        lines: dict[tuple, int] = {}
-        table: tuple = ()
+    def build(cls, text: str) -> dict[TomlPath, int]:
+        lines: dict[TomlPath, int] = {}
+        table: TomlPath = ()
         depth = 0  # inside a multi-line array
-        array_key: tuple | None = None
+        array_key: TomlPath | None = None
         array_idx = 0
         for n, raw in enumerate(text.splitlines(), start=1):
             line = raw.split("#", 1)[0] if '"' not in raw and "'" not in raw else raw
@@ -591,7 +595,7 @@ class _LineIndex:
         return lines
 
 
-def _nearest_line(lines: dict[tuple, int], path: tuple) -> int | None:
+def _nearest_line(lines: dict[TomlPath, int], path: TomlPath) -> int | None:
     p = tuple(path)
     while p:
         if p in lines:
@@ -690,7 +694,7 @@ def load_spec(path: str | Path) -> EnvSpec:
     return parse_spec(text, p)
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
+def _model_at(loc: TomlPath) -> type[BaseModel] | None:
     model: Any = EnvSpec
     for part in loc:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -720,7 +724,7 @@ _TYPE_WORDS = {
 }
 
 
-def _source_number(text: str, lines: dict[tuple, int], loc: tuple) -> str:
+def _source_number(text: str, lines: dict[TomlPath, int], loc: TomlPath) -> str:
     """The number as the spec's text spells it at ``loc`` (``3.10``, where TOML reads 3.1), or ""."""
     line = _nearest_line(lines, loc)
     rows = text.splitlines()
@@ -731,7 +735,9 @@ def _source_number(text: str, lines: dict[tuple, int], loc: tuple) -> str:
     return m.group(1) if m else ""
 
 
-def _problem_from_pydantic(err: ErrorDetails, lines: dict[tuple, int], text: str = "") -> Problem:
+def _problem_from_pydantic(
+    err: ErrorDetails, lines: dict[TomlPath, int], text: str = ""
+) -> Problem:
     loc = tuple(err["loc"])
     etype = err["type"]
     path = toml_path(loc)

@@ -100,7 +100,7 @@ def _reason(cc: str, a: Arch) -> str:
     return f"{a.text} PTX runs on {cc} through the driver's JIT ({a.number} <= {x * 10 + y})"
 
 
-def _preference(cc: tuple[int, int], a: Arch) -> tuple:
+def _preference(cc: tuple[int, int], a: Arch) -> tuple[bool, int, int, bool]:
     # what the CUDA runtime loads: the closest SASS first, then the newest PTX
     return (a.kind == "sass", a.major, a.minor, a.suffix != "")
 

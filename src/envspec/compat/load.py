@@ -28,7 +28,7 @@ from envspec.compat.model import (
 from envspec.errors import CompatDBError
 
 if TYPE_CHECKING:
-    from envspec.compat.rows import Row
+    from envspec.compat.rows import FamilyRow, GpuRow, Row
 
 FORMAT = (
     1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
@@ -84,7 +84,7 @@ class _Problems:
         )
 
 
-def _read(root: Path, name: str, problems: _Problems) -> dict:
+def _read(root: Path, name: str, problems: _Problems) -> dict[str, Any]:
     path = root / name
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -107,7 +107,7 @@ def _read(root: Path, name: str, problems: _Problems) -> dict:
 
 
 def _rows(
-    data: dict, key: str, model: type[_R], file: str, problems: _Problems, label: str
+    data: dict[str, Any], key: str, model: type[_R], file: str, problems: _Problems, label: str
 ) -> list[tuple[str, _R]]:
     out: list[tuple[str, _R]] = []
     raw = data.get(key, [])
@@ -150,11 +150,11 @@ def _arch_ok(entries: list[str], file: str, where: str, problems: _Problems) -> 
             problems.add(file, f"{where}[{j}]", str(exc))
 
 
-def _families(rows: list, problems: _Problems) -> dict:
+def _families(rows: list[tuple[str, FamilyRow]], problems: _Problems) -> dict[str, FamilyRow]:
     """The [[family]] rows by compute capability, each checked: a real capability, driver branches
     as numbers with their sources, the last not older than the first, and a reason where a family
     has no first branch."""
-    out: dict = {}
+    out: dict[str, FamilyRow] = {}
     for where, f in rows:
         try:
             parse_cc(f.cc)
@@ -216,7 +216,11 @@ def _families(rows: list, problems: _Problems) -> dict:
 
 
 def _gpu(
-    where: str, g: Any, families: dict, seen_labels: dict[str, str], problems: _Problems
+    where: str,
+    g: GpuRow,
+    families: dict[str, FamilyRow],
+    seen_labels: dict[str, str],
+    problems: _Problems,
 ) -> Gpu | None:
     """One [[gpu]] row checked (its family, product line, hosts, sources, names no other GPU has)
     and made a ``Gpu`` with its family's facts; None where it has no family."""
@@ -265,7 +269,7 @@ def _gpu(
     )
 
 
-def _cuda_key(v: Variant) -> tuple:
+def _cuda_key(v: Variant) -> tuple[int, Version]:
     return (0, Version("0")) if v.cuda is None else (1, Version(v.cuda))
 
 

@@ -415,7 +415,7 @@ class CompatDB:
         return key
 
     # -- output ----------------------------------------------------------------------------------
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         """Everything, as plain JSON-able data (for `envspec db show --json`)."""
         return {
             "db_version": self.version,

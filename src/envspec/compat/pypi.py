@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -39,6 +40,14 @@ from packaging.version import InvalidVersion, Version
 from envspec.compat.load import DATA_DIR, _load_cached
 from envspec.compat.platforms import _rows, pypi_build
 from envspec.errors import SourceError
+
+if TYPE_CHECKING:
+    import urllib.request
+
+# JSON and TOML from outside, read where they enter: a file of PyPI's JSON simple API (filename,
+# url, hashes, size, requires-python), and a row of torch_pypi.toml as `render` writes it
+PypiFile = dict[str, Any]
+ReleaseRow = dict[str, Any]
 
 JSON_API = "https://pypi.org/pypi/torch/json"
 SIMPLE_API = "https://pypi.org/simple/torch/"
@@ -105,12 +114,13 @@ class RefreshReport:
 # network defaults (only used when no fetcher is injected)
 
 
-def _urlopen(req, what: str) -> bytes:
+def _urlopen(req: urllib.request.Request, what: str) -> bytes:
     import urllib.request  # only when refreshing for real
 
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (https URLs only)
-            return resp.read()
+            body: bytes = resp.read()
+            return body
     except OSError as exc:
         raise SourceError(
             f"cannot read {what}: {exc}",
@@ -296,7 +306,7 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
 # the refresh
 
 
-def _linux_x86_64_wheels(files: list[dict], version: str) -> list[dict]:
+def _linux_x86_64_wheels(files: list[PypiFile], version: str) -> list[PypiFile]:
     out = []
     for f in files:
         fn = f.get("filename", "")
@@ -318,7 +328,7 @@ def _linux_x86_64_wheels(files: list[dict], version: str) -> list[dict]:
     return out
 
 
-def _wheel_metadata(f: dict, fetch: Fetch, fetch_range: FetchRange | None) -> bytes:
+def _wheel_metadata(f: PypiFile, fetch: Fetch, fetch_range: FetchRange | None) -> bytes:
     cm = f.get("core-metadata", f.get("dist-info-metadata", False))
     if cm:
         return fetch(f["url"] + ".metadata")
@@ -332,7 +342,7 @@ def _wheel_metadata(f: dict, fetch: Fetch, fetch_range: FetchRange | None) -> by
 
 def collect(
     fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0"
-) -> tuple[list[dict], list[str], list[str]]:
+) -> tuple[list[ReleaseRow], list[str], list[str]]:
     """Rows for torch_pypi.toml (sorted), the problems met, and those of them where an index did not
     answer (``SourceError`` from a fetcher); pure given its fetchers. The release list and the
     file list are needed at all: a ``SourceError`` reading them propagates."""
@@ -349,7 +359,7 @@ def collect(
             versions.append(pv)
     versions.sort()
     files_by_version = _files_by_version(simple)
-    rows: list[dict] = []
+    rows: list[ReleaseRow] = []
     problems: list[str] = []
     source_errors: list[str] = []
     for pv in versions:
@@ -399,9 +409,9 @@ def collect(
     return rows, problems, source_errors
 
 
-def _files_by_version(simple: dict) -> dict[str, list[dict]]:
+def _files_by_version(simple: dict[str, Any]) -> dict[str, list[PypiFile]]:
     """The simple JSON API's wheel entries, by the version their file names give."""
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[PypiFile]] = {}
     for f in simple.get("files", []):
         try:
             _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
@@ -411,9 +421,9 @@ def _files_by_version(simple: dict) -> dict[str, list[dict]]:
     return out
 
 
-def _linux_aarch64_wheel(files: list[dict], version: str) -> dict | None:
+def _linux_aarch64_wheel(files: list[PypiFile], version: str) -> PypiFile | None:
     """The manylinux aarch64 CPython wheel of ``version`` for the newest Python (not free-threaded)."""
-    best: tuple[Version, dict] | None = None
+    best: tuple[Version, PypiFile] | None = None
     for f in files:
         fn = f.get("filename", "")
         if not fn.endswith(".whl") or f.get("yanked") not in (False, None):
@@ -439,14 +449,14 @@ def _linux_aarch64_wheel(files: list[dict], version: str) -> dict | None:
 
 def platform_builds(
     fetch: Fetch, fetch_range: FetchRange | None, versions: list[str]
-) -> tuple[dict[str, dict], list[str]]:
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """Which build PyPI's linux-aarch64 wheel of each of ``versions`` is, from its Requires-Dist
     (``pins_from_metadata`` for aarch64: a CUDA runtime that applies there makes it that CUDA's
     build, none the CPU build): version -> {"variant", "wheel"}; and the problems met. A release
     without such a wheel is left out."""
     simple = json.loads(fetch(SIMPLE_API))
     files_by_version = _files_by_version(simple)
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, str]] = {}
     problems: list[str] = []
     for v in versions:
         pick = _linux_aarch64_wheel(files_by_version.get(v, []), v)
@@ -468,7 +478,7 @@ def platform_builds(
 
 
 def platform_review(
-    found: dict[str, dict], curated: Path, platform: str = "linux-aarch64"
+    found: dict[str, dict[str, str]], curated: Path, platform: str = "linux-aarch64"
 ) -> dict[str, list[str]]:
     """What data/torch_platforms.toml (in ``curated``) lacks against ``found`` (``platform_builds``)."""
     _rows.cache_clear()  # read the curated file as it is now, not as this process first saw it
@@ -503,7 +513,7 @@ def _q(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
-def render(rows: list[dict], db_version: str, date: str) -> str:
+def render(rows: list[ReleaseRow], db_version: str, date: str) -> str:
     """Canonical TOML text of torch_pypi.toml (hand-rendered so key order and layout are fixed)."""
     out = [
         "# Generated by `envspec db refresh` from PyPI's index and wheel metadata. Do not edit:",
@@ -545,7 +555,7 @@ def _curated_dir(out_path: Path) -> Path:
     return out_path.parent if (out_path.parent / "cuda.toml").is_file() else DATA_DIR
 
 
-def review_items(rows: dict[str, dict], curated: Path) -> dict[str, list[str]]:
+def review_items(rows: dict[str, ReleaseRow], curated: Path) -> dict[str, list[str]]:
     """For each release row, what the curated data lacks to turn it into a usable variant: a CUDA
     toolkit that cuda.toml does not know (no driver floor, no nvcc targets), or a PyPI variant with no
     torch_variants.toml row and no older release to carry the arch list from."""
@@ -613,7 +623,7 @@ def refresh(
         fetch = default_fetch
         if fetch_range is None:
             fetch_range = default_fetch_range
-    old_rows: dict[str, dict] = {}
+    old_rows: dict[str, ReleaseRow] = {}
     if out_path.exists():
         old = tomllib.loads(out_path.read_text())
         old_rows = {r["version"]: r for r in old.get("release", [])}

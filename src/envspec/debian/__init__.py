@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from .fetch import SNAPSHOT_ENV, candidate_urls, fetch_deb, fetch_debs, mirror_list
     from .models import (
         CANONICAL_MIRROR,
-        SUITES,
         DebPin,
         base_packages,
         glibc_version,
@@ -26,6 +25,28 @@ if TYPE_CHECKING:
     )
     from .reporter import DebianReporter, RecordingReporter
     from .rootfs import make_rootfs
+    from .suites import SUITES
+
+__all__ = [
+    "CANONICAL_MIRROR",
+    "DebPin",
+    "DebianReporter",
+    "RecordingReporter",
+    "SNAPSHOT_ENV",
+    "SUITES",
+    "base_packages",
+    "candidate_urls",
+    "fetch_deb",
+    "fetch_debs",
+    "glibc_version",
+    "make_rootfs",
+    "mirror_list",
+    "python_full_version",
+    "resolve_closure",
+    "security_mirror_for",
+    "sorted_pins",
+    "suite_for_python",
+]
 
 _WHERE = {
     "resolve_closure": "closure",
@@ -36,7 +57,7 @@ _WHERE = {
     "fetch_debs": "fetch",
     "mirror_list": "fetch",
     "CANONICAL_MIRROR": "models",
-    "SUITES": "models",
+    "SUITES": "suites",
     "DebPin": "models",
     "base_packages": "models",
     "glibc_version": "models",

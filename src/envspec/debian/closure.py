@@ -23,6 +23,7 @@ import re
 import sqlite3
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
@@ -31,6 +32,9 @@ from envspec.errors import HostError, ResolutionImpossible, SourceError
 
 from .models import CANONICAL_MIRROR, DebPin, sorted_pins
 from .reporter import DebianReporter
+
+# one stanza of a Packages file: name, version, architecture, filename, size, sha256
+PackageRow = tuple[str, str, str, str, int, str]
 
 DEFAULT_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 MAX_INDEX_AGE_S = 6 * 3600
@@ -169,7 +173,7 @@ class AptRoot:
         )
         return env
 
-    def run(self, args: list[str], reporter: DebianReporter) -> subprocess.CompletedProcess:
+    def run(self, args: list[str], reporter: DebianReporter) -> subprocess.CompletedProcess[str]:
         argv = ["apt-get", *args]
         reporter.command(argv)
         try:
@@ -182,7 +186,7 @@ class AptRoot:
             ) from None
 
     @contextmanager
-    def locked(self):
+    def locked(self) -> Iterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "envspec.lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -312,9 +316,9 @@ class AptRoot:
         os.replace(tmp, self.index_path)
 
 
-def parse_packages(text: str) -> tuple[list[tuple], list[tuple[str, str]]]:
+def parse_packages(text: str) -> tuple[list[PackageRow], list[tuple[str, str]]]:
     """The fields of each stanza of a Packages file that a pin needs, and its Provides."""
-    debs: list[tuple] = []
+    debs: list[PackageRow] = []
     provides: list[tuple[str, str]] = []
     for stanza in text.split("\n\n"):
         f = dict(_FIELDS_RE.findall(stanza))

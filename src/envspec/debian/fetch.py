@@ -37,6 +37,8 @@ from .closure import security_mirror_for
 from .models import CANONICAL_MIRROR, DebPin
 from .reporter import DebianReporter
 
+_ConnKey = tuple[str, str, int | None]  # (scheme, host, port) of a kept-alive connection
+
 SNAPSHOT_ENV = settings.DEBIAN_SNAPSHOT
 USER_AGENT = "envspec (+https://github.com/envspec)"
 CHUNK = 1 << 20
@@ -53,16 +55,21 @@ Opener = Callable[
 ]  # (url, timeout) -> a response to read
 
 
-def _urlopen(url: str, timeout: float):
+def _urlopen(url: str, timeout: float) -> http.client.HTTPResponse:
     req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
-    return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 (http(s) mirrors only)
+    resp: http.client.HTTPResponse = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 (http(s) mirrors only)
+    return resp
 
 
 class _Response:
     """A response on a kept-alive connection: the connection is reused once the body is read."""
 
     def __init__(
-        self, resp: http.client.HTTPResponse, conn: http.client.HTTPConnection, pool: dict, key
+        self,
+        resp: http.client.HTTPResponse,
+        conn: http.client.HTTPConnection,
+        pool: dict[_ConnKey, http.client.HTTPConnection],
+        key: _ConnKey,
     ) -> None:
         self._resp, self._conn, self._pool, self._key = resp, conn, pool, key
 

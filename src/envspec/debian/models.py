@@ -6,6 +6,7 @@ Nothing here touches the network or the disk.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -72,7 +73,7 @@ class DebPin(BaseModel):
         return f"{self.name} {self.version} ({self.architecture})"
 
 
-def sorted_pins(pins) -> list[DebPin]:
+def sorted_pins(pins: Iterable[DebPin]) -> list[DebPin]:
     return sorted(pins, key=DebPin.sort_key)
 
 

@@ -34,7 +34,7 @@ import subprocess
 import tarfile
 import threading
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 from envspec.errors import BuildError, UsageError
@@ -142,7 +142,7 @@ def make_rootfs(
         ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
     try:
-        window: deque = deque()
+        window: deque[tuple[DebPin, Future[bytes] | None]] = deque()
         todo = iter(ordered)
 
         def submit(p: DebPin) -> None:

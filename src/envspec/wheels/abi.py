@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -91,7 +91,7 @@ class WheelNeeds:
     torch_requirement: str = ""  # its Requires-Dist on torch, as written ("" where it has none)
 
     @classmethod
-    def from_json(cls, d: Mapping) -> WheelNeeds:
+    def from_json(cls, d: Mapping[str, Any]) -> WheelNeeds:
         return cls(
             tuple(
                 Extension(e["path"], tuple(e["libs"]), tuple(e["symbols"])) for e in d["extensions"]
@@ -107,7 +107,7 @@ class TorchExports:
     symbols: frozenset[str]
 
     @classmethod
-    def from_json(cls, d: Mapping) -> TorchExports:
+    def from_json(cls, d: Mapping[str, Any]) -> TorchExports:
         return cls(d["version"], frozenset(d["libs"]), frozenset(d["symbols"]))
 
 
@@ -148,7 +148,7 @@ class Mismatch:
         built = f"; built for torch {self.built_for}" if self.built_for else ""
         return f"{self.package} {self.version}: {self.module} ({abi}{built}) " + " and ".join(what)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["missing"] = list(self.missing)
         d["missing_demangled"] = [demangle(s) for s in self.missing]
@@ -509,14 +509,14 @@ class AbiCheck:
     def _record(self, kind: str, key: str) -> Path:
         return self.root / kind / f"{key}.json"
 
-    def _load(self, kind: str, key: str) -> dict | None:
+    def _load(self, kind: str, key: str) -> dict[str, Any] | None:
         try:
             d = json.loads(self._record(kind, key).read_text())
         except (OSError, ValueError):
             return None
         return d if isinstance(d, dict) and d.get("format") == RECORD_FORMAT else None
 
-    def _save(self, kind: str, key: str, d: dict) -> None:
+    def _save(self, kind: str, key: str, d: dict[str, object]) -> None:
         p = self._record(kind, key)
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-")
@@ -737,7 +737,7 @@ class AtHand:
     unchecked: list[str]
     read: list[str]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"judged": self.judged, "unchecked": self.unchecked, "read": self.read}
 
 

@@ -46,9 +46,10 @@ from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceBuildError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from envspec.cache.store import Cache
+    from envspec.debian.models import DebPin
     from envspec.lock import Lockfile, Platform, Wheel
     from envspec.resolve import Resolution, WheelCandidate
     from envspec.sources import ResolvedSources
@@ -99,7 +100,7 @@ class Derivation:
 
     @property
     def key(self) -> str:
-        body: dict = {
+        body: dict[str, object] = {
             "sdist": [self.sdist.name, self.sdist.version, self.sdist.sha256],
             "build_requires": sorted([p.name, p.version, p.sha256] for p in self.build_requires),
             "python": self.python,
@@ -586,7 +587,7 @@ def cached_wheel(d: Derivation, cache_root: Path) -> Path | None:
     entry = _entry(d, cache_root)
     try:
         m = json.loads((entry / "wheel.json").read_text())
-        wheel = entry / m["filename"]
+        wheel: Path = entry / str(m["filename"])
         with open(wheel, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() == m["sha256"]:
                 return wheel
@@ -752,7 +753,7 @@ def memory_jobs(per_job: int = 4 << 30) -> int:
     return max(1, total // per_job)
 
 
-def compiler_of(debs: list) -> str:
+def compiler_of(debs: Iterable[DebPin]) -> str:
     """The C compiler a lock's Debian base carries, as its pin ("gcc-12 12.2.0-14+deb12u1"): what
     an sdist's C code is compiled with; "" where the lock has none."""
     import re
