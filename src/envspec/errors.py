@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from envspec.causes import Candidate, Cause
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -148,15 +151,15 @@ class ResolutionImpossible(EnvspecError):
     def __init__(
         self,
         message: str,
-        causes: list[dict[str, Any]],
-        candidates: list[Any] | None = None,
+        causes: Sequence[Cause],
+        candidates: Sequence[Candidate] | None = None,
         *,
         hint: str = "",
         reference: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint, reference=reference)
-        self.causes = causes
-        self.candidates = candidates or []
+        self.causes = list(causes)
+        self.candidates = list(candidates or [])
 
 
 class SourceError(EnvspecError):

@@ -3,74 +3,110 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from envspec.causes import (
+    ArchFits,
+    ArchMissing,
+    Candidate,
+    Cause,
+    CudaNotOffered,
+    DebianUnsatisfiable,
+    DriverFloor,
+    DriverPastGpu,
+    DriverTooOld,
+    InvalidDebianPackage,
+    PythonUnsupported,
+    ReleaseNeedsReview,
+    Said,
+    Suggestion,
+    UnknownCuda,
+    UnknownDebianPackage,
+    VariantNotRequested,
+)
 from envspec.compat import best_arch
 from envspec.errors import ResolutionImpossible
 
 if TYPE_CHECKING:
     from markupsafe import Markup
 
+    from envspec.compat.model import CompatDB, Gpu
+    from envspec.lock import Lockfile
+    from envspec.resolve import Choice, PassedOver
 
-def cause_sentence(c: dict) -> str:
+
+def cause_sentence(c: Cause) -> str:
     text = _sentence(c)
-    return f"{c['where']}: {text}" if c.get("where") else text
+    return f"{c.where}: {text}" if c.where else text
 
 
-def _sentence(c: dict) -> str:
-    k = c.get("kind")
-    if k == "arch-missing":
-        archs = c.get("arch_list") or []
-        shown = ", ".join(archs) if archs else "no CUDA architectures"
-        sm = "sm_" + c["cc"].replace(".", "")
-        return f"{c['gpu']} ({c['cc']}) needs {sm} SASS or PTX <= compute_{c['cc'].replace('.', '')}; {c['variant']} has {shown}"
-    if k == "driver-too-old":
-        return (
-            f"driver {c['driver']} < {c['needed']}, the floor of CUDA {c['cuda']} under the "
-            f"'{c['policy']}' policy"
-        )
-    if k == "driver-past-gpu":
-        return (
-            f"CUDA {c['cuda']} needs driver >= {c['needed']} ('{c['policy']}' policy), newer than R{c['last']}, "
-            f"the last driver branch for {c['gpu']} (source: {c['source']})"
-        )
-    if k == "python-unsupported":
-        return f"torch {c['torch']} has no wheels for Python {c['python']} (it has {', '.join(c['supported'])})"
-    if k == "variant-not-requested":
-        return f"{c['variant']} is not what [torch].cuda asks for ({c['wanted']})"
-    if k == "arch-fits":
-        return f"{c['gpu']}: {c['why']}"
-    if k == "driver-floor":
-        return f"driver >= {c['floor']} ({c['policy']})"
-    if k == "cuda-not-offered":
-        return f"no release in the range has a build for CUDA {c['wanted']} (offered: {', '.join(c['offered'])})"
-    if k == "release-needs-review":
-        return f"torch {c['torch']} needs review before it can be resolved: " + "; ".join(
-            c.get("items", [])
-        )
-    if k == "unknown-debian-package":
-        guess = c.get("did_you_mean") or []
-        return (
-            f"no package named {c['name']!r} in Debian {c['suite']} ({', '.join(c.get('pockets') or [c['suite']])})"
-            + (f"; did you mean {' or '.join(repr(x) for x in guess)}?" if guess else "")
-        )
-    if k == "unknown-cuda":
-        return f"CUDA {c['cuda']} is not in the compatibility DB"
-    return c.get("text") or str(c)
+def _sm(cc: str) -> str:
+    return "sm_" + cc.replace(".", "")
 
 
-def _last_branch(gpus) -> str | None:
+def _sentence(c: Cause) -> str:
+    match c:
+        case ArchMissing():
+            shown = ", ".join(c.arch_list) if c.arch_list else "no CUDA architectures"
+            return (
+                f"{c.gpu} ({c.cc}) needs {_sm(c.cc)} SASS or PTX <= compute_{c.cc.replace('.', '')}; "
+                f"{c.variant} has {shown}"
+            )
+        case DriverTooOld():
+            return (
+                f"driver {c.driver} < {c.needed}, the floor of CUDA {c.cuda} under the "
+                f"'{c.policy}' policy"
+            )
+        case DriverPastGpu():
+            return (
+                f"CUDA {c.cuda} needs driver >= {c.needed} ('{c.policy}' policy), newer than R{c.last}, "
+                f"the last driver branch for {c.gpu} (source: {c.source})"
+            )
+        case PythonUnsupported():
+            return f"torch {c.torch} has no wheels for Python {c.python} (it has {', '.join(c.supported)})"
+        case VariantNotRequested():
+            return f"{c.variant} is not what [torch].cuda asks for ({c.wanted})"
+        case ArchFits():
+            return f"{c.gpu}: {c.why}"
+        case DriverFloor():
+            return f"driver >= {c.floor} ({c.policy})"
+        case CudaNotOffered():
+            return f"no release in the range has a build for CUDA {c.wanted} (offered: {', '.join(c.offered)})"
+        case ReleaseNeedsReview():
+            return f"torch {c.torch} needs review before it can be resolved: " + "; ".join(c.items)
+        case UnknownDebianPackage():
+            guess = c.did_you_mean
+            return (
+                f"no package named {c.name!r} in Debian {c.suite} ({', '.join(c.pockets or [c.suite])})"
+                + (f"; did you mean {' or '.join(repr(x) for x in guess)}?" if guess else "")
+            )
+        case UnknownCuda():
+            return f"CUDA {c.cuda} is not in the compatibility DB"
+        case InvalidDebianPackage():
+            return f"{c.requested!r} is not a Debian package name"
+        case DebianUnsatisfiable():
+            return (
+                f"apt cannot install {', '.join(c.requested)} from Debian {c.suite}: "
+                + "; ".join(c.apt)
+            )
+        case Said() | Suggestion():
+            return c.text
+    return c.kind
+
+
+def _last_branch(gpus: Iterable[Gpu]) -> str | None:
     """The oldest of the GPUs' last driver branches ("580"), None where none has one."""
     last = [g.max_driver for g in gpus if g.max_driver]
     return min(last, key=int) if last else None
 
 
-def choice_json(choice, *, packages: bool = False) -> dict:
+def choice_json(choice: Choice, *, packages: bool = False) -> dict[str, object]:
     """The fixed `envspec explain --json` shape for a successful choice; ``packages``: the choice
     was made with the packages (``explain --packages``), and says which releases they passed over."""
     t = choice.torch
-    out = {
+    out: dict[str, object] = {
         "ok": True,
         "torch": t.release.version if t else None,
         "variant": t.variant.name if t else None,
@@ -86,7 +122,7 @@ def choice_json(choice, *, packages: bool = False) -> dict:
         "python": choice.python,
         "candidates": [candidate_json(c) for c in t.candidates] if t else [],
         "torch_range": choice.spec.torch.version
-        if t
+        if t and choice.spec.torch
         else None,  # [torch].version as read ("2.9" is "==2.9.*")
         "newer_releases": [
             {"torch": v, "why": release_reason(causes, choice)} for v, causes in t.newer
@@ -116,7 +152,7 @@ def choice_json(choice, *, packages: bool = False) -> dict:
     return out
 
 
-def packages_note(choice) -> str | None:
+def packages_note(choice: Choice) -> str | None:
     """What offline `explain` cannot know: `lock` chooses torch together with the named packages."""
     spec = choice.spec
     named = list(spec.python.packages) + (list(spec.torch.packages) if spec.torch else [])
@@ -128,13 +164,13 @@ def packages_note(choice) -> str | None:
     )
 
 
-def passed_over_lines(choice) -> list[str]:
+def passed_over_lines(choice: Choice) -> list[str]:
     """Why the torch of a choice made with the packages (``resolve.with_packages``) is not the
     newest release that fits the hardware: each newer fitting release passed over, and the named
     package that does not accept it. Empty where it is the newest."""
     if choice.torch is None or not choice.passed_over:
         return []
-    by_release: dict[str, list] = {}
+    by_release: dict[str, list[PassedOver]] = {}
     for h in choice.passed_over:
         by_release.setdefault(h.torch, []).append(h)
     lines = [
@@ -149,7 +185,7 @@ def passed_over_lines(choice) -> list[str]:
     return lines
 
 
-def from_source_lines(choice) -> list[str]:
+def from_source_lines(choice: Choice) -> list[str]:
     """The named packages `lock` takes as sdists and `build` builds (``Choice.from_source``)."""
     if not choice.from_source:
         return []
@@ -159,15 +195,15 @@ def from_source_lines(choice) -> list[str]:
     ]
 
 
-def passed_over_json(choice) -> list[dict]:
+def passed_over_json(choice: Choice) -> list[dict[str, str]]:
     return [h.to_json() for h in choice.passed_over]
 
 
-def candidate_reason(c) -> str:
+def candidate_reason(c: Candidate) -> str:
     return "; ".join(cause_sentence(f) for f in c.facts) or "fits"
 
 
-def candidate_json(c) -> dict:
+def candidate_json(c: Candidate) -> dict[str, object]:
     return {
         "variant": c.variant,
         "cuda": c.cuda,
@@ -187,7 +223,7 @@ def _index_name(url: str) -> str:
     )
 
 
-def impossible_json(err: ResolutionImpossible) -> dict:
+def impossible_json(err: ResolutionImpossible) -> dict[str, object]:
     return {
         "ok": False,
         "error": {
@@ -200,7 +236,7 @@ def impossible_json(err: ResolutionImpossible) -> dict:
     }
 
 
-def choice_lines(choice, *, packages: bool = False) -> list[str]:
+def choice_lines(choice: Choice, *, packages: bool = False) -> list[str]:
     """Human form: what was chosen and why, and every candidate with its reason; ``packages``: the
     choice was made with the packages (``explain --packages``)."""
     t = choice.torch
@@ -252,12 +288,14 @@ def choice_lines(choice, *, packages: bool = False) -> list[str]:
     return lines
 
 
-def newer_lines(choice) -> list[str]:
+def newer_lines(choice: Choice) -> list[str]:
     """Why the releases within ``[torch].version`` newer than the chosen one were passed over, runs
     of releases with the same reason on one line (``2.8.0 to 2.15.0: ...``); the range as envspec
     reads it (``"2.9"`` is ``==2.9.*``)."""
-    t = choice.torch
-    wanted = choice.spec.torch.version
+    t, torch = choice.torch, choice.spec.torch
+    if t is None or torch is None:
+        return []
+    wanted = torch.version
     head = (
         f'releases in [torch].version "{wanted}": torch {t.release.version} is the newest that fits'
     )
@@ -277,28 +315,21 @@ def newer_lines(choice) -> list[str]:
     return lines
 
 
-def release_reason(causes: list[dict], choice) -> str:
+def release_reason(causes: list[Cause], choice: Choice) -> str:
     """Why no build of one release fits, in a few words: the GPU kernels, the driver, Python."""
-    kinds = {c["kind"] for c in causes}
-    if "release-needs-review" in kinds:
+    if any(isinstance(c, ReleaseNeedsReview) for c in causes):
         return "needs review in the compatibility DB (`envspec db show`)"
-    if "python-unsupported" in kinds:
-        c = next(c for c in causes if c["kind"] == "python-unsupported")
-        return f"no wheels for Python {c['python']}"
-    arch = sorted(
-        {
-            f"{c['gpu']} (sm_{c['cc'].replace('.', '')})"
-            for c in causes
-            if c["kind"] == "arch-missing"
-        }
-    )
-    lacking = {c.get("build") for c in causes if c["kind"] == "arch-missing"}
+    if py := next((c for c in causes if isinstance(c, PythonUnsupported)), None):
+        return f"no wheels for Python {py.python}"
+    missing = [c for c in causes if isinstance(c, ArchMissing)]
+    arch = sorted({f"{c.gpu} ({_sm(c.cc)})" for c in missing})
+    lacking = {c.build for c in missing}
     # the driver floors of the builds that have the GPUs' kernels (all builds where none lacks them)
-    floors = [c for c in causes if c["kind"] == "driver-too-old" and c.get("build") not in lacking]
+    floors = [c for c in causes if isinstance(c, DriverTooOld) and c.build not in lacking]
 
-    def lowest(cs: list[dict]) -> str:
+    def lowest(cs: list[DriverTooOld]) -> str:
         return min(
-            (c["needed"] for c in cs), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v))
+            (c.needed for c in cs), key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v))
         )
 
     if arch and not floors:
@@ -306,32 +337,32 @@ def release_reason(causes: list[dict], choice) -> str:
     if arch:
         return (
             f"the builds with kernels for {', '.join(arch)} need driver >= {lowest(floors)}, "
-            f"above {floors[0]['driver']}"
+            f"above {floors[0].driver}"
         )
     if floors:
-        return f"every build needs driver >= {lowest(floors)}, above {floors[0]['driver']}"
+        return f"every build needs driver >= {lowest(floors)}, above {floors[0].driver}"
     return "; ".join(_sentence(c) for c in causes) or "no build fits"
 
 
-def driver_assumed_lines(lock) -> list[str]:
+def driver_assumed_lines(lock: Lockfile | None) -> list[str]:
     """A lock whose spec set no [target].driver (``[hardware].driver_assumed``): the floor it assumed
     of the hosts, one note per platform, as `lock`, `build` and `build --dry-run` say it."""
+    if lock is None:
+        return []
     return [
         f"note: {p.name + ': ' if lock.multi else ''}the spec sets no [target].driver: the lock assumes the "
         f"hosts run driver >= {p.hardware.driver_floor} (what torch {p.torch.version if p.torch else ''} "
         f"{p.torch.variant if p.torch else ''} needs; [hardware].driver_assumed); set [target].driver to "
         "their oldest driver if older"
-        for p in (lock.parts if lock is not None else ())
+        for p in lock.parts
         if p.hardware.driver_assumed
     ]
 
 
 def impossible_lines(err: ResolutionImpossible) -> list[str]:
     lines = [err.message + ":"]
-    for c in err.causes:
-        if c.get("kind") != "suggestion":
-            lines.append("  - " + cause_sentence(c))
-    sugg = [c["text"] for c in err.causes if c.get("kind") == "suggestion"]
+    lines += ["  - " + cause_sentence(c) for c in err.causes if not isinstance(c, Suggestion)]
+    sugg = [c.text for c in err.causes if isinstance(c, Suggestion)]
     if sugg:
         lines.append("what would fit:")
         lines += ["  " + s for s in sugg]
@@ -342,7 +373,7 @@ def impossible_lines(err: ResolutionImpossible) -> list[str]:
 # the DB as one page (`envspec db show --html FILE`)
 
 
-def db_matrix(db) -> dict:
+def db_matrix(db: CompatDB) -> dict[str, Any]:
     """The GPU x torch x CUDA-variant matrix, as plain data for templates/db_matrix.html.j2: for each
     CUDA build of each release (newest first) and each GPU (with its product line, architecture and
     last driver branch), whether a kernel of the build runs on it
@@ -448,7 +479,7 @@ def _linkify(text: str) -> Markup:
     return Markup("".join(out))
 
 
-def db_html(db) -> str:
+def db_html(db: CompatDB) -> str:
     """One self-contained HTML page of the DB (no server, no external assets): the matrix of
     ``db_matrix``, filterable by GPU and driver (also from ``?gpu=H100&driver=535.104.05``)."""
     import jinja2  # only here: `explain` itself stays light to import

@@ -14,15 +14,36 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from packaging.version import Version
 
 from envspec import debian  # a lazy package: its modules load on first use
 from envspec.cache.dirs import cache_dir_for
+from envspec.causes import (
+    ArchFits,
+    ArchMissing,
+    Candidate,
+    Cause,
+    CudaNotOffered,
+    DriverFloor,
+    DriverPastGpu,
+    DriverTooOld,
+    NoWheel,
+    NoWheelForPlatform,
+    PythonConflict,
+    PythonMissing,
+    PythonUnsupported,
+    ReleaseNeedsReview,
+    Said,
+    Suggestion,
+    UnknownCuda,
+    UnknownDebianPackage,
+    VariantNotRequested,
+)
 from envspec.compat import (
     PLATFORMS,
     CompatDB,
@@ -60,6 +81,9 @@ def manylinux_glibc(glibc: str) -> str:
     return f"{major}_{minor}"
 
 
+# a package of uv's pylock.toml (PEP 751), as uv writes it: name, version, wheels, sdist, index
+PylockPackage = dict[str, Any]
+
 # Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
 SUITES: dict[str, tuple[str, str]] = {
     facts["python"]: (suite, manylinux_glibc(facts["glibc"]))
@@ -72,29 +96,17 @@ SUITES: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
-class Candidate:
-    variant: str
-    cuda: str | None
-    ok: bool
-    facts: tuple[
-        dict, ...
-    ]  # why it fits, or the causes why not (explain.candidate_reason words them)
-    preferred: bool = False
-    index: str = (
-        ""  # where its wheels come from: PyPI for the build PyPI serves, else the PyTorch index
-    )
-
-
-@dataclass(frozen=True)
 class TorchChoice:
     release: TorchRelease
     variant: Variant  # the chosen build, its PyTorch-index URLs on the spec's [sources].torch_index
     min_driver: str
     candidates: list[Candidate]
-    skipped: list[dict] = field(default_factory=list)  # newer releases left out: they need review
+    skipped: list[ReleaseNeedsReview] = field(
+        default_factory=list
+    )  # newer releases left out: they need review
     # the releases within [torch].version newer than the chosen one, newest first, each with the
     # causes none of its builds fits (explain words them: ``explain.newer_lines``)
-    newer: list[tuple[str, list[dict]]] = field(default_factory=list)
+    newer: list[tuple[str, list[Cause]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -223,7 +235,7 @@ class Resolution:
 # offline choice
 
 
-def _cuda_key(v: Variant) -> tuple:
+def _cuda_key(v: Variant) -> tuple[int, ...]:
     return tuple(int(x) for x in v.cuda.split(".")) if v.cuda else (0,)
 
 
@@ -333,8 +345,8 @@ def choose(
         _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
     )
     notes = [
-        f"torch {c['torch']} is in the DB but needs review, so it was not considered: "
-        + "; ".join(c["items"])
+        f"torch {c.torch} is in the DB but needs review, so it was not considered: "
+        + "; ".join(c.items)
         for c in (torch.skipped if torch else [])
     ]
     if arch != "x86_64" and torch is not None:
@@ -508,87 +520,76 @@ def driver_floor(db: CompatDB, variant: Variant, policy: str) -> str | None:
 
 def _judge(
     spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu]
-) -> tuple[bool, list[dict]]:
+) -> tuple[bool, list[Cause]]:
     """Whether a variant fits, and the facts why (causes when it does not); explain.py words them."""
-    causes: list[dict] = []
+    causes: list[Cause] = []
     want = spec.torch.cuda if spec.torch else "auto"
     if want == "cpu" and v.cuda:
-        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": "cpu"})
+        causes.append(VariantNotRequested(variant=v.name, wanted="cpu"))
     if want not in ("cpu", "auto") and v.cuda != want:
-        causes.append({"kind": "variant-not-requested", "variant": v.name, "wanted": want})
+        causes.append(VariantNotRequested(variant=v.name, wanted=want))
     if want == "auto" and not v.cuda:
-        causes.append(
-            {"kind": "variant-not-requested", "variant": v.name, "wanted": "a CUDA build"}
-        )
+        causes.append(VariantNotRequested(variant=v.name, wanted="a CUDA build"))
     if spec.python.version not in rel.python:
         causes.append(
-            {
-                "kind": "python-unsupported",
-                "torch": rel.version,
-                "python": spec.python.version,
-                "supported": rel.python,
-            }
+            PythonUnsupported(
+                torch=rel.version, python=spec.python.version, supported=tuple(rel.python)
+            )
         )
     if v.cuda:
-        for g in gpus:
-            if not any(arch_runs(g.cc, a) for a in v.arch_list):
-                causes.append(
-                    {
-                        "kind": "arch-missing",
-                        "gpu": _short(g),
-                        "gpu_name": g.name,
-                        "cc": g.cc,
-                        "variant": v.name,
-                        "arch_list": v.arch_list,
-                        "torch": rel.version,
-                    }
-                )
-        floor = driver_floor(db, v, spec.target.driver_policy)
-        if floor is None:
-            causes.append({"kind": "unknown-cuda", "cuda": v.cuda})
-        elif spec.target.driver and Version(spec.target.driver) < Version(floor):
-            causes.append(
-                {
-                    "kind": "driver-too-old",
-                    "driver": spec.target.driver,
-                    "needed": floor,
-                    "cuda": v.cuda,
-                    "policy": spec.target.driver_policy,
-                    "variant": v.name,
-                }
-            )
-        elif (
-            floor and not spec.target.driver
-        ):  # the floor the hosts are assumed to run: no newer than a GPU's last branch
-            for g in gpus:
-                if g.driver_too_new(floor):
-                    causes.append(
-                        {
-                            "kind": "driver-past-gpu",
-                            "gpu": _short(g),
-                            "gpu_name": g.name,
-                            "needed": floor,
-                            "last": g.max_driver,
-                            "cuda": v.cuda,
-                            "policy": spec.target.driver_policy,
-                            "variant": v.name,
-                            "source": g.max_driver_source,
-                        }
-                    )
+        causes += _cuda_causes(spec, db, rel, v, gpus, v.cuda)
     if causes:
         return False, causes
-    fits: list[dict] = [
-        {"kind": "arch-fits", "gpu": _short(g), "why": why_arch(g.cc, v.arch_list)[1]} for g in gpus
-    ]
+    fits: list[Cause] = [ArchFits(gpu=_short(g), why=why_arch(g.cc, v.arch_list)[1]) for g in gpus]
     if v.cuda:
-        fits.append(
-            {
-                "kind": "driver-floor",
-                "floor": driver_floor(db, v, spec.target.driver_policy),
-                "policy": spec.target.driver_policy,
-            }
-        )
+        floor = driver_floor(db, v, spec.target.driver_policy)
+        fits.append(DriverFloor(floor=floor or "", policy=spec.target.driver_policy))
     return True, fits
+
+
+def _cuda_causes(
+    spec: EnvSpec, db: CompatDB, rel: TorchRelease, v: Variant, gpus: list[Gpu], cuda: str
+) -> list[Cause]:
+    """Why a CUDA build does not fit: a GPU it has no kernels for, the driver."""
+    causes: list[Cause] = [
+        ArchMissing(
+            gpu=_short(g),
+            gpu_name=g.name,
+            cc=g.cc,
+            variant=v.name,
+            arch_list=tuple(v.arch_list),
+            torch=rel.version,
+        )
+        for g in gpus
+        if not any(arch_runs(g.cc, a) for a in v.arch_list)
+    ]
+    policy = spec.target.driver_policy
+    floor = driver_floor(db, v, policy)
+    if floor is None:
+        causes.append(UnknownCuda(cuda=cuda))
+    elif spec.target.driver and Version(spec.target.driver) < Version(floor):
+        causes.append(
+            DriverTooOld(
+                driver=spec.target.driver, needed=floor, cuda=cuda, policy=policy, variant=v.name
+            )
+        )
+    elif floor and not spec.target.driver:
+        # the floor the hosts are assumed to run: no newer than a GPU's last branch
+        causes += [
+            DriverPastGpu(
+                gpu=_short(g),
+                gpu_name=g.name,
+                needed=floor,
+                last=g.max_driver,
+                cuda=cuda,
+                policy=policy,
+                variant=v.name,
+                source=g.max_driver_source,
+            )
+            for g in gpus
+            if g.driver_too_new(floor)
+        ]
+    return causes
 
 
 def _short(g: Gpu) -> str:
@@ -652,9 +653,9 @@ def _releases(spec: EnvSpec, db: CompatDB) -> list[TorchRelease]:
 
 def _judge_release(
     spec: EnvSpec, db: CompatDB, rel: TorchRelease, gpus: list[Gpu], arch: str
-) -> tuple[Variant | None, list[tuple[Variant, bool, list[dict]]]]:
+) -> tuple[Variant | None, list[tuple[Variant, bool, list[Cause]]]]:
     """The build of ``rel`` to take (None: none fits) and every build with whether it fits and why."""
-    judged = []
+    judged: list[tuple[Variant, bool, list[Cause]]] = []
     for v in sorted(rel.variants.values(), key=_cuda_key):
         v = platform_arches(v, rel, arch)
         ok, facts = _judge(spec, db, rel, v, gpus)
@@ -695,43 +696,35 @@ def _choose_torch(
                 )
             ],
         )
-    all_causes: list[dict] = []
+    all_causes: list[Cause] = []
     first_candidates: list[Candidate] | None = None
-    newer: list[tuple[str, list[dict]]] = []
+    newer: list[tuple[str, list[Cause]]] = []
     for rel in sorted(releases, key=lambda r: Version(r.version), reverse=True):
         if rel.needs_review:
             # `db refresh` added it without the facts to judge its builds: not a candidate until curated
-            all_causes.append(
-                {
-                    "kind": "release-needs-review",
-                    "torch": rel.version,
-                    "items": list(rel.needs_review),
-                    "where": _where(spec, {"kind": "release-needs-review"}),
-                }
-            )
+            review = ReleaseNeedsReview(torch=rel.version, items=tuple(rel.needs_review))
+            all_causes.append(replace(review, where=_where(spec, review)))
             newer.append((rel.version, [all_causes[-1]]))
             continue
         pick, judged = _judge_release(spec, db, rel, gpus, arch)
-        causes = [
-            c | {"torch": rel.version, "where": _where(spec, c)}
+        all_causes += [
+            replace(c, torch=rel.version, where=_where(spec, c))
             for _, ok, facts in judged
             if not ok
             for c in facts
-            if c["kind"] != "variant-not-requested"
+            if not isinstance(c, VariantNotRequested)
         ]
-        all_causes.extend(causes)
-        if (
-            pick is None
-        ):  # each cause with the build it rejects, for explain to say which builds lack what
+        if pick is None:
+            # each cause with the build it rejects, for explain to say which builds lack what
             newer.append(
                 (
                     rel.version,
                     [
-                        c | {"torch": rel.version, "build": v.name}
+                        replace(c, torch=rel.version, build=v.name)
                         for v, ok, facts in judged
                         if not ok
                         for c in facts
-                        if c["kind"] != "variant-not-requested"
+                        if not isinstance(c, VariantNotRequested)
                     ],
                 )
             )
@@ -760,25 +753,24 @@ def _choose_torch(
                 variant=on_platform(pick, rel, arch).served_from(spec.sources.torch_index),
                 min_driver=floor,
                 candidates=cands,
-                skipped=[c for c in all_causes if c["kind"] == "release-needs-review"],
+                skipped=[c for c in all_causes if isinstance(c, ReleaseNeedsReview)],
                 newer=newer,
             )
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append(
-            {
-                "kind": "cuda-not-offered",
-                "wanted": spec.torch.cuda,
-                "offered": offered,
-                "where": spec.problem(("torch", "cuda"), "").where(spec.file),
-            }
+            CudaNotOffered(
+                wanted=spec.torch.cuda,
+                offered=tuple(offered),
+                where=spec.problem(("torch", "cuda"), "").where(spec.file),
+            )
         )
     suggestions = what_would_fit(spec, db, gpus)
     raise ResolutionImpossible(
         f"no build of torch {spec.torch.version} fits {spec.file or 'the spec'}",
-        causes=_dedupe(all_causes) + suggestions,
+        causes=[*_dedupe(all_causes), *suggestions],
         candidates=first_candidates or [],
-        hint="; ".join(s["text"] for s in suggestions) if suggestions else "",
+        hint="; ".join(s.text for s in suggestions),
         reference=_main_reference(all_causes),
     )
 
@@ -792,17 +784,13 @@ _CAUSE_KEYS = {
 }
 
 
-def _where(spec: EnvSpec, cause: dict) -> str:
+def _where(spec: EnvSpec, cause: Cause) -> str:
     """'[target].driver (specs/x.toml:7)' for the spec key behind a cause."""
-    path: tuple[str | int, ...] = _CAUSE_KEYS.get(cause["kind"], ("torch", "version"))
-    if cause["kind"] == "arch-missing":
-        names = [g for g in spec.target.gpus]
+    path: tuple[str | int, ...] = _CAUSE_KEYS.get(cause.kind, ("torch", "version"))
+    if isinstance(cause, ArchMissing):
+        gpu = cause.gpu.lower()
         idx = next(
-            (
-                i
-                for i, n in enumerate(names)
-                if n.lower() in cause["gpu"].lower() or cause["gpu"].lower() in n.lower()
-            ),
+            (i for i, n in enumerate(spec.target.gpus) if n.lower() in gpu or gpu in n.lower()),
             None,
         )
         if idx is not None:
@@ -823,22 +811,25 @@ def _prefer(rel: TorchRelease, fits: list[Variant], pypi_variant: str | None) ->
     return max(fits, key=_cuda_key)
 
 
-def _dedupe(causes: list[dict]) -> list[dict]:
-    seen, out = set(), []
+def _dedupe(causes: list[Cause]) -> list[Cause]:
+    """The causes without repeats: two that differ only in the release or the arch list or Pythons
+    the release has are said once."""
+    seen: set[Cause] = set()
+    out: list[Cause] = []
     for c in causes:
-        key = tuple(
-            sorted(
-                (k, str(v)) for k, v in c.items() if k not in ("torch", "arch_list", "supported")
-            )
-        )
+        key = replace(c, torch="")
+        if isinstance(key, ArchMissing):
+            key = replace(key, arch_list=())
+        if isinstance(key, PythonUnsupported):
+            key = replace(key, supported=())
         if key not in seen:
             seen.add(key)
             out.append(c)
     return out
 
 
-def _main_reference(causes: list[dict]) -> str:
-    kinds = [c["kind"] for c in causes]
+def _main_reference(causes: list[Cause]) -> str:
+    kinds = [c.kind for c in causes]
     for k, ref in (
         ("arch-missing", "no-kernels-for-gpu"),
         ("driver-too-old", "driver-too-old"),
@@ -851,9 +842,9 @@ def _main_reference(causes: list[dict]) -> str:
     return "no-compatible-torch"
 
 
-def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
+def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[Suggestion]:
     """Ignoring the torch range: the oldest release and its variants that would fit, per blocker."""
-    out: list[dict] = []
+    out: list[Suggestion] = []
     for g in gpus:
         fits = [
             (r, v)
@@ -863,21 +854,17 @@ def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
         ]
         if not fits:
             out.append(
-                {
-                    "kind": "suggestion",
-                    "text": f"{_short(g)} ({g.cc}) is run by no torch build the DB knows",
-                }
+                Suggestion(text=f"{_short(g)} ({g.cc}) is run by no torch build the DB knows")
             )
             continue
         first = min(fits, key=lambda rv: Version(rv[0].version))
         variants = sorted({v.name for r, v in fits if r.version == first[0].version})
         sm = f"sm_{g.cc.replace('.', '')}"
         out.append(
-            {
-                "kind": "suggestion",
-                "gpu": g.name,
-                "text": f"{_short(g)} needs {sm}: torch >= {first[0].version} with {' or '.join(variants)}",
-            }
+            Suggestion(
+                gpu=g.name,
+                text=f"{_short(g)} needs {sm}: torch >= {first[0].version} with {' or '.join(variants)}",
+            )
         )
     if spec.target.driver:
         ok = [
@@ -891,11 +878,10 @@ def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
         if ok:
             newest = max(ok, key=lambda rv: (_cuda_key(rv[1]), Version(rv[0].version)))
             out.append(
-                {
-                    "kind": "suggestion",
-                    "text": f"driver {spec.target.driver} runs up to CUDA {newest[1].cuda} "
+                Suggestion(
+                    text=f"driver {spec.target.driver} runs up to CUDA {newest[1].cuda} "
                     f"({spec.target.driver_policy}): e.g. torch {newest[0].version} with {newest[1].name}",
-                }
+                )
             )
     if spec.torch and spec.python.version:
         py_ok = [
@@ -908,10 +894,9 @@ def what_would_fit(spec: EnvSpec, db: CompatDB, gpus: list[Gpu]) -> list[dict]:
             any_ok = [r.version for r in db.torch_releases if spec.python.version in r.python]
             if any_ok:
                 out.append(
-                    {
-                        "kind": "suggestion",
-                        "text": f"Python {spec.python.version} has torch wheels from {any_ok[0]} to {any_ok[-1]}",
-                    }
+                    Suggestion(
+                        text=f"Python {spec.python.version} has torch wheels from {any_ok[0]} to {any_ok[-1]}",
+                    )
                 )
     return out
 
@@ -1011,7 +996,7 @@ def _run_uv(
     no_deps: bool = False,
     only_binary: bool = True,
     no_binary: Iterable[str] = (),
-) -> list[dict]:
+) -> list[PylockPackage]:
     """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages:
     wheels only (``only_binary``), except for the ``no_binary`` packages, which are taken as sdists
     (a package with no wheel, built from source: issue 37)."""
@@ -1095,8 +1080,8 @@ def _run_uv(
             or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
             or _uv_error(proc.stderr, reqs, choice, sources)
         )
-    data = tomllib.loads(out.read_text())
-    return data.get("packages", [])
+    packages: list[PylockPackage] = tomllib.loads(out.read_text()).get("packages", [])
+    return packages
 
 
 def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
@@ -1149,16 +1134,15 @@ def _platform_wheel_error(stderr: str, choice: Choice, index_notes: list[str]) -
         if row
         else f"PyPI has no {choice.platform} wheel of torch {choice.torch.release.version} on record"
     )
-    causes = [
-        {
-            "kind": "no-wheel-for-platform",
-            "where": spec.problem(("torch", "version"), "").where(spec.file),
-            "text": f"no {choice.platform} ({choice.platform_tag}) wheel of {name}=={version} on the configured "
+    causes: list[Cause] = [
+        NoWheelForPlatform(
+            where=spec.problem(("torch", "version"), "").where(spec.file),
+            text=f"no {choice.platform} ({choice.platform_tag}) wheel of {name}=={version} on the configured "
             f"indexes ({v.index}); {has} "
             "(compat/data/torch_platforms.toml)",
-        }
+        )
     ]
-    causes += [{"kind": "no-wheel-for-platform", "text": n} for n in index_notes]
+    causes += [NoWheelForPlatform(text=n) for n in index_notes]
     return ResolutionImpossible(
         f"{name} {version} has no wheel for {choice.platform}",
         causes=causes,
@@ -1240,18 +1224,17 @@ def _no_wheel_error(
     return ResolutionImpossible(
         f"{name} has no wheel for {choice.platform} and Python {choice.python}",
         causes=[
-            {
-                "kind": "no-wheel",
-                "package": name,
-                "where": _requirement_where(choice, name),
-                "text": f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
+            NoWheel(
+                package=name,
+                where=_requirement_where(choice, name),
+                text=f"no release of {name} has a wheel for {choice.platform} ({choice.platform_tag}) and "
                 f'Python {choice.python}, and source builds are off ([python].from_source = "never")'
                 + (
                     f" (with a build from source the lock would take {name} {would})"
                     if would
                     else ""
                 ),
-            }
+            )
         ],
         hint=f"drop {name}, pin a version of it that has a wheel for {choice.platform}, or let envspec build it "
         'from its sdist ([python].from_source = "auto", the default)',
@@ -1263,7 +1246,7 @@ def _no_wheel_package(e: ResolutionImpossible) -> str | None:
     """The package a ``no-wheel`` error names (``_no_wheel_error``), else None."""
     if e.reference != "no-wheel":
         return None
-    return next((c["package"] for c in e.causes if c.get("package")), None)
+    return next((c.package for c in e.causes if isinstance(c, NoWheel) and c.package), None)
 
 
 def _pypi_has(platform: str) -> str:
@@ -1301,11 +1284,10 @@ def _no_platform_wheel(
     return ResolutionImpossible(
         f"{name} {version} has no wheel for {choice.platform}",
         causes=[
-            {
-                "kind": "no-wheel-for-platform",
-                "where": spec.problem(path, "").where(spec.file),
-                "text": f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}",
-            }
+            NoWheelForPlatform(
+                where=spec.problem(path, "").where(spec.file),
+                text=f"{name}=={version} has no {choice.platform} ({choice.platform_tag}) wheel; {has}",
+            )
         ],
         hint=f"pick a version of {name} with a wheel for {choice.platform}, drop it for this platform, or "
         "lock for the platform it has wheels for ([target].platforms)",
@@ -1334,10 +1316,7 @@ def _uv_error(
     if "No solution found" in text or "unsatisfiable" in text:
         return ResolutionImpossible(
             "the Python packages cannot be installed together",
-            causes=[
-                {"kind": "python-conflict", "text": _our_pin(ln.strip(), choice)}
-                for ln in lines[:12]
-            ],
+            causes=[PythonConflict(text=_our_pin(ln.strip(), choice)) for ln in lines[:12]],
             hint=_conflict_hint(text, choice),
             reference="python-conflict",
         )
@@ -1360,17 +1339,17 @@ def _unknown_packages(
         if sources is not None and missing
         else set()
     )
-    causes, hints = [], []
+    causes: list[Cause] = []
+    hints: list[str] = []
     for name in dict.fromkeys(missing):
         close = close_names(name, names) if names else []
         where = _requirement_where(choice, name) if choice is not None else ""
         causes.append(
-            {
-                "kind": "python-missing",
-                "where": where,
-                "text": f"no configured index has a package named {name!r}"
+            PythonMissing(
+                where=where,
+                text=f"no configured index has a package named {name!r}"
                 + (f"; did you mean {close[0]!r}?" if close else ""),
-            }
+            )
         )
         if close:
             hints.append(
@@ -1378,7 +1357,7 @@ def _unknown_packages(
                 + (f" (or {', '.join(repr(c) for c in close[1:])})" if close[1:] else "")
             )
     if not causes:
-        causes = [{"kind": "python-missing", "text": ln.strip()} for ln in lines[:8]]
+        causes = [PythonMissing(text=ln.strip()) for ln in lines[:8]]
     return ResolutionImpossible(
         "a Python package does not exist on the configured indexes",
         causes=causes,
@@ -1387,6 +1366,11 @@ def _unknown_packages(
         else "check the name in [python].packages, or add the index to [sources]",
         reference="unknown-python-package",
     )
+
+
+def _debian_where(spec: EnvSpec, i: int) -> str:
+    """'[system].packages[1] (specs/x.toml:12)' for the spec's i-th Debian package."""
+    return spec.problem(("system", "packages", i), "").where(spec.file)
 
 
 def _requirement_where(choice: Choice, name: str) -> str:
@@ -1550,7 +1534,7 @@ def _torch_among(fitting: list[str], in_range: list[str]) -> str:
     return f"torch>={low},<{nxt}" + "".join(f",!={v}" for v in sorted(skip, key=Version))
 
 
-def _excludes(package: dict, newer: list[str], choice: Choice) -> list[PassedOver]:
+def _excludes(package: PylockPackage, newer: list[str], choice: Choice) -> list[PassedOver]:
     """The ``newer`` torch releases that ``package`` (a uv pylock entry) does not accept, by the
     Requires-Dist on torch in its wheel's metadata (none where the metadata cannot be read)."""
     from packaging.requirements import Requirement  # here: explain does without the marker grammar
@@ -1599,7 +1583,7 @@ def _excludes(package: dict, newer: list[str], choice: Choice) -> list[PassedOve
     return out
 
 
-def _wheel_metadata(wheel: dict) -> str:
+def _wheel_metadata(wheel: dict[str, Any]) -> str:
     """The METADATA of a wheel in uv's pylock (its ``url`` or local ``path``), read in place: a
     local file's members, a remote one's by range requests (``compat.pypi.read_zip_member``)."""
     from envspec.compat.pypi import (
@@ -1649,7 +1633,7 @@ def resolve_python(
     auto = choice.spec.python.from_source == "auto"
     no_binary = source_only(choice, sources, workdir) if auto else set()
 
-    def closure(upgrade: list[str], constraints: list[str]) -> list[dict]:
+    def closure(upgrade: list[str], constraints: list[str]) -> list[PylockPackage]:
         while (
             True
         ):  # each package uv finds with no wheel at all is taken as an sdist, and uv runs again
@@ -1774,7 +1758,7 @@ def source_only(choice: Choice, sources: ResolvedSources, workdir: Path) -> set[
 
 
 def _candidate(
-    p: dict, choice: Choice, sources: ResolvedSources, *, group: str, direct: bool = False
+    p: PylockPackage, choice: Choice, sources: ResolvedSources, *, group: str, direct: bool = False
 ) -> WheelCandidate:
     """A package of uv's pylock.toml output as its pin: its wheel, or its sdist where uv took that
     (``resolve_python``'s no_binary: built from source); ``no-wheel`` where it has neither."""
@@ -1787,11 +1771,10 @@ def _candidate(
         raise ResolutionImpossible(
             f"{name} {p['version']} has no wheel for {choice.platform_tag}",
             causes=[
-                {
-                    "kind": "no-wheel",
-                    "text": f"{name} {p['version']} has neither a wheel "
+                NoWheel(
+                    text=f"{name} {p['version']} has neither a wheel "
                     f"for {choice.platform_tag} nor a source distribution",
-                }
+                )
             ],
             hint="pick a version with a manylinux wheel or an sdist",
             reference="no-wheel",
@@ -1877,7 +1860,7 @@ def debian_request(choice: Choice) -> list[str]:
 
 def resolve_debian(
     choice: Choice, sources: ResolvedSources, *, cache_dir: Path
-) -> tuple[list, list[str]]:
+) -> tuple[list[DebPin], list[str]]:
     if choice.suite is None:
         return [], []
     requested = debian_request(choice)
@@ -1891,16 +1874,13 @@ def resolve_debian(
             architecture=choice.debian_arch,
         )
     except ResolutionImpossible as e:  # an unknown package the spec names: its key and line
-        spec = choice.spec
-        for c in e.causes:
-            if (
-                isinstance(c, dict)
-                and c.get("kind") == "unknown-debian-package"
-                and c["name"] in spec.system.packages
-            ):
-                c["where"] = spec.problem(
-                    ("system", "packages", spec.system.packages.index(c["name"])), ""
-                ).where(spec.file)
+        wanted = choice.spec.system.packages
+        e.causes = [
+            replace(c, where=_debian_where(choice.spec, wanted.index(c.name)))
+            if isinstance(c, UnknownDebianPackage) and c.name in wanted
+            else c
+            for c in e.causes
+        ]
         raise
     return pins, requested
 
@@ -1974,7 +1954,11 @@ def held_back(
 
 
 def _holds_back(
-    top: dict, torch_version: str | None, choice: Choice, sources: ResolvedSources, workdir: Path
+    top: PylockPackage,
+    torch_version: str | None,
+    choice: Choice,
+    sources: ResolvedSources,
+    workdir: Path,
 ) -> str:
     """Why the lock does not take ``top`` (a uv pylock entry): its requirement on torch against the
     lock's torch, by its wheel's metadata; else its own requirements, where it cannot be installed
@@ -1996,9 +1980,9 @@ def _holds_back(
         )
     except ResolutionImpossible as e:
         said = [
-            c["text"]
+            c.text
             for c in e.causes
-            if "Because" in c.get("text", "") or c.get("kind") == "python-missing"
+            if isinstance(c, PythonMissing) or (isinstance(c, Said) and "Because" in c.text)
         ]
         python = re.search(r"requires Python ([^ ,]+)", " ".join(said))
         if python is not None:

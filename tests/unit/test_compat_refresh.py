@@ -9,6 +9,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from envspec.causes import ReleaseNeedsReview
 from envspec.cli import main
 from envspec.compat import DATA_DIR, load_db, pypi, refresh
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_SOURCE, SourceError
@@ -515,7 +516,7 @@ def test_resolution_skips_releases_that_need_review(tmp_path, monkeypatch, capsy
     except ResolutionImpossible as e:
         assert e.reference == "release-needs-review" and e.exit_code == 2
         assert any(
-            c["kind"] == "release-needs-review" and c["where"].startswith("[torch].version")
+            isinstance(c, ReleaseNeedsReview) and c.where.startswith("[torch].version")
             for c in e.causes
         )
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from envspec.causes import DebianUnsatisfiable, UnknownDebianPackage
 from envspec.debian import RecordingReporter, resolve_closure, security_mirror_for
 from envspec.debian.closure import AptRoot, _unmet, parse_packages
 from envspec.errors import EXIT_BAD_INPUT, EXIT_SOURCE, HostError, ResolutionImpossible, SourceError
@@ -118,8 +119,9 @@ def test_unknown_names_all_reported_with_did_you_mean(tmp_path, keyring, fake_ap
     e = ei.value
     assert e.reference == "unknown-debian-package" and e.exit_code == EXIT_BAD_INPUT
     assert "'pyton3' (did you mean 'python3'?)" in e.message and "'mawkk'" in e.message
-    assert [c["name"] for c in e.causes] == ["mawkk", "pyton3"]
-    assert "python3" in e.causes[1]["did_you_mean"]
+    assert [c.name for c in e.causes if isinstance(c, UnknownDebianPackage)] == ["mawkk", "pyton3"]
+    c = e.causes[1]
+    assert isinstance(c, UnknownDebianPackage) and "python3" in c.did_you_mean
     assert "install" not in fake_apt.names()  # apt is not asked to install unknown names
 
 
@@ -135,7 +137,8 @@ def test_unsatisfiable_carries_apts_reason(tmp_path, keyring, fake_apt):
         resolve(["exim4-daemon-light", "exim4-daemon-heavy"], tmp_path, keyring)
     assert ei.value.reference == "debian-unsatisfiable"
     assert "exim4-daemon-heavy : Conflicts: mail-transport-agent" in ei.value.message
-    assert ei.value.causes[0]["apt"]
+    c = ei.value.causes[0]
+    assert isinstance(c, DebianUnsatisfiable) and c.apt
 
 
 def test_missing_version(tmp_path, keyring, fake_apt):

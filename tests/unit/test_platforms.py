@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from envspec.causes import NoWheelForPlatform
 from envspec.compat import load_db
 from envspec.compat.platforms import pypi_build
 from envspec.errors import SpecError
@@ -240,10 +241,11 @@ def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
     )
     assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
     first = err.causes[0]
-    assert first["where"] == "[torch].version (t.toml:6)"
-    assert "torch==2.14.1+cu126" in first["text"] and "linux-aarch64" in first["text"]
-    assert "PyPI's linux-aarch64 wheel of torch 2.14.1 is its cu130 build" in first["text"]
-    assert "unreachable" in err.causes[1]["text"] and "mirror" in err.hint
+    assert isinstance(first, NoWheelForPlatform) and isinstance(err.causes[1], NoWheelForPlatform)
+    assert first.where == "[torch].version (t.toml:6)"
+    assert "torch==2.14.1+cu126" in first.text and "linux-aarch64" in first.text
+    assert "PyPI's linux-aarch64 wheel of torch 2.14.1 is its cu130 build" in first.text
+    assert "unreachable" in err.causes[1].text and "mirror" in err.hint
     # on x86_64 the same uv answer stays uv's conflict (the resolver's words), not a platform error
     x86 = choose(spec('[target]\ngpus = ["H100"]\n[torch]\nversion = ">=2.9"\n'), db)
     assert _platform_wheel_error(UV_NO_TORCH, x86, []) is None
@@ -271,10 +273,10 @@ def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(d
     err = _platform_wheel_error(UV_NO_AARCH64, arm, [])
     assert err is not None and err.reference == "no-wheel-for-platform" and err.exit_code == 2
     c = err.causes[0]
-    assert c["where"] == "[python].packages[1] (t.toml:5)", c
+    assert isinstance(c, NoWheelForPlatform)
+    assert c.where == "[python].packages[1] (t.toml:5)", c
     assert (
-        "intel-openmp==2024.2.1 has no linux-aarch64" in c["text"]
-        and "`manylinux1_x86_64`" in c["text"]
+        "intel-openmp==2024.2.1 has no linux-aarch64" in c.text and "`manylinux1_x86_64`" in c.text
     )
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from envspec.causes import Suggestion
 from envspec.cli import main
 from envspec.compat import load_db
 from envspec.errors import ResolutionImpossible, SpecError
@@ -49,7 +50,7 @@ def test_strict_policy_uses_the_toolkit_floor(db):
         choose(spec(body), db)
     assert ei.value.reference == "driver-too-old"
     assert any(
-        c.get("kind") == "suggestion" and "driver 535.230.02 runs up to CUDA" in c["text"]
+        isinstance(c, Suggestion) and "driver 535.230.02 runs up to CUDA" in c.text
         for c in ei.value.causes
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from envspec.causes import PythonMissing, Said
 from envspec.compat import load_db
 from envspec.resolve import choose, held_back, resolve_python, with_packages
 from envspec.sources import Mirror, ResolvedSources
@@ -198,7 +199,7 @@ def test_a_conflict_names_the_package_whose_pin_binds_torch(tmp_path, monkeypatc
         'vllm>=0.34.0 requires torch==2.14.0, and [torch].version = "==2.15.*" gives torch 2.15.0: '
         'set [torch].version = "2.14.*"'
     ), err.hint
-    said = " ".join(c["text"] for c in err.causes)
+    said = " ".join(c.text for c in err.causes if isinstance(c, Said))
     assert "envspec chose torch==2.15.0" in said and "you require torch==2.15.0" not in said
 
 
@@ -245,11 +246,10 @@ def test_a_misspelled_package_gets_did_you_mean_at_its_place_in_the_spec(tmp_pat
     assert err.reference == "unknown-python-package"
     assert err.hint == "'transfomers': did you mean 'transformers'?"
     assert err.causes == [
-        {
-            "kind": "python-missing",
-            "where": f"[python].packages[1] ({spec_path}:9)",
-            "text": "no configured index has a package named 'transfomers'; did you mean 'transformers'?",
-        }
+        PythonMissing(
+            where=f"[python].packages[1] ({spec_path}:9)",
+            text="no configured index has a package named 'transfomers'; did you mean 'transformers'?",
+        )
     ]
 
 
@@ -394,8 +394,9 @@ def test_a_package_with_no_wheel_says_so_and_what_a_source_build_would_take(tmp_
         err.reference == "no-wheel"
         and err.message == "flash-attn has no wheel for linux-x86_64 and Python 3.11"
     )
-    assert err.causes[0]["where"] == f"[python].packages[1] ({spec_path}:9)"
-    assert err.causes[0]["text"].endswith(
+    c = err.causes[0]
+    assert isinstance(c, Said) and c.where == f"[python].packages[1] ({spec_path}:9)"
+    assert c.text.endswith(
         'source builds are off ([python].from_source = "never") (with a build '
         "from source the lock would take flash-attn 2.8.3)"
     )

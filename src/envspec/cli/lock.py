@@ -12,6 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from envspec.causes import PackageHeldBack
 from envspec.cli.common import JSON_HELP, QUIET_HELP, command, console, print_json, say
 from envspec.errors import (
     EXIT_CHECK_FAILED,
@@ -219,7 +220,7 @@ def cmd_lock(args) -> int:
     if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
         raise ResolutionImpossible(
             f'{len(held)} package(s) the spec names are held back ([python].held_back = "error")',
-            causes=[{"kind": "package-held-back", "where": "", "text": h["why"]} for h in held],
+            causes=[PackageHeldBack(text=h["why"]) for h in held],
             hint="act on each reason, pin the package where its current release is wanted, or set "
             '[python].held_back = "warn"',
             reference="package-held-back",

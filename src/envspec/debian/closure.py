@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote
 
+from envspec.causes import DebianUnsatisfiable, InvalidDebianPackage, UnknownDebianPackage
 from envspec.errors import HostError, ResolutionImpossible, SourceError
 
 from .models import CANONICAL_MIRROR, DebPin, sorted_pins
@@ -402,7 +403,7 @@ def _requested_name(req: str) -> str:
     if not m:
         raise ResolutionImpossible(
             f"{req!r} is not a Debian package name (NAME, NAME=VERSION or NAME/POCKET)",
-            causes=[{"kind": "invalid-debian-package", "requested": req}],
+            causes=[InvalidDebianPackage(requested=req)],
             reference="invalid-debian-package",
         )
     return m.group(1)
@@ -456,7 +457,7 @@ def resolve_closure(
     names = {req: _requested_name(req) for req in requested}
     db = sqlite3.connect(f"file:{root.index_path}?mode=ro", uri=True)
     try:
-        unknown = []
+        unknown: list[UnknownDebianPackage] = []
         for req, name in sorted(names.items()):
             hit = db.execute(
                 "SELECT 1 FROM debs WHERE name=? UNION SELECT 1 FROM provides WHERE name=? LIMIT 1",
@@ -464,20 +465,19 @@ def resolve_closure(
             ).fetchone()
             if not hit:
                 unknown.append(
-                    {
-                        "kind": "unknown-debian-package",
-                        "name": name,
-                        "suite": suite,
-                        "pockets": root.pockets,
-                        "did_you_mean": _did_you_mean(db, name),
-                    }
+                    UnknownDebianPackage(
+                        name=name,
+                        suite=suite,
+                        pockets=tuple(root.pockets),
+                        did_you_mean=tuple(_did_you_mean(db, name)),
+                    )
                 )
         if unknown:
             words = []
             for c in unknown:
-                w = f"{c['name']!r}"
-                if c["did_you_mean"]:
-                    w += f" (did you mean {' or '.join(repr(x) for x in c['did_you_mean'])}?)"
+                w = f"{c.name!r}"
+                if c.did_you_mean:
+                    w += f" (did you mean {' or '.join(repr(x) for x in c.did_you_mean)}?)"
                 words.append(w)
             n = len(unknown)
             raise ResolutionImpossible(
@@ -507,12 +507,9 @@ def resolve_closure(
                 f"apt cannot install {', '.join(sorted(requested))} on Debian {suite}:\n"
                 + "\n".join(f"  {r}" for r in reasons),
                 causes=[
-                    {
-                        "kind": "debian-unsatisfiable",
-                        "suite": suite,
-                        "requested": sorted(requested),
-                        "apt": reasons,
-                    }
+                    DebianUnsatisfiable(
+                        suite=suite, requested=tuple(sorted(requested)), apt=tuple(reasons)
+                    )
                 ],
                 hint="drop or change the package in [system].packages",
                 reference="debian-unsatisfiable",

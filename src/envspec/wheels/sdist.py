@@ -825,6 +825,7 @@ def pin_inputs(
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
         if cuda and "torch" in names(requires):
             if not toolkit_requirements(cuda):
+                from envspec.causes import NoCudaCompiler
                 from envspec.errors import ResolutionImpossible
 
                 t = ch.torch
@@ -832,13 +833,12 @@ def pin_inputs(
                     f"{w.name} {w.version} has no wheel and builds a CUDA extension, and there is no CUDA compiler "
                     f"for CUDA {cuda} on the package indexes",
                     causes=[
-                        {
-                            "kind": "no-cuda-compiler",
-                            "text": f"{w.name} {w.version} builds against torch "
+                        NoCudaCompiler(
+                            text=f"{w.name} {w.version} builds against torch "
                             f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
                             f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
                             f"carries ptxas alone), and envspec never compiles with a system's nvcc",
-                        }
+                        )
                     ],
                     hint=f'lock a CUDA 13 torch ([torch].cuda = "13.0": torch 2.11 or later on PyPI), or pin a '
                     f"release of {w.name} that has a wheel",
