@@ -179,7 +179,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
         size=lying["size"],
         diff_id=wrong,
         diff_size=lying["diff_size"],
-        meta={},
+        record=None,
     )
     subprocess.run(
         [

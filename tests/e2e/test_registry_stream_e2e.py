@@ -253,7 +253,7 @@ def test_a_damaged_or_lying_stream_is_a_warning_and_its_layer_is_made(world, tmp
         size=lying["size"],
         diff_id=wrong,
         diff_size=lying["diff_size"],
-        meta={},
+        record=None,
     )
     subprocess.run(
         [

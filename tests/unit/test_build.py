@@ -477,7 +477,7 @@ def test_a_wheel_from_a_local_mirror_without_reflinks_is_read_where_it_is(tmp_pa
     out = layer_makers.make_wheel_layer(
         [(path.name, str(path), ident)], helpers.load().platform, tmp_path / "a.tar"
     )
-    assert out["size"] > 0  # unchanged: made
+    assert out.size > 0  # unchanged: made
     _flip(path, 10)  # the mirror's file written after its hash was checked: the maker refuses it
     with pytest.raises(HashMismatch, match="changed after its sha256 was checked"):
         layer_makers.make_wheel_layer(

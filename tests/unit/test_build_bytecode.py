@@ -68,7 +68,7 @@ def _record(tf):
 @needs_compiler
 def test_every_module_gets_its_pyc_right_after_it_listed_in_record(tmp_path):
     res = _make(tmp_path, tmp_path / "l.tar")
-    assert res["pyc"]["files"] == 4 and res["pyc"]["bytes"] > 0
+    assert res.pyc.files == 4 and res.pyc.bytes > 0
     with tarfile.open(tmp_path / "l.tar") as tf:
         names = tf.getnames()
         record = _record(tf)
@@ -279,7 +279,7 @@ def test_base_layer_carries_the_debian_python_modules_pyc(tmp_path):
     a = _make_base(tmp_path / "a", tmp_path / "a.tar")
     b = _make_base(tmp_path / "b", tmp_path / "b.tar")
     assert a == b and (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
-    assert a["pyc"]["files"] == 4 and a["pyc"]["bytes"] > 0
+    assert a.pyc.files == 4 and a.pyc.bytes > 0
     with tarfile.open(tmp_path / "a.tar") as tf:
         pycs = sorted(n for n in tf.getnames() if n.endswith(".pyc"))
         assert pycs == [
@@ -330,7 +330,7 @@ def test_base_layer_carries_the_debian_python_modules_pyc(tmp_path):
 def test_base_layer_without_a_compiler_has_no_pyc(tmp_path):
     made = layers.make_base_layer(make_plan(LOCK), _rootfs(tmp_path), tmp_path / "l.tar")
     with tarfile.open(tmp_path / "l.tar") as tf:
-        assert not [n for n in tf.getnames() if n.endswith(".pyc")] and made["pyc"]["files"] == 0
+        assert not [n for n in tf.getnames() if n.endswith(".pyc")] and made.pyc.files == 0
 
 
 @needs_compiler
@@ -353,7 +353,7 @@ def test_envspec_layer_carries_the_verifiers_pyc(tmp_path):
     assert "envspec/verify/__main__.py" in "\n".join(sources)
     for src in sources:
         assert pyc_path(src, "cpython-311") in names, src
-    assert made["pyc"]["files"] == len(sources)
+    assert made.pyc.files == len(sources)
     assert data[4:8] == (0b01).to_bytes(4, "little")
 
 

@@ -57,7 +57,7 @@ def test_the_costliest_layer_starts_first_and_the_others_run_niced(tmp_path, mon
     base = os.getpriority(os.PRIO_PROCESS, 0)
     with lay.wheel_makers(2) as makers:
         assert [m.group for m in makers.todo] == ["torch", "cuda", "team"]
-        ran = {m.group: fut.result()["nice"] for m, _out, fut in makers.jobs}
+        ran = {m.group: fut.result().nice for m, _out, fut in makers.jobs}
     assert ran == {"torch": base, "cuda": min(19, base + 10), "team": min(19, base + 10)}
 
 
@@ -74,5 +74,5 @@ def test_the_others_niceness_is_a_setting_and_0_turns_it_off(tmp_path, monkeypat
     monkeypatch.setenv("ENVSPEC_MAKER_NICE_OTHERS", "0")
     monkeypatch.setenv("ENVSPEC_MAKER_NICE", "3")
     with lay.wheel_makers(1) as makers:
-        ran = {m.group: fut.result()["nice"] for m, _out, fut in makers.jobs}
+        ran = {m.group: fut.result().nice for m, _out, fut in makers.jobs}
     assert ran == {"torch": min(19, base + 3), "cuda": min(19, base + 3)}

@@ -20,6 +20,7 @@ from envspec.image import engine as eng_mod
 from envspec.image import importer as importer_mod
 from envspec.image.engine import Cancelled, chain_id
 from envspec.image.importer import Importer, LayerFile
+from envspec.image.records import LayerMeta, LayerSource
 
 
 def test_chain_id_is_containers_image_style():
@@ -317,13 +318,17 @@ def store_kind(request):
     return FakeStore if request.param == "serial" else StagingStore
 
 
-def _files(tmp_path, groups):
+def _meta(data: bytes, source: LayerSource = "made") -> LayerMeta:
+    return LayerMeta("sha256:" + hashlib.sha256(data).hexdigest(), len(data), source)
+
+
+def _files(tmp_path, groups, source: LayerSource = "made"):
     out = []
     for g in groups:
         data = (g * 1000).encode()
         (tmp_path / f"{g}.tar").write_bytes(data)
         fut: Future = Future()
-        fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
+        fut.set_result(_meta(data, source))
         out.append(LayerFile(g, tmp_path / f"{g}.tar", fut))
     return out
 
@@ -333,9 +338,9 @@ def test_importer_chains_ids_by_diff_id_and_names_the_image_last(tmp_path, store
     files = _files(tmp_path, ["base", "cuda", "envspec"])
     imp = Importer(store, files).start()
     imp.finish(b"{config}", b"{manifest}", "localhost/envspec/x:1")
-    base_id = chain_id("", files[0].made.result()["diff_id"])
-    cuda_id = chain_id(base_id, files[1].made.result()["diff_id"])
-    top_id = chain_id(cuda_id, files[2].made.result()["diff_id"])
+    base_id = chain_id("", files[0].made.result().diff_id)
+    cuda_id = chain_id(base_id, files[1].made.result().diff_id)
+    top_id = chain_id(cuda_id, files[2].made.result().diff_id)
     assert [c[1:3] for c in store.calls if c[0] == "put"] == [
         (base_id, ""),
         (cuda_id, base_id),
@@ -393,7 +398,7 @@ def _grow(
                 f.write(data[i : i + step])
                 f.flush()
                 time.sleep(0.002)
-        fut.set_result({"size": len(data), "diff_id": "sha256:" + hashlib.sha256(data).hexdigest()})
+        fut.set_result(_meta(data))
 
     t = threading.Thread(target=run)
     return t
@@ -433,9 +438,7 @@ def test_staged_import_stops_with_the_makers_error_when_the_maker_fails_half_way
 
 
 def test_staged_import_refuses_a_cached_layer_file_whose_bytes_changed(tmp_path):
-    files = _files(tmp_path, ["base", "cuda"])
-    for f in files:
-        f.made.result()["cached"] = True
+    files = _files(tmp_path, ["base", "cuda"], source="local")
     (tmp_path / "cuda.tar").write_bytes(b"CUDA" + b"cuda" * 999)  # same size, other bytes
     store = StagingStore()
     with pytest.raises(HashMismatch, match="cached layer file .*cuda.tar"):
@@ -446,11 +449,12 @@ def test_staged_import_refuses_a_cached_layer_file_whose_bytes_changed(tmp_path)
 def test_only_a_tar_this_build_made_is_staged_as_its_own(tmp_path):
     """A layer from the layer cache or a registry is untarred chrooted (until its digest is
     checked, its entries could point anywhere); one this build's maker wrote is not."""
-    files = _files(tmp_path, ["base", "cuda", "team", "envspec"])
-    for f, source in zip(files, ["made", "local", "registry", None]):
-        if source is not None:
-            f.made.result()["source"] = source
-        f.made.result()["cached"] = source in ("local", "registry")
+    files = [
+        _files(tmp_path, [group], source)[0]
+        for group, source in zip(
+            ["base", "cuda", "team", "envspec"], ["made", "local", "registry", "store"]
+        )
+    ]
     store = StagingStore()
     Importer(store, files).start().finish(b"{}", b"{}", "localhost/envspec/x:1")
     assert sorted(store.owns) == [
@@ -774,13 +778,7 @@ def test_a_stream_that_fails_its_checks_is_staged_again_from_the_layer_made_here
         streamed.set_exception(BadEntry("the blob's bytes are not the ones recorded"))
         fifo.unlink()
         (tmp_path / "torch.tar").write_bytes(data)  # made here after all
-        made.set_result(
-            {
-                "size": len(data),
-                "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
-                "source": "made",
-            }
-        )
+        made.set_result(_meta(data, "made"))
 
     store, imp = _import_stream(tmp_path, "torch", tmp_path / "torch.tar", stream)
     assert store.stages == [("torch", True), ("torch", False)]  # the stream followed, then the file
@@ -800,14 +798,7 @@ def test_a_stream_that_holds_is_committed_without_a_file(tmp_path):
             tee.write(memoryview(data[i : i + 65536]))
         tee.close()
         streamed.set_result(True)
-        made.set_result(
-            {
-                "size": len(data),
-                "diff_id": "sha256:" + hashlib.sha256(data).hexdigest(),
-                "source": "registry",
-                "cached": True,
-            }
-        )
+        made.set_result(_meta(data, "registry"))
 
     store, imp = _import_stream(tmp_path, "base", tmp_path / "nowhere.tar", stream)
     assert store.stages == [("base", True)] and store.owns == [("base", False)]

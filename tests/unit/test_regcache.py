@@ -19,6 +19,7 @@ from envspec.cache.store import Cache  # noqa: E402
 from envspec.errors import RegistryError, SourceError, UsageError  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, Reporter, build  # noqa: E402
 from envspec.image.compress import Compression  # noqa: E402
+from envspec.image.records import LayerRecord
 from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.regcache import (
     ARTIFACT_TYPE,
@@ -60,7 +61,7 @@ def _entry(tar: bytes, name: str = "zstd", **over):
         size=len(blob),
         diff_id=sha(tar),
         diff_size=len(tar),
-        meta={"entries": 3, "pins": ["a==1"]},
+        record=LayerRecord(diff_id=sha(tar), size=len(tar), entries=3, pins=["a==1"]),
     )
     fields.update(over)
     _config, manifest = entry_manifest(**fields)
@@ -84,14 +85,9 @@ def test_an_entry_round_trips_and_is_the_same_bytes_everywhere():
         len(tar),
         comp.id,
     )
-    assert e.local_meta("deps") == {
-        "entries": 3,
-        "pins": ["a==1"],
-        "key": KEY,
-        "group": "deps",
-        "diff_id": sha(tar),
-        "size": len(tar),
-    }
+    assert e.local_record("deps") == LayerRecord(
+        key=KEY, group="deps", diff_id=sha(tar), size=len(tar), entries=3, pins=["a==1"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -393,7 +389,7 @@ def test_write_entry_links_the_blob(tmp_path):
         size=3,
         diff_id=sha(b"zzz"),
         diff_size=3,
-        meta={},
+        record=None,
     )
     linked = tmp_path / "e" / "blobs" / "sha256" / sha(b"zzz").split(":")[1]
     assert linked.stat().st_ino == blob.stat().st_ino

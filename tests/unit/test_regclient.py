@@ -20,6 +20,7 @@ import zstandard
 
 from envspec.image.compress import Compression
 from envspec.image.engine import RegistryAccess
+from envspec.image.records import LayerRecord
 from envspec.registry.client import (
     RegistryClient,
     RegistryHTTPError,
@@ -204,7 +205,7 @@ def entry_for(blob: bytes, tar: bytes = TAR) -> RegistryEntry:
         media_type="",
         digest="sha256:" + hashlib.sha256(blob).hexdigest(),
         size=len(blob),
-        meta={},
+        record=LayerRecord(diff_id="sha256:" + hashlib.sha256(tar).hexdigest(), size=len(tar)),
     )
 
 

@@ -24,14 +24,17 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import BaseModel, ValidationError
+
 from envspec import debian, settings
 from envspec.cache.store import Cache, Identity, _pid_alive, admit
+from envspec.debian.models import DebPin
 from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
 from envspec.image.bytecode import find_compiler
@@ -47,8 +50,9 @@ from envspec.image.compress import (
 from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, chain_id, die_with_parent
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
+from envspec.image.records import BlobRecord, LayerMeta, LayerRecord, MadeBlob, MadeLayer
 from envspec.image.sbom import make_sbom
-from envspec.lock import DebPin, Lockfile, Wheel
+from envspec.lock import Lockfile, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
 from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
@@ -654,17 +658,17 @@ def compress_layers(
     made: list[LayerInfo] = []
     try:
         for lay in plan.layers:
-            meta = _cached_meta(cache, lay) if lay.cacheable else None
-            if meta is None or _cached_blob(cache, lay, comp) is not None:
+            record = _cached_record(cache, lay) if lay.cacheable else None
+            if record is None or _cached_blob(cache, lay, comp) is not None:
                 continue
             try:
-                blob, new = _compress_layer(cache, lay, comp, work, meta["diff_id"])
+                blob, new = _compress_layer(cache, lay, comp, work, record.diff_id)
             except DamagedEntry as e:  # dropped: the next build of the lock makes it again
                 cache.evict_layer(cache.layer_tar(lay.key))
                 reporter.warning(f"{e.message.splitlines()[0]}: removed from the cache")
                 continue
             if new:
-                info = _info(lay, {**meta, "blob": blob, "cached": True, "source": "local"})
+                info = _info(lay, LayerMeta(record.diff_id, record.size, "local", blob, record))
                 made.append(info)
                 reporter.layer_built(info)
     finally:
@@ -675,7 +679,7 @@ def compress_layers(
 
 def _compress_layer(
     cache: Cache, lay: Layer, comp: Compression, work: Path, diff_id: str
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[BlobRecord, bool]:
     """The cached layer's blob of ``comp``: found (made meanwhile by another process) or made
     now from its tar, checked against its ``diff_id`` as it is read, under the layer's lock; and
     whether it was made here."""
@@ -686,12 +690,18 @@ def _compress_layer(
         work.mkdir(parents=True, exist_ok=True)
         tmp = work / f"{lay.group}.tar{comp.suffix}"
         digest, size = compress_file(cache.layer_tar(lay.key), tmp, comp, want=diff_id)
-        return _store_blob(
-            cache, lay, comp, {"digest": digest, "size": size, "path": str(tmp)}
-        ), True
+        return _store_blob(cache, lay, comp, MadeBlob(digest, size, str(tmp))), True
 
 
 # --- the steps ------------------------------------------------------------------------------------
+
+
+class CacheEntry(Protocol):
+    """A registry layer cache's entry of a layer (``registry.regcache.RegistryEntry``)."""
+
+    @property
+    def diff_id(self) -> str: ...
+    def local_record(self, group: str) -> LayerRecord: ...
 
 
 class Layers:
@@ -723,21 +733,19 @@ class Layers:
         # also where this build keeps its layers uncompressed (``compress_now``)
         self.cache_comp = cache_comp or comp
         self.clock = clock or Clock(reporter)
-        self.metas: dict[str, dict[str, Any]] = {}
-        self.futures: dict[str, Future[dict[str, Any]]] = {}
+        self.metas: dict[str, LayerMeta] = {}
+        self.futures: dict[str, Future[LayerMeta]] = {}
         self.todo: list[Layer] = []  # cacheable layers not in the cache
         self.to_compress: set[str] = set()  # keys of cached layers without this compressor's blob
         self.checked: set[str] = set()  # keys of cached layers whose files this build has hashed
         for lay in plan.layers:
             self.futures[lay.key] = Future()
-            meta = None if (no_cache or not lay.cacheable) else _cached_meta(cache, lay)
-            if meta is not None:
+            record = None if (no_cache or not lay.cacheable) else _cached_record(cache, lay)
+            if record is not None:
                 blob = _cached_blob(cache, lay, comp)
-                if blob is not None:
-                    meta["blob"] = blob
-                elif comp.name != "none":
+                if blob is None and comp.name != "none":
                     self.to_compress.add(lay.key)
-                self._done(lay, {**meta, "cached": True, "source": "local"})
+                self._done(lay, LayerMeta(record.diff_id, record.size, "local", blob, record))
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
                 self.todo.append(lay)
         self.paths: dict[
@@ -769,14 +777,12 @@ class Layers:
     def layout_path(self, lay: Layer) -> Path | None:
         """The layer's tar for the image's OCI layout; None for one streamed into the store alone
         (the layout then lacks its blob: it is for the store only, ``_streams``)."""
-        if lay.key in self.streams and self.metas.get(lay.key, {}).get("source") in (
-            "registry",
-            "store",
-        ):
+        meta = self.metas.get(lay.key)
+        if lay.key in self.streams and meta is not None and meta.source in ("registry", "store"):
             return None
         return self.path(lay)
 
-    def stream(self, entries: dict[str, Any], present: dict[str, str]) -> None:
+    def stream(self, entries: Mapping[str, CacheEntry], present: dict[str, str]) -> None:
         """Stream the layers of ``entries`` from the registry cache into the store (``streams``;
         ``regcache.RegistryCache.stream_layers``), but those the store has already (``present``:
         layer ID -> diff_id, containers/image's chain of diff_ids): done with no read at all."""
@@ -785,7 +791,7 @@ class Layers:
         for lay in self.plan.layers:
             entry = entries.get(lay.key)
             meta = self.metas.get(lay.key)
-            diff_id = entry.diff_id if entry is not None else (meta or {}).get("diff_id")
+            diff_id = entry.diff_id if entry is not None else meta.diff_id if meta else None
             if not diff_id or parent is None:
                 parent = None  # an ID above an unknown layer is not known before it is made
                 continue
@@ -797,7 +803,8 @@ class Layers:
                 self.streams[lay.key].set_result(True)
                 self.todo.remove(lay)
                 self.clock.add(f"cache fetch {lay.group}", now, now)
-                self._done(lay, {**entry.local_meta(lay.group), "cached": True, "source": "store"})
+                record = entry.local_record(lay.group)
+                self._done(lay, LayerMeta(record.diff_id, record.size, "store", record=record))
 
     def blob_path(self, lay: Layer) -> Path:
         """The layer's blob as pushed: its compressed file, or its tar."""
@@ -815,9 +822,8 @@ class Layers:
         for lay in self.plan.layers:
             if lay.key in self.to_compress:
                 meta = self.metas[lay.key]
-                meta["blob"], _ = _compress_layer(
-                    self.cache, lay, self.comp, self.work, meta["diff_id"]
-                )
+                blob, _ = _compress_layer(self.cache, lay, self.comp, self.work, meta.diff_id)
+                self.metas[lay.key] = replace(meta, blob=blob)
                 self.checked.add(lay.key)  # its tar was checked as it was compressed
         self.to_compress.clear()
 
@@ -828,13 +834,18 @@ class Layers:
         is not what its record says, so that the build drops it and makes it again."""
         todo = []
         for lay in self.plan.layers:
-            meta = self.metas.get(lay.key, {})
-            if meta.get("source") != "local" or lay.group == "envspec" or lay.key in self.checked:
+            meta = self.metas.get(lay.key)
+            if meta is None or meta.source != "local":
                 continue
-            blob = meta.get("blob")
+            if lay.group == "envspec" or lay.key in self.checked:
+                continue
             path = self.blob_path(lay)
             todo.append(
-                (lay, path, blob["digest"] if blob and path != self.path(lay) else meta["diff_id"])
+                (
+                    lay,
+                    path,
+                    meta.blob.digest if meta.blob and path != self.path(lay) else meta.diff_id,
+                )
             )
 
         def one(item: tuple[Layer, Path, str]) -> None:
@@ -855,7 +866,8 @@ class Layers:
     def took(
         self,
         lay: Layer,
-        meta: dict[str, Any],
+        record: LayerRecord,
+        blob: BlobRecord | None,
         start: float,
         *,
         detail: tuple[tuple[str, float], ...] = (),
@@ -864,15 +876,13 @@ class Layers:
         """The layer ``lay`` taken from a registry layer cache instead of being made, since
         ``start``: done. ``kept``: put into the local cache (``store_fetched``), and compressed
         later where it lacks this build's blob; else streamed into the store alone (``streams``)."""
-        if (
-            self.comp.name == "none"
-        ):  # the blob is kept in the cache for a later push; this image has the tar
-            meta.pop("blob", None)
+        if self.comp.name == "none":
+            blob = None  # the blob is kept in the cache for a later push; this image has the tar
         self.clock.add(f"cache fetch {lay.group}", start, time.monotonic(), detail)
-        if kept and "blob" not in meta and self.comp.name != "none":
+        if kept and blob is None and self.comp.name != "none":
             with self._guard:
                 self.to_compress.add(lay.key)
-        self._done(lay, {**meta, "cached": True, "source": "registry"})
+        self._done(lay, LayerMeta(record.diff_id, record.size, "registry", blob, record))
 
     def writing_path(self, lay: Layer) -> Path:
         """Where the layer's maker writes its tar (moved into the cache once made)."""
@@ -932,7 +942,7 @@ class Layers:
     def made(self) -> tuple[LayerInfo, ...]:
         return tuple(_info(lay, self.metas[lay.key]) for lay in self.plan.layers)
 
-    def _done(self, lay: Layer, meta: dict[str, Any]) -> None:
+    def _done(self, lay: Layer, meta: LayerMeta) -> None:
         self.metas[lay.key] = meta
         self.futures[lay.key].set_result(meta)
         self.reporter.layer_built(_info(lay, meta))
@@ -942,13 +952,13 @@ class Layers:
             if not fut.done():
                 fut.set_exception(e)
 
-    def _make(self, lay: Layer, fn: Callable[[], dict[str, Any]]) -> None:
+    def _make(self, lay: Layer, fn: Callable[[], LayerMeta]) -> None:
         try:
             meta = fn()
         except BaseException as e:
             self.futures[lay.key].set_exception(e)
             raise
-        self._done(lay, {**meta, "cached": False, "source": "made"})
+        self._done(lay, meta)
 
     def _comp(self) -> Compression | None:
         return None if self.comp.name == "none" else self.comp
@@ -1050,7 +1060,7 @@ class Layers:
             return
         self.reporter.layer_started("base", len(base.debs), False)
 
-        def make() -> dict[str, Any]:
+        def make() -> LayerMeta:
             scratch = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
             try:
                 rootfs = self._rootfs(base.debs, scratch / "rootfs")
@@ -1099,9 +1109,7 @@ class Layers:
     def finish(self, pending: WheelMakers) -> None:
         for lay, out, fut in pending.jobs:
 
-            def done(
-                lay: Layer = lay, out: Path = out, fut: Future[dict[str, Any]] = fut
-            ) -> dict[str, Any]:
+            def done(lay: Layer = lay, out: Path = out, fut: Future[TimedLayer] = fut) -> LayerMeta:
                 try:
                     res = fut.result()
                 except Exception as e:  # noqa: BLE001 (a wheel that installer rejects)
@@ -1110,10 +1118,8 @@ class Layers:
                         step=f"layer {lay.group}",
                         hint="the wheel may be broken or not for this platform; re-lock",
                     ) from e
-                start, end = res.pop("ran")
-                res.pop("nice")
-                self.clock.add(f"layer {lay.group}", start, end)
-                return _store_layer(self.cache, lay, out, res, self.comp)
+                self.clock.add(f"layer {lay.group}", *res.ran)
+                return _store_layer(self.cache, lay, out, res.made, self.comp)
 
             self._make(lay, done)
 
@@ -1125,7 +1131,7 @@ class Layers:
         top = self.plan.layer("envspec")
         self.reporter.layer_started("envspec", 0, False)
 
-        def make() -> dict[str, Any]:
+        def make() -> LayerMeta:
             out = self.work / "envspec.tar"
             with self.clock.span("layer envspec"):
                 res = layer_makers.make_envspec_layer(
@@ -1138,16 +1144,16 @@ class Layers:
                     compiler=self.compiler,
                 )
             os.replace(out, self.path(top))
-            meta: dict[str, Any] = {"diff_id": res["diff_id"], "size": res["size"]}
-            if "blob" in res:
-                os.replace(res["blob"]["path"], self.blob_path(top))
-                meta["blob"] = {
-                    "digest": res["blob"]["digest"],
-                    "size": res["blob"]["size"],
-                    "compressor": self.comp.id,
-                    "media_type": self.comp.media_type,
-                }
-            return meta
+            blob = None
+            if res.blob is not None:
+                os.replace(res.blob.path, self.blob_path(top))
+                blob = BlobRecord(
+                    compressor=self.comp.id,
+                    media_type=self.comp.media_type,
+                    digest=res.blob.digest,
+                    size=res.blob.size,
+                )
+            return LayerMeta(res.diff_id, res.size, "made", blob)
 
         self._make(top, make)
 
@@ -1164,7 +1170,7 @@ class WheelMakers:
     ) -> None:
         self.layers, self.todo, self.workers, self.fork = layers, todo, workers, fork
         self.pool: ProcessPoolExecutor | None = None
-        self.jobs: list[tuple[Layer, Path, Future[dict[str, Any]]]] = []
+        self.jobs: list[tuple[Layer, Path, Future[TimedLayer]]] = []
         conf = settings.read()
         first = os.getpriority(os.PRIO_PROCESS, 0) + conf.maker_nice
         others = conf.maker_nice_others
@@ -1375,18 +1381,18 @@ def _bytecode_compiler(
     return make_plan(plan.lock, bytecode=False), None
 
 
-def _info(lay: Layer, meta: dict[str, Any]) -> LayerInfo:
-    blob = meta.get("blob")
+def _info(lay: Layer, meta: LayerMeta) -> LayerInfo:
+    blob = meta.blob
     return LayerInfo(
-        digest=blob["digest"] if blob else meta["diff_id"],
-        diff_id=meta["diff_id"],
-        size=blob["size"] if blob else meta["size"],
+        digest=blob.digest if blob else meta.diff_id,
+        diff_id=meta.diff_id,
+        size=blob.size if blob else meta.size,
         group=lay.group,
-        cached=bool(meta["cached"]),
+        cached=meta.cached,
         key=lay.key,
-        diff_size=meta["size"],
-        media_type=blob["media_type"] if blob else MT_LAYER,
-        source=str(meta.get("source") or ("local" if meta["cached"] else "made")),
+        diff_size=meta.size,
+        media_type=blob.media_type if blob else MT_LAYER,
+        source=meta.source,
     )
 
 
@@ -1414,7 +1420,16 @@ class _DebEvents(debian.DebianReporter):
         self.reporter.warning(message)
 
 
-def _timed_wheel_job(args: tuple, niceness: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TimedLayer:
+    """A wheel layer made in a worker: when it ran (``time.monotonic``) and at which niceness."""
+
+    made: MadeLayer
+    ran: tuple[float, float]
+    nice: int
+
+
+def _timed_wheel_job(args: layer_makers.WheelJob, niceness: int) -> TimedLayer:
     """``layers.wheel_layer_job`` in a worker at ``niceness``, with when it ran (``time.monotonic``
     is one clock for every process of the machine) and the niceness it ran at."""
     with contextlib.suppress(OSError):  # lowering it back needs CAP_SYS_NICE: then it runs as set
@@ -1423,53 +1438,56 @@ def _timed_wheel_job(args: tuple, niceness: int) -> dict[str, Any]:
         )  # this thread; the threads and processes it starts inherit it
     start = time.monotonic()
     res = layer_makers.wheel_layer_job(args)
-    return {**res, "ran": (start, time.monotonic()), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+    return TimedLayer(res, (start, time.monotonic()), os.getpriority(os.PRIO_PROCESS, 0))
 
 
-def _cached_meta(cache: Cache, lay: Layer) -> dict[str, Any] | None:
+def _cached_record(cache: Cache, lay: Layer) -> LayerRecord | None:
+    """The cache's record of the layer, where its tar is there and whole."""
     meta_path, tar = cache.layer_meta(lay.key), cache.layer_tar(lay.key)
     try:
-        meta: dict[str, Any] = json.loads(meta_path.read_text())
-        if tar.stat().st_size == meta["size"]:
-            return meta
-    except (OSError, ValueError, KeyError):
+        record = LayerRecord.model_validate_json(meta_path.read_bytes())
+        if tar.stat().st_size == record.size:
+            return record
+    except (OSError, ValidationError):
         pass
     return None
 
 
-def _cached_blob(cache: Cache, lay: Layer, comp: Compression) -> dict[str, Any] | None:
+def _cached_blob(cache: Cache, lay: Layer, comp: Compression) -> BlobRecord | None:
     """The cached layer's blob of this compressor (its version in the name), or None."""
     if comp.name == "none":
         return None
     try:
-        meta: dict[str, Any] = json.loads(cache.layer_blob_meta(lay.key, comp.id).read_text())
+        rec = BlobRecord.model_validate_json(cache.layer_blob_meta(lay.key, comp.id).read_bytes())
         if (
-            meta["compressor"] == comp.id
-            and cache.layer_blob(lay.key, comp.id, comp.suffix).stat().st_size == meta["size"]
+            rec.compressor == comp.id
+            and cache.layer_blob(lay.key, comp.id, comp.suffix).stat().st_size == rec.size
         ):
-            return meta
-    except (OSError, ValueError, KeyError):
+            return rec
+    except (OSError, ValidationError):
         pass
     return None
 
 
-def _store_blob(
-    cache: Cache, lay: Layer, comp: Compression, blob: dict[str, Any]
-) -> dict[str, Any]:
-    """Move a layer's compressed blob into the cache beside its tar; its meta last."""
-    meta = {
-        "key": lay.key,
-        "compressor": comp.id,
-        "media_type": comp.media_type,
-        "digest": blob["digest"],
-        "size": blob["size"],
-    }
-    tmp = Path(blob["path"])
+def _write_record(record: BaseModel, tmp: Path, dest: Path) -> None:
+    """A cache record's JSON, written beside its file and moved into place (last)."""
+    tmp.write_text(json.dumps(record.model_dump(mode="json"), sort_keys=True, indent=1))
+    admit(tmp, dest)
+
+
+def _store_blob(cache: Cache, lay: Layer, comp: Compression, blob: MadeBlob) -> BlobRecord:
+    """Move a layer's compressed blob into the cache beside its tar; its record last."""
+    rec = BlobRecord(
+        key=lay.key,
+        compressor=comp.id,
+        media_type=comp.media_type,
+        digest=blob.digest,
+        size=blob.size,
+    )
+    tmp = Path(blob.path)
     admit(tmp, cache.layer_blob(lay.key, comp.id, comp.suffix))
-    tmp_meta = tmp.with_name(tmp.name + ".json")
-    tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-    admit(tmp_meta, cache.layer_blob_meta(lay.key, comp.id))
-    return meta
+    _write_record(rec, tmp.with_name(tmp.name + ".json"), cache.layer_blob_meta(lay.key, comp.id))
+    return rec
 
 
 def check_abi_at_hand(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror]) -> list[str]:
@@ -1553,51 +1571,44 @@ def store_fetched(
     cache: Cache,
     lay: Layer,
     tar: Path,
-    meta: dict[str, Any],
+    record: LayerRecord,
     comp: Compression,
-    blob: dict[str, Any] | None,
-) -> dict[str, Any]:
+    blob: MadeBlob | None,
+) -> BlobRecord | None:
     """A layer fetched from the registry cache and checked (``registry.regcache.unpack``) into the
-    local cache as a made one goes there: the tar, its record ``meta`` last; ``blob`` (digest,
-    size, path) too where it is this build's compressor's (else ``compress_cached`` makes this
-    machine's)."""
+    local cache as a made one goes there: the tar, its ``record`` last; ``blob`` too where it is
+    this build's compressor's (else ``compress_cached`` makes this machine's): its record."""
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         admit(tar, cache.layer_tar(lay.key))
-        tmp_meta = tar.with_suffix(".json")
-        tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-        admit(tmp_meta, cache.layer_meta(lay.key))
-        if blob is not None:
-            meta["blob"] = _store_blob(cache, lay, comp, blob)
-    return meta
+        _write_record(record, tar.with_suffix(".json"), cache.layer_meta(lay.key))
+        return _store_blob(cache, lay, comp, blob) if blob is not None else None
 
 
 def _store_layer(
     cache: Cache,
     lay: Layer,
     tmp_tar: Path,
-    result: dict[str, Any],
+    made: MadeLayer,
     comp: Compression = Compression("none"),
-) -> dict[str, Any]:
+) -> LayerMeta:
+    """A layer made here into the cache: its tar, its record last, its blob where it has one."""
     pins: Sequence[Wheel | DebPin] = lay.pins
-    meta = {
-        "key": lay.key,
-        "group": lay.group,
-        "maker": MAKER_VERSIONS[lay.group],
-        "diff_id": result["diff_id"],
-        "size": result["size"],
-        "entries": result["entries"],
-        "pins": [f"{p.name}=={p.version}" for p in pins],
-        "duplicates": result.get("duplicates", []),
-        "pyc": result.get("pyc", {"files": 0, "bytes": 0}),
-    }
+    record = LayerRecord(
+        key=lay.key,
+        group=lay.group,
+        maker=MAKER_VERSIONS[lay.group],
+        diff_id=made.diff_id,
+        size=made.size,
+        entries=made.entries,
+        pins=[f"{p.name}=={p.version}" for p in pins],
+        duplicates=list(made.duplicates),
+        pyc=made.pyc,
+    )
     with cache.locked("layer-" + lay.key.split(":", 1)[-1]):
         admit(tmp_tar, cache.layer_tar(lay.key))
-        tmp_meta = tmp_tar.with_suffix(".json")
-        tmp_meta.write_text(json.dumps(meta, sort_keys=True, indent=1))
-        admit(tmp_meta, cache.layer_meta(lay.key))
-        if "blob" in result:
-            meta["blob"] = _store_blob(cache, lay, comp, result["blob"])
-    return meta
+        _write_record(record, tmp_tar.with_suffix(".json"), cache.layer_meta(lay.key))
+        blob = _store_blob(cache, lay, comp, made.blob) if made.blob is not None else None
+    return LayerMeta(made.diff_id, made.size, "made", blob, record)
 
 
 SCRATCH_PREFIX = "envspec-scratch-"

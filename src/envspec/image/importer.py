@@ -31,6 +31,7 @@ from pathlib import Path
 
 from envspec.errors import DamagedEntry, HashMismatch
 from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
+from envspec.image.records import LayerMeta
 
 
 @dataclass
@@ -40,7 +41,7 @@ class LayerFile:
 
     group: str
     path: Path
-    made: Future
+    made: Future[LayerMeta]
     writing: Path | None = (
         None  # where its maker writes it while it is made (a staged import follows it)
     )
@@ -52,7 +53,7 @@ class LayerFile:
     # with the stream, True or its exception (then the layer is made, and staged from its file)
     streamed: Future | None = None
 
-    def result(self, cancel: threading.Event) -> dict:
+    def result(self, cancel: threading.Event) -> LayerMeta:
         while not self.made.done():
             if cancel.is_set():
                 raise Cancelled()
@@ -120,7 +121,7 @@ class Importer:
                 # start before a layer is finished, but then a pull back here makes its own
                 # layers and fails on the image ID, which is the config digest either way)
                 made = lay.result(self.cancel)
-                want = made["diff_id"]
+                want = made.diff_id
                 layer_id = chain_id(parent, want)
 
                 def progress(n: int, g: str = lay.group) -> None:
@@ -133,17 +134,17 @@ class Importer:
                     layer_id,
                     parent,
                     lay.path,
-                    int(made["size"]),
+                    made.size,
                     name=lay.group,
                     diff_id=want,
-                    check=bool(made.get("cached")),
+                    check=made.cached,
                     cancel=self.cancel,
                     progress=progress,
                 )
                 if have != want:
                     if ours:
                         self.store.delete_layer(layer_id)
-                    if ours and made.get("cached"):
+                    if ours and made.cached:
                         raise self._mismatch(lay, made, have)
                     raise HashMismatch(
                         f"containers-storage holds {have or 'nothing'} as the {lay.group} layer "
@@ -182,7 +183,7 @@ class Importer:
                 parent = ""
                 for i, (lay, job) in enumerate(zip(self.layers, jobs)):
                     made = lay.result(self.cancel)
-                    want = made["diff_id"]
+                    want = made.diff_id
                     layer_id = chain_id(parent, want)
                     while not job.done():
                         if self.cancel.is_set():
@@ -194,10 +195,10 @@ class Importer:
                         self.on_staged(lay.group, start, got.pop("staged"))
                         with self._lock:
                             self._staged.pop(i, None)
-                        if got["size"] != int(made["size"]) or (digest and digest != want):
+                        if got["size"] != made.size or (digest and digest != want):
                             _drop_staged(got)
                             raise self._mismatch(
-                                lay, made, digest or f"{got['size']} bytes, not {made['size']}"
+                                lay, made, digest or f"{got['size']} bytes, not {made.size}"
                             )
                         have, ours = self.store.commit_staged(layer_id, parent, want, got)
                         if have != want:
@@ -232,9 +233,9 @@ class Importer:
                         )
 
     def _mismatch(
-        self, lay: LayerFile, made: dict, have: str, *, stored: bool = False
+        self, lay: LayerFile, made: LayerMeta, have: str, *, stored: bool = False
     ) -> HashMismatch:
-        want = made["diff_id"]
+        want = made.diff_id
         if stored:
             return HashMismatch(
                 f"containers-storage holds {have or 'nothing'} as the {lay.group} layer, but this "
@@ -243,7 +244,7 @@ class Importer:
                 hint="the store's layer of this ID holds other bytes (changed on disk?); remove the "
                 "images using it (`podman rmi`) and build again",
             )
-        if made.get("cached"):
+        if made.cached:
             return DamagedEntry(
                 f"the cached layer file {lay.path} is not {want} ({have})",
                 step="import layer",
@@ -263,7 +264,7 @@ class Importer:
         for lay in self.layers[: i + 1]:
             if not lay.made.done() or lay.made.exception() is not None:
                 return ""
-            parent = chain_id(parent, lay.made.result()["diff_id"])
+            parent = chain_id(parent, lay.made.result().diff_id)
         return parent
 
     def _stage_thread(self, i: int, lay: LayerFile, job: Future) -> None:
@@ -290,13 +291,11 @@ class Importer:
                 raise Cancelled()
             if lay.made.done():
                 made = lay.made.result()
-                tree = (
-                    Path(made["tree"]) if made.get("tree") else None
-                )  # its maker made the files too
+                tree: Path | None = None
                 known = self._known_id(i)
-                if known and self._present.get(known) == made["diff_id"]:
+                if known and self._present.get(known) == made.diff_id:
                     return None
-                fd, follow, size = os.open(lay.path, os.O_RDONLY), False, int(made["size"])
+                fd, follow, size = os.open(lay.path, os.O_RDONLY), False, made.size
                 break
             stream_failed = (
                 lay.streamed is not None
@@ -335,7 +334,7 @@ class Importer:
                 self.on_progress(group, n)
 
             # this build's maker wrote it (a registry's bytes are untarred in a chroot, as podman does)
-            own = not streaming and (follow or made.get("source") == "made")
+            own = not streaming and (follow or made.source == "made")
             piped = follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
             # a stager fed through a pipe paces its maker: it runs at the makers' priority
             stage = self.store.stage(
@@ -350,7 +349,7 @@ class Importer:
             )
             # a layer made in this build was hashed by its maker as it was written; one taken
             # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
-            digest = _sha256_file(lay.path, self._halt) if not follow and made.get("cached") else ""
+            digest = _sha256_file(lay.path, self._halt) if not follow and made.cached else ""
         except BaseException:
             if stage is not None:
                 stage.kill()
@@ -377,7 +376,7 @@ class Importer:
                 except BaseException:
                     stage.kill()  # the maker failed: the stager stops, and what it staged goes
                     raise
-                stage.end(int(made["size"]))
+                stage.end(made.size)
             got = stage.wait(self._halt)
         finally:
             with self._lock:

@@ -40,6 +40,7 @@ from envspec.cache.store import Identity, identity
 from envspec.errors import HashMismatch
 from envspec.image.bytecode import Compiler, pyc_path
 from envspec.image.compress import Compression
+from envspec.image.records import MadeBlob, MadeLayer, Pyc
 from envspec.image.tarball import TarResult, TarWriter
 from envspec.lock import Platform
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
@@ -234,13 +235,12 @@ def make_wheel_layer(
     compiler: tuple[str, str] | None = None,
     tree: str | Path | None = None,
     pipe: str | Path | None = None,
-) -> dict:
+) -> MadeLayer:
     """Install wheels ``[(filename, path, identity), ...]`` (already in layer order; ``identity``:
     a local mirror's file read where it is, ``WheelFetcher.in_place``, else None) into a layer tar at
     ``out`` (and its compressed blob beside it, with ``compression``); ``compiler`` ``(python,
     cache tag)`` (``bytecode.find_compiler``) adds the .pyc; ``tree``: the files made there too,
     as an untar would (``TarWriter``); ``pipe``: the FIFO the store's stager reads the tar from.
-    Returns a JSON-able dict: diff_id, size, entries, duplicates, blob, pyc (count, bytes), tree.
     Runs in a worker process."""
     import contextlib
 
@@ -272,11 +272,7 @@ def make_wheel_layer(
                 duplicates += dest.duplicates
                 pyc += dest.compiled
         res = w.close()
-    made = _result(res, duplicates)
-    made["pyc"] = {"files": len(pyc), "bytes": sum(e.size or 0 for _, e in pyc)}
-    if tree is not None:
-        made["tree"] = str(tree)
-    return made
+    return _result(res, duplicates, Pyc(files=len(pyc), bytes=sum(e.size or 0 for _, e in pyc)))
 
 
 def _unchanged(fh: IO[bytes], path: str, ident: Identity) -> None:
@@ -289,16 +285,11 @@ def _unchanged(fh: IO[bytes], path: str, ident: Identity) -> None:
         )
 
 
-def _result(res: TarResult, duplicates: list[str]) -> dict:
-    out = {
-        "diff_id": res.diff_id,
-        "size": res.size,
-        "entries": res.entries,
-        "duplicates": duplicates,
-    }
+def _result(res: TarResult, duplicates: list[str], pyc: Pyc) -> MadeLayer:
+    blob = None
     if res.blob_path is not None:
-        out["blob"] = {"digest": res.blob_digest, "size": res.blob_size, "path": str(res.blob_path)}
-    return out
+        blob = MadeBlob(res.blob_digest, res.blob_size, str(res.blob_path))
+    return MadeLayer(res.diff_id, res.size, res.entries, tuple(duplicates), blob, pyc)
 
 
 # --- base --------------------------------------------------------------------------------------
@@ -332,14 +323,14 @@ def make_base_layer(
     compression: Compression | None = None,
     compiler: tuple[str, str] | None = None,
     pipe: str | Path | None = None,
-) -> dict:
+) -> MadeLayer:
     """The Debian rootfs (a directory made by envspec.debian.make_rootfs, or None for a lock
     without Debian packages), the venv skeleton, and /workspace owned by the non-root user.
     ``compiler`` ``(python, cache tag)`` adds the .pyc of the rootfs's Python modules
     (``rootfs_py_files``) after the rootfs's files; ``pipe``: as for ``make_wheel_layer``."""
     rt = plan.lock.runtime
     ws = "/" + rt.workdir.strip("/")
-    pyc = {"files": 0, "bytes": 0}
+    pyc = Pyc()
     with (
         TarWriter(out, compression=compression, pipe=pipe) as w,
         (
@@ -366,9 +357,7 @@ def make_base_layer(
         if not w.has(ws):
             w.add_dir(ws, mode=0o755, uid=rt.uid, gid=rt.uid)
         res = w.close()
-    made = _result(res, [])
-    made["pyc"] = pyc
-    return made
+    return _result(res, [], pyc)
 
 
 # Directories whose modules get no .pyc in the base layer: test suites, never imported at start.
@@ -407,9 +396,7 @@ def rootfs_py_files(root: Path, python: str) -> list[str]:
     return out
 
 
-def add_pyc(
-    w: TarWriter, sources: list[tuple[str, bytes]], compiler: tuple[str, str]
-) -> dict[str, int]:
+def add_pyc(w: TarWriter, sources: list[tuple[str, bytes]], compiler: tuple[str, str]) -> Pyc:
     """Compile ``sources`` ((in-image path, bytes), in the order given) with the image's CPython
     (``bytecode.Compiler``) and add each one's ``__pycache__`` .pyc (0644 root:root) unless the
     tar has it already; a source that does not compile gets none. Returns the count and bytes."""
@@ -417,7 +404,7 @@ def add_pyc(
         return _add_compiled(w, comp, [(path, comp.submit(path, data)) for path, data in sources])
 
 
-def _add_compiled(w: TarWriter, comp: Compiler, tickets: list[tuple[str, int]]) -> dict[str, int]:
+def _add_compiled(w: TarWriter, comp: Compiler, tickets: list[tuple[str, int]]) -> Pyc:
     files = size = 0
     for path, ticket in tickets:
         data = comp.result(ticket)
@@ -427,7 +414,7 @@ def _add_compiled(w: TarWriter, comp: Compiler, tickets: list[tuple[str, int]]) 
         w.add_file(target, None, len(data), data=data, mode=0o644)
         files += 1
         size += len(data)
-    return {"files": files, "bytes": size}
+    return Pyc(files=files, bytes=size)
 
 
 def _add_one(w: TarWriter, full: Path, img: str, owners: dict[str, tuple[int, int]]) -> None:
@@ -484,7 +471,7 @@ def make_envspec_layer(
     verify_dir: Path | None = None,
     compression: Compression | None = None,
     compiler: tuple[str, str] | None = None,
-) -> dict:
+) -> MadeLayer:
     """The top layer: the lock, the SBOM, the verifier (``verify_dir``, default envspec's own) and
     its launcher, and ``service_files`` ({image path: (text, mode)}: the entrypoint and the
     services' files that ``envspec.services.render_service_files`` renders from the lock).
@@ -514,7 +501,7 @@ def make_envspec_layer(
     with TarWriter(out, compression=compression) as w:
         for path, data, mode in files:
             w.add_file(path, None, len(data), data=data, mode=mode)
-        pyc = {"files": 0, "bytes": 0}
+        pyc = Pyc()
         if compiler is not None:
             pyc = add_pyc(
                 w,
@@ -526,9 +513,7 @@ def make_envspec_layer(
                 compiler,
             )
         res = w.close()
-    made = _result(res, [])
-    made["pyc"] = pyc
-    return made
+    return _result(res, [], pyc)
 
 
 # What making a wheel layer costs, in CPU seconds of a 2-core VM of this project's CI kind: each
@@ -554,7 +539,20 @@ def estimated_cost(wheels: list[str | Path], *, bytecode: bool) -> float:
     return cost
 
 
-def wheel_layer_job(args: tuple) -> dict:
+# a wheel layer's making, as a worker process gets it: (wheel files, the platform's JSON, the tar,
+# the compression's name, the .pyc compiler, the tree, the pipe): ``make_wheel_layer``'s arguments
+WheelJob = tuple[
+    list[tuple[str, str, Identity | None]],
+    str,
+    str,
+    str,
+    tuple[str, str] | None,
+    str | None,
+    str | None,
+]
+
+
+def wheel_layer_job(args: WheelJob) -> MadeLayer:
     """Process-pool entry point (picklable)."""
     wheel_files, platform_json, out, comp, compiler, tree, pipe = args
     return make_wheel_layer(

@@ -48,6 +48,7 @@ from envspec.errors import EnvspecError, UsageError
 from envspec.image import Layers, store_fetched
 from envspec.image.compress import MT_LAYER, Compression
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
+from envspec.image.records import LayerRecord, MadeBlob
 from envspec.image.tarball import PipeTee
 from envspec.plan import Layer
 from envspec.registry.client import (
@@ -107,17 +108,11 @@ class RegistryEntry:
     media_type: str
     digest: str  # the blob's
     size: int
-    meta: dict[str, Any]
+    record: LayerRecord  # the layer's record, as the local cache keeps it (its group: the plan's)
 
-    def local_meta(self, group: str) -> dict[str, Any]:
-        """The local cache's layer record (``image._store_layer``'s keys) of this entry."""
-        return {
-            **self.meta,
-            "key": self.key,
-            "group": group,
-            "diff_id": self.diff_id,
-            "size": self.diff_size,
-        }
+    def local_record(self, group: str) -> LayerRecord:
+        """The local cache's record of this entry's layer, of the plan's ``group``."""
+        return self.record.model_copy(update={"group": group})
 
 
 # --- the entry format -----------------------------------------------------------------------------
@@ -132,7 +127,7 @@ def entry_manifest(
     size: int,
     diff_id: str,
     diff_size: int,
-    meta: dict[str, Any],
+    record: LayerRecord | None,
 ) -> tuple[bytes, bytes]:
     """(config, manifest) bytes of the entry for one layer; canonical JSON: equal layers give
     equal bytes on every machine."""
@@ -144,11 +139,12 @@ def entry_manifest(
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         }
     )
-    keep = {
-        k: v
-        for k, v in meta.items()
-        if k not in ("key", "group", "diff_id", "size", "blob", "cached", "source")
-    }
+    # what the entry says beside its annotations: the record but the key, group and diff_id
+    keep = (
+        record.model_dump(mode="json", exclude={"key", "group", "diff_id", "size"})
+        if record is not None
+        else {}
+    )
     manifest = canonical_json(
         {
             "schemaVersion": 2,
@@ -230,6 +226,9 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Registr
         meta = json.loads(ann.get(A + "meta") or "{}")
         if not isinstance(meta, dict):
             raise BadEntry("its meta annotation is not a JSON object")
+        record = LayerRecord.model_validate(
+            {**meta, "key": key, "diff_id": diff_id, "size": diff_size}
+        )
         if comp.name == "none" and digest != diff_id:
             raise BadEntry(f"an uncompressed blob {digest} whose diff_id is said to be {diff_id}")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -244,7 +243,7 @@ def check_entry(raw: bytes, *, ref: str, key: str, comp: Compression) -> Registr
         media_type=want,
         digest=digest,
         size=size,
-        meta=meta,
+        record=record,
     )
 
 
@@ -602,22 +601,21 @@ class RegistryCache:
             start = time.monotonic()
             d = Path(tempfile.mkdtemp(prefix="regcache-", dir=layers.work))
             entry = entries[lay.key]
+            record = entry.local_record(lay.group)
             try:
                 blob = self.fetch(entry, d, d / "layer.tar", comp)
                 kept = (
-                    {"digest": entry.digest, "size": entry.size, "path": str(blob)}
+                    MadeBlob(entry.digest, entry.size, str(blob))
                     if comp.name != "none" and entry.compressor == comp.id
                     else None
                 )
-                meta = store_fetched(
-                    layers.cache, lay, d / "layer.tar", entry.local_meta(lay.group), comp, kept
-                )
+                stored = store_fetched(layers.cache, lay, d / "layer.tar", record, comp, kept)
             except BadEntry as e:
                 self._bad_entry(layers, lay, e)
                 return False
             finally:
                 shutil.rmtree(d, ignore_errors=True)
-            layers.took(lay, meta, start)
+            layers.took(lay, record, stored, start)
             return True
 
         layers.work.mkdir(parents=True, exist_ok=True)
@@ -686,7 +684,8 @@ class RegistryCache:
                 raise
             tee.close()
             fut.set_result(True)
-            layers.took(lay, entry.local_meta(lay.group), start, detail=times.items(), kept=False)
+            record = entry.local_record(lay.group)
+            layers.took(lay, record, None, start, detail=tuple(times.items()), kept=False)
             return True
 
         layers.work.mkdir(parents=True, exist_ok=True)
@@ -706,11 +705,11 @@ class RegistryCache:
             meta = layers.metas.get(lay.key)
             if not lay.cacheable or lay.group == "envspec" or meta is None:
                 continue
-            if meta.get("source") == "registry" and self.cache_to == self.cache_from:
+            if meta.source == "registry" and self.cache_to == self.cache_from:
                 continue
             if self.has(lay.key, layers.comp):
                 continue
-            blob = meta.get("blob")
+            blob = meta.blob
             try:
                 pushed.append(
                     self.store(
@@ -719,11 +718,11 @@ class RegistryCache:
                         key=lay.key,
                         group=lay.group,
                         comp=layers.comp,
-                        digest=blob["digest"] if blob else meta["diff_id"],
-                        size=blob["size"] if blob else meta["size"],
-                        diff_id=meta["diff_id"],
-                        diff_size=meta["size"],
-                        meta=meta,
+                        digest=blob.digest if blob else meta.diff_id,
+                        size=blob.size if blob else meta.size,
+                        diff_id=meta.diff_id,
+                        diff_size=meta.size,
+                        record=meta.record,
                     )
                 )
             except EnvspecError as e:
