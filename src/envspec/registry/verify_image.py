@@ -48,7 +48,7 @@ from envspec.image.oci import MT_INDEX
 from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
 from envspec.registry import attest
-from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report
+from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
 
 _NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
 _UNREACHABLE = (
@@ -680,7 +680,7 @@ def _materials(prov: dict, lock: Lockfile, prefix: str = "") -> Finding:
         for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])
     }
     missing, extra = want - got, got - want
-    status = PASS if not missing and not extra else FAIL
+    status: Status = PASS if not missing and not extra else FAIL
     return Finding(
         prefix + "provenance.materials",
         status,

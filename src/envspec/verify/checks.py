@@ -13,11 +13,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from . import integrity, probes, rates, settings, startup, torchprobe
-from .model import FAIL, PASS, SKIP, WARN, Report
+from .model import FAIL, PASS, SKIP, WARN, Report, Status
 
 LEVELS = ("startup", "quick", "full")
 IMPORT_TIMEOUT = 300.0  # seconds for the full level's imports of the locked extension modules
@@ -353,7 +354,8 @@ class _Run(startup.MachineChecks):
             # at start-up no CUDA context is made (one per GPU costs seconds on 8 GPUs)
             free = torchprobe.memory_free(self.torch, i) if self.level != "startup" else None
             total = d["memory_total"]
-            mstat, mhint = PASS, ""
+            mstat: Status = PASS
+            mhint = ""
             if free is not None and free < 0.5 * total:
                 mstat = WARN
                 mhint = "more than half of this GPU's memory is in use by other processes (nvidia-smi shows them)"
@@ -567,7 +569,10 @@ class _Run(startup.MachineChecks):
 
     def check_dist_set(self) -> None:
         host = self.mode == "host"
-        missing_fail, missing_warn, ver_fail, ver_warn = [], [], [], []
+        missing_fail: list[str] = []
+        missing_warn: list[str] = []
+        ver_fail: list[str] = []
+        ver_warn: list[str] = []
         for name, w in sorted(self.wheels.items()):
             d = self.dists.get(name)
             relaxed = host and not self.is_torch_stack(name)
@@ -700,7 +705,7 @@ class _Run(startup.MachineChecks):
                     continue
                 rate, src = exp
                 frac = got / rate
-                status = (
+                status: Status = (
                     PASS
                     if frac >= rates.PASS_FRACTION
                     else WARN
@@ -789,7 +794,7 @@ class _Run(startup.MachineChecks):
                     continue
                 line = per_lane * width
                 floor = rates.COPY_FRACTION * line
-                status = PASS if v >= floor else WARN if v >= floor / 2 else FAIL
+                status: Status = PASS if v >= floor else WARN if v >= floor / 2 else FAIL
                 self.add(
                     f"perf.{i}.{way}",
                     status,
@@ -914,7 +919,7 @@ class _Run(startup.MachineChecks):
         text = (err + res.get("traceback", "")).lower()
         if res.get("timeout"):
             hint = "slow first compile (cold Triton/Inductor cache) or a hang; retry, or raise --compile-timeout"
-            status = WARN
+            status: Status = WARN
         elif "cannot open shared object file" in text or "no module named 'torch'" in text:
             hint = "torch itself does not import here; see torch.import"
             status = FAIL
@@ -1008,9 +1013,11 @@ class _Run(startup.MachineChecks):
 
 
 class _Background:
-    def __init__(self, fn) -> None:
+    """The locked files hashed on a thread while the other checks run."""
+
+    def __init__(self, fn: Callable[[], integrity.FileCheck]) -> None:
         self._fn = fn
-        self._result = None
+        self._result: integrity.FileCheck | None = None
         self._error: BaseException | None = None
         self.seconds = 0.0
         self._t = threading.Thread(target=self._run, name="envspec-verify-hash", daemon=True)
@@ -1024,10 +1031,11 @@ class _Background:
             self._error = e
         self.seconds = time.perf_counter() - t0
 
-    def join(self):
+    def join(self) -> integrity.FileCheck:
         self._t.join()
         if self._error is not None:
             raise self._error
+        assert self._result is not None  # the thread ended without an error: it set it
         return self._result
 
 

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import FAIL, PASS, SKIP, WARN, Finding
+from .model import FAIL, PASS, SKIP, WARN, Finding, Status
 
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
@@ -217,7 +217,8 @@ class Nvml:
         pci = _PciInfo()
         if self._call("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(pci)) != NVML_SUCCESS:
             return ""
-        return pci.busId.decode(errors="replace")
+        bus: bytes = pci.busId
+        return bus.decode(errors="replace")
 
 
 @dataclass
@@ -268,7 +269,7 @@ RESET = "reset the GPU when it is idle (nvidia-smi -r -i {i}, or reboot the node
 
 def _f(
     check: str,
-    status: str,
+    status: Status,
     expected: str,
     observed: str,
     hint: str = "",

@@ -179,7 +179,7 @@ def _platform_view(data: dict[str, Any], p: Path) -> dict[str, Any]:
 def lock_hash(lock: dict[str, Any]) -> str:
     """The lock's content hash (``[meta].content_hash``), else the hash of the file's bytes."""
     h = lock.get("meta", {}).get("content_hash", "")
-    return h or lock.get("__file_sha256__", "")
+    return str(h or lock.get("__file_sha256__", ""))
 
 
 def table(lock: dict[str, Any], name: str) -> dict[str, Any]:

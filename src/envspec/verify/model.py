@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final, Literal
 
-PASS = "pass"
-WARN = "warn"
-FAIL = "fail"
-SKIP = "skip"
-STATUSES = (PASS, WARN, FAIL, SKIP)
+Status = Literal["pass", "warn", "fail", "skip"]
+PASS: Final = "pass"
+WARN: Final = "warn"
+FAIL: Final = "fail"
+SKIP: Final = "skip"
+STATUSES: tuple[Status, ...] = (PASS, WARN, FAIL, SKIP)
 
 SCHEMA_VERSION = 1
 
@@ -25,7 +26,7 @@ class Finding:
     """One check's result: what the lock expects, what the machine shows, and what to do."""
 
     check: str  # dotted, stable name, e.g. "gpu.0.arch", "torch.nccl", "integrity.files"
-    status: str  # pass | warn | fail | skip
+    status: Status
     expected: str = ""
     observed: str = ""
     hint: str = ""
@@ -63,7 +64,7 @@ class Report:
         self.findings.extend(findings)
 
     def counts(self) -> dict[str, int]:
-        c = {s: 0 for s in STATUSES}
+        c: dict[str, int] = {s: 0 for s in STATUSES}
         for f in self.findings:
             c[f.status] += 1
         return c

@@ -288,6 +288,7 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
             )
         ]
     use_cuda = bool(torch.cuda.is_available())
+    sizes: tuple[int, ...]
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
@@ -306,7 +307,7 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
     correct = torch.tensor([1.0 if bool((x == want).all()) else 0.0], device=dev)
     dist.all_reduce(correct, group=group)
     ok = int(correct.item()) == world
-    results = []
+    results: list[dict[str, float]] = []  # a message size's timing (bytes exact: < 2**53)
     iters = 5
     for size in sizes:
         buf = torch.zeros(size // 4, device=dev)
@@ -330,7 +331,7 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
             }
         )
         del buf
-    table = "; ".join(f"{s['bytes'] >> 20} MiB: {s['busbw_gbps']:.1f}" for s in results)
+    table = "; ".join(f"{int(s['bytes']) >> 20} MiB: {s['busbw_gbps']:.1f}" for s in results)
     return [
         Finding(
             "cluster.nccl.allreduce" if use_cuda else "cluster.allreduce",

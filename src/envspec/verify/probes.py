@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PROC_DRIVER = "/proc/driver/nvidia/version"
 NVML_LIB = "libnvidia-ml.so.1"
@@ -24,7 +25,7 @@ class DriverInfo:
     version: str = ""  # "580.159.04"
     cuda: str = ""  # highest CUDA the driver supports, "13.0" (NVML/nvidia-smi only)
     source: str = ""  # where the version was read
-    gpus: list[dict] = field(default_factory=list)  # NVML view: name, memory_total, cc
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # NVML view: name, memory_total, cc
 
 
 def parse_proc_version(text: str) -> str:
@@ -73,7 +74,7 @@ def probe_nvml(lib: str = NVML_LIB) -> DriverInfo | None:
                 h = ctypes.c_void_p()
                 if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) != 0:
                     continue
-                gpu: dict = {"index": i}
+                gpu: dict[str, Any] = {"index": i}
                 if nvml.nvmlDeviceGetName(h, buf, 96) == 0:
                     gpu["name"] = buf.value.decode()
                 mem = _NvmlMemory()

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from . import archrule, driverrule, probes, settings
 from .lockfile import LockReadError, find_lock, load_lock, lock_hash, table
-from .model import FAIL, PASS, SKIP, WARN, Finding, Report
+from .model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 # what the start-up checks read of the lock (the hook parses only these tables: a lock's
@@ -157,12 +157,13 @@ def arch_judgement(
     declared: list[str],
     names: list[str],
     torch_arch: list[str] | None = None,
-) -> tuple[str, str, list[str]]:
+) -> tuple[Status, str, list[str]]:
     """(status, hint, runnable arch entries) for a GPU of compute capability ``cc`` and the lock's
     ``arch_list`` (and, in the full run, the loaded torch's arch list)."""
     usable, kind = archrule.runnable_by(arch_list, cc)
     t_kind = archrule.runnable_by(torch_arch, cc)[1] if torch_arch else "?"
-    status, hint = PASS, ""
+    status: Status = PASS
+    hint = ""
     if kind == "none":
         status = FAIL
         major, minor = archrule.parse_cc(cc)
@@ -230,7 +231,7 @@ class MachineChecks:
     def add(
         self,
         check: str,
-        status: str,
+        status: Status,
         expected: str = "",
         observed: str = "",
         hint: str = "",
@@ -593,7 +594,8 @@ class MachineChecks:
                 )
             return
         have = probes.version_tuple(d.version)
-        status, hint = PASS, ""
+        status: Status = PASS
+        hint = ""
         if floor and have < probes.version_tuple(floor):
             status = FAIL
             hint = (

@@ -261,7 +261,7 @@ def gemm_tflops(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.backends.cuda.matmul.allow_tf32 = saved
-    return 2.0 * n**3 * iters / (ms / 1e3) / 1e12
+    return 2.0 * n**3 * iters / (float(ms) / 1e3) / 1e12
 
 
 def copy_gbps(torch: Any, index: int, nbytes: int = 256 << 20, iters: int = 5) -> dict[str, float]:
@@ -356,7 +356,7 @@ ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
 
 
 def allreduce_local(
-    torch: Any, devices: list[int], sizes=ALLREDUCE_SIZES, iters: int = 10
+    torch: Any, devices: list[int], sizes: tuple[int, ...] = ALLREDUCE_SIZES, iters: int = 10
 ) -> dict[str, Any]:
     """All-reduce across this process's GPUs with torch.cuda.nccl (one communicator clique, as
     nccl-tests does with -g N). Returns correctness and per-size algbw/busbw in GB/s."""
@@ -425,7 +425,9 @@ dist.destroy_process_group()
 """
 
 
-def allreduce_spawn(ngpus: int, sizes=ALLREDUCE_SIZES, timeout: float = 120.0) -> dict[str, Any]:
+def allreduce_spawn(
+    ngpus: int, sizes: tuple[int, ...] = ALLREDUCE_SIZES, timeout: float = 120.0
+) -> dict[str, Any]:
     """All-reduce with one process a GPU (torch.distributed, NCCL), launched by torchrun."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(_SPAWN_SCRIPT)
@@ -536,7 +538,8 @@ class CompileProbe:
         for line in reversed(out.splitlines()):
             if line.startswith("{"):
                 try:
-                    return json.loads(line)
+                    answer: dict[str, Any] = json.loads(line)
+                    return answer
                 except ValueError:
                     break
         return {"ok": False, "error": f"child exited {self.proc.returncode}: {err.strip()[-800:]}"}
