@@ -18,7 +18,7 @@ from envspec import host as host_mod
 from envspec.errors import BuildError, HashMismatch
 from envspec.image import engine as eng_mod
 from envspec.image import importer as importer_mod
-from envspec.image.engine import Cancelled, chain_id
+from envspec.image.engine import Cancelled, Staged, chain_id
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.records import LayerMeta, LayerSource
 
@@ -228,11 +228,13 @@ class FakeStage:
                 self.error = "the maker stopped" if self.closed else "short file"
                 return
             time.sleep(0.005)
-        self.out = {
-            "staging": str(self.tree) if self.tree is not None else f"/staged/{self.name}",
-            "tar_split": "",
-            "size": n + (self.name == self.corrupt),
-        }
+        self.out = Staged(
+            {
+                "staging": str(self.tree) if self.tree is not None else f"/staged/{self.name}",
+                "tar_split": "",
+                "size": n + (self.name == self.corrupt),
+            }
+        )
 
     def end(self, size):
         self.final = size
@@ -304,7 +306,7 @@ class StagingStore(FakeStore):
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
         self.layers[layer_id] = (parent, diff_id)
-        tree = Path(staged["staging"])
+        tree = Path(staged.staging)
         group = tree.name.split("-")[1] if tree.is_dir() else tree.name  # a tree is PID-GROUP-...
         self.calls.append(("put", layer_id, parent, group))
         if tree.is_dir():  # the files its maker made: moved into the "store"

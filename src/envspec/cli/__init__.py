@@ -143,7 +143,8 @@ def _main(argv: list[str] | None = None) -> int:
             level=logging.WARNING, format="warning: %(message)s"
         )  # the core's warnings, e.g. stale indexes
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except EnvspecError as e:
         from envspec import (
             explain,

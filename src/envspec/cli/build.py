@@ -7,21 +7,28 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
-from envspec.cli.common import JSON_HELP, bool_flag, command, console, print_json, rel
+from envspec.cli.common import JSON_HELP, Subparsers, bool_flag, command, console, print_json, rel
 from envspec.cli.lock import lock_for
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, UsageError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from envspec.image import BuiltImage
+    from envspec.host import Host
+    from envspec.image import BuiltImage, LayerInfo
     from envspec.image.index import BuiltIndex
+    from envspec.lock import Lockfile
+    from envspec.registry.attest import SigningKey
+    from envspec.settings import Settings
+    from envspec.spec import Sources
 
 
 _SOURCE_WORDS = {
@@ -35,7 +42,7 @@ _SOURCE_WORDS = {
 class _Progress:
     """rich progress bars for the build's events (the core only reports events)."""
 
-    def __init__(self, quiet: bool):
+    def __init__(self, quiet: bool) -> None:
         from envspec.image import Reporter
 
         self.quiet = quiet
@@ -43,47 +50,49 @@ class _Progress:
         outer = self
 
         class R(Reporter):
-            def fetching(self, name, filename, size):
+            def fetching(self, name: str, filename: str, size: int) -> None:
                 outer._task("fetch", f"fetching {filename}", size)
 
-            def fetched(self, name, filename, path):
+            def fetched(self, name: str, filename: str, path: Path) -> None:
                 outer._done("fetch")
 
-            def layer_started(self, group, pins, cached):
+            def layer_started(self, group: str, pins: int, cached: bool) -> None:
                 outer._line(
                     f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building"
                 )
 
-            def layer_built(self, layer):
+            def layer_built(self, layer: LayerInfo) -> None:
                 outer._line(
                     f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
                     f"  {_SOURCE_WORDS.get(layer.source, layer.source)}"
                 )
 
-            def importing(self, group, sent):
+            def importing(self, group: str, sent: int) -> None:
                 outer._bytes(f"into containers-storage: {group}", sent)
 
-            def committing(self, ref, digest):
+            def committing(self, ref: str, digest: str) -> None:
                 outer._line(f"tagging {ref} ({digest[:19]})")
 
-            def pushed(self, dest, digest):
+            def pushed(self, dest: str, digest: str) -> None:
                 outer._line(f"pushed {dest}@{digest}")
 
-            def source_building(self, name, version):
+            def source_building(self, name: str, version: str) -> None:
                 outer._line(
                     f"building {name} {version} from its sdist (in the lock's Debian base, no network)"
                 )
 
-            def source_progress(self, name, version, step):
+            def source_progress(self, name: str, version: str, step: str) -> None:
                 outer._line(f"  {name}: {step}")
 
-            def source_built(self, name, version, wheel, seconds, cached):
+            def source_built(
+                self, name: str, version: str, wheel: str, seconds: float, cached: bool
+            ) -> None:
                 outer._line(
                     f"built {wheel}"
                     + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s")
                 )
 
-            def warning(self, message):  # printed even with --quiet
+            def warning(self, message: str) -> None:  # printed even with --quiet
                 (outer.progress.console if outer.progress else outer.con).print(
                     f"warning: {message}", markup=False
                 )
@@ -96,7 +105,7 @@ class _Progress:
 
         self.lock = threading.Lock()
 
-    def __enter__(self):
+    def __enter__(self) -> _Progress:
         if not self.quiet:
             from rich.progress import (
                 BarColumn,
@@ -117,11 +126,16 @@ class _Progress:
             self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.progress is not None:
-            self.progress.__exit__(*exc)
+            self.progress.__exit__(kind, exc, tb)
 
-    def _task(self, kind, desc, size):
+    def _task(self, kind: str, desc: str, size: int) -> None:
         if self.progress is None:
             return
         if kind not in self.tasks:
@@ -130,7 +144,7 @@ class _Progress:
             self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1
         )
 
-    def _bytes(self, desc, sent):
+    def _bytes(self, desc: str, sent: int) -> None:
         """One bar per layer on its way into containers-storage (its size is known only once
         it is made, so the bar counts bytes)."""
         if self.progress is None:
@@ -140,20 +154,27 @@ class _Progress:
                 self.tasks[desc] = self.progress.add_task(desc, total=None)
         self.progress.update(self.tasks[desc], description=f"{desc} {sent / 1e6:,.0f} MB")
 
-    def _done(self, kind):
+    def _done(self, kind: str) -> None:
         if self.progress is not None and kind in self.tasks:
             self.progress.advance(self.tasks[kind])
 
-    def _line(self, text):
+    def _line(self, text: str) -> None:
         if not self.quiet:
             (self.progress.console if self.progress else self.con).print(text, markup=False)
 
 
-def cmd_build(args) -> int:
+def cmd_build(args: argparse.Namespace) -> int:
     from envspec import sources
     from envspec.cache.store import Cache
     from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
-    from envspec.image import DEFAULT_COMPRESSION, BuildahEngine, BuildOptions, build, preview
+    from envspec.image import (
+        DEFAULT_COMPRESSION,
+        BuildahEngine,
+        BuildOptions,
+        BuiltImage,
+        build,
+        preview,
+    )
     from envspec.image.engine import registry_access
     from envspec.lock import lock_base
     from envspec.plan import make_plan
@@ -271,7 +292,9 @@ def cmd_build(args) -> int:
     if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
         return _check_digest(args, built)
     background = (
-        _compress_in_background(built, lock_path, host.cache_dir) if plan is not None else None
+        _compress_in_background(built, lock_path, host.cache_dir)
+        if isinstance(built, BuiltImage)
+        else None
     )
     if args.json:
         print_json(
@@ -285,9 +308,9 @@ def cmd_build(args) -> int:
     elif not args.quiet:
         con = console()
         for line in (
-            _index_lines(built, host, lock, target=args.target)
-            if plan is None
-            else _built_lines(built, host, lock, target=args.target)
+            _built_lines(built, host, lock, target=args.target)
+            if isinstance(built, BuiltImage)
+            else _index_lines(built, host, lock, target=args.target)
         ):
             con.print(line, markup=False)
         if background:
@@ -301,7 +324,9 @@ def cmd_build(args) -> int:
     return EXIT_OK
 
 
-def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
+def _compress_in_background(
+    built: BuiltImage, lock_path: Path, cache_dir: Path
+) -> dict[str, object] | None:
     """After a build that kept its layers uncompressed (nothing carried them: ``image.compress_now``),
     `envspec cache compress LOCK` in a process of its own, at the lowest CPU and I/O priority, so that
     a later push or OCI output of the lock finds the compressed blobs; a push started before it
@@ -346,13 +371,13 @@ def _compress_in_background(built, lock_path, cache_dir) -> dict | None:
     return {"pid": proc.pid, "log": str(log), "command": argv}
 
 
-def _settings():
+def _settings() -> Settings:
     from envspec import settings
 
     return settings.read()
 
 
-def _cache_refs(args, spec_sources) -> tuple[str, str]:
+def _cache_refs(args: argparse.Namespace, spec_sources: Sources | None) -> tuple[str, str]:
     """The registry cache repositories of a build: --cache-from/--cache-to, else ENVSPEC_CACHE_FROM/
     ENVSPEC_CACHE_TO, else the spec's [sources] cache_from/cache_to (a lock carries none); each
     checked (a mistyped one is exit 2, cache-ref-invalid). "" (flag or variable) turns it off."""
@@ -371,7 +396,7 @@ def _cache_refs(args, spec_sources) -> tuple[str, str]:
     return refs[0], refs[1]
 
 
-def _signing_key(args):
+def _signing_key(args: argparse.Namespace) -> SigningKey | None:
     """The key of --sign-by-sigstore-private-key (with --sign-passphrase-file), or None."""
     if not args.sign_by_sigstore_private_key:
         if args.sign_passphrase_file:
@@ -399,7 +424,7 @@ def _signing_key(args):
     return SigningKey.load(args.sign_by_sigstore_private_key, passphrase)
 
 
-def _check_digest(args, built) -> int:
+def _check_digest(args: argparse.Namespace, built: BuiltImage | BuiltIndex) -> int:
     from envspec.image.engine import registry_access
     from envspec.registry.verify_image import RegistryReader, manifest_digest
 
@@ -442,7 +467,7 @@ def _check_digest(args, built) -> int:
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
-def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
+def _dry_run_lines(shown: dict[str, Any], lock: Lockfile, lock_path: Path) -> list[str]:
     """What `build --dry-run` says to a person (``--json``: the whole plan, each layer's pins): the
     image, its layers and whether each is cached, what would be fetched and built, the steps."""
     from envspec.cache.gc import human
@@ -495,12 +520,12 @@ def _dry_run_lines(shown: dict, lock, lock_path) -> list[str]:
     return lines
 
 
-def _storage_json(host) -> dict[str, str]:
+def _storage_json(host: Host) -> dict[str, str]:
     st = host.storage
     return {"root": st.root, "runroot": st.runroot, "driver": st.driver, "from": st.source}
 
 
-def _index_lines(built, host, lock, *, target: str) -> list[str]:
+def _index_lines(built: BuiltIndex, host: Host, lock: Lockfile, *, target: str) -> list[str]:
     """What `envspec build` of a multi-platform lock says: each platform's image, the index."""
     lines = []
     for name, one in built.images:
@@ -522,7 +547,7 @@ def _index_lines(built, host, lock, *, target: str) -> list[str]:
     return lines
 
 
-def _built_lines(built, host, lock, *, target: str) -> list[str]:
+def _built_lines(built: BuiltImage, host: Host, lock: Lockfile, *, target: str) -> list[str]:
     """What `envspec build` says at its end: the image, its digest, where it is kept, and how to
     start it (with its services, with a command)."""
     import shlex
@@ -571,7 +596,7 @@ def _built_lines(built, host, lock, *, target: str) -> list[str]:
     return lines + start_lines(target, lock, image=built.image)
 
 
-def add_build(sub) -> None:
+def add_build(sub: Subparsers) -> None:
     s = command(
         sub,
         "build",

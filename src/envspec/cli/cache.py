@@ -7,14 +7,20 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from envspec.cli.common import JSON_HELP, command, console, print_json
+from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
 from envspec.errors import EXIT_OK, EnvspecError
 
+if TYPE_CHECKING:
+    from envspec.cache.gc import Needed
+    from envspec.cache.store import Cache
 
-def _cache_compress(args, cache) -> int:
+
+def _cache_compress(args: argparse.Namespace, cache: Cache) -> int:
     """`envspec cache compress LOCK`: the compressed blobs of the lock's cached layers, made now."""
     import time
     from dataclasses import asdict
@@ -47,7 +53,7 @@ def _cache_compress(args, cache) -> int:
     return EXIT_OK
 
 
-def _needed(paths: list[Path]):
+def _needed(paths: list[Path]) -> tuple[Needed, list[str]]:
     """What the locks at ``paths`` need of the cache (``plan.cache_entries``), and the locks that
     could not be read ("path: why"). A lock named on the command line that cannot be read is
     refused before this."""
@@ -55,7 +61,7 @@ def _needed(paths: list[Path]):
     from envspec.cache.gc import Needed
     from envspec.plan import cache_entries
 
-    needed, bad = Needed(), []
+    needed, bad = Needed(), list[str]()
     for p in paths:
         try:
             needed.add(str(p), cache_entries(lockmod.load(p)))
@@ -64,10 +70,10 @@ def _needed(paths: list[Path]):
     return needed, bad
 
 
-def cmd_cache(args) -> int:
+def cmd_cache(args: argparse.Namespace) -> int:
     from envspec.cache import gc as cachegc
+    from envspec.cache.dirs import cache_dir_for
     from envspec.cache.store import Cache
-    from envspec.host import cache_dir_for
 
     cache = Cache(cache_dir_for(os.environ))
     if args.cache_cmd == "compress":
@@ -170,7 +176,7 @@ def cmd_cache(args) -> int:
     return EXIT_OK
 
 
-def add_cache(sub) -> None:
+def add_cache(sub: Subparsers) -> None:
     s = command(
         sub,
         "cache",

@@ -3,8 +3,10 @@ arguments); this module only lists it in `envspec --help`."""
 
 from __future__ import annotations
 
+from envspec.cli.common import Subparsers
 
-def add_cluster(sub) -> None:
+
+def add_cluster(sub: Subparsers) -> None:
     sub.add_parser(
         "cluster", help="render job files that verify N nodes (see `envspec cluster render --help`)"
     )

@@ -3,15 +3,27 @@ paths and flag values."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envspec.errors import UsageError
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def console(stderr: bool = False):
+# the sub-commands' action of a parser: each command module adds its parser to it (generic in
+# typeshed only)
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    Subparsers = argparse._SubParsersAction
+
+
+def console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     class _Console(Console):
@@ -28,18 +40,19 @@ JSON_HELP = 'print the result as JSON on stdout (an error too: {"ok": false, "er
 QUIET_HELP = "say nothing but warnings and errors"
 
 
-def command(sub, name: str, *, help: str, examples: Sequence[str], description: str = ""):
+def command(
+    sub: Subparsers, name: str, *, help: str, examples: Sequence[str], description: str = ""
+) -> argparse.ArgumentParser:
     """A command's sub-parser: its one-line ``help`` (``envspec --help`` lists it), and for its own
     --help a description (``description``, else the help) and examples."""
-    import argparse
-
-    return sub.add_parser(
+    parser: argparse.ArgumentParser = sub.add_parser(
         name,
         help=help,
         description=description or (help[:1].upper() + help[1:] + "."),
         epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    return parser
 
 
 def say(text: str, stderr: bool = False) -> None:
@@ -51,7 +64,7 @@ def say(text: str, stderr: bool = False) -> None:
     stream.flush()
 
 
-def print_json(obj) -> None:
+def print_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from envspec.cli.common import command, console, print_json
+from envspec.cli.common import Subparsers, command, console, print_json
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_SOURCE
+
+if TYPE_CHECKING:
+    from envspec.compat.model import CompatDB
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -114,7 +118,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _show(db) -> None:
+def _show(db: CompatDB) -> None:
     """The DB as tables: a row per build of each torch release (its CUDA, cuDNN, NCCL, driver
     floors, arch list), a row per GPU family (compute capability, architecture, driver branches),
     and a table per product line (data center, workstation, GeForce and TITAN, Jetson) with a row
@@ -200,30 +204,30 @@ def _show(db) -> None:
             box=SIMPLE_HEAD if tty else None,
             title_justify="left",
         )
-        for x in db.gpus:
-            if x.line != line:
+        for gx in db.gpus:
+            if gx.line != line:
                 continue
             g.add_row(
-                x.name,
-                ", ".join(x.aliases) or "-",
-                x.cc,
-                x.architecture,
-                f"R{x.min_driver}" if x.min_driver else "-",
-                f"R{x.max_driver}" if x.max_driver else "-",
-                " ".join(x.host_arch) or "-",
-                _n(x.memory_gib),
-                _n(x.bf16_tflops),
-                _n(x.tf32_tflops),
-                _n(x.mem_bw_gbs),
+                gx.name,
+                ", ".join(gx.aliases) or "-",
+                gx.cc,
+                gx.architecture,
+                f"R{gx.min_driver}" if gx.min_driver else "-",
+                f"R{gx.max_driver}" if gx.max_driver else "-",
+                " ".join(gx.host_arch) or "-",
+                _n(gx.memory_gib),
+                _n(gx.bf16_tflops),
+                _n(gx.tf32_tflops),
+                _n(gx.mem_bw_gbs),
             )
         con.print(g)
 
 
-def _n(v) -> str:
+def _n(v: float | None) -> str:
     return "-" if v is None else (f"{v:g}")
 
 
-def add_db(sub) -> None:
+def add_db(sub: Subparsers) -> None:
     s = command(
         sub,
         "db",

@@ -7,11 +7,13 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
-from envspec.cli.common import JSON_HELP, command, console, print_json
+import argparse
+
+from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
 from envspec.errors import EXIT_OK
 
 
-def cmd_diff(args) -> int:
+def cmd_diff(args: argparse.Namespace) -> int:
     from envspec.diff import diff_files, diff_lines
 
     d = diff_files(args.old, args.new)
@@ -24,7 +26,7 @@ def cmd_diff(args) -> int:
     return EXIT_OK
 
 
-def add_diff(sub) -> None:
+def add_diff(sub: Subparsers) -> None:
     s = command(
         sub,
         "diff",

@@ -7,10 +7,12 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
-from envspec.cli.common import JSON_HELP, command, console, print_json
+import argparse
+
+from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
 
 
-def cmd_doctor(args) -> int:
+def cmd_doctor(args: argparse.Namespace) -> int:
     from envspec.doctor import doctor_exit_code, doctor_json, doctor_lines, run_doctor
     from envspec.host import detect_host
     from envspec.lock import load
@@ -29,7 +31,7 @@ def cmd_doctor(args) -> int:
     return doctor_exit_code(diagnoses)
 
 
-def add_doctor(sub) -> None:
+def add_doctor(sub: Subparsers) -> None:
     s = command(
         sub,
         "doctor",

@@ -3,10 +3,11 @@ terminal), never overwriting a file."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from envspec.cli.common import command, console
+from envspec.cli.common import Subparsers, command, console
 from envspec.errors import EXIT_OK, UsageError
 
 
@@ -29,7 +30,7 @@ def _split(values: list[str] | None) -> tuple[str, ...]:
     return tuple(v.strip() for item in values or () for v in item.split(",") if v.strip())
 
 
-def cmd_init(args) -> int:
+def cmd_init(args: argparse.Namespace) -> int:
     from envspec import init
     from envspec.host import ASK_NONE, detect_host
     from envspec.lock import default_path
@@ -102,7 +103,7 @@ def cmd_init(args) -> int:
     return EXIT_OK
 
 
-def add_init(sub) -> None:
+def add_init(sub: Subparsers) -> None:
     s = command(
         sub,
         "init",

@@ -11,9 +11,10 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from envspec.causes import PackageHeldBack
-from envspec.cli.common import JSON_HELP, QUIET_HELP, command, console, print_json, say
+from envspec.cli.common import JSON_HELP, QUIET_HELP, Subparsers, command, console, print_json, say
 from envspec.errors import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
@@ -23,8 +24,15 @@ from envspec.errors import (
     StaleLock,
 )
 
+if TYPE_CHECKING:
+    from envspec.compat.model import CompatDB
+    from envspec.lock import Lockfile
+    from envspec.resolve import Choice
+    from envspec.spec import EnvSpec
+    from envspec.wheels.abi import AtHand
 
-def cmd_explain(args) -> int:
+
+def cmd_explain(args: argparse.Namespace) -> int:
     # pydantic's documented switch for its plugins: no discovery, which scans every installed package's
     # entry points (about 1.5% of explain's time, docs/benchmarks.md); envspec's models are its own, and
     # explain starts no process that could inherit the setting. A value the caller set is kept.
@@ -59,7 +67,7 @@ def cmd_explain(args) -> int:
     return EXIT_OK
 
 
-def _with_packages(choice, db):
+def _with_packages(choice: Choice, db: CompatDB) -> Choice:
     """`explain --packages`: the choice moved as `lock` moves it, torch chosen together with the
     packages the spec names (``resolve.with_packages``: reads the indexes)."""
     import tempfile
@@ -77,7 +85,7 @@ def _with_packages(choice, db):
         )
 
 
-def _explain_platforms(args, spec, db) -> int:
+def _explain_platforms(args: argparse.Namespace, spec: EnvSpec, db: CompatDB) -> int:
     """`explain` of a spec naming both platforms: the choice for each, in the spec's order
     (--json: {"platforms": [choice, ...]}). An impossible platform raises as for one."""
     from envspec import explain
@@ -95,7 +103,7 @@ def _explain_platforms(args, spec, db) -> int:
     return EXIT_OK
 
 
-def _debian_request(spec) -> list[str] | None:
+def _debian_request(spec: EnvSpec) -> list[str] | None:
     """The Debian packages a lock of this spec would ask for now (offline), or None when unknown."""
     from envspec.resolve import debian_request
 
@@ -103,7 +111,7 @@ def _debian_request(spec) -> list[str] | None:
     return debian_request(choice) if choice is not None and choice.suite else None
 
 
-def _offline_platforms(spec) -> list[str] | None:
+def _offline_platforms(spec: EnvSpec) -> list[str] | None:
     """The platforms a lock of this spec is for now (offline), or None when it cannot choose."""
     from envspec.compat import load_db
     from envspec.resolve import choose_all
@@ -114,7 +122,7 @@ def _offline_platforms(spec) -> list[str] | None:
         return None
 
 
-def _offline_choice(spec):
+def _offline_choice(spec: EnvSpec) -> Choice | None:
     """What `explain` would choose for the spec now, or None when it cannot choose."""
     from envspec.compat import load_db
     from envspec.resolve import choose
@@ -125,7 +133,7 @@ def _offline_choice(spec):
         return None
 
 
-def cmd_lock(args) -> int:
+def cmd_lock(args: argparse.Namespace) -> int:
     from envspec import lock as lockmod
     from envspec.spec import load_spec
 
@@ -158,8 +166,8 @@ def cmd_lock(args) -> int:
             console().print(f"{out} is up to date with {args.spec}", markup=False)
         return EXIT_CHECK_FAILED if reasons else EXIT_OK
     from envspec import explain
+    from envspec.cache.dirs import cache_dir_for
     from envspec.compat import load_db
-    from envspec.host import cache_dir_for
     from envspec.resolve import choose_all, resolve
     from envspec.sources import discover
 
@@ -332,7 +340,7 @@ def cmd_lock(args) -> int:
     return EXIT_OK
 
 
-def abi_line(a, lock) -> str:
+def abi_line(a: AtHand, lock: Lockfile) -> str:
     """One line on the ABI check done at lock time."""
     t = lock.torch.version if lock.torch else "torch"
     said = (
@@ -348,30 +356,47 @@ def abi_line(a, lock) -> str:
     return f"abi: {said}"
 
 
-def _from_source(lock) -> list[dict]:
+class _FromSource(TypedDict):
+    """A package the lock builds from its sdist, as `lock --json` and its last lines say it."""
+
+    platform: str
+    name: str
+    version: str
+    sdist: str
+    sha256: str
+    backend: str
+    build: list[str]
+    python: str
+    compiler: str
+    key: str
+    toolkit: list[str]
+    arch_list: list[str]
+
+
+def _from_source(lock: Lockfile) -> list[_FromSource]:
     """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform."""
     return [
-        {
-            "platform": part.name,
-            "name": w.name,
-            "version": w.version,
-            "sdist": w.filename,
-            "sha256": w.sha256,
-            "backend": w.source.backend,
-            "build": [f"{b.name} {b.version}" for b in w.source.build],
-            "python": w.source.python,
-            "compiler": w.source.compiler,
-            "key": w.source.key,
-            "toolkit": [f"{b.name} {b.version}" for b in w.source.toolkit],
-            "arch_list": list(w.source.arch_list),
-        }
+        _FromSource(
+            platform=part.name,
+            name=w.name,
+            version=w.version,
+            sdist=w.filename,
+            sha256=w.sha256,
+            backend=w.source.backend,
+            build=[f"{b.name} {b.version}" for b in w.source.build],
+            python=w.source.python,
+            compiler=w.source.compiler,
+            key=w.source.key,
+            toolkit=[f"{b.name} {b.version}" for b in w.source.toolkit],
+            arch_list=list(w.source.arch_list),
+        )
         for part in lock.parts
         for w in part.wheels
         if w.source is not None
     ]
 
 
-def _held_back(lock) -> list[dict]:
+def _held_back(lock: Lockfile) -> list[dict[str, str]]:
     """The wheels the lock records as held back (``resolve.held_back``), platform by platform."""
     return [
         {"platform": part.name, "name": w.name, "version": w.version, "why": w.held_back}
@@ -381,7 +406,9 @@ def _held_back(lock) -> list[dict]:
     ]
 
 
-def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
+def lock_for(
+    target: str, *, locked: bool, quiet: bool, write: bool = True
+) -> tuple[Lockfile, Path]:
     """A lockfile path, or a spec whose lock is found, checked, and made or refreshed when needed;
     ``write=False`` (``build --dry-run``): a lock that must be made is made in a temporary folder
     and the lockfile is left as it is."""
@@ -449,7 +476,7 @@ def lock_for(target: str, *, locked: bool, quiet: bool, write: bool = True):
         return lockmod.load(made), out
 
 
-def add_lock(sub) -> None:
+def add_lock(sub: Subparsers) -> None:
     s = command(
         sub,
         "lock",
@@ -487,7 +514,7 @@ def add_lock(sub) -> None:
     s.set_defaults(func=cmd_lock)
 
 
-def add_explain(sub) -> None:
+def add_explain(sub: Subparsers) -> None:
     s = command(
         sub,
         "explain",

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
 
 WIDTH = 100
 
@@ -124,14 +129,14 @@ def _toml(v: object) -> str:
     return json.dumps(v)
 
 
-def _type(info) -> str:
+def _type(info: FieldInfo) -> str:
     """A field's type in a reader's words."""
     import types
     import typing
 
     from envspec import spec as specmod
 
-    def words(t) -> str:
+    def words(t: Any) -> str:
         origin, args = typing.get_origin(t), typing.get_args(t)
         if t is specmod.Req:
             return "PEP 508 requirement"
@@ -156,16 +161,16 @@ def _type(info) -> str:
     return text + (f", {lo} to {hi}" if lo is not None and hi is not None else "")
 
 
-def _default(info) -> str:
+def _default(info: FieldInfo) -> str:
     from pydantic_core import PydanticUndefined
 
     if info.default is PydanticUndefined and info.default_factory is None:
         return "(required)"
-    value = info.default_factory() if info.default_factory is not None else info.default
+    value = info.get_default(call_default_factory=True)
     return "(none)" if value is None else f"`{_toml(value)}`"
 
 
-def _tables():
+def _tables() -> Iterator[tuple[str, type[BaseModel]]]:
     """(TOML table name, model) of the spec, in its order: the top level, each table, the services'."""
     from envspec import spec as specmod
 
@@ -176,12 +181,14 @@ def _tables():
             continue
         if model is specmod.Services:
             for sname, sinfo in model.model_fields.items():
-                yield f"services.{sname}", _model_of(sinfo.annotation)
+                if (service := _model_of(sinfo.annotation)) is not None:
+                    yield f"services.{sname}", service
             continue
         yield name, model
 
 
-def _model_of(t):
+def _model_of(t: Any) -> type[BaseModel] | None:
+    """The model a field's annotation names (``X`` or ``X | None``), None where it is no model."""
     import typing
 
     from pydantic import BaseModel

@@ -7,15 +7,16 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
-from envspec.cli.common import JSON_HELP, command, console, print_json
+from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
 from envspec.errors import EXIT_OK, UsageError
 
 
-def cmd_run(args) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
     from envspec.run import (
         ENGINE_FAILED,
@@ -115,7 +116,7 @@ def _run_foreground(argv: list[str]) -> int:
             signal.signal(sig, old)
 
 
-def add_run(sub) -> None:
+def add_run(sub: Subparsers) -> None:
     s = command(
         sub,
         "run",

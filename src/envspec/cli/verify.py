@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from envspec.cli.common import Subparsers
 
-def add_verify(sub) -> None:
+
+def add_verify(sub: Subparsers) -> None:
     sub.add_parser(
         "verify", help="check the live machine against a lock (see `envspec verify --help`)"
     )

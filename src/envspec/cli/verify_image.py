@@ -7,12 +7,13 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from envspec.cli.common import JSON_HELP, bool_flag, command, print_json
+from envspec.cli.common import JSON_HELP, Subparsers, bool_flag, command, print_json
 
 
-def cmd_verify_image(args) -> int:
+def cmd_verify_image(args: argparse.Namespace) -> int:
     from envspec.image.engine import registry_access
     from envspec.registry.verify_image import RegistryReader, load_public_key, verify_image
     from envspec.verify.render import table
@@ -35,7 +36,7 @@ def cmd_verify_image(args) -> int:
     return report.exit_code
 
 
-def add_verify_image(sub) -> None:
+def add_verify_image(sub: Subparsers) -> None:
     s = command(
         sub,
         "verify-image",

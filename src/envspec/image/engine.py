@@ -29,7 +29,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from envspec import settings
 from envspec.cache.store import flocked
@@ -286,7 +286,7 @@ class BuildahEngine:
 
     def run(
         self, step: str, argv: Sequence[str], *, check: bool = True, tmpdir: Path | None = None
-    ) -> subprocess.CompletedProcess:
+    ) -> subprocess.CompletedProcess[str]:
         """Run one command. ``tmpdir``: its TMPDIR (skopeo keeps big temporary files there, and a
         killed skopeo leaves them behind: inside the build's work directory they go with it)."""
         argv = list(argv)
@@ -549,10 +549,30 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _drop_staged(staged: dict) -> None:
-    shutil.rmtree(staged.get("staging") or "/nonexistent", ignore_errors=True)
-    if staged.get("tar_split"):
-        Path(staged["tar_split"]).unlink(missing_ok=True)
+@dataclass(frozen=True)
+class Staged:
+    """A finished stager's answer, its JSON line (``envspec-put-layer stage``): where it untarred
+    the layer, its tar-split, the bytes it read. ``commit`` gets it back as it is (``raw``)."""
+
+    raw: dict[str, Any]
+
+    @property
+    def staging(self) -> str:
+        return str(self.raw.get("staging") or "")
+
+    @property
+    def tar_split(self) -> str:
+        return str(self.raw.get("tar_split") or "")
+
+    @property
+    def size(self) -> int:
+        return int(self.raw.get("size", -1))
+
+
+def _drop_staged(staged: Staged) -> None:
+    shutil.rmtree(staged.staging or "/nonexistent", ignore_errors=True)
+    if staged.tar_split:
+        Path(staged.tar_split).unlink(missing_ok=True)
 
 
 class Stage:
@@ -575,7 +595,7 @@ class Stage:
             [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
         )
         self.staging = ""
-        self.result: dict | None = None
+        self.result: Staged | None = None
         self._reader = threading.Thread(
             target=self._read, name=f"envspec-stage-{name}", daemon=True
         )
@@ -595,7 +615,9 @@ class Stage:
                     self.progress(int(line.split()[1]))
             elif line.startswith("{"):
                 with contextlib.suppress(ValueError):
-                    self.result = json.loads(line)
+                    answer = json.loads(line)
+                    if isinstance(answer, dict):
+                        self.result = Staged(answer)
 
     def _tell(self, text: str) -> None:
         assert self.proc.stdin is not None
@@ -610,7 +632,7 @@ class Stage:
     def close(self) -> None:
         self._tell("")
 
-    def wait(self, cancel: threading.Event) -> dict:
+    def wait(self, cancel: threading.Event) -> Staged:
         while True:
             try:
                 rc = self.proc.wait(timeout=0.1)
@@ -647,10 +669,12 @@ class Stage:
         self._tell("")
         self._reader.join(timeout=5)
         if self.staging:
-            _drop_staged({"staging": self.staging, "tar_split": self.staging + ".tar-split.gz"})
+            _drop_staged(
+                Staged({"staging": self.staging, "tar_split": self.staging + ".tar-split.gz"})
+            )
         if self.root is not None and self.root.is_dir():
             for p in self.root.glob(f"{self.proc.pid}-*"):
-                _drop_staged({"staging": str(p)} if p.is_dir() else {"tar_split": str(p)})
+                _drop_staged(Staged({"staging": str(p)} if p.is_dir() else {"tar_split": str(p)}))
         self.err.close()
 
 
@@ -895,7 +919,7 @@ class StorageCLI:
         return Stage(proc, err, name, progress, root=self.staging_root()).start()
 
     def commit_staged(
-        self, layer_id: str, parent: str, diff_id: str, staged: dict
+        self, layer_id: str, parent: str, diff_id: str, staged: Staged
     ) -> tuple[str, bool]:
         """Make layer ``layer_id`` on ``parent`` from a finished ``Stage``'s result, unless it is
         stored already (then the staged files are dropped). Returns (the stored diff digest,
@@ -913,7 +937,7 @@ class StorageCLI:
             "--diff-digest",
             diff_id,
             "--staged",
-            json.dumps(staged),
+            json.dumps(staged.raw),
         ]
         cp = self.engine.run("commit layer", argv, check=False)
         _drop_staged(staged)  # moved in, or not wanted any more
@@ -1019,7 +1043,7 @@ class StorageCLI:
 class RecordingEngine:
     """The ``Engine`` that records each verb and runs nothing: unit tests and ``build --dry-run``."""
 
-    calls: list[tuple] = field(default_factory=list)
+    calls: list[tuple[object, ...]] = field(default_factory=list)
     images: dict[str, str] = field(default_factory=dict)  # ref -> manifest digest
     fail_on: str = ""  # a verb that raises BuildError, to test failure paths
 

@@ -28,9 +28,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from envspec.errors import DamagedEntry, HashMismatch
-from envspec.image.engine import Cancelled, Stage, StorageCLI, _drop_staged, chain_id
+from envspec.image.engine import Cancelled, Stage, Staged, StorageCLI, _drop_staged, chain_id
 from envspec.image.records import LayerMeta
 
 
@@ -51,7 +52,7 @@ class LayerFile:
     )
     # the layer comes through ``pipe`` from the registry cache (``regcache.stream_layers``): ends
     # with the stream, True or its exception (then the layer is made, and staged from its file)
-    streamed: Future | None = None
+    streamed: Future[bool] | None = None
 
     def result(self, cancel: threading.Event) -> LayerMeta:
         while not self.made.done():
@@ -89,7 +90,7 @@ class Importer:
         default_factory=dict
     )  # the store's layers when the import began
     _stages: dict[int, Stage] = field(default_factory=dict)  # stagers running, by layer index
-    _staged: dict[int, dict] = field(default_factory=dict)  # staged, not yet committed
+    _staged: dict[int, Staged] = field(default_factory=dict)  # staged, not yet committed
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> Importer:
@@ -171,7 +172,7 @@ class Importer:
             self._present = self.store.stored_layers()
             jobs = []
             for i, lay in enumerate(self.layers):
-                fut: Future = Future()
+                fut: Future[_StageDone | None] = Future()
                 threading.Thread(
                     target=self._stage_thread,
                     args=(i, lay, fut),
@@ -189,16 +190,16 @@ class Importer:
                         if self.cancel.is_set():
                             raise Cancelled()
                         wait([job], timeout=0.1)
-                    got = job.result()
-                    if got is not None:
-                        start, digest = got.pop("started"), got.pop("digest")
-                        self.on_staged(lay.group, start, got.pop("staged"))
+                    done = job.result()
+                    if done is not None:
+                        got, start, digest = done.staged, done.started, done.digest
+                        self.on_staged(lay.group, start, done.ended)
                         with self._lock:
                             self._staged.pop(i, None)
-                        if got["size"] != made.size or (digest and digest != want):
+                        if got.size != made.size or (digest and digest != want):
                             _drop_staged(got)
                             raise self._mismatch(
-                                lay, made, digest or f"{got['size']} bytes, not {made.size}"
+                                lay, made, digest or f"{got.size} bytes, not {made.size}"
                             )
                         have, ours = self.store.commit_staged(layer_id, parent, want, got)
                         if have != want:
@@ -229,7 +230,9 @@ class Importer:
                     # whose maker is still writing is removed by build() once the makers have stopped
                     if lay.tree is not None and lay.made.done() and lay.tree.exists():
                         _drop_staged(
-                            {"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"}
+                            Staged(
+                                {"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"}
+                            )
                         )
 
     def _mismatch(
@@ -267,24 +270,24 @@ class Importer:
             parent = chain_id(parent, lay.made.result().diff_id)
         return parent
 
-    def _stage_thread(self, i: int, lay: LayerFile, job: Future) -> None:
+    def _stage_thread(self, i: int, lay: LayerFile, job: Future[_StageDone | None]) -> None:
         try:
             job.set_result(self._stage_one(i, lay))
         except BaseException as e:  # noqa: BLE001 (the commit loop raises it, or the maker's error first)
             job.set_exception(e)
 
-    def _stage_one(self, i: int, lay: LayerFile) -> dict | None:
+    def _stage_one(self, i: int, lay: LayerFile) -> _StageDone | None:
         """Stage layer ``i`` from its file: the finished one (from the cache, or made already), or
         the one its maker is writing, or the stream from the registry cache. None where the layer
         is in the store already. A stream that fails is staged again from the layer made here."""
         use_pipe = True
         while True:
             got = self._stage_attempt(i, lay, use_pipe)
-            if got is not _AGAIN:
-                return got  # type: ignore[return-value]
+            if not isinstance(got, _Again):
+                return got
             use_pipe = False
 
-    def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> dict | None | object:
+    def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> _StageDone | None | _Again:
         streaming = False  # reading the registry cache's stream of it (``lay.streamed``)
         while True:
             if self._halt.is_set():
@@ -319,9 +322,11 @@ class Importer:
                     break
                 except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
                     pass
+            waits: list[Future[Any]] = [lay.made]
+            if lay.streamed is not None and not lay.streamed.done():
+                waits.append(lay.streamed)
             wait(
-                [lay.made]
-                + ([lay.streamed] if lay.streamed is not None and not lay.streamed.done() else []),
+                waits,
                 timeout=0.05,
                 return_when="FIRST_COMPLETED",
             )
@@ -388,7 +393,7 @@ class Importer:
         if halted:  # staged whole, but the import has ended without it
             _drop_staged(got)
             raise Cancelled()
-        return {**got, "started": started, "digest": digest, "staged": time.monotonic()}
+        return _StageDone(got, started, digest, time.monotonic())
 
     def join(self) -> str:
         """Wait for every layer; the top layer's ID. Raises what the import raised."""
@@ -412,10 +417,25 @@ class Importer:
                 self._thread.join(0.2)
 
 
-_AGAIN = object()  # ``_stage_attempt``: the stream failed, stage the layer again from its file
+class _Again:
+    """``_stage_attempt``: the stream failed, stage the layer again from its file."""
 
 
-def _ended_well(fut: Future | None, halt: threading.Event) -> bool:
+_AGAIN = _Again()
+
+
+@dataclass(frozen=True)
+class _StageDone:
+    """A layer staged whole: the stager's answer, when it started and ended (``time.monotonic``),
+    and the sha256 of a cached layer's file read beside it ("" where the maker's is trusted)."""
+
+    staged: Staged
+    started: float
+    digest: str
+    ended: float
+
+
+def _ended_well(fut: Future[bool] | None, halt: threading.Event) -> bool:
     """Wait for a stream's future: True where it ended with every check held."""
     assert fut is not None
     while not fut.done():

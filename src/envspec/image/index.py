@@ -280,7 +280,7 @@ def preview_index(lock: Lockfile, options: BuildOptions) -> list[list[str]]:
                 if what == "signature"
             ]
             engine.push(Path("(index signature)"), index_sig[0])
-    return [list(c) for c in engine.calls]
+    return [[str(a) for a in c] for c in engine.calls]
 
 
 def deliver_index(

@@ -23,16 +23,18 @@ import hashlib
 import io
 import os
 import types
+import typing
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.records import Hash, RecordEntry, parse_record_file
 from installer.scripts import Script
-from installer.sources import WheelFile
+from installer.sources import WheelContentElement, WheelFile
 from installer.utils import Scheme
 from isal import isal_zlib  # ISA-L's inflate: 1.8x zlib's on the CUDA wheels (820 vs 453 MB/s here)
 
@@ -45,6 +47,9 @@ from envspec.image.tarball import TarResult, TarWriter
 from envspec.lock import Platform
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
 from envspec.services import ENVSPEC_LIB
+
+if TYPE_CHECKING:
+    from installer.scripts import ScriptSection
 
 INSTALLER_NAME = b"envspec\n"
 
@@ -79,7 +84,7 @@ class _SortedWheelFile(WheelFile):
     """installer's WheelFile, members in name order, each stream carrying its size and the
     hash the wheel's RECORD gives it."""
 
-    def get_contents(self):
+    def get_contents(self) -> Iterator[WheelContentElement]:
         import stat as _stat
 
         records = {r[0]: r for r in parse_record_file(self.read_dist_info("RECORD").splitlines())}
@@ -92,7 +97,7 @@ class _SortedWheelFile(WheelFile):
             with _open_member(self._zipfile, item) as stream:
                 stream.envspec_size = item.file_size  # type: ignore[attr-defined]
                 stream.envspec_record_hash = record[1]  # type: ignore[attr-defined]
-                yield record, stream, is_exec
+                yield record, typing.cast(BinaryIO, stream), is_exec
 
 
 def _stream_size(stream: BinaryIO) -> tuple[int, BinaryIO]:
@@ -117,7 +122,9 @@ class TarDestination(SchemeDictionaryDestination):
         default_factory=list
     )  # (scheme, .py path, compile ticket)
 
-    def write_to_fs(self, scheme, path, stream, is_executable):
+    def write_to_fs(
+        self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool
+    ) -> RecordEntry:
         assert self.writer is not None
         target = str(self._path_with_destdir(scheme, path))
         if (
@@ -156,7 +163,9 @@ class TarDestination(SchemeDictionaryDestination):
         digest = base64.urlsafe_b64encode(h.digest()).decode("ascii").rstrip("=")
         return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
 
-    def _write_py(self, scheme, path, target, stream, is_executable):
+    def _write_py(
+        self, scheme: Scheme, path: str, target: str, stream: BinaryIO, is_executable: bool
+    ) -> RecordEntry:
         """A module, sent to the compiler from the bytes just written (its .pyc: ``finalize_installation``)."""
         assert self.writer is not None and self.compiler is not None
         size, stream = _stream_size(stream)
@@ -173,7 +182,9 @@ class TarDestination(SchemeDictionaryDestination):
         self.pending.append((scheme, path, self.compiler.submit(target, source)))
         return RecordEntry(path, Hash(self.hash_algorithm, value), size)
 
-    def finalize_installation(self, scheme, record_file_path, records):
+    def finalize_installation(
+        self, scheme: Scheme, record_file_path: str, records: Iterable[tuple[Scheme, RecordEntry]]
+    ) -> None:
         # The wheel's .pyc after the files installer wrote, in their sources' order (compiled
         # meanwhile by the compiler's children), listed after them as pip appends the files it
         # compiles; RECORD itself last, without a hash, as installer writes it.
@@ -203,11 +214,13 @@ class TarDestination(SchemeDictionaryDestination):
         self.pending.clear()
         super().finalize_installation(scheme, record_file_path, [*records, *self.compiled])
 
-    def write_script(self, name, module, attr, section):
+    def write_script(
+        self, name: str, module: str, attr: str, section: ScriptSection
+    ) -> RecordEntry:
         script_name, data = Script(name, module, attr, section).generate(
             self.interpreter, self.script_kind
         )
-        return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
+        return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), True)
 
 
 def _b64digest(algo: str, data: bytes) -> str:

@@ -76,10 +76,13 @@ def repository(ref: str) -> str:
 
 # --- the statements ---------------------------------------------------------------------------------
 
+# an in-toto statement, as JSON (the SLSA provenance and SPDX SBOM predicates are theirs to define)
+Statement = dict[str, Any]
+
 
 def provenance(
     plan: BuildPlan, image_digest: str, *, lock_path: str = "", tool_version: str = __version__
-) -> dict:
+) -> Statement:
     """The SLSA v1 provenance of the image ``image_digest`` built from ``plan``: materials are the
     lock (its content hash) and every .deb and wheel with its sha256; the builder is envspec."""
     lock = plan.lock
@@ -139,7 +142,7 @@ def provenance(
     }
 
 
-def sbom_statement(plan: BuildPlan, image_digest: str, sbom: bytes) -> dict:
+def sbom_statement(plan: BuildPlan, image_digest: str, sbom: bytes) -> Statement:
     """The SBOM the image carries, as an in-toto Statement about the image."""
     return {
         "_type": STATEMENT_TYPE,
@@ -207,9 +210,10 @@ class SigningKey:
     def public_pem(self) -> bytes:
         from cryptography.hazmat.primitives import serialization
 
-        return self.key.public_key().public_bytes(
+        pem: bytes = self.key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
+        return pem
 
     def keyid(self) -> str:
         return key_id(self.public_pem())
@@ -293,7 +297,7 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %s %d %s" % (len(t), t, len(payload), payload)
 
 
-def envelope(statement: dict, key: SigningKey | None) -> bytes:
+def envelope(statement: Statement, key: SigningKey | None) -> bytes:
     """A DSSE envelope of the statement, signed by ``key`` (no signature without one)."""
     payload = canonical_json(statement)
     sigs = (

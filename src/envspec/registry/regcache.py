@@ -628,7 +628,7 @@ class RegistryCache:
                 layers.todo.remove(lay)
 
     def stream_layers(
-        self, layers: Layers, entries: dict[str, RegistryEntry], streams: dict[str, Future]
+        self, layers: Layers, entries: dict[str, RegistryEntry], streams: dict[str, Future[bool]]
     ) -> None:
         """The layers of ``entries`` read from ``cache_from`` as streams, all at once, each
         checked and decompressed as it arrives (``check_stream``) into its FIFO (``Layers.pipe_for``),

@@ -50,6 +50,10 @@ from envspec.plan import make_plan
 from envspec.registry import attest
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
 
+# JSON as the registry gives it, read where it enters: a manifest, an index, a config, an in-toto
+# statement (provenance, SBOM)
+OciJson = dict[str, Any]
+
 _NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
 _UNREACHABLE = (
     "connection refused",
@@ -70,7 +74,9 @@ class RegistryReader:
     credentials, CA, TLS verified except for a loopback registry without a cert dir)."""
 
     access: RegistryAccess = field(default_factory=RegistryAccess)
-    run: Callable[..., subprocess.CompletedProcess] = field(default=subprocess.run, repr=False)
+    run: Callable[..., subprocess.CompletedProcess[bytes]] = field(
+        default=subprocess.run, repr=False
+    )
 
     def _opts(self, ref: str, prefix: str = "") -> list[str]:
         return skopeo_registry_args(self.access, ref, prefix)
@@ -197,7 +203,9 @@ def verify_bytes(public_key: Any, signature: bytes, data: bytes) -> bool:
     return True
 
 
-def _layers(manifest: bytes, blobs: dict[str, bytes], media_type: str) -> list[tuple[dict, bytes]]:
+def _layers(
+    manifest: bytes, blobs: dict[str, bytes], media_type: str
+) -> list[tuple[OciJson, bytes]]:
     """The manifest's layers of ``media_type`` with their bytes, each checked against its digest."""
     out = []
     for lay in json.loads(manifest).get("layers", []):
@@ -252,7 +260,7 @@ def check_signature(
     )
 
 
-def open_envelope(public_key: Any, data: bytes) -> tuple[dict | None, bool]:
+def open_envelope(public_key: Any, data: bytes) -> tuple[OciJson | None, bool]:
     """(the statement, whether a signature in the envelope verifies with the key)."""
     try:
         env = json.loads(data)
@@ -276,7 +284,7 @@ _LOCK_ARCH = {
 }  # OCI's names -> the lock's: arm64 -> aarch64
 
 
-def is_index(manifest: dict) -> bool:
+def is_index(manifest: OciJson) -> bool:
     """An image index (manifest list) rather than one image's manifest."""
     return manifest.get("mediaType") in INDEX_TYPES or (
         "manifests" in manifest and "config" not in manifest
@@ -355,7 +363,7 @@ def verify_image(
     return report
 
 
-def _config_of(manifest: dict, config: bytes | None) -> dict:
+def _config_of(manifest: OciJson, config: bytes | None) -> OciJson:
     """The image config, where it is the one the manifest names (so the signed digest covers it); else {}."""
     if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != manifest.get(
         "config", {}
@@ -369,7 +377,12 @@ def _config_of(manifest: dict, config: bytes | None) -> dict:
 
 
 def _section_for_image(
-    report: Report, ref: str, manifest: dict, config: bytes | None, lock: Lockfile, lock_path: str
+    report: Report,
+    ref: str,
+    manifest: OciJson,
+    config: bytes | None,
+    lock: Lockfile,
+    lock_path: str,
 ) -> tuple[Lockfile | None, str]:
     """One image against a lock with a section per platform: the section whose platform is the image
     config's os/architecture (its view, ``Lockfile.for_platform``) and the findings' prefix."""
@@ -410,7 +423,7 @@ def _verify_index(
     report: Report,
     repo: str,
     digest: str,
-    index: dict,
+    index: OciJson,
     public_key: Any,
     reader: RegistryReader,
     lock: Lockfile | None,
@@ -438,7 +451,7 @@ def _verify_index(
         for m in index.get("manifests", [])
     ]
     names = [n for n, _ in entries]
-    annotation = (index.get("annotations") or {}).get("io.envspec.lock-hash", "")
+    annotation = str((index.get("annotations") or {}).get("io.envspec.lock-hash", ""))
     whole = (
         (lock.meta.content_hash if lock.multi else lock.meta.part_of or "")
         if lock is not None
@@ -540,7 +553,7 @@ def _check_image(
     report: Report,
     repo: str,
     digest: str,
-    manifest: dict,
+    manifest: OciJson,
     config: bytes | None,
     public_key: Any,
     reader: RegistryReader,
@@ -560,7 +573,7 @@ def _check_image(
         )
     )
     att = reader.artifact(f"{repo}:{attest.att_tag(digest)}")
-    statements: dict[str, dict] = {}
+    statements: dict[str, OciJson] = {}
     if att is None:
         report.add(
             Finding(
@@ -665,10 +678,10 @@ def _check_image(
             else "the image's config, the provenance and the expected lock do not agree",
         )
     )
-    return label or prov_lock
+    return str(label or prov_lock)
 
 
-def _materials(prov: dict, lock: Lockfile, prefix: str = "") -> Finding:
+def _materials(prov: OciJson, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = (
         {d.sha256 for d in plan.debs}
@@ -692,7 +705,7 @@ def _materials(prov: dict, lock: Lockfile, prefix: str = "") -> Finding:
     )
 
 
-def _sbom_packages(sbom: dict, lock: Lockfile, prefix: str = "") -> Finding:
+def _sbom_packages(sbom: OciJson, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels}
     got = {
