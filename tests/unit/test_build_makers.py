@@ -12,7 +12,7 @@ import helpers  # noqa: E402
 
 from envspec import sources  # noqa: E402
 from envspec.cache.store import Cache  # noqa: E402
-from envspec.image import Layers, Reporter, layers  # noqa: E402
+from envspec.image import BuildOptions, Layers, Reporter, layers  # noqa: E402
 from envspec.plan import make_plan  # noqa: E402
 
 MODULES = {f"manymods/m{i:03d}.py": f"X = {i}\n".encode() for i in range(200)}  # 200 modules, 2 kB
@@ -51,7 +51,13 @@ def test_the_costliest_layer_starts_first_and_the_others_run_niced(tmp_path, mon
         files={"bigdata": BIG},
     )
     plan = make_plan(lock)
-    lay = Layers(plan, Cache(tmp_path / "cache"), tmp_path / "work", Reporter(), no_cache=True)
+    lay = Layers(
+        plan,
+        Cache(tmp_path / "cache"),
+        tmp_path / "work",
+        Reporter(),
+        options=BuildOptions(no_cache=True),
+    )
     (tmp_path / "work").mkdir()
     lay.fetch_wheels([sources.Mirror(mirror.as_uri(), "links", "test")])
     base = os.getpriority(os.PRIO_PROCESS, 0)
@@ -66,7 +72,11 @@ def test_the_others_niceness_is_a_setting_and_0_turns_it_off(tmp_path, monkeypat
         tmp_path, [("cudalib", "1.0", "cuda"), ("bigdata", "1.0", "torch")], files={"bigdata": BIG}
     )
     lay = Layers(
-        make_plan(lock), Cache(tmp_path / "cache"), tmp_path / "work", Reporter(), no_cache=True
+        make_plan(lock),
+        Cache(tmp_path / "cache"),
+        tmp_path / "work",
+        Reporter(),
+        options=BuildOptions(no_cache=True),
     )
     (tmp_path / "work").mkdir()
     lay.fetch_wheels([sources.Mirror(mirror.as_uri(), "links", "test")])

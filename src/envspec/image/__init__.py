@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from envspec import debian, settings
-from envspec.cache.store import Cache, Identity, _pid_alive, admit
+from envspec.cache.store import Cache, Identity, SharedUse, _pid_alive, admit
 from envspec.debian.models import DebPin
 from envspec.errors import BuildError, DamagedEntry, UsageError
 from envspec.image import layers as layer_makers
@@ -47,7 +47,14 @@ from envspec.image.compress import (
     compress_file,
     compression,
 )
-from envspec.image.engine import BuildahEngine, Engine, RecordingEngine, chain_id, die_with_parent
+from envspec.image.engine import (
+    BuildahEngine,
+    Engine,
+    RecordingEngine,
+    StorageCLI,
+    chain_id,
+    die_with_parent,
+)
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
 from envspec.image.records import BlobRecord, LayerMeta, LayerRecord, MadeBlob, MadeLayer
@@ -350,194 +357,286 @@ def _build(
     reporter: Reporter,
     registry_cache: LayerCache | None,
 ) -> BuiltImage:
-    """One run of ``build``."""
-    if options.push:
-        registry_stage(options)  # what goes beside the push: asked for before anything is made
-    rc = registry_cache or _registry_cache(engine, options)
-    clock = Clock(reporter)
-    ref = plan.tag if options.tag is None else options.tag
-    in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
-    cache.clean_stale()
-    # before the first layer: a lock whose extensions cannot load is not built. First with the wheels
-    # at hand (the cache, a mirror on this machine: nothing downloaded), beside the set-up below (the
-    # .pyc compiler's probe, the registry cache's lookups), which makes nothing, and waited for before
-    # anything is fetched for a layer or untarred; the wheels it could not read are read before the
-    # first layer is made here. A layer taken from the registry cache was made by a build that read
-    # them all: a node's pull reads nothing from the package indexes (issue 44)
-    abi_checked = _in_thread(
-        "envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors
-    )
+    """One run of ``build``: its steps, in order."""
+    run = _Run.start(plan, engine, cache, mirrors, options, reporter, registry_cache)
     try:
-        plan, compiler = _bytecode_compiler(plan, reporter)
-    except Exception:
-        abi_checked.exception()  # not left writing into the cache behind the error
+        run.take_from_registry_cache()
+        run.make_layers()
+        image = run.write_image()
+        outputs, pushed, attached = run.deliver(image)
+        run.commit(image)
+        cached_to = run.push_to_registry_cache()
+    except BaseException as e:
+        run.fail(e)
         raise
-    _clean_stale_scratch()
-    wanted, comp = _compressions(options)
-    work = cache.workdir()
-    layers = Layers(
-        plan,
-        cache,
-        work,
-        reporter,
-        no_cache=options.no_cache,
-        comp=comp,
-        clock=clock,
-        cache_comp=wanted,
-        spec_dir=options.spec_dir,
-    )
-    layers.compiler = compiler
-    store = engine.storage_cli() if ref else None
-    if store is not None and store.can_stage:
-        if settings.read().layer_trees != "off":
-            layers.tree_root = (
-                store.staging_root()
-            )  # the wheel layers' makers make their files there too
-        # each layer's stager reads the tar from its maker through a FIFO, not from the file; not
-        # where layers may come from a registry cache instead (a FIFO nobody writes would stall it)
-        layers.pipes = settings.read().stage_pipe and not (
-            rc is not None and rc.cache_from and not options.no_cache
-        )
+    finally:
+        run.close()
+    return run.built(image, outputs=outputs, pushed=pushed, attached=attached, cached_to=cached_to)
 
-    def new_importer() -> Importer:
-        assert store is not None
+
+@dataclass
+class _Run:
+    """One run of ``build`` on its way: what its steps share."""
+
+    plan: BuildPlan
+    engine: Engine
+    cache: Cache
+    mirrors: Sequence[Mirror]
+    options: BuildOptions
+    reporter: Reporter
+    rc: LayerCache | None  # the registry layer cache, if any
+    clock: Clock
+    ref: str  # the store's name for the image ("": none)
+    in_use: SharedUse  # the cache's shared lock (``Cache.in_use``), released by ``close``
+    abi_checked: Future[Any]  # the ABI check of the wheels at hand: the wheels it could not read
+    work: Path
+    layers: Layers
+    store: StorageCLI | None  # containers-storage, written to directly (None: by the engine)
+    importer: Importer | None = None
+    early: bool = False  # every layer to make comes from the registry cache: imported as it arrives
+
+    @classmethod
+    def start(
+        cls,
+        plan: BuildPlan,
+        engine: Engine,
+        cache: Cache,
+        mirrors: Sequence[Mirror],
+        options: BuildOptions,
+        reporter: Reporter,
+        registry_cache: LayerCache | None,
+    ) -> _Run:
+        """The set-up: the push's side asked for, the cache held, the ABI check started (it makes
+        nothing: it runs beside the set-up and the registry cache's lookups, and is waited for
+        before anything is fetched for a layer or untarred; a layer taken from the registry cache
+        was made by a build that read every wheel: a node's pull reads nothing from the package
+        indexes, issue 44), the .pyc compiler found, the layers looked up in the local cache."""
+        if options.push:
+            registry_stage(options)  # what goes beside the push: asked for before anything is made
+        rc = registry_cache or _registry_cache(engine, options)
+        clock = Clock(reporter)
+        ref = plan.tag if options.tag is None else options.tag
+        in_use = cache.in_use()  # a shared lock: `envspec cache gc` waits for it (cache/gc.py)
+        cache.clean_stale()
+        abi_checked = _in_thread(
+            "envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors
+        )
+        try:
+            plan, compiler = _bytecode_compiler(plan, reporter)
+        except Exception:
+            abi_checked.exception()  # not left writing into the cache behind the error
+            raise
+        _clean_stale_scratch()
+        work = cache.workdir()
+        layers = Layers(plan, cache, work, reporter, options=options, clock=clock)
+        layers.compiler = compiler
+        run = cls(
+            plan=plan,
+            engine=engine,
+            cache=cache,
+            mirrors=mirrors,
+            options=options,
+            reporter=reporter,
+            rc=rc,
+            clock=clock,
+            ref=ref or "",
+            in_use=in_use,
+            abi_checked=abi_checked,
+            work=work,
+            layers=layers,
+            store=engine.storage_cli() if ref else None,
+        )
+        run._stage_into_store()
+        return run
+
+    def _stage_into_store(self) -> None:
+        """Where the store stages layers as they are made: the wheel layers' makers make their
+        files in its staging area too, and each layer's stager reads the tar from its maker
+        through a FIFO, not from the file; not where layers may come from a registry cache
+        instead (a FIFO nobody writes would stall it)."""
+        if self.store is None or not self.store.can_stage:
+            return
+        if settings.read().layer_trees != "off":
+            self.layers.tree_root = self.store.staging_root()
+        self.layers.pipes = settings.read().stage_pipe and not self._from_registry_cache()
+
+    def _from_registry_cache(self) -> bool:
+        return self.rc is not None and bool(self.rc.cache_from) and not self.options.no_cache
+
+    def _new_importer(self) -> Importer:
+        assert self.store is not None
+        clock = self.clock
         return Importer(
-            store,
-            layers.files(),
-            on_progress=reporter.importing,
+            self.store,
+            self.layers.files(),
+            on_progress=self.reporter.importing,
             on_stored=lambda group, start, end: clock.add(f"import {group}", start, end),
             on_staged=lambda group, start, end: clock.add(f"untar {group}", start, end),
         )
 
-    importer: Importer | None = None
-    early = False
-    try:
-        entries: dict[str, Any] = {}
-        if rc is not None and rc.cache_from and not options.no_cache:
-            entries = rc.lookup_layers(layers)
-        abi_unread = abi_checked.result()
+    def take_from_registry_cache(self) -> None:
+        """The layers the registry cache has, fetched (or streamed into the store: a node's pull,
+        each blob checked, decompressed and untarred as it arrives, no file between) instead of
+        made; the importer made, and started where every layer comes from there."""
+        rc, layers = self.rc, self.layers
+        entries = rc.lookup_layers(layers) if rc is not None and self._from_registry_cache() else {}
+        abi_unread = self.abi_checked.result()
         if entries:
-            # every layer to make is in the registry cache: import each one as it arrives, beside the
-            # others' downloads (should an entry fail its checks, its layer is made by worker
+            # every layer to make is in the registry cache: import each one as it arrives, beside
+            # the others' downloads (should an entry fail its checks, its layer is made by worker
             # processes that are not forked from this one, whose import thread is then running)
-            early = (
-                store is not None
+            self.early = (
+                self.store is not None
                 and bool(layers.todo)
-                and bool(entries)
                 and all(lay.key in entries for lay in layers.todo)
             )
-            if early and store is not None and _streams(rc, store, options, comp):
-                # a node's pull: each blob checked, decompressed and untarred as it arrives, no file between
-                layers.stream(entries, store.stored_layers())
-        importer = new_importer() if store and layers.todo else None
+            if (
+                self.early
+                and self.store is not None
+                and _streams(rc, self.store, self.options, self.layers.comp)
+            ):
+                layers.stream(entries, self.store.stored_layers())
+        self.importer = self._new_importer() if self.store and layers.todo else None
         if entries and rc is not None:
-            if early and importer is not None:
-                importer.start()
-            if layers.streams:
-                streamed = _in_thread(
-                    "envspec-streams", None, "", rc.stream_layers, layers, entries, layers.streams
-                )
-                try:  # the envspec layer (made from the lock alone) beside the streams: ready when they end
-                    layers.make_top(options.verify_dir)
-                finally:
-                    streamed.exception()  # every stream ended (each layer's errors are its future's)
-                streamed.result()
-            else:
-                rc.fetch_layers(layers, entries)
+            self._fetch_entries(rc, entries)
         if (
             abi_unread and layers.todo
-        ):  # a layer is made here after all: every wheel the check needs is read
-            with clock.span("abi check"):
-                check_abi(plan.lock, cache, mirrors, reporter)
-        with clock.span("fetch"):
-            layers.fetch_wheels(mirrors)
-        with clock.span("source builds"):
+        ):  # a layer is made here after all: every wheel it needs is read
+            with self.clock.span("abi check"):
+                check_abi(self.plan.lock, self.cache, self.mirrors, self.reporter)
+
+    def _fetch_entries(self, rc: LayerCache, entries: dict[str, Any]) -> None:
+        layers = self.layers
+        if self.early and self.importer is not None:
+            self.importer.start()
+        if not layers.streams:
+            rc.fetch_layers(layers, entries)
+            return
+        streamed = _in_thread(
+            "envspec-streams", None, "", rc.stream_layers, layers, entries, layers.streams
+        )
+        try:  # the envspec layer (made from the lock alone) beside the streams: ready when they end
+            layers.make_top(self.options.verify_dir)
+        finally:
+            streamed.exception()  # every stream ended (each layer's errors are its future's)
+        streamed.result()
+
+    def make_layers(self) -> None:
+        """The layers not found: their wheels fetched, the sdists built, the wheel layers made by
+        worker processes while the base layer is made here, the envspec layer last."""
+        layers, options = self.layers, self.options
+        with self.clock.span("fetch"):
+            layers.fetch_wheels(self.mirrors)
+        with self.clock.span("source builds"):
             layers.build_sources(
-                mirrors, parallel=options.source_parallel, jobs=options.source_jobs
+                self.mirrors, parallel=options.source_parallel, jobs=options.source_jobs
             )
-        with layers.wheel_makers(options.workers, fork=not early) as pending:
-            if (
-                importer is not None and not early
-            ):  # after the fork of the worker processes: no thread of ours is copied
-                importer.start()
+        with layers.wheel_makers(options.workers, fork=not self.early) as pending:
+            if self.importer is not None and not self.early:
+                self.importer.start()  # after the fork of the worker processes: no thread copied
             layers.make_base()
             layers.finish(pending)
         if not layers.top_made():
             layers.make_top(options.verify_dir)
+
+    def write_image(self) -> Image:
+        """The image's OCI layout, its cached layers compressed (and, where they leave this
+        machine, checked first: their files go out as they are)."""
+        layers, plan = self.layers, self.plan
         layers.compress_cached()
-        if (
-            options.outputs or options.push
-        ):  # the cached layers' files go out as they are: checked first
-            with clock.span("check cached layers"):
+        if self.options.outputs or self.options.push:
+            with self.clock.span("check cached layers"):
                 layers.check_cached()
-        with clock.span("layout"):
-            image = write_image(
-                work / "oci",
+        with self.clock.span("layout"):
+            return write_image(
+                self.work / "oci",
                 plan,
                 layers.made(),
                 [layers.layout_path(lay) for lay in plan.layers],
-                comp=comp,
+                comp=self.layers.comp,
                 blobs=[layers.blob_path(lay) for lay in plan.layers],
             )
-        with clock.span("deliver"):
-            outputs, pushed = deliver(engine, image, options, reporter, tag=ref or plan.tag)
+
+    def deliver(self, image: Image) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The image to its outputs and pushes; beside a push its provenance and SBOM, and its
+        signature (registry/attest.py). Returns (outputs, pushed, attached)."""
+        with self.clock.span("deliver"):
+            outputs, pushed = deliver(
+                self.engine, image, self.options, self.reporter, tag=self.ref or self.plan.tag
+            )
             attached: tuple[str, ...] = ()
-            if (
-                options.push
-            ):  # provenance and SBOM beside the image, and its signature (registry/attest.py)
-                for r, d in registry_stage(options).attach(
-                    engine.push, work, plan, image.dist.digest, options.push
+            if self.options.push:
+                for r, d in registry_stage(self.options).attach(
+                    self.engine.push, self.work, self.plan, image.dist.digest, self.options.push
                 ):
                     attached += (r,)
-                    reporter.pushed(r, d)
-        if ref:
-            reporter.committing(ref, image.digest)
-            with clock.span("commit"):
-                if (
-                    importer is None
-                    and store is not None
-                    and engine.image_digest(ref) != image.digest
-                ):
-                    importer = new_importer().start()
-                if importer is not None:
-                    importer.finish(image.config, image.manifest, ref)
-                elif store is None and engine.image_digest(ref) != image.digest:
-                    with cache.locked("import"):
-                        engine.import_image(image.layout, ref)
-        cached_to: tuple[str, ...] = ()
-        if rc is not None and rc.cache_to:  # the image is good: a failed cache push only warns
-            with clock.span("cache push"):
-                cached_to = rc.push_layers(layers)
-    except BaseException as e:
+                    self.reporter.pushed(r, d)
+        return outputs, pushed, attached
+
+    def commit(self, image: Image) -> None:
+        """The image named in the store (its layers imported first where none were)."""
+        if not self.ref:
+            return
+        engine, ref = self.engine, self.ref
+        self.reporter.committing(ref, image.digest)
+        with self.clock.span("commit"):
+            stale = engine.image_digest(ref) != image.digest
+            if self.importer is None and self.store is not None and stale:
+                self.importer = self._new_importer().start()
+            if self.importer is not None:
+                self.importer.finish(image.config, image.manifest, ref)
+            elif self.store is None and stale:
+                with self.cache.locked("import"):
+                    engine.import_image(image.layout, ref)
+
+    def push_to_registry_cache(self) -> tuple[str, ...]:
+        """The layers the registry cache lacks, pushed (the image is good: a failure only warns)."""
+        if self.rc is None or not self.rc.cache_to:
+            return ()
+        with self.clock.span("cache push"):
+            return self.rc.push_layers(self.layers)
+
+    def fail(self, e: BaseException) -> None:
         if isinstance(e, Exception):  # an interrupt does not wait for the check's downloads
-            abi_checked.exception()
-        layers.fail(e)
-        if importer is not None:
-            importer.abort()
-        raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        for tree in layers.trees.values():  # moved into the store when imported; else dropped here
+            self.abi_checked.exception()
+        self.layers.fail(e)
+        if self.importer is not None:
+            self.importer.abort()
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        for tree in self.layers.trees.values():  # moved into the store when imported; else dropped
             shutil.rmtree(tree, ignore_errors=True)
             Path(f"{tree}.tar-split.gz").unlink(missing_ok=True)
-        in_use.release()
-    return BuiltImage(
-        image=ref,
-        digest=image.dist.digest,
-        layers=layers.made(),
-        config_digest=sha256_bytes(image.config),
-        pushed=pushed,
-        outputs=outputs,
-        attached=attached,
-        store_digest=image.digest,
-        compression=comp.name,
-        carried_compression=wanted.name,
-        phases=tuple(clock.phases),
-        seconds=clock.elapsed(),
-        cache_from=rc.cache_from if rc else "",
-        cache_to=rc.cache_to if rc else "",
-        cached_to=cached_to,
-    )
+        self.in_use.release()
+
+    def built(
+        self,
+        image: Image,
+        *,
+        outputs: tuple[str, ...],
+        pushed: tuple[str, ...],
+        attached: tuple[str, ...],
+        cached_to: tuple[str, ...],
+    ) -> BuiltImage:
+        rc = self.rc
+        return BuiltImage(
+            image=self.ref,
+            digest=image.dist.digest,
+            layers=self.layers.made(),
+            config_digest=sha256_bytes(image.config),
+            pushed=pushed,
+            outputs=outputs,
+            attached=attached,
+            store_digest=image.digest,
+            compression=self.layers.comp.name,
+            carried_compression=self.layers.cache_comp.name,
+            phases=tuple(self.clock.phases),
+            seconds=self.clock.elapsed(),
+            cache_from=rc.cache_from if rc else "",
+            cache_to=rc.cache_to if rc else "",
+            cached_to=cached_to,
+        )
 
 
 def preview(
@@ -547,41 +646,7 @@ def preview(
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
     plan, _ = _bytecode_compiler(plan, Reporter())
-    wanted, comp = _compressions(options)
-    layers = Layers(
-        plan,
-        cache,
-        Path("(work)"),
-        Reporter(),
-        no_cache=options.no_cache,
-        comp=comp,
-        cache_comp=wanted,
-    )
-    wheels = [w for lay in layers.todo for w in lay.wheels if not cache.has_blob(w.sha256)]
-    debs = [d for lay in layers.todo for d in lay.debs]
-    built = [w for lay in layers.todo for w in lay.wheels if w.source is not None]
-    engine = RecordingEngine()
-    ref = plan.tag if options.tag is None else options.tag
-    image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
-    if comp.name != "none":
-        image = Image(
-            layout=image.layout,
-            digest=image.digest,
-            config=b"",
-            manifest=b"",
-            compressed=Image(
-                layout=Path(f"(oci layout, {comp.name})"),
-                digest="(digest)",
-                config=b"",
-                manifest=b"",
-            ),
-        )
-    deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
-    if options.push:
-        for what, dest in registry_stage(options).refs(options.push, "sha256:(digest)"):
-            engine.push(Path(f"({what})"), dest)
-    if ref:
-        engine.import_image(image.layout, ref)
+    layers = Layers(plan, cache, Path("(work)"), Reporter(), options=options)
     summary = plan.to_json()
     todo = {lay.key for lay in layers.todo}
     for row, lay in zip(summary["layers"], plan.layers):
@@ -589,32 +654,63 @@ def preview(
         row["compressed"] = (
             lay.key not in todo and lay.cacheable and lay.key not in layers.to_compress
         )
-    summary["fetch"] = {
+    summary["fetch"] = _preview_fetch(layers)
+    summary["source_builds"] = _preview_source_builds(layers)
+    summary["compression"] = layers.comp.name
+    summary["carried_compression"] = layers.cache_comp.name
+    summary["cache"] = {
+        "from": options.cache_from,
+        "to": options.cache_to,
+    }  # not asked in a dry run
+    summary["engine"] = _preview_engine(plan, options, layers.comp)
+    return summary
+
+
+def _preview_fetch(layers: Layers) -> dict[str, int]:
+    """What a build would download: the wheels not in the cache, the .debs of the layers to make."""
+    wheels = [w for lay in layers.todo for w in lay.wheels if not layers.cache.has_blob(w.sha256)]
+    debs = [d for lay in layers.todo for d in lay.debs]
+    return {
         "wheels": len(wheels),
         "wheel_bytes": sum(w.size for w in wheels),
         "debs": len(debs),
         "deb_bytes": sum(d.size for d in debs),
     }
-    summary["source_builds"] = [
+
+
+def _preview_source_builds(layers: Layers) -> list[dict[str, object]]:
+    """The wheels a build would make from their sdists, and whether each is in the cache."""
+    platform, root = layers.plan.platform, layers.cache.root
+    return [
         {
             "name": w.name,
             "version": w.version,
             "sdist": w.filename,
             "key": w.source.key,
-            "cached": sdist.cached_wheel(sdist.derivation_of(w, plan.platform), cache.root)
-            is not None,
+            "cached": sdist.cached_wheel(sdist.derivation_of(w, platform), root) is not None,
         }
-        for w in built
+        for lay in layers.todo
+        for w in lay.wheels
         if w.source is not None
     ]
-    summary["compression"] = comp.name
-    summary["carried_compression"] = wanted.name
-    summary["cache"] = {
-        "from": options.cache_from,
-        "to": options.cache_to,
-    }  # not asked in a dry run
-    summary["engine"] = [[str(a) for a in call] for call in engine.calls]
-    return summary
+
+
+def _preview_engine(plan: BuildPlan, options: BuildOptions, comp: Compression) -> list[list[str]]:
+    """The engine verbs a build would end with (outputs, pushes, what goes beside a push, the
+    store's name), recorded on placeholder images."""
+    engine = RecordingEngine()
+    ref = plan.tag if options.tag is None else options.tag
+    image = Image(layout=Path("(oci layout)"), digest="(digest)", config=b"", manifest=b"")
+    if comp.name != "none":
+        compressed = Image(Path(f"(oci layout, {comp.name})"), "(digest)", b"", b"")
+        image = replace(image, compressed=compressed)
+    deliver(engine, image, options, Reporter(), export=False, tag=ref or plan.tag)
+    if options.push:
+        for what, dest in registry_stage(options).refs(options.push, "sha256:(digest)"):
+            engine.push(Path(f"({what})"), dest)
+    if ref:
+        engine.import_image(image.layout, ref)
+    return [[str(a) for a in call] for call in engine.calls]
 
 
 def compress_now(options: BuildOptions) -> bool:
@@ -715,23 +811,15 @@ class Layers:
         work: Path,
         reporter: Reporter,
         *,
-        no_cache: bool,
-        comp: Compression = Compression("none"),
+        options: BuildOptions,
         clock: Clock | None = None,
-        cache_comp: Compression | None = None,
-        spec_dir: Path | None = None,
     ) -> None:
-        self.plan, self.cache, self.work, self.reporter, self.comp = (
-            plan,
-            cache,
-            work,
-            reporter,
-            comp,
-        )
-        self.spec_dir = spec_dir  # where the files the spec names are (``BuildOptions.spec_dir``)
+        self.plan, self.cache, self.work, self.reporter = plan, cache, work, reporter
         # the compression of the registry cache's entries (``--cache-from``): the one asked for,
-        # also where this build keeps its layers uncompressed (``compress_now``)
-        self.cache_comp = cache_comp or comp
+        # also where this build keeps its layers uncompressed (``compress_now``); the one this
+        # build writes
+        self.cache_comp, self.comp = _compressions(options)
+        self.spec_dir = options.spec_dir  # where the files the spec names are
         self.clock = clock or Clock(reporter)
         self.metas: dict[str, LayerMeta] = {}
         self.futures: dict[str, Future[LayerMeta]] = {}
@@ -740,10 +828,10 @@ class Layers:
         self.checked: set[str] = set()  # keys of cached layers whose files this build has hashed
         for lay in plan.layers:
             self.futures[lay.key] = Future()
-            record = None if (no_cache or not lay.cacheable) else _cached_record(cache, lay)
+            record = None if (options.no_cache or not lay.cacheable) else _cached_record(cache, lay)
             if record is not None:
-                blob = _cached_blob(cache, lay, comp)
-                if blob is None and comp.name != "none":
+                blob = _cached_blob(cache, lay, self.comp)
+                if blob is None and self.comp.name != "none":
                     self.to_compress.add(lay.key)
                 self._done(lay, LayerMeta(record.diff_id, record.size, "local", blob, record))
             elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
@@ -984,47 +1072,15 @@ class Layers:
         if lay is None:
             return
         r = self.reporter
-        # the build inputs of the wheels to build, not of those in the cache (a CUDA extension's are
-        # torch and its NVIDIA wheels: gigabytes to fetch and hash)
-        inputs = [
-            b
-            for w in lay.wheels
-            if w.source is not None
-            and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root)
-            is None
-            for b in (*w.source.build, *w.source.toolkit)
-        ]
-        files = dict(self.paths)
-        files.update(
-            WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
-                inputs,
-                on_start=lambda p: r.fetching(p.name, p.filename, p.size),
-                on_done=lambda p, path: r.fetched(p.name, p.filename, path),
-            )
-        )
+        files = {**self.paths, **self._source_inputs(lay, mirrors)}
         scratch: list[Path] = []
-
-        def sandbox() -> sdist.Sandbox:
-            base = self.plan.layer("base")
-            where = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
-            scratch.append(where / "sandbox-rootfs")
-            with self.clock.span("source sandbox"):
-                rootfs = self._rootfs(base.debs, where / "sandbox-rootfs")
-            if rootfs is None:
-                raise BuildError(
-                    "a wheel built from its sdist needs the lock's Debian base, and it has none",
-                    step="build from source",
-                    hint="lock with a Debian base ([system].base)",
-                )
-            return sdist.Sandbox(rootfs, f"/usr/bin/python{self.plan.platform.python}")
-
         try:
             built = sdist.build_all(
                 self.plan.lock,
                 lay.wheels,
                 files,
                 self.cache.root,
-                sandbox=sandbox,
+                sandbox=lambda: self._sandbox(scratch),
                 parallel=parallel,
                 jobs=jobs,
                 on_start=lambda w: r.source_building(w.name, w.version),
@@ -1037,6 +1093,40 @@ class Layers:
             for d in scratch:
                 shutil.rmtree(d if d.parent == self.work else d.parent, ignore_errors=True)
         self.paths.update(built)
+
+    def _source_inputs(self, lay: Layer, mirrors: Sequence[Mirror]) -> dict[str, Path]:
+        """The build inputs of the wheels to build, fetched (not those of the wheels in the cache:
+        a CUDA extension's are torch and its NVIDIA wheels, gigabytes to fetch and hash)."""
+        r = self.reporter
+        inputs = [
+            b
+            for w in lay.wheels
+            if w.source is not None
+            and sdist.cached_wheel(sdist.derivation_of(w, self.plan.platform), self.cache.root)
+            is None
+            for b in (*w.source.build, *w.source.toolkit)
+        ]
+        return WheelFetcher(self.cache, mirrors, on_damaged=r.warning).fetch_all(
+            inputs,
+            on_start=lambda p: r.fetching(p.name, p.filename, p.size),
+            on_done=lambda p, path: r.fetched(p.name, p.filename, path),
+        )
+
+    def _sandbox(self, scratch: list[Path]) -> sdist.Sandbox:
+        """A root file system of the lock's Debian base to build sdists in (its folder added to
+        ``scratch``, removed by the caller)."""
+        base = self.plan.layer("base")
+        where = _scratch_dir(self.work, need=8 * sum(d.size for d in base.debs))
+        scratch.append(where / "sandbox-rootfs")
+        with self.clock.span("source sandbox"):
+            rootfs = self._rootfs(base.debs, where / "sandbox-rootfs")
+        if rootfs is None:
+            raise BuildError(
+                "a wheel built from its sdist needs the lock's Debian base, and it has none",
+                step="build from source",
+                hint="lock with a Debian base ([system].base)",
+            )
+        return sdist.Sandbox(rootfs, f"/usr/bin/python{self.plan.platform.python}")
 
     def wheel_makers(self, workers: int, *, fork: bool = True) -> WheelMakers:
         """Worker processes that make the wheel layers, the costliest first (``estimated_cost``:
@@ -1249,37 +1339,10 @@ def write_image(
     """The OCI layout of the plan's image from its made layers (``paths``: their tar files), and
     with a compression a second layout ``<layout>-<name>`` whose layers are the compressed
     ``blobs``. The config is the same in both (diff_ids); the manifests differ."""
-    debs = {d.name for d in plan.debs}
-    rt = plan.lock.runtime
-    entrypoint = (
-        ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE])
-        if debs
-        else []
-    )
-    user = rt.user if debs else f"{rt.uid}:{rt.uid}"  # no passwd file without Debian packages
-
-    def one(dest: Path, layer_blobs: list[LayerBlob]) -> Image:
-        digest, _size, config = write_layout(
-            dest,
-            plan,
-            layer_blobs,
-            entrypoint=entrypoint,
-            cmd=[],
-            user=user,
-            ref_name=plan.lock.short_hash or "latest",
-        )
-        return Image(
-            layout=dest,
-            digest=digest,
-            config=config,
-            manifest=(dest / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(),
-        )
-
-    def desc(lay: Layer) -> str:
-        return f"{len(lay.pins)} pins" if lay.pins else ""
-
-    plain = one(
+    made = list(zip(plan.layers, layers))
+    plain = _one_layout(
         layout,
+        plan,
         [
             LayerBlob(
                 group=info.group,
@@ -1287,15 +1350,16 @@ def write_image(
                 path=path,
                 digest=info.diff_id,
                 size=info.diff_size or info.size,
-                description=desc(lay),
+                description=_pins_said(lay),
             )
-            for lay, info, path in zip(plan.layers, layers, paths)
+            for (lay, info), path in zip(made, paths)
         ],
     )
     if comp.name == "none":
         return plain
-    packed = one(
+    packed = _one_layout(
         layout.with_name(f"{layout.name}-{comp.name}"),
+        plan,
         [
             LayerBlob(
                 group=info.group,
@@ -1303,19 +1367,44 @@ def write_image(
                 path=blob,
                 digest=info.digest,
                 size=info.size,
-                description=desc(lay),
+                description=_pins_said(lay),
                 diff_id=info.diff_id,
                 media_type=comp.media_type,
             )
-            for lay, info, blob in zip(plan.layers, layers, blobs)
+            for (lay, info), blob in zip(made, blobs)
         ],
     )
+    return replace(plain, compressed=packed)
+
+
+def _pins_said(lay: Layer) -> str:
+    return f"{len(lay.pins)} pins" if lay.pins else ""
+
+
+def _one_layout(dest: Path, plan: BuildPlan, layer_blobs: list[LayerBlob]) -> Image:
+    """One OCI layout of the plan's image: its entrypoint (tini where the lock has it), its user
+    (by number where there is no passwd file: no Debian packages)."""
+    debs = {d.name for d in plan.debs}
+    rt = plan.lock.runtime
+    entrypoint = (
+        ((["/usr/bin/tini", "--"] if "tini" in debs else []) + [ENTRYPOINT_IN_IMAGE])
+        if debs
+        else []
+    )
+    digest, _size, config = write_layout(
+        dest,
+        plan,
+        layer_blobs,
+        entrypoint=entrypoint,
+        cmd=[],
+        user=rt.user if debs else f"{rt.uid}:{rt.uid}",
+        ref_name=plan.lock.short_hash or "latest",
+    )
     return Image(
-        layout=plain.layout,
-        digest=plain.digest,
-        config=plain.config,
-        manifest=plain.manifest,
-        compressed=packed,
+        layout=dest,
+        digest=digest,
+        config=config,
+        manifest=(dest / "blobs" / "sha256" / digest.split(":", 1)[1]).read_bytes(),
     )
 
 
