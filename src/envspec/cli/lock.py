@@ -27,7 +27,8 @@ from envspec.errors import (
 if TYPE_CHECKING:
     from envspec.compat.model import CompatDB
     from envspec.lock import Lockfile
-    from envspec.resolve import Choice
+    from envspec.resolve import Choice, Resolution
+    from envspec.sources import ResolvedSources
     from envspec.spec import EnvSpec
     from envspec.wheels.abi import AtHand
 
@@ -135,59 +136,110 @@ def _offline_choice(spec: EnvSpec) -> Choice | None:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from envspec import lock as lockmod
+    from envspec.compat import load_db
+    from envspec.resolve import choose_all
+    from envspec.sources import discover
     from envspec.spec import load_spec
 
     spec = load_spec(args.spec)
     out = Path(args.output) if args.output else lockmod.default_path(args.spec, spec.name)
     if args.check:
-        old = lockmod.load(out)
-        now = _offline_platforms(spec)
-        reasons = lockmod.stale_reasons(
-            old, spec, debian_requested=_debian_request(spec), platforms=now
-        )
-        held = _held_back(old)
-        if spec.python.held_back == "error":
-            reasons += [f'held back ([python].held_back = "error"): {h["why"]}' for h in held]
-        if args.json:
-            print_json({"ok": not reasons, "lock": str(out), "reasons": reasons, "held_back": held})
-            return EXIT_CHECK_FAILED if reasons else EXIT_OK
-        if spec.python.held_back == "warn":
-            for h in held:
-                console(stderr=True).print(
-                    f"warning: {h['platform'] + ': ' if old.multi else ''}{h['why']}", markup=False
-                )
-        if reasons:
-            con = console(stderr=True)
-            con.print(f"{out} is out of date with {args.spec}:", markup=False)
-            for r in reasons:
-                con.print(f"  - {r}", markup=False)
-            con.print(f"hint: run `envspec lock {args.spec}`", markup=False)
-        else:
-            console().print(f"{out} is up to date with {args.spec}", markup=False)
-        return EXIT_CHECK_FAILED if reasons else EXIT_OK
-    from envspec import explain
-    from envspec.cache.dirs import cache_dir_for
-    from envspec.compat import load_db
-    from envspec.resolve import choose_all, resolve
-    from envspec.sources import discover
-
+        return _check(args, spec, out)
     db = load_db()
     choices = choose_all(spec, db)
     sources = discover(spec.sources)
-    keep: dict[str, dict[str, str]] = {}
-    if out.exists():  # re-locking keeps the old lock's versions where the spec allows them
+    keep = _kept_versions(out, quiet=args.json)
+    results = _resolve_all(args, spec, db, choices, sources, keep=keep)
+    lock = lockmod.from_resolutions(
+        results, spec_path=lockmod.spec_relative_to_lock(args.spec, out), db_version=db.version
+    )
+    held = _held_back(lock)
+    if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
+        raise ResolutionImpossible(
+            f'{len(held)} package(s) the spec names are held back ([python].held_back = "error")',
+            causes=[PackageHeldBack(text=h["why"]) for h in held],
+            hint="act on each reason, pin the package where its current release is wanted, or set "
+            '[python].held_back = "warn"',
+            reference="package-held-back",
+        )
+    at_hand = _abi_at_hand(lock, sources, out)
+    text = lockmod.dumps(lock)
+    changed = not out.exists() or out.read_text(encoding="utf-8") != text
+    if changed:
+        lockmod.write_atomic(out, text)
+    lockmod.remember(text, lock.meta.content_hash)
+    locked = _Locked(out, lock, results, at_hand, held, changed)
+    if args.json:
+        print_json(_locked_json(locked))
+    _say_locked(args, locked)
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace, spec: EnvSpec, out: Path) -> int:
+    """`lock --check`: whether the lock at ``out`` is up to date with the spec (offline)."""
+    from envspec import lock as lockmod
+
+    old = lockmod.load(out)
+    now = _offline_platforms(spec)
+    reasons = lockmod.stale_reasons(
+        old, spec, debian_requested=_debian_request(spec), platforms=now
+    )
+    held = _held_back(old)
+    if spec.python.held_back == "error":
+        reasons += [f'held back ([python].held_back = "error"): {h["why"]}' for h in held]
+    if args.json:
+        print_json({"ok": not reasons, "lock": str(out), "reasons": reasons, "held_back": held})
+        return EXIT_CHECK_FAILED if reasons else EXIT_OK
+    if spec.python.held_back == "warn":
+        for h in held:
+            console(stderr=True).print(
+                f"warning: {h['platform'] + ': ' if old.multi else ''}{h['why']}", markup=False
+            )
+    if reasons:
         con = console(stderr=True)
-        try:
-            keep = {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
-        except lockmod.LockTampered as e:  # rewritten from the spec, none of its versions kept
-            keep = {}
-            if not args.json:
-                con.print(
-                    f"warning: {e.message}; it is rewritten from the spec, keeping none of its versions",
-                    markup=False,
-                )
-        except EnvspecError:
-            keep = {}
+        con.print(f"{out} is out of date with {args.spec}:", markup=False)
+        for r in reasons:
+            con.print(f"  - {r}", markup=False)
+        con.print(f"hint: run `envspec lock {args.spec}`", markup=False)
+    else:
+        console().print(f"{out} is up to date with {args.spec}", markup=False)
+    return EXIT_CHECK_FAILED if reasons else EXIT_OK
+
+
+def _kept_versions(out: Path, *, quiet: bool) -> dict[str, dict[str, str]]:
+    """The old lock's versions, platform by platform: re-locking keeps them where the spec allows
+    them. None from a lock that was edited by hand (it is rewritten from the spec)."""
+    from envspec import lock as lockmod
+
+    if not out.exists():
+        return {}
+    try:
+        return {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
+    except lockmod.LockTampered as e:
+        if not quiet:
+            console(stderr=True).print(
+                f"warning: {e.message}; it is rewritten from the spec, keeping none of its versions",
+                markup=False,
+            )
+    except EnvspecError:
+        pass
+    return {}
+
+
+def _resolve_all(
+    args: argparse.Namespace,
+    spec: EnvSpec,
+    db: CompatDB,
+    choices: list[Choice],
+    sources: ResolvedSources,
+    *,
+    keep: dict[str, dict[str, str]],
+) -> list[Resolution]:
+    """Each platform's choice resolved with the packages (uv), and the build inputs of each
+    package built from its sdist pinned."""
+    from envspec.cache.dirs import cache_dir_for
+    from envspec.resolve import resolve
+
     con = console(stderr=True)
     results = []
     for choice in choices:
@@ -208,136 +260,156 @@ def cmd_lock(args: argparse.Namespace) -> int:
             db=db,
             upgrade=args.upgrade_package or [],
         )
-        if any(
-            w.is_sdist for w in res.wheels
-        ):  # the build inputs of each package built from its sdist
-            import tempfile
-
-            from envspec.cache.store import Cache
-            from envspec.wheels import sdist
-
-            with tempfile.TemporaryDirectory(prefix="envspec-build-inputs-") as tmp:
-                res = sdist.pin_inputs(
-                    res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp)
-                )
+        if any(w.is_sdist for w in res.wheels):
+            res = _pin_build_inputs(res, sources)
         results.append(res)
-    lock = lockmod.from_resolutions(
-        results, spec_path=lockmod.spec_relative_to_lock(args.spec, out), db_version=db.version
-    )
-    held = _held_back(lock)
-    if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
-        raise ResolutionImpossible(
-            f'{len(held)} package(s) the spec names are held back ([python].held_back = "error")',
-            causes=[PackageHeldBack(text=h["why"]) for h in held],
-            hint="act on each reason, pin the package where its current release is wanted, or set "
-            '[python].held_back = "warn"',
-            reference="package-held-back",
-        )
-    # compiled packages against the torch beside them, with the wheels at hand (`build` checks them all),
-    # before anything is written: a lock that cannot run is not written
+    return results
+
+
+def _pin_build_inputs(res: Resolution, sources: ResolvedSources) -> Resolution:
+    import tempfile
+
+    from envspec.cache.dirs import cache_dir_for
+    from envspec.cache.store import Cache
+    from envspec.wheels import sdist
+
+    with tempfile.TemporaryDirectory(prefix="envspec-build-inputs-") as tmp:
+        return sdist.pin_inputs(res, sources, Cache(cache_dir_for(os.environ)), workdir=Path(tmp))
+
+
+def _abi_at_hand(lock: Lockfile, sources: ResolvedSources, out: Path) -> list[AtHand]:
+    """The compiled packages checked against the torch beside them, with the wheels at hand
+    (`build` checks them all), before anything is written: a lock that cannot run is not written."""
+    from envspec.cache.dirs import cache_dir_for
     from envspec.cache.store import Cache
     from envspec.wheels import abi
 
     abi_cache = Cache(cache_dir_for(os.environ))
-    at_hand = [
+    return [
         abi.check_at_hand(view, abi_cache, sources.mirrors, lock_name=str(out))
         for view in lock.views()
     ]
-    text = lockmod.dumps(lock)
-    changed = not out.exists() or out.read_text(encoding="utf-8") != text
-    if changed:
-        lockmod.write_atomic(out, text)
-    lockmod.remember(text, lock.meta.content_hash)
-    mismatches = [m for p in lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])]
-    if args.json:
-        print_json(
+
+
+@dataclasses.dataclass(frozen=True)
+class _Locked:
+    """What `lock` made, for its last words."""
+
+    out: Path
+    lock: Lockfile
+    results: list[Resolution]
+    at_hand: list[AtHand]
+    held: list[dict[str, str]]
+    changed: bool
+
+    @property
+    def mismatches(self) -> list[str]:
+        """Where a wheel's metadata and the DB's row disagree (the lock pins the wheel's)."""
+        return list(
+            dict.fromkeys(
+                m for p in self.lock.parts for m in (p.torch.db_mismatch or [] if p.torch else [])
+            )
+        )
+
+
+def _locked_json(done: _Locked) -> dict[str, object]:
+    from envspec import explain
+
+    lock = done.lock
+    return {
+        "ok": True,
+        "lock": str(done.out),
+        "changed": done.changed,
+        "content_hash": lock.meta.content_hash,
+        "wheels": sum(len(p.wheels) for p in lock.parts),
+        "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
+        "platform": lock.platform_names[0],
+        "platforms": lock.platform_names,
+        "db_mismatch": done.mismatches,
+        "held_back": done.held,
+        "from_source": _from_source(lock),
+        "abi": [
+            {"platform": v.platform_names[0]} | a.to_json()
+            for v, a in zip(lock.views(), done.at_hand)
+        ],
+        "torch": [
             {
-                "ok": True,
-                "lock": str(out),
-                "changed": changed,
-                "content_hash": lock.meta.content_hash,
-                "wheels": sum(len(p.wheels) for p in lock.parts),
-                "debs": sum(len(p.debian.packages) if p.debian else 0 for p in lock.parts),
-                "platform": lock.platform_names[0],
-                "platforms": lock.platform_names,
-                "db_mismatch": list(dict.fromkeys(mismatches)),
-                "held_back": held,
-                "from_source": _from_source(lock),
-                "abi": [
-                    {"platform": v.platform_names[0]} | a.to_json()
-                    for v, a in zip(lock.views(), at_hand)
-                ],
-                "torch": [
-                    {
-                        "platform": res.choice.platform,
-                        "version": res.choice.torch.release.version if res.choice.torch else None,
-                        "passed_over": explain.passed_over_json(res.choice),
-                    }
-                    for res in results
-                ],
+                "platform": res.choice.platform,
+                "version": res.choice.torch.release.version if res.choice.torch else None,
+                "passed_over": explain.passed_over_json(res.choice),
             }
-        )
+            for res in done.results
+        ],
+    }
+
+
+def _say_locked(args: argparse.Namespace, done: _Locked) -> None:
+    """`lock`'s last words on stderr: the driver it assumed and the DB's mismatches (even with
+    -q), then what it chose and why, and (even with -q) what it holds back and what it wrote."""
+    from envspec import explain
+
+    con = console(stderr=True)
     if not args.json:  # said even with -q: the lock's driver floor is a guess about the hosts
-        for line in explain.driver_assumed_lines(lock):
+        for line in explain.driver_assumed_lines(done.lock):
             con.print(line, markup=False)
-    if mismatches:
-        warn = console(stderr=True)
-        for m in dict.fromkeys(mismatches):
-            warn.print(
-                f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)",
-                markup=False,
-            )
-    if not args.json and not args.quiet:
-        for res in results:
-            for line in explain.passed_over_lines(res.choice):
-                con.print((f"{res.choice.platform}: " if lock.multi else "") + line, markup=False)
-    if not args.json and not args.quiet:
-        for v, a in zip(lock.views(), at_hand):
-            if a.judged or a.unchecked:
-                con.print(
-                    (f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v),
-                    markup=False,
-                )
-    if not args.json and not args.quiet:
-        for f in _from_source(lock):
-            con.print(
-                (f"{f['platform']}: " if lock.multi else "")
-                + f"from source: {f['name']} {f['version']} "
-                f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}"
-                + (
-                    f"; CUDA from {', '.join(f['toolkit'])} for {' '.join(f['arch_list'])}"
-                    if f["toolkit"]
-                    else ""
-                )
-                + "), built by `envspec build`",
-                markup=False,
-            )
-    if not args.json:  # printed even with --quiet: a package the lock holds back is a warning
-        for h in held:
-            con.print(
-                f"warning: {h['platform'] + ': ' if lock.multi else ''}{h['why']} "
-                '([python].held_back = "error" refuses the lock)',
-                markup=False,
-            )
-        counts = "; ".join(
-            f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
-            f"{len(p.debian.packages) if p.debian else 0} Debian packages"
-            for p in lock.parts
+    for m in done.mismatches:
+        con.print(
+            f"warning: {m}; the lock pins the wheel's version (the DB row is wrong: report it)",
+            markup=False,
         )
-        if getattr(
-            args, "dry_run_of", None
-        ):  # `build --dry-run`: made in a temporary folder, the lockfile left alone
-            con.print(
-                f"locked {args.dry_run_of} without writing it (--dry-run): {counts}, lock "
-                f"{lock.meta.content_hash[:19]}…",
-                markup=False,
+    if args.json:
+        return
+    if not args.quiet:
+        for line in _details(done):
+            con.print(line, markup=False)
+    for h in done.held:  # printed even with --quiet: a package the lock holds back is a warning
+        con.print(
+            f"warning: {h['platform'] + ': ' if done.lock.multi else ''}{h['why']} "
+            '([python].held_back = "error" refuses the lock)',
+            markup=False,
+        )
+    con.print(_summary(args, done), markup=False)
+
+
+def _details(done: _Locked) -> list[str]:
+    """The releases the packages passed over, the ABI check, the packages built from source."""
+    from envspec import explain
+
+    lock = done.lock
+    lines: list[str] = []
+    for res in done.results:
+        for line in explain.passed_over_lines(res.choice):
+            lines.append((f"{res.choice.platform}: " if lock.multi else "") + line)
+    for v, a in zip(lock.views(), done.at_hand):
+        if a.judged or a.unchecked:
+            lines.append((f"{v.platform_names[0]}: " if lock.multi else "") + abi_line(a, v))
+    for f in _from_source(lock):
+        lines.append(
+            (f"{f['platform']}: " if lock.multi else "")
+            + f"from source: {f['name']} {f['version']} "
+            f"({f['sdist']}; {f['backend']} with {', '.join(f['build']) or 'nothing else'}"
+            + (
+                f"; CUDA from {', '.join(f['toolkit'])} for {' '.join(f['arch_list'])}"
+                if f["toolkit"]
+                else ""
             )
-        else:
-            con.print(
-                f"{'wrote' if changed else 'unchanged'} {out}: {counts}, lock {lock.meta.content_hash[:19]}…",
-                markup=False,
-            )
-    return EXIT_OK
+            + "), built by `envspec build`"
+        )
+    return lines
+
+
+def _summary(args: argparse.Namespace, done: _Locked) -> str:
+    """What was written (or, for `build --dry-run`, locked in a temporary folder)."""
+    lock = done.lock
+    counts = "; ".join(
+        f"{p.name}: " * lock.multi + f"{len(p.wheels)} wheels, "
+        f"{len(p.debian.packages) if p.debian else 0} Debian packages"
+        for p in lock.parts
+    )
+    short = f"{lock.meta.content_hash[:19]}…"
+    if getattr(args, "dry_run_of", None):  # the lockfile is left alone
+        return f"locked {args.dry_run_of} without writing it (--dry-run): {counts}, lock {short}"
+    return f"{'wrote' if done.changed else 'unchanged'} {done.out}: {counts}, lock {short}"
 
 
 def abi_line(a: AtHand, lock: Lockfile) -> str:
@@ -421,6 +493,18 @@ def lock_for(
 
     spec = load_spec(path)
     out = lockmod.default_path(path, spec.name)
+    if _lock_is_fresh(spec, path, out, locked=locked, quiet=quiet, write=write):
+        return lockmod.load(out), out
+    return _relock(path, out, write=write), out
+
+
+def _lock_is_fresh(
+    spec: EnvSpec, path: Path, out: Path, *, locked: bool, quiet: bool, write: bool
+) -> bool:
+    """Whether the lock ``out`` of the spec at ``path`` is up to date; where it is not (or is
+    missing), an error with ``locked``, else a word on stderr that it is made first."""
+    from envspec import lock as lockmod
+
     con = console(stderr=True)
     if out.exists():
         now = _offline_platforms(spec)
@@ -428,7 +512,7 @@ def lock_for(
             lockmod.load(out), spec, debian_requested=_debian_request(spec), platforms=now
         )
         if not reasons:
-            return lockmod.load(out), out
+            return True
         if locked:
             raise StaleLock(out, reasons)
         if not quiet:
@@ -450,10 +534,17 @@ def lock_for(
                 + ("" if write else f" (--dry-run: {out} is not written)"),
                 markup=False,
             )
+    return False
+
+
+def _relock(path: Path, out: Path, *, write: bool) -> Lockfile:
+    """`lock` of the spec at ``path`` into ``out``; a dry run (not ``write``) locks in a
+    temporary folder, from a copy of the old lock (whose versions re-locking keeps)."""
     import contextlib
     import tempfile
 
-    # a dry run locks in a temporary folder (from a copy of the old lock, whose versions re-locking keeps)
+    from envspec import lock as lockmod
+
     with (
         tempfile.TemporaryDirectory(prefix="envspec-dry-lock-")
         if not write
@@ -473,7 +564,7 @@ def lock_for(
                 dry_run_of=None if write else str(out),
             )
         )
-        return lockmod.load(made), out
+        return lockmod.load(made)
 
 
 def add_lock(sub: Subparsers) -> None:
