@@ -28,7 +28,7 @@ from envspec.compat.model import (
 from envspec.errors import CompatDBError
 
 if TYPE_CHECKING:
-    from envspec.compat.rows import FamilyRow, GpuRow, Row
+    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PypiRow, Row, ToolkitRow
 
 FORMAT = (
     1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
@@ -166,52 +166,43 @@ def _families(rows: list[tuple[str, FamilyRow]], problems: _Problems) -> dict[st
                 "gpus.toml", f"{where}.cc", f"{f.cc!r}: a second family for this compute capability"
             )
             continue
-        if f.min_driver:
-            if not f.min_driver.isdigit():
-                problems.add(
-                    "gpus.toml",
-                    f"{where}.min_driver",
-                    f'{f.min_driver!r} is not a driver branch ("520")',
-                )
-            if not f.min_driver_source.strip():
-                problems.add(
-                    "gpus.toml",
-                    f"{where}.min_driver_source",
-                    "empty: a driver floor needs its source",
-                )
-        elif not f.driver_note.strip():
-            problems.add(
-                "gpus.toml",
-                f"{where}.driver_note",
+        for key, said in _family_problems(f):
+            problems.add("gpus.toml", f"{where}.{key}", said)
+        out[f.cc] = f
+    return out
+
+
+def _family_problems(f: FamilyRow) -> list[tuple[str, str]]:
+    """(key, problem) of one family's driver branches, their sources and its torch note."""
+    out = []
+    if f.min_driver:
+        if not f.min_driver.isdigit():
+            out.append(("min_driver", f'{f.min_driver!r} is not a driver branch ("520")'))
+        if not f.min_driver_source.strip():
+            out.append(("min_driver_source", "empty: a driver floor needs its source"))
+    elif not f.driver_note.strip():
+        out.append(
+            (
+                "driver_note",
                 "empty: a family without min_driver says why (Jetson Linux brings its own driver)",
             )
-        if f.max_driver:
-            if not f.max_driver.isdigit():
-                problems.add(
-                    "gpus.toml",
-                    f"{where}.max_driver",
-                    f'{f.max_driver!r} is not a driver branch ("580")',
-                )
-            elif f.min_driver.isdigit() and int(f.max_driver) < int(f.min_driver):
-                problems.add(
-                    "gpus.toml",
-                    f"{where}.max_driver",
-                    f"R{f.max_driver} is older than its first branch R{f.min_driver}",
-                )
-            if not f.max_driver_source.strip():
-                problems.add(
-                    "gpus.toml",
-                    f"{where}.max_driver_source",
-                    "empty: a last driver branch needs its source",
-                )
-        if not f.pypi_torch and not f.torch_note.strip():
-            problems.add(
-                "gpus.toml",
-                f"{where}.torch_note",
-                "empty: a family no PyPI torch runs on says why and "
-                "what to use instead, with sources",
+        )
+    if f.max_driver:
+        if not f.max_driver.isdigit():
+            out.append(("max_driver", f'{f.max_driver!r} is not a driver branch ("580")'))
+        elif f.min_driver.isdigit() and int(f.max_driver) < int(f.min_driver):
+            out.append(
+                ("max_driver", f"R{f.max_driver} is older than its first branch R{f.min_driver}")
             )
-        out[f.cc] = f
+        if not f.max_driver_source.strip():
+            out.append(("max_driver_source", "empty: a last driver branch needs its source"))
+    if not f.pypi_torch and not f.torch_note.strip():
+        out.append(
+            (
+                "torch_note",
+                "empty: a family no PyPI torch runs on says why and what to use instead, with sources",
+            )
+        )
     return out
 
 
@@ -274,6 +265,7 @@ def _cuda_key(v: Variant) -> tuple[int, Version]:
 
 
 def _build(root: Path) -> CompatDB:
+    """The DB from its data files, every row checked; ``CompatDBError`` lists every problem."""
     # the row models are imported here, on a cache miss: a process that reads a checked DB from the
     # cache (cache.py) does not make them
     from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PcieRow, PypiRow, ToolkitRow
@@ -282,21 +274,47 @@ def _build(root: Path) -> CompatDB:
     manifest = _read(root, MANIFEST, problems)
     files = {name: _read(root, name, problems) for name in FILES}
     problems.raise_if_any(root)
-
-    pypi_rows = _rows(
-        files["torch_pypi.toml"], "release", PypiRow, "torch_pypi.toml", problems, "version"
-    )
+    pypi, gpus = files["torch_pypi.toml"], files["gpus.toml"]
+    # every row read first (their problems in the files' order), then checked against each other
+    pypi_rows = _rows(pypi, "release", PypiRow, "torch_pypi.toml", problems, "version")
     build_rows = _rows(
         files["torch_variants.toml"], "build", BuildRow, "torch_variants.toml", problems, "variant"
     )
     tk_rows = _rows(files["cuda.toml"], "toolkit", ToolkitRow, "cuda.toml", problems, "version")
-    fam_rows = _rows(files["gpus.toml"], "family", FamilyRow, "gpus.toml", problems, "cc")
-    pcie_rows = _rows(files["gpus.toml"], "pcie", PcieRow, "gpus.toml", problems, "gen")
-    gpu_rows = _rows(files["gpus.toml"], "gpu", GpuRow, "gpus.toml", problems, "name")
+    fam_rows = _rows(gpus, "family", FamilyRow, "gpus.toml", problems, "cc")
+    pcie_rows = _rows(gpus, "pcie", PcieRow, "gpus.toml", problems, "gen")
+    gpu_rows = _rows(gpus, "gpu", GpuRow, "gpus.toml", problems, "name")
+    toolkits = _toolkits(tk_rows, problems)
+    # GPUs: a family per compute capability, then the GPUs of each
+    families = _families(fam_rows, problems)
+    seen_labels: dict[str, str] = {}  # a name or alias (letters and digits) -> the GPU it names
+    catalog = [
+        g for where, row in gpu_rows if (g := _gpu(where, row, families, seen_labels, problems))
+    ]
+    # torch builds (curated) and releases (generated)
+    releases = _releases(pypi_rows, _builds(build_rows, toolkits, problems), toolkits, problems)
+    version, date = _db_version(manifest, pypi, problems)
+    problems.raise_if_any(root)
+    return CompatDB(
+        version=version,
+        date=date,
+        format=FORMAT,
+        torch_releases=releases,
+        cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)),
+        gpus=catalog,
+        sources=dict(FILES),
+        families=[
+            Family(**f.model_dump())
+            for f in sorted(families.values(), key=lambda f: parse_cc(f.cc))
+        ],
+        pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)],
+    )
 
-    # -- CUDA toolkits
+
+def _toolkits(rows: list[tuple[str, ToolkitRow]], problems: _Problems) -> dict[str, CudaToolkit]:
+    """The CUDA toolkits by version, each checked: versions, driver floors, architectures."""
     toolkits: dict[str, CudaToolkit] = {}
-    for where, tk in tk_rows:
+    for where, tk in rows:
         ok = _version_ok(tk.version, "cuda.toml", f"{where}.version", problems)
         ok &= _version_ok(tk.driver_strict, "cuda.toml", f"{where}.driver_strict", problems)
         ok &= _version_ok(tk.driver_compat, "cuda.toml", f"{where}.driver_compat", problems)
@@ -322,17 +340,19 @@ def _build(root: Path) -> CompatDB:
             source=tk.source,
             estimated=list(tk.estimated),
         )
+    return toolkits
 
-    # -- GPUs: a family per compute capability, then the GPUs of each
-    families = _families(fam_rows, problems)
-    seen_labels: dict[str, str] = {}  # a name or alias (letters and digits) -> the GPU it names
-    gpus = [
-        g for where, row in gpu_rows if (g := _gpu(where, row, families, seen_labels, problems))
-    ]
 
-    # -- torch variants (curated) and releases (generated)
-    builds: list[tuple[str, BuildRow, SpecifierSet]] = []
-    for where, b in build_rows:
+_Build = tuple[str, "BuildRow", SpecifierSet]  # a curated build row, where it is, its torch range
+
+
+def _builds(
+    rows: list[tuple[str, BuildRow]], toolkits: dict[str, CudaToolkit], problems: _Problems
+) -> list[_Build]:
+    """The curated builds of torch_variants.toml, each checked (a CUDA build names a toolkit of
+    cuda.toml and its arch list); a row whose torch range is no specifier is left out."""
+    builds: list[_Build] = []
+    for where, b in rows:
         try:
             spec = SpecifierSet(b.torch)
         except InvalidSpecifier:
@@ -342,118 +362,46 @@ def _build(root: Path) -> CompatDB:
             continue
         _arch_ok(b.arch_list, "torch_variants.toml", f"{where}.arch_list", problems)
         if b.variant != "cpu":
-            if not b.cuda:
-                problems.add(
-                    "torch_variants.toml",
-                    f"{where}.cuda",
-                    f"variant {b.variant} needs a CUDA version",
-                )
-            elif b.variant != "cu" + b.cuda.replace(".", ""):
-                problems.add(
-                    "torch_variants.toml",
-                    f"{where}.cuda",
-                    f"{b.cuda} does not match variant {b.variant}",
-                )
-            elif b.cuda not in toolkits:
-                problems.add(
-                    "torch_variants.toml", f"{where}.cuda", f"CUDA {b.cuda} is not in cuda.toml"
-                )
-            if not b.arch_list:
-                problems.add(
-                    "torch_variants.toml",
-                    f"{where}.arch_list",
-                    "a CUDA variant needs its arch list",
-                )
+            for key, said in _cuda_build_problems(b, toolkits):
+                problems.add("torch_variants.toml", f"{where}.{key}", said)
         builds.append((where, b, spec))
+    return builds
 
+
+def _cuda_build_problems(b: BuildRow, toolkits: dict[str, CudaToolkit]) -> list[tuple[str, str]]:
+    """(key, problem) of a CUDA build row: its CUDA version named, matching its variant, known."""
+    out = []
+    if not b.cuda:
+        out.append(("cuda", f"variant {b.variant} needs a CUDA version"))
+    elif b.variant != "cu" + b.cuda.replace(".", ""):
+        out.append(("cuda", f"{b.cuda} does not match variant {b.variant}"))
+    elif b.cuda not in toolkits:
+        out.append(("cuda", f"CUDA {b.cuda} is not in cuda.toml"))
+    if not b.arch_list:
+        out.append(("arch_list", "a CUDA variant needs its arch list"))
+    return out
+
+
+def _releases(
+    rows: list[tuple[str, PypiRow]],
+    builds: list[_Build],
+    toolkits: dict[str, CudaToolkit],
+    problems: _Problems,
+) -> list[TorchRelease]:
+    """The torch releases of torch_pypi.toml, oldest first, each with its builds."""
     releases: list[TorchRelease] = []
     seen_versions: set[str] = set()
-    for where, p in pypi_rows:
+    for where, p in rows:
         if not _version_ok(p.version, "torch_pypi.toml", f"{where}.version", problems):
             continue
         if p.version in seen_versions:
             problems.add("torch_pypi.toml", where, f"duplicate release {p.version}")
         seen_versions.add(p.version)
-        v = Version(p.version)
-        variants: dict[str, Variant] = {}
-        for bwhere, b, spec in builds:
-            if not spec.contains(v, prereleases=True):
-                continue
-            if b.variant in variants:
-                problems.add(
-                    "torch_variants.toml",
-                    bwhere,
-                    f"overlaps another {b.variant} row for torch {p.version}",
-                )
-                continue
-            is_pypi = b.variant == p.pypi_variant
-            src = b.source
-            cudnn, nccl = b.cudnn or None, b.nccl or None
-            if is_pypi:
-                if b.cuda != p.cuda:
-                    problems.add(
-                        "torch_variants.toml",
-                        bwhere,
-                        f"CUDA {b.cuda} but PyPI's {p.version} wheel pins CUDA {p.cuda}",
-                    )
-                cudnn, nccl = p.cudnn or None, p.nccl or None
-                src = f"{p.source}; curated: {b.source}"
-            else:
-                if cudnn == "=pypi":
-                    cudnn = p.cudnn or None
-                if nccl == "=pypi":
-                    nccl = p.nccl or None
-            pt_index = f"{PYTORCH_INDEX}/{b.variant}"
-            variants[b.variant] = Variant(
-                name=b.variant,
-                cuda=b.cuda or None,
-                cudnn=cudnn,
-                nccl=nccl,
-                arch_list=list(b.arch_list),
-                index=PYPI_INDEX if is_pypi else pt_index,
-                local="" if is_pypi else b.variant,
-                source=src,
-                pypi=is_pypi,
-                pytorch_index=pt_index,
-                pytorch_local=b.variant,
-            )
+        variants = _curated_variants(p, builds, problems)
         if p.pypi_variant and p.pypi_variant not in variants:
-            # a release newer than the curated rows: PyPI's build is known from its metadata, its arch
-            # list is carried over from the newest older release with the same variant (said in source)
-            prev = next(
-                (
-                    r.variants[p.pypi_variant]
-                    for r in reversed(releases)
-                    if p.pypi_variant in r.variants
-                ),
-                None,
-            )
-            if p.needs_review and (p.cuda not in toolkits or prev is None):
-                pass  # refresh said what is missing (TorchRelease.needs_review); no such build until curated
-            elif p.cuda not in toolkits:
-                problems.add(
-                    "torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml"
-                )
-            elif prev is None:
-                problems.add(
-                    "torch_variants.toml",
-                    "",
-                    f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from",
-                )
-            else:
-                variants[p.pypi_variant] = Variant(
-                    name=p.pypi_variant,
-                    cuda=p.cuda,
-                    cudnn=p.cudnn or None,
-                    nccl=p.nccl or None,
-                    arch_list=list(prev.arch_list),
-                    index=PYPI_INDEX,
-                    local="",
-                    pypi=True,
-                    pytorch_index=f"{PYTORCH_INDEX}/{p.pypi_variant}",
-                    pytorch_local=p.pypi_variant,
-                    source=f"{p.source}; arch list assumed unchanged from an older release (not curated yet)",
-                )
+            carried = _carried_pypi_variant(where, p, releases, toolkits, problems)
+            if carried is not None:
+                variants[p.pypi_variant] = carried
         ordered = dict(sorted(variants.items(), key=lambda kv: _cuda_key(kv[1])))
         releases.append(
             TorchRelease(
@@ -467,12 +415,106 @@ def _build(root: Path) -> CompatDB:
             )
         )
     releases.sort(key=lambda r: Version(r.version))
+    return releases
 
-    version, date = manifest.get("db_version", ""), manifest.get("date", "")
-    gen_version, gen_date = (
-        files["torch_pypi.toml"].get("db_version", ""),
-        files["torch_pypi.toml"].get("date", ""),
+
+def _curated_variants(p: PypiRow, builds: list[_Build], problems: _Problems) -> dict[str, Variant]:
+    """The curated builds whose torch range holds the release ``p``, by variant: the one PyPI
+    serves takes its CUDA libraries from PyPI's metadata; another's "=pypi" does too."""
+    v = Version(p.version)
+    variants: dict[str, Variant] = {}
+    for bwhere, b, spec in builds:
+        if not spec.contains(v, prereleases=True):
+            continue
+        if b.variant in variants:
+            problems.add(
+                "torch_variants.toml",
+                bwhere,
+                f"overlaps another {b.variant} row for torch {p.version}",
+            )
+            continue
+        is_pypi = b.variant == p.pypi_variant
+        src = b.source
+        cudnn, nccl = b.cudnn or None, b.nccl or None
+        if is_pypi:
+            if b.cuda != p.cuda:
+                problems.add(
+                    "torch_variants.toml",
+                    bwhere,
+                    f"CUDA {b.cuda} but PyPI's {p.version} wheel pins CUDA {p.cuda}",
+                )
+            cudnn, nccl = p.cudnn or None, p.nccl or None
+            src = f"{p.source}; curated: {b.source}"
+        else:
+            if cudnn == "=pypi":
+                cudnn = p.cudnn or None
+            if nccl == "=pypi":
+                nccl = p.nccl or None
+        pt_index = f"{PYTORCH_INDEX}/{b.variant}"
+        variants[b.variant] = Variant(
+            name=b.variant,
+            cuda=b.cuda or None,
+            cudnn=cudnn,
+            nccl=nccl,
+            arch_list=list(b.arch_list),
+            index=PYPI_INDEX if is_pypi else pt_index,
+            local="" if is_pypi else b.variant,
+            source=src,
+            pypi=is_pypi,
+            pytorch_index=pt_index,
+            pytorch_local=b.variant,
+        )
+    return variants
+
+
+def _carried_pypi_variant(
+    where: str,
+    p: PypiRow,
+    older: list[TorchRelease],
+    toolkits: dict[str, CudaToolkit],
+    problems: _Problems,
+) -> Variant | None:
+    """A release newer than the curated rows: PyPI's build is known from its metadata, its arch
+    list is carried over from the newest ``older`` release with the same variant (said in its
+    source). None where it cannot be (a problem, or, for a release that needs review, not yet)."""
+    assert p.pypi_variant
+    prev = next(
+        (r.variants[p.pypi_variant] for r in reversed(older) if p.pypi_variant in r.variants),
+        None,
     )
+    if p.needs_review and (p.cuda not in toolkits or prev is None):
+        return None  # refresh said what is missing (TorchRelease.needs_review)
+    if p.cuda not in toolkits:
+        problems.add("torch_pypi.toml", f"{where}.cuda", f"CUDA {p.cuda} is not in cuda.toml")
+        return None
+    if prev is None:
+        problems.add(
+            "torch_variants.toml",
+            "",
+            f"no {p.pypi_variant} row for torch {p.version} and none before it to carry the arch list from",
+        )
+        return None
+    return Variant(
+        name=p.pypi_variant,
+        cuda=p.cuda,
+        cudnn=p.cudnn or None,
+        nccl=p.nccl or None,
+        arch_list=list(prev.arch_list),
+        index=PYPI_INDEX,
+        local="",
+        pypi=True,
+        pytorch_index=f"{PYTORCH_INDEX}/{p.pypi_variant}",
+        pytorch_local=p.pypi_variant,
+        source=f"{p.source}; arch list assumed unchanged from an older release (not curated yet)",
+    )
+
+
+def _db_version(
+    manifest: dict[str, Any], pypi: dict[str, Any], problems: _Problems
+) -> tuple[str, str]:
+    """The DB's version and date: the manifest's, or the generated file's where it is newer."""
+    version, date = manifest.get("db_version", ""), manifest.get("date", "")
+    gen_version, gen_date = pypi.get("db_version", ""), pypi.get("date", "")
     for name, val in (("db_version", version), ("date", date)):
         if not isinstance(val, str) or not val:
             problems.add(MANIFEST, name, "missing")
@@ -482,21 +524,7 @@ def _build(root: Path) -> CompatDB:
                 version, date = gen_version, gen_date or date
         except InvalidVersion:
             problems.add("torch_pypi.toml", "db_version", f"{gen_version!r} is not a version")
-    problems.raise_if_any(root)
-    return CompatDB(
-        version=version,
-        date=date,
-        format=FORMAT,
-        torch_releases=releases,
-        cuda_toolkits=sorted(toolkits.values(), key=lambda t: Version(t.version)),
-        gpus=gpus,
-        sources=dict(FILES),
-        families=[
-            Family(**f.model_dump())
-            for f in sorted(families.values(), key=lambda f: parse_cc(f.cc))
-        ],
-        pcie=[PcieLink(**r.model_dump()) for _, r in sorted(pcie_rows, key=lambda wr: wr[1].gen)],
-    )
+    return str(version), str(date)
 
 
 @functools.lru_cache(maxsize=8)
