@@ -12,7 +12,6 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from envspec.cli.common import JSON_HELP, Subparsers, bool_flag, command, console, print_json, rel
@@ -20,173 +19,23 @@ from envspec.cli.lock import lock_for
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, UsageError
 
 if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
     from envspec.host import Host
-    from envspec.image import BuiltImage, LayerInfo
+    from envspec.image import BuildOptions, BuiltImage
+    from envspec.image.engine import RegistryAccess
     from envspec.image.index import BuiltIndex
     from envspec.lock import Lockfile
+    from envspec.plan import BuildPlan
     from envspec.registry.attest import SigningKey
     from envspec.settings import Settings
+    from envspec.spec import Build as SpecBuild
     from envspec.spec import Sources
 
 
-_SOURCE_WORDS = {
-    "made": "made",
-    "local": "from the local cache",
-    "registry": "from the registry cache",
-    "store": "in the store already",
-}
-
-
-class _Progress:
-    """rich progress bars for the build's events (the core only reports events)."""
-
-    def __init__(self, quiet: bool) -> None:
-        from envspec.image import Reporter
-
-        self.quiet = quiet
-        self.con = console(stderr=True)
-        outer = self
-
-        class R(Reporter):
-            def fetching(self, name: str, filename: str, size: int) -> None:
-                outer._task("fetch", f"fetching {filename}", size)
-
-            def fetched(self, name: str, filename: str, path: Path) -> None:
-                outer._done("fetch")
-
-            def layer_started(self, group: str, pins: int, cached: bool) -> None:
-                outer._line(
-                    f"layer {group}: building ({pins} pins)" if pins else f"layer {group}: building"
-                )
-
-            def layer_built(self, layer: LayerInfo) -> None:
-                outer._line(
-                    f"layer {layer.group:<8} {layer.digest[:19]}  {layer.size / 1e6:9.1f} MB"
-                    f"  {_SOURCE_WORDS.get(layer.source, layer.source)}"
-                )
-
-            def importing(self, group: str, sent: int) -> None:
-                outer._bytes(f"into containers-storage: {group}", sent)
-
-            def committing(self, ref: str, digest: str) -> None:
-                outer._line(f"tagging {ref} ({digest[:19]})")
-
-            def pushed(self, dest: str, digest: str) -> None:
-                outer._line(f"pushed {dest}@{digest}")
-
-            def source_building(self, name: str, version: str) -> None:
-                outer._line(
-                    f"building {name} {version} from its sdist (in the lock's Debian base, no network)"
-                )
-
-            def source_progress(self, name: str, version: str, step: str) -> None:
-                outer._line(f"  {name}: {step}")
-
-            def source_built(
-                self, name: str, version: str, wheel: str, seconds: float, cached: bool
-            ) -> None:
-                outer._line(
-                    f"built {wheel}"
-                    + (" (cached: same inputs)" if cached else f" in {seconds:.1f} s")
-                )
-
-            def warning(self, message: str) -> None:  # printed even with --quiet
-                (outer.progress.console if outer.progress else outer.con).print(
-                    f"warning: {message}", markup=False
-                )
-
-        self.reporter = R()
-        self.progress: Progress | None = None
-        self.tasks: dict[str, TaskID] = {}
-        self.counts: dict[str, int] = {}
-        import threading
-
-        self.lock = threading.Lock()
-
-    def __enter__(self) -> _Progress:
-        if not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.con,
-                transient=True,
-            )
-            self.progress.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(kind, exc, tb)
-
-    def _task(self, kind: str, desc: str, size: int) -> None:
-        if self.progress is None:
-            return
-        if kind not in self.tasks:
-            self.tasks[kind] = self.progress.add_task("fetching files", total=0)
-        self.progress.update(
-            self.tasks[kind], total=(self.progress.tasks[self.tasks[kind]].total or 0) + 1
-        )
-
-    def _bytes(self, desc: str, sent: int) -> None:
-        """One bar per layer on its way into containers-storage (its size is known only once
-        it is made, so the bar counts bytes)."""
-        if self.progress is None:
-            return
-        with self.lock:  # layers go into the store from several threads at once
-            if desc not in self.tasks:
-                self.tasks[desc] = self.progress.add_task(desc, total=None)
-        self.progress.update(self.tasks[desc], description=f"{desc} {sent / 1e6:,.0f} MB")
-
-    def _done(self, kind: str) -> None:
-        if self.progress is not None and kind in self.tasks:
-            self.progress.advance(self.tasks[kind])
-
-    def _line(self, text: str) -> None:
-        if not self.quiet:
-            (self.progress.console if self.progress else self.con).print(text, markup=False)
-
-
 def cmd_build(args: argparse.Namespace) -> int:
-    from envspec import sources
-    from envspec.cache.store import Cache
-    from envspec.host import ASK_NONE, ASK_STORAGE, detect_host
-    from envspec.image import (
-        DEFAULT_COMPRESSION,
-        BuildahEngine,
-        BuildOptions,
-        BuiltImage,
-        build,
-        preview,
-    )
     from envspec.image.engine import registry_access
-    from envspec.lock import lock_base
     from envspec.plan import make_plan
-    from envspec.registry.stage import Registry
 
-    spec_sources = None
-    spec_build = None
-    if Path(args.target).suffix == ".toml":
-        from envspec.spec import load_spec
-
-        spec = load_spec(args.target)
-        spec_sources, spec_build = spec.sources, spec.build
+    spec_sources, spec_build = _spec_tables(args.target)
     cache_from, cache_to = _cache_refs(args, spec_sources)
     # checked before building; only for a push or a registry cache (a stale REGISTRY_AUTH_FILE does
     # not stop a local build)
@@ -208,6 +57,38 @@ def cmd_build(args: argparse.Namespace) -> int:
 
         os.environ[DEBIAN_SNAPSHOT] = spec_sources.debian_snapshot
     plan = make_plan(lock) if not lock.multi else None
+    options = _options(args, lock, lock_path, spec_build, (cache_from, cache_to))
+    if args.dry_run:  # the plan, what is cached, what would be fetched, the engine's verbs
+        return _dry_run(args, lock, lock_path, plan, options)
+    built, host = _build(args, lock, plan, options, access, spec_sources)
+    if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
+        return _check_digest(args, built)
+    _say_built(args, built, host, lock, lock_path)
+    return EXIT_OK
+
+
+def _spec_tables(target: str) -> tuple[Sources | None, SpecBuild | None]:
+    """The spec's [sources] and [build] where a spec is built (a lock carries neither)."""
+    if Path(target).suffix != ".toml":
+        return None, None
+    from envspec.spec import load_spec
+
+    spec = load_spec(target)
+    return spec.sources, spec.build
+
+
+def _options(
+    args: argparse.Namespace,
+    lock: Lockfile,
+    lock_path: Path,
+    spec_build: SpecBuild | None,
+    cache_refs: tuple[str, str],
+) -> BuildOptions:
+    """The build's options from its flags, the spec's [build] and the registry cache's names."""
+    from envspec.image import DEFAULT_COMPRESSION, BuildOptions
+    from envspec.lock import lock_base
+    from envspec.registry.stage import Registry
+
     sign_key = _signing_key(args)
     if args.check_digest and args.push:
         raise UsageError(
@@ -221,8 +102,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         push=args.push,
         no_cache=args.no_cache,
         registry=Registry(key=sign_key, lock_path=rel(lock_path)),
-        cache_from=cache_from,
-        cache_to=cache_to,
+        cache_from=cache_refs[0],
+        cache_to=cache_refs[1],
         source_parallel=spec_build.parallel if spec_build else 1,
         source_jobs=spec_build.jobs if spec_build else 0,
         compression=args.compression or DEFAULT_COMPRESSION,
@@ -235,46 +116,78 @@ def cmd_build(args: argparse.Namespace) -> int:
         from envspec.image.index import check_options
 
         check_options(options)  # what an image index cannot carry: refused before anything is built
-    if (
-        args.dry_run
-    ):  # the plan, what is cached, what would be fetched, the engine's verbs; nothing done
-        dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
-        if plan is None:
-            from envspec.image.index import platform_tag, preview_index
+    return options
 
-            # each platform's image as it is built (tagged, no push or output of its own), then the index
-            shown = {
-                "index": True,
-                "push": options.push,
-                "outputs": list(options.outputs),
-                "engine": preview_index(lock, options),
-                "platforms": [
-                    {"platform": v.platform_names[0]}
-                    | preview(
-                        make_plan(v),
-                        dry_cache,
-                        options=dataclasses.replace(
-                            options, tag=platform_tag(options.tag, v), push=None, outputs=()
-                        ),
-                    )
-                    for v in lock.views()
-                ],
-            }
-        else:
-            shown = preview(plan, dry_cache, options=options)
-        if args.json:
-            print_json(shown)
-        else:
-            con = console()
-            for line in _dry_run_lines(shown, lock, lock_path):
-                con.print(line, markup=False)
-        return EXIT_OK
+
+def _dry_run(
+    args: argparse.Namespace,
+    lock: Lockfile,
+    lock_path: Path,
+    plan: BuildPlan | None,
+    options: BuildOptions,
+) -> int:
+    """`build --dry-run`: the plan, what is cached, what would be fetched, the engine's verbs;
+    nothing fetched, made or written."""
+    from envspec.cache.store import Cache
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.image import preview
+    from envspec.plan import make_plan
+
+    dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
+    if plan is None:
+        from envspec.image.index import platform_tag, preview_index
+
+        # each platform's image as it is built (tagged, no push or output of its own), then the index
+        shown = {
+            "index": True,
+            "push": options.push,
+            "outputs": list(options.outputs),
+            "engine": preview_index(lock, options),
+            "platforms": [
+                {"platform": v.platform_names[0]}
+                | preview(
+                    make_plan(v),
+                    dry_cache,
+                    options=dataclasses.replace(
+                        options, tag=platform_tag(options.tag, v), push=None, outputs=()
+                    ),
+                )
+                for v in lock.views()
+            ],
+        }
+    else:
+        shown = preview(plan, dry_cache, options=options)
+    if args.json:
+        print_json(shown)
+    else:
+        con = console()
+        for line in _dry_run_lines(shown, lock, lock_path):
+            con.print(line, markup=False)
+    return EXIT_OK
+
+
+def _build(
+    args: argparse.Namespace,
+    lock: Lockfile,
+    plan: BuildPlan | None,
+    options: BuildOptions,
+    access: RegistryAccess | None,
+    spec_sources: Sources | None,
+) -> tuple[BuiltImage | BuiltIndex, Host]:
+    """The image (or, for a lock with a section per platform, the image index), with progress
+    bars; a full disk said as such (which directory, how much the build needs)."""
+    from envspec import sources
+    from envspec.cache.store import Cache
+    from envspec.cli.progress import BuildProgress
+    from envspec.host import ASK_STORAGE, detect_host
+    from envspec.image import BuildahEngine, build
+
     host = detect_host(ask=ASK_STORAGE)  # its tools and storage; no GPU query for a build
     cache = Cache(host.cache_dir)
     engine = BuildahEngine(host, registry=access) if access else BuildahEngine(host)
     mirrors = sources.discover(spec_sources).mirrors
     try:
-        with _Progress(args.quiet or args.json) as prog:
+        with BuildProgress(args.quiet or args.json) as prog:
             if plan is None:  # a section per platform: an image each, one image index over them
                 from envspec.image.index import build_index
 
@@ -283,14 +196,26 @@ def cmd_build(args: argparse.Namespace) -> int:
                 )
             else:
                 built = build(plan, engine, cache, mirrors, options=options, reporter=prog.reporter)
-    except (OSError, EnvspecError) as e:  # a full disk: which directory, how much the build needs
+    except (OSError, EnvspecError) as e:
         from envspec.doctor import disk_full_error, is_disk_full
 
         if is_disk_full(e):
             raise disk_full_error(e, host, lock) from None
         raise
-    if args.check_digest:  # the independent rebuild: same lock, same bytes, same digest
-        return _check_digest(args, built)
+    return built, host
+
+
+def _say_built(
+    args: argparse.Namespace,
+    built: BuiltImage | BuiltIndex,
+    host: Host,
+    lock: Lockfile,
+    lock_path: Path,
+) -> None:
+    """What `build` says at its end (JSON with --json, the digest alone with --quiet), after
+    starting the background compression of a local build's layers."""
+    from envspec.image import BuiltImage
+
     background = (
         _compress_in_background(built, lock_path, host.cache_dir)
         if isinstance(built, BuiltImage)
@@ -321,7 +246,6 @@ def cmd_build(args: argparse.Namespace) -> int:
             )
     else:
         console().print(built.digest, markup=False)
-    return EXIT_OK
 
 
 def _compress_in_background(
