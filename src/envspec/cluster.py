@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -89,56 +90,43 @@ def enroot_ref(repo: str, digest: str) -> str:
     return f"{repo}@{digest}"
 
 
-def render(
-    kind: str,
-    *,
-    image: str,
-    nnodes: int,
-    gpus_per_node: int,
-    level: str = "full",
-    job_name: str = "envspec-verify",
-    namespace: str = "default",
-    rdzv_port: int = 29400,
-    partition: str = "",
-    time_limit: str = "00:15:00",
-    shm_size: str = "",
-    extra_args: tuple[str, ...] = (),
-    container: str = "pyxis",
-    lock: str = "",
-) -> str:
-    """The job file. ``shm_size``: the containers' /dev/shm (default: the lock's, else 16g);
-    ``container``: how Slurm tasks start the image (``CONTAINERS``); ``lock``: a lockfile whose
-    NCCL settings and shm size the job takes (required for ``container="none"``: the node's
-    envspec verifies against it)."""
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What a job file runs: `envspec verify` of ``image`` on ``nnodes`` nodes."""
+
+    image: str  # REF@sha256:<digest>: a tag can move between nodes
+    nnodes: int
+    gpus_per_node: int
+    level: str = "full"
+    job_name: str = "envspec-verify"
+    namespace: str = "default"
+    rdzv_port: int = 29400
+    partition: str = ""
+    time_limit: str = "00:15:00"
+    shm_size: str = ""  # the containers' /dev/shm (default: the lock's, else 16g)
+    extra_args: tuple[str, ...] = ()
+    container: str = "pyxis"  # how Slurm tasks start the image (``CONTAINERS``)
+    # a lockfile whose NCCL settings and shm size the job takes (required for container "none":
+    # the node's envspec verifies against it)
+    lock: str = ""
+
+
+def render(kind: str, job: Job) -> str:
+    """The job file of ``kind`` (``KINDS``) for ``job``; ``RenderError`` for what cannot be."""
     if kind not in KINDS:
         raise RenderError(f"unknown cluster kind {kind!r}: one of {', '.join(sorted(KINDS))}")
-    m = _DIGEST_REF.match(image)
+    m = _DIGEST_REF.match(job.image)
     if not m:
         raise RenderError(
-            f"--image {image!r} is not pinned by digest: give REF@sha256:<64 hex> "
+            f"--image {job.image!r} is not pinned by digest: give REF@sha256:<64 hex> "
             "(a tag can move between nodes, which is what verify looks for)",
             hint=DIGEST_HINT,
         )
-    if container not in CONTAINERS:
-        raise RenderError(f"--container must be one of {', '.join(CONTAINERS)}, not {container!r}")
-    if kind != "slurm" and container != "pyxis":
-        raise RenderError("--container is for --slurm (a Kubernetes pod is the container)")
-    if container == "none" and not lock:
-        raise RenderError(
-            "--container none runs the node's own envspec: it needs --lock LOCK to verify against",
-            hint="give the lockfile the image was built from (a path every node can read)",
-        )
-    nccl, lock_shm = lock_settings(lock) if lock else ({}, "")
-    shm = shm_size or lock_shm or "16g"
+    _check_container(kind, job)
+    nccl, lock_shm = lock_settings(job.lock) if job.lock else ({}, "")
+    shm = job.shm_size or lock_shm or "16g"
     k8s_quantity(shm)  # a size either way
-    if nnodes < 1 or gpus_per_node < 0:
-        raise RenderError("--nnodes must be >= 1 and --gpus-per-node >= 0")
-    if not _NAME.match(job_name):
-        raise RenderError(
-            f"--job-name {job_name!r} must be a DNS label (lowercase letters, digits, '-')"
-        )
-    if level not in ("quick", "full"):
-        raise RenderError(f"--level must be quick or full, not {level!r}")
+    _check_shape(job)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -146,25 +134,50 @@ def render(
         autoescape=False,
     )
     text = env.get_template(KINDS[kind]).render(
-        image=image,
+        image=job.image,
         digest=m.group("digest"),
         enroot_image=enroot_ref(m.group("repo"), m.group("digest")),
-        nnodes=nnodes,
-        gpus_per_node=gpus_per_node,
-        level=level,
-        job_name=job_name,
-        namespace=namespace,
-        rdzv_port=rdzv_port,
-        partition=partition,
-        time_limit=time_limit,
+        nnodes=job.nnodes,
+        gpus_per_node=job.gpus_per_node,
+        level=job.level,
+        job_name=job.job_name,
+        namespace=job.namespace,
+        rdzv_port=job.rdzv_port,
+        partition=job.partition,
+        time_limit=job.time_limit,
         shm_size=k8s_quantity(shm) if kind == "kubernetes" else shm.lower(),
-        extra_args=[shlex.quote(a) for a in extra_args],
-        container=container,
-        lock=shlex.quote(lock),
+        extra_args=[shlex.quote(a) for a in job.extra_args],
+        container=job.container,
+        lock=shlex.quote(job.lock),
         nccl=[(k, shlex.quote(v)) for k, v in nccl.items()],
         nccl_yaml=[(k, json.dumps(v)) for k, v in nccl.items()],
     )
     return text if text.endswith("\n") else text + "\n"
+
+
+def _check_container(kind: str, job: Job) -> None:
+    if job.container not in CONTAINERS:
+        raise RenderError(
+            f"--container must be one of {', '.join(CONTAINERS)}, not {job.container!r}"
+        )
+    if kind != "slurm" and job.container != "pyxis":
+        raise RenderError("--container is for --slurm (a Kubernetes pod is the container)")
+    if job.container == "none" and not job.lock:
+        raise RenderError(
+            "--container none runs the node's own envspec: it needs --lock LOCK to verify against",
+            hint="give the lockfile the image was built from (a path every node can read)",
+        )
+
+
+def _check_shape(job: Job) -> None:
+    if job.nnodes < 1 or job.gpus_per_node < 0:
+        raise RenderError("--nnodes must be >= 1 and --gpus-per-node >= 0")
+    if not _NAME.match(job.job_name):
+        raise RenderError(
+            f"--job-name {job.job_name!r} must be a DNS label (lowercase letters, digits, '-')"
+        )
+    if job.level not in ("quick", "full"):
+        raise RenderError(f"--level must be quick or full, not {job.level!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        text = render(
-            args.kind,
+        job = Job(
             image=args.image,
             nnodes=args.nnodes,
             gpus_per_node=args.gpus_per_node,
@@ -275,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             lock=args.lock,
             extra_args=tuple(args.verify_args),
         )
+        text = render(args.kind, job)
     except RenderError as e:
         sys.stderr.write(
             f"envspec cluster render: error: {e}\n" + (f"hint: {e.hint}\n" if e.hint else "")

@@ -297,47 +297,56 @@ class _Argv:
         self.notes.append(text)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How ``plan_run`` starts an image (`envspec run`'s flags)."""
+
+    engine: str | None = None  # podman or docker (default: the host's usable one)
+    bind: str = "127.0.0.1"  # the host address the services' ports are published on
+    detach: bool = False
+    name: str | None = None
+    mount_cwd: bool = True
+    gpus: bool = True
+    # a service's port in the container -> another port on the host (default: the same)
+    host_ports: Mapping[int, int] | None = None
+    # another reference of the lock's image (a registry copy pulled by digest), with the lock's settings
+    image: str | None = None
+    # an image of another CPU architecture may start under emulation (``--emulate``; without it such
+    # an image is refused, ``emulation-not-asked``)
+    emulate: bool = False
+    platform: str | None = None  # which section of a multi-platform lock (default: the host's)
+
+
 def plan_run(
     target: Runnable | Lockfile | str | Path,
     cmd: Sequence[str] = (),
     *,
     host: Host,
-    engine: str | None = None,
-    bind: str = "127.0.0.1",
-    detach: bool = False,
-    name: str | None = None,
-    mount_cwd: bool = True,
-    gpus: bool = True,
-    host_ports: Mapping[int, int] | None = None,
-    image: str | None = None,
-    emulate: bool = False,
-    platform: str | None = None,
+    options: RunOptions = RunOptions(),
 ) -> RunCommand:
     """The argv that starts ``target`` (a ``Runnable``, a lock, a spec or lockfile path, or an
-    image reference) on ``host``, with the warnings a user should see. ``host_ports`` maps a
-    service's port in the container to another port on the host (default: the same). ``image``
-    runs another reference of the lock's image (a registry copy pulled by digest) with the lock's
-    settings. Raises ``HostError`` when no engine is usable, ``UsageError``/``LockError`` for a
-    bad target. ``emulate``: an image of another CPU architecture may start under emulation
-    (``--emulate``; without it such an image is refused, ``emulation-not-asked``). ``platform``: which
-    section of a multi-platform lock to run (default: the host's)."""
+    image reference) on ``host``, with the warnings a user should see. Raises ``HostError`` when
+    no engine is usable, ``UsageError``/``LockError`` for a bad target."""
+    o = options
     t = target if isinstance(target, Runnable) else resolve_runnable(target)
-    t = _platform_view(t, host, platform)
+    t = _platform_view(t, host, o.platform)
     lock = t.lock
-    image = image or t.image
+    image = o.image or t.image
     out = _Argv([], list(t.warnings))
-    engine = _engine(host, engine, out)
+    engine = _engine(host, o.engine, out)
     out.add(engine, *(_podman_global(host) if engine == "podman" else []), "run", "--rm")
     if lock is not None and lock.platform.arch != host.machine:
-        _emulated(host, engine, lock, out, asked=emulate)
-    out.add("-d" if detach else "-it" if host.tty else "-i")
-    if name:
-        out.add("--name", name)
+        _emulated(host, engine, lock, out, asked=o.emulate)
+    out.add("-d" if o.detach else "-it" if host.tty else "-i")
+    if o.name:
+        out.add("--name", o.name)
     if engine == "podman":
         out.add(*_runtime(host, out.warnings))
         _podman_network(host, lock, out)
     _init(host, engine, _has_init(lock, image), out)
-    if gpus and (lock is None or lock.wants_gpu):  # an image we know nothing about: offer the GPUs
+    if o.gpus and (
+        lock is None or lock.wants_gpu
+    ):  # an image we know nothing about: offer the GPUs
         _gpus(host, engine, out)
     if lock is None:
         out.add("--shm-size", "16g")
@@ -352,12 +361,12 @@ def plan_run(
     # the entrypoint starts the services without a command, or when ENVSPEC_SERVICES names them
     _ports(
         lock,
-        bind,
-        dict(host_ports or {}),
+        o.bind,
+        dict(o.host_ports or {}),
         out,
         started=not cmd or "ENVSPEC_SERVICES" in host.env_names,
     )
-    if mount_cwd:
+    if o.mount_cwd:
         _mount_cwd(host, lock, out)
     for k in PASSTHROUGH_ENV:
         if k in host.env_names:

@@ -217,7 +217,7 @@ def test_envspec_run_starts_the_arm64_image_under_emulation_and_verify_passes(ho
 
 def test_one_changed_file_in_the_arm64_image_fails_its_verifier(host, tmp_path, debs):
     needs_emulation(host)
-    from envspec.run import plan_run
+    from envspec.run import RunOptions, plan_run
 
     do_build(SMOKE_ARM, host, new_cache(tmp_path, debs, "c"))
     argv = plan_run(
@@ -230,8 +230,7 @@ def test_one_changed_file_in_the_arm64_image_fails_its_verifier(host, tmp_path, 
             "echo VERIFY_RC=$?",
         ],
         host=host,
-        mount_cwd=False,
-        emulate=True,
+        options=RunOptions(mount_cwd=False, emulate=True),
     ).argv
     at = argv.index("run") + 1
     argv[at:at] = ["--user", "0"]  # the venv belongs to root: only root can change a file in it

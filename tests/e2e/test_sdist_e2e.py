@@ -74,7 +74,8 @@ def _build(d, sdist, files, out: Path, env: dict | None = None) -> Path:
     code = (
         "import sys; from pathlib import Path; from envspec.wheels import sdist as sd; import pickle\n"
         "d, sdist, files, out, uv = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
-        "print(sd.build_wheel(d, sdist, files, out, uv=uv, python=sys.executable, log=out / 'build.log'))\n"
+        "b = sd.Builder(uv=uv, python=sys.executable)\n"
+        "print(sd.build_wheel(d, sdist, files, out, builder=b, log=out / 'build.log'))\n"
     )
     import pickle
 
@@ -141,7 +142,12 @@ def test_a_failing_build_says_where_its_log_is(inputs, tmp_path):
     log = tmp_path / "logs" / "broken.log"
     with pytest.raises(SourceBuildError) as e:
         sd.build_wheel(
-            bd, broken, files, tmp_path / "out", uv=_uv(), python=sys.executable, log=log
+            bd,
+            broken,
+            files,
+            tmp_path / "out",
+            log=log,
+            builder=sd.Builder(uv=_uv(), python=sys.executable),
         )
     assert e.value.exit_code == EXIT_BUILD == 4 and e.value.reference == "source-build-failed"
     assert "this package cannot be built here" in e.value.message  # the log's tail
@@ -202,9 +208,8 @@ def test_the_build_inputs_are_resolved_pinned_fetched_and_built_from(inputs, tmp
         sdist,
         paths,
         tmp_path / "out",
-        uv=_uv(),
-        python=sys.executable,
         log=tmp_path / "build.log",
+        builder=sd.Builder(uv=_uv(), python=sys.executable),
     )
     assert wheel.name == "markupsafe-3.0.2-cp311-cp311-linux_x86_64.whl"
     assert f"derivation {d.key}" in (tmp_path / "build.log").read_text()
@@ -213,15 +218,21 @@ def test_the_build_inputs_are_resolved_pinned_fetched_and_built_from(inputs, tmp
 def test_a_built_wheel_is_kept_by_its_inputs_hash_and_checked_when_taken(inputs, tmp_path):
     _, sdist, files, d = inputs
     cache = tmp_path / "cache"
-    wheel, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    wheel, built = sd.cached_build(
+        d, sdist, files, cache, builder=sd.Builder(uv=_uv(), python=sys.executable)
+    )
     assert built and wheel.parent == cache / "built" / d.key.split(":", 1)[1]
     assert (wheel.parent / "build.log").is_file()
-    again, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    again, built = sd.cached_build(
+        d, sdist, files, cache, builder=sd.Builder(uv=_uv(), python=sys.executable)
+    )
     assert (again, built) == (wheel, False)  # taken from the cache, not built
     data = bytearray(wheel.read_bytes())
     data[100] ^= 1
     wheel.write_bytes(bytes(data))  # a damaged entry is built again
-    healed, built = sd.cached_build(d, sdist, files, cache, uv=_uv(), python=sys.executable)
+    healed, built = sd.cached_build(
+        d, sdist, files, cache, builder=sd.Builder(uv=_uv(), python=sys.executable)
+    )
     assert built and healed == wheel
     import json
 

@@ -68,13 +68,12 @@ def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
     """``sh -c script`` in a fresh container of ``ref``, bypassing the entrypoint (no services),
     with the host quirks plan_run handles (runtime, ulimits)."""
     from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, plan_run
+    from envspec.run import Runnable, RunOptions, plan_run
 
     command = plan_run(
         Runnable(ref, None),
         host=replace(detect_host(ask=ASK_NONE), tty=False),
-        mount_cwd=False,
-        gpus=False,
+        options=RunOptions(mount_cwd=False, gpus=False),
     )
     i = command.argv.index(ref)
     argv = command.argv[:i] + ["--entrypoint", "/bin/sh"] + command.argv[i:] + ["-c", script]
@@ -140,7 +139,7 @@ def client_key(tmp_path_factory):
 def containers(image, client_key, tmp_path_factory):
     """Two containers of the image, started with plan_run's argv; each on its own loopback ports."""
     from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, plan_run
+    from envspec.run import Runnable, RunOptions, plan_run
 
     lock, ref = image
     uid = lock.runtime.uid
@@ -162,9 +161,7 @@ def containers(image, client_key, tmp_path_factory):
         command = plan_run(
             Runnable(ref, lock),
             host=host,
-            detach=True,
-            name=name,
-            host_ports={jport: hj, sport: hs},
+            options=RunOptions(detach=True, name=name, host_ports={jport: hj, sport: hs}),
         )
         assert (
             f"127.0.0.1:{hj}:{jport}" in command.argv and f"127.0.0.1:{hs}:{sport}" in command.argv
@@ -306,7 +303,7 @@ def _run_env(**extra: str) -> dict[str, str]:
 def test_a_command_runs_alone(image, tmp_path):
     """`podman run IMAGE CMD` (as envspec run -- CMD plans it): the entrypoint starts no service."""
     from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, plan_run
+    from envspec.run import Runnable, RunOptions, plan_run
 
     lock, ref = image
     env = _run_env()
@@ -316,7 +313,7 @@ def test_a_command_runs_alone(image, tmp_path):
         Runnable(ref, lock),
         ["sh", "-c", f"sleep 3; {_PROCESSES}; echo command-ran"],
         host=host,
-        mount_cwd=False,
+        options=RunOptions(mount_cwd=False),
     )
     assert not any(a.startswith("127.0.0.1:") for a in command.argv)  # no port published either
     cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)
@@ -336,7 +333,7 @@ def test_a_command_runs_alone(image, tmp_path):
 def test_services_asked_for_beside_a_command(image, tmp_path):
     """ENVSPEC_SERVICES=jupyter and a command: Jupyter answers (with the token), sshd is not started."""
     from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, plan_run
+    from envspec.run import Runnable, RunOptions, plan_run
 
     lock, ref = image
     assert lock.services.jupyter is not None and lock.services.ssh is not None
@@ -353,9 +350,11 @@ def test_services_asked_for_beside_a_command(image, tmp_path):
         Runnable(ref, lock),
         ["sleep", "600"],
         host=host,
-        detach=True,
-        name=name,
-        host_ports={lock.services.jupyter.port: hj, lock.services.ssh.port: hs},
+        options=RunOptions(
+            detach=True,
+            name=name,
+            host_ports={lock.services.jupyter.port: hj, lock.services.ssh.port: hs},
+        ),
     )
     assert "ENVSPEC_SERVICES" in command.argv and token not in command.shell()
     cp = subprocess.run(command.argv, capture_output=True, text=True, env=env, timeout=300)

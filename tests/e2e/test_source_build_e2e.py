@@ -303,11 +303,8 @@ def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keep
             probe,
             files,
             tmp_path / "out",
-            uv=_uv(),
-            python="unused",
             log=tmp_path / "probe.log",
-            sandbox=box,
-            jobs=3,
+            builder=sd.Builder(uv=_uv(), python="unused", sandbox=box, jobs=3),
         )
     finally:
         del os.environ["ENVSPEC_TEST_SECRET"]
@@ -333,10 +330,8 @@ def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keep
             broken,
             files,
             tmp_path / "out",
-            uv=_uv(),
-            python="unused",
             log=tmp_path / "broken.log",
-            sandbox=box,
+            builder=sd.Builder(uv=_uv(), python="unused", sandbox=box),
         )
     assert e.value.exit_code == 4 and e.value.reference == "source-build-failed"
     assert (

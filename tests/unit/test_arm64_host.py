@@ -16,7 +16,7 @@ from envspec.doctor import check_arch
 from envspec.errors import UsageError
 from envspec.host import Host, Tool, _binfmt
 from envspec.lock import load
-from envspec.run import plan_run
+from envspec.run import RunOptions, plan_run
 
 ROOT = Path(__file__).resolve().parents[2]
 ARM_LOCK = ROOT / "lockfiles" / "smoke-arm64.lock"
@@ -74,7 +74,7 @@ def test_run_refuses_an_arm64_image_without_emulation():
             load(ARM_LOCK),
             ["true"],
             host=replace(AMD64, binfmt_note="binfmt_misc is not mounted"),
-            emulate=True,
+            options=RunOptions(emulate=True),
         )
     assert e.value.reference == "arch-not-runnable" and e.value.exit_code == 2
     assert "linux-aarch64" in e.value.message and "binfmt_misc is not mounted" in e.value.hint
@@ -92,7 +92,12 @@ def test_run_refuses_an_arm64_image_unless_emulation_is_asked_for():
 
 
 def test_run_starts_an_arm64_image_under_emulation_with_the_arch_flag():
-    cmd = plan_run(load(ARM_LOCK), ["true"], host=replace(AMD64, binfmt=("aarch64",)), emulate=True)
+    cmd = plan_run(
+        load(ARM_LOCK),
+        ["true"],
+        host=replace(AMD64, binfmt=("aarch64",)),
+        options=RunOptions(emulate=True),
+    )
     i = cmd.argv.index("--arch")
     assert cmd.argv[i + 1] == "arm64" and cmd.argv.index("run") < i < cmd.argv.index(cmd.image)
     assert any("emulation" in w for w in cmd.warnings)
@@ -100,8 +105,7 @@ def test_run_starts_an_arm64_image_under_emulation_with_the_arch_flag():
         load(ARM_LOCK),
         ["true"],
         host=replace(AMD64, binfmt=("aarch64",), docker="daemon"),
-        engine="docker",
-        emulate=True,
+        options=RunOptions(engine="docker", emulate=True),
     )
     assert (
         "--platform" in docker.argv
@@ -116,7 +120,7 @@ def test_run_under_emulation_mounts_a_cpu_tree_with_graces_cpu_id(tmp_path):
         load(ARM_LOCK),
         ["true"],
         host=replace(AMD64, binfmt=("aarch64",), cache_dir=tmp_path),
-        emulate=True,
+        options=RunOptions(emulate=True),
     )
     mount = f"{emulated_cpu_dir(tmp_path, 'aarch64')}:/sys/devices/system/cpu:ro"
     assert cmd.emulated_cpu == str(emulated_cpu_dir(tmp_path, "aarch64"))
@@ -207,14 +211,18 @@ def test_run_of_a_multi_platform_lock_takes_the_hosts_platform():
     )
     # another platform's section: by name, and under emulation only when asked
     with pytest.raises(UsageError) as e:
-        plan_run(lock, ["true"], host=replace(AMD64, binfmt=("aarch64",)), platform="linux-aarch64")
+        plan_run(
+            lock,
+            ["true"],
+            host=replace(AMD64, binfmt=("aarch64",)),
+            options=RunOptions(platform="linux-aarch64"),
+        )
     assert e.value.reference == "emulation-not-asked"
     emu = plan_run(
         lock,
         ["true"],
         host=replace(AMD64, binfmt=("aarch64",)),
-        platform="linux-aarch64",
-        emulate=True,
+        options=RunOptions(platform="linux-aarch64", emulate=True),
     )
     assert emu.image.endswith("-arm64") and emu.argv[emu.argv.index("--arch") + 1] == "arm64"
 

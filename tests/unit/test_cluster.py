@@ -40,7 +40,7 @@ CASES = {
 def test_golden(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     kw = dict(CASES[name])
-    text = cluster.render(kw.pop("kind"), image=IMAGE, **kw)
+    text = cluster.render(kw.pop("kind"), cluster.Job(image=IMAGE, **kw))
     path = GOLDEN / name
     if os.environ.get("ENVSPEC_REGEN_GOLDEN"):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,39 +61,52 @@ def test_enroot_reference():
 @pytest.mark.parametrize("image", ["ghcr.io/a/b:latest", "ghcr.io/a/b@sha256:abc", "b"])
 def test_image_must_be_pinned_by_digest(image):
     with pytest.raises(cluster.RenderError, match="not pinned by digest"):
-        cluster.render("slurm", image=image, nnodes=2, gpus_per_node=8)
+        cluster.render("slurm", cluster.Job(image=image, nnodes=2, gpus_per_node=8))
 
 
 def test_lock_settings_reach_the_job(monkeypatch):
     monkeypatch.chdir(ROOT)
-    text = cluster.render("slurm", image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK)
+    text = cluster.render(
+        "slurm", cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK)
+    )
     assert "export NCCL_IB_HCA=mlx5\n" in text and "export NCCL_SOCKET_IFNAME=eth0\n" in text
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in text and "PYTHONUNBUFFERED" not in text
     assert "srun --container-image=ghcr.io#acme/envspec/h100-train@sha256:" in text
     podman = cluster.render(
-        "slurm", image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK, container="podman"
+        "slurm",
+        cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK, container="podman"),
     )
     assert "--shm-size 32g" in podman and "-e NCCL_IB_HCA" in podman
     assert "--shm-size 8g" in cluster.render(
         "slurm",
-        image=IMAGE,
-        nnodes=2,
-        gpus_per_node=8,
-        lock=NCCL_LOCK,
-        container="podman",
-        shm_size="8g",
+        cluster.Job(
+            image=IMAGE,
+            nnodes=2,
+            gpus_per_node=8,
+            lock=NCCL_LOCK,
+            container="podman",
+            shm_size="8g",
+        ),
     )  # the command line wins
-    k8s = cluster.render("kubernetes", image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK)
+    k8s = cluster.render(
+        "kubernetes", cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=8, lock=NCCL_LOCK)
+    )
     assert "sizeLimit: 32Gi" in k8s and '- name: NCCL_IB_HCA\n              value: "mlx5"' in k8s
 
 
 def test_host_mode_needs_a_lock_and_containers_are_for_slurm():
     with pytest.raises(cluster.RenderError, match="needs --lock"):
-        cluster.render("slurm", image=IMAGE, nnodes=2, gpus_per_node=0, container="none")
+        cluster.render(
+            "slurm", cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=0, container="none")
+        )
     with pytest.raises(cluster.RenderError, match="--container is for --slurm"):
-        cluster.render("kubernetes", image=IMAGE, nnodes=2, gpus_per_node=0, container="podman")
+        cluster.render(
+            "kubernetes", cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=0, container="podman")
+        )
     with pytest.raises(cluster.RenderError, match="--lock nope.lock"):
-        cluster.render("slurm", image=IMAGE, nnodes=2, gpus_per_node=0, lock="nope.lock")
+        cluster.render(
+            "slurm", cluster.Job(image=IMAGE, nnodes=2, gpus_per_node=0, lock="nope.lock")
+        )
 
 
 def test_a_tag_is_refused_with_a_hint_exit_2(capsys):
@@ -182,4 +195,4 @@ def test_templates_use_strict_undefined(tmp_path, monkeypatch):
     import jinja2
 
     with pytest.raises(jinja2.UndefinedError):
-        cluster.render("slurm", image=IMAGE, nnodes=1, gpus_per_node=1)
+        cluster.render("slurm", cluster.Job(image=IMAGE, nnodes=1, gpus_per_node=1))

@@ -17,7 +17,15 @@ import pytest
 from envspec.errors import HostError, UsageError
 from envspec.host import Host, Tool, bridge_conflict, detect_host
 from envspec.lock import Jupyter, Lockfile, Services, Ssh, load
-from envspec.run import Runnable, plan_run, podman_args, resolve_runnable, run_lines, start_lines
+from envspec.run import (
+    Runnable,
+    RunOptions,
+    plan_run,
+    podman_args,
+    resolve_runnable,
+    run_lines,
+    start_lines,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 REGEN = os.environ.get("ENVSPEC_REGEN_GOLDEN") == "1"
@@ -118,7 +126,7 @@ def _check_golden(name: str, text: str) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden(case):
     host, kw, cmd = CASES[case]
-    command = plan_run(_lock(), cmd, host=host, **kw)
+    command = plan_run(_lock(), cmd, host=host, options=RunOptions(**kw))
     _check_golden(f"{case}.txt", "\n".join(run_lines(command)) + "\n")
     assert shlex.split(command.shell()) == command.argv
 
@@ -171,7 +179,7 @@ def test_secrets_never_in_argv():
 
 
 def test_bind_elsewhere_warns():
-    command = plan_run(_lock(), host=DEBIAN_HYBRID, bind="0.0.0.0")
+    command = plan_run(_lock(), host=DEBIAN_HYBRID, options=RunOptions(bind="0.0.0.0"))
     assert "0.0.0.0:8888:8888" in command.argv
     assert any("not loopback" in w for w in command.warnings)
 
@@ -206,7 +214,7 @@ def test_no_engine():
     ):  # a docker client without a daemon, or podman's shim, is no engine
         plan_run(_lock(), host=replace(DEBIAN_HYBRID, tools=_tools("docker"), docker="client"))
     with pytest.raises(UsageError):
-        plan_run(_lock(), host=DEBIAN_HYBRID, engine="lxc")
+        plan_run(_lock(), host=DEBIAN_HYBRID, options=RunOptions(engine="lxc"))
 
 
 def test_image_target_and_missing_files(tmp_path):
@@ -292,7 +300,7 @@ def test_real_podman_run():
         Runnable(images[0], None, source="image"),
         ["/bin/sh", "-c", "echo envspec-run-ok; ulimit -n"],
         host=replace(host, tty=False),
-        engine="podman",
+        options=RunOptions(engine="podman"),
     )
     argv = [a for a in command.argv if a != "-i"]
     env = {**os.environ, "ENVSPEC_VERIFY": "off"}
@@ -308,10 +316,10 @@ def test_real_podman_run():
 
 
 def test_host_ports():
-    argv = plan_run(_lock(), host=DEBIAN_HYBRID, host_ports={8888: 18888}).argv
+    argv = plan_run(_lock(), host=DEBIAN_HYBRID, options=RunOptions(host_ports={8888: 18888})).argv
     assert "127.0.0.1:18888:8888" in argv and "127.0.0.1:2222:2222" in argv
     with pytest.raises(UsageError):
-        plan_run(_lock(), host=DEBIAN_HYBRID, host_ports={9999: 1})
+        plan_run(_lock(), host=DEBIAN_HYBRID, options=RunOptions(host_ports={9999: 1}))
 
 
 ROUTES = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
@@ -328,10 +336,10 @@ def test_a_command_publishes_no_service_port_unless_asked():
     assert "-p" not in c.argv and "ENVSPEC_SERVICES" not in c.argv
     assert any("do not start beside a command" in n for n in c.notes)
     with pytest.raises(UsageError) as e:
-        plan_run(_lock(), cmd, host=DEBIAN_HYBRID, host_ports={8888: 18888})
+        plan_run(_lock(), cmd, host=DEBIAN_HYBRID, options=RunOptions(host_ports={8888: 18888}))
     assert "ENVSPEC_SERVICES" in e.value.hint
     asked = replace(DEBIAN_HYBRID, env_names=frozenset({"ENVSPEC_SERVICES"}))
-    c = plan_run(_lock(), cmd, host=asked, host_ports={8888: 18888})
+    c = plan_run(_lock(), cmd, host=asked, options=RunOptions(host_ports={8888: 18888}))
     assert "127.0.0.1:18888:8888" in c.argv and "127.0.0.1:2222:2222" in c.argv
     i = c.argv.index("ENVSPEC_SERVICES")
     assert c.argv[i - 1] == "-e" and i < c.argv.index(
@@ -355,7 +363,7 @@ def test_bridge_conflict():
 
 def test_image_override_keeps_the_lock_settings():
     ref = "ghcr.io/acme/ml/train@sha256:" + "ab" * 32
-    p = plan_run(_lock(), ["envspec", "verify"], host=DEBIAN_HYBRID, image=ref)
+    p = plan_run(_lock(), ["envspec", "verify"], host=DEBIAN_HYBRID, options=RunOptions(image=ref))
     assert p.argv[-3:] == [ref, "envspec", "verify"] and "--shm-size" in p.argv and "16g" in p.argv
     assert not any("containers-storage" in w for w in p.warnings)
 
@@ -402,7 +410,7 @@ def test_an_envspec_image_docker_does_not_have_is_an_error_before_docker_run():
     from envspec.run import check_docker_image
 
     host = Host(tools={"docker": Tool("/usr/bin/docker")}, docker="daemon")
-    cmd = plan_run(_lock(), host=host, engine="docker", mount_cwd=False)
+    cmd = plan_run(_lock(), host=host, options=RunOptions(engine="docker", mount_cwd=False))
     assert (
         cmd.load_hint
         and cmd.load_hint in cmd.warnings
@@ -424,7 +432,9 @@ def test_an_envspec_image_docker_does_not_have_is_an_error_before_docker_run():
     ]
     check_docker_image(cmd, run=lambda argv: (0, "sha256:ab\n", ""))  # there: nothing to say
     other = plan_run(
-        Runnable("docker.io/library/debian:bookworm"), host=host, engine="docker", mount_cwd=False
+        Runnable("docker.io/library/debian:bookworm"),
+        host=host,
+        options=RunOptions(engine="docker", mount_cwd=False),
     )
     check_docker_image(other, run=missing)  # not envspec's image: docker pulls it as usual
     assert len(asked) == 1
@@ -439,7 +449,7 @@ def test_podman_runs_that_envspec_waits_for_keep_their_exit_code():
         _lock(),
         ["python", "train.py", "--name", "not-podmans"],
         host=DEBIAN_HYBRID,
-        mount_cwd=False,
+        options=RunOptions(mount_cwd=False),
     )
     assert "--rm" in cmd.argv  # --print and --json show the plain command
     argv, remove = attached(cmd, "123-abcdef")
@@ -451,19 +461,21 @@ def test_podman_runs_that_envspec_waits_for_keep_their_exit_code():
     assert argv[at + 1 : at + 3] == ["--name", "envspec-run-123-abcdef"]
     assert remove == [*argv[:at], "rm", "--force", "--ignore", "envspec-run-123-abcdef"]
     assert argv[:at] == cmd.argv[: cmd.argv.index("run")]  # the same storage and cgroup options
-    named = plan_run(_lock(), host=DEBIAN_HYBRID, name="mine", mount_cwd=False)
+    named = plan_run(_lock(), host=DEBIAN_HYBRID, options=RunOptions(name="mine", mount_cwd=False))
     argv, remove = attached(named, "x")
     assert argv.count("--name") == 1 and remove[-1] == "mine"
-    detached = plan_run(_lock(), host=DEBIAN_HYBRID, detach=True, mount_cwd=False)
+    detached = plan_run(
+        _lock(), host=DEBIAN_HYBRID, options=RunOptions(detach=True, mount_cwd=False)
+    )
     assert attached(detached, "x") == (detached.argv, [])  # nobody waits: --rm stays
-    docker = plan_run(_lock(), host=DOCKER, engine="docker", mount_cwd=False)
+    docker = plan_run(_lock(), host=DOCKER, options=RunOptions(engine="docker", mount_cwd=False))
     assert attached(docker, "x") == (docker.argv, [])
 
 
 def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
     lock = load(Path(__file__).resolve().parents[2] / "lockfiles" / "cpu.lock")  # memlock = -1
     host = Host(cap_sys_resource=False, docker="daemon", rlimits={"memlock": (8388608, 8388608)})
-    argv = plan_run(lock, host=host, engine="docker", mount_cwd=False).argv
+    argv = plan_run(lock, host=host, options=RunOptions(engine="docker", mount_cwd=False)).argv
     assert "memlock=8388608:8388608" in " ".join(argv) and "nofile" not in " ".join(
         argv
     )  # no podman defaults
@@ -471,7 +483,7 @@ def test_docker_ulimits_are_capped_where_a_local_daemon_cannot_raise_them():
         host, docker_host="tcp://10.0.0.2:2376"
     )  # another machine's limits: not ours to cap
     assert "memlock=-1:-1" in " ".join(
-        plan_run(lock, host=remote, engine="docker", mount_cwd=False).argv
+        plan_run(lock, host=remote, options=RunOptions(engine="docker", mount_cwd=False)).argv
     )
 
 
@@ -480,7 +492,7 @@ def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
 
     lock = load(GOLDEN / "diff" / "new.lock")  # a GPU lock
     bare = replace(DOCKER, tools=_tools("docker", "runc"))
-    cmd = plan_run(lock, host=bare, engine="docker")
+    cmd = plan_run(lock, host=bare, options=RunOptions(engine="docker"))
     assert (
         "--gpus" not in cmd.argv
     )  # the daemon would refuse it: could not select device driver "" ...
@@ -489,12 +501,17 @@ def test_docker_without_the_nvidia_toolkit_gets_no_gpu_flag_and_a_warning():
         "unix:///var/run/docker.sock", version="28.2.2", runtimes=("nvidia", "runc")
     )
     assert (
-        "--gpus" in plan_run(lock, host=replace(bare, docker_daemon=nvidia), engine="docker").argv
+        "--gpus"
+        in plan_run(
+            lock, host=replace(bare, docker_daemon=nvidia), options=RunOptions(engine="docker")
+        ).argv
     )
     assert (
         "--gpus"
         in plan_run(
-            lock, host=replace(bare, docker_host="tcp://gpu-box:2376"), engine="docker"
+            lock,
+            host=replace(bare, docker_host="tcp://gpu-box:2376"),
+            options=RunOptions(engine="docker"),
         ).argv
     )
 
@@ -532,7 +549,7 @@ def test_an_envspec_image_the_store_does_not_have_is_an_error_before_podman_run(
     from envspec.run import check_podman_image
 
     host = Host(tools={"podman": Tool("/usr/bin/podman"), "runc": Tool("/usr/bin/runc")}, euid=0)
-    cmd = plan_run(_lock(), host=host, mount_cwd=False)
+    cmd = plan_run(_lock(), host=host, options=RunOptions(mount_cwd=False))
     asked: list[list[str]] = []
 
     def answer(rc):
@@ -552,6 +569,10 @@ def test_an_envspec_image_the_store_does_not_have_is_an_error_before_podman_run(
     assert asked == [[*head, "image", "exists", cmd.image]]
     check_podman_image(cmd, run=answer(0))  # there
     check_podman_image(cmd, run=answer(125))  # podman's own trouble: podman run says it
-    other = plan_run(Runnable("docker.io/library/debian:bookworm"), host=host, mount_cwd=False)
+    other = plan_run(
+        Runnable("docker.io/library/debian:bookworm"),
+        host=host,
+        options=RunOptions(mount_cwd=False),
+    )
     check_podman_image(other, run=answer(1))  # not envspec's image: podman pulls it as usual
     assert len(asked) == 3

@@ -20,6 +20,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
     from envspec.run import (
         ENGINE_FAILED,
+        RunOptions,
         attached,
         check_docker_image,
         check_engine_ready,
@@ -43,16 +44,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         runnable,
         cmd,
         host=host,
-        engine=args.engine,
-        bind=args.bind,
-        detach=args.detach,
-        name=args.name,
-        mount_cwd=not args.no_mount,
-        gpus=not args.no_gpu,
-        host_ports=ports,
-        image=args.image,
-        emulate=args.emulate,
-        platform=args.platform,
+        options=RunOptions(
+            engine=args.engine,
+            bind=args.bind,
+            detach=args.detach,
+            name=args.name,
+            mount_cwd=not args.no_mount,
+            gpus=not args.no_gpu,
+            host_ports=ports,
+            image=args.image,
+            emulate=args.emulate,
+            platform=args.platform,
+        ),
     )
     if command.emulated_cpu:  # the command mounts it (also the one --print shows)
         from envspec.host import write_emulated_cpu_dir

@@ -1071,7 +1071,6 @@ class Layers:
         lay = next((lay for lay in self.todo if lay.group == "source"), None)
         if lay is None:
             return
-        r = self.reporter
         files = {**self.paths, **self._source_inputs(lay, mirrors)}
         scratch: list[Path] = []
         try:
@@ -1083,11 +1082,7 @@ class Layers:
                 sandbox=lambda: self._sandbox(scratch),
                 parallel=parallel,
                 jobs=jobs,
-                on_start=lambda w: r.source_building(w.name, w.version),
-                on_done=lambda w, path, secs, cached: r.source_built(
-                    w.name, w.version, path.name, secs, cached
-                ),
-                on_progress=lambda w, step: r.source_progress(w.name, w.version, step),
+                events=_SourceEvents(self.reporter),
             )
         finally:
             for d in scratch:
@@ -1483,6 +1478,22 @@ def _info(lay: Layer, meta: LayerMeta) -> LayerInfo:
         media_type=blob.media_type if blob else MT_LAYER,
         source=meta.source,
     )
+
+
+class _SourceEvents(sdist.SourceEvents):
+    """The builds from sdists as the build's events."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    def start(self, w: Wheel) -> None:
+        self.reporter.source_building(w.name, w.version)
+
+    def progress(self, w: Wheel, step: str) -> None:
+        self.reporter.source_progress(w.name, w.version, step)
+
+    def done(self, w: Wheel, wheel: Path, seconds: float, cached: bool) -> None:
+        self.reporter.source_built(w.name, w.version, wheel.name, seconds, cached)
 
 
 class _DebEvents(debian.DebianReporter):

@@ -418,18 +418,26 @@ def _follow(
             time.sleep(every)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Builder:
+    """What builds a wheel from its sdist: uv, the Python it builds with on this host (or, with
+    ``sandbox``, in the lock's Debian base), where builds run (``root``), the compile jobs."""
+
+    uv: str
+    python: str
+    root: Path = BUILD_ROOT
+    sandbox: Sandbox | None = None
+    jobs: int = 0
+
+
 def build_wheel(
     d: Derivation,
     sdist: Path,
     build_wheels: Mapping[str, Path],
     out_dir: Path,
     *,
-    uv: str,
-    python: str,
+    builder: Builder,
     log: Path,
-    root: Path = BUILD_ROOT,
-    sandbox: Sandbox | None = None,
-    jobs: int = 0,
     on_progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
@@ -438,6 +446,13 @@ def build_wheel(
     the build runs in it with its Python instead (``envspec build``: the lock's Debian base).
     ``jobs``: compile jobs (``jobs_env``); ``on_progress``: each compile step the log shows
     (``compile_steps``), as it shows it. Raises ``SourceBuildError``."""
+    uv, python, root, sandbox, jobs = (
+        builder.uv,
+        builder.python,
+        builder.root,
+        builder.sandbox,
+        builder.jobs,
+    )
     work = root / d.key.split(":", 1)[1][:16]
     with _locked(root / f"{work.name}.lock"):
         shutil.rmtree(work, ignore_errors=True)
@@ -602,11 +617,7 @@ def cached_build(
     build_wheels: Mapping[str, Path],
     cache_root: Path,
     *,
-    uv: str,
-    python: str,
-    root: Path = BUILD_ROOT,
-    sandbox: Sandbox | None = None,
-    jobs: int = 0,
+    builder: Builder,
     on_progress: Callable[[str], None] | None = None,
 ) -> tuple[Path, bool]:
     """``d``'s wheel from the cache (``<cache>/built/<key>/``, checked against the sha256 recorded
@@ -630,12 +641,8 @@ def cached_build(
                 sdist,
                 build_wheels,
                 out,
-                uv=uv,
-                python=python,
+                builder=builder,
                 log=entry / "build.log",
-                root=root,
-                sandbox=sandbox,
-                jobs=jobs,
                 on_progress=on_progress,
             )
             with open(made, "rb") as f:
@@ -921,6 +928,15 @@ def derivation_of(w: Wheel, platform: Platform) -> Derivation:
     return d
 
 
+class SourceEvents:
+    """What ``build_all`` reports: a wheel's build starts, one of its compile steps, its wheel is
+    there (built now in ``seconds``, or ``cached``). No-ops here; ``image`` reports them."""
+
+    def start(self, w: Wheel) -> None: ...
+    def progress(self, w: Wheel, step: str) -> None: ...
+    def done(self, w: Wheel, wheel: Path, seconds: float, cached: bool) -> None: ...
+
+
 def build_all(
     lock: Lockfile,
     pins: Sequence[Wheel],
@@ -930,21 +946,20 @@ def build_all(
     sandbox: Callable[[], Sandbox],
     parallel: int = 1,
     jobs: int = 0,
-    on_start: Callable[[Wheel], None] | None = None,
-    on_done: Callable[[Wheel, Path, float, bool], None] | None = None,
-    on_progress: Callable[[Wheel, str], None] | None = None,
+    events: SourceEvents | None = None,
 ) -> dict[str, Path]:
     """The wheels of the lock's pins built from source: sdist sha256 -> the wheel, each taken from
     the cache (``cached_wheel``) or built (``cached_build``) in the lock's Debian base (``sandbox``,
     made only where something is built), ``parallel`` at once with ``jobs`` compile jobs each (0:
     the cores divided among them). ``files``: sha256 -> the checked file of every sdist and build
-    requirement. ``on_done(pin, wheel, seconds, cached)``."""
+    requirement. ``events``: what it reports."""
     import platform as host_platform
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from envspec.resolve import _uv
 
+    events = events or SourceEvents()
     derivations = {w.sha256: derivation_of(w, lock.platform) for w in pins}
     out: dict[str, Path] = {}
     todo = []
@@ -952,8 +967,7 @@ def build_all(
         hit = cached_wheel(derivations[w.sha256], cache_root)
         if hit is not None:
             out[w.sha256] = hit
-            if on_done:
-                on_done(w, hit, 0.0, True)
+            events.done(w, hit, 0.0, True)
         else:
             todo.append(w)
     if not todo:
@@ -977,22 +991,17 @@ def build_all(
         per = max(1, min(per, memory_jobs() // parallel))
 
     def one(w: Wheel) -> tuple[str, Path]:
-        if on_start:
-            on_start(w)
+        events.start(w)
         start = time.monotonic()
         wheel, made = cached_build(
             derivations[w.sha256],
             files[w.sha256],
             files,
             cache_root,
-            uv=uv,
-            python=box.python,
-            sandbox=box,
-            jobs=per,
-            on_progress=(lambda text: on_progress(w, text)) if on_progress else None,
+            builder=Builder(uv=uv, python=box.python, sandbox=box, jobs=per),
+            on_progress=(lambda text: events.progress(w, text)),
         )
-        if on_done:
-            on_done(w, wheel, time.monotonic() - start, not made)
+        events.done(w, wheel, time.monotonic() - start, not made)
         return w.sha256, wheel
 
     with ThreadPoolExecutor(max_workers=parallel) as ex:
