@@ -13,7 +13,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -983,23 +983,34 @@ def _index_args(
     return args, notes
 
 
+@dataclass(frozen=True, kw_only=True)
+class UvFlags:
+    """How ``_run_uv`` asks uv: the packages to upgrade past the lock's versions, constraints,
+    the PyTorch index or not, without dependencies, wheels only (``only_binary``) except for the
+    ``no_binary`` packages, which are taken as sdists (a package with no wheel, built from
+    source: issue 37)."""
+
+    upgrade: Sequence[str] = ()
+    constraints: Sequence[str] = ()
+    torch_index: bool = True
+    no_deps: bool = False
+    only_binary: bool = True
+    no_binary: Iterable[str] = ()
+
+
 def _run_uv(
     reqs: list[str],
     choice: Choice,
     sources: ResolvedSources,
     workdir: Path,
     name: str,
-    upgrade: list[str],
-    constraints: list[str],
-    *,
-    torch_index: bool = True,
-    no_deps: bool = False,
-    only_binary: bool = True,
-    no_binary: Iterable[str] = (),
+    flags: UvFlags = UvFlags(),
 ) -> list[PylockPackage]:
-    """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages:
-    wheels only (``only_binary``), except for the ``no_binary`` packages, which are taken as sdists
-    (a package with no wheel, built from source: issue 37)."""
+    """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages
+    (``name``: the work files' names)."""
+    upgrade, constraints = flags.upgrade, flags.constraints
+    torch_index, no_deps = flags.torch_index, flags.no_deps
+    only_binary, no_binary = flags.only_binary, flags.no_binary
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
@@ -1212,11 +1223,7 @@ def _no_wheel_error(
             sources,
             workdir,
             "sdist",
-            [],
-            [],
-            torch_index=False,
-            no_deps=True,
-            only_binary=False,
+            UvFlags(torch_index=False, no_deps=True, only_binary=False),
         )
         would = next((str(p["version"]) for p in found), "")
     except (ResolutionImpossible, SourceError):
@@ -1478,9 +1485,7 @@ def with_packages(
             sources,
             workdir,
             "together",
-            [],
-            list(spec.python.constraints),
-            torch_index=False,
+            UvFlags(constraints=list(spec.python.constraints), torch_index=False),
         )
     except (ResolutionImpossible, SourceError):
         return choice
@@ -1644,9 +1649,7 @@ def resolve_python(
                     sources,
                     workdir,
                     "full",
-                    upgrade,
-                    constraints,
-                    no_binary=no_binary,
+                    UvFlags(upgrade=upgrade, constraints=constraints, no_binary=no_binary),
                 )
             except ResolutionImpossible as e:
                 name = _no_wheel_package(e)
@@ -1680,9 +1683,7 @@ def resolve_python(
             sources,
             workdir,
             "torch",
-            [],
-            [f"{n}=={v}" for n, v in pins.items()],
-            no_binary=no_binary,
+            UvFlags(constraints=[f"{n}=={v}" for n, v in pins.items()], no_binary=no_binary),
         )
         torch_names = {canonicalize_name(p["name"]) for p in sub}
     out: list[WheelCandidate] = []
@@ -1733,11 +1734,7 @@ def _newest_any(
                 sources,
                 workdir,
                 "newest-any",
-                [],
-                [],
-                torch_index=False,
-                no_deps=True,
-                only_binary=False,
+                UvFlags(torch_index=False, no_deps=True, only_binary=False),
             )
         }
     except (ResolutionImpossible, SourceError):
@@ -1822,9 +1819,10 @@ def build_inputs(
         sources,
         workdir,
         f"build-{name}",
-        [],
-        list(constraints or []),
-        torch_index=any(requirement_name(r).lower() == "torch" for r in requires),
+        UvFlags(
+            constraints=list(constraints or []),
+            torch_index=any(requirement_name(r).lower() == "torch" for r in requires),
+        ),
     )
     return sorted(
         (_candidate(p, choice, sources, group="build") for p in found),
@@ -1908,7 +1906,7 @@ def held_back(
         newest = {
             canonicalize_name(p["name"]): p
             for p in _run_uv(
-                named, choice, sources, workdir, "newest", [], [], torch_index=False, no_deps=True
+                named, choice, sources, workdir, "newest", UvFlags(torch_index=False, no_deps=True)
             )
         }
     except (ResolutionImpossible, SourceError):
@@ -1974,9 +1972,7 @@ def _holds_back(
             sources,
             workdir,
             "alone",
-            [],
-            [],
-            torch_index=False,
+            UvFlags(torch_index=False),
         )
     except ResolutionImpossible as e:
         said = [

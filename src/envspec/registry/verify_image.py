@@ -348,7 +348,7 @@ def verify_image(
         if lock is not None and lock.multi:
             view, prefix = _section_for_image(report, ref, manifest, config, lock, lock_path)
         report.lock_hash = _check_image(
-            report, repo, digest, manifest, config, public_key, reader, view, prefix
+            report, _Pulled(repo, digest, manifest, config), public_key, reader, view, prefix
         )
     if lock is None:
         report.add(
@@ -545,16 +545,25 @@ def _verify_index(
                 else "the index lists this image under another platform",
             )
         )
-        _check_image(report, repo, got, manifest, config, public_key, reader, view, f"{name}.")
+        _check_image(
+            report, _Pulled(repo, got, manifest, config), public_key, reader, view, f"{name}."
+        )
     return annotation
+
+
+@dataclass(frozen=True)
+class _Pulled:
+    """One image as its registry gives it: where, its digest, its manifest and config."""
+
+    repo: str
+    digest: str
+    manifest: OciJson
+    config: bytes | None
 
 
 def _check_image(
     report: Report,
-    repo: str,
-    digest: str,
-    manifest: OciJson,
-    config: bytes | None,
+    img: _Pulled,
     public_key: Any,
     reader: RegistryReader,
     lock: Lockfile | None,
@@ -566,66 +575,82 @@ def _check_image(
     report.add(
         check_signature(
             public_key,
-            reader.artifact(f"{repo}:{attest.sig_tag(digest)}"),
-            digest,
-            repo,
+            reader.artifact(f"{img.repo}:{attest.sig_tag(img.digest)}"),
+            img.digest,
+            img.repo,
             check=prefix + "signature",
         )
     )
-    att = reader.artifact(f"{repo}:{attest.att_tag(digest)}")
+    statements = _statements(report, img, public_key, reader, prefix)
+    prov = statements.get("provenance", {}).get("predicate", {})
+    prov_lock = _check_provenance(report, prov, lock, prefix)
+    if lock is not None:
+        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock, prefix))
+    return _check_lock_hash(report, img, lock, prov_lock, prefix)
+
+
+def _statements(
+    report: Report, img: _Pulled, public_key: Any, reader: RegistryReader, prefix: str
+) -> dict[str, OciJson]:
+    """The image's attestations (provenance, SBOM) by kind, each checked: signed by the key,
+    about this image, both there."""
+    att = reader.artifact(f"{img.repo}:{attest.att_tag(img.digest)}")
     statements: dict[str, OciJson] = {}
     if att is None:
         report.add(
             Finding(
                 prefix + "attestations",
                 FAIL,
-                f"{attest.att_tag(digest)} in {repo}",
+                f"{attest.att_tag(img.digest)} in {img.repo}",
                 "none",
                 hint="push the image with `envspec build --push` (it attaches provenance and SBOM)",
             )
         )
-    else:
-        for lay, data in _layers(*att, attest.MT_DSSE):
-            st, signed = open_envelope(public_key, data)
-            kind = {attest.SLSA_PROVENANCE: "provenance", attest.SPDX_PREDICATE: "sbom"}.get(
-                (st or {}).get("predicateType", ""), ""
+        return statements
+    for _lay, data in _layers(*att, attest.MT_DSSE):
+        st, signed = open_envelope(public_key, data)
+        kind = {attest.SLSA_PROVENANCE: "provenance", attest.SPDX_PREDICATE: "sbom"}.get(
+            (st or {}).get("predicateType", ""), ""
+        )
+        if not kind or kind in statements:
+            continue
+        statements[kind] = st or {}
+        report.add(
+            Finding(
+                f"{prefix}{kind}.signature",
+                PASS if signed else FAIL,
+                "signed by the key",
+                "verifies" if signed else "no signature that verifies with this key",
+                hint="" if signed else "the attestation was altered or made without the key",
             )
-            if not kind or kind in statements:
-                continue
-            statements[kind] = st or {}
+        )
+        subjects = [s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])]
+        ok = img.digest.split(":", 1)[1] in subjects
+        report.add(
+            Finding(
+                f"{prefix}{kind}.subject",
+                PASS if ok else FAIL,
+                img.digest,
+                ", ".join("sha256:" + s for s in subjects) or "(none)",
+                hint="" if ok else "the attestation is about another image",
+            )
+        )
+    for kind in ("provenance", "sbom"):
+        if kind not in statements:
             report.add(
                 Finding(
-                    f"{prefix}{kind}.signature",
-                    PASS if signed else FAIL,
-                    "signed by the key",
-                    "verifies" if signed else "no signature that verifies with this key",
-                    hint="" if signed else "the attestation was altered or made without the key",
+                    f"{prefix}{kind}.present",
+                    FAIL,
+                    f"a {kind} attestation",
+                    "none in the attestations",
                 )
             )
-            subjects = [
-                s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])
-            ]
-            ok = digest.split(":", 1)[1] in subjects
-            report.add(
-                Finding(
-                    f"{prefix}{kind}.subject",
-                    PASS if ok else FAIL,
-                    digest,
-                    ", ".join("sha256:" + s for s in subjects) or "(none)",
-                    hint="" if ok else "the attestation is about another image",
-                )
-            )
-        for kind in ("provenance", "sbom"):
-            if kind not in statements:
-                report.add(
-                    Finding(
-                        f"{prefix}{kind}.present",
-                        FAIL,
-                        f"a {kind} attestation",
-                        "none in the attestations",
-                    )
-                )
-    prov = statements.get("provenance", {}).get("predicate", {})
+    return statements
+
+
+def _check_provenance(report: Report, prov: OciJson, lock: Lockfile | None, prefix: str) -> str:
+    """The provenance's builder, and with ``lock`` the lock and materials it names. Returns the
+    lock hash it names ("": none)."""
     if prov:
         builder = prov.get("runDetails", {}).get("builder", {})
         report.add(
@@ -636,14 +661,14 @@ def _check_image(
                 f"{builder.get('id', '')} {builder.get('version', {})}".strip(),
             )
         )
-    prov_lock = (
+    prov_lock = str(
         prov.get("buildDefinition", {})
         .get("externalParameters", {})
         .get("lock", {})
         .get("content_hash", "")
     )
-    expected_lock = lock.meta.content_hash if lock is not None else ""
     if lock is not None:
+        expected_lock = lock.meta.content_hash
         ok = bool(prov_lock) and prov_lock == expected_lock
         report.add(
             Finding(
@@ -655,17 +680,23 @@ def _check_image(
             )
         )
         report.add(_materials(prov, lock, prefix))
-        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock, prefix))
+    return prov_lock
+
+
+def _check_lock_hash(
+    report: Report, img: _Pulled, lock: Lockfile | None, prov_lock: str, prefix: str
+) -> str:
+    """The lock hash in the image's config (label) and manifest (annotation): the same, and the
+    one of the lock given and of the provenance. Returns it."""
     label = (
-        _config_of(manifest, config)
+        _config_of(img.manifest, img.config)
         .get("config", {})
         .get("Labels", {})
         .get("io.envspec.lock-hash", "")
     )
-    annotation = manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
-    wants = {
-        h for h in (expected_lock, prov_lock) if h
-    }  # the lock given, and the one the provenance names
+    annotation = img.manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
+    expected_lock = lock.meta.content_hash if lock is not None else ""
+    wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, the provenance's
     ok = bool(label) and label == annotation and wants <= {label}
     report.add(
         Finding(
