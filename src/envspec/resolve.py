@@ -1866,10 +1866,12 @@ def resolve_debian(
         pins = debian.resolve_closure(
             choice.suite,
             requested,
-            mirror=sources.debian_mirror,
-            security_mirror=sources.debian_security_mirror,
             cache_dir=cache_dir,
-            architecture=choice.debian_arch,
+            archive=debian.DebianArchive(
+                mirror=sources.debian_mirror,
+                security_mirror=sources.debian_security_mirror,
+                architecture=choice.debian_arch,
+            ),
         )
     except ResolutionImpossible as e:  # an unknown package the spec names: its key and line
         wanted = choice.spec.system.packages

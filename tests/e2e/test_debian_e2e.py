@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from envspec.debian import (
+    DebianArchive,
     DebPin,
     RecordingReporter,
     base_packages,
@@ -72,9 +73,9 @@ def small(cache):
     pins = resolve_closure(
         "bookworm",
         base_packages("bookworm", gpu=False),
-        mirror=MIRROR,
         cache_dir=cache,
         reporter=rep,
+        archive=DebianArchive(mirror=MIRROR),
     )
     return pins, rep
 
@@ -103,9 +104,9 @@ def test_warm_resolve_uses_the_cache(small, cache):
     again = resolve_closure(
         "bookworm",
         base_packages("bookworm", gpu=False),
-        mirror=MIRROR,
         cache_dir=cache,
         reporter=rep,
+        archive=DebianArchive(mirror=MIRROR),
     )
     assert again == pins
     assert "index_fresh" in rep.names() and "index_updating" not in rep.names()
@@ -119,10 +120,10 @@ def test_unreachable_mirror_uses_cached_indexes(small, cache, monkeypatch):
     again = resolve_closure(
         "bookworm",
         base_packages("bookworm", gpu=False),
-        mirror=MIRROR,
         cache_dir=cache,
         max_index_age=0,
         reporter=rep,
+        archive=DebianArchive(mirror=MIRROR),
     )
     assert again == pins
     warnings = [a[0] for n, a in rep.events if n == "warning"]
@@ -131,7 +132,9 @@ def test_unreachable_mirror_uses_cached_indexes(small, cache, monkeypatch):
 
 def test_unknown_package_with_did_you_mean(small, cache):
     with pytest.raises(ResolutionImpossible) as ei:
-        resolve_closure("bookworm", ["pyton3", "bash"], mirror=MIRROR, cache_dir=cache)
+        resolve_closure(
+            "bookworm", ["pyton3", "bash"], cache_dir=cache, archive=DebianArchive(mirror=MIRROR)
+        )
     assert ei.value.reference == "unknown-debian-package"
     assert "did you mean 'python3'" in ei.value.message
     # each cause in words, not a raw dict (issue 43, 15)
@@ -168,7 +171,10 @@ def test_an_unknown_package_the_spec_names_is_shown_at_its_key_and_line(tmp_path
 def test_unsatisfiable_request(small, cache):
     with pytest.raises(ResolutionImpossible) as ei:
         resolve_closure(
-            "bookworm", ["exim4-daemon-light", "exim4-daemon-heavy"], mirror=MIRROR, cache_dir=cache
+            "bookworm",
+            ["exim4-daemon-light", "exim4-daemon-heavy"],
+            cache_dir=cache,
+            archive=DebianArchive(mirror=MIRROR),
         )
     assert ei.value.reference == "debian-unsatisfiable" and "Conflicts" in ei.value.message
 
@@ -279,7 +285,7 @@ def test_pinned_version_gone_from_the_mirror(small, tmp_path):
 def test_gpu_base_compiles_a_python_extension(cache, tmp_path):
     """What Triton does at run time for torch.compile: cc with Python.h, then import the module."""
     req = base_packages("bookworm", gpu=True, services={"ssh"})
-    pins = resolve_closure("bookworm", req, mirror=MIRROR, cache_dir=cache)
+    pins = resolve_closure("bookworm", req, cache_dir=cache, archive=DebianArchive(mirror=MIRROR))
     paths = fetch_debs(pins, mirrors=[MIRROR], cache_dir=cache)
     root = tmp_path / "rootfs"
     make_rootfs(pins, paths, root)
@@ -308,7 +314,10 @@ def test_gpu_base_compiles_a_python_extension(cache, tmp_path):
 def test_trixie_rootfs_runs(cache, tmp_path):
     """trixie: Python 3.13, base-files shipping the merged-/usr links itself."""
     pins = resolve_closure(
-        "trixie", base_packages("trixie", gpu=False), mirror=MIRROR, cache_dir=cache
+        "trixie",
+        base_packages("trixie", gpu=False),
+        cache_dir=cache,
+        archive=DebianArchive(mirror=MIRROR),
     )
     paths = fetch_debs(pins, mirrors=[MIRROR], cache_dir=cache)
     root = tmp_path / "rootfs"

@@ -90,7 +90,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     from conftest import private_storage
 
     from envspec.image.compress import Compression
-    from envspec.registry.regcache import tag_for, write_entry
+    from envspec.registry.regcache import EntryFacts, tag_for, write_entry
     from envspec.run import podman_args
 
     base, reg = world
@@ -171,15 +171,17 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     write_entry(
         base / "lie",
         blob,
-        key=lying["key"],
-        group=lying["group"],
-        comp_id=Compression("zstd").id,
-        media_type=lying["media_type"],
-        digest=lying["digest"],
-        size=lying["size"],
-        diff_id=wrong,
-        diff_size=lying["diff_size"],
-        record=None,
+        EntryFacts(
+            key=lying["key"],
+            group=lying["group"],
+            comp_id=Compression("zstd").id,
+            media_type=lying["media_type"],
+            digest=lying["digest"],
+            size=lying["size"],
+            diff_id=wrong,
+            diff_size=lying["diff_size"],
+            record=None,
+        ),
     )
     subprocess.run(
         [

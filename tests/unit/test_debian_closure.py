@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envspec.causes import DebianUnsatisfiable, UnknownDebianPackage
-from envspec.debian import RecordingReporter, resolve_closure, security_mirror_for
+from envspec.debian import DebianArchive, RecordingReporter, resolve_closure, security_mirror_for
 from envspec.debian.closure import AptRoot, _unmet, parse_packages
 from envspec.errors import EXIT_BAD_INPUT, EXIT_SOURCE, HostError, ResolutionImpossible, SourceError
 
@@ -75,7 +75,9 @@ def fake_apt(monkeypatch):
 
 
 def resolve(req, tmp_path, keyring, **kw):
-    return resolve_closure("bookworm", req, cache_dir=tmp_path / "cache", keyring=keyring, **kw)
+    return resolve_closure(
+        "bookworm", req, cache_dir=tmp_path / "cache", **kw, archive=DebianArchive(keyring=keyring)
+    )
 
 
 def test_closure_from_recorded_apt(tmp_path, keyring, fake_apt):

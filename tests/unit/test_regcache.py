@@ -24,6 +24,7 @@ from envspec.plan import make_plan  # noqa: E402
 from envspec.registry.regcache import (
     ARTIFACT_TYPE,
     BadEntry,
+    EntryFacts,
     RegistryCache,
     check_entry,
     entry_manifest,
@@ -64,7 +65,7 @@ def _entry(tar: bytes, name: str = "zstd", **over):
         record=LayerRecord(diff_id=sha(tar), size=len(tar), entries=3, pins=["a==1"]),
     )
     fields.update(over)
-    _config, manifest = entry_manifest(**fields)
+    _config, manifest = entry_manifest(EntryFacts(**fields))
     return blob, manifest, comp
 
 
@@ -381,15 +382,17 @@ def test_write_entry_links_the_blob(tmp_path):
     d = write_entry(
         tmp_path / "e",
         blob,
-        key=KEY,
-        group="deps",
-        comp_id="none",
-        media_type="application/vnd.oci.image.layer.v1.tar",
-        digest=sha(b"zzz"),
-        size=3,
-        diff_id=sha(b"zzz"),
-        diff_size=3,
-        record=None,
+        EntryFacts(
+            key=KEY,
+            group="deps",
+            comp_id="none",
+            media_type="application/vnd.oci.image.layer.v1.tar",
+            digest=sha(b"zzz"),
+            size=3,
+            diff_id=sha(b"zzz"),
+            diff_size=3,
+            record=None,
+        ),
     )
     linked = tmp_path / "e" / "blobs" / "sha256" / sha(b"zzz").split(":")[1]
     assert linked.stat().st_ino == blob.stat().st_ino

@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .closure import resolve_closure, security_mirror_for
+    from .closure import DebianArchive, resolve_closure, security_mirror_for
     from .fetch import SNAPSHOT_ENV, candidate_urls, fetch_deb, fetch_debs, mirror_list
     from .models import (
         CANONICAL_MIRROR,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .suites import SUITES
 
 __all__ = [
+    "DebianArchive",
     "CANONICAL_MIRROR",
     "DebPin",
     "DebianReporter",
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 _WHERE = {
+    "DebianArchive": "closure",
     "resolve_closure": "closure",
     "security_mirror_for": "closure",
     "SNAPSHOT_ENV": "fetch",

@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -418,87 +419,58 @@ def _did_you_mean(db: sqlite3.Connection, name: str) -> list[str]:
     return difflib.get_close_matches(name, [r[0] for r in rows], n=3, cutoff=0.75)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DebianArchive:
+    """Where a closure is resolved from: the mirror, its security mirror (None: derived from
+    ``mirror``, .../debian -> .../debian-security; "": the security pocket left out), the
+    architecture, the components, the keyring the Release files are checked with."""
+
+    mirror: str = CANONICAL_MIRROR
+    security_mirror: str | None = None
+    architecture: str = "amd64"
+    components: tuple[str, ...] = ("main",)
+    keyring: Path = DEFAULT_KEYRING
+
+
 def resolve_closure(
     suite: str,
     requested: list[str],
     *,
-    mirror: str = CANONICAL_MIRROR,
-    security_mirror: str | None = None,
-    architecture: str = "amd64",
+    archive: DebianArchive = DebianArchive(),
     cache_dir: Path,
-    components: tuple[str, ...] = ("main",),
     max_index_age: float = MAX_INDEX_AGE_S,
     offline: bool = False,
-    keyring: Path = DEFAULT_KEYRING,
     reporter: DebianReporter | None = None,
 ) -> list[DebPin]:
     """Every .deb an empty system needs to have ``requested`` installed, sorted by name.
 
-    ``security_mirror``: None derives it from ``mirror`` (.../debian -> .../debian-security),
-    "" leaves the security pocket out. Essential packages are *not* implied: pass the base set
-    (``base_packages``) in ``requested``. Indexes younger than ``max_index_age`` seconds are not
-    fetched again; when the mirror is unreachable, cached ones are used with a warning.
+    Essential packages are *not* implied: pass the base set (``base_packages``) in ``requested``.
+    Indexes younger than ``max_index_age`` seconds are not fetched again; when the mirror is
+    unreachable, cached ones are used with a warning.
     """
     reporter = reporter or DebianReporter()
     if not requested:
         return []
-    sec = security_mirror_for(mirror) if security_mirror is None else security_mirror
+    a = archive
     root = AptRoot(
         suite,
-        mirror=mirror,
-        security_mirror=sec,
-        architecture=architecture,
-        components=tuple(components),
+        mirror=a.mirror,
+        security_mirror=security_mirror_for(a.mirror)
+        if a.security_mirror is None
+        else a.security_mirror,
+        architecture=a.architecture,
+        components=tuple(a.components),
         cache_dir=Path(cache_dir),
-        keyring=Path(keyring),
+        keyring=Path(a.keyring),
     )
     root.update(max_age=max_index_age, offline=offline, reporter=reporter)
-
-    names = {req: _requested_name(req) for req in requested}
     db = sqlite3.connect(f"file:{root.index_path}?mode=ro", uri=True)
     try:
-        unknown: list[UnknownDebianPackage] = []
-        for req, name in sorted(names.items()):
-            hit = db.execute(
-                "SELECT 1 FROM debs WHERE name=? UNION SELECT 1 FROM provides WHERE name=? LIMIT 1",
-                (name, name),
-            ).fetchone()
-            if not hit:
-                unknown.append(
-                    UnknownDebianPackage(
-                        name=name,
-                        suite=suite,
-                        pockets=tuple(root.pockets),
-                        did_you_mean=tuple(_did_you_mean(db, name)),
-                    )
-                )
-        if unknown:
-            words = []
-            for c in unknown:
-                w = f"{c.name!r}"
-                if c.did_you_mean:
-                    w += f" (did you mean {' or '.join(repr(x) for x in c.did_you_mean)}?)"
-                words.append(w)
-            n = len(unknown)
-            raise ResolutionImpossible(
-                f"Debian {suite} ({', '.join(root.components)}) has no package{'s' if n > 1 else ''} "
-                f"named {', '.join(words)}",
-                causes=unknown,
-                hint="check the name at https://packages.debian.org/" + suite,
-                reference="unknown-debian-package",
-            )
-
+        _refuse_unknown(db, root, suite, requested)
         with root.locked():
             proc = root.run(
-                [
-                    "install",
-                    "--print-uris",
-                    "-y",
-                    "-q",
-                    "--no-install-recommends",
-                    "--",
-                    *sorted(requested),
-                ],
+                ["install", "--print-uris", "-y", "-q", "--no-install-recommends", "--"]
+                + sorted(requested),
                 reporter,
             )
         if proc.returncode != 0:
@@ -517,6 +489,45 @@ def resolve_closure(
         return _pins_from_uris(db, proc.stdout, suite)
     finally:
         db.close()
+
+
+def _refuse_unknown(
+    db: sqlite3.Connection, root: AptRoot, suite: str, requested: list[str]
+) -> None:
+    """``ResolutionImpossible`` naming every requested package the archive does not have (by
+    name or as a virtual package), each with the names it may have meant."""
+    names = {req: _requested_name(req) for req in requested}
+    unknown: list[UnknownDebianPackage] = []
+    for _req, name in sorted(names.items()):
+        hit = db.execute(
+            "SELECT 1 FROM debs WHERE name=? UNION SELECT 1 FROM provides WHERE name=? LIMIT 1",
+            (name, name),
+        ).fetchone()
+        if not hit:
+            unknown.append(
+                UnknownDebianPackage(
+                    name=name,
+                    suite=suite,
+                    pockets=tuple(root.pockets),
+                    did_you_mean=tuple(_did_you_mean(db, name)),
+                )
+            )
+    if not unknown:
+        return
+    words = []
+    for c in unknown:
+        w = f"{c.name!r}"
+        if c.did_you_mean:
+            w += f" (did you mean {' or '.join(repr(x) for x in c.did_you_mean)}?)"
+        words.append(w)
+    n = len(unknown)
+    raise ResolutionImpossible(
+        f"Debian {suite} ({', '.join(root.components)}) has no package{'s' if n > 1 else ''} "
+        f"named {', '.join(words)}",
+        causes=unknown,
+        hint="check the name at https://packages.debian.org/" + suite,
+        reference="unknown-debian-package",
+    )
 
 
 def _pins_from_uris(db: sqlite3.Connection, output: str, suite: str) -> list[DebPin]:

@@ -118,31 +118,38 @@ class RegistryEntry:
 # --- the entry format -----------------------------------------------------------------------------
 
 
-def entry_manifest(
-    key: str,
-    group: str,
-    comp_id: str,
-    media_type: str,
-    digest: str,
-    size: int,
-    diff_id: str,
-    diff_size: int,
-    record: LayerRecord | None,
-) -> tuple[bytes, bytes]:
+@dataclass(frozen=True, kw_only=True)
+class EntryFacts:
+    """What an entry says of its layer: its key and group, its blob (compressor, media type,
+    digest, size), what it decompresses to (diff_id, size), the local cache's record of it."""
+
+    key: str
+    group: str
+    comp_id: str
+    media_type: str
+    digest: str
+    size: int
+    diff_id: str
+    diff_size: int
+    record: LayerRecord | None = None
+
+
+def entry_manifest(facts: EntryFacts) -> tuple[bytes, bytes]:
     """(config, manifest) bytes of the entry for one layer; canonical JSON: equal layers give
     equal bytes on every machine."""
+    f = facts
     config = canonical_json(
         {
             "architecture": "",
             "os": "",
             "config": {},
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "rootfs": {"type": "layers", "diff_ids": [f.diff_id]},
         }
     )
     # what the entry says beside its annotations: the record but the key, group and diff_id
     keep = (
-        record.model_dump(mode="json", exclude={"key", "group", "diff_id", "size"})
-        if record is not None
+        f.record.model_dump(mode="json", exclude={"key", "group", "diff_id", "size"})
+        if f.record is not None
         else {}
     )
     manifest = canonical_json(
@@ -151,14 +158,14 @@ def entry_manifest(
             "mediaType": MT_MANIFEST,
             "artifactType": ARTIFACT_TYPE,
             "config": {"mediaType": MT_CONFIG, "digest": sha256_bytes(config), "size": len(config)},
-            "layers": [{"mediaType": media_type, "digest": digest, "size": size}],
+            "layers": [{"mediaType": f.media_type, "digest": f.digest, "size": f.size}],
             "annotations": {
                 A + "version": VERSION,
-                A + "key": key,
-                A + "group": group,
-                A + "diff-id": diff_id,
-                A + "diff-size": str(diff_size),
-                A + "compressor": comp_id,
+                A + "key": f.key,
+                A + "group": f.group,
+                A + "diff-id": f.diff_id,
+                A + "diff-size": str(f.diff_size),
+                A + "compressor": f.comp_id,
                 A + "meta": json.dumps(keep, sort_keys=True, separators=(",", ":")),
             },
         }
@@ -166,15 +173,15 @@ def entry_manifest(
     return config, manifest
 
 
-def write_entry(dest: Path, blob: Path, **fields: Any) -> str:
-    """An OCI layout at ``dest`` holding the entry (``entry_manifest``'s fields), its layer a
-    hardlink to ``blob`` (a copy across file systems). Returns the manifest digest."""
-    config, manifest = entry_manifest(**fields)
+def write_entry(dest: Path, blob: Path, facts: EntryFacts) -> str:
+    """An OCI layout at ``dest`` holding the entry of ``facts``, its layer a hardlink to ``blob``
+    (a copy across file systems). Returns the manifest digest."""
+    config, manifest = entry_manifest(facts)
     out = dest / "blobs" / "sha256"
     out.mkdir(parents=True, exist_ok=True)
     for data in (config, manifest):
         (out / sha256_bytes(data).split(":", 1)[1]).write_bytes(data)
-    target = out / fields["digest"].split(":", 1)[1]
+    target = out / facts.digest.split(":", 1)[1]
     if not target.exists():
         try:
             os.link(blob, target)
@@ -530,20 +537,11 @@ class RegistryCache:
         except (EnvspecError, BadEntry):
             return False
 
-    def store(self, work: Path, blob: Path, **fields: Any) -> str:
+    def store(self, work: Path, blob: Path, facts: EntryFacts, comp: Compression) -> str:
         """Push one entry to ``cache_to``; returns its reference. Raises the push's errors."""
-        key = fields["key"]
-        comp: Compression = fields.pop("comp")
-        dest = work / f"cache-{key.split(':', 1)[-1][:16]}"
-        write_entry(
-            dest,
-            blob,
-            key=key,
-            comp_id=comp.id,
-            media_type=comp.media_type if comp.name != "none" else MT_LAYER,
-            **{k: v for k, v in fields.items() if k != "key"},
-        )
-        ref = f"{self.cache_to}:{tag_for(key, comp)}"
+        dest = work / f"cache-{facts.key.split(':', 1)[-1][:16]}"
+        write_entry(dest, blob, facts)
+        ref = f"{self.cache_to}:{tag_for(facts.key, comp)}"
         try:
             self.push(dest, ref)
         finally:
@@ -715,14 +713,20 @@ class RegistryCache:
                     self.store(
                         layers.work,
                         layers.blob_path(lay),
-                        key=lay.key,
-                        group=lay.group,
-                        comp=layers.comp,
-                        digest=blob.digest if blob else meta.diff_id,
-                        size=blob.size if blob else meta.size,
-                        diff_id=meta.diff_id,
-                        diff_size=meta.size,
-                        record=meta.record,
+                        EntryFacts(
+                            key=lay.key,
+                            group=lay.group,
+                            comp_id=layers.comp.id,
+                            media_type=layers.comp.media_type
+                            if layers.comp.name != "none"
+                            else MT_LAYER,
+                            digest=blob.digest if blob else meta.diff_id,
+                            size=blob.size if blob else meta.size,
+                            diff_id=meta.diff_id,
+                            diff_size=meta.size,
+                            record=meta.record,
+                        ),
+                        layers.comp,
                     )
                 )
             except EnvspecError as e:
