@@ -18,7 +18,7 @@ from envspec import host as host_mod
 from envspec.errors import BuildError, HashMismatch
 from envspec.image import engine as eng_mod
 from envspec.image import importer as importer_mod
-from envspec.image.engine import Cancelled, Staged, chain_id
+from envspec.image.engine import Cancelled, LayerPut, Staged, chain_id
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.records import LayerMeta, LayerSource
 
@@ -161,19 +161,8 @@ class FakeStore:
         self.calls.append(("delete", layer_id))
         self.layers.pop(layer_id, None)
 
-    def put_layer(
-        self,
-        layer_id,
-        parent,
-        tar,
-        size,
-        *,
-        name="",
-        diff_id="",
-        check=True,
-        cancel=None,
-        progress=lambda n: None,
-    ):
+    def put_layer(self, layer_id, parent, tar, size, put=LayerPut()):
+        name, check, cancel, progress = put.name, put.check, put.cancel, put.progress
         if layer_id in self.layers:
             return self.layers[layer_id][1], False
         self.checked[name] = check

@@ -569,6 +569,19 @@ class Staged:
         return int(self.raw.get("size", -1))
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayerPut:
+    """How ``StorageCLI.put_layer`` takes a layer: its group's name (for the log), the digest the
+    store takes (``envspec-put-layer``), whether the file is hashed on its way (a cached file),
+    a cancel event, the bytes sent so far."""
+
+    name: str = ""
+    diff_id: str = ""
+    check: bool = True
+    cancel: threading.Event | None = None
+    progress: Callable[[int], None] = lambda n: None
+
+
 def _drop_staged(staged: Staged) -> None:
     shutil.rmtree(staged.staging or "/nonexistent", ignore_errors=True)
     if staged.tar_split:
@@ -722,32 +735,21 @@ class StorageCLI:
         self.engine.run("delete layer", self._cs("delete-layer", layer_id), check=False)
 
     def put_layer(
-        self,
-        layer_id: str,
-        parent: str,
-        tar: Path,
-        size: int,
-        *,
-        name: str = "",
-        diff_id: str = "",
-        check: bool = True,
-        cancel: threading.Event | None = None,
-        progress: Callable[[int], None] = lambda n: None,
+        self, layer_id: str, parent: str, tar: Path, size: int, put: LayerPut = LayerPut()
     ) -> tuple[str, bool]:
         """Apply the layer file ``tar`` as layer ``layer_id`` on ``parent`` unless it is stored
         already. Returns (the stored diff digest, whether this call stored it). With
-        ``envspec-put-layer`` and ``diff_id``, the store takes that digest: ``check`` hashes the
-        file on its way (a cached file); without ``check`` the caller vouches for it (its maker
-        hashed these bytes as it wrote them, in this build). Cancelled, the import is killed and
-        the partial layer dropped."""
+        ``envspec-put-layer`` and ``put.diff_id``, the store takes that digest: ``put.check``
+        hashes the file on its way (a cached file); without it the caller vouches for it (its
+        maker hashed these bytes as it wrote them, in this build). Cancelled, the import is killed
+        and the partial layer dropped."""
         have = self.layer_diff_id(layer_id)
         if have:
             return have, False
         if have == "":  # left by a killed import: gone before ours
             self.delete_layer(layer_id)
-        cancel = cancel or threading.Event()
-        given = bool(self.put_tool and diff_id)  # the store takes our digest
-        if self.put_tool and diff_id:
+        given = bool(self.put_tool and put.diff_id)  # the store takes our digest
+        if self.put_tool and put.diff_id:
             argv = [
                 self.put_tool,
                 *self._store_flags(),
@@ -756,11 +758,33 @@ class StorageCLI:
                 "--parent",
                 parent,
                 "--diff-digest",
-                diff_id,
+                put.diff_id,
             ]
         else:
             argv = self._cs("import-layer", "--id", layer_id, *([parent] if parent else []))
-        log.info("import layer %s: %s", name, " ".join(argv))
+        log.info("import layer %s: %s", put.name, " ".join(argv))
+        want = put.diff_id if given and put.check else ""
+        rc, tail = self._feed_tool(argv, layer_id, tar, size, put, want)
+        if rc != 0:
+            have = self.layer_diff_id(layer_id)
+            if have:  # stored by someone else meanwhile
+                return have, False
+            self.delete_layer(layer_id)
+            raise BuildError(
+                "import of a layer into containers-storage failed",
+                step="import layer",
+                argv=argv,
+                returncode=rc,
+                stderr_tail=tail,
+            )
+        return self.layer_diff_id(layer_id) or "", True
+
+    def _feed_tool(
+        self, argv: list[str], layer_id: str, tar: Path, size: int, put: LayerPut, want: str
+    ) -> tuple[int, str]:
+        """Run the import tool ``argv`` with the layer file on its stdin (``want``: the digest it
+        must have on its way, "": unchecked). Returns (its exit status, its stderr's tail); a
+        failure or an interrupt while feeding kills it and drops the partial layer."""
         with tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
                 argv,
@@ -773,7 +797,7 @@ class StorageCLI:
             assert proc.stdin is not None
             try:
                 _feed(
-                    proc.stdin, tar, size, cancel, progress, want=diff_id if given and check else ""
+                    proc.stdin, tar, size, put.cancel or threading.Event(), put.progress, want=want
                 )
                 proc.stdin.close()
             except BrokenPipeError:  # it stopped reading: its exit status says why
@@ -784,21 +808,9 @@ class StorageCLI:
                 self.delete_layer(layer_id)
                 raise
             rc = proc.wait()
-            if rc != 0:
-                have = self.layer_diff_id(layer_id)
-                if have:  # stored by someone else meanwhile
-                    return have, False
-                self.delete_layer(layer_id)
-                err.seek(0)
-                tail = err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
-                raise BuildError(
-                    "import of a layer into containers-storage failed",
-                    step="import layer",
-                    argv=argv,
-                    returncode=rc,
-                    stderr_tail="\n".join(tail),
-                )
-        return self.layer_diff_id(layer_id) or "", True
+            err.seek(0)
+            tail = err.read().decode("utf-8", "replace").strip().splitlines()[-20:]
+        return rc, "\n".join(tail)
 
     @property
     def can_stage(self) -> bool:

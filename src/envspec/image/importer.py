@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from envspec.errors import DamagedEntry, HashMismatch
-from envspec.image.engine import Cancelled, Stage, Staged, StorageCLI, _drop_staged, chain_id
+from envspec.image.engine import (
+    Cancelled,
+    LayerPut,
+    Stage,
+    Staged,
+    StorageCLI,
+    _drop_staged,
+    chain_id,
+)
 from envspec.image.records import LayerMeta
 
 
@@ -131,17 +139,14 @@ class Importer:
                 # a layer made in this build was hashed by its maker as it was written; one
                 # taken from the layer cache is hashed again on its way into the store
                 start = time.monotonic()
-                have, ours = self.store.put_layer(
-                    layer_id,
-                    parent,
-                    lay.path,
-                    made.size,
+                put = LayerPut(
                     name=lay.group,
                     diff_id=want,
                     check=made.cached,
                     cancel=self.cancel,
                     progress=progress,
                 )
+                have, ours = self.store.put_layer(layer_id, parent, lay.path, made.size, put)
                 if have != want:
                     if ours:
                         self.store.delete_layer(layer_id)
