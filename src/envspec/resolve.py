@@ -61,6 +61,8 @@ from envspec.errors import Problem, ResolutionImpossible, SourceError, SpecError
 from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
+    import subprocess
+
     from envspec.debian.models import DebPin
     from envspec.sources import ResolvedSources
 
@@ -255,6 +257,47 @@ def choose(
     platforms each choice targets the spec's GPUs that ship in that platform's hosts.
     ``torch_version``: that release of torch, not the newest that fits (``with_packages``)."""
     problems: list[Problem] = []
+    gpus = _target_gpus(spec, db, problems)
+    arch = "x86_64"
+    if len(gpus) == len(spec.target.gpus):
+        arch, problem = _platform(spec, gpus, platform)
+        if problem is not None:
+            problems.append(problem)
+        if len(spec.target.platforms) > 1:
+            gpus = [g for g in gpus if arch in g.host_arch]
+    if spec.target.driver:
+        problems += gpu_driver_problems(spec, gpus)
+    base, suite, glibc = _base(spec, problems)
+    if problems:
+        raise SpecError(spec.file, problems)
+    torch = (
+        _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
+    )
+    choice = Choice(
+        spec=spec,
+        python=spec.python.version,
+        base=base,
+        suite=suite,
+        glibc=glibc,
+        gpus=gpus,
+        torch=torch,
+        driver_policy=spec.target.driver_policy,
+        notes=_torch_notes(torch, arch),
+        arch=arch,
+    )
+    if choice.driver_assumed and torch is not None:
+        choice.notes.append(
+            f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
+            f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
+            "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
+            "that runs there"
+        )
+    return choice
+
+
+def _target_gpus(spec: EnvSpec, db: CompatDB, problems: list[Problem]) -> list[Gpu]:
+    """The DB's GPU for each of [target].gpus; a problem (added to ``problems``) for a name that
+    is no NVIDIA GPU, is unknown, or names a Jetson no PyPI torch runs on."""
     gpus: list[Gpu] = []
     for i, name in enumerate(spec.target.gpus):
         g = db.find_gpu(name)
@@ -286,70 +329,70 @@ def choose(
                 )
             )
         elif not g.pypi_torch and spec.torch is not None:
-            problems.append(
-                spec.problem(
-                    ("target", "gpus", i),
-                    f"'{name}' is a Jetson GPU ({g.name}, {g.architecture}, cc {g.cc}): no torch from PyPI or "
-                    f"download.pytorch.org runs on it (Jetson Linux's CUDA is not the server-Arm CUDA their aarch64 "
-                    f"wheels are built for, and none has {g.sm} kernels)",
-                    hint="on the device use NVIDIA's PyTorch for Jetson (https://docs.nvidia.com/deeplearning/frameworks/"
-                    "install-pytorch-jetson-platform/index.html) or its l4t containers, and lock this spec for the "
-                    f"servers' GPUs only; the facts and their sources: gpus.toml's family of cc {g.cc} "
-                    "(`envspec db show --json`)",
-                    reference="gpu-jetson-no-pypi-torch",
-                )
-            )
+            problems.append(_jetson_problem(spec, i, name, g))
         else:
             gpus.append(g)
-    arch = "x86_64"
-    if len(gpus) == len(spec.target.gpus):
-        arch, problem = _platform(spec, gpus, platform)
-        if problem is not None:
-            problems.append(problem)
-        if len(spec.target.platforms) > 1:
-            gpus = [g for g in gpus if arch in g.host_arch]
-    if spec.target.driver:
-        problems += gpu_driver_problems(spec, gpus)
-    py = spec.python.version
-    base = spec.system.base
-    suite, glibc = None, HOST_GLIBC
-    if base == "auto":
-        if py not in SUITES:
-            problems.append(
-                spec.problem(
-                    ("python", "version"),
-                    f"no Debian base ships Python {py}",
-                    hint='use 3.11 (bookworm) or 3.13 (trixie), or [system].base = "none" for a host-only lock',
-                    reference="python-unavailable",
-                )
-            )
-        else:
-            suite, glibc = SUITES[py]
-            base = f"debian:{suite}"
-    elif base != "none":
-        suite = base.split(":", 1)[1]
-        want = next((p for p, (s, _) in SUITES.items() if s == suite), None)
-        if want != py:
-            problems.append(
-                spec.problem(
-                    ("python", "version"),
-                    f"Debian {suite} ships Python {want}, not {py}",
-                    hint=f'set [python].version = "{want}" or [system].base = "auto"',
-                    reference="python-unavailable",
-                )
-            )
-        glibc = SUITES.get(want or "", (None, HOST_GLIBC))[1]
-    if problems:
-        raise SpecError(spec.file, problems)
-    torch = (
-        _choose_torch(spec, db, gpus, arch, only=torch_version) if spec.torch is not None else None
+    return gpus
+
+
+def _jetson_problem(spec: EnvSpec, i: int, name: str, g: Gpu) -> Problem:
+    return spec.problem(
+        ("target", "gpus", i),
+        f"'{name}' is a Jetson GPU ({g.name}, {g.architecture}, cc {g.cc}): no torch from PyPI or "
+        f"download.pytorch.org runs on it (Jetson Linux's CUDA is not the server-Arm CUDA their aarch64 "
+        f"wheels are built for, and none has {g.sm} kernels)",
+        hint="on the device use NVIDIA's PyTorch for Jetson (https://docs.nvidia.com/deeplearning/frameworks/"
+        "install-pytorch-jetson-platform/index.html) or its l4t containers, and lock this spec for the "
+        f"servers' GPUs only; the facts and their sources: gpus.toml's family of cc {g.cc} "
+        "(`envspec db show --json`)",
+        reference="gpu-jetson-no-pypi-torch",
     )
+
+
+def _base(spec: EnvSpec, problems: list[Problem]) -> tuple[str, str | None, str]:
+    """(the base, its Debian suite or None, the glibc the wheels must run on) of [system].base and
+    [python].version; a problem (added to ``problems``) where no Debian base ships that Python."""
+    py, base = spec.python.version, spec.system.base
+    if base == "auto":
+        if py in SUITES:
+            suite, glibc = SUITES[py]
+            return f"debian:{suite}", suite, glibc
+        problems.append(
+            spec.problem(
+                ("python", "version"),
+                f"no Debian base ships Python {py}",
+                hint='use 3.11 (bookworm) or 3.13 (trixie), or [system].base = "none" for a host-only lock',
+                reference="python-unavailable",
+            )
+        )
+        return base, None, HOST_GLIBC
+    if base == "none":
+        return base, None, HOST_GLIBC
+    suite = base.split(":", 1)[1]
+    want = next((p for p, (s, _) in SUITES.items() if s == suite), None)
+    if want != py:
+        problems.append(
+            spec.problem(
+                ("python", "version"),
+                f"Debian {suite} ships Python {want}, not {py}",
+                hint=f'set [python].version = "{want}" or [system].base = "auto"',
+                reference="python-unavailable",
+            )
+        )
+    return base, suite, SUITES.get(want or "", (None, HOST_GLIBC))[1]
+
+
+def _torch_notes(torch: TorchChoice | None, arch: str) -> list[str]:
+    """What a choice says of its torch: releases left out for review, and off x86_64 where the
+    platform's wheels come from."""
+    if torch is None:
+        return []
     notes = [
         f"torch {c.torch} is in the DB but needs review, so it was not considered: "
         + "; ".join(c.items)
-        for c in (torch.skipped if torch else [])
+        for c in torch.skipped
     ]
-    if arch != "x86_64" and torch is not None:
+    if arch != "x86_64":
         notes.append(
             "the DB's Python versions and pins are those of PyPI's linux-x86_64 wheels; the "
             f"{PLATFORMS[arch]} wheels are found (or found missing) by the Python resolver at lock time"
@@ -362,26 +405,7 @@ def choose(
             else f"PyPI has no {PLATFORMS[arch]} wheel of torch {torch.release.version} on record: "
             f"every build of it comes from the PyTorch index ({torch.variant.index})"
         )
-    choice = Choice(
-        spec=spec,
-        python=py,
-        base=base,
-        suite=suite,
-        glibc=glibc,
-        gpus=gpus,
-        torch=torch,
-        driver_policy=spec.target.driver_policy,
-        notes=notes,
-        arch=arch,
-    )
-    if choice.driver_assumed and torch is not None:
-        notes.append(
-            f"[target].driver is not set: the hosts are assumed to run driver >= {torch.min_driver}, what "
-            f"torch {torch.release.version} {torch.variant.name} needs; set it to their oldest driver "
-            "(`nvidia-smi --query-gpu=driver_version --format=csv,noheader`) so that envspec picks a build "
-            "that runs there"
-        )
-    return choice
+    return notes
 
 
 def _platform(
@@ -683,19 +707,7 @@ def _choose_torch(
     assert spec.torch is not None
     releases = [r for r in _releases(spec, db) if only is None or r.version == only]
     if not releases:
-        known = [r.version for r in db.torch_releases]
-        raise SpecError(
-            spec.file,
-            [
-                spec.problem(
-                    ("torch", "version"),
-                    f"no torch release matches {spec.torch.version!r}",
-                    hint=f"the compatibility DB {db.version} knows {known[0]} to {known[-1]}; "
-                    "run `envspec db refresh` for newer releases",
-                    reference="no-such-torch",
-                )
-            ],
-        )
+        raise _no_such_torch(spec, db)
     all_causes: list[Cause] = []
     first_candidates: list[Candidate] | None = None
     newer: list[tuple[str, list[Cause]]] = []
@@ -756,6 +768,37 @@ def _choose_torch(
                 skipped=[c for c in all_causes if isinstance(c, ReleaseNeedsReview)],
                 newer=newer,
             )
+    raise _impossible(spec, db, gpus, releases, all_causes, first_candidates or [])
+
+
+def _no_such_torch(spec: EnvSpec, db: CompatDB) -> SpecError:
+    assert spec.torch is not None
+    known = [r.version for r in db.torch_releases]
+    return SpecError(
+        spec.file,
+        [
+            spec.problem(
+                ("torch", "version"),
+                f"no torch release matches {spec.torch.version!r}",
+                hint=f"the compatibility DB {db.version} knows {known[0]} to {known[-1]}; "
+                "run `envspec db refresh` for newer releases",
+                reference="no-such-torch",
+            )
+        ],
+    )
+
+
+def _impossible(
+    spec: EnvSpec,
+    db: CompatDB,
+    gpus: list[Gpu],
+    releases: list[TorchRelease],
+    all_causes: list[Cause],
+    candidates: list[Candidate],
+) -> ResolutionImpossible:
+    """No build of a release in the range fits: every cause (or, where each build was rejected
+    only for not being the CUDA [torch].cuda names, that), and what would fit."""
+    assert spec.torch is not None
     if not all_causes:  # every variant was rejected only for not being the one [torch].cuda names
         offered = sorted({v.cuda or "cpu" for r in releases for v in r.variants.values()})
         all_causes.append(
@@ -766,10 +809,10 @@ def _choose_torch(
             )
         )
     suggestions = what_would_fit(spec, db, gpus)
-    raise ResolutionImpossible(
+    return ResolutionImpossible(
         f"no build of torch {spec.torch.version} fits {spec.file or 'the spec'}",
         causes=[*_dedupe(all_causes), *suggestions],
-        candidates=first_candidates or [],
+        candidates=candidates,
         hint="; ".join(s.text for s in suggestions),
         reference=_main_reference(all_causes),
     )
@@ -1008,17 +1051,45 @@ def _run_uv(
 ) -> list[PylockPackage]:
     """uv's resolution of ``reqs`` for the choice's platform and Python, as pylock.toml packages
     (``name``: the work files' names)."""
-    upgrade, constraints = flags.upgrade, flags.constraints
-    torch_index, no_deps = flags.torch_index, flags.no_deps
-    only_binary, no_binary = flags.only_binary, flags.no_binary
     workdir.mkdir(parents=True, exist_ok=True)
     req = workdir / f"{name}.in"
     req.write_text("\n".join(reqs) + "\n")
     out = workdir / f"pylock.{name}.toml"
     if out.exists():
         out.unlink()
-    idx, idx_notes = _index_args(sources, choice, torch_index=torch_index)
-    argv = [
+    idx, idx_notes = _index_args(sources, choice, torch_index=flags.torch_index)
+    argv = _uv_argv(req, out, choice, idx, flags)
+    if flags.constraints:
+        c = workdir / f"{name}.constraints.txt"
+        c.write_text("\n".join(flags.constraints) + "\n")
+        argv += ["--constraint", str(c)]
+    for u in flags.upgrade:
+        argv += ["--upgrade-package", u]
+    env = dict(os.environ)
+    env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
+    env["UV_NO_CONFIG"] = "1"
+    proc = _uv_run(
+        argv, env, choice, workdir, idx, offline_first=flags.only_binary and not flags.no_binary
+    )
+    if proc.returncode != 0:
+        raise (
+            _torch_index_error(proc.stderr, choice, idx_notes)
+            or _platform_wheel_error(proc.stderr, choice, idx_notes)
+            or (
+                _no_wheel_error(proc.stderr, choice, sources, workdir)
+                if flags.only_binary
+                else None
+            )
+            or _uv_error(proc.stderr, reqs, choice, sources)
+        )
+    packages: list[PylockPackage] = tomllib.loads(out.read_text()).get("packages", [])
+    return packages
+
+
+def _uv_argv(req: Path, out: Path, choice: Choice, idx: list[str], flags: UvFlags) -> list[str]:
+    """`uv pip compile` of ``req`` into ``out`` as pylock.toml, for the choice's Python and
+    platform, with the indexes' arguments ``idx``."""
+    return [
         _uv(),
         "pip",
         "compile",
@@ -1032,31 +1103,39 @@ def _run_uv(
         choice.python,
         "--python-platform",
         f"{choice.arch}-manylinux_{choice.glibc}",
-        *(["--only-binary", ":all:"] if only_binary else []),
-        *(["--no-deps"] if no_deps else []),
-        *[a for n in sorted(no_binary) for a in ("--no-binary", n)],
+        *(["--only-binary", ":all:"] if flags.only_binary else []),
+        *(["--no-deps"] if flags.no_deps else []),
+        *[a for n in sorted(flags.no_binary) for a in ("--no-binary", n)],
         "--index-strategy",
         "unsafe-best-match",
         "--no-header",
         *idx,
     ]
-    if constraints:
-        c = workdir / f"{name}.constraints.txt"
-        c.write_text("\n".join(constraints) + "\n")
-        argv += ["--constraint", str(c)]
-    for u in upgrade:
-        argv += ["--upgrade-package", u]
-    env = dict(os.environ)
-    env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
-    env["UV_NO_CONFIG"] = "1"
+
+
+def _uv_run(
+    argv: list[str],
+    env: dict[str, str],
+    choice: Choice,
+    workdir: Path,
+    idx: list[str],
+    *,
+    offline_first: bool,
+) -> subprocess.CompletedProcess[str]:
+    """Run uv: from its cache first (``--offline``) where the indexes were read online recently,
+    else (or where that fails) online.
+
+    An index is read online once per resolution, and once per ENVSPEC_INDEX_MAX_AGE seconds (600,
+    PyPI's own max-age): after a successful online run with the same indexes, in this work
+    directory or that recently, uv reads its cache (--offline) and goes online only where that
+    fails (a page it has not read). uv revalidates every page it reads online where the index
+    sends no max-age (a proxy that strips it): 470 requests, 4-5 s for the vllm stack
+    (docs/benchmarks.md). ENVSPEC_INDEX_MAX_AGE=0: online at every lock, as before. Not
+    ``offline_first`` where sdists may be taken: offline, uv passes over a release whose metadata
+    it must build from the sdist (deepspeed 0.19.8) and takes an ancient one it has (0.3.1.dev5)
+    without failing."""
     import subprocess
 
-    # An index is read online once per resolution, and once per ENVSPEC_INDEX_MAX_AGE seconds (600,
-    # PyPI's own max-age): after a successful online run with the same indexes, in this work
-    # directory or that recently, uv reads its cache (--offline) and goes online only where that
-    # fails (a page it has not read). uv revalidates every page it reads online where the index
-    # sends no max-age (a proxy that strips it): 470 requests, 4-5 s for the vllm stack
-    # (docs/benchmarks.md). ENVSPEC_INDEX_MAX_AGE=0: online at every lock, as before.
     key = "\n".join(idx)
     read = workdir / "uv-indexes-read"
     # across locks: per set of indexes and of the spec's requirements, so that a lock of other
@@ -1069,13 +1148,7 @@ def _run_uv(
     ]
     recent = _index_read_marker(key + "\n--\n" + "\n".join(sorted(set(asked))), env)
     proc = None
-    # Not where sdists may be taken (``no_binary``, not ``only_binary``): offline, uv passes over a release whose metadata it must
-    # build from the sdist (deepspeed 0.19.8) and takes an ancient one it has (0.3.1.dev5) without failing.
-    if (
-        only_binary
-        and not no_binary
-        and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env))
-    ):
+    if offline_first and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env)):
         proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
     if proc is None or proc.returncode != 0:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -1084,15 +1157,7 @@ def _run_uv(
                 read.write_text(key)
             recent.parent.mkdir(parents=True, exist_ok=True)
             recent.touch()
-    if proc.returncode != 0:
-        raise (
-            _torch_index_error(proc.stderr, choice, idx_notes)
-            or _platform_wheel_error(proc.stderr, choice, idx_notes)
-            or (_no_wheel_error(proc.stderr, choice, sources, workdir) if only_binary else None)
-            or _uv_error(proc.stderr, reqs, choice, sources)
-        )
-    packages: list[PylockPackage] = tomllib.loads(out.read_text()).get("packages", [])
-    return packages
+    return proc
 
 
 def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
