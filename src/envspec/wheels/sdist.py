@@ -442,19 +442,12 @@ def build_wheel(
 ) -> Path:
     """Build ``d``'s wheel from the checked files (``sdist``; ``build_wheels``: sha256 -> the file
     of each pinned build requirement, as the cache keeps them) into ``out_dir``; returns the wheel's
-    path. ``python``: the interpreter (or version) uv builds with, on this host; with ``sandbox``,
-    the build runs in it with its Python instead (``envspec build``: the lock's Debian base).
-    ``jobs``: compile jobs (``jobs_env``); ``on_progress``: each compile step the log shows
-    (``compile_steps``), as it shows it. Raises ``SourceBuildError``."""
-    uv, python, root, sandbox, jobs = (
-        builder.uv,
-        builder.python,
-        builder.root,
-        builder.sandbox,
-        builder.jobs,
-    )
-    work = root / d.key.split(":", 1)[1][:16]
-    with _locked(root / f"{work.name}.lock"):
+    path. ``builder.python``: the interpreter (or version) uv builds with, on this host; with
+    ``builder.sandbox``, the build runs in it with its Python instead (``envspec build``: the lock's
+    Debian base). ``on_progress``: each compile step the log shows (``compile_steps``), as it
+    shows it. Raises ``SourceBuildError``."""
+    work = builder.root / d.key.split(":", 1)[1][:16]
+    with _locked(builder.root / f"{work.name}.lock"):
         shutil.rmtree(work, ignore_errors=True)
         (work / "wheels").mkdir(parents=True)
         (work / "home").mkdir()
@@ -466,121 +459,20 @@ def build_wheel(
                 )
             shutil.copyfile(build_wheels[p.sha256], work / "wheels" / p.filename)
         src = _unpack(sdist, work / "src", d.sdist.sha256)
-        toolkit_env: dict[str, str] = {}
-        if (
-            d.toolkit
-        ):  # a CUDA extension: the pinned toolkit as CUDA_HOME, at the build's fixed path
-            missing = [p.filename for p in d.toolkit if p.sha256 not in build_wheels]
-            if missing:
-                raise SourceBuildError(
-                    f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
-                    step=f"build {d.sdist.name} {d.sdist.version}",
-                )
-            home = cuda_home([build_wheels[p.sha256] for p in d.toolkit], work / "cuda")
-            # nvcc names its intermediate files tmpxft_<its PID>_..., and those names end up in the
-            # object (a static initializer's symbol): in the object's own folder they are named after it
-            toolkit_env = {
-                "CUDA_HOME": str(home),
-                "CUDA_PATH": str(home),
-                "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
-                "NVCC_APPEND_FLAGS": "--objdir-as-tempdir",
-            }
+        toolkit_env = _toolkit_env(d, build_wheels, work)
         toolkit_env |= {k.removeprefix("env:"): v for k, v in d.extra if k.startswith("env:")}
-        constraints = work / "build-constraints.txt"
-        constraints.write_text(
-            "".join(
-                f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
-                for p in sorted(d.build_requires, key=lambda p: p.name)
-            )
-        )
-        # The build environment at a fixed path (<work>/env), holding exactly the pinned build
-        # requirements, and the backend run in it without another isolation layer: uv's own isolated
-        # environment lives in a folder of a random name, which a compiler writes into the objects'
-        # debug information (the include paths of torch's headers, for a torch extension).
-        venv = work / "env"
-        tool = SANDBOX_UV if sandbox is not None else uv
-        steps = [
-            [
-                tool,
-                "venv",
-                "--offline",
-                "--python",
-                sandbox.python if sandbox else python,
-                str(venv),
-            ],
-            [
-                tool,
-                "pip",
-                "install",
-                "--offline",
-                "--no-index",
-                "--find-links",
-                str(work / "wheels"),
-                "--require-hashes",
-                "--python",
-                str(venv / "bin" / "python"),
-                "-r",
-                str(constraints),
-            ],
-            [
-                tool,
-                "build",
-                "--wheel",
-                "--no-build-isolation",
-                "--offline",
-                "--no-index",
-                "--python",
-                str(venv / "bin" / "python"),
-                "--out-dir",
-                str(work / "out"),
-                str(src),
-            ],
-        ]
-        if not d.build_requires:
-            del steps[1]
-        import shlex
-
-        argv = ["/bin/sh", "-ec", " && ".join(shlex.join(s) for s in steps)]
-        if sandbox is not None:
-            path = (
-                f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}"
-                if "CUDA_HOME" in toolkit_env
-                else SANDBOX_PATH
-            )
-            env = (
-                build_env(work, d.epoch, base={"PATH": path})
-                | jobs_env(jobs)
-                | toolkit_env
-                | {"TMPDIR": "/tmp"}
-            )
-            argv = _sandboxed(argv, sandbox, work, src, env, uv)
-        else:
-            env = build_env(work, d.epoch) | jobs_env(jobs) | toolkit_env
-            if "CUDA_HOME" in toolkit_env:
-                env["PATH"] = f"{toolkit_env['CUDA_HOME']}/bin:{env.get('PATH', '')}"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
-            f.write(
-                f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
-                f"# {' '.join(argv)}\n"
-            )
-            f.flush()
-            start = f.tell()
-            # umask in the child only: builds run on several threads at once (``build_all``)
-            proc = subprocess.Popen(
-                argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022
-            )
-            _follow(proc, log, on_progress, start=start)
-        wheels = sorted((work / "out").glob("*.whl")) if proc.returncode == 0 else []
-        if proc.returncode != 0 or len(wheels) != 1:
+        argv, env = _build_command(d, builder, work, src, toolkit_env)
+        returncode = _run_logged(d, argv, env, src, log, on_progress)
+        wheels = sorted((work / "out").glob("*.whl")) if returncode == 0 else []
+        if returncode != 0 or len(wheels) != 1:
             shutil.rmtree(work, ignore_errors=True)  # the log is kept, not the tree
             tail = failure_excerpt(log.read_text(errors="replace"))
             raise SourceBuildError(
                 f"building {d.sdist.name} {d.sdist.version} from {d.sdist.filename} failed"
-                + ("" if proc.returncode != 0 else f": it made {len(wheels)} wheels"),
+                + ("" if returncode != 0 else f": it made {len(wheels)} wheels"),
                 step=f"build {d.sdist.name} {d.sdist.version}",
                 argv=argv,
-                returncode=proc.returncode,
+                returncode=returncode,
                 stderr_tail=tail,
                 log=log,
             )
@@ -589,6 +481,101 @@ def build_wheel(
         shutil.move(wheels[0], dest)
         shutil.rmtree(work, ignore_errors=True)
         return dest
+
+
+def _toolkit_env(d: Derivation, build_wheels: Mapping[str, Path], work: Path) -> dict[str, str]:
+    """A CUDA extension's environment: the pinned toolkit as CUDA_HOME, at the build's fixed
+    path, and the lock's arch list ({} for a build without a toolkit)."""
+    if not d.toolkit:
+        return {}
+    missing = [p.filename for p in d.toolkit if p.sha256 not in build_wheels]
+    if missing:
+        raise SourceBuildError(
+            f"{', '.join(missing)} (the CUDA toolkit of {d.sdist.name}) was not given",
+            step=f"build {d.sdist.name} {d.sdist.version}",
+        )
+    home = cuda_home([build_wheels[p.sha256] for p in d.toolkit], work / "cuda")
+    # nvcc names its intermediate files tmpxft_<its PID>_..., and those names end up in the
+    # object (a static initializer's symbol): in the object's own folder they are named after it
+    return {
+        "CUDA_HOME": str(home),
+        "CUDA_PATH": str(home),
+        "TORCH_CUDA_ARCH_LIST": torch_arch_list(d.arch_list),
+        "NVCC_APPEND_FLAGS": "--objdir-as-tempdir",
+    }
+
+
+def _build_command(
+    d: Derivation, builder: Builder, work: Path, src: Path, toolkit_env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the build: a build environment at a fixed path (<work>/env)
+    holding exactly the pinned build requirements, and the backend run in it without another
+    isolation layer (uv's own isolated environment lives in a folder of a random name, which a
+    compiler writes into the objects' debug information: the include paths of torch's headers,
+    for a torch extension); in the sandbox where there is one."""
+    constraints = work / "build-constraints.txt"
+    constraints.write_text(
+        "".join(
+            f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n"
+            for p in sorted(d.build_requires, key=lambda p: p.name)
+        )
+    )
+    venv, sandbox = work / "env", builder.sandbox
+    tool = SANDBOX_UV if sandbox is not None else builder.uv
+    python = sandbox.python if sandbox else builder.python
+    in_venv = ["--python", str(venv / "bin" / "python")]
+    steps = [[tool, "venv", "--offline", "--python", python, str(venv)]]
+    if d.build_requires:
+        steps.append(
+            [tool, "pip", "install", "--offline", "--no-index", "--find-links"]
+            + [str(work / "wheels"), "--require-hashes", *in_venv, "-r", str(constraints)]
+        )
+    steps.append(
+        [tool, "build", "--wheel", "--no-build-isolation", "--offline", "--no-index", *in_venv]
+        + ["--out-dir", str(work / "out"), str(src)]
+    )
+    import shlex
+
+    argv = ["/bin/sh", "-ec", " && ".join(shlex.join(s) for s in steps)]
+    jobs = jobs_env(builder.jobs)
+    if sandbox is None:
+        env = build_env(work, d.epoch) | jobs | toolkit_env
+        if "CUDA_HOME" in toolkit_env:
+            env["PATH"] = f"{toolkit_env['CUDA_HOME']}/bin:{env.get('PATH', '')}"
+        return argv, env
+    path = (
+        f"{toolkit_env['CUDA_HOME']}/bin:{SANDBOX_PATH}"
+        if "CUDA_HOME" in toolkit_env
+        else SANDBOX_PATH
+    )
+    env = build_env(work, d.epoch, base={"PATH": path}) | jobs | toolkit_env | {"TMPDIR": "/tmp"}
+    return _sandboxed(argv, sandbox, work, src, env, builder.uv), env
+
+
+def _run_logged(
+    d: Derivation,
+    argv: list[str],
+    env: dict[str, str],
+    src: Path,
+    log: Path,
+    on_progress: Callable[[str], None] | None,
+) -> int:
+    """Run the build with its output in ``log`` (headed by what is built and how), each compile
+    step to ``on_progress`` as the log shows it. Returns its exit status."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        f.write(
+            f"# {d.sdist.name} {d.sdist.version} from {d.sdist.filename} (derivation {d.key})\n"
+            f"# {' '.join(argv)}\n"
+        )
+        f.flush()
+        start = f.tell()
+        # umask in the child only: builds run on several threads at once (``build_all``)
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, cwd=src, env=env, umask=0o022
+        )
+        _follow(proc, log, on_progress, start=start)
+    return proc.returncode
 
 
 def _entry(d: Derivation, cache_root: Path) -> Path:
