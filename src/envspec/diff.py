@@ -571,8 +571,25 @@ def _one_lines(d: LockDiff) -> list[str]:
     if d.identical:
         lines.append("the locks are identical: same image, nothing to rebuild")
         return lines
-
+    lines += _stack_lines(d)
+    for title, changes in (("Python wheels", d.wheels), ("Debian packages", d.debs)):
+        if changes:
+            lines += _package_lines(title, changes)
     headline = {p for _, p in _HEADLINE}
+    rest = [f for f in d.fields if f.path not in headline]
+    if rest:
+        lines += ["", "Other fields:"]
+        for f in rest:
+            lines.append(f"  {f.path}: {_fmt(f.old)} -> {_fmt(f.new)}")
+    lines += _layer_lines(d)
+    for note in d.notes:
+        lines.append(f"note: {note}")
+    return lines
+
+
+def _stack_lines(d: LockDiff) -> list[str]:
+    """The GPU stack and platform: the headline fields, the arch list, the target GPUs."""
+    lines: list[str] = []
     shown = False
     for label, path in _HEADLINE:
         f = d.field(path)
@@ -605,54 +622,57 @@ def _one_lines(d: LockDiff) -> list[str]:
         if d.gpus_removed:
             lines.append(f"  {'target GPUs removed:':<22}{', '.join(d.gpus_removed)}")
 
-    for title, changes in (("Python wheels", d.wheels), ("Debian packages", d.debs)):
-        if not changes:
+    return lines
+
+
+def _package_lines(title: str, changes: Sequence[PackageChange]) -> list[str]:
+    """The changes of one kind of package, counted, then a line each (Debian packages built for
+    another architecture at the same versions: one line)."""
+    lines: list[str] = []
+    counts = {
+        k: sum(1 for c in changes if c.change == k)
+        for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")
+    }
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    lines += ["", f"{title} ({summary}):"]
+    swapped = _arch_swaps(changes) if title == "Debian packages" else {}
+    for (was, now), names in swapped.items():  # one line, not a - and a + for each package
+        lines.append(
+            f"  = {len(names)} packages at the same versions, built for {now} instead of {was}"
+        )
+    moved = {n for names in swapped.values() for n in names}
+    for c in changes:
+        if c.name in moved and c.change in ("added", "removed"):
             continue
-        counts = {
-            k: sum(1 for c in changes if c.change == k)
-            for k in ("added", "removed", "upgraded", "downgraded", "rebuilt")
-        }
-        summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-        lines += ["", f"{title} ({summary}):"]
-        swapped = _arch_swaps(changes) if title == "Debian packages" else {}
-        for (was, now), names in swapped.items():  # one line, not a - and a + for each package
-            lines.append(
-                f"  = {len(names)} packages at the same versions, built for {now} instead of {was}"
-            )
-        moved = {n for names in swapped.values() for n in names}
-        for c in changes:
-            if c.name in moved and c.change in ("added", "removed"):
-                continue
-            mark = {
-                "added": "+",
-                "removed": "-",
-                "upgraded": "^",
-                "downgraded": "v",
-                "rebuilt": "~",
-            }[c.change]
-            if c.change == "added":
-                what = c.new
-            elif c.change == "removed":
-                what = c.old
-            elif c.change == "rebuilt":
-                what = (
-                    f"{c.new} ({c.source})"
-                    if c.source and c.source != "built from source"
-                    else f"{c.new} (same version, other file)"
-                )
-            else:
-                what = f"{c.old} -> {c.new}"
-            if c.source == "built from source" or (c.source and c.change != "rebuilt"):
-                what += f" ({c.source})"
-            where = f"  [{c.group}]" if c.group else ""
-            lines.append(f"  {mark} {c.name} {what}{where}")
+        lines.append(_change_line(c))
+    return lines
 
-    rest = [f for f in d.fields if f.path not in headline]
-    if rest:
-        lines += ["", "Other fields:"]
-        for f in rest:
-            lines.append(f"  {f.path}: {_fmt(f.old)} -> {_fmt(f.new)}")
 
+def _change_line(c: PackageChange) -> str:
+    mark = {"added": "+", "removed": "-", "upgraded": "^", "downgraded": "v", "rebuilt": "~"}[
+        c.change
+    ]
+    if c.change == "added":
+        what = c.new
+    elif c.change == "removed":
+        what = c.old
+    elif c.change == "rebuilt":
+        what = (
+            f"{c.new} ({c.source})"
+            if c.source and c.source != "built from source"
+            else f"{c.new} (same version, other file)"
+        )
+    else:
+        what = f"{c.old} -> {c.new}"
+    if c.source == "built from source" or (c.source and c.change != "rebuilt"):
+        what += f" ({c.source})"
+    where = f"  [{c.group}]" if c.group else ""
+    return f"  {mark} {c.name} {what}{where}"
+
+
+def _layer_lines(d: LockDiff) -> list[str]:
+    """The image's layers: unchanged, rebuilt (how many packages differ, what to push), new, gone."""
+    lines: list[str] = []
     if d.layers:
         src = "build plan" if d.layers_from == "plan" else "wheel groups, estimated"
         lines += ["", f"Image layers ({src}):"]
@@ -674,6 +694,4 @@ def _one_lines(d: LockDiff) -> list[str]:
                     f"{_short(lay.new_key) if lay.new_key else '-'}"
                 )
             lines.append(f"  {lay.group:<8} {what}" + (f": {'; '.join(extra)}" if extra else ""))
-    for note in d.notes:
-        lines.append(f"note: {note}")
     return lines

@@ -681,22 +681,10 @@ def _gpus(run: Runner) -> tuple[tuple[HostGpu, ...], str]:
     return tuple(gpus), ""
 
 
-def detect_host(
-    root: Path = Path("/"),
-    env: Mapping[str, str] | None = None,
-    run: Runner = run_command,
-    *,
-    ask: Collection[Ask] = ASK_ALL,
-    cwd: str | None = None,
-) -> Host:
-    """Look at this host once. ``root``: where /proc, /sys, /etc and /run are read (a fake tree in
-    tests); ``env``: the environment (PATH finds the tools; default ``os.environ``); ``run``: runs
-    the commands ``ask`` allows; ``cwd``: the directory ``envspec run`` mounts (default: this
-    process's). No container is started."""
-    env = dict(os.environ) if env is None else env
-    cwd = cwd or os.getcwd()
+def _tools(env: Mapping[str, str], run: Runner, ask: Collection[Ask]) -> dict[str, Tool]:
+    """The tools on PATH (containers-storage as ENVSPEC_CONTAINERS_STORAGE names it), the layer
+    import helper, and where ``ask`` allows the versions of those that have one."""
     path = env.get("PATH", os.defpath)
-
     tools: dict[str, Tool] = {}
     for name in TOOLS:
         exe = (
@@ -715,15 +703,38 @@ def detect_host(
                 rc, out, err = run([name, "--version"])
                 error = "" if rc == 0 else (err.strip()[:200] or f"exit status {rc}")
                 tools[name] = Tool(tools[name].path, out.strip(), error)
+    return tools
 
+
+def _identity(root: Path) -> tuple[int, bool]:
+    """(the effective uid, whether this process may raise its limits: CAP_SYS_RESOURCE) from
+    /proc/self/status (root alone has it where that cannot be read)."""
     status = _read(root, "/proc/self/status") or ""
     uids = _status_field(status, "Uid")
     euid = int(uids[1]) if len(uids) > 1 and uids[1].isdigit() else os.geteuid()
     cap = _status_field(status, "CapEff")
     try:
-        cap_sys_resource = bool(int(cap[0], 16) >> CAP_SYS_RESOURCE & 1) if cap else euid == 0
+        return euid, bool(int(cap[0], 16) >> CAP_SYS_RESOURCE & 1) if cap else euid == 0
     except ValueError:
-        cap_sys_resource = euid == 0
+        return euid, euid == 0
+
+
+def detect_host(
+    root: Path = Path("/"),
+    env: Mapping[str, str] | None = None,
+    run: Runner = run_command,
+    *,
+    ask: Collection[Ask] = ASK_ALL,
+    cwd: str | None = None,
+) -> Host:
+    """Look at this host once. ``root``: where /proc, /sys, /etc and /run are read (a fake tree in
+    tests); ``env``: the environment (PATH finds the tools; default ``os.environ``); ``run``: runs
+    the commands ``ask`` allows; ``cwd``: the directory ``envspec run`` mounts (default: this
+    process's). No container is started."""
+    env = dict(os.environ) if env is None else env
+    cwd = cwd or os.getcwd()
+    tools = _tools(env, run, ask)
+    euid, cap_sys_resource = _identity(root)
     user = env.get("USER", "")
     subuid = (
         bool(user)

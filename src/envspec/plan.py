@@ -170,84 +170,13 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
             "the lock cannot be built:\n" + "\n".join(f"  - {m}" for m in problems),
             hint="re-create it with `envspec lock`",
         )
-    platform, rt = lock.platform, lock.runtime
-    debs = tuple(
-        sorted(
-            lock.debian.packages if lock.debian else (),
-            key=lambda d: (d.name, d.version, d.architecture, d.filename),
-        )
-    )
+    platform = lock.platform
     pyc = (
         f"{BYTECODE_RECIPE} cpython-{platform.python_full}"
         if bytecode and platform.python_full
         else "none"
     )
-    layers = [
-        Layer(
-            group="base",
-            key=_key(
-                "base",
-                {
-                    "debs": [d.sha256 for d in debs],
-                    "venv": platform.venv,
-                    "python": platform.python,
-                    "python_full": platform.python_full,
-                    "arch": platform.arch,
-                    "user": rt.user,
-                    "uid": rt.uid,
-                    "workdir": rt.workdir,
-                    "pyc": pyc if debs else "none",
-                },
-            ),
-            debs=debs,
-        )
-    ]
-    for group in WHEEL_GROUPS:
-        pins = tuple(
-            sorted(
-                (w for w in lock.wheels if w.group == group and not w.built),
-                key=lambda w: (w.name, w.version, w.filename),
-            )
-        )
-        if pins:
-            layers.append(
-                Layer(
-                    group=group,
-                    key=_key(
-                        group,
-                        {
-                            "wheels": sorted(w.sha256 for w in pins),
-                            "venv": platform.venv,
-                            "python": platform.python,
-                            "arch": platform.arch,
-                            "pyc": pyc,
-                        },
-                    ),
-                    wheels=pins,
-                )
-            )
-    built = tuple(
-        sorted((w for w in lock.wheels if w.built), key=lambda w: (w.name, w.version, w.filename))
-    )
-    if (
-        built
-    ):  # named by what the wheels are built from (the derivations' keys), not the sdists alone
-        layers.append(
-            Layer(
-                group="source",
-                key=_key(
-                    "source",
-                    {
-                        "derivations": sorted(w.source.key for w in built if w.source is not None),
-                        "venv": platform.venv,
-                        "python": platform.python,
-                        "arch": platform.arch,
-                        "pyc": pyc,
-                    },
-                ),
-                wheels=built,
-            )
-        )
+    layers = [_base_layer(lock, pyc), *_wheel_layers(lock, pyc)]
     layers.append(
         Layer(
             group="envspec",
@@ -264,6 +193,72 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
         )
     )
     return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")
+
+
+def _base_layer(lock: Lockfile, pyc: str) -> Layer:
+    """The Debian root file system, the venv skeleton and the user: keyed by the .debs and what
+    the skeleton is made of."""
+    platform, rt = lock.platform, lock.runtime
+    debs = tuple(
+        sorted(
+            lock.debian.packages if lock.debian else (),
+            key=lambda d: (d.name, d.version, d.architecture, d.filename),
+        )
+    )
+    return Layer(
+        group="base",
+        key=_key(
+            "base",
+            {
+                "debs": [d.sha256 for d in debs],
+                "venv": platform.venv,
+                "python": platform.python,
+                "python_full": platform.python_full,
+                "arch": platform.arch,
+                "user": rt.user,
+                "uid": rt.uid,
+                "workdir": rt.workdir,
+                "pyc": pyc if debs else "none",
+            },
+        ),
+        debs=debs,
+    )
+
+
+def _wheel_layers(lock: Lockfile, pyc: str) -> list[Layer]:
+    """A layer per wheel group that has wheels, keyed by their sha256s; then the wheels built
+    from sdists, keyed by what they are built from (the derivations' keys), not the sdists alone."""
+    platform = lock.platform
+    where = {"venv": platform.venv, "python": platform.python, "arch": platform.arch, "pyc": pyc}
+    layers = []
+    for group in WHEEL_GROUPS:
+        pins = tuple(
+            sorted(
+                (w for w in lock.wheels if w.group == group and not w.built),
+                key=lambda w: (w.name, w.version, w.filename),
+            )
+        )
+        if pins:
+            layers.append(
+                Layer(
+                    group=group,
+                    key=_key(group, {"wheels": sorted(w.sha256 for w in pins), **where}),
+                    wheels=pins,
+                )
+            )
+    built = tuple(
+        sorted((w for w in lock.wheels if w.built), key=lambda w: (w.name, w.version, w.filename))
+    )
+    if built:
+        derivations = sorted(w.source.key for w in built if w.source is not None)
+        layers.append(
+            Layer(
+                group="source",
+                key=_key("source", {"derivations": derivations, **where}),
+                wheels=built,
+            )
+        )
+    return layers
 
 
 def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:

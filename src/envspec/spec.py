@@ -803,6 +803,18 @@ def _toml_type(v: Any) -> str:
 
 
 def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
+    """What no one table can check alone: keys that contradict each other, files the spec names."""
+    return [
+        *_package_checks(spec),
+        *_combination_checks(spec),
+        *_platform_checks(spec),
+        *_service_checks(spec, file),
+        *_base_and_torch_checks(spec),
+    ]
+
+
+def _package_checks(spec: EnvSpec) -> list[Problem]:
+    """[python].packages: torch and its family are [torch]'s, each package named once."""
     out: list[Problem] = []
     torch_names = {"torch"} | {
         requirement_name(r) for r in (spec.torch.packages if spec.torch else [])
@@ -838,6 +850,12 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
                 )
             )
         seen.setdefault(name, i)
+    return out
+
+
+def _combination_checks(spec: EnvSpec) -> list[Problem]:
+    """GPU targets without torch, a driver floor for a CPU build."""
+    out: list[Problem] = []
     if spec.torch is None and spec.target.gpus:
         out.append(
             spec.problem(
@@ -856,6 +874,12 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
                 reference="impossible-combination",
             )
         )
+    return out
+
+
+def _platform_checks(spec: EnvSpec) -> list[Problem]:
+    """[target].platforms: known names, each once."""
+    out: list[Problem] = []
     plats = spec.target.platforms
     dup = next((i for i, p in enumerate(plats) if p in plats[:i]), None)
     bad = next((i for i, p in enumerate(plats) if p not in PLATFORM_NAMES), None)
@@ -879,6 +903,12 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
                 reference="invalid-value",
             )
         )
+    return out
+
+
+def _service_checks(spec: EnvSpec, file: Path) -> list[Problem]:
+    """The services' ports apart, the authorized keys file there (relative to the spec)."""
+    out: list[Problem] = []
     j, s = spec.services.jupyter, spec.services.ssh
     if j and s and j.enabled and s.enabled and j.port == s.port:
         out.append(
@@ -905,6 +935,12 @@ def _cross_checks(spec: EnvSpec, file: Path) -> list[Problem]:
                     reference="missing-file",
                 )
             )
+    return out
+
+
+def _base_and_torch_checks(spec: EnvSpec) -> list[Problem]:
+    """Debian packages need a Debian base; [torch].version names a version."""
+    out: list[Problem] = []
     if spec.system.base == "none" and spec.system.packages:
         out.append(
             spec.problem(
