@@ -221,6 +221,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="full",
         help="envspec verify's level (default full: GEMM and the NCCL all-reduce across the nodes)",
     )
+    _add_job_flags(p)
+    p.add_argument(
+        "--lock",
+        default="",
+        metavar="LOCK",
+        help="the image's lockfile: its NCCL settings and shm size go into the job",
+    )
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout"
+    )
+    p.add_argument(
+        "verify_args",
+        nargs="*",
+        metavar="-- VERIFY-ARGS",
+        help="more arguments for `envspec verify` (after --)",
+    )
+    return p
+
+
+def _add_job_flags(p: argparse.ArgumentParser) -> None:
+    """How the job is named and run: its name, namespace, rendezvous port, partition, time
+    limit, /dev/shm, and how Slurm starts the image."""
     p.add_argument(
         "--job-name", default="envspec-verify", help="the job's name (default envspec-verify)"
     )
@@ -247,22 +269,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Slurm: how each task starts the image: pyxis (srun --container-image, the default), "
         "podman (srun podman run), none (the node's envspec against --lock)",
     )
-    p.add_argument(
-        "--lock",
-        default="",
-        metavar="LOCK",
-        help="the image's lockfile: its NCCL settings and shm size go into the job",
-    )
-    p.add_argument(
-        "-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout"
-    )
-    p.add_argument(
-        "verify_args",
-        nargs="*",
-        metavar="-- VERIFY-ARGS",
-        help="more arguments for `envspec verify` (after --)",
-    )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -548,6 +548,30 @@ def add_build(sub: Subparsers) -> None:
         metavar="oci:DIR|oci-archive:FILE|docker-archive:FILE",
         help="also write the image here (repeatable)",
     )
+    _add_registry_flags(s)
+    _add_cache_flags(s)
+    s.add_argument(
+        "--locked", action="store_true", help="refuse to build when the lock is missing or stale"
+    )
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
+        "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
+        "lockfile written (a missing or stale lock is made in a temporary folder)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help=JSON_HELP + "; with the build's phases and each layer's source",
+    )
+    s.add_argument("-q", "--quiet", action="store_true", help="print only the digest")
+    s.set_defaults(func=cmd_build)
+
+
+def _add_registry_flags(s: argparse.ArgumentParser) -> None:
+    """--push and what goes with it: compression, signing, the digest check, the registry's
+    credentials and TLS."""
     s.add_argument("--push", metavar="REF", help="push to a registry, keeping the digest")
     s.add_argument(
         "--compression",
@@ -584,6 +608,10 @@ def add_build(sub: Subparsers) -> None:
         help="verify the registry's TLS certificate (default: yes, except for a loopback registry "
         "without --cert-dir)",
     )
+
+
+def _add_cache_flags(s: argparse.ArgumentParser) -> None:
+    """The registry layer cache, and --no-cache."""
     s.add_argument(
         "--cache-from",
         metavar="REF",
@@ -601,20 +629,3 @@ def add_build(sub: Subparsers) -> None:
         action="store_true",
         help="rebuild every layer (no local or registry cache is read)",
     )
-    s.add_argument(
-        "--locked", action="store_true", help="refuse to build when the lock is missing or stale"
-    )
-    s.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="say what a build would do (the layers, cached or not, what would be fetched, the engine "
-        "steps; --json: the whole plan with each layer's pins) and do nothing: no image, no "
-        "lockfile written (a missing or stale lock is made in a temporary folder)",
-    )
-    s.add_argument(
-        "--json",
-        action="store_true",
-        help=JSON_HELP + "; with the build's phases and each layer's source",
-    )
-    s.add_argument("-q", "--quiet", action="store_true", help="print only the digest")
-    s.set_defaults(func=cmd_build)

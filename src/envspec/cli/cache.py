@@ -16,7 +16,7 @@ from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_js
 from envspec.errors import EXIT_OK, EnvspecError
 
 if TYPE_CHECKING:
-    from envspec.cache.gc import Needed
+    from envspec.cache.gc import GcPlan, Needed
     from envspec.cache.store import Cache
 
 
@@ -71,7 +71,6 @@ def _needed(paths: list[Path]) -> tuple[Needed, list[str]]:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from envspec.cache import gc as cachegc
     from envspec.cache.dirs import cache_dir_for
     from envspec.cache.store import Cache
 
@@ -79,30 +78,44 @@ def cmd_cache(args: argparse.Namespace) -> int:
     if args.cache_cmd == "compress":
         return _cache_compress(args, cache)
     if args.cache_cmd != "gc":
-        entries = cachegc.scan(cache)
-        info = cachegc.summary(cache, entries)
-        if args.json:
-            print_json(info | {"entries": [e.to_json() for e in entries]})
-            return EXIT_OK
-        con = console()
-        con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
-        for kind, row in info["kinds"].items():
-            con.print(
-                f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}",
-                markup=False,
-            )
-        for name, size in info["other"].items():
-            con.print(
-                f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False
-            )
-        for e in (e for e in entries if e.kind == "layer"):
-            tar = any(q.name == f"{e.name}.tar" for q in e.paths)
-            con.print(
-                f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
-                + ("" if tar else "  (its compressed blob only: the layer was removed)"),
-                markup=False,
-            )
+        return _cache_show(args, cache)
+    return _cache_gc(args, cache)
+
+
+def _cache_show(args: argparse.Namespace, cache: Cache) -> int:
+    """`envspec cache`: what the cache holds, by kind, and each layer."""
+    from envspec.cache import gc as cachegc
+
+    entries = cachegc.scan(cache)
+    info = cachegc.summary(cache, entries)
+    if args.json:
+        print_json(info | {"entries": [e.to_json() for e in entries]})
         return EXIT_OK
+    con = console()
+    con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
+    for kind, row in info["kinds"].items():
+        con.print(
+            f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}",
+            markup=False,
+        )
+    for name, size in info["other"].items():
+        con.print(
+            f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False
+        )
+    for e in (e for e in entries if e.kind == "layer"):
+        tar = any(q.name == f"{e.name}.tar" for q in e.paths)
+        con.print(
+            f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
+            + ("" if tar else "  (its compressed blob only: the layer was removed)"),
+            markup=False,
+        )
+    return EXIT_OK
+
+
+def _cache_gc(args: argparse.Namespace, cache: Cache) -> int:
+    """`envspec cache gc`: what no lock needs removed (the locks named, else the repository's)."""
+    from envspec.cache import gc as cachegc
+
     if args.locks:
         paths = [Path(p) for p in args.locks]
         from envspec import lock as lockmod
@@ -144,7 +157,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
             | plan.to_json()
         )
         return EXIT_OK
-    con = console()
+    _say_collected(args, plan, len(paths), keep_size)
+    return EXIT_OK
+
+
+def _say_collected(
+    args: argparse.Namespace, plan: GcPlan, locks: int, keep_size: int | None
+) -> None:
+    """What `cache gc` removed (or would), and what it kept and why."""
+    from envspec.cache import gc as cachegc
+
+    con, err = console(), console(stderr=True)
     verb = "would remove" if args.dry_run else "removed"
     for e in plan.remove:
         con.print(
@@ -158,7 +181,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     kept = plan.to_json()["kept"]
     con.print(
         f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
-        f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {len(paths)} locks, "
+        f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {locks} locks, "
         f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
         + (
             f", {kept['budget']} within --keep-size {args.keep_size}"
@@ -173,7 +196,6 @@ def cmd_cache(args: argparse.Namespace) -> int:
             f"{cachegc.human(plan.over_budget)}; it is kept",
             markup=False,
         )
-    return EXIT_OK
 
 
 def add_cache(sub: Subparsers) -> None:

@@ -15,88 +15,17 @@ from envspec.cli.common import Subparsers, command, console, print_json
 from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_SOURCE
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from envspec.compat.model import CompatDB
+    from envspec.compat.pypi import RefreshReport
 
 
 def cmd_db(args: argparse.Namespace) -> int:
     from envspec.compat import load_db
 
     if args.db_cmd == "refresh":
-        from envspec.compat import DATA_DIR, refresh
-
-        report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
-        # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
-        # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
-        code = (
-            EXIT_SOURCE
-            if report.source_errors
-            else EXIT_CHECK_FAILED
-            if report.problems or report.needs_review or report.platform_review
-            else EXIT_OK
-        )
-        if args.json:
-            print_json(report.to_json())
-            return code
-        con = console()
-        n = len(report.releases)
-        counts = ", ".join(
-            f"{len(names)} {what}"
-            for what, names in (
-                ("added", report.added),
-                ("changed", report.changed),
-                ("unchanged", report.unchanged),
-                ("kept", report.kept),
-                ("removed", report.removed),
-            )
-        )
-        con.print(
-            f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
-            f"{n} release{'s' if n != 1 else ''} ({counts})",
-            markup=False,
-        )
-        for what, names in (
-            ("added", report.added),
-            ("changed", report.changed),
-            ("removed", report.removed),
-        ):
-            if names:
-                con.print(f"  {what}: {', '.join(names)}", markup=False)
-        if report.problems:
-            err = console(stderr=True)
-            for problem in report.problems:
-                err.print(f"problem: {problem}", markup=False)
-            err.print(
-                "hint: "
-                + (
-                    "an index did not answer: check the network and run it again; "
-                    if report.source_errors
-                    else ""
-                )
-                + "a release that could not be read keeps its old row, if the file had one",
-                markup=False,
-            )
-        for review, hint in (
-            (
-                report.needs_review,
-                "these releases were written with what their metadata says and "
-                "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
-                "(docs/compat-db.md, Refreshing)",
-            ),
-            (
-                report.platform_review,
-                "these releases resolve on linux-x86_64; on linux-aarch64 the "
-                'resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, "The '
-                "platform's torch build\")",
-            ),
-        ):
-            if not review:
-                continue
-            err = console(stderr=True)
-            for version, items in review.items():
-                for item in items:
-                    err.print(f"needs review: torch {version}: {item}", markup=False)
-            err.print("hint: " + hint, markup=False)
-        return code
+        return _refresh(args)
     db = load_db(
         validate=True
     )  # the db commands check the data files whatever the cache of checked DBs holds
@@ -118,6 +47,97 @@ def cmd_db(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refresh(args: argparse.Namespace) -> int:
+    """`envspec db refresh`: torch_pypi.toml regenerated from PyPI; what changed, the problems
+    met and the releases that need review."""
+    from envspec.compat import DATA_DIR, refresh
+
+    report = refresh(Path(args.output) if args.output else DATA_DIR / "torch_pypi.toml")
+    # 3: an index did not answer for some release; 1: releases could not be read (README, errors.py)
+    # a release that needs review (a CUDA the DB does not know, no arch list) is written, but fails the run
+    code = (
+        EXIT_SOURCE
+        if report.source_errors
+        else EXIT_CHECK_FAILED
+        if report.problems or report.needs_review or report.platform_review
+        else EXIT_OK
+    )
+    if args.json:
+        print_json(report.to_json())
+        return code
+    con = console()
+    n = len(report.releases)
+    counts = ", ".join(
+        f"{len(names)} {what}"
+        for what, names in (
+            ("added", report.added),
+            ("changed", report.changed),
+            ("unchanged", report.unchanged),
+            ("kept", report.kept),
+            ("removed", report.removed),
+        )
+    )
+    con.print(
+        f"{'wrote' if report.written else 'did not write'} {report.out_path}: "
+        f"{n} release{'s' if n != 1 else ''} ({counts})",
+        markup=False,
+    )
+    for what, names in (
+        ("added", report.added),
+        ("changed", report.changed),
+        ("removed", report.removed),
+    ):
+        if names:
+            con.print(f"  {what}: {', '.join(names)}", markup=False)
+    _say_problems(report)
+    _say_reviews(report)
+    return code
+
+
+def _say_problems(report: RefreshReport) -> None:
+    """The releases that could not be read, and what to do."""
+    if not report.problems:
+        return
+    err = console(stderr=True)
+    for problem in report.problems:
+        err.print(f"problem: {problem}", markup=False)
+    err.print(
+        "hint: "
+        + (
+            "an index did not answer: check the network and run it again; "
+            if report.source_errors
+            else ""
+        )
+        + "a release that could not be read keeps its old row, if the file had one",
+        markup=False,
+    )
+
+
+def _say_reviews(report: RefreshReport) -> None:
+    """The releases written that need review before they resolve, and what is missing."""
+    for review, hint in (
+        (
+            report.needs_review,
+            "these releases were written with what their metadata says and "
+            "are left out of resolution until cuda.toml / torch_variants.toml have the missing rows "
+            "(docs/compat-db.md, Refreshing)",
+        ),
+        (
+            report.platform_review,
+            "these releases resolve on linux-x86_64; on linux-aarch64 the "
+            'resolver goes by compat/data/torch_platforms.toml, curated (docs/compat-db.md, "The '
+            "platform's torch build\")",
+        ),
+    ):
+        if not review:
+            continue
+        err = console(stderr=True)
+        for version, items in review.items():
+            for item in items:
+                err.print(f"needs review: torch {version}: {item}", markup=False)
+        err.print("hint: " + hint, markup=False)
+
+
 def _show(db: CompatDB) -> None:
     """The DB as tables: a row per build of each torch release (its CUDA, cuDNN, NCCL, driver
     floors, arch list), a row per GPU family (compute capability, architecture, driver branches),
@@ -126,17 +146,26 @@ def _show(db: CompatDB) -> None:
     that grep finds a whole entry."""
     import sys
 
-    from rich.box import SIMPLE_HEAD
-    from rich.table import Table
-
     from envspec.compat.load import LINES
-    from envspec.resolve import driver_floor
 
     tty = sys.stdout.isatty()
     con = console()
     if not tty:
         con.width = 100_000  # a line per row: no wrapping where no person reads the width
     con.print(f"compatibility DB {db.version} ({db.date})", markup=False)
+    con.print(_releases_table(db, tty))
+    con.print(_families_table(db, tty))
+    for line, title in LINES.items():
+        con.print(_gpus_table(db, line, title, tty))
+
+
+def _releases_table(db: CompatDB, tty: bool) -> Table:
+    """A row per build of each torch release (its CUDA, cuDNN, NCCL, driver floors, arch list)."""
+    from rich.box import SIMPLE_HEAD
+    from rich.table import Table
+
+    from envspec.resolve import driver_floor
+
     t = Table(
         "torch",
         "build",
@@ -167,7 +196,14 @@ def _show(db: CompatDB) -> None:
                 floors,
                 " ".join(v.arch_list) or "-",
             )
-    con.print(t)
+    return t
+
+
+def _families_table(db: CompatDB, tty: bool) -> Table:
+    """A row per GPU family: compute capability, architecture, chips, driver branches."""
+    from rich.box import SIMPLE_HEAD
+    from rich.table import Table
+
     f = Table(
         "cc",
         "architecture",
@@ -186,41 +222,48 @@ def _show(db: CompatDB) -> None:
             f"R{x.min_driver}" if x.min_driver else "(Jetson Linux's)",
             f"R{x.max_driver}" if x.max_driver else "-",
         )
-    con.print(f)
-    for line, title in LINES.items():
-        g = Table(
-            "GPU",
-            "aliases",
-            "cc",
-            "architecture",
-            "first driver",
-            "last driver",
-            "hosts",
-            "memory GiB",
-            "bf16 TFLOPS",
-            "tf32 TFLOPS",
-            "GB/s",
-            title=f"GPUs, {title} (the names \\[target].gpus takes: the name or an alias)",
-            box=SIMPLE_HEAD if tty else None,
-            title_justify="left",
+    return f
+
+
+def _gpus_table(db: CompatDB, line: str, title: str, tty: bool) -> Table:
+    """A row per GPU of one product line: aliases, compute capability, architecture, driver
+    branches, host CPUs, rates."""
+    from rich.box import SIMPLE_HEAD
+    from rich.table import Table
+
+    g = Table(
+        "GPU",
+        "aliases",
+        "cc",
+        "architecture",
+        "first driver",
+        "last driver",
+        "hosts",
+        "memory GiB",
+        "bf16 TFLOPS",
+        "tf32 TFLOPS",
+        "GB/s",
+        title=f"GPUs, {title} (the names \\[target].gpus takes: the name or an alias)",
+        box=SIMPLE_HEAD if tty else None,
+        title_justify="left",
+    )
+    for gx in db.gpus:
+        if gx.line != line:
+            continue
+        g.add_row(
+            gx.name,
+            ", ".join(gx.aliases) or "-",
+            gx.cc,
+            gx.architecture,
+            f"R{gx.min_driver}" if gx.min_driver else "-",
+            f"R{gx.max_driver}" if gx.max_driver else "-",
+            " ".join(gx.host_arch) or "-",
+            _n(gx.memory_gib),
+            _n(gx.bf16_tflops),
+            _n(gx.tf32_tflops),
+            _n(gx.mem_bw_gbs),
         )
-        for gx in db.gpus:
-            if gx.line != line:
-                continue
-            g.add_row(
-                gx.name,
-                ", ".join(gx.aliases) or "-",
-                gx.cc,
-                gx.architecture,
-                f"R{gx.min_driver}" if gx.min_driver else "-",
-                f"R{gx.max_driver}" if gx.max_driver else "-",
-                " ".join(gx.host_arch) or "-",
-                _n(gx.memory_gib),
-                _n(gx.bf16_tflops),
-                _n(gx.tf32_tflops),
-                _n(gx.mem_bw_gbs),
-            )
-        con.print(g)
+    return g
 
 
 def _n(v: float | None) -> str:

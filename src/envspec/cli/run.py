@@ -11,16 +11,19 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
 from envspec.errors import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from envspec.run import RunCommand, RunOptions
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from envspec.host import ASK_DOCKER, ASK_NONE, detect_host
     from envspec.run import (
         ENGINE_FAILED,
-        RunOptions,
         attached,
         check_docker_image,
         check_engine_ready,
@@ -32,31 +35,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
     cmd = list(args.cmd or [])
-    ports: dict[int, int] = {}
-    for p in args.port or []:
-        outside, _, inside = p.partition(":")
-        if not (outside.isdigit() and inside.isdigit()):
-            raise UsageError(f"--port {p!r} is not HOST:CONTAINER", hint="e.g. --port 18888:8888")
-        ports[int(inside)] = int(outside)
+    ports = _ports(args.port or [])
     runnable = resolve_runnable(args.target)
     host = detect_host(ask=ASK_NONE)  # file checks only: --print stays fast
-    command = plan_run(
-        runnable,
-        cmd,
-        host=host,
-        options=RunOptions(
-            engine=args.engine,
-            bind=args.bind,
-            detach=args.detach,
-            name=args.name,
-            mount_cwd=not args.no_mount,
-            gpus=not args.no_gpu,
-            host_ports=ports,
-            image=args.image,
-            emulate=args.emulate,
-            platform=args.platform,
-        ),
-    )
+    command = plan_run(runnable, cmd, host=host, options=_options(args, ports))
     if command.emulated_cpu:  # the command mounts it (also the one --print shows)
         from envspec.host import write_emulated_cpu_dir
 
@@ -68,19 +50,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.print:
         sys.stdout.write("\n".join(run_lines(command)) + "\n")
         return EXIT_OK
-    con = console(stderr=True)
     if command.engine == "docker":
         check_engine_ready(detect_host(ask=ASK_DOCKER), "docker")
         check_docker_image(command)  # the image is there: the hint how to load it is no warning now
     elif runnable.lock is not None and not args.image:
         check_podman_image(command, source=str(args.target))
-    for w in command.warnings:
-        if w != command.load_hint:
-            con.print(f"warning: {w}", markup=False)
-    for n in command.notes:
-        con.print(f"note: {n}", markup=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _say_before(command)
     argv, remove = attached(command, f"{os.getpid()}-{os.urandom(3).hex()}")
     try:
         rc = _run_foreground(argv)
@@ -94,6 +69,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     if rc == ENGINE_FAILED:
         raise start_failed(command, rc)
     return rc
+
+
+def _options(args: argparse.Namespace, ports: dict[int, int]) -> RunOptions:
+    from envspec.run import RunOptions
+
+    return RunOptions(
+        engine=args.engine,
+        bind=args.bind,
+        detach=args.detach,
+        name=args.name,
+        mount_cwd=not args.no_mount,
+        gpus=not args.no_gpu,
+        host_ports=ports,
+        image=args.image,
+        emulate=args.emulate,
+        platform=args.platform,
+    )
+
+
+def _ports(flags: list[str]) -> dict[int, int]:
+    """--port HOST:CONTAINER flags: the container's port -> the host's."""
+    ports: dict[int, int] = {}
+    for p in flags:
+        outside, _, inside = p.partition(":")
+        if not (outside.isdigit() and inside.isdigit()):
+            raise UsageError(f"--port {p!r} is not HOST:CONTAINER", hint="e.g. --port 18888:8888")
+        ports[int(inside)] = int(outside)
+    return ports
+
+
+def _say_before(command: RunCommand) -> None:
+    """The warnings and notes of the command (not the docker load hint: the image is there),
+    said before the container takes the terminal."""
+    con = console(stderr=True)
+    for w in command.warnings:
+        if w != command.load_hint:
+            con.print(f"warning: {w}", markup=False)
+    for n in command.notes:
+        con.print(f"note: {n}", markup=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _run_foreground(argv: list[str]) -> int:
