@@ -189,29 +189,7 @@ class _Run(startup.MachineChecks):
         torch, err = self.sys.torch()
         self.report.timings["torch.import"] = time.perf_counter() - t0
         if torch is None:
-            if self.torch_lock:
-                hint = "torch checks and GPU checks cannot run; install the locked torch (or run in the image)"
-                m = re.search(r"(lib[\w+.-]+\.so[\w.]*): cannot open shared object file", err)
-                if m:
-                    hint = (
-                        f"a system library torch links against is missing: {m.group(1)}. In an image, add the "
-                        "Debian package that ships it to the spec's system packages (libstdc++.so.6: libstdc++6; "
-                        "libgomp.so.1: libgomp1) and rebuild"
-                    )
-                self.add(
-                    "torch.import",
-                    FAIL,
-                    expected=f"torch {self.torch_lock.get('version', '')}",
-                    observed=f"import torch failed: {err}",
-                    hint=hint,
-                )
-            else:
-                self.add(
-                    "torch.import",
-                    SKIP,
-                    expected="no torch (the lock has no [torch])",
-                    observed=err,
-                )
+            self._torch_missing(err)
             return
         self.torch = torch
         self.tinfo = ti = torchprobe.torch_info(torch)
@@ -225,6 +203,49 @@ class _Run(startup.MachineChecks):
                 hint="torch is importable but the lock does not name it",
             )
             return
+        self._check_torch_build(ti, tl)
+        if not ti["cuda"]:
+            return
+        self._check_torch_libs(ti, tl)
+        self.check_arch_list()
+        if not ti["cuda_available"] and self.driver is not None and self.driver.version:
+            self.add(
+                "torch.cuda_available",
+                FAIL,
+                expected="torch.cuda.is_available() is True",
+                observed=f"False with driver {self.driver.version}: {ti.get('cuda_error', '')}".strip(),
+                hint="torch cannot reach the GPU: check the driver floor, CUDA_VISIBLE_DEVICES and the device nodes",
+            )
+
+    def _torch_missing(self, err: str) -> None:
+        """torch does not import: a failure where the lock has torch (with the missing system
+        library where that is why), else a skip."""
+        if self.torch_lock:
+            hint = "torch checks and GPU checks cannot run; install the locked torch (or run in the image)"
+            m = re.search(r"(lib[\w+.-]+\.so[\w.]*): cannot open shared object file", err)
+            if m:
+                hint = (
+                    f"a system library torch links against is missing: {m.group(1)}. In an image, add the "
+                    "Debian package that ships it to the spec's system packages (libstdc++.so.6: libstdc++6; "
+                    "libgomp.so.1: libgomp1) and rebuild"
+                )
+            self.add(
+                "torch.import",
+                FAIL,
+                expected=f"torch {self.torch_lock.get('version', '')}",
+                observed=f"import torch failed: {err}",
+                hint=hint,
+            )
+        else:
+            self.add(
+                "torch.import",
+                SKIP,
+                expected="no torch (the lock has no [torch])",
+                observed=err,
+            )
+
+    def _check_torch_build(self, ti: dict[str, Any], tl: dict[str, Any]) -> None:
+        """The torch imported is the locked release and build (its CUDA)."""
         exp = tl.get("version", "") + (f"+{tl['local']}" if tl.get("local") else "")
         ok = ti["version"] == tl.get("version") and (
             not tl.get("local") or ti["local"] == tl.get("local")
@@ -254,8 +275,9 @@ class _Run(startup.MachineChecks):
                 expected=want_cuda or "none (CPU build)",
                 observed=ti["cuda"] or "none (CPU build)",
             )
-        if not ti["cuda"]:
-            return
+
+    def _check_torch_libs(self, ti: dict[str, Any], tl: dict[str, Any]) -> None:
+        """cuDNN and NCCL as this process loaded them, against the lock's."""
         for key, label in (
             ("cudnn", "torch.backends.cudnn.version()"),
             ("nccl", "torch.cuda.nccl.version()"),
@@ -278,15 +300,6 @@ class _Run(startup.MachineChecks):
                     f"{want}: another copy on the library path or a second wheel shipping the "
                     f"same file; see libs.{key}"
                 ),
-            )
-        self.check_arch_list()
-        if not ti["cuda_available"] and self.driver is not None and self.driver.version:
-            self.add(
-                "torch.cuda_available",
-                FAIL,
-                expected="torch.cuda.is_available() is True",
-                observed=f"False with driver {self.driver.version}: {ti.get('cuda_error', '')}".strip(),
-                hint="torch cannot reach the GPU: check the driver floor, CUDA_VISIBLE_DEVICES and the device nodes",
             )
 
     def _skip_gpu_checks(self) -> None:

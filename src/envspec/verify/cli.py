@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "environment, /dev/shm), mode from $ENVSPEC_VERIFY=off|warn|strict",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show every hint and tracebacks")
+    _add_cluster_flags(p)
+    return p
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a run across nodes (torchrun's rendezvous)."""
     g = p.add_argument_group("across nodes (re-launches under torchrun unless already under it)")
     g.add_argument(
         "--nnodes", type=int, metavar="N", help="number of nodes; every node runs the same command"
@@ -122,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="the static rendezvous's port on --master-addr (default 29500)",
     )
-    return p
 
 
 def _print(text: str, stream: TextIO | None = None) -> None:

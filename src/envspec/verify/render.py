@@ -59,11 +59,10 @@ def prometheus(report: Report, now: float | None = None) -> str:
     lock = _label(report.lock_name)
     h = _label(report.lock_hash)
     base = f'lock="{lock}",lock_hash="{h}",level="{report.level}"'
-    out = []
+    out: list[str] = []
 
     def fam(name: str, help_: str) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} gauge")
+        out.extend(_family(name, help_))
 
     fam(
         "envspec_verify_ok",
@@ -85,6 +84,36 @@ def prometheus(report: Report, now: float | None = None) -> str:
         per_check[(f.check, f.status)] = per_check.get((f.check, f.status), 0) + 1
     for (check, status), n in per_check.items():
         out.append(f'envspec_verify_check{{{base},check="{_label(check)}",status="{status}"}} {n}')
+    out += _perf_gauges(report, base)
+    out += _health_gauges(report, base)
+    xid = [f for f in report.findings if f.check == "health.xid" and "events" in f.data]
+    if xid:
+        fam("envspec_verify_xid_events", "XID events in the kernel log since boot")
+        out.append(f"envspec_verify_xid_events{{{base}}} {int(xid[0].data['events'])}")
+    ar = [f for f in report.findings if f.check.endswith("allreduce") and f.data.get("sizes")]
+    if ar:
+        fam("envspec_verify_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth by message size")
+        for f in ar:
+            scope = "cluster" if "cluster" in f.check else "node"
+            for s in f.data["sizes"]:
+                out.append(
+                    f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
+                    f"{s['busbw_gbps']:.2f}"
+                )
+    return "\n".join(out) + "\n"
+
+
+def _family(name: str, help_: str) -> list[str]:
+    return [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+
+
+def _perf_gauges(report: Report, base: str) -> list[str]:
+    """The GEMM rates and the host<->GPU copy rates, per GPU."""
+    out: list[str] = []
+
+    def fam(name: str, help_: str) -> None:
+        out.extend(_family(name, help_))
+
     gemm = [f for f in report.findings if f.check.startswith("perf.") and "tflops" in f.data]
     if gemm:
         fam("envspec_verify_gemm_tflops", "measured dense GEMM rate (8192^3) per GPU and kind")
@@ -104,6 +133,12 @@ def prometheus(report: Report, now: float | None = None) -> str:
             out.append(
                 f'envspec_verify_copy_gbps{{{base},gpu="{gpu}",direction="{way}"}} {f.data["gbps"]:.2f}'
             )
+    return out
+
+
+def _health_gauges(report: Report, base: str) -> list[str]:
+    """Each GPU's health numbers: uncorrected ECC, pending row remaps, throttle reasons, NVLinks."""
+    out: list[str] = []
     numbers = (
         (
             "ecc",
@@ -134,24 +169,10 @@ def prometheus(report: Report, now: float | None = None) -> str:
             and key in f.data
         ]
         if rows:
-            fam(name, help_)
+            out.extend(_family(name, help_))
             for f in rows:
                 out.append(f'{name}{{{base},gpu="{f.check.split(".")[2]}"}} {int(f.data[key])}')
-    xid = [f for f in report.findings if f.check == "health.xid" and "events" in f.data]
-    if xid:
-        fam("envspec_verify_xid_events", "XID events in the kernel log since boot")
-        out.append(f"envspec_verify_xid_events{{{base}}} {int(xid[0].data['events'])}")
-    ar = [f for f in report.findings if f.check.endswith("allreduce") and f.data.get("sizes")]
-    if ar:
-        fam("envspec_verify_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth by message size")
-        for f in ar:
-            scope = "cluster" if "cluster" in f.check else "node"
-            for s in f.data["sizes"]:
-                out.append(
-                    f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
-                    f"{s['busbw_gbps']:.2f}"
-                )
-    return "\n".join(out) + "\n"
+    return out
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:

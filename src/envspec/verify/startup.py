@@ -422,7 +422,6 @@ class MachineChecks:
             )
 
     def check_container(self) -> None:
-        env = self.sys.env
         nodes = self.sys.device_nodes()
         driver_loaded = self.sys.driver_loaded()
         inside = self.sys.in_container()
@@ -434,70 +433,83 @@ class MachineChecks:
                 observed="no NVIDIA kernel driver on this machine: no GPU to pass through, not checked",
             )
         elif inside and self.expects_gpu:
-            vis = env.get("NVIDIA_VISIBLE_DEVICES")
-            caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
-            if vis in (None, "", "void", "none"):
-                self.add(
-                    "container.nvidia_visible_devices",
-                    WARN,
-                    expected="NVIDIA_VISIBLE_DEVICES=all (or GPU ids)",
-                    observed=f"NVIDIA_VISIBLE_DEVICES={vis}" if vis is not None else "unset",
-                    hint="with the NVIDIA container toolkit's legacy hook no GPU is injected; "
-                    "envspec images set it to all; pass --gpus all or a CDI device",
-                )
-            elif caps and not (
-                {"compute", "utility"} <= set(caps.split(",")) or "all" in caps.split(",")
-            ):
-                self.add(
-                    "container.nvidia_driver_capabilities",
-                    WARN,
-                    expected="compute,utility (or all)",
-                    observed=caps,
-                    hint="without 'compute' the CUDA driver library is not mounted; "
-                    "without 'utility' nvidia-smi and NVML are missing",
-                )
-            else:
-                self.add(
-                    "container.nvidia_env",
-                    PASS,
-                    expected="NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES",
-                    observed=f"NVIDIA_VISIBLE_DEVICES={vis} NVIDIA_DRIVER_CAPABILITIES={caps or '(default)'}",
-                )
+            self._check_nvidia_env()
         if self.expects_gpu and (driver_loaded or nodes):
-            gpu_nodes = [n for n in nodes if n[len("nvidia") :].isdigit()]
-            if not nodes and driver_loaded:
+            self._check_devices(nodes, driver_loaded)
+        self._check_shm()
+
+    def _check_nvidia_env(self) -> None:
+        """The NVIDIA container toolkit's variables: GPUs made visible, compute and utility."""
+        env = self.sys.env
+        vis = env.get("NVIDIA_VISIBLE_DEVICES")
+        caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
+        if vis in (None, "", "void", "none"):
+            self.add(
+                "container.nvidia_visible_devices",
+                WARN,
+                expected="NVIDIA_VISIBLE_DEVICES=all (or GPU ids)",
+                observed=f"NVIDIA_VISIBLE_DEVICES={vis}" if vis is not None else "unset",
+                hint="with the NVIDIA container toolkit's legacy hook no GPU is injected; "
+                "envspec images set it to all; pass --gpus all or a CDI device",
+            )
+        elif caps and not (
+            {"compute", "utility"} <= set(caps.split(",")) or "all" in caps.split(",")
+        ):
+            self.add(
+                "container.nvidia_driver_capabilities",
+                WARN,
+                expected="compute,utility (or all)",
+                observed=caps,
+                hint="without 'compute' the CUDA driver library is not mounted; "
+                "without 'utility' nvidia-smi and NVML are missing",
+            )
+        else:
+            self.add(
+                "container.nvidia_env",
+                PASS,
+                expected="NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES",
+                observed=f"NVIDIA_VISIBLE_DEVICES={vis} NVIDIA_DRIVER_CAPABILITIES={caps or '(default)'}",
+            )
+
+    def _check_devices(self, nodes: list[str], driver_loaded: bool) -> None:
+        """/dev/nvidiactl, /dev/nvidia-uvm and a node per GPU passed to the container."""
+        gpu_nodes = [n for n in nodes if n[len("nvidia") :].isdigit()]
+        if not nodes and driver_loaded:
+            self.add(
+                "container.devices",
+                FAIL,
+                expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
+                observed="the kernel driver is loaded but no /dev/nvidia* node is present",
+                hint="the container was started without GPUs: podman/docker --gpus all, "
+                "or --device nvidia.com/gpu=all (CDI)",
+            )
+        elif nodes:
+            missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in nodes]
+            if not missing and "nvidia-uvm-tools" not in nodes:
                 self.add(
-                    "container.devices",
-                    FAIL,
-                    expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
-                    observed="the kernel driver is loaded but no /dev/nvidia* node is present",
-                    hint="the container was started without GPUs: podman/docker --gpus all, "
-                    "or --device nvidia.com/gpu=all (CDI)",
+                    "container.devices.uvm_tools",
+                    WARN,
+                    expected="/dev/nvidia-uvm-tools",
+                    observed="absent: CUDA runs, but profilers (Nsight Systems, CUPTI, DCGM's profiling "
+                    "metrics) cannot attach",
+                    hint="pass it to the container (--device /dev/nvidia-uvm-tools; the toolkit's CDI "
+                    "spec lists it), or create it on the host (nvidia-modprobe -u -c=0)",
                 )
-            elif nodes:
-                missing = [n for n in ("nvidiactl", "nvidia-uvm") if n not in nodes]
-                if not missing and "nvidia-uvm-tools" not in nodes:
-                    self.add(
-                        "container.devices.uvm_tools",
-                        WARN,
-                        expected="/dev/nvidia-uvm-tools",
-                        observed="absent: CUDA runs, but profilers (Nsight Systems, CUPTI, DCGM's profiling "
-                        "metrics) cannot attach",
-                        hint="pass it to the container (--device /dev/nvidia-uvm-tools; the toolkit's CDI "
-                        "spec lists it), or create it on the host (nvidia-modprobe -u -c=0)",
-                    )
-                self.add(
-                    "container.devices",
-                    FAIL if missing else PASS,
-                    expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
-                    observed=f"{len(gpu_nodes)} GPU node(s); "
-                    + ", ".join(f"/dev/{n}" for n in nodes[:6])
-                    + (f" (missing {', '.join(missing)})" if missing else ""),
-                    hint="CUDA needs nvidia-uvm for managed memory and nvidiactl for any context; "
-                    "load the nvidia-uvm module (nvidia-modprobe -u -c=0)"
-                    if missing
-                    else "",
-                )
+            self.add(
+                "container.devices",
+                FAIL if missing else PASS,
+                expected="/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia<N>",
+                observed=f"{len(gpu_nodes)} GPU node(s); "
+                + ", ".join(f"/dev/{n}" for n in nodes[:6])
+                + (f" (missing {', '.join(missing)})" if missing else ""),
+                hint="CUDA needs nvidia-uvm for managed memory and nvidiactl for any context; "
+                "load the nvidia-uvm module (nvidia-modprobe -u -c=0)"
+                if missing
+                else "",
+            )
+
+    def _check_shm(self) -> None:
+        """/dev/shm at least [runtime].shm_size."""
         want = self.runtime.get("shm_size")
         have = self.sys.shm_bytes()
         if want:
