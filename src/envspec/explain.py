@@ -32,7 +32,7 @@ from envspec.errors import ResolutionImpossible
 if TYPE_CHECKING:
     from markupsafe import Markup
 
-    from envspec.compat.model import CompatDB, Gpu
+    from envspec.compat.model import CompatDB, CudaToolkit, Gpu, Variant
     from envspec.lock import Lockfile
     from envspec.resolve import Choice, PassedOver
 
@@ -382,83 +382,86 @@ def db_matrix(db: CompatDB) -> dict[str, Any]:
     of the DB."""
     from packaging.version import Version
 
-    def floor(a: str, b: str) -> str:
-        return a if not b or Version(a) >= Version(b) else b
+    from envspec.compat.load import LINES
 
-    gpus = []
-    for i, g in enumerate(db.gpus):
-        gpus.append(
-            {
-                "id": f"g{i}",
-                "name": g.name,
-                "short": g.short,
-                "cc": g.cc,
-                "min_driver": g.min_driver,
-                "max_driver": g.max_driver,
-                "line": g.line,
-                "architecture": g.architecture,
-                "host_arch": " ".join(g.host_arch),
-                "sources": [
-                    s
-                    for s in (
-                        g.source,
-                        g.min_driver_source,
-                        g.max_driver_source,
-                        g.driver_note,
-                        g.torch_note,
-                        g.host_arch_source,
-                    )
-                    if s
-                ],
-            }
-        )
+    gpus = [_gpu_column(i, g) for i, g in enumerate(db.gpus)]
     builds = []
     for rel in sorted(db.torch_releases, key=lambda r: Version(r.version), reverse=True):
         for v in rel.variants.values():
-            if not v.cuda:
-                continue
-            tk = db.cuda_toolkit(v.cuda)
-            if tk is None:
-                continue
-            bid = f"b-{rel.version}-{v.name}".replace(".", "_")
-            cells = []
-            for g, gd in zip(db.gpus, gpus):
-                arch = best_arch(g.cc, v.arch_list)
-                compat = floor(tk.driver_compat, g.min_driver)
-                strict = floor(tk.driver_strict, g.min_driver)
-                cells.append(
-                    {
-                        "gpu": gd["id"],
-                        "runs": bool(arch),
-                        "arch": arch,
-                        "compat": compat,
-                        "strict": strict,
-                        "estimated": "driver_strict" in tk.estimated,
-                    }
-                )
-            builds.append(
-                {
-                    "id": bid,
-                    "torch": rel.version,
-                    "variant": v.name,
-                    "cuda": v.cuda,
-                    "cudnn": v.cudnn or "",
-                    "nccl": v.nccl or "",
-                    "pypi": v.pypi,
-                    "index": v.index,
-                    "arch_list": " ".join(v.arch_list),
-                    "cells": cells,
-                    "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"],
-                }
-            )
-    from envspec.compat.load import LINES
-
+            tk = db.cuda_toolkit(v.cuda) if v.cuda else None
+            if tk is not None:
+                builds.append(_build_row(db, rel.version, v, tk, [str(g["id"]) for g in gpus]))
     return {
         "db_version": db.version,
         "date": db.date,
         "gpus": gpus,
         "builds": builds,
         "lines": LINES,
+    }
+
+
+def _gpu_column(i: int, g: Gpu) -> dict[str, object]:
+    """A GPU's column of the matrix: its facts and their sources."""
+    return {
+        "id": f"g{i}",
+        "name": g.name,
+        "short": g.short,
+        "cc": g.cc,
+        "min_driver": g.min_driver,
+        "max_driver": g.max_driver,
+        "line": g.line,
+        "architecture": g.architecture,
+        "host_arch": " ".join(g.host_arch),
+        "sources": [
+            s
+            for s in (
+                g.source,
+                g.min_driver_source,
+                g.max_driver_source,
+                g.driver_note,
+                g.torch_note,
+                g.host_arch_source,
+            )
+            if s
+        ],
+    }
+
+
+def _build_row(
+    db: CompatDB, version: str, v: Variant, tk: CudaToolkit, gpu_ids: list[str]
+) -> dict[str, object]:
+    """A CUDA build's row: for each GPU whether a kernel of it runs there (and which), and the
+    driver floor under each policy (the CUDA runtime's, raised to the GPU's first branch)."""
+    from packaging.version import Version
+
+    def floor(a: str, b: str) -> str:
+        return a if not b or Version(a) >= Version(b) else b
+
+    cells = []
+    for g, gid in zip(db.gpus, gpu_ids):
+        arch = best_arch(g.cc, v.arch_list)
+        cells.append(
+            {
+                "gpu": gid,
+                "runs": bool(arch),
+                "arch": arch,
+                "compat": floor(tk.driver_compat, g.min_driver),
+                "strict": floor(tk.driver_strict, g.min_driver),
+                "estimated": "driver_strict" in tk.estimated,
+            }
+        )
+    return {
+        "id": f"b-{version}-{v.name}".replace(".", "_"),
+        "torch": version,
+        "variant": v.name,
+        "cuda": v.cuda,
+        "cudnn": v.cudnn or "",
+        "nccl": v.nccl or "",
+        "pypi": v.pypi,
+        "index": v.index,
+        "arch_list": " ".join(v.arch_list),
+        "cells": cells,
+        "sources": [f"build: {v.source}", f"CUDA {tk.version}: {tk.source}"],
     }
 
 

@@ -8,7 +8,9 @@ import re
 import urllib.parse
 from typing import Any
 
+from envspec.debian.models import DebPin
 from envspec.image.oci import canonical_json, created_at
+from envspec.lock import Wheel
 from envspec.plan import BuildPlan
 
 
@@ -41,61 +43,14 @@ def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
         }
     ]
     mirror = plan.lock.debian.mirror.rstrip("/") if plan.lock.debian else ""
-    for d in plan.debs:
-        sid = _spdx_id("deb", f"{d.name}-{d.architecture}", d.version)
-        packages.append(
-            {
-                "SPDXID": sid,
-                "name": d.name,
-                "versionInfo": d.version,
-                "downloadLocation": f"{mirror}/{d.filename}" if mirror else "NOASSERTION",
-                "filesAnalyzed": False,
-                "licenseConcluded": "NOASSERTION",
-                "licenseDeclared": "NOASSERTION",
-                "copyrightText": "NOASSERTION",
-                "supplier": "Organization: Debian",
-                "checksums": [{"algorithm": "SHA256", "checksumValue": d.sha256}],
-                "externalRefs": [
-                    {
-                        "referenceCategory": "PACKAGE-MANAGER",
-                        "referenceType": "purl",
-                        "referenceLocator": f"pkg:deb/debian/{d.name}@{urllib.parse.quote(d.version)}"
-                        f"?arch={d.architecture}",
-                    }
-                ],
-                "primaryPackagePurpose": "LIBRARY",
-            }
-        )
-        rels.append(
-            {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid}
-        )
-    for w in plan.wheels:
-        sid = _spdx_id("pypi", w.name, w.version)
-        packages.append(
-            {
-                "SPDXID": sid,
-                "name": w.name,
-                "versionInfo": w.version,
-                "downloadLocation": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}"
-                if w.index
-                else "NOASSERTION",
-                "packageFileName": w.filename,
-                "filesAnalyzed": False,
-                "licenseConcluded": "NOASSERTION",
-                "licenseDeclared": "NOASSERTION",
-                "copyrightText": "NOASSERTION",
-                "checksums": [{"algorithm": "SHA256", "checksumValue": w.sha256}],
-                "externalRefs": [
-                    {
-                        "referenceCategory": "PACKAGE-MANAGER",
-                        "referenceType": "purl",
-                        "referenceLocator": f"pkg:pypi/{w.name}@{w.version}",
-                    }
-                ],
-                "primaryPackagePurpose": "LIBRARY",
-                "comment": f"layer group {w.group}",
-            }
-        )
+    for sid, package in [
+        *(
+            (_spdx_id("deb", f"{d.name}-{d.architecture}", d.version), _deb_package(d, mirror))
+            for d in plan.debs
+        ),
+        *((_spdx_id("pypi", w.name, w.version), _wheel_package(w)) for w in plan.wheels),
+    ]:
+        packages.append({"SPDXID": sid, **package})
         rels.append(
             {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": sid}
         )
@@ -113,3 +68,53 @@ def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
         "relationships": rels,
     }
     return canonical_json(doc) + b"\n"
+
+
+def _deb_package(d: DebPin, mirror: str) -> dict[str, object]:
+    """A .deb's SPDX package (its SPDXID first, added by the caller)."""
+    return {
+        "name": d.name,
+        "versionInfo": d.version,
+        "downloadLocation": f"{mirror}/{d.filename}" if mirror else "NOASSERTION",
+        "filesAnalyzed": False,
+        "licenseConcluded": "NOASSERTION",
+        "licenseDeclared": "NOASSERTION",
+        "copyrightText": "NOASSERTION",
+        "supplier": "Organization: Debian",
+        "checksums": [{"algorithm": "SHA256", "checksumValue": d.sha256}],
+        "externalRefs": [
+            {
+                "referenceCategory": "PACKAGE-MANAGER",
+                "referenceType": "purl",
+                "referenceLocator": f"pkg:deb/debian/{d.name}@{urllib.parse.quote(d.version)}"
+                f"?arch={d.architecture}",
+            }
+        ],
+        "primaryPackagePurpose": "LIBRARY",
+    }
+
+
+def _wheel_package(w: Wheel) -> dict[str, object]:
+    """A wheel's SPDX package (its SPDXID first, added by the caller)."""
+    return {
+        "name": w.name,
+        "versionInfo": w.version,
+        "downloadLocation": f"{w.index.rstrip('/')}/{w.name}/#{w.filename}"
+        if w.index
+        else "NOASSERTION",
+        "packageFileName": w.filename,
+        "filesAnalyzed": False,
+        "licenseConcluded": "NOASSERTION",
+        "licenseDeclared": "NOASSERTION",
+        "copyrightText": "NOASSERTION",
+        "checksums": [{"algorithm": "SHA256", "checksumValue": w.sha256}],
+        "externalRefs": [
+            {
+                "referenceCategory": "PACKAGE-MANAGER",
+                "referenceType": "purl",
+                "referenceLocator": f"pkg:pypi/{w.name}@{w.version}",
+            }
+        ],
+        "primaryPackagePurpose": "LIBRARY",
+        "comment": f"layer group {w.group}",
+    }

@@ -450,40 +450,9 @@ def _verify_index(
         )
         for m in index.get("manifests", [])
     ]
-    names = [n for n, _ in entries]
     annotation = str((index.get("annotations") or {}).get("io.envspec.lock-hash", ""))
-    whole = (
-        (lock.meta.content_hash if lock.multi else lock.meta.part_of or "")
-        if lock is not None
-        else ""
-    )
-    if (
-        whole
-    ):  # the lock the index was made from: the one given, or the one a platform's view is part of
-        ok = annotation == whole
-        report.add(
-            Finding(
-                "index.lock-hash",
-                PASS if ok else FAIL,
-                whole,
-                annotation or "(none)",
-                hint="" if ok else "the index was made from another lock",
-            )
-        )
     if lock is not None:
-        want = lock.platform_names
-        ok = (sorted(names) == sorted(want)) if lock.multi else want[0] in names
-        report.add(
-            Finding(
-                "index.platforms",
-                PASS if ok else FAIL,
-                " and ".join(want) + ("" if lock.multi else " (the lock's one platform)"),
-                ", ".join(names) or "(none)",
-                hint=""
-                if ok
-                else "the index does not hold an image for each of the lock's platforms",
-            )
-        )
+        _check_index_lock(report, annotation, [n for n, _ in entries], lock)
     for name, m in entries:
         view = None
         if lock is not None:
@@ -500,55 +469,89 @@ def _verify_index(
                 )
                 continue
             view = lock.for_platform(part.name)
-        mdigest = str(m.get("digest", ""))
-        at = f"{repo}@{mdigest}"
-        raw = reader.manifest(at) if mdigest else None
-        if raw is None:
-            report.add(
-                Finding(
-                    f"{name}.image",
-                    FAIL,
-                    mdigest or "a digest",
-                    "no such manifest in the registry",
-                    hint="the index names an image the registry does not hold",
-                )
+        img = _index_entry(report, repo, name, m, reader)
+        if img is not None:
+            _check_image(report, img, public_key, reader, view, f"{name}.")
+    return annotation
+
+
+def _check_index_lock(report: Report, annotation: str, names: list[str], lock: Lockfile) -> None:
+    """The lock the index was made from (the one given, or the one a platform's view is part of),
+    and an image for each of the lock's platforms."""
+    whole = lock.meta.content_hash if lock.multi else lock.meta.part_of or ""
+    if whole:
+        ok = annotation == whole
+        report.add(
+            Finding(
+                "index.lock-hash",
+                PASS if ok else FAIL,
+                whole,
+                annotation or "(none)",
+                hint="" if ok else "the index was made from another lock",
             )
-            continue
-        got = "sha256:" + hashlib.sha256(raw).hexdigest()
+        )
+    want = lock.platform_names
+    ok = (sorted(names) == sorted(want)) if lock.multi else want[0] in names
+    report.add(
+        Finding(
+            "index.platforms",
+            PASS if ok else FAIL,
+            " and ".join(want) + ("" if lock.multi else " (the lock's one platform)"),
+            ", ".join(names) or "(none)",
+            hint="" if ok else "the index does not hold an image for each of the lock's platforms",
+        )
+    )
+
+
+def _index_entry(
+    report: Report, repo: str, name: str, m: OciJson, reader: RegistryReader
+) -> _Pulled | None:
+    """The image an index entry names, fetched: its manifest the one the index names, its config
+    of the platform the index lists it under. None where the registry does not hold it."""
+    mdigest = str(m.get("digest", ""))
+    at = f"{repo}@{mdigest}"
+    raw = reader.manifest(at) if mdigest else None
+    if raw is None:
         report.add(
             Finding(
                 f"{name}.image",
-                PASS if got == mdigest else FAIL,
-                mdigest,
-                got,
-                hint="" if got == mdigest else "the registry served another manifest",
+                FAIL,
+                mdigest or "a digest",
+                "no such manifest in the registry",
+                hint="the index names an image the registry does not hold",
             )
         )
-        report.fingerprint[f"{name}.digest"] = got
-        manifest, config = json.loads(raw), reader.config(at)
-        cfg = _config_of(manifest, config)
-        listed = m.get("platform") or {}
-        want_p = f"{listed.get('os', '')}/{listed.get('architecture', '')}"
-        seen_p = (
-            f"{cfg.get('os', '')}/{cfg.get('architecture', '')}"
-            if cfg
-            else "(no config the manifest names)"
+        return None
+    got = "sha256:" + hashlib.sha256(raw).hexdigest()
+    report.add(
+        Finding(
+            f"{name}.image",
+            PASS if got == mdigest else FAIL,
+            mdigest,
+            got,
+            hint="" if got == mdigest else "the registry served another manifest",
         )
-        report.add(
-            Finding(
-                f"{name}.platform",
-                PASS if want_p == seen_p else FAIL,
-                f"{want_p} (the index's entry)",
-                seen_p,
-                hint=""
-                if want_p == seen_p
-                else "the index lists this image under another platform",
-            )
+    )
+    report.fingerprint[f"{name}.digest"] = got
+    manifest, config = json.loads(raw), reader.config(at)
+    cfg = _config_of(manifest, config)
+    listed = m.get("platform") or {}
+    want_p = f"{listed.get('os', '')}/{listed.get('architecture', '')}"
+    seen_p = (
+        f"{cfg.get('os', '')}/{cfg.get('architecture', '')}"
+        if cfg
+        else "(no config the manifest names)"
+    )
+    report.add(
+        Finding(
+            f"{name}.platform",
+            PASS if want_p == seen_p else FAIL,
+            f"{want_p} (the index's entry)",
+            seen_p,
+            hint="" if want_p == seen_p else "the index lists this image under another platform",
         )
-        _check_image(
-            report, _Pulled(repo, got, manifest, config), public_key, reader, view, f"{name}."
-        )
-    return annotation
+    )
+    return _Pulled(repo, got, manifest, config)
 
 
 @dataclass(frozen=True)
