@@ -37,6 +37,7 @@ for tool in ("skopeo", "buildah", "podman"):
         )
 
 DATA = helpers.HERE
+SMOKE = DATA.parents[2] / "lockfiles" / "smoke.lock"
 RUNNER = DATA / "run_build.py"
 
 
@@ -323,6 +324,42 @@ def test_a_killed_builds_staging_is_removed_and_a_failing_maker_leaves_no_layer(
         monkeypatch.setattr(layer_makers, "make_base_layer", real)
         ok = do_build(lock, eng, new_cache(tmp_path, debs, "c2"))
         assert eng.image_digest(ok.image) == ok.store_digest and not any(left.parent.iterdir())
+
+
+@needs_store_tools
+@pytest.mark.skipif(not SMOKE.exists(), reason="lockfiles/smoke.lock is not there")
+def test_podman_runs_on_the_store_during_the_import_leave_every_layer_whole(engine, tmp_path, debs):
+    """Each podman run on the store empties overlay's staging directory as it ends (its store's
+    Shutdown runs the driver's Cleanup), where envspec-put-layer commit moves a staged layer's
+    files on their way into the layer. With podman run on the store again and again during a
+    staged import, the image is made, and every layer gives back the bytes its maker wrote
+    (files taken from under a commit are staged again)."""
+    import threading
+
+    from envspec.image.engine import chain_id
+
+    store = engine.storage_cli()
+    assert store is not None and store.can_stage
+    stop, runs = threading.Event(), []
+
+    def podman_meanwhile() -> None:
+        while not stop.is_set():
+            runs.append(podman(engine, "images", "-q", check=False).returncode)
+
+    other = threading.Thread(target=podman_meanwhile, daemon=True)
+    other.start()
+    try:
+        img = do_build(lockmod.load(SMOKE), engine, new_cache(tmp_path, debs), no_cache=True)
+    finally:
+        stop.set()
+        other.join(120)
+    assert len(runs) > 1 and set(runs) == {0}
+    assert engine.image_digest(img.image) == img.store_digest
+    layer_id = ""
+    for lay in img.layers:
+        layer_id = chain_id(layer_id, lay.diff_id)
+        diff = subprocess.run(store._cs("diff", layer_id), capture_output=True, check=True).stdout
+        assert "sha256:" + hashlib.sha256(diff).hexdigest() == lay.diff_id, lay.group
 
 
 @needs_store_tools
@@ -778,9 +815,6 @@ def test_a_damaged_cached_layer_is_made_again_before_it_goes_into_an_oci_output(
         tmp_path / "b" / "blobs" / "sha256"
     ).iterdir():  # every blob of the output is what its name says
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
-
-
-SMOKE = DATA.parents[2] / "lockfiles" / "smoke.lock"
 
 
 @pytest.mark.skipif(not SMOKE.exists(), reason="lockfiles/smoke.lock is not there")

@@ -31,7 +31,6 @@ TOO_LONG = {
     "compat/pypi.py:refresh": 70,
     "resolve.py:_choose_torch": 70,
     "diff.py:_package_changes": 69,
-    "image/importer.py:_run_staged": 69,
     "registry/regcache.py:stream_layers": 69,
     "compat/pypi.py:collect": 67,
     "verify/integrity.py:check_files": 67,

@@ -682,6 +682,77 @@ def test_a_store_that_reads_other_bytes_stops_the_build(tmp_path, staged):
     )
 
 
+def test_nothing_else_opens_the_store_while_its_layers_go_in(tmp_path, staged):
+    """A buildah or podman run on the store empties its staging directory as it ends (overlay's
+    Cleanup): the build asks the store for the image only where no import is under way, and
+    otherwise once the import has ended."""
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+    eng = _store_engine(staged)
+    log = eng.store.calls  # the store's calls and the engine's, in order
+    slow_put = eng.store.put_layer
+    slow_commit = getattr(eng.store, "commit_staged", None)
+
+    def put_layer(*a, **kw):
+        time.sleep(0.2)  # the import lags behind the makers
+        return slow_put(*a, **kw)
+
+    def commit_staged(*a, **kw):
+        time.sleep(0.2)
+        assert slow_commit is not None
+        return slow_commit(*a, **kw)
+
+    eng.store.put_layer = put_layer
+    eng.store.commit_staged = commit_staged
+    real_digest = eng.image_digest
+    eng.image_digest = lambda ref: log.append(("image_digest", ref)) or real_digest(ref)
+    img = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
+    verbs = [c[0] for c in log if c[0] in ("put", "image_digest")]
+    last_put = max(i for i, verb in enumerate(verbs) if verb == "put")
+    assert verbs.count("put") == len(img.layers)
+    assert "image_digest" not in verbs[:last_put]
+
+
+def test_a_layer_whose_staged_files_another_process_removed_is_staged_again_from_its_file(
+    tmp_path,
+):
+    """envspec-put-layer commit exits 3 where a buildah or podman run on the store emptied its
+    staging directory first: the importer stages that layer again from the file its maker
+    wrote, and the build goes on; a layer emptied every time stops it."""
+    lock, mirror = helpers.local_lock(tmp_path, WHEELS)
+    mirrors = [sources.Mirror(mirror.as_uri(), "links", "test")]
+
+    def emptying(times):
+        eng = _store_engine(staged=True)
+        real = eng.store.commit_staged
+        left = {"deps": times}
+
+        def commit_staged(layer_id, parent, diff_id, staged):
+            name = Path(staged.staging).name  # a tree is PID-GROUP-...
+            group = name.split("-")[1] if "-" in name else name
+            if left.get(group, 0) > 0:
+                left[group] -= 1
+                eng_mod._drop_staged(staged)
+                raise eng_mod.StagingEmptied("emptied (fake)", step="import layer")
+            return real(layer_id, parent, diff_id, staged)
+
+        eng.store.commit_staged = commit_staged
+        return eng
+
+    eng = emptying(1)
+    img = build(lock, engine=eng, cache_dir=tmp_path / "cache", mirrors=mirrors)
+    assert eng.images[img.image] == img.store_digest
+    assert [g for g, _ in eng.store.stages].count("deps") == 2
+    assert eng.store.fed["deps"] == ("file", None)  # the second time from the finished file
+    puts = [c[3] for c in eng.store.calls if c[0] == "put"]
+    assert puts == [lay.group for lay in img.layers]
+
+    eng = emptying(importer_mod.STAGE_TRIES)
+    with pytest.raises(eng_mod.StagingEmptied):
+        build(lock, engine=eng, cache_dir=tmp_path / "cache2", mirrors=mirrors, no_cache=True)
+    assert eng.images == {} and [g for g, _ in eng.store.stages].count("deps") == 3
+
+
 def test_an_envspec_put_layer_without_stage_imports_one_layer_after_the_other(
     tmp_path, monkeypatch
 ):

@@ -580,14 +580,18 @@ class _Run:
         engine, ref = self.engine, self.ref
         self.reporter.committing(ref, image.digest)
         with self.clock.span("commit"):
-            stale = engine.image_digest(ref) != image.digest
-            if self.importer is None and self.store is not None and stale:
+            # an import under way is waited for before anything else opens the store: a buildah or
+            # podman run on it, as it ends, empties the store's staging directory (overlay's
+            # Cleanup), where a staged layer is on its way into the store
+            if self.importer is None:
+                if engine.image_digest(ref) == image.digest:
+                    return
+                if self.store is None:
+                    with self.cache.locked("import"):
+                        engine.import_image(image.layout, ref)
+                    return
                 self.importer = self._new_importer().start()
-            if self.importer is not None:
-                self.importer.finish(image.config, image.manifest, ref)
-            elif self.store is None and stale:
-                with self.cache.locked("import"):
-                    engine.import_image(image.layout, ref)
+            self.importer.finish(image.config, image.manifest, ref)
 
     def push_to_registry_cache(self) -> tuple[str, ...]:
         """The layers the registry cache lacks, pushed (the image is good: a failure only warns)."""

@@ -471,6 +471,15 @@ class Cancelled(Exception):
     """The build stopped; the layer being imported was dropped."""
 
 
+class StagingEmptied(BuildError):
+    """A staged layer's files were removed before they were in the layer: another process that
+    opened the store (buildah, podman) emptied overlay's staging directory as it ended. Staging
+    the layer again from its file makes it."""
+
+
+EXIT_STAGING_EMPTIED = 3  # envspec-put-layer commit's exit status for it
+
+
 FEED_CHUNK = 1 << 20
 
 
@@ -957,7 +966,7 @@ class StorageCLI:
             have = self.layer_diff_id(layer_id)
             if have:  # stored by someone else meanwhile
                 return have, False
-            raise BuildError(
+            raise (StagingEmptied if cp.returncode == EXIT_STAGING_EMPTIED else BuildError)(
                 "making a staged layer in containers-storage failed",
                 step="import layer",
                 argv=argv[:-2],

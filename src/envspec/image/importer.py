@@ -36,11 +36,14 @@ from envspec.image.engine import (
     LayerPut,
     Stage,
     Staged,
+    StagingEmptied,
     StorageCLI,
     _drop_staged,
     chain_id,
 )
 from envspec.image.records import LayerMeta
+
+STAGE_TRIES = 3  # a layer staged and committed at most this often (``Importer._commit``)
 
 
 @dataclass
@@ -197,21 +200,7 @@ class Importer:
                         wait([job], timeout=0.1)
                     done = job.result()
                     if done is not None:
-                        got, start, digest = done.staged, done.started, done.digest
-                        self.on_staged(lay.group, start, done.ended)
-                        with self._lock:
-                            self._staged.pop(i, None)
-                        if got.size != made.size or (digest and digest != want):
-                            _drop_staged(got)
-                            raise self._mismatch(
-                                lay, made, digest or f"{got.size} bytes, not {made.size}"
-                            )
-                        have, ours = self.store.commit_staged(layer_id, parent, want, got)
-                        if have != want:
-                            raise self._mismatch(lay, made, have, stored=True)
-                        if ours:
-                            self.stored.append(lay.group)
-                            self.on_stored(lay.group, start, time.monotonic())
+                        self._commit(i, lay, made, (layer_id, parent), done)
                     elif (
                         self._present.get(layer_id) != want
                     ):  # its stager saw it stored: still there?
@@ -239,6 +228,39 @@ class Importer:
                                 {"staging": str(lay.tree), "tar_split": f"{lay.tree}.tar-split.gz"}
                             )
                         )
+
+    def _commit(
+        self, i: int, lay: LayerFile, made: LayerMeta, ids: tuple[str, str], done: _StageDone
+    ) -> None:
+        """Make layer ``i`` (``ids``: its ID and its parent's) from what its stager staged. Staged
+        files that another process removed from the store's staging directory before they were
+        in the layer (``StagingEmptied``) are staged again, from the layer's file."""
+        want, start = made.diff_id, done.started
+        self.on_staged(lay.group, start, done.ended)
+        for attempt in range(1, STAGE_TRIES + 1):
+            got, digest = done.staged, done.digest
+            with self._lock:
+                self._staged.pop(i, None)
+            if got.size != made.size or (digest and digest != want):
+                _drop_staged(got)
+                raise self._mismatch(lay, made, digest or f"{got.size} bytes, not {made.size}")
+            try:
+                have, ours = self.store.commit_staged(*ids, want, got)
+                break
+            except StagingEmptied:
+                if attempt == STAGE_TRIES or not lay.path.is_file():
+                    raise
+            again = self._stage_attempt(i, lay, use_pipe=False)  # made: from its file
+            if not isinstance(again, _StageDone):  # not for a layer that was staged once
+                raise StagingEmptied(
+                    f"the {lay.group} layer could not be staged again", step="import layer"
+                )
+            done = again
+        if have != want:
+            raise self._mismatch(lay, made, have, stored=True)
+        if ours:
+            self.stored.append(lay.group)
+            self.on_stored(lay.group, start, time.monotonic())
 
     def _mismatch(
         self, lay: LayerFile, made: LayerMeta, have: str, *, stored: bool = False

@@ -54,7 +54,8 @@
 // that took seconds in the first commit (issue 44). Nothing is printed.
 //
 // Exit status: 0 stored, 1 failed (the partial layer and the staging directory are gone), 2 bad
-// arguments. envspec checks the digest itself: it made the tar and hashed it while writing, or
+// arguments, 3 (commit) the staged files were removed by another process using the store before
+// they were in the layer (stage the layer again). envspec checks the digest itself: it made the tar and hashed it while writing, or
 // hashes a cached tar (with OpenSSL, three times Go's sha256 here) while it is staged.
 package main
 
@@ -66,6 +67,7 @@ import (
 	"fmt"
 	"github.com/vbatts/tar-split/archive/tar"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -920,17 +922,19 @@ func commit(args []string) int {
 			return fail(err)
 		}
 	}
-	staging := filepath.Join(*sf.graph, *sf.driver, "staging")
-	if err := os.MkdirAll(staging, 0o700); err != nil {
-		return fail(err)
-	}
-	moved := filepath.Join(staging, "envspec-"+filepath.Base(st.Staging))
-	if err := os.Rename(st.Staging, moved); err != nil {
+	moved, err := moveToDriverStaging(st.Staging, filepath.Join(*sf.graph, *sf.driver, "staging"))
+	if err != nil {
 		return fail(err)
 	}
 	defer os.RemoveAll(moved)
 	out := &drivers.DriverWithDifferOutput{Size: st.Size, UIDs: st.UIDs, GIDs: st.GIDs, UncompressedDigest: d}
 	if err := store.ApplyDiffFromStagingDirectory(layer.ID, moved, out, nil); err != nil {
+		if _, serr := os.Lstat(moved); errors.Is(serr, fs.ErrNotExist) {
+			// another process's Cleanup ran under the layer store's lock, which the apply waits
+			// for: the staged files are all gone, none half-moved into the layer
+			fmt.Fprintf(os.Stderr, "envspec-put-layer: %v: the staged files were removed from the driver's staging directory by another process using this store (buildah or podman empties it as it ends); stage the layer again\n", err)
+			return exitStagingEmptied
+		}
 		return fail(err)
 	}
 	stored, err := store.Layer(layer.ID)
@@ -939,6 +943,30 @@ func commit(args []string) int {
 	}
 	ok = true
 	return printLayer(stored, false)
+}
+
+// exitStagingEmptied: commit's staged files were removed before they were in the layer.
+const exitStagingEmptied = 3
+
+// moveToDriverStaging moves a staged directory into the overlay driver's own staging directory,
+// the one place ApplyDiffFromStagingDirectory takes a layer's files from. Any other process that
+// opens this store (buildah, podman, containers-storage) removes that directory as it ends (the
+// driver's Cleanup, on the store's Shutdown): one gone between its making and the rename is made
+// again.
+func moveToDriverStaging(dir, staging string) (string, error) {
+	moved := filepath.Join(staging, "envspec-"+filepath.Base(dir))
+	for tries := 1; ; tries++ {
+		if err := os.MkdirAll(staging, 0o700); err != nil {
+			return "", err
+		}
+		err := os.Rename(dir, moved)
+		if err == nil {
+			return moved, nil
+		}
+		if _, serr := os.Lstat(dir); serr != nil || !errors.Is(err, fs.ErrNotExist) || tries == 10 {
+			return "", err
+		}
+	}
 }
 
 // printLayer prints the layer's record as containers/storage writes it, with "envspec-existing":
