@@ -656,17 +656,9 @@ SPEC_TABLES = (
 )  # a spec's tables, which a lock spells otherwise
 
 
-def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lockfile:
-    """A lock from its text; ``check_hash``: refuse one whose tables do not hash to its content hash
-    (``LockTampered``), as every reader does but ``envspec lock`` re-locking over it."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise LockError(
-            f"{source}: not valid TOML: {e}",
-            hint="regenerate it with `envspec lock`",
-            reference="invalid-lock",
-        ) from None
+def _check_lock_shape(data: dict[str, Any], source: str) -> None:
+    """A spec given for a lock, a format version this envspec does not read, or the model's own
+    table names in the text: ``LockError``."""
     ver = data.get("version")
     if (
         ver is None
@@ -693,27 +685,41 @@ def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lock
             hint="regenerate it with `envspec lock`",
             reference="invalid-lock",
         )
+
+
+def _invalid_lock(e: ValidationError, data: dict[str, Any], source: str) -> LockError:
+    """The validation's first problem, placed by the text's names: flat tables (v1),
+    [platforms.<name>] (v2), not the model's ``parts``."""
+    first = e.errors()[0]
+    loc = list(first["loc"])
+    if loc[:1] == ["parts"] and len(loc) > 1:
+        names = list(data.get("platforms") or {}) if isinstance(data.get("platforms"), dict) else []
+        i = loc[1]
+        loc = (["platforms", names[i]] if isinstance(i, int) and i < len(names) else []) + loc[2:]
+    where = ".".join(str(x) for x in loc)
+    return LockError(
+        f"{source}: {len(e.errors())} problem(s), first at {where}: {first['msg']}",
+        hint="regenerate it with `envspec lock`",
+        reference="invalid-lock",
+    )
+
+
+def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lockfile:
+    """A lock from its text; ``check_hash``: refuse one whose tables do not hash to its content hash
+    (``LockTampered``), as every reader does but ``envspec lock`` re-locking over it."""
     try:
-        lock = Lockfile.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = list(first["loc"])
-        if (
-            loc[:1] == ["parts"] and len(loc) > 1
-        ):  # the text's names: flat tables (v1), [platforms.<name>] (v2)
-            names = (
-                list(data.get("platforms") or {}) if isinstance(data.get("platforms"), dict) else []
-            )
-            i = loc[1]
-            loc = (["platforms", names[i]] if isinstance(i, int) and i < len(names) else []) + loc[
-                2:
-            ]
-        where = ".".join(str(x) for x in loc)
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise LockError(
-            f"{source}: {len(e.errors())} problem(s), first at {where}: {first['msg']}",
+            f"{source}: not valid TOML: {e}",
             hint="regenerate it with `envspec lock`",
             reference="invalid-lock",
         ) from None
+    _check_lock_shape(data, source)
+    try:
+        lock = Lockfile.model_validate(data)
+    except ValidationError as e:
+        raise _invalid_lock(e, data, source) from None
     if check_hash and lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         raise LockTampered(source, data, _as_written(Path(source), lock.meta.content_hash))
     return lock

@@ -609,12 +609,8 @@ def _nearest_line(lines: dict[TomlPath, int], path: TomlPath) -> int | None:
 _TOML_ERR = r"\(at line (\d+), column (\d+)\)"  # compiled by re for a spec that is not TOML
 
 
-def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
-    """Parse and validate spec text. Raises SpecError listing every problem."""
-    file = str(file)
-    text = text.removeprefix(
-        "\ufeff"
-    )  # a UTF-8 byte order mark some editors save: not TOML, and no meaning here
+def _read_toml(text: str, file: str) -> dict[str, Any]:
+    """The spec's TOML tables; text that is not TOML, or a lockfile: ``SpecError``."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -653,6 +649,16 @@ def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
                 )
             ],
         )
+    return data
+
+
+def parse_spec(text: str, file: str | Path = "<spec>") -> EnvSpec:
+    """Parse and validate spec text. Raises SpecError listing every problem."""
+    file = str(file)
+    text = text.removeprefix(
+        "\ufeff"
+    )  # a UTF-8 byte order mark some editors save: not TOML, and no meaning here
+    data = _read_toml(text, file)
     lines = _LineIndex.build(text)
     problems: list[Problem] = []
     spec: EnvSpec | None = None

@@ -46,13 +46,7 @@ TOO_LONG = {
     "host.py:write_emulated_cpu_dir": 63,
     "image/index.py:build_index": 63,
     "cli/init.py:add_init": 62,
-    "compat/pypi.py:read_zip_member": 62,
-    "registry/regcache.py:check_stream": 62,
     "verify/multinode.py:_allreduce": 62,
-    "image/engine.py:stage": 61,
-    "image/oci.py:write_layout": 61,
-    "lock.py:loads": 61,
-    "spec.py:parse_spec": 61,
 }
 TOO_MANY: dict[str, int] = {}  # "module:function" -> its parameters when listed
 

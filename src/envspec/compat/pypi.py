@@ -238,12 +238,9 @@ def pins_from_metadata(metadata: bytes | str, machine: str = "x86_64") -> dict[s
     return out
 
 
-def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchRange) -> bytes:
-    """Read one member (the first whose name ends with ``member_suffix``) of a remote zip.
-
-    Uses range requests: the end of the file for the end-of-central-directory record (zip64 too),
-    the central directory, then the member's local header and data.
-    """
+def _central_directory(url: str, size: int, fetch_range: FetchRange) -> bytes:
+    """A remote zip's central directory: found from the end-of-central-directory record at the
+    end of the file (or its zip64 record), read from that tail where it is in it."""
     tail_len = min(size, 65536 + 22)
     tail = fetch_range(url, size - tail_len, size - 1)
     eocd = tail.rfind(b"PK\x05\x06")
@@ -261,9 +258,38 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
         cd_size, cd_offset = struct.unpack_from("<QQ", rec, 40)
     start_in_tail = size - tail_len
     if cd_offset >= start_in_tail:
-        cd = tail[cd_offset - start_in_tail : cd_offset - start_in_tail + cd_size]
-    else:
-        cd = fetch_range(url, cd_offset, cd_offset + cd_size - 1)
+        return tail[cd_offset - start_in_tail : cd_offset - start_in_tail + cd_size]
+    return fetch_range(url, cd_offset, cd_offset + cd_size - 1)
+
+
+def _zip64_sizes(extra: bytes, csize: int, usize: int, lho: int) -> tuple[int, int]:
+    """(compressed size, local header offset) of a member whose central directory entry gives
+    them in its zip64 extra field (0xFFFFFFFF in the 32-bit fields): uncompressed size,
+    compressed size and offset, in that order, each only where its field is 0xFFFFFFFF."""
+    vals: list[int] = []
+    e = 0
+    while e + 4 <= len(extra):
+        hid, hlen = struct.unpack_from("<HH", extra, e)
+        if hid == 1:
+            vals = list(struct.unpack_from(f"<{hlen // 8}Q", extra, e + 4))
+            break
+        e += 4 + hlen
+    if usize == 0xFFFFFFFF:
+        vals.pop(0)
+    if csize == 0xFFFFFFFF:
+        csize = vals.pop(0)
+    if lho == 0xFFFFFFFF:
+        lho = vals.pop(0)
+    return csize, lho
+
+
+def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchRange) -> bytes:
+    """Read one member (the first whose name ends with ``member_suffix``) of a remote zip.
+
+    Uses range requests: the end of the file for the end-of-central-directory record (zip64 too),
+    the central directory, then the member's local header and data.
+    """
+    cd = _central_directory(url, size, fetch_range)
     pos = 0
     while pos + 46 <= len(cd) and cd[pos : pos + 4] == b"PK\x01\x02":
         (method,) = struct.unpack_from("<H", cd, pos + 10)
@@ -276,20 +302,7 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
         if not name.endswith(member_suffix):
             continue
         if 0xFFFFFFFF in (csize, usize, lho):
-            vals = []
-            e = 0
-            while e + 4 <= len(extra):
-                hid, hlen = struct.unpack_from("<HH", extra, e)
-                if hid == 1:
-                    vals = list(struct.unpack_from(f"<{hlen // 8}Q", extra, e + 4))
-                    break
-                e += 4 + hlen
-            if usize == 0xFFFFFFFF:
-                usize = vals.pop(0)
-            if csize == 0xFFFFFFFF:
-                csize = vals.pop(0)
-            if lho == 0xFFFFFFFF:
-                lho = vals.pop(0)
+            csize, lho = _zip64_sizes(extra, csize, usize, lho)
         head = fetch_range(url, lho, lho + 30 - 1)
         fnl, exl = struct.unpack_from("<HH", head, 26)
         data_start = lho + 30 + fnl + exl

@@ -916,6 +916,17 @@ class StorageCLI:
             ),
         ]
         log.info("stage layer %s: %s", name, " ".join(argv))
+        return self._start_stager(argv, fd, name, progress, nice)
+
+    def _start_stager(
+        self,
+        argv: list[str],
+        fd: int,
+        name: str,
+        progress: Callable[[int], None],
+        nice: int | None,
+    ) -> Stage:
+        """The stager's process, in a process group of its own, at niceness ``nice``."""
         err = tempfile.TemporaryFile()
         if nice is None:
             nice = settings.read().stage_nice

@@ -173,30 +173,15 @@ def _place_blob(
         shutil.copyfile(src, dest)
 
 
-def write_layout(
-    dest: Path,
-    plan: BuildPlan,
-    layers: list[LayerBlob],
-    *,
-    entrypoint: list[str],
-    cmd: list[str],
-    user: str,
-    ref_name: str,
-) -> tuple[str, int, bytes]:
-    """Write an OCI image layout at ``dest`` (an empty or new directory). Returns (manifest
-    digest, manifest size, config bytes)."""
-    blobs = dest / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-    for lay in layers:
-        _place_blob(blobs, lay.digest, src=lay.path)
-    config = canonical_json(image_config(plan, layers, entrypoint=entrypoint, cmd=cmd, user=user))
-    config_digest = sha256_bytes(config)
-    _place_blob(blobs, config_digest, data=config)
+def image_manifest(
+    plan: BuildPlan, layers: list[LayerBlob], config_digest: str, config_size: int
+) -> dict[str, Any]:
+    """The image manifest: its config, its layers with their group and key, the lock's hash."""
     meta = plan.lock.meta
-    manifest = {
+    return {
         "schemaVersion": 2,
         "mediaType": MT_MANIFEST,
-        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": len(config)},
+        "config": {"mediaType": MT_CONFIG, "digest": config_digest, "size": config_size},
         "layers": [
             {
                 "mediaType": lay.media_type,
@@ -216,6 +201,28 @@ def write_layout(
             "io.envspec.lock-hash": meta.content_hash,
         },
     }
+
+
+def write_layout(
+    dest: Path,
+    plan: BuildPlan,
+    layers: list[LayerBlob],
+    *,
+    entrypoint: list[str],
+    cmd: list[str],
+    user: str,
+    ref_name: str,
+) -> tuple[str, int, bytes]:
+    """Write an OCI image layout at ``dest`` (an empty or new directory). Returns (manifest
+    digest, manifest size, config bytes)."""
+    blobs = dest / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+    for lay in layers:
+        _place_blob(blobs, lay.digest, src=lay.path)
+    config = canonical_json(image_config(plan, layers, entrypoint=entrypoint, cmd=cmd, user=user))
+    config_digest = sha256_bytes(config)
+    _place_blob(blobs, config_digest, data=config)
+    manifest = image_manifest(plan, layers, config_digest, len(config))
     mbytes = canonical_json(manifest)
     mdigest = sha256_bytes(mbytes)
     _place_blob(blobs, mdigest, data=mbytes)

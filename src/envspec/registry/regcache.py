@@ -325,6 +325,15 @@ def check_stream(
             if isinstance(e, BadEntry)
             else f"its blob does not decompress as {comp.name} ({e})"
         )
+    _check_ends(src, "sha256:" + th.hexdigest(), n_out, entry, comp, problem)
+
+
+def _check_ends(
+    src: _Blob, diff_id: str, n_out: int, entry: RegistryEntry, comp: Compression, problem: str
+) -> None:
+    """``check_stream``'s checks once the stream has ended: the blob's size and digest first
+    (they say more than where the stream broke), then ``problem`` (the decompression's), then
+    the tar's size and diff_id."""
     src.drain()  # the blob's digest says more than where the stream broke
     blob_digest = "sha256:" + src.h.hexdigest()
     if src.n != entry.size or blob_digest != entry.digest:
@@ -336,7 +345,6 @@ def check_stream(
         raise BadEntry(problem)
     if not src.ended:
         raise BadEntry(f"its blob holds more after the end of its {comp.name} stream")
-    diff_id = "sha256:" + th.hexdigest()
     if n_out != entry.diff_size or diff_id != entry.diff_id:
         raise BadEntry(
             f"the blob decompresses to {diff_id} ({n_out} bytes), not to the layer's diff_id "
