@@ -163,6 +163,24 @@ def deb_version_cmp(a: str, b: str) -> int:
 Pin = Wheel | DebPin
 
 
+def _pin_change(
+    name: str, x: Pin, y: Pin, c: int, group_of: Callable[[Pin], str]
+) -> PackageChange | None:
+    """How pin ``x`` became ``y`` (``c``: their versions compared), None where nothing changed."""
+    delta = y.size - x.size
+    note = _source_note(x, y)
+    if c < 0:
+        return PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta, note)
+    if c > 0:
+        return PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta, note)
+    if (x.sha256, x.filename) != (y.sha256, y.filename) or _source_key(x) != _source_key(y):
+        return PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta, note)
+    if group_of(x) != group_of(y):
+        moved = f"{group_of(x)} -> {group_of(y)}"
+        return PackageChange(name, "rebuilt", x.version, y.version, moved, delta, note)
+    return None
+
+
 def _package_changes(
     old: Sequence[Pin],
     new: Sequence[Pin],
@@ -204,33 +222,9 @@ def _package_changes(
             continue
         # one pin per key is the norm; several (a wheel twice) compare the newest of each side
         x, y = max(pa, key=by_version), max(pb, key=by_version)
-        delta = y.size - x.size
-        c = cmp(x.version, y.version)
-        note = _source_note(x, y)
-        if c < 0:
-            changes.append(
-                PackageChange(name, "upgraded", x.version, y.version, group_of(y), delta, note)
-            )
-        elif c > 0:
-            changes.append(
-                PackageChange(name, "downgraded", x.version, y.version, group_of(y), delta, note)
-            )
-        elif (x.sha256, x.filename) != (y.sha256, y.filename) or _source_key(x) != _source_key(y):
-            changes.append(
-                PackageChange(name, "rebuilt", x.version, y.version, group_of(y), delta, note)
-            )
-        elif group_of(x) != group_of(y):
-            changes.append(
-                PackageChange(
-                    name,
-                    "rebuilt",
-                    x.version,
-                    y.version,
-                    f"{group_of(x)} -> {group_of(y)}",
-                    delta,
-                    note,
-                )
-            )
+        change = _pin_change(name, x, y, cmp(x.version, y.version), group_of)
+        if change is not None:
+            changes.append(change)
     return tuple(changes)
 
 

@@ -634,37 +634,48 @@ def check_disk(host: Host, lock: Lockfile | None) -> list[Diagnosis]:
         checks = [(root, fs_store.free, need_store, in_store)]
         if fs_cache is not None:
             checks.append((f"the cache {cache}", fs_cache.free, need_cache, in_cache))
-    out = []
     note = f"; {unknown} package sizes unknown to the lock: more may be needed" if unknown else ""
-    for where, free, need, parts in checks:
-        detail = {
-            "where": where,
-            "free": free,
-            "need": int(need),
-            "packages": packed,
-            "unknown_sizes": unknown,
-        }
-        msg = (
-            f"{_human(free)} free for {where}; a first build of {lock.meta.name}'s image needs about "
-            f"{_human(need)} there: {parts} (packages unpack to ~{UNPACK_FACTOR}x; what the cache holds "
-            f"already is not written again){note}"
+    return [
+        _disk_room(lock.meta.name, where, free, need, parts, packed, unknown, note)
+        for where, free, need, parts in checks
+    ]
+
+
+def _disk_room(
+    name: str,
+    where: str,
+    free: int,
+    need: float,
+    parts: str,
+    packed: int,
+    unknown: int,
+    note: str,
+) -> Diagnosis:
+    """Whether ``free`` bytes at ``where`` hold a first build's ``need`` (``parts``: what goes there)."""
+    detail = {
+        "where": where,
+        "free": free,
+        "need": int(need),
+        "packages": packed,
+        "unknown_sizes": unknown,
+    }
+    msg = (
+        f"{_human(free)} free for {where}; a first build of {name}'s image needs about "
+        f"{_human(need)} there: {parts} (packages unpack to ~{UNPACK_FACTOR}x; what the cache holds "
+        f"already is not written again){note}"
+    )
+    if free < need:
+        return Diagnosis(
+            "disk",
+            "fail",
+            msg,
+            fix=f"free {_human(need - free)} or point ENVSPEC_CACHE / "
+            "ENVSPEC_STORAGE_ROOT at a larger disk",
+            detail=detail,
         )
-        if free < need:
-            out.append(
-                Diagnosis(
-                    "disk",
-                    "fail",
-                    msg,
-                    fix=f"free {_human(need - free)} or point ENVSPEC_CACHE / "
-                    "ENVSPEC_STORAGE_ROOT at a larger disk",
-                    detail=detail,
-                )
-            )
-        elif free < need * 1.25:
-            out.append(Diagnosis("disk", "warn", msg + ": little room left", detail=detail))
-        else:
-            out.append(Diagnosis("disk", "ok", msg, detail=detail))
-    return out
+    if free < need * 1.25:
+        return Diagnosis("disk", "warn", msg + ": little room left", detail=detail)
+    return Diagnosis("disk", "ok", msg, detail=detail)
 
 
 def _first_build(lock: Lockfile) -> tuple[int, float, int]:

@@ -815,6 +815,27 @@ def emulated_cpu_dir(cache_dir: Path, arch: str) -> Path:
     return cache_dir / "emulation" / f"sys-devices-system-cpu-{arch}"
 
 
+def _copy_cpu_files(source: Path, dest: Path, rel: Path) -> None:
+    """The regular readable files of ``source/rel`` (no links, no subdirectories) into ``dest/rel``."""
+    import os
+
+    here = source / rel
+    try:
+        names = sorted(os.listdir(here))
+    except OSError:
+        return
+    for name in names:
+        src = here / name
+        if src.is_symlink() or not src.is_file():
+            continue
+        try:
+            data = src.read_bytes()
+        except OSError:  # write-only or refused attributes
+            continue
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        (dest / rel / name).write_bytes(data)
+
+
 def write_emulated_cpu_dir(
     dest: Path, *, source: Path = SYSFS_CPU, midr: str = GRACE_MIDR_EL1
 ) -> bool:
@@ -837,29 +858,11 @@ def write_emulated_cpu_dir(
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".cpu-", dir=dest.parent))
     try:
-
-        def files(rel: Path) -> None:
-            here = source / rel
-            try:
-                names = sorted(os.listdir(here))
-            except OSError:
-                return
-            for name in names:
-                src = here / name
-                if src.is_symlink() or not src.is_file():
-                    continue
-                try:
-                    data = src.read_bytes()
-                except OSError:  # write-only or refused attributes
-                    continue
-                (tmp / rel).mkdir(parents=True, exist_ok=True)
-                (tmp / rel / name).write_bytes(data)
-
-        files(Path("."))
+        _copy_cpu_files(source, tmp, Path("."))
         for name in top:
             if name.startswith("cpu") and name[3:].isdigit() and (source / name).is_dir():
                 (tmp / name).mkdir()
-                files(Path(name) / "topology")
+                _copy_cpu_files(source, tmp, Path(name) / "topology")
         for name in top:
             if name.startswith("cpu") and name[3:].isdigit() and (tmp / name).is_dir():
                 ident = tmp / name / "regs" / "identification"

@@ -1563,6 +1563,24 @@ def with_packages(
     if version == choice.torch.release.version or version not in fitting:
         return choice
     newer = [v for v in fitting if Version(v) > Version(version)]
+    held = _held_for(found, named, newer, choice)
+    again = choose(
+        spec,
+        db,
+        platform=choice.platform if len(spec.target.platforms) > 1 else None,
+        torch_version=version,
+    )
+    return dataclasses.replace(again, passed_over=tuple(held))
+
+
+def _held_for(
+    found: list[PylockPackage], named: list[str], newer: list[str], choice: Choice
+) -> list[PassedOver]:
+    """Which package held torch back from each of the ``newer`` fitting releases: a named one;
+    else torch's own family (torchvision, torchaudio, ... pin torch exactly); else another
+    dependency, whose metadata is not read (no package named)."""
+    from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
+
     wanted = {canonicalize_name(requirement_name(r)) for r in named}
     held = [
         h
@@ -1570,24 +1588,16 @@ def with_packages(
         if canonicalize_name(p["name"]) in wanted
         for h in _excludes(p, newer, choice)
     ]
-    if (
-        not held
-    ):  # a dependency's pin: torch's own family (torchvision, torchaudio, ...) pins torch exactly
+    if not held:
         held = [
             h
             for p in found
             if canonicalize_name(p["name"]) in TORCH_FAMILY - {"torch"}
             for h in _excludes(p, newer, choice)
         ]
-    again = choose(
-        spec,
-        db,
-        platform=choice.platform if len(spec.target.platforms) > 1 else None,
-        torch_version=version,
-    )
-    if not held:  # another dependency's pin, whose metadata is not read
+    if not held:
         held = [PassedOver(torch=v, package="", version="", requires="") for v in newer]
-    return dataclasses.replace(again, passed_over=tuple(held))
+    return held
 
 
 def _torch_among(fitting: list[str], in_range: list[str]) -> str:
@@ -1950,6 +1960,28 @@ def resolve_debian(
     return pins, requested
 
 
+def _newer_with_wheel(
+    name: str,
+    top: PylockPackage,
+    have: Version,
+    torch_version: str | None,
+    choice: Choice,
+    where: tuple[ResolvedSources, Path],
+) -> str:
+    """Why the lock holds ``name`` at ``have`` below ``top``, its newest release with a wheel."""
+    sources, workdir = where
+    reason = _holds_back(top, torch_version, choice, sources, workdir)
+    if reason.startswith("Python "):  # an index that does not say Requires-Python (find-links)
+        return (
+            f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
+            f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}"
+        )
+    return (
+        f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
+        f"Python {choice.python}; " + reason
+    )
+
+
 def held_back(
     choice: Choice, wheels: list[WheelCandidate], sources: ResolvedSources, *, workdir: Path
 ) -> dict[str, str]:
@@ -1991,20 +2023,10 @@ def held_back(
         top = newest.get(name)
         covered = have  # the newest release already explained
         if top is not None and Version(str(top["version"])) > have:
-            reason = _holds_back(top, torch_version, choice, sources, workdir)
+            why.append(
+                _newer_with_wheel(name, top, have, torch_version, choice, (sources, workdir))
+            )
             covered = Version(str(top["version"]))
-            if reason.startswith(
-                "Python "
-            ):  # an index that does not say Requires-Python (a find-links folder)
-                why.append(
-                    f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
-                    f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}"
-                )
-            else:
-                why.append(
-                    f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
-                    f"Python {choice.python}; " + reason
-                )
         if name in any_kind and Version(any_kind[name]) > covered:
             why.append(
                 f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "

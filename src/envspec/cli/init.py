@@ -30,18 +30,8 @@ def _split(values: list[str] | None) -> tuple[str, ...]:
     return tuple(v.strip() for item in values or () for v in item.split(",") if v.strip())
 
 
-def cmd_init(args: argparse.Namespace) -> int:
-    from envspec import init
-    from envspec.host import ASK_NONE, detect_host
-    from envspec.lock import default_path
-
-    tty = sys.stdin.isatty() and not args.yes
-    name = args.name or Path.cwd().name.lower().replace(" ", "-") or "env"
-    out = Path(args.output) if args.output else Path("specs") / f"{name}.toml"
-    _refuse_existing(
-        out
-    )  # before any question: nothing to ask for a file that is never overwritten
-    notes = []
+def _gpus(args: argparse.Namespace, tty: bool) -> tuple[str, ...]:
+    """The GPUs given, else asked for in a terminal (none: a CPU image)."""
     gpus = _split(args.gpu)
     if not gpus and not args.cpu:
         if not tty:
@@ -52,7 +42,14 @@ def cmd_init(args: argparse.Namespace) -> int:
             )
         gpus = _split([_ask("GPUs the image runs on, comma-separated (none: a CPU image)", "H100")])
         gpus = () if gpus == ("none",) else gpus
-    driver = args.driver or ""
+    return gpus
+
+
+def _driver(args: argparse.Namespace, tty: bool, gpus: tuple[str, ...], notes: list[str]) -> str:
+    """The hosts' oldest driver: given, asked for (this host's offered), or this host's (noted)."""
+    from envspec.host import ASK_NONE, detect_host
+
+    driver: str = args.driver or ""
     if gpus and not driver:
         here = detect_host(ask=ASK_NONE).driver_version  # this host's driver, where it has one
         driver = (
@@ -67,6 +64,22 @@ def cmd_init(args: argparse.Namespace) -> int:
             notes.append(
                 f"--driver not given: this host's driver {driver} is taken as the hosts' oldest"
             )
+    return driver
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from envspec import init
+    from envspec.lock import default_path
+
+    tty = sys.stdin.isatty() and not args.yes
+    name = args.name or Path.cwd().name.lower().replace(" ", "-") or "env"
+    out = Path(args.output) if args.output else Path("specs") / f"{name}.toml"
+    _refuse_existing(
+        out
+    )  # before any question: nothing to ask for a file that is never overwritten
+    notes: list[str] = []
+    gpus = _gpus(args, tty)
+    driver = _driver(args, tty, gpus, notes)
     torch = args.torch or (
         _ask("torch versions (2.14: every 2.14 release; *: the newest that fits)", "*")
         if tty
@@ -118,6 +131,24 @@ def add_init(sub: Subparsers) -> None:
             "envspec init                               # asks",
         ],
     )
+    _add_spec_flags(s)
+    s.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="where to write (default specs/<name>.toml); an existing file is never overwritten",
+    )
+    s.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="ask nothing: take the defaults for what is not given",
+    )
+    s.set_defaults(func=cmd_init)
+
+
+def _add_spec_flags(s: argparse.ArgumentParser) -> None:
+    """``init``'s flags for what goes into the spec."""
     s.add_argument(
         "--name",
         help="the spec's name, which names its lock and image (default: this folder's name)",
@@ -152,16 +183,3 @@ def add_init(sub: Subparsers) -> None:
         help="Python packages beside torch, comma-separated PEP 508 requirements, e.g. "
         '"transformers>=4.50,datasets" (default: none)',
     )
-    s.add_argument(
-        "-o",
-        "--output",
-        metavar="PATH",
-        help="where to write (default specs/<name>.toml); an existing file is never overwritten",
-    )
-    s.add_argument(
-        "-y",
-        "--yes",
-        action="store_true",
-        help="ask nothing: take the defaults for what is not given",
-    )
-    s.set_defaults(func=cmd_init)

@@ -27,7 +27,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -353,24 +353,47 @@ def _wheel_metadata(f: PypiFile, fetch: Fetch, fetch_range: FetchRange | None) -
     return read_zip_member(f["url"], size, ".dist-info/METADATA", fetch_range)
 
 
-def collect(
-    fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0"
-) -> tuple[list[ReleaseRow], list[str], list[str]]:
-    """Rows for torch_pypi.toml (sorted), the problems met, and those of them where an index did not
-    answer (``SourceError`` from a fetcher); pure given its fetchers. The release list and the
-    file list are needed at all: a ``SourceError`` reading them propagates."""
-    floor = Version(since)
-    api = json.loads(fetch(JSON_API))
-    simple = json.loads(fetch(SIMPLE_API))
+def _final_releases(releases: Iterable[str], floor: Version) -> list[Version]:
+    """The final releases from ``floor`` on, in order (no pre-, dev- or unparsable versions)."""
     versions = []
-    for v in api.get("releases", {}):
+    for v in releases:
         try:
             pv = Version(v)
         except InvalidVersion:
             continue
         if pv >= floor and not pv.is_prerelease and not pv.is_devrelease:
             versions.append(pv)
-    versions.sort()
+    return sorted(versions)
+
+
+def _release_row(
+    v: str, py: list[str], py_t: list[str], wheel: str, pins: dict[str, str | None]
+) -> ReleaseRow:
+    """torch_pypi.toml's row of release ``v``: its Pythons, and the pins its ``wheel`` requires."""
+    return {
+        "version": v,
+        "python": py,
+        "python_freethreaded": py_t,
+        "pypi_variant": pins["variant"] or "",
+        "cuda": pins["cuda"] or "",
+        "cuda_pin": pins["cuda_pin"] or "",
+        "cudnn": pins["cudnn"] or "",
+        "nccl": pins["nccl"] or "",
+        "wheel": wheel,
+        "source": f"pypi-metadata: Requires-Dist of {wheel}; Python versions from "
+        f"{SIMPLE_API} file names",
+    }
+
+
+def collect(
+    fetch: Fetch, fetch_range: FetchRange | None, since: str = "2.0.0"
+) -> tuple[list[ReleaseRow], list[str], list[str]]:
+    """Rows for torch_pypi.toml (sorted), the problems met, and those of them where an index did not
+    answer (``SourceError`` from a fetcher); pure given its fetchers. The release list and the
+    file list are needed at all: a ``SourceError`` reading them propagates."""
+    api = json.loads(fetch(JSON_API))
+    simple = json.loads(fetch(SIMPLE_API))
+    versions = _final_releases(api.get("releases", {}), Version(since))
     files_by_version = _files_by_version(simple)
     rows: list[ReleaseRow] = []
     problems: list[str] = []
@@ -403,22 +426,7 @@ def collect(
         except (ValueError, struct.error, zlib.error) as exc:
             problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
             continue
-        pins = pins_from_metadata(meta)
-        rows.append(
-            {
-                "version": v,
-                "python": py,
-                "python_freethreaded": py_t,
-                "pypi_variant": pins["variant"] or "",
-                "cuda": pins["cuda"] or "",
-                "cuda_pin": pins["cuda_pin"] or "",
-                "cudnn": pins["cudnn"] or "",
-                "nccl": pins["nccl"] or "",
-                "wheel": pick["filename"],
-                "source": f"pypi-metadata: Requires-Dist of {pick['filename']}; Python versions from "
-                f"{SIMPLE_API} file names",
-            }
-        )
+        rows.append(_release_row(v, py, py_t, pick["filename"], pins_from_metadata(meta)))
     return rows, problems, source_errors
 
 

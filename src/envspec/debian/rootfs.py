@@ -334,6 +334,31 @@ class _Tree:
             hit = self._dirs[rel] = str(self.mkdirs(rel))
         return hit
 
+    def _member_dir(
+        self,
+        pin: DebPin,
+        ti: tarfile.TarInfo,
+        rel: str,
+        orig: str,
+        target: str,
+        st: os.stat_result | None,
+    ) -> None:
+        """A package's directory entry: made, or a shared directory given this package's owner
+        and mode; a symlink to a directory stays, as dpkg leaves it; a file there is an error."""
+        mode = ti.mode & 0o7777
+        if st is None:
+            os.mkdir(target)
+            self.chown(target, ti.uid, ti.gid)
+            os.chmod(target, mode)
+        elif stat.S_ISDIR(st.st_mode):
+            self.chown(target, ti.uid, ti.gid)  # shared directory: the later package's mode
+            os.chmod(target, mode)
+        elif not (stat.S_ISLNK(st.st_mode) and self.resolve(rel, follow_last=True).is_dir()):
+            raise BuildError(
+                f"{pin.name} ships directory {orig} where another package put a file",
+                step="rootfs",
+            )
+
     def _member(
         self,
         pin: DebPin,
@@ -351,19 +376,7 @@ class _Tree:
         except FileNotFoundError:
             st = None
         if ti.isdir():
-            if st is None:
-                os.mkdir(target)
-                self.chown(target, ti.uid, ti.gid)
-                os.chmod(target, mode)
-            elif stat.S_ISDIR(st.st_mode):
-                self.chown(target, ti.uid, ti.gid)  # shared directory: the later package's mode
-                os.chmod(target, mode)
-            elif not (stat.S_ISLNK(st.st_mode) and self.resolve(rel, follow_last=True).is_dir()):
-                # (a symlink to a directory stays, as dpkg leaves it)
-                raise BuildError(
-                    f"{pin.name} ships directory {orig} where another package put a file",
-                    step="rootfs",
-                )
+            self._member_dir(pin, ti, rel, orig, target, st)
             return
         if st is not None:
             if stat.S_ISDIR(st.st_mode):

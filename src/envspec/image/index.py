@@ -112,6 +112,27 @@ def check_options(options: BuildOptions) -> None:
             )
 
 
+def _build_untagged(
+    view: Lockfile,
+    layout: Path,
+    engine: Engine,
+    cache: Cache,
+    mirrors: Sequence[Mirror],
+    options: BuildOptions,
+    reporter: Reporter,
+) -> BuiltImage:
+    """One platform's image, into the index's ``layout`` under its architecture: not tagged,
+    pushed or cached to a registry (the index does that once every platform is made)."""
+    opts = dataclasses.replace(
+        options,
+        tag="",
+        outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
+        push=None,
+        cache_to="",
+    )
+    return build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter)
+
+
 def build_index(
     lock: Lockfile,
     engine: Engine,
@@ -132,21 +153,13 @@ def build_index(
     views = lock.views()
     try:
         # every platform's image made first, none tagged: a platform that fails to build leaves no tag
-        images: list[tuple[str, BuiltImage]] = []
-        for view in views:
-            opts = dataclasses.replace(
-                options,
-                tag="",
-                outputs=(f"oci:{layout}:{view.platform.oci_arch}",),
-                push=None,
-                cache_to="",
+        images = [
+            (
+                view.platform_names[0],
+                _build_untagged(view, layout, engine, cache, mirrors, options, reporter),
             )
-            images.append(
-                (
-                    view.platform_names[0],
-                    build(make_plan(view), engine, cache, mirrors, options=opts, reporter=reporter),
-                )
-            )
+            for view in views
+        ]
         digest, _size = write_index(
             layout,
             [(name.split("-", 1)[0], _arch(name), built.digest) for name, built in images],

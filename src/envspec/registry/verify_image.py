@@ -296,6 +296,26 @@ def platform_name(os_name: str, architecture: str) -> str:
     return f"{os_name or 'unknown'}-{_LOCK_ARCH.get(architecture, architecture or 'unknown')}"
 
 
+def _no_lock() -> Finding:
+    return Finding(
+        "lock",
+        SKIP,
+        "--lock LOCK",
+        "not given: the lock hash is not compared",
+        hint="pass --lock LOCK to check the image was built from it",
+    )
+
+
+def _no_image(ref: str) -> Finding:
+    return Finding(
+        "image",
+        FAIL,
+        f"an image at {ref}",
+        "no such image in the registry",
+        hint="check the reference; `skopeo inspect docker://REF` lists what is there",
+    )
+
+
 def verify_image(
     ref: str,
     public_key: Any,
@@ -313,15 +333,7 @@ def verify_image(
     repo = attest.repository(ref)
     raw = reader.manifest(ref)
     if raw is None:
-        report.add(
-            Finding(
-                "image",
-                FAIL,
-                f"an image at {ref}",
-                "no such image in the registry",
-                hint="check the reference; `skopeo inspect docker://REF` lists what is there",
-            )
-        )
+        report.add(_no_image(ref))
         return report
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     wanted = ref.split("@", 1)[1] if "@" in ref else ""
@@ -351,15 +363,7 @@ def verify_image(
             report, _Pulled(repo, digest, manifest, config), public_key, reader, view, prefix
         )
     if lock is None:
-        report.add(
-            Finding(
-                "lock",
-                SKIP,
-                "--lock LOCK",
-                "not given: the lock hash is not compared",
-                hint="pass --lock LOCK to check the image was built from it",
-            )
-        )
+        report.add(_no_lock())
     return report
 
 

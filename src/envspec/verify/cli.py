@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="write node-exporter textfile metrics to FILE (atomically)",
     )
     p.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
+    _add_check_flags(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="show every hint and tracebacks")
+    _add_cluster_flags(p)
+    return p
+
+
+def _add_check_flags(p: argparse.ArgumentParser) -> None:
+    """Which checks run, and how: --skip, --compile-timeout, --allreduce, --startup."""
     p.add_argument(
         "--skip",
         action="append",
@@ -92,9 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the container start-up hook: the checks that need no torch (driver, GPUs through NVML, "
         "environment, /dev/shm), mode from $ENVSPEC_VERIFY=off|warn|strict",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="show every hint and tracebacks")
-    _add_cluster_flags(p)
-    return p
 
 
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:

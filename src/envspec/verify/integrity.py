@@ -240,6 +240,36 @@ def _hash_workers() -> int:
     return max(2, min(32, usable_cpus()))
 
 
+def _stat_one(d: Dist, e: RecordEntry) -> FileProblem | None:
+    """A RECORD entry's file missing, unreadable, or of another size than RECORD's."""
+    try:
+        size = os.stat(e.path).st_size
+    except FileNotFoundError:
+        return FileProblem(d.name, str(e.path), "missing")
+    except OSError:
+        return FileProblem(d.name, str(e.path), "unreadable")
+    if e.size is not None and size != e.size:
+        return FileProblem(d.name, str(e.path), "changed", f"size {size} B, RECORD says {e.size} B")
+    return None
+
+
+def _hash_one(job: tuple[Dist, RecordEntry], cache: HashCache | None) -> FileProblem | None:
+    """``_stat_one``'s problem, else the file's sha256 against RECORD's."""
+    d, e = job
+    bad = _stat_one(d, e)
+    if bad is not None:
+        return bad
+    try:
+        got = b64_sha256_file(e.path, cache)
+    except FileNotFoundError:
+        return FileProblem(d.name, str(e.path), "missing")
+    except OSError:
+        return FileProblem(d.name, str(e.path), "unreadable")
+    return (
+        None if got == e.sha256 else FileProblem(d.name, str(e.path), "changed", "sha256 differs")
+    )
+
+
 def check_files(
     dists: list[Dist], cache: HashCache | None = None, *, hash_all: bool = True
 ) -> FileCheck:
@@ -265,40 +295,13 @@ def check_files(
     hash_jobs.sort(key=lambda j: -(j[1].size or 0))
     out = FileCheck(workers=_hash_workers())
 
-    def stat(d: Dist, e: RecordEntry) -> FileProblem | None:
-        try:
-            size = os.stat(e.path).st_size
-        except FileNotFoundError:
-            return FileProblem(d.name, str(e.path), "missing")
-        except OSError:
-            return FileProblem(d.name, str(e.path), "unreadable")
-        if e.size is not None and size != e.size:
-            return FileProblem(
-                d.name, str(e.path), "changed", f"size {size} B, RECORD says {e.size} B"
-            )
-        return None
-
     def one(job: tuple[Dist, RecordEntry]) -> FileProblem | None:
-        d, e = job
-        bad = stat(d, e)
-        if bad is not None:
-            return bad
-        try:
-            got = b64_sha256_file(e.path, cache)
-        except FileNotFoundError:
-            return FileProblem(d.name, str(e.path), "missing")
-        except OSError:
-            return FileProblem(d.name, str(e.path), "unreadable")
-        return (
-            None
-            if got == e.sha256
-            else FileProblem(d.name, str(e.path), "changed", "sha256 differs")
-        )
+        return _hash_one(job, cache)
 
     with ThreadPoolExecutor(out.workers, thread_name_prefix="envspec-verify-sha256") as pool:
         hashed = pool.map(one, hash_jobs)
         for d, e in size_jobs:
-            res = stat(d, e)
+            res = _stat_one(d, e)
             if res is not None:
                 out.problems.append(res)
         out.problems.extend(r for r in hashed if r is not None)

@@ -62,6 +62,23 @@ def _only_tables(text: str, tables: tuple[str, ...]) -> str:
     return "".join(keep)
 
 
+def _missing(data: dict[str, Any]) -> list[str]:
+    """What the verifier needs and the lock (one platform's view) lacks."""
+    problems = []
+    for table in ("platform", "hardware"):
+        if not isinstance(data.get(table), dict):
+            problems.append(f"[{table}] is missing")
+    wheels = data.get("wheels", [])
+    if not isinstance(wheels, list):
+        problems.append("[[wheels]] must be an array of tables")
+    else:
+        for i, w in enumerate(wheels):
+            for key in ("name", "version"):
+                if not isinstance(w, dict) or not isinstance(w.get(key), str):
+                    problems.append(f"wheels[{i}].{key} is missing")
+    return problems
+
+
 def load_lock(
     path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
@@ -108,18 +125,7 @@ def load_lock(
         )
     if version == MULTI_VERSION:
         data = _platform_view(data, p)
-    problems = []
-    for table in ("platform", "hardware"):
-        if not isinstance(data.get(table), dict):
-            problems.append(f"[{table}] is missing")
-    wheels = data.get("wheels", [])
-    if not isinstance(wheels, list):
-        problems.append("[[wheels]] must be an array of tables")
-    else:
-        for i, w in enumerate(wheels):
-            for key in ("name", "version"):
-                if not isinstance(w, dict) or not isinstance(w.get(key), str):
-                    problems.append(f"wheels[{i}].{key} is missing")
+    problems = _missing(data)
     if problems:
         raise LockReadError(f"{p}: " + "; ".join(problems))
     data.setdefault("meta", {})

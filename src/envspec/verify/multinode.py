@@ -197,6 +197,38 @@ def compare(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
+def _rank0_findings(entries: list[dict[str, Any]], world: int) -> list[Finding]:
+    """Rank 0's view of every rank's entry: the fingerprints compared, each test hook set, and
+    whether every rank passed its local checks."""
+    findings = compare(entries)
+    for e in entries:
+        if e.get("test_hook"):
+            findings.append(
+                Finding(
+                    "cluster.test_hook",
+                    WARN,
+                    expected=f"{FAKE_ENV} unset on every node",
+                    observed=f"{node_label(e)} faked its fingerprint with {FAKE_ENV}",
+                    hint="a test hook; never set it in production",
+                )
+            )
+    bad = [e for e in entries if not e["ok"]]
+    findings.append(
+        Finding(
+            "cluster.nodes",
+            FAIL if bad else PASS,
+            expected=f"every one of {world} ranks passes its local checks",
+            observed=(
+                "; ".join(f"{node_label(e)} failed {', '.join(e['failed'][:5])}" for e in bad)
+                if bad
+                else f"{world} ranks ok"
+            ),
+            hint="read that node's own report (run verify there)" if bad else "",
+        )
+    )
+    return findings
+
+
 def cluster_phase(
     report: Report, torch: Any, env: Mapping[str, str] = os.environ, level: str = "quick"
 ) -> Report:
@@ -227,32 +259,7 @@ def cluster_phase(
     report.timings["cluster.gather"] = time.perf_counter() - t0
     findings: list[Finding] = []
     if rank == 0:
-        findings += compare(entries)
-        for e in entries:
-            if e.get("test_hook"):
-                findings.append(
-                    Finding(
-                        "cluster.test_hook",
-                        WARN,
-                        expected=f"{FAKE_ENV} unset on every node",
-                        observed=f"{node_label(e)} faked its fingerprint with {FAKE_ENV}",
-                        hint="a test hook; never set it in production",
-                    )
-                )
-        bad = [e for e in entries if not e["ok"]]
-        findings.append(
-            Finding(
-                "cluster.nodes",
-                FAIL if bad else PASS,
-                expected=f"every one of {world} ranks passes its local checks",
-                observed=(
-                    "; ".join(f"{node_label(e)} failed {', '.join(e['failed'][:5])}" for e in bad)
-                    if bad
-                    else f"{world} ranks ok"
-                ),
-                hint="read that node's own report (run verify there)" if bad else "",
-            )
-        )
+        findings += _rank0_findings(entries, world)
         report.nodes = entries
     t0 = time.perf_counter()
     findings_ar = _allreduce(dist, torch, world, local_rank, level)
@@ -278,6 +285,33 @@ def gather_json(dist: Any, torch: Any, obj: Any, world: int) -> list[Any]:
     bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
     dist.all_gather(bufs, buf)
     return [json.loads(bytes(b[: int(n.item())].tolist())) for b, n in zip(bufs, sizes)]
+
+
+def _time_allreduce(
+    dist: Any, torch: Any, size: int, dev: Any, group: Any, world: int, use_cuda: bool
+) -> dict[str, float]:
+    """One message size's all-reduce, warmed up once, then timed over 5: its time, algorithm
+    and bus bandwidth (nccl-tests' busbw: 2(n-1)/n of the algorithm's)."""
+    iters = 5
+    buf = torch.zeros(size // 4, device=dev)
+    dist.all_reduce(buf, group=group)
+    if use_cuda:
+        torch.cuda.synchronize(dev)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf, group=group)
+    if use_cuda:
+        torch.cuda.synchronize(dev)
+    dt = (time.perf_counter() - t0) / iters
+    algbw = size / dt / 1e9
+    del buf
+    return {
+        "bytes": size,
+        "time_us": dt * 1e6,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (world - 1) / world,
+    }
 
 
 def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -> list[Finding]:
@@ -307,30 +341,8 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
     correct = torch.tensor([1.0 if bool((x == want).all()) else 0.0], device=dev)
     dist.all_reduce(correct, group=group)
     ok = int(correct.item()) == world
-    results: list[dict[str, float]] = []  # a message size's timing (bytes exact: < 2**53)
-    iters = 5
-    for size in sizes:
-        buf = torch.zeros(size // 4, device=dev)
-        dist.all_reduce(buf, group=group)
-        if use_cuda:
-            torch.cuda.synchronize(dev)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(buf, group=group)
-        if use_cuda:
-            torch.cuda.synchronize(dev)
-        dt = (time.perf_counter() - t0) / iters
-        algbw = size / dt / 1e9
-        results.append(
-            {
-                "bytes": size,
-                "time_us": dt * 1e6,
-                "algbw_gbps": algbw,
-                "busbw_gbps": algbw * 2 * (world - 1) / world,
-            }
-        )
-        del buf
+    # a message size's timing (bytes exact: < 2**53)
+    results = [_time_allreduce(dist, torch, size, dev, group, world, use_cuda) for size in sizes]
     table = "; ".join(f"{int(s['bytes']) >> 20} MiB: {s['busbw_gbps']:.1f}" for s in results)
     return [
         Finding(

@@ -606,6 +606,19 @@ class AbiCheck:
                 out.append(TorchExports.from_json(d))
         return out
 
+    def _explained(
+        self, pin: Wheel, torch: Wheel, needs: WheelNeeds, bad: list[Mismatch]
+    ) -> list[Mismatch]:
+        """``bad`` with the torch release the wheel was built for, and what to do."""
+        release, why = built_for(pin, needs, self.rows, self._other_exports(torch))
+        hint = _hint(pin, torch.version, release, self.rows)
+        return [
+            Mismatch(
+                **{**asdict(m), "built_for": f"{release}; {why}" if release else "", "hint": hint}
+            )
+            for m in bad
+        ]
+
     def check(
         self, lock: Lockfile, paths: Mapping[str, Path], *, partial: bool = False
     ) -> list[Mismatch]:
@@ -657,18 +670,7 @@ class AbiCheck:
                 exports = self.exports(torch, paths.get(torch.sha256))
             bad = [m for x in extensions if (m := mismatch(pin, x, exports)) is not None]
             if bad:
-                release, why = built_for(pin, needs, self.rows, self._other_exports(torch))
-                hint = _hint(pin, torch.version, release, self.rows)
-                bad = [
-                    Mismatch(
-                        **{
-                            **asdict(m),
-                            "built_for": f"{release}; {why}" if release else "",
-                            "hint": hint,
-                        }
-                    )
-                    for m in bad
-                ]
+                bad = self._explained(pin, torch, needs, bad)
             self._save("verdicts", key, {"mismatches": [asdict(m) for m in bad]})
             found += bad
         return found

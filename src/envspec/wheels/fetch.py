@@ -183,8 +183,15 @@ class WheelFetcher:
                 mismatches.append(f"{where} ({url}) gave sha256 {got}")
                 continue
             return admit(tmp, dest)
+        raise self._not_fetched(pin, mismatches, failures)
+
+    def _not_fetched(
+        self, pin: FilePin, mismatches: list[str], failures: list[str]
+    ) -> HashMismatch | SourceError:
+        """Why no source gave ``pin``: the sources whose bytes were others (``HashMismatch``),
+        else where it was looked for and the errors met (``SourceError``)."""
         if mismatches:  # no source has the locked bytes: every one tried is named
-            raise HashMismatch(
+            return HashMismatch(
                 f"{pin.filename}: the lock says sha256 {pin.sha256}, but no source has those bytes:\n"
                 + "\n".join(f"    {m}" for m in [*mismatches, *failures]),
                 step=f"fetch {pin.filename}",
@@ -194,10 +201,10 @@ class WheelFetcher:
         tried = [f"mirror {m.url}" for m in self.mirrors] + (
             [f"index {pin.index}"] if pin.index else []
         )
-        failures += [
+        failures = failures + [
             err for (url, proj), err in self._listing_errors.items() if proj in ("", pin.name)
         ]
-        raise SourceError(
+        return SourceError(
             f"{pin.filename} ({pin.name} {pin.version}) was not found on: {', '.join(tried) or 'no source'}"
             + (f"\n  errors: {'; '.join(failures)}" if failures else ""),
             hint="set ENVSPEC_MIRRORS or [sources].mirrors to a mirror holding it, or check the network",
