@@ -699,6 +699,35 @@ def fitting_releases(
     return out
 
 
+Judged = list[tuple[Variant, bool, list[Cause]]]  # each build, whether it fits, and why
+
+
+def _rejections(version: str, judged: Judged) -> list[Cause]:
+    """Each cause with the build of release ``version`` it rejects."""
+    return [
+        replace(c, torch=version, build=v.name)
+        for v, ok, facts in judged
+        if not ok
+        for c in facts
+        if not isinstance(c, VariantNotRequested)
+    ]
+
+
+def _candidates(spec: EnvSpec, judged: Judged, pick: Variant | None) -> list[Candidate]:
+    """Every build judged, as explain shows it: whether it fits, why, and which was taken."""
+    return [
+        Candidate(
+            v.name,
+            v.cuda,
+            ok,
+            tuple(facts),
+            preferred=(pick is not None and v.name == pick.name),
+            index=v.served_from(spec.sources.torch_index).index,
+        )
+        for v, ok, facts in judged
+    ]
+
+
 def _choose_torch(
     spec: EnvSpec, db: CompatDB, gpus: list[Gpu], arch: str = "x86_64", only: str | None = None
 ) -> TorchChoice:
@@ -728,29 +757,8 @@ def _choose_torch(
         ]
         if pick is None:
             # each cause with the build it rejects, for explain to say which builds lack what
-            newer.append(
-                (
-                    rel.version,
-                    [
-                        replace(c, torch=rel.version, build=v.name)
-                        for v, ok, facts in judged
-                        if not ok
-                        for c in facts
-                        if not isinstance(c, VariantNotRequested)
-                    ],
-                )
-            )
-        cands = [
-            Candidate(
-                v.name,
-                v.cuda,
-                ok,
-                tuple(facts),
-                preferred=(pick is not None and v.name == pick.name),
-                index=v.served_from(spec.sources.torch_index).index,
-            )
-            for v, ok, facts in judged
-        ]
+            newer.append((rel.version, _rejections(rel.version, judged)))
+        cands = _candidates(spec, judged, pick)
         if first_candidates is None:
             first_candidates = cands
         if pick is not None:

@@ -317,6 +317,30 @@ class RunOptions:
     platform: str | None = None  # which section of a multi-platform lock (default: the host's)
 
 
+def _shm(lock: Lockfile | None, out: _Argv) -> None:
+    """The lock's /dev/shm size; 16g, with a warning, for an image without a lock."""
+    if lock is None:
+        out.add("--shm-size", "16g")
+        out.warn(
+            "no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead"
+        )
+    elif lock.runtime.shm_size:
+        out.add("--shm-size", lock.runtime.shm_size)
+
+
+def _docker_load_hint(image: str) -> str:
+    """How to get an image envspec built into docker, which does not read containers-storage;
+    "" for an image not built here."""
+    if not image.startswith("localhost/envspec/"):
+        return ""
+    return (
+        f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
+        f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
+        f"skopeo copy containers-storage:{image} docker-daemon:{image}, then docker image inspect {image}"
+        f": skopeo reports success even when the daemon failed to store the image)"
+    )
+
+
 def plan_run(
     target: Runnable | Lockfile | str | Path,
     cmd: Sequence[str] = (),
@@ -348,13 +372,7 @@ def plan_run(
         lock is None or lock.wants_gpu
     ):  # an image we know nothing about: offer the GPUs
         _gpus(host, engine, out)
-    if lock is None:
-        out.add("--shm-size", "16g")
-        out.warn(
-            "no lock: --shm-size 16g and no ulimits or ports; give the spec or lockfile instead"
-        )
-    elif lock.runtime.shm_size:
-        out.add("--shm-size", lock.runtime.shm_size)
+    _shm(lock, out)
     # a capped memlock matters for pinned memory and RDMA on a GPU host; on a machine with no
     # NVIDIA driver it is a fact to know, not a warning
     out.add(*_ulimits(lock, engine, host, out.warnings if host.driver_version else out.notes))
@@ -368,18 +386,11 @@ def plan_run(
     )
     if o.mount_cwd:
         _mount_cwd(host, lock, out)
-    for k in PASSTHROUGH_ENV:
-        if k in host.env_names:
-            out.add("-e", k)  # the name only: the value comes from this environment, never the argv
+    # the names only: the values come from this environment, never the argv
+    out.add(*(a for k in PASSTHROUGH_ENV if k in host.env_names for a in ("-e", k)))
     out.add(image, *cmd)
-    load_hint = ""
-    if engine == "docker" and image.startswith("localhost/envspec/"):
-        load_hint = (
-            f"envspec builds into containers-storage, which docker does not read: load {image} into docker "
-            f"once (envspec build LOCK --output docker-archive:image.tar && docker load -i image.tar, or "
-            f"skopeo copy containers-storage:{image} docker-daemon:{image}, then docker image inspect {image}"
-            f": skopeo reports success even when the daemon failed to store the image)"
-        )
+    load_hint = _docker_load_hint(image) if engine == "docker" else ""
+    if load_hint:
         out.warn(load_hint)
     return RunCommand(
         argv=out.argv,

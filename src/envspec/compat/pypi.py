@@ -620,6 +620,33 @@ def review_items(rows: dict[str, ReleaseRow], curated: Path) -> dict[str, list[s
     return out
 
 
+def _merge_rows(
+    new: dict[str, ReleaseRow],
+    old_rows: dict[str, ReleaseRow],
+    since: str,
+    problems: list[str],
+    report: RefreshReport,
+) -> dict[str, ReleaseRow]:
+    """The rows read now, and the old rows of releases not read (older than ``since``, or whose
+    reading failed); ``report`` says which were added, changed, unchanged and kept."""
+    failed = {p.split(":", 1)[0] for p in problems}
+    merged = dict(new)
+    for v, r in old_rows.items():
+        if v not in merged and (Version(v) < Version(since) or v in failed):
+            merged[v] = r  # keep what we could not (or were not asked to) re-read
+            report.kept.append(v)
+    for v in new:
+        if v not in old_rows:
+            report.added.append(v)
+        elif {k: old_rows[v].get(k) for k in new[v]} != new[v]:
+            report.changed.append(v)
+        else:
+            report.unchanged.append(v)
+    for names in (report.added, report.changed, report.unchanged, report.kept):
+        names.sort(key=Version)
+    return merged
+
+
 def refresh(
     out_path: Path,
     fetch: Fetch | None = None,
@@ -653,21 +680,7 @@ def refresh(
     if not rows:
         return report
     new = {r["version"]: r for r in rows}
-    failed = {p.split(":", 1)[0] for p in problems}
-    merged = dict(new)
-    for v, r in old_rows.items():
-        if v not in merged and (Version(v) < Version(since) or v in failed):
-            merged[v] = r  # keep what we could not (or were not asked to) re-read
-            report.kept.append(v)
-    for v in new:
-        if v not in old_rows:
-            report.added.append(v)
-        elif {k: old_rows[v].get(k) for k in new[v]} != new[v]:
-            report.changed.append(v)
-        else:
-            report.unchanged.append(v)
-    for names in (report.added, report.changed, report.unchanged, report.kept):
-        names.sort(key=Version)
+    merged = _merge_rows(new, old_rows, since, problems, report)
     found, platform_problems = platform_builds(fetch, fetch_range, list(new))
     report.problems += platform_problems
     curated = _curated_dir(out_path)

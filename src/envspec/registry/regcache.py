@@ -467,6 +467,21 @@ class Unavailable(Exception):
     """The cache registry could not be read at all (unreachable, credentials refused)."""
 
 
+def _chunks(resp: Any) -> Iterator[memoryview]:
+    """A blob's response read into one buffer, chunk after chunk: each chunk is taken whole (by
+    ``check_stream``) before the next read; a broken download is a ``BadEntry``."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while True:
+        try:
+            n = resp.readinto(buf)
+        except OSError as e:
+            raise BadEntry(f"its blob's download broke off ({e})") from None
+        if not n:
+            return
+        yield view[:n]
+
+
 @dataclass
 class RegistryCache:
     """The cache repositories of one build: ``cache_from`` is read, ``cache_to`` is written."""
@@ -664,20 +679,10 @@ class RegistryCache:
                     pipe = layers.pipe_for(lay)
                     assert pipe is not None
                     tee = PipeTee(pipe)
-                    buf = bytearray(CHUNK)
-                    view = memoryview(buf)
-
-                    def chunks() -> Iterator[memoryview]:
-                        while True:
-                            try:
-                                n = resp.readinto(buf)  # type: ignore[attr-defined]
-                            except OSError as e:
-                                raise BadEntry(f"its blob's download broke off ({e})") from None
-                            if not n:
-                                return
-                            yield view[:n]  # taken whole by check_stream before the next read
-
-                    check_stream(chunks(), lambda b: tee.write(memoryview(b)), entry, comp, times)
+                    out = tee
+                    check_stream(
+                        _chunks(resp), lambda b: out.write(memoryview(b)), entry, comp, times
+                    )
                 if tee.fd < 0:
                     raise BadEntry("the store's untar went away before the layer's end")
             except BaseException as e:

@@ -419,6 +419,41 @@ class _Run(startup.MachineChecks):
         else:
             self.add("tf32", PASS, expected=exp, observed=obs)
 
+    def _lib_file(
+        self, f: str, owners: dict[Path, tuple[integrity.Dist, integrity.RecordEntry]]
+    ) -> tuple[str, str]:
+        """(what is wrong with the loaded library ``f``, "") or ("", where it comes from): it must
+        be a file of a wheel the lock pins, at the locked version, with its RECORD's bytes."""
+        rp = Path(os.path.realpath(f))
+        hit = owners.get(rp)
+        if hit is None:
+            return (
+                f"{f} is listed in no installed package's RECORD (a system copy or a "
+                "copy on LD_LIBRARY_PATH)",
+                "",
+            )
+        dist, entry = hit
+        w = self.wheels.get(dist.name)
+        if w is None:
+            return (
+                f"{rp.name} comes from {dist.name} {dist.version}, which the lock does not name",
+                "",
+            )
+        if not version_matches(str(w.get("version")), dist.version):
+            return (
+                f"{rp.name} comes from {dist.name} {dist.version}, the lock pins {w.get('version')}",
+                "",
+            )
+        if entry.sha256:
+            got = integrity.b64_sha256_file(rp, self.hash_cache)
+            if got != entry.sha256:
+                return (
+                    f"{rp.name} bytes differ from {dist.name} {dist.version}'s RECORD "
+                    f"(sha256 {integrity.b64_to_hex(got)[:16]}… vs {integrity.b64_to_hex(entry.sha256)[:16]}…)",
+                    "",
+                )
+        return "", f"{rp.name} ({dist.name} {dist.version})"
+
     def check_libs(self) -> None:
         torchprobe.init_cuda_libraries(self.torch)
         self.libs = libs = self.sys.loaded_libraries()
@@ -447,35 +482,11 @@ class _Run(startup.MachineChecks):
                 continue
             bad, good = [], []
             for f in files:
-                rp = Path(os.path.realpath(f))
-                hit = owners.get(rp)
-                if hit is None:
-                    bad.append(
-                        f"{f} is listed in no installed package's RECORD (a system copy or a "
-                        "copy on LD_LIBRARY_PATH)"
-                    )
-                    continue
-                dist, entry = hit
-                w = self.wheels.get(dist.name)
-                if w is None:
-                    bad.append(
-                        f"{rp.name} comes from {dist.name} {dist.version}, which the lock does not name"
-                    )
-                    continue
-                if not version_matches(str(w.get("version")), dist.version):
-                    bad.append(
-                        f"{rp.name} comes from {dist.name} {dist.version}, the lock pins {w.get('version')}"
-                    )
-                    continue
-                if entry.sha256:
-                    got = integrity.b64_sha256_file(rp, self.hash_cache)
-                    if got != entry.sha256:
-                        bad.append(
-                            f"{rp.name} bytes differ from {dist.name} {dist.version}'s RECORD "
-                            f"(sha256 {integrity.b64_to_hex(got)[:16]}… vs {integrity.b64_to_hex(entry.sha256)[:16]}…)"
-                        )
-                        continue
-                good.append(f"{rp.name} ({dist.name} {dist.version})")
+                problem, ok = self._lib_file(f, owners)
+                if problem:
+                    bad.append(problem)
+                else:
+                    good.append(ok)
             want = ""
             if key in ("cudnn", "nccl") and self.torch_lock.get(key):
                 want = f" {self.torch_lock[key]}"

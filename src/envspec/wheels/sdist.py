@@ -924,6 +924,23 @@ class SourceEvents:
     def done(self, w: Wheel, wheel: Path, seconds: float, cached: bool) -> None: ...
 
 
+def _refuse_cross_build(lock: Lockfile, todo: Sequence[Wheel]) -> None:
+    """No wheel is built from source for another architecture than this host's."""
+    import platform as host_platform
+
+    machine = host_platform.machine()
+    if (
+        machine != lock.platform.arch
+    ):  # Linux names them as the lock does (x86_64, aarch64), as run.py compares
+        names = ", ".join(f"{w.name} {w.version}" for w in todo)
+        raise SourceBuildError(
+            f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
+            step="build from source",
+            hint=f"build this lock on a {lock.platform.arch} host once with --cache-to, and take "
+            "the layer from the registry cache here (--cache-from)",
+        )
+
+
 def build_all(
     lock: Lockfile,
     pins: Sequence[Wheel],
@@ -940,7 +957,6 @@ def build_all(
     made only where something is built), ``parallel`` at once with ``jobs`` compile jobs each (0:
     the cores divided among them). ``files``: sha256 -> the checked file of every sdist and build
     requirement. ``events``: what it reports."""
-    import platform as host_platform
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -959,17 +975,7 @@ def build_all(
             todo.append(w)
     if not todo:
         return out
-    machine = host_platform.machine()
-    if (
-        machine != lock.platform.arch
-    ):  # Linux names them as the lock does (x86_64, aarch64), as run.py compares
-        names = ", ".join(f"{w.name} {w.version}" for w in todo)
-        raise SourceBuildError(
-            f"{names}: built from source for {lock.platform.arch}, on a {machine} host",
-            step="build from source",
-            hint=f"build this lock on a {lock.platform.arch} host once with --cache-to, and take "
-            "the layer from the registry cache here (--cache-from)",
-        )
+    _refuse_cross_build(lock, todo)
     box = sandbox()
     uv = _uv()
     parallel = max(1, min(parallel, len(todo)))
