@@ -20,7 +20,15 @@ from typing import Any, Literal
 
 from envspec.compat import best_arch, driver_branch, load_db
 from envspec.errors import HostError
-from envspec.host import FROM_BUILDAH, FROM_DEFAULT, PUT_LAYER, UNLIMITED, Host, disk_free
+from envspec.host import (
+    FROM_BUILDAH,
+    FROM_DEFAULT,
+    PUT_LAYER,
+    UNLIMITED,
+    DockerDaemon,
+    Host,
+    disk_free,
+)
 from envspec.lock import Lockfile
 
 Status = Literal["ok", "warn", "fail", "info"]
@@ -405,35 +413,36 @@ def _docker_daemon(host: Host, lock: Lockfile | None, primary: bool) -> list[Dia
             )
         )
     if host.driver_version or _wants_gpu(lock):
-        if d.nvidia_runtime or host.nvidia_toolkit:
-            how = (
-                "the daemon's nvidia runtime"
-                if d.nvidia_runtime
-                else f"the NVIDIA toolkit ({host.nvidia_toolkit})"
-            )
-            out.append(
-                Diagnosis(
-                    "docker-gpu", "ok", f"docker --gpus all works through {how}", detail=detail
-                )
-            )
-        else:
-            # blocks only where docker is the one engine that could run the lock's GPU code here
-            status: Status = (
-                "fail"
-                if host.driver_version and _wants_gpu(lock) and not host.which("podman")
-                else "warn"
-            )
-            out.append(
-                Diagnosis(
-                    "docker-gpu",
-                    status,
-                    "docker has no nvidia runtime and the NVIDIA container toolkit "
-                    "is not installed: `docker run --gpus all` will fail",
-                    fix=TOOLKIT_FIX + "; then nvidia-ctk runtime configure --runtime=docker",
-                    detail=detail,
-                )
-            )
+        out.append(_docker_gpu(host, lock, d, detail))
     return out
+
+
+def _docker_gpu(
+    host: Host, lock: Lockfile | None, d: DockerDaemon, detail: dict[str, Any]
+) -> Diagnosis:
+    """Whether ``docker run --gpus all`` works: through the daemon's nvidia runtime or the
+    NVIDIA container toolkit; without either it blocks only where docker is the one engine
+    that could run the lock's GPU code here."""
+    if d.nvidia_runtime or host.nvidia_toolkit:
+        how = (
+            "the daemon's nvidia runtime"
+            if d.nvidia_runtime
+            else f"the NVIDIA toolkit ({host.nvidia_toolkit})"
+        )
+        return Diagnosis(
+            "docker-gpu", "ok", f"docker --gpus all works through {how}", detail=detail
+        )
+    status: Status = (
+        "fail" if host.driver_version and _wants_gpu(lock) and not host.which("podman") else "warn"
+    )
+    return Diagnosis(
+        "docker-gpu",
+        status,
+        "docker has no nvidia runtime and the NVIDIA container toolkit "
+        "is not installed: `docker run --gpus all` will fail",
+        fix=TOOLKIT_FIX + "; then nvidia-ctk runtime configure --runtime=docker",
+        detail=detail,
+    )
 
 
 def check_runtime(host: Host) -> list[Diagnosis]:

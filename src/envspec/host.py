@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict
 
 from envspec import settings
 from envspec.cache.dirs import (
@@ -719,6 +719,49 @@ def _identity(root: Path) -> tuple[int, bool]:
         return euid, euid == 0
 
 
+class _SystemFiles(TypedDict):
+    """What /proc, /sys, /etc and /run say of this host (``detect_host``)."""
+
+    kernel: str
+    cgroup: Cgroup
+    systemd: bool
+    pid_max: int
+    selinux: bool
+    bridge: str
+    bridge_subnet: str
+    bridge_conflict: str
+    rlimits: Mapping[str, tuple[int, int]]
+    host_init: str
+    podman_init: bool
+    cdi_gpu_specs: tuple[str, ...]
+
+
+def _system_files(root: Path) -> _SystemFiles:
+    bridge, subnet = _podman_bridge(root)
+    return _SystemFiles(
+        kernel=(_read(root, "/proc/sys/kernel/osrelease") or "").strip(),
+        cgroup=_cgroup(root),
+        systemd=_under(root, "/run/systemd/system").is_dir(),
+        pid_max=_int(_read(root, "/proc/sys/kernel/pid_max")),
+        selinux=(_read(root, "/sys/fs/selinux/enforce") or "").strip() == "1",
+        bridge=bridge,
+        bridge_subnet=subnet,
+        bridge_conflict=bridge_conflict(_read(root, "/proc/net/route") or "", bridge, subnet),
+        rlimits=_rlimits(_read(root, "/proc/self/limits") or ""),
+        host_init=next((p for p in HOST_INITS if _under(root, p).exists()), ""),
+        podman_init=any(_under(root, p).exists() for p in PODMAN_INITS),
+        cdi_gpu_specs=_cdi_gpu_specs(root),
+    )
+
+
+def _owner(path: str, default: int) -> int:
+    """The uid owning ``path``; ``default`` where it cannot be read."""
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return default
+
+
 def detect_host(
     root: Path = Path("/"),
     env: Mapping[str, str] | None = None,
@@ -736,48 +779,31 @@ def detect_host(
     tools = _tools(env, run, ask)
     euid, cap_sys_resource = _identity(root)
     user = env.get("USER", "")
-    subuid = (
-        bool(user)
-        and re.search(rf"^{re.escape(user)}:", _read(root, "/etc/subuid") or "", re.M) is not None
-    )
-
     overlay = "overlay" in (_read(root, "/proc/filesystems") or "")
     storage = _storage(
         root, env, run, overlay, euid, buildah="buildah info" in ask and "buildah" in tools
     )
     cache = cache_dir_for(env)
-    bridge, subnet = _podman_bridge(root)
     smi = tools["nvidia-smi"].path if "nvidia-smi" in tools else ""
     driver, driver_source = _driver_version(root, run, smi, ask)
     gpus, gpu_error = _gpus(run) if smi and driver and "nvidia-smi" in ask else ((), "")
     docker = _docker(tools["docker"].path if "docker" in tools else "", env, root)
     daemon = _docker_daemon(run, env) if docker == "daemon" and "docker info" in ask else None
-    try:
-        cwd_uid = os.stat(cwd).st_uid
-    except OSError:
-        cwd_uid = euid
     machine = platform.machine() or "x86_64"
     binfmt, binfmt_note = _binfmt(root, machine)
     return Host(
-        kernel=(_read(root, "/proc/sys/kernel/osrelease") or "").strip(),
+        **_system_files(root),
         machine=machine,
         binfmt=binfmt,
         binfmt_note=binfmt_note,
         overlay=overlay,
-        cgroup=_cgroup(root),
-        systemd=_under(root, "/run/systemd/system").is_dir(),
-        pid_max=_int(_read(root, "/proc/sys/kernel/pid_max")),
-        selinux=(_read(root, "/sys/fs/selinux/enforce") or "").strip() == "1",
-        bridge=bridge,
-        bridge_subnet=subnet,
-        bridge_conflict=bridge_conflict(_read(root, "/proc/net/route") or "", bridge, subnet),
         euid=euid,
         user=user,
-        subuid=subuid,
+        subuid=bool(user)
+        and re.search(rf"^{re.escape(user)}:", _read(root, "/etc/subuid") or "", re.M) is not None,
         cap_sys_resource=cap_sys_resource,
-        rlimits=_rlimits(_read(root, "/proc/self/limits") or ""),
         cwd=cwd,
-        cwd_uid=cwd_uid,
+        cwd_uid=_owner(cwd, euid),
         tty=bool(sys.stdin and sys.stdin.isatty() and sys.stdout and sys.stdout.isatty()),
         env_names=frozenset(env),
         tools=tools,
@@ -785,13 +811,10 @@ def detect_host(
         docker_daemon=daemon,
         docker_host=docker_address(env),
         runtime_override=settings.read(env).runtime,
-        host_init=next((p for p in HOST_INITS if _under(root, p).exists()), ""),
-        podman_init=any(_under(root, p).exists() for p in PODMAN_INITS),
         driver_version=driver,
         driver_source=driver_source,
         gpus=gpus,
         gpu_error=gpu_error,
-        cdi_gpu_specs=_cdi_gpu_specs(root),
         storage=storage,
         storage_free=disk_free(root, storage.root) if storage.root else None,
         cache_dir=cache,

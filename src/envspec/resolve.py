@@ -1701,6 +1701,18 @@ def _wheel_metadata(wheel: dict[str, Any]) -> str:
     )
 
 
+def _kept_pins(keep: Mapping[str, str], upgrade: list[str]) -> list[str]:
+    """The previous lock's versions as constraints, but torch's and those ``upgrade`` frees."""
+    from packaging.utils import canonicalize_name
+
+    freed = {canonicalize_name(u) for u in upgrade}
+    return [
+        f"{name}=={version}"
+        for name, version in keep.items()
+        if canonicalize_name(name) not in freed and canonicalize_name(name) != "torch"
+    ]
+
+
 def resolve_python(
     choice: Choice,
     sources: ResolvedSources,
@@ -1725,15 +1737,9 @@ def resolve_python(
         while (
             True
         ):  # each package uv finds with no wheel at all is taken as an sdist, and uv runs again
+            flags = UvFlags(upgrade=upgrade, constraints=constraints, no_binary=no_binary)
             try:
-                return _run_uv(
-                    all_reqs,
-                    choice,
-                    sources,
-                    workdir,
-                    "full",
-                    UvFlags(upgrade=upgrade, constraints=constraints, no_binary=no_binary),
-                )
+                return _run_uv(all_reqs, choice, sources, workdir, "full", flags)
             except ResolutionImpossible as e:
                 name = _no_wheel_package(e)
                 if not auto or name is None or canonicalize_name(name) in no_binary:
@@ -1743,12 +1749,7 @@ def resolve_python(
     # Re-locking keeps the old lock's versions (as constraints) unless the spec no longer allows them
     # or --upgrade-package frees them; then it resolves afresh.
     spec_constraints = list(choice.spec.python.constraints)
-    freed = {canonicalize_name(u) for u in (upgrade or [])}
-    kept = [
-        f"{name}=={version}"
-        for name, version in (keep or {}).items()
-        if canonicalize_name(name) not in freed and canonicalize_name(name) != "torch"
-    ]
+    kept = _kept_pins(keep or {}, upgrade or [])
     full = None
     if kept:
         try:
@@ -1760,14 +1761,8 @@ def resolve_python(
     pins = {canonicalize_name(p["name"]): p["version"] for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
-        sub = _run_uv(
-            torch_reqs,
-            choice,
-            sources,
-            workdir,
-            "torch",
-            UvFlags(constraints=[f"{n}=={v}" for n, v in pins.items()], no_binary=no_binary),
-        )
+        flags = UvFlags(constraints=[f"{n}=={v}" for n, v in pins.items()], no_binary=no_binary)
+        sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", flags)
         torch_names = {canonicalize_name(p["name"]) for p in sub}
     out: list[WheelCandidate] = []
     for p in full:

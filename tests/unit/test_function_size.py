@@ -17,12 +17,6 @@ TOO_LONG = {
     "wheels/sdist.py:pin_inputs": 102,
     "debian/rootfs.py:make_rootfs": 92,
     "image/tarball.py:add_file": 90,
-    "doctor.py:_docker_daemon": 87,
-    "debian/fetch.py:fetch_deb": 84,
-    "image/engine.py:put_image": 79,
-    "host.py:detect_host": 78,
-    "resolve.py:resolve_python": 77,
-    "verify/startup.py:check_driver": 75,
 }
 TOO_MANY: dict[str, int] = {}  # "module:function" -> its parameters when listed
 

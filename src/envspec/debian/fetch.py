@@ -218,6 +218,22 @@ class _Mismatch(Exception):
     """A source's bytes under the pinned name are not the pinned ones (what it gave)."""
 
 
+def _cached_whole(pin: DebPin, dest: Path, reporter: DebianReporter) -> bool:
+    """Whether the cache holds ``pin``'s bytes at ``dest``; a file changed behind envspec's back
+    is dropped (a link: only the link), with a warning, to be fetched again."""
+    if not dest.exists():
+        return False
+    got = _sha256_file(dest)
+    if got == pin.sha256:
+        return True
+    dest.unlink(missing_ok=True)
+    reporter.warning(
+        f"the cached {pin.filename} ({dest}) no longer matched its sha256 (sha256 {got}); "
+        "it was removed and is fetched again"
+    )
+    return False
+
+
 def fetch_deb(
     pin: DebPin,
     *,
@@ -237,17 +253,9 @@ def fetch_deb(
     reporter = reporter or DebianReporter()
     opener = opener or _DEFAULT_OPENER
     dest = cache_path(cache_dir, pin.sha256)
-    if dest.exists():
-        got = _sha256_file(dest)
-        if got == pin.sha256:
-            reporter.fetched(pin, dest, True)
-            return dest
-        # changed behind envspec's back: dropped (a link: only the link) and fetched again
-        dest.unlink(missing_ok=True)
-        reporter.warning(
-            f"the cached {pin.filename} ({dest}) no longer matched its sha256 (sha256 {got}); "
-            "it was removed and is fetched again"
-        )
+    if _cached_whole(pin, dest, reporter):
+        reporter.fetched(pin, dest, True)
+        return dest
 
     # The caller's order, with the environment's snapshot (the documented way out) first.
     env_snap = settings.read().debian_snapshot.strip().rstrip("/")
@@ -282,9 +290,17 @@ def fetch_deb(
         reporter.fetched(pin, path, False)
         return path
 
+    raise _not_fetched(pin, mismatches, failures, gone)
+
+
+def _not_fetched(
+    pin: DebPin, mismatches: list[str], failures: list[str], gone: int
+) -> HashMismatch | SourceError:
+    """Why no mirror gave ``pin``: other bytes, the version gone from the archive (``gone``
+    mirrors said 404), or no mirror reached."""
     detail = "\n".join(f"  {f}" for f in failures)
     if mismatches:  # no source has the locked bytes: every one tried is named
-        raise HashMismatch(
+        return HashMismatch(
             f"no source has the locked bytes of {pin.label()} (sha256 {pin.sha256}, {pin.size} bytes):\n"
             + "\n".join(f"  {m}" for m in [*mismatches, *failures]),
             step="fetch",
@@ -292,12 +308,12 @@ def fetch_deb(
             "(`envspec lock`) if the archive itself changed",
         )
     if gone:
-        raise SourceError(
+        return SourceError(
             f"{pin.label()} is pinned by the lock but no mirror has it any more:\n{detail}",
             hint=_gone_hint(pin),
             reference="deb-gone",
         )
-    raise SourceError(
+    return SourceError(
         f"cannot download {pin.label()}:\n{detail}",
         hint="check the network, or set a mirror that serves the Debian archive",
         reference="debian-mirror-unreachable",

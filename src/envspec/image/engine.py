@@ -990,6 +990,77 @@ class StorageCLI:
         except (ValueError, AttributeError):
             return self.layer_diff_id(layer_id) or "", True
 
+    def _put_image_at_once(
+        self,
+        image_id: str,
+        mdigest: str,
+        top_layer: str,
+        ref: str,
+        items: tuple[tuple[str, bytes], ...],
+    ) -> bool:
+        """``put_image`` in one ``envspec-put-layer image``; False where the tool predates it."""
+        assert self.put_tool
+        with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
+            args: list[str] = []
+            for i, (name, blob) in enumerate(items):
+                (Path(td) / str(i)).write_bytes(blob)
+                args += ["--data", f"{name}={Path(td) / str(i)}"]
+            argv = [
+                self.put_tool,
+                "image",
+                *self._store_flags(),
+                "--id",
+                image_id,
+                "--digest",
+                mdigest,
+                "--top",
+                top_layer,
+                "--name",
+                ref,
+                *args,
+            ]
+            cp = self.engine.run("create image", argv, check=False)
+        if cp.returncode == 0:
+            return True
+        if cp.returncode != 2:
+            raise BuildError(
+                "creating the image in containers-storage failed",
+                step="create image",
+                argv=argv,
+                returncode=cp.returncode,
+                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+            )
+        return False
+
+    def _create_image(self, image_id: str, mdigest: str, top_layer: str) -> None:
+        """The image record on its top layer, with containers-storage's own tool (one made
+        meanwhile by another build is taken)."""
+        cp = self.engine.run(
+            "create image",
+            self._cs(
+                "create-image",
+                "--id",
+                image_id,
+                "--digest",
+                mdigest,
+                "--metadata",
+                "{}",
+                top_layer,
+            ),
+            check=False,
+        )
+        if (
+            cp.returncode != 0
+            and self.engine.run("image", self._cs("image", image_id), check=False).returncode
+        ):
+            raise BuildError(
+                "creating the image in containers-storage failed",
+                step="create image",
+                argv=cp.args,
+                returncode=cp.returncode,
+                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+            )
+
     def put_image(self, config: bytes, manifest: bytes, top_layer: str, ref: str) -> None:
         """Make (or complete) the image whose ID is the config's digest, store the config and
         the manifest under containers/image's names for them, and last give it the name ``ref``
@@ -1002,65 +1073,11 @@ class StorageCLI:
             ("manifest-" + mdigest, manifest),
             ("manifest", manifest),
         )
-        if (
-            self.put_tool
-        ):  # one process (``envspec-put-layer image``); a tool built before it says usage (2)
-            with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
-                args: list[str] = []
-                for i, (name, blob) in enumerate(items):
-                    (Path(td) / str(i)).write_bytes(blob)
-                    args += ["--data", f"{name}={Path(td) / str(i)}"]
-                argv = [
-                    self.put_tool,
-                    "image",
-                    *self._store_flags(),
-                    "--id",
-                    image_id,
-                    "--digest",
-                    mdigest,
-                    "--top",
-                    top_layer,
-                    "--name",
-                    ref,
-                    *args,
-                ]
-                cp = self.engine.run("create image", argv, check=False)
-            if cp.returncode == 0:
-                return
-            if cp.returncode != 2:
-                raise BuildError(
-                    "creating the image in containers-storage failed",
-                    step="create image",
-                    argv=argv,
-                    returncode=cp.returncode,
-                    stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
-                )
+        # one process (``envspec-put-layer image``); a tool built before it says usage (2)
+        if self.put_tool and self._put_image_at_once(image_id, mdigest, top_layer, ref, items):
+            return
         if self.engine.run("image", self._cs("image", image_id), check=False).returncode != 0:
-            cp = self.engine.run(
-                "create image",
-                self._cs(
-                    "create-image",
-                    "--id",
-                    image_id,
-                    "--digest",
-                    mdigest,
-                    "--metadata",
-                    "{}",
-                    top_layer,
-                ),
-                check=False,
-            )
-            if (
-                cp.returncode != 0
-                and self.engine.run("image", self._cs("image", image_id), check=False).returncode
-            ):
-                raise BuildError(
-                    "creating the image in containers-storage failed",
-                    step="create image",
-                    argv=cp.args,
-                    returncode=cp.returncode,
-                    stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
-                )
+            self._create_image(image_id, mdigest, top_layer)
         with tempfile.TemporaryDirectory(prefix="envspec-import-") as td:
             for name, data in items:
                 f = Path(td) / "data"

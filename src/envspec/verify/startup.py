@@ -583,27 +583,43 @@ class MachineChecks:
                 )
             )
 
+    def _no_driver(self, floor: str, policy: str) -> None:
+        """No driver here: GPU checks skipped, or none needed for a CPU lock."""
+        if self.expects_gpu:
+            self.add(
+                "driver",
+                SKIP,
+                expected=f">= {floor} ({policy} policy)" if floor else "an NVIDIA driver",
+                observed="no NVIDIA driver found (no /proc/driver/nvidia/version, no libnvidia-ml.so.1"
+                + (", no nvidia-smi" if getattr(self.sys, "nvidia_smi", True) else "")
+                + "): this machine has no usable GPU, GPU checks are skipped",
+            )
+        else:
+            self.add(
+                "driver",
+                SKIP,
+                expected="none (CPU lock)",
+                observed="no NVIDIA driver; none needed",
+            )
+
+    def _check_userspace(self, source: str) -> None:
+        """The kernel module and NVML of one driver version (``source``: where it was read)."""
+        if "mismatch" in source or ("NVML" in source and "kernel" in source and "," in source):
+            self.add(
+                "driver.userspace",
+                FAIL,
+                expected="the same version in kernel module and NVML",
+                observed=source,
+                hint="driver/library version mismatch: reboot or reload the kernel module "
+                "after a driver upgrade, or mount the host's matching libraries",
+            )
+
     def check_driver(self) -> None:
         floor = str(self.hardware.get("driver_floor", ""))
         policy = str(self.hardware.get("driver_policy", "compat"))
         self.driver = d = self.sys.driver()
         if d is None or not d.version:
-            if self.expects_gpu:
-                self.add(
-                    "driver",
-                    SKIP,
-                    expected=f">= {floor} ({policy} policy)" if floor else "an NVIDIA driver",
-                    observed="no NVIDIA driver found (no /proc/driver/nvidia/version, no libnvidia-ml.so.1"
-                    + (", no nvidia-smi" if getattr(self.sys, "nvidia_smi", True) else "")
-                    + "): this machine has no usable GPU, GPU checks are skipped",
-                )
-            else:
-                self.add(
-                    "driver",
-                    SKIP,
-                    expected="none (CPU lock)",
-                    observed="no NVIDIA driver; none needed",
-                )
+            self._no_driver(floor, policy)
             return
         have = probes.version_tuple(d.version)
         status: Status = PASS
@@ -647,17 +663,7 @@ class MachineChecks:
             hint=hint,
         )
         self.check_driver_knows_gpus(d)
-        if "mismatch" in d.source or (
-            "NVML" in d.source and "kernel" in d.source and "," in d.source
-        ):
-            self.add(
-                "driver.userspace",
-                FAIL,
-                expected="the same version in kernel module and NVML",
-                observed=d.source,
-                hint="driver/library version mismatch: reboot or reload the kernel module "
-                "after a driver upgrade, or mount the host's matching libraries",
-            )
+        self._check_userspace(d.source)
 
     def check_driver_knows_gpus(self, d: probes.DriverInfo) -> None:
         """Each GPU needs a driver branch that knows it, under every policy (driverrule.py)."""
