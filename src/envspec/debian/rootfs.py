@@ -91,25 +91,12 @@ _MINIMAL_PASSWD = [
 _MINIMAL_GROUP = ["root:x:0:", "shadow:x:42:", "nogroup:x:65534:"]
 
 
-def make_rootfs(
-    pins: list[DebPin],
-    deb_paths: dict[str, Path],
-    dest: Path,
-    *,
-    user: str = "envspec",
-    uid: int = 1000,
-    gid: int | None = None,
-    reporter: DebianReporter | None = None,
-    jobs: int = 0,
+def _check_rootfs_args(
+    pins: list[DebPin], deb_paths: dict[str, Path], dest: Path, user: str, ids: tuple[int, int]
 ) -> None:
-    """Lay the pinned packages into ``dest`` (absent or empty) as a runnable root filesystem.
-
-    ``deb_paths`` maps each pin's name to its checked .deb (fetch_deb's result). The tree is
-    the same for the same pins and arguments on any host; run as root to keep the packages'
-    owners (as a non-root user every file belongs to the caller).
-    """
-    reporter = reporter or DebianReporter()
-    gid = uid if gid is None else gid
+    """``make_rootfs``'s arguments: a user name and ids an image can have, a .deb for every pin,
+    an empty destination."""
+    uid, gid = ids
     if not _USER_RE.match(user) or user == "root":
         raise UsageError(
             f"{user!r} cannot be the image's user (lowercase letters, digits, _ and -; not root)",
@@ -123,15 +110,20 @@ def make_rootfs(
     missing = sorted(p.name for p in pins if p.name not in deb_paths)
     if missing:
         raise BuildError(f"no .deb given for: {', '.join(missing)}", step="rootfs")
-    dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise BuildError(
             f"{dest} is not empty; make_rootfs needs an empty directory", step="rootfs"
         )
-    tree = _Tree(dest, reporter)
-    tree.start()
-    ordered = sorted(pins, key=lambda p: (p.name, p.architecture))
 
+
+def _unpack_all(
+    tree: _Tree,
+    ordered: list[DebPin],
+    deb_paths: dict[str, Path],
+    reporter: DebianReporter,
+    jobs: int,
+) -> None:
+    """Every package laid into ``tree``, strictly in the order given."""
     # Packages decompress in worker processes (lzma keeps the GIL for much of its work), a few
     # ahead of the one being laid down; they are laid down strictly in name order.
     jobs = jobs or min(4, os.cpu_count() or 1)
@@ -166,6 +158,34 @@ def make_rootfs(
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
+
+
+def make_rootfs(
+    pins: list[DebPin],
+    deb_paths: dict[str, Path],
+    dest: Path,
+    *,
+    user: str = "envspec",
+    uid: int = 1000,
+    gid: int | None = None,
+    reporter: DebianReporter | None = None,
+    jobs: int = 0,
+) -> None:
+    """Lay the pinned packages into ``dest`` (absent or empty) as a runnable root filesystem.
+
+    ``deb_paths`` maps each pin's name to its checked .deb (fetch_deb's result). The tree is
+    the same for the same pins and arguments on any host; run as root to keep the packages'
+    owners (as a non-root user every file belongs to the caller).
+    """
+    reporter = reporter or DebianReporter()
+    gid = uid if gid is None else gid
+    dest = Path(dest)
+    _check_rootfs_args(pins, deb_paths, dest, user, (uid, gid))
+    tree = _Tree(dest, reporter)
+    tree.start()
+    ordered = sorted(pins, key=lambda p: (p.name, p.architecture))
+
+    _unpack_all(tree, ordered, deb_paths, reporter, jobs)
     tree.write_dpkg_database()
     tree.fix_base_files()
     tree.fix_users(user, uid, gid)

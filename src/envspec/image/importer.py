@@ -315,92 +315,18 @@ class Importer:
             use_pipe = False
 
     def _stage_attempt(self, i: int, lay: LayerFile, use_pipe: bool) -> _StageDone | None | _Again:
-        streaming = False  # reading the registry cache's stream of it (``lay.streamed``)
-        while True:
-            if self._halt.is_set():
-                raise Cancelled()
-            if lay.made.done():
-                made = lay.made.result()
-                tree: Path | None = None
-                known = self._known_id(i)
-                if known and self._present.get(known) == made.diff_id:
-                    return None
-                fd, follow, size = os.open(lay.path, os.O_RDONLY), False, made.size
-                break
-            stream_failed = (
-                lay.streamed is not None
-                and lay.streamed.done()
-                and lay.streamed.exception() is not None
-            )
-            if lay.pipe is not None and use_pipe and not stream_failed:
-                try:  # the read end first: its maker waits for it before it writes
-                    fd = os.open(lay.pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                except FileNotFoundError:
-                    pass
-                else:
-                    os.set_blocking(fd, True)
-                    follow, size, tree = True, -1, lay.tree
-                    streaming = lay.streamed is not None
-                    break
-            if lay.writing is not None:
-                try:
-                    fd, follow, size = os.open(lay.writing, os.O_RDONLY), True, -1
-                    tree = lay.tree
-                    break
-                except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
-                    pass
-            waits: list[Future[Any]] = [lay.made]
-            if lay.streamed is not None and not lay.streamed.done():
-                waits.append(lay.streamed)
-            wait(
-                waits,
-                timeout=0.05,
-                return_when="FIRST_COMPLETED",
-            )
+        """Stage layer ``i`` once: from where it can be read first (``_open_source``), its
+        stager registered, fed to its end, and its result kept for the commit loop. None where
+        the store has the layer; ``_AGAIN`` where the registry cache's stream failed its checks."""
+        src = self._open_source(i, lay, use_pipe)
+        if src is None:
+            return None
         started = time.monotonic()
-        stage: Stage | None = None
+        stage, digest = self._start_stage(lay, src)
+        self._register(i, stage)
         try:
-            group = lay.group
-
-            def progress(n: int) -> None:
-                self.on_progress(group, n)
-
-            # this build's maker wrote it (a registry's bytes are untarred in a chroot, as podman does)
-            own = not streaming and (follow or made.source == "made")
-            piped = follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
-            # a stager fed through a pipe paces its maker: it runs at the makers' priority
-            stage = self.store.stage(
-                fd,
-                follow=follow,
-                size=None if size < 0 else size,
-                name=group,
-                tree=tree,
-                own=own,
-                progress=progress,
-                nice=0 if piped else None,
-            )
-            # a layer made in this build was hashed by its maker as it was written; one taken
-            # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
-            digest = _sha256_file(lay.path, self._halt) if not follow and made.cached else ""
-        except BaseException:
-            if stage is not None:
-                stage.kill()
-            raise
-        finally:
-            os.close(fd)
-        # the commit loop's finally sets _halt, then kills what it finds here under the lock: a stage
-        # registered after that sees _halt set, so nothing staged outlives a failed import
-        with self._lock:
-            self._stages[i] = stage
-            halted = self._halt.is_set()
-        if halted:
-            with self._lock:
-                self._stages.pop(i, None)
-            stage.kill()
-            raise Cancelled()
-        try:
-            if follow:
-                if streaming and not _ended_well(lay.streamed, self._halt):
+            if src.follow:
+                if src.streaming and not _ended_well(lay.streamed, self._halt):
                     stage.kill()  # the stream failed its checks: the layer is made here, staged from its file
                     return _AGAIN
                 try:
@@ -422,6 +348,78 @@ class Importer:
             raise Cancelled()
         return _StageDone(got, started, digest, time.monotonic())
 
+    def _open_source(self, i: int, lay: LayerFile, use_pipe: bool) -> _Source | None:
+        """Wait until layer ``i`` can be read: its finished file, else its maker's FIFO (or the
+        registry cache's stream through it) or the file its maker is writing. None where the
+        store has the layer already."""
+        while True:
+            if self._halt.is_set():
+                raise Cancelled()
+            if lay.made.done():
+                made = lay.made.result()
+                known = self._known_id(i)
+                if known and self._present.get(known) == made.diff_id:
+                    return None
+                return _Source(os.open(lay.path, os.O_RDONLY), False, made.size, None, False, made)
+            src = _follow(lay, use_pipe)
+            if src is not None:
+                return src
+            waits: list[Future[Any]] = [lay.made]
+            if lay.streamed is not None and not lay.streamed.done():
+                waits.append(lay.streamed)
+            wait(waits, timeout=0.05, return_when="FIRST_COMPLETED")
+
+    def _start_stage(self, lay: LayerFile, src: _Source) -> tuple[Stage, str]:
+        """The stager of ``src`` (whose descriptor it takes), and the sha256 of a cached layer's
+        file read beside it ("" where the maker's is trusted)."""
+        stage: Stage | None = None
+        try:
+            group = lay.group
+
+            def progress(n: int) -> None:
+                self.on_progress(group, n)
+
+            # this build's maker wrote it (a registry's bytes are untarred in a chroot, as podman does)
+            made = src.made
+            own = not src.streaming and (src.follow or (made is not None and made.source == "made"))
+            piped = src.follow and stat.S_ISFIFO(os.fstat(src.fd).st_mode)
+            # a stager fed through a pipe paces its maker: it runs at the makers' priority
+            stage = self.store.stage(
+                src.fd,
+                follow=src.follow,
+                size=None if src.size < 0 else src.size,
+                name=group,
+                tree=src.tree,
+                own=own,
+                progress=progress,
+                nice=0 if piped else None,
+            )
+            # a layer made in this build was hashed by its maker as it was written; one taken
+            # from the layer cache is hashed again here, beside its untar (OpenSSL's sha256)
+            cached = made is not None and made.cached
+            digest = _sha256_file(lay.path, self._halt) if not src.follow and cached else ""
+        except BaseException:
+            if stage is not None:
+                stage.kill()
+            raise
+        finally:
+            os.close(src.fd)
+        return stage, digest
+
+    def _register(self, i: int, stage: Stage) -> None:
+        """Stage ``i`` known to the commit loop, or killed where the import has ended.
+
+        The commit loop's finally sets _halt, then kills what it finds here under the lock: a
+        stage registered after that sees _halt set, so nothing staged outlives a failed import."""
+        with self._lock:
+            self._stages[i] = stage
+            halted = self._halt.is_set()
+        if halted:
+            with self._lock:
+                self._stages.pop(i, None)
+            stage.kill()
+            raise Cancelled()
+
     def join(self) -> str:
         """Wait for every layer; the top layer's ID. Raises what the import raised."""
         assert self._thread is not None
@@ -442,6 +440,43 @@ class Importer:
         if self._thread is not None:
             while self._thread.is_alive():
                 self._thread.join(0.2)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a stager reads a layer: an open descriptor (the stager's to close), whether its
+    maker is still writing it, its size (-1: not known yet), the tree its maker makes its files
+    in, whether it is the registry cache's stream, and the maker's result where it had ended."""
+
+    fd: int
+    follow: bool
+    size: int
+    tree: Path | None
+    streaming: bool
+    made: LayerMeta | None
+
+
+def _follow(lay: LayerFile, use_pipe: bool) -> _Source | None:
+    """A layer still being made, read as it is written: through its FIFO (the maker's tee, or
+    the registry cache's stream, unless that failed), else its maker's file; None where neither
+    is open yet."""
+    stream_failed = (
+        lay.streamed is not None and lay.streamed.done() and lay.streamed.exception() is not None
+    )
+    if lay.pipe is not None and use_pipe and not stream_failed:
+        try:  # the read end first: its maker waits for it before it writes
+            fd = os.open(lay.pipe, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+        else:
+            os.set_blocking(fd, True)
+            return _Source(fd, True, -1, lay.tree, lay.streamed is not None, None)
+    if lay.writing is not None:
+        try:
+            return _Source(os.open(lay.writing, os.O_RDONLY), True, -1, lay.tree, False, None)
+        except FileNotFoundError:  # not started, or made and moved into the cache meanwhile
+            pass
+    return None
 
 
 class _Again:

@@ -366,6 +366,79 @@ class TarWriter:
             os.chmod(p, ti.mode)
             self._tree_dirs.append(p)  # its times once its entries are in (``close``)
 
+    def _tree_copy(self, rel: str, size: int) -> BinaryIO | DirectFile | None:
+        """Where the file is made in the tree too (None: no tree): a big one past the page cache."""
+        if self.tree is None:
+            return None
+        if size >= DIRECT_FILE_MIN:  # the big libraries (98% of the cuda layer's bytes)
+            if self._tree_buffers is None:
+                self._tree_buffers = [mmap.mmap(-1, DirectFile.BUF) for _ in range(3)]
+            return DirectFile.open(
+                self.tree / rel,
+                flags=os.O_CREAT | os.O_EXCL,
+                mode=0o600,
+                buffers=self._tree_buffers,
+            )
+        return open(
+            os.open(self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600),
+            "wb",
+        )
+
+    def _write_bytes(
+        self,
+        rel: str,
+        stream: BinaryIO | None,
+        data: bytes | None,
+        size: int,
+        copy: BinaryIO | DirectFile | None,
+        hasher: hashlib._Hash | None,
+    ) -> None:
+        """The file's ``size`` bytes, from ``data`` or ``stream``, into the tar, its tree copy and
+        ``hasher``; a length other than ``size`` is a ``ValueError``."""
+        if data is not None:
+            if len(data) != size:
+                raise ValueError(f"{rel}: {len(data)} bytes given, {size} declared")
+            self._out.write(data)
+            if copy is not None:
+                copy.write(data)
+            if hasher is not None:
+                hasher.update(data)
+            return
+        assert stream is not None
+        written = 0
+        while written < size:
+            chunk = stream.read(min(COPY_CHUNK, size - written))
+            if not chunk:
+                break
+            self._out.write(chunk)
+            if copy is not None:
+                copy.write(chunk)
+            if hasher is not None:
+                hasher.update(chunk)
+            written += len(chunk)
+        if written != size or stream.read(1):
+            raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
+
+    def _finish_tree_copy(
+        self, rel: str, copy: BinaryIO | DirectFile, uid: int, gid: int, mode: int
+    ) -> None:
+        """The tree copy's owner before its mode (a chown clears set-id bits), its times last."""
+        if isinstance(copy, DirectFile):
+            copy.close()  # its bytes are all in; times after the last write
+            assert self.tree is not None
+            fd = os.open(self.tree / rel, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            copy.flush()
+            fd = copy.fileno()
+        try:
+            if uid or gid:
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=self._times())
+        finally:
+            if isinstance(copy, DirectFile):
+                os.close(fd)
+
     def add_file(
         self,
         path: str,
@@ -388,67 +461,11 @@ class TarWriter:
         ti.mode = mode & 0o7777
         ti.uid, ti.gid = uid, gid
         self._header(ti)
-        copy: BinaryIO | DirectFile | None = None
-        if self.tree is not None:
-            if (
-                size >= DIRECT_FILE_MIN
-            ):  # the big libraries (98% of the cuda layer's bytes): past the page cache
-                if self._tree_buffers is None:
-                    self._tree_buffers = [mmap.mmap(-1, DirectFile.BUF) for _ in range(3)]
-                copy = DirectFile.open(
-                    self.tree / rel,
-                    flags=os.O_CREAT | os.O_EXCL,
-                    mode=0o600,
-                    buffers=self._tree_buffers,
-                )
-            else:
-                copy = open(
-                    os.open(
-                        self.tree / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
-                    ),
-                    "wb",
-                )
+        copy = self._tree_copy(rel, size)
         try:
-            written = 0
-            if data is not None:
-                if len(data) != size:
-                    raise ValueError(f"{rel}: {len(data)} bytes given, {size} declared")
-                self._out.write(data)
-                if copy is not None:
-                    copy.write(data)
-                if hasher is not None:
-                    hasher.update(data)
-                written = size
-            else:
-                assert stream is not None
-                while written < size:
-                    chunk = stream.read(min(COPY_CHUNK, size - written))
-                    if not chunk:
-                        break
-                    self._out.write(chunk)
-                    if copy is not None:
-                        copy.write(chunk)
-                    if hasher is not None:
-                        hasher.update(chunk)
-                    written += len(chunk)
-                if written != size or stream.read(1):
-                    raise ValueError(f"{rel}: stream length differs from the declared {size} bytes")
-            if copy is not None:  # owner before mode (a chown clears set-id bits), times last
-                if isinstance(copy, DirectFile):
-                    copy.close()  # its bytes are all in; times after the last write
-                    assert self.tree is not None
-                    fd = os.open(self.tree / rel, os.O_RDONLY | os.O_CLOEXEC)
-                else:
-                    copy.flush()
-                    fd = copy.fileno()
-                try:
-                    if uid or gid:
-                        os.fchown(fd, uid, gid)
-                    os.fchmod(fd, ti.mode)
-                    os.utime(fd, ns=self._times())
-                finally:
-                    if isinstance(copy, DirectFile):
-                        os.close(fd)
+            self._write_bytes(rel, stream, data, size, copy, hasher)
+            if copy is not None:
+                self._finish_tree_copy(rel, copy, uid, gid, ti.mode)
         finally:
             if copy is not None:
                 copy.close()

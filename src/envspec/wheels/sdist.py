@@ -782,6 +782,113 @@ def derivation(
     )
 
 
+def _requirement_names(requires: list[str]) -> set[str]:
+    from envspec.spec import requirement_name
+
+    return {requirement_name(r).lower() for r in requires}
+
+
+def _cuda_inputs(
+    w: WheelCandidate,
+    requires: list[str],
+    res: Resolution,
+    sources: ResolvedSources,
+    workdir: Path,
+    locked: list[str],
+) -> tuple[list[WheelCandidate], list[str], tuple[str, ...]]:
+    """What a build of ``w`` against the lock's CUDA torch needs besides its own requirements:
+    (the CUDA toolkit's wheels, its requirements with ninja, the GPU architectures to compile
+    for). No nvcc wheel for that CUDA: ``ResolutionImpossible`` (no-cuda-compiler)."""
+    from envspec.resolve import build_inputs
+
+    ch = res.choice
+    assert ch.torch is not None
+    cuda = ch.torch.variant.cuda or ""
+    if not toolkit_requirements(cuda):
+        raise _no_cuda_compiler(w, res, cuda)
+    toolkit = build_inputs(
+        toolkit_requirements(cuda),
+        ch,
+        sources,
+        workdir=workdir,
+        name=f"{w.name}-cuda",
+        constraints=locked,
+    )
+    if "ninja" not in _requirement_names(requires):
+        # torch's cpp_extension compiles in parallel (MAX_JOBS) with ninja, else one file at a time
+        requires = [*requires, "ninja"]
+    # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
+    arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or tuple(
+        ch.torch.variant.arch_list
+    )
+    return toolkit, requires, arch_list
+
+
+def _no_cuda_compiler(w: WheelCandidate, res: Resolution, cuda: str) -> Exception:
+    from envspec.causes import NoCudaCompiler
+    from envspec.errors import ResolutionImpossible
+
+    t = res.choice.torch
+    return ResolutionImpossible(
+        f"{w.name} {w.version} has no wheel and builds a CUDA extension, and there is no CUDA compiler "
+        f"for CUDA {cuda} on the package indexes",
+        causes=[
+            NoCudaCompiler(
+                text=f"{w.name} {w.version} builds against torch "
+                f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
+                f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
+                f"carries ptxas alone), and envspec never compiles with a system's nvcc",
+            )
+        ],
+        hint=f'lock a CUDA 13 torch ([torch].cuda = "13.0": torch 2.11 or later on PyPI), or pin a '
+        f"release of {w.name} that has a wheel",
+        reference="no-cuda-compiler",
+    )
+
+
+def _with_inputs(
+    w: WheelCandidate,
+    system: tuple[str, list[str]],
+    build: list[WheelCandidate],
+    base: tuple[str, str, str],
+    toolkit: list[WheelCandidate],
+    arch_list: tuple[str, ...],
+) -> WheelCandidate:
+    """``w`` with its build inputs and its derivation's key: ``system``, its [build-system]'s
+    backend and requirements; ``base``, the exact Python, the compiler and the platform tag."""
+    import dataclasses
+
+    from envspec.resolve import SourceInputs
+
+    backend, requires = system
+    python, compiler, platform = base
+    env = package_env(w.name, arch_list) if toolkit else {}
+    d = derivation(
+        w,
+        build,
+        python=python,
+        platform=platform,
+        compiler=compiler,
+        toolkit=toolkit,
+        arch_list=arch_list,
+        env=env,
+    )
+    return dataclasses.replace(
+        w,
+        source=SourceInputs(
+            backend=backend,
+            requires=tuple(requires),
+            build=tuple(build),
+            python=python,
+            compiler=compiler,
+            key=d.key,
+            toolkit=tuple(toolkit),
+            arch_list=arch_list,
+            env=tuple(sorted(env.items())),
+        ),
+    )
+
+
 def pin_inputs(
     res: Resolution, sources: ResolvedSources, cache: Cache, *, workdir: Path
 ) -> Resolution:
@@ -794,8 +901,7 @@ def pin_inputs(
     import dataclasses
 
     from envspec import debian
-    from envspec.resolve import SourceInputs, build_inputs
-    from envspec.spec import requirement_name
+    from envspec.resolve import build_inputs
     from envspec.wheels.fetch import WheelFetcher
 
     todo = [w for w in res.wheels if w.is_sdist and w.source is None]
@@ -809,78 +915,18 @@ def pin_inputs(
     done: dict[str, WheelCandidate] = {}
     cuda = ch.torch.variant.cuda if ch.torch is not None else ""
 
-    def names(requires: list[str]) -> set[str]:
-        return {requirement_name(r).lower() for r in requires}
-
     for w in todo:
         requires, backend = build_system(files[w.sha256])
         toolkit: list[WheelCandidate] = []
         arch_list: tuple[str, ...] = ()
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
-        if cuda and "torch" in names(requires):
-            if not toolkit_requirements(cuda):
-                from envspec.causes import NoCudaCompiler
-                from envspec.errors import ResolutionImpossible
-
-                t = ch.torch
-                raise ResolutionImpossible(
-                    f"{w.name} {w.version} has no wheel and builds a CUDA extension, and there is no CUDA compiler "
-                    f"for CUDA {cuda} on the package indexes",
-                    causes=[
-                        NoCudaCompiler(
-                            text=f"{w.name} {w.version} builds against torch "
-                            f"{t.release.version if t else ''} {t.variant.name if t else ''} (CUDA {cuda}); NVIDIA "
-                            f"publishes nvcc as a wheel for CUDA 13 only (nvidia-cuda-nvcc; nvidia-cuda-nvcc-cu12 "
-                            f"carries ptxas alone), and envspec never compiles with a system's nvcc",
-                        )
-                    ],
-                    hint=f'lock a CUDA 13 torch ([torch].cuda = "13.0": torch 2.11 or later on PyPI), or pin a '
-                    f"release of {w.name} that has a wheel",
-                    reference="no-cuda-compiler",
-                )
-            toolkit = build_inputs(
-                toolkit_requirements(cuda),
-                ch,
-                sources,
-                workdir=workdir,
-                name=f"{w.name}-cuda",
-                constraints=locked,
-            )
-            if "ninja" not in names(requires):
-                # torch's cpp_extension compiles in parallel (MAX_JOBS) with ninja, else one file at a time
-                requires = [*requires, "ninja"]
-            # for the GPUs the lock is for (its hardware contract), else for every GPU its torch is built for
-            arch_list = tuple(f"sm_{cc.replace('.', '')}" for cc in ch.compute_capabilities) or (
-                tuple(ch.torch.variant.arch_list) if ch.torch is not None else ()
-            )
+        if cuda and "torch" in _requirement_names(requires):
+            toolkit, requires, arch_list = _cuda_inputs(w, requires, res, sources, workdir, locked)
         build = build_inputs(
             requires, ch, sources, workdir=workdir, name=w.name, constraints=locked
         )
-        env = package_env(w.name, arch_list) if toolkit else {}
-        d = derivation(
-            w,
-            build,
-            python=python,
-            platform=ch.platform_tag,
-            compiler=compiler,
-            toolkit=toolkit,
-            arch_list=arch_list,
-            env=env,
-        )
-        done[w.sha256] = dataclasses.replace(
-            w,
-            source=SourceInputs(
-                backend=backend,
-                requires=tuple(requires),
-                build=tuple(build),
-                python=python,
-                compiler=compiler,
-                key=d.key,
-                toolkit=tuple(toolkit),
-                arch_list=arch_list,
-                env=tuple(sorted(env.items())),
-            ),
-        )
+        base = (python, compiler, ch.platform_tag)
+        done[w.sha256] = _with_inputs(w, (backend, requires), build, base, toolkit, arch_list)
     return dataclasses.replace(
         res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels]
     )
