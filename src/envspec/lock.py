@@ -28,7 +28,7 @@ from envspec.debian.models import DebPin
 from envspec.errors import LockError
 
 if TYPE_CHECKING:
-    from envspec.resolve import Resolution
+    from envspec.resolve import Resolution, TorchChoice, WheelCandidate
     from envspec.spec import EnvSpec
 
 # 2: a section per platform ([platforms.<name>], docs/lockfile.md). A lock for one platform is still
@@ -442,7 +442,7 @@ _WHEEL_PINS = (
 )
 
 
-def wheel_pins(wheels: Iterable[Any]) -> dict[str, tuple[str, str]]:
+def wheel_pins(wheels: Iterable[WheelCandidate]) -> dict[str, tuple[str, str]]:
     """What the resolved nvidia-* wheels say, as key -> (version, wheel name): ``cuda`` is the CUDA
     runtime's major.minor (nvidia-cuda-runtime 13.0.96 -> "13.0"), ``cudnn`` and ``nccl`` the wheels'
     versions. Their metadata is the truth for what the image loads."""
@@ -458,7 +458,7 @@ def wheel_pins(wheels: Iterable[Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def torch_pin(t: Any, wheels: Iterable[Any], default_index: str) -> TorchPin:
+def torch_pin(t: TorchChoice, wheels: Iterable[WheelCandidate], default_index: str) -> TorchPin:
     """The lock's [torch]: the variant the resolver chose, with the CUDA runtime, cuDNN and NCCL of
     the resolved wheels where there are any (a CUDA build that links NCCL statically has no
     nvidia-nccl wheel: the DB's value stays). Each disagreement with the DB row is recorded."""
@@ -567,7 +567,7 @@ def _part(res: Resolution) -> PlatformPart:
     )
 
 
-def _wheel(w: Any) -> Wheel:
+def _wheel(w: WheelCandidate) -> Wheel:
     """A resolution's ``WheelCandidate`` as the lock's pin; an sdist's build inputs as its ``source``."""
     d = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
     src = d.pop("source")
@@ -577,7 +577,7 @@ def _wheel(w: Any) -> Wheel:
         )
     if src is not None:
 
-        def inputs(pins: Any) -> list[BuildInput]:
+        def inputs(pins: Iterable[WheelCandidate]) -> list[BuildInput]:
             return [
                 BuildInput(
                     name=b.name,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -65,6 +65,9 @@ from envspec.services import ENTRYPOINT_IN_IMAGE, render_service_files
 from envspec.sources import Mirror
 from envspec.wheels import abi, sdist
 from envspec.wheels.fetch import WheelFetcher
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # Wheel layers whose maker writes the tar only and lets the store's stager untar it (the others'
 # makers also make the files, for the stager to take as they are: docs/build.md, "Into
@@ -388,7 +391,9 @@ class _Run:
     clock: Clock
     ref: str  # the store's name for the image ("": none)
     in_use: SharedUse  # the cache's shared lock (``Cache.in_use``), released by ``close``
-    abi_checked: Future[Any]  # the ABI check of the wheels at hand: the wheels it could not read
+    abi_checked: Future[
+        list[str]
+    ]  # the ABI check of the wheels at hand: the wheels it could not read
     work: Path
     layers: Layers
     store: StorageCLI | None  # containers-storage, written to directly (None: by the engine)
@@ -1618,17 +1623,22 @@ def check_abi(lock: Lockfile, cache: Cache, mirrors: Sequence[Mirror], reporter:
 
 
 def _in_thread(
-    name: str, clock: Clock | None, phase: str, fn: Callable[..., Any], *args: Any
-) -> Future[Any]:
-    """``fn(*args)`` on a thread of its own (timed as ``phase`` on ``clock`` where given); its
-    result or exception in the future."""
-    fut: Future[Any] = Future()
+    name: str,
+    clock: Clock | None,
+    phase: str,
+    fn: Callable[_P, _T],
+    *args: _P.args,
+    **kwargs: _P.kwargs,
+) -> Future[_T]:
+    """``fn(*args, **kwargs)`` on a thread of its own (timed as ``phase`` on ``clock`` where
+    given); its result or exception in the future."""
+    fut: Future[_T] = Future()
 
     def run() -> None:
         fut.set_running_or_notify_cancel()
         try:
             with clock.span(phase) if clock else contextlib.nullcontext():
-                res = fn(*args)
+                res = fn(*args, **kwargs)
         except BaseException as e:
             fut.set_exception(e)
         else:
@@ -1649,7 +1659,9 @@ def registry_stage(options: BuildOptions) -> RegistrySide:
     return options.registry
 
 
-def _streams(rc: LayerCache | None, store: Any, options: BuildOptions, comp: Compression) -> bool:
+def _streams(
+    rc: LayerCache | None, store: StorageCLI | None, options: BuildOptions, comp: Compression
+) -> bool:
     """Whether this build streams the registry cache's layers into the store (``Layers.stream``):
     a tagged build into a store that stages (``StorageCLI.can_stage``), of uncompressed layers,
     with nothing else that needs the layers' files (no output, no push, no other ``--cache-to``),
