@@ -16,10 +16,11 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from packaging.version import Version
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from envspec import debian  # a lazy package: its modules load on first use
 from envspec.cache.dirs import cache_dir_for
@@ -83,8 +84,28 @@ def manylinux_glibc(glibc: str) -> str:
     return f"{major}_{minor}"
 
 
-# a package of uv's pylock.toml (PEP 751), as uv writes it: name, version, wheels, sdist, index
-PylockPackage = dict[str, Any]
+class PylockFile(BaseModel):
+    """A file of a package in uv's pylock.toml (PEP 751): its name, where it is (``url``, or a
+    local ``path``), its size (0: not given) and its hashes."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str = ""
+    url: str = ""
+    path: str = ""
+    size: int = 0
+    hashes: dict[str, str] = {}
+
+
+class PylockPackage(BaseModel):
+    """A package of uv's pylock.toml (PEP 751), as uv writes it: read into this at once
+    (``_run_uv``); what else uv writes (its index, markers) is not used."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    name: str
+    version: str
+    wheels: tuple[PylockFile, ...] = ()
+    sdist: PylockFile | None = None
+
 
 # Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
 SUITES: dict[str, tuple[str, str]] = {
@@ -1090,7 +1111,25 @@ def _run_uv(
             )
             or _uv_error(proc.stderr, reqs, choice, sources)
         )
-    packages: list[PylockPackage] = tomllib.loads(out.read_text()).get("packages", [])
+    return _pylock_packages(out)
+
+
+def _pylock_packages(out: Path) -> list[PylockPackage]:
+    """The packages of uv's pylock.toml at ``out``; one not as PEP 751 says: ``SourceError``."""
+    raw = tomllib.loads(out.read_text()).get("packages", [])
+    packages = []
+    for i, p in enumerate(raw):
+        try:
+            packages.append(PylockPackage.model_validate(p))
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"])
+            raise SourceError(
+                f"{out}: uv's resolution is not a pylock.toml envspec reads: packages[{i}]{where}: "
+                f"{first['msg']}",
+                hint="check `uv --version` (envspec reads uv's PEP 751 output; pip install -U uv)",
+                reference="uv-output",
+            ) from None
     return packages
 
 
@@ -1298,7 +1337,7 @@ def _no_wheel_error(
             "sdist",
             UvFlags(torch_index=False, no_deps=True, only_binary=False),
         )
-        would = next((str(p["version"]) for p in found), "")
+        would = next((p.version for p in found), "")
     except (ResolutionImpossible, SourceError):
         would = ""
     return ResolutionImpossible(
@@ -1564,10 +1603,10 @@ def with_packages(
         return choice
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
 
-    got = next((p for p in found if canonicalize_name(p["name"]) == "torch"), None)
+    got = next((p for p in found if canonicalize_name(p.name) == "torch"), None)
     if got is None:
         return choice
-    version = str(Version(str(got["version"])).public)
+    version = str(Version(got.version).public)
     if version == choice.torch.release.version or version not in fitting:
         return choice
     newer = [v for v in fitting if Version(v) > Version(version)]
@@ -1591,16 +1630,13 @@ def _held_for(
 
     wanted = {canonicalize_name(requirement_name(r)) for r in named}
     held = [
-        h
-        for p in found
-        if canonicalize_name(p["name"]) in wanted
-        for h in _excludes(p, newer, choice)
+        h for p in found if canonicalize_name(p.name) in wanted for h in _excludes(p, newer, choice)
     ]
     if not held:
         held = [
             h
             for p in found
-            if canonicalize_name(p["name"]) in TORCH_FAMILY - {"torch"}
+            if canonicalize_name(p.name) in TORCH_FAMILY - {"torch"}
             for h in _excludes(p, newer, choice)
         ]
     if not held:
@@ -1628,11 +1664,10 @@ def _excludes(package: PylockPackage, newer: list[str], choice: Choice) -> list[
     from packaging.requirements import Requirement  # here: explain does without the marker grammar
     from packaging.utils import canonicalize_name
 
-    wheels = package.get("wheels") or []
-    if not wheels or not newer:
+    if not package.wheels or not newer:
         return []
     try:
-        text = _wheel_metadata(wheels[0])
+        text = _wheel_metadata(package.wheels[0])
     except (OSError, ValueError, SourceError):
         return []
     env = {
@@ -1661,8 +1696,8 @@ def _excludes(package: PylockPackage, newer: list[str], choice: Choice) -> list[
         out += [
             PassedOver(
                 torch=v,
-                package=canonicalize_name(package["name"]),
-                version=str(package["version"]),
+                package=canonicalize_name(package.name),
+                version=package.version,
                 requires=f"torch{req.specifier}",
             )
             for v in newer
@@ -1671,7 +1706,7 @@ def _excludes(package: PylockPackage, newer: list[str], choice: Choice) -> list[
     return out
 
 
-def _wheel_metadata(wheel: dict[str, Any]) -> str:
+def _wheel_metadata(wheel: PylockFile) -> str:
     """The METADATA of a wheel in uv's pylock (its ``url`` or local ``path``), read in place: a
     local file's members, a remote one's by range requests (``compat.pypi.read_zip_member``)."""
     from envspec.compat.pypi import (
@@ -1679,11 +1714,11 @@ def _wheel_metadata(wheel: dict[str, Any]) -> str:
         read_zip_member,
     )  # here: the lock stage only
 
-    url = wheel.get("url") or ""
+    url = wheel.url
     path = (
         Path(unquote(urlparse(url).path))
         if url.startswith("file://")
-        else (Path(wheel["path"]) if wheel.get("path") else None)
+        else (Path(wheel.path) if wheel.path else None)
     )
     if path is not None:
         import zipfile
@@ -1693,7 +1728,7 @@ def _wheel_metadata(wheel: dict[str, Any]) -> str:
             if name is None:
                 raise ValueError(f"{path.name} has no .dist-info/METADATA")
             return z.read(name).decode("utf-8", "replace")
-    size = int(wheel.get("size") or 0)
+    size = wheel.size
     if not url or not size:
         raise ValueError("no URL and size to read the metadata by")
     return read_zip_member(url, size, ".dist-info/METADATA", default_fetch_range).decode(
@@ -1758,15 +1793,15 @@ def resolve_python(
             full = None
     if full is None:
         full = closure(upgrade or [], spec_constraints)
-    pins = {canonicalize_name(p["name"]): p["version"] for p in full}
+    pins = {canonicalize_name(p.name): p.version for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
         flags = UvFlags(constraints=[f"{n}=={v}" for n, v in pins.items()], no_binary=no_binary)
         sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", flags)
-        torch_names = {canonicalize_name(p["name"]) for p in sub}
+        torch_names = {canonicalize_name(p.name) for p in sub}
     out: list[WheelCandidate] = []
     for p in full:
-        name = canonicalize_name(p["name"])
+        name = canonicalize_name(p.name)
         if name in torch_names:
             group = "cuda" if _is_cuda_wheel(name) else "torch"
         else:
@@ -1805,7 +1840,7 @@ def _newest_any(
     found: dict[str, tuple[str, bool]] | None
     try:
         found = {
-            canonicalize_name(p["name"]): (str(p["version"]), bool(p.get("wheels")))
+            canonicalize_name(p.name): (p.version, bool(p.wheels))
             for p in _run_uv(
                 named,
                 choice,
@@ -1839,26 +1874,26 @@ def _candidate(
     (``resolve_python``'s no_binary: built from source); ``no-wheel`` where it has neither."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    name = canonicalize_name(p["name"])
-    wheels = p.get("wheels") or []
-    f = wheels[0] if wheels else p.get("sdist")
+    name = canonicalize_name(p.name)
+    wheels = p.wheels
+    f = wheels[0] if wheels else p.sdist
     if not f:
         raise ResolutionImpossible(
-            f"{name} {p['version']} has no wheel for {choice.platform_tag}",
+            f"{name} {p.version} has no wheel for {choice.platform_tag}",
             causes=[
                 NoWheel(
-                    text=f"{name} {p['version']} has neither a wheel "
+                    text=f"{name} {p.version} has neither a wheel "
                     f"for {choice.platform_tag} nor a source distribution",
                 )
             ],
             hint="pick a version with a manylinux wheel or an sdist",
             reference="no-wheel",
         )
-    url = f.get("url") or f.get("path") or ""
-    filename = f.get("name") or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
+    url = f.url or f.path
+    filename = f.name or unquote(url.rsplit("/", 1)[-1].split("#", 1)[0])
     if wheels:
         parse_wheel_filename(filename)
-    size = int(f.get("size") or 0)
+    size = f.size
     if not size and url.startswith(
         "file://"
     ):  # a local mirror's page may omit sizes; the file says
@@ -1866,10 +1901,10 @@ def _candidate(
             size = os.stat(unquote(urlparse(url).path)).st_size
     return WheelCandidate(
         name=name,
-        version=str(p["version"]),
+        version=p.version,
         filename=filename,
         index=_attribute_index(url, name, choice, sources),
-        sha256=f["hashes"]["sha256"],
+        sha256=f.hashes["sha256"],
         size=size,
         group=group,
         direct=direct,
@@ -1976,11 +2011,11 @@ def _newer_with_wheel(
     reason = _holds_back(top, torch_version, choice, sources, workdir)
     if reason.startswith("Python "):  # an index that does not say Requires-Python (find-links)
         return (
-            f"{name} {top['version']} needs a newer Python than {choice.python} (Requires-Python "
+            f"{name} {top.version} needs a newer Python than {choice.python} (Requires-Python "
             f"{reason.split(' ', 1)[1]}); its newest release for Python {choice.python} is {have}"
         )
     return (
-        f"{name} {top['version']} is the newest release with a wheel for {choice.platform} and "
+        f"{name} {top.version} is the newest release with a wheel for {choice.platform} and "
         f"Python {choice.python}; " + reason
     )
 
@@ -2006,7 +2041,7 @@ def held_back(
         return {}
     try:
         newest = {
-            canonicalize_name(p["name"]): p
+            canonicalize_name(p.name): p
             for p in _run_uv(
                 named, choice, sources, workdir, "newest", UvFlags(torch_index=False, no_deps=True)
             )
@@ -2025,11 +2060,11 @@ def held_back(
         why: list[str] = []
         top = newest.get(name)
         covered = have  # the newest release already explained
-        if top is not None and Version(str(top["version"])) > have:
+        if top is not None and Version(top.version) > have:
             why.append(
                 _newer_with_wheel(name, top, have, torch_version, choice, (sources, workdir))
             )
-            covered = Version(str(top["version"]))
+            covered = Version(top.version)
         if name in any_kind and Version(any_kind[name]) > covered:
             why.append(
                 f"{name} {any_kind[name]} has no wheel for {choice.platform} and Python {choice.python} (a "
@@ -2059,7 +2094,7 @@ def _holds_back(
             return f"it requires {h.requires}, and the lock's torch is {torch_version}"
     try:
         _run_uv(
-            [f"{top['name']}=={top['version']}"],
+            [f"{top.name}=={top.version}"],
             choice,
             sources,
             workdir,

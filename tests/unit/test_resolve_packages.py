@@ -508,3 +508,34 @@ def test_lock_and_explain_say_which_packages_are_built_from_source(tmp_path, mon
     assert "`envspec build` builds each from its sdist): deepspeed" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+def test_uvs_pylock_is_read_into_models_and_a_package_without_a_version_is_refused(tmp_path):
+    """uv's pylock.toml becomes PylockPackage models where it is read; one envspec cannot read
+    names the file, the package and the field."""
+    from envspec.errors import SourceError
+    from envspec.resolve import PylockFile, _pylock_packages
+
+    good = tmp_path / "pylock.ok.toml"
+    good.write_text(
+        'lock-version = "1.0"\n[[packages]]\nname = "Numpy"\nversion = "2.1.0"\n'
+        'index = "https://pypi.org/simple"\n'
+        '[[packages.wheels]]\nurl = "https://files.example/numpy-2.1.0-cp311-cp311-x.whl"\n'
+        'size = 10\nhashes = {sha256 = "ab"}\n'
+    )
+    (p,) = _pylock_packages(good)
+    assert (p.name, p.version, p.sdist) == ("Numpy", "2.1.0", None)
+    assert p.wheels == (
+        PylockFile(
+            url="https://files.example/numpy-2.1.0-cp311-cp311-x.whl",
+            size=10,
+            hashes={"sha256": "ab"},
+        ),
+    )
+    bad = tmp_path / "pylock.bad.toml"
+    bad.write_text('[[packages]]\nname = "numpy"\n')
+    with pytest.raises(
+        SourceError, match=r"pylock\.bad\.toml.*packages\[0\]\.version: Field required"
+    ) as e:
+        _pylock_packages(bad)
+    assert e.value.reference == "uv-output"
