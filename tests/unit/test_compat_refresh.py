@@ -7,6 +7,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.version import Version
 
 from envspec.causes import ReleaseNeedsReview
@@ -584,3 +585,35 @@ def test_refresh_flags_what_torch_platforms_toml_lacks_and_exits_1(tmp_path, mon
     )
     _, rep = _refresh(d, RecordedIndex())
     assert "torch_platforms.toml says cpu" in rep.platform_review["2.14.1"][0]
+
+
+def test_a_simple_api_file_is_read_into_a_model_where_the_page_is_read():
+    """PyPI's JSON simple page becomes PypiFile models at once: PEP 714's core-metadata first,
+    PEP 658's name where only that is given, yanked kept as given; a file entry that is not as
+    PEP 691 says names the page, the entry and the field."""
+    from envspec.compat.pypi import SIMPLE_API, _files_by_version
+    from envspec.errors import SourceError
+
+    wheel = "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+    files = [
+        {
+            "filename": wheel,
+            "url": "https://f/" + wheel,
+            "size": 10,
+            "core-metadata": False,
+            "dist-info-metadata": {"sha256": "ab"},
+        },
+        {
+            "filename": wheel.replace("cp311", "cp312"),
+            "url": "u",
+            "dist-info-metadata": True,
+            "yanked": "broken",
+        },
+        {"filename": "torch-2.14.1.tar.gz", "url": "u"},
+    ]
+    (a, b) = _files_by_version({"files": files})["2.14.1"]
+    assert (a.filename, a.size, a.metadata_served, a.yanked) == (wheel, 10, False, None)
+    assert (b.size, b.metadata_served, b.yanked) == (0, True, "broken")
+    with pytest.raises(SourceError, match=rf"{SIMPLE_API}: files\[1\]\.size") as e:
+        _files_by_version({"files": [files[0], {"filename": wheel, "size": "big"}]})
+    assert e.value.reference == "index-unavailable"

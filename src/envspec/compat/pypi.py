@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envspec.compat.load import DATA_DIR, _load_cached
 from envspec.compat.platforms import _rows, pypi_build
@@ -44,10 +45,29 @@ from envspec.errors import SourceError
 if TYPE_CHECKING:
     import urllib.request
 
-# JSON and TOML from outside, read where they enter: a file of PyPI's JSON simple API (filename,
-# url, hashes, size, requires-python), and a row of torch_pypi.toml as `render` writes it
-PypiFile = dict[str, Any]
+# a row of torch_pypi.toml as `render` writes it (TOML, read and written as it is)
 ReleaseRow = dict[str, Any]
+
+
+class PypiFile(BaseModel):
+    """A file of PyPI's JSON simple API (PEP 691), read into this where the page is read
+    (``_files_by_version``): its name, URL and size, whether it is yanked (True or the reason),
+    and whether the index serves its METADATA beside it (PEP 658/714)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    filename: str = ""
+    url: str = ""
+    size: int = 0
+    yanked: bool | str | None = None
+    core_metadata: bool | dict[str, str] | None = Field(None, alias="core-metadata")
+    dist_info_metadata: bool | dict[str, str] | None = Field(None, alias="dist-info-metadata")
+
+    @property
+    def metadata_served(self) -> bool:
+        """PEP 714's name first, PEP 658's where the index gives only that."""
+        cm = self.core_metadata if self.core_metadata is not None else self.dist_info_metadata
+        return bool(cm)
+
 
 JSON_API = "https://pypi.org/pypi/torch/json"
 SIMPLE_API = "https://pypi.org/simple/torch/"
@@ -322,8 +342,8 @@ def read_zip_member(url: str, size: int, member_suffix: str, fetch_range: FetchR
 def _linux_x86_64_wheels(files: list[PypiFile], version: str) -> list[PypiFile]:
     out = []
     for f in files:
-        fn = f.get("filename", "")
-        if not fn.endswith(".whl") or f.get("yanked") not in (False, None):
+        fn = f.filename
+        if not fn.endswith(".whl") or f.yanked not in (False, None):
             continue
         try:
             _, ver, _, tags = parse_wheel_filename(fn)
@@ -342,15 +362,13 @@ def _linux_x86_64_wheels(files: list[PypiFile], version: str) -> list[PypiFile]:
 
 
 def _wheel_metadata(f: PypiFile, fetch: Fetch, fetch_range: FetchRange | None) -> bytes:
-    cm = f.get("core-metadata", f.get("dist-info-metadata", False))
-    if cm:
-        return fetch(f["url"] + ".metadata")
+    if f.metadata_served:
+        return fetch(f.url + ".metadata")
     if fetch_range is None:
         raise ValueError("index does not serve PEP 658 metadata and no range fetcher was given")
-    size = int(f.get("size") or 0)
-    if size <= 0:
+    if f.size <= 0:
         raise ValueError("index gives no file size")
-    return read_zip_member(f["url"], size, ".dist-info/METADATA", fetch_range)
+    return read_zip_member(f.url, f.size, ".dist-info/METADATA", fetch_range)
 
 
 def _final_releases(releases: Iterable[str], floor: Version) -> list[Version]:
@@ -401,41 +419,51 @@ def collect(
     for pv in versions:
         v = str(pv)
         files = files_by_version.get(v, [])
-        py, py_t = linux_x86_64_pythons([f["filename"] for f in files])
+        py, py_t = linux_x86_64_pythons([f.filename for f in files])
         wheels = _linux_x86_64_wheels(files, v)
         if not wheels:
             problems.append(f"{v}: no Linux x86_64 wheel on the index")
             continue
         # pins are the same for every Python; read the newest Python's wheel
-        wheels.sort(key=lambda f: (len(f["filename"]), f["filename"]))
+        wheels.sort(key=lambda f: (len(f.filename), f.filename))
         pick = max(
             wheels,
             key=lambda f: Version(
-                linux_x86_64_pythons([f["filename"]])[0][-1]
-                if linux_x86_64_pythons([f["filename"]])[0]
+                linux_x86_64_pythons([f.filename])[0][-1]
+                if linux_x86_64_pythons([f.filename])[0]
                 else "0"
             ),
         )
         try:
             meta = _wheel_metadata(pick, fetch, fetch_range)
         except SourceError as exc:
-            problem = f"{v}: cannot read the metadata of {pick['filename']}: {exc.message}"
+            problem = f"{v}: cannot read the metadata of {pick.filename}: {exc.message}"
             problems.append(problem)
             source_errors.append(problem)
             continue
         except (ValueError, struct.error, zlib.error) as exc:
-            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
+            problems.append(f"{v}: cannot read the metadata of {pick.filename}: {exc}")
             continue
-        rows.append(_release_row(v, py, py_t, pick["filename"], pins_from_metadata(meta)))
+        rows.append(_release_row(v, py, py_t, pick.filename, pins_from_metadata(meta)))
     return rows, problems, source_errors
 
 
 def _files_by_version(simple: dict[str, Any]) -> dict[str, list[PypiFile]]:
-    """The simple JSON API's wheel entries, by the version their file names give."""
+    """The simple JSON API's wheel entries, by the version their file names give; an entry that
+    is not as PEP 691 says is a ``SourceError``."""
     out: dict[str, list[PypiFile]] = {}
-    for f in simple.get("files", []):
+    for i, raw in enumerate(simple.get("files", [])):
         try:
-            _, ver, _, _ = parse_wheel_filename(f.get("filename", ""))
+            f = PypiFile.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise SourceError(
+                f"{SIMPLE_API}: files[{i}].{'.'.join(map(str, first['loc']))}: {first['msg']}",
+                hint="the index's JSON simple page is not as PEP 691 says; try again later",
+                reference="index-unavailable",
+            ) from None
+        try:
+            _, ver, _, _ = parse_wheel_filename(f.filename)
         except InvalidWheelFilename:
             continue
         out.setdefault(str(ver), []).append(f)
@@ -446,8 +474,8 @@ def _linux_aarch64_wheel(files: list[PypiFile], version: str) -> PypiFile | None
     """The manylinux aarch64 CPython wheel of ``version`` for the newest Python (not free-threaded)."""
     best: tuple[Version, PypiFile] | None = None
     for f in files:
-        fn = f.get("filename", "")
-        if not fn.endswith(".whl") or f.get("yanked") not in (False, None):
+        fn = f.filename
+        if not fn.endswith(".whl") or f.yanked not in (False, None):
             continue
         try:
             _, ver, _, tags = parse_wheel_filename(fn)
@@ -486,14 +514,14 @@ def platform_builds(
         try:
             meta = _wheel_metadata(pick, fetch, fetch_range)
         except SourceError as exc:
-            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc.message}")
+            problems.append(f"{v}: cannot read the metadata of {pick.filename}: {exc.message}")
             continue
         except (ValueError, struct.error, zlib.error) as exc:
-            problems.append(f"{v}: cannot read the metadata of {pick['filename']}: {exc}")
+            problems.append(f"{v}: cannot read the metadata of {pick.filename}: {exc}")
             continue
         out[v] = {
             "variant": pins_from_metadata(meta, "aarch64")["variant"] or "cpu",
-            "wheel": pick["filename"],
+            "wheel": pick.filename,
         }
     return out, problems
 

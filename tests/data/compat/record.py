@@ -50,33 +50,31 @@ def main() -> None:
     )
     meta_dir = HERE / "metadata"
     meta_dir.mkdir(exist_ok=True)
+    models = [r.PypiFile.model_validate(f) for f in files]
     for v in VERSIONS:
-        wheels = r._linux_x86_64_wheels(files, v)
+        wheels = r._linux_x86_64_wheels(models, v)
         if not wheels:
             continue
-        pick = max(wheels, key=lambda f: r.Version(r.linux_x86_64_pythons([f["filename"]])[0][-1]))
-        raw = r.read_zip_member(
-            pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range
-        )
+        pick = max(wheels, key=lambda f: r.Version(r.linux_x86_64_pythons([f.filename])[0][-1]))
+        raw = r.read_zip_member(pick.url, pick.size, ".dist-info/METADATA", r.default_fetch_range)
         head = raw.decode().split("\n\n", 1)[0] + "\n"  # headers only
-        (meta_dir / (pick["filename"] + ".metadata")).write_text(head)
-        print(v, pick["filename"])
+        (meta_dir / (pick.filename + ".metadata")).write_text(head)
+        print(v, pick.filename)
 
 
 def record_aarch64() -> None:
     """The METADATA headers of each recorded release's linux-aarch64 wheel that refresh's platform
     check reads (``pypi._linux_aarch64_wheel``), from the recorded file list: `record.py aarch64`."""
     files = json.loads((HERE / "simple_torch.json").read_text())["files"]
+    models = [r.PypiFile.model_validate(f) for f in files]
     for v in VERSIONS:
-        pick = r._linux_aarch64_wheel(files, v)
+        pick = r._linux_aarch64_wheel(models, v)
         if pick is None:
             continue
-        raw = r.read_zip_member(
-            pick["url"], pick["size"], ".dist-info/METADATA", r.default_fetch_range
-        )
+        raw = r.read_zip_member(pick.url, pick.size, ".dist-info/METADATA", r.default_fetch_range)
         head = raw.decode().split("\n\n", 1)[0] + "\n"
-        (HERE / "metadata" / (pick["filename"] + ".metadata")).write_text(head)
-        print(v, pick["filename"])
+        (HERE / "metadata" / (pick.filename + ".metadata")).write_text(head)
+        print(v, pick.filename)
 
 
 if __name__ == "__main__":
