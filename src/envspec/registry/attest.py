@@ -35,14 +35,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envspec import __version__
 from envspec.errors import UsageError
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
 from envspec.plan import BuildPlan
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+
+# the engine's push: an OCI layout's image to a reference, with the image's credentials and TLS
+Push = Callable[[Path, str], None]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -162,7 +169,7 @@ class SigningKey:
     """A private key that signs envspec's signatures and envelopes (ECDSA P-256 with SHA-256,
     as cosign does; Ed25519; RSA PKCS#1 v1.5 with SHA-256)."""
 
-    key: Any
+    key: PrivateKeyTypes
     path: str = ""
 
     @classmethod
@@ -264,7 +271,9 @@ def _decrypt_sigstore(text: str, passphrase: bytes) -> bytes:
         raise ValueError("wrong passphrase") from None
 
 
-def encrypt_sigstore_key(private_key: Any, passphrase: bytes, *, n: int = 32768) -> bytes:
+def encrypt_sigstore_key(
+    private_key: PrivateKeyTypes, passphrase: bytes, *, n: int = 32768
+) -> bytes:
     """``private_key`` as an ``ENCRYPTED SIGSTORE PRIVATE KEY`` PEM (what cosign and
     containers/image read): used by the tests, and by anyone who wants cosign to read an envspec key."""
     import os
@@ -445,7 +454,7 @@ class Attached:
 
 
 def attach(
-    push: Any,
+    push: Push,
     work: Path,
     plan: BuildPlan,
     image_digest: str,
@@ -475,7 +484,7 @@ def attach(
     return Attached(att_ref, att_digest, signature=sig_ref, signature_digest=sig_digest)
 
 
-def sign(push: Any, work: Path, digest: str, dest: str, key: SigningKey) -> tuple[str, str]:
+def sign(push: Push, work: Path, digest: str, dest: str, key: SigningKey) -> tuple[str, str]:
     """Push the signature of the manifest ``digest`` (an image's or an image index's) pushed as
     ``dest``, as ``REPO:sha256-<hex>.sig``; returns (that reference, the signature manifest's
     digest). Called once what it signs is in the registry."""

@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.image.engine import RegistryAccess, skopeo_registry_args
@@ -49,6 +49,9 @@ from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
 from envspec.registry import attest
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 # JSON as the registry gives it, read where it enters: a manifest, an index, a config, an in-toto
 # statement (provenance, SBOM)
@@ -171,7 +174,7 @@ def manifest_digest(reader: RegistryReader, ref: str) -> str:
 # --- signatures -----------------------------------------------------------------------------------
 
 
-def load_public_key(path: str | Path) -> Any:
+def load_public_key(path: str | Path) -> PublicKeyTypes:
     from cryptography.hazmat.primitives import serialization
 
     try:
@@ -184,7 +187,7 @@ def load_public_key(path: str | Path) -> Any:
         ) from e
 
 
-def verify_bytes(public_key: Any, signature: bytes, data: bytes) -> bool:
+def verify_bytes(public_key: PublicKeyTypes, signature: bytes, data: bytes) -> bool:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
@@ -220,7 +223,7 @@ def _layers(
 
 
 def check_signature(
-    public_key: Any,
+    public_key: PublicKeyTypes,
     artifact: tuple[bytes, dict[str, bytes]] | None,
     digest: str,
     repo: str,
@@ -260,7 +263,7 @@ def check_signature(
     )
 
 
-def open_envelope(public_key: Any, data: bytes) -> tuple[OciJson | None, bool]:
+def open_envelope(public_key: PublicKeyTypes, data: bytes) -> tuple[OciJson | None, bool]:
     """(the statement, whether a signature in the envelope verifies with the key)."""
     try:
         env = json.loads(data)
@@ -318,7 +321,7 @@ def _no_image(ref: str) -> Finding:
 
 def verify_image(
     ref: str,
-    public_key: Any,
+    public_key: PublicKeyTypes,
     reader: RegistryReader,
     lock: Lockfile | None = None,
     *,
@@ -428,7 +431,7 @@ def _verify_index(
     repo: str,
     digest: str,
     index: OciJson,
-    public_key: Any,
+    public_key: PublicKeyTypes,
     reader: RegistryReader,
     lock: Lockfile | None,
 ) -> str:
@@ -571,7 +574,7 @@ class _Pulled:
 def _check_image(
     report: Report,
     img: _Pulled,
-    public_key: Any,
+    public_key: PublicKeyTypes,
     reader: RegistryReader,
     lock: Lockfile | None,
     prefix: str = "",
@@ -597,7 +600,7 @@ def _check_image(
 
 
 def _statements(
-    report: Report, img: _Pulled, public_key: Any, reader: RegistryReader, prefix: str
+    report: Report, img: _Pulled, public_key: PublicKeyTypes, reader: RegistryReader, prefix: str
 ) -> dict[str, OciJson]:
     """The image's attestations (provenance, SBOM) by kind, each checked: signed by the key,
     about this image, both there."""
