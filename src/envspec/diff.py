@@ -53,8 +53,8 @@ class FieldChange:
     """A scalar field of the lock that differs, by its lockfile path (``torch.variant``)."""
 
     path: str
-    old: Any
-    new: Any
+    old: object  # as the lockfile writes it: a string, number, list or table
+    new: object
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ _FIELDS: tuple[str, ...] = (
 _ABSENT = "(absent)"
 
 
-def _get_path(lock: Lockfile, path: str) -> Any:
+def _get_path(lock: Lockfile, path: str) -> object:
     """The value at a lockfile path as the lockfile writes it (tables as dicts), or ``_ABSENT``."""
     table, _, key = path.partition(".")
     v = getattr(getattr(lock, table), key, None)
@@ -480,7 +480,7 @@ def _mb(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v == _ABSENT or v == "" or v is None:
         return "(none)" if v != _ABSENT else "(absent)"
     if isinstance(v, dict):
@@ -494,7 +494,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _driver_tuple(v: Any) -> tuple[int, ...]:
+def _driver_tuple(v: object) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in str(v).split("."))
     except ValueError:
