@@ -370,3 +370,22 @@ def start_slurm(nodes: int = 2):
                 p.kill()
                 p.wait()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def lying_entry_facts(entry: dict, diff_id: str):
+    """The facts of a pushed registry cache entry (``entry``: as ``build --json`` reports it,
+    zstd), but claiming ``diff_id``: an entry whose blob does not decompress to what it says."""
+    from envspec.image.compress import Compression
+    from envspec.registry.regcache import EntryFacts
+
+    return EntryFacts(
+        key=entry["key"],
+        group=entry["group"],
+        comp_id=Compression("zstd").id,
+        media_type=entry["media_type"],
+        digest=entry["digest"],
+        size=entry["size"],
+        diff_id=diff_id,
+        diff_size=entry["diff_size"],
+        record=None,
+    )

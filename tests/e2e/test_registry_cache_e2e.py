@@ -87,10 +87,10 @@ def sources(out: dict) -> dict[str, str]:
 
 
 def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
-    from conftest import private_storage
+    from conftest import lying_entry_facts, private_storage
 
     from envspec.image.compress import Compression
-    from envspec.registry.regcache import EntryFacts, tag_for, write_entry
+    from envspec.registry.regcache import tag_for, write_entry
     from envspec.run import podman_args
 
     base, reg = world
@@ -171,17 +171,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     write_entry(
         base / "lie",
         blob,
-        EntryFacts(
-            key=lying["key"],
-            group=lying["group"],
-            comp_id=Compression("zstd").id,
-            media_type=lying["media_type"],
-            digest=lying["digest"],
-            size=lying["size"],
-            diff_id=wrong,
-            diff_size=lying["diff_size"],
-            record=None,
-        ),
+        lying_entry_facts(lying, wrong),
     )
     subprocess.run(
         [

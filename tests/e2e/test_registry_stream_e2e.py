@@ -228,8 +228,10 @@ def test_a_pull_killed_while_untarring_leaves_no_half_layer(world, tmp_path):
 
 
 def test_a_damaged_or_lying_stream_is_a_warning_and_its_layer_is_made(world, tmp_path):
+    from conftest import lying_entry_facts
+
     from envspec.image.compress import Compression
-    from envspec.registry.regcache import EntryFacts, tag_for, write_entry
+    from envspec.registry.regcache import tag_for, write_entry
 
     base, reg, a = world
     damaged, lying = cacheable(a)[0], cacheable(a)[1]
@@ -245,17 +247,7 @@ def test_a_damaged_or_lying_stream_is_a_warning_and_its_layer_is_made(world, tmp
     write_entry(
         tmp_path / "lie",
         regdata / "blobs" / "sha256" / hexl[:2] / hexl / "data",
-        EntryFacts(
-            key=lying["key"],
-            group=lying["group"],
-            comp_id=Compression("zstd").id,
-            media_type=lying["media_type"],
-            digest=lying["digest"],
-            size=lying["size"],
-            diff_id=wrong,
-            diff_size=lying["diff_size"],
-            record=None,
-        ),
+        lying_entry_facts(lying, wrong),
     )
     subprocess.run(
         [

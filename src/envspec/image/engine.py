@@ -314,13 +314,7 @@ class BuildahEngine:
             raise
         cp = subprocess.CompletedProcess(argv, proc.returncode, out, err)
         if check and proc.returncode != 0:
-            raise BuildError(
-                f"{step} failed",
-                step=step,
-                argv=argv,
-                returncode=proc.returncode,
-                stderr_tail="\n".join(err.strip().splitlines()[-20:]),
-            )
+            raise command_failed(f"{step} failed", step, cp)
         return cp
 
     def _skopeo(self, *args: str, tmpdir: Path | None = None) -> list[str]:
@@ -465,6 +459,25 @@ def chain_id(parent: str, token: str) -> str:
 
     hexd = token.split(":", 1)[-1]
     return hashlib.sha256(f"{parent}+{hexd}".encode()).hexdigest() if parent else hexd
+
+
+def command_failed(
+    message: str,
+    step: str,
+    cp: subprocess.CompletedProcess[str],
+    *,
+    argv: Sequence[str] | None = None,
+    kind: type[BuildError] = BuildError,
+) -> BuildError:
+    """A command that exited non-zero, as ``kind``: its argv (``argv``, where not all of it is
+    worth showing), exit status and the last 20 lines of its stderr."""
+    return kind(
+        message,
+        step=step,
+        argv=list(cp.args if argv is None else argv),
+        returncode=cp.returncode,
+        stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+    )
 
 
 class Cancelled(Exception):
@@ -977,12 +990,12 @@ class StorageCLI:
             have = self.layer_diff_id(layer_id)
             if have:  # stored by someone else meanwhile
                 return have, False
-            raise (StagingEmptied if cp.returncode == EXIT_STAGING_EMPTIED else BuildError)(
+            raise command_failed(
                 "making a staged layer in containers-storage failed",
-                step="import layer",
-                argv=argv[:-2],
-                returncode=cp.returncode,
-                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+                "import layer",
+                cp,
+                argv=argv[:-2],  # not the staged JSON
+                kind=StagingEmptied if cp.returncode == EXIT_STAGING_EMPTIED else BuildError,
             )
         try:
             rec = json.loads(cp.stdout)
@@ -1023,12 +1036,8 @@ class StorageCLI:
         if cp.returncode == 0:
             return True
         if cp.returncode != 2:
-            raise BuildError(
-                "creating the image in containers-storage failed",
-                step="create image",
-                argv=argv,
-                returncode=cp.returncode,
-                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+            raise command_failed(
+                "creating the image in containers-storage failed", "create image", cp
             )
         return False
 
@@ -1053,12 +1062,8 @@ class StorageCLI:
             cp.returncode != 0
             and self.engine.run("image", self._cs("image", image_id), check=False).returncode
         ):
-            raise BuildError(
-                "creating the image in containers-storage failed",
-                step="create image",
-                argv=cp.args,
-                returncode=cp.returncode,
-                stderr_tail="\n".join(cp.stderr.strip().splitlines()[-20:]),
+            raise command_failed(
+                "creating the image in containers-storage failed", "create image", cp
             )
 
     def put_image(self, config: bytes, manifest: bytes, top_layer: str, ref: str) -> None:

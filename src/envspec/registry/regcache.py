@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from envspec.errors import EnvspecError, UsageError
 from envspec.image import Layers, store_fetched
@@ -467,14 +467,14 @@ class Unavailable(Exception):
     """The cache registry could not be read at all (unreachable, credentials refused)."""
 
 
-def _chunks(resp: Any) -> Iterator[memoryview]:
+def _chunks(resp: IO[bytes]) -> Iterator[memoryview]:
     """A blob's response read into one buffer, chunk after chunk: each chunk is taken whole (by
     ``check_stream``) before the next read; a broken download is a ``BadEntry``."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     while True:
         try:
-            n = resp.readinto(buf)
+            n = resp.readinto(buf)  # type: ignore[attr-defined]  # an HTTP response has it
         except OSError as e:
             raise BadEntry(f"its blob's download broke off ({e})") from None
         if not n:
