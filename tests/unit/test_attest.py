@@ -89,7 +89,8 @@ def test_a_signed_envelope_verifies_and_any_change_breaks_it(plan, key):
     env = attest.envelope(attest.provenance(plan, DIGEST), key)
     pub = key.key.public_key()
     st, ok = open_envelope(pub, env)
-    assert ok and st is not None and st["subject"][0]["digest"]["sha256"] == "ab" * 32
+    assert ok and st is not None and st.subject[0].digest["sha256"] == "ab" * 32
+    assert st.predicate_type == attest.SLSA_PROVENANCE
     doc = json.loads(env)
     forged = json.loads(base64.b64decode(doc["payload"]))
     forged["predicate"]["buildDefinition"]["externalParameters"]["lock"]["content_hash"] = (
@@ -262,6 +263,53 @@ def test_verify_image_refuses_unsigned_tampered_and_other_lock(plan, key, tmp_pa
     assert {"signature", "attestations"} <= _failed(verify_image(REF, pub, reg, plan.lock))
 
     assert _failed(verify_image(REF, pub, FakeRegistry(), plan.lock)) == {"image"}
+
+
+def test_verify_image_says_where_the_registry_serves_no_manifest(plan, key, tmp_path):
+    pub = key.key.public_key()
+    reg, digest = _pushed(plan, key, tmp_path)
+    for served in (b"<html>502 Bad Gateway</html>", b'{"layers": "none"}', b"[]"):
+        reg.manifests[REF] = served
+        with pytest.raises(SourceError) as e:
+            verify_image(REF, pub, reg, plan.lock)
+        assert e.value.reference == "registry-read-failed" and REF in e.value.message
+
+
+def test_verify_image_fails_a_config_that_is_not_an_image_config(plan, key, tmp_path):
+    pub = key.key.public_key()
+    reg, digest = _pushed(plan, key, tmp_path)
+    repo = attest.repository(REF)
+    config = b'{"config": {"Labels": ["not", "a", "table"]}}'
+    manifest = canonical_json(
+        {
+            "schemaVersion": 2,
+            "config": {"digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+            "annotations": {"io.envspec.lock-hash": plan.lock.meta.content_hash},
+        }
+    )
+    reg.manifests[REF] = manifest
+    reg.configs[f"{repo}@sha256:{hashlib.sha256(manifest).hexdigest()}"] = config
+    failed = _failed(verify_image(REF, pub, reg, plan.lock))
+    assert "image.lock-hash" in failed  # no label read from a config that does not read
+
+
+def test_registry_documents_read_what_they_know_and_refuse_wrong_types():
+    from envspec.registry import ocidocs
+
+    m = ocidocs.read(
+        ocidocs.Manifest,
+        b'{"mediaType": "x", "manifests": [{"digest": "sha256:1", "platform": '
+        b'{"os": "linux", "architecture": "arm64", "variant": "v8"}}], "future": 1}',
+    )
+    assert m is not None and m.manifests[0].platform == ocidocs.Platform(
+        os="linux", architecture="arm64"
+    )
+    assert m.layers == [] and m.config is None and m.annotations == {}
+    assert ocidocs.read(ocidocs.Manifest, b'{"annotations": {"a": 1}}') is None
+    assert ocidocs.read(ocidocs.Manifest, b"not json") is None
+    st = ocidocs.read(ocidocs.Statement, b'{"predicateType": "p", "predicate": {"k": [1, "v"]}}')
+    assert st is not None and st.predicate == {"k": [1, "v"]} and st.subject == []
+    assert ocidocs.read_object(ocidocs.Sbom, {"packages": "none"}) is None
 
 
 def test_registry_reader_says_not_found_and_unreachable_apart():

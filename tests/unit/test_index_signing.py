@@ -154,12 +154,10 @@ def test_a_signed_index_pushes_each_platform_its_artifacts_then_the_index_signat
             for lay in json.loads(manifest)["layers"]
         ]
         prov = next(
-            st
-            for st, ok in statements
-            if ok and st and st["predicateType"] == attest.SLSA_PROVENANCE
+            st for st, ok in statements if ok and st and st.predicate_type == attest.SLSA_PROVENANCE
         )
-        assert prov["subject"][0]["digest"]["sha256"] == d.split(":")[1]
-        params = prov["predicate"]["buildDefinition"]["externalParameters"]
+        assert prov.subject[0].digest["sha256"] == d.split(":")[1]
+        params = prov.predicate["buildDefinition"]["externalParameters"]
         assert params["lock"]["content_hash"] == view.meta.content_hash != lock.meta.content_hash
         assert params["platform"] == f"linux/{view.platform.oci_arch}"
     # the index's signature names the index digest

@@ -57,7 +57,14 @@ from envspec.image.engine import (
 )
 from envspec.image.importer import Importer, LayerFile
 from envspec.image.oci import LayerBlob, export_layout, sha256_bytes, write_layout
-from envspec.image.records import BlobRecord, LayerMeta, LayerRecord, MadeBlob, MadeLayer
+from envspec.image.records import (
+    BlobRecord,
+    LayerMeta,
+    LayerRecord,
+    MadeBlob,
+    MadeLayer,
+    RegistryEntry,
+)
 from envspec.image.sbom import make_sbom
 from envspec.lock import Lockfile, Wheel
 from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
@@ -103,11 +110,11 @@ class LayerCache(Protocol):
     cache_from: str
     cache_to: str
 
-    def lookup_layers(self, layers: Layers) -> dict[str, Any]: ...
-    def fetch_layers(self, layers: Layers, entries: dict[str, Any]) -> None: ...
+    def lookup_layers(self, layers: Layers) -> dict[str, RegistryEntry]: ...
+    def fetch_layers(self, layers: Layers, entries: dict[str, RegistryEntry]) -> None: ...
     def can_stream(self) -> bool: ...
     def stream_layers(
-        self, layers: Layers, entries: dict[str, Any], streams: dict[str, Future[bool]]
+        self, layers: Layers, entries: dict[str, RegistryEntry], streams: dict[str, Future[bool]]
     ) -> None: ...
     def push_layers(self, layers: Layers) -> tuple[str, ...]: ...
 
@@ -510,7 +517,7 @@ class _Run:
             with self.clock.span("abi check"):
                 check_abi(self.plan.lock, self.cache, self.mirrors, self.reporter)
 
-    def _fetch_entries(self, rc: LayerCache, entries: dict[str, Any]) -> None:
+    def _fetch_entries(self, rc: LayerCache, entries: dict[str, RegistryEntry]) -> None:
         layers = self.layers
         if self.early and self.importer is not None:
             self.importer.start()
@@ -801,14 +808,6 @@ def _compress_layer(
 # --- the steps ------------------------------------------------------------------------------------
 
 
-class CacheEntry(Protocol):
-    """A registry layer cache's entry of a layer (``registry.regcache.RegistryEntry``)."""
-
-    @property
-    def diff_id(self) -> str: ...
-    def local_record(self, group: str) -> LayerRecord: ...
-
-
 class Layers:
     """The plan's layers on their way to tar files: found in the cache or made here, each with a
     future that the importer waits on."""
@@ -879,7 +878,7 @@ class Layers:
             return None
         return self.path(lay)
 
-    def stream(self, entries: Mapping[str, CacheEntry], present: dict[str, str]) -> None:
+    def stream(self, entries: Mapping[str, RegistryEntry], present: dict[str, str]) -> None:
         """Stream the layers of ``entries`` from the registry cache into the store (``streams``;
         ``regcache.RegistryCache.stream_layers``), but those the store has already (``present``:
         layer ID -> diff_id, containers/image's chain of diff_ids): done with no read at all."""

@@ -1,7 +1,8 @@
 """What the layer stage hands on about a layer, typed: what a maker returns (``MadeLayer``), what the
 local cache keeps beside a layer's tar and blob (``LayerRecord``, ``BlobRecord``: JSON files, read
 back at the next build), and what a build knows of each of its layers wherever it came from
-(``LayerMeta``: made here, the local cache, the store, a registry layer cache)."""
+(``LayerMeta``: made here, the local cache, the store, a registry layer cache), and a registry
+layer cache's entry of a layer (``RegistryEntry``: what a build fetches or streams)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,24 @@ class LayerMeta:
     @property
     def cached(self) -> bool:
         return self.source != "made"
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """A registry layer cache's entry of a layer, read from its manifest and checked
+    (``registry.regcache.check_entry``): what the blob must be and what it must decompress to."""
+
+    ref: str  # REPO:TAG
+    manifest_digest: str
+    key: str
+    diff_id: str
+    diff_size: int
+    compressor: str
+    media_type: str
+    digest: str  # the blob's
+    size: int
+    record: LayerRecord  # the layer's record, as the local cache keeps it (its group: the plan's)
+
+    def local_record(self, group: str) -> LayerRecord:
+        """The local cache's record of this entry's layer, of the plan's ``group``."""
+        return self.record.model_copy(update={"group": group})

@@ -42,13 +42,13 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from envspec.errors import EnvspecError, UsageError
 from envspec.image import Layers, store_fetched
 from envspec.image.compress import MT_LAYER, Compression
 from envspec.image.oci import MT_CONFIG, MT_INDEX, MT_MANIFEST, canonical_json, sha256_bytes
-from envspec.image.records import LayerRecord, MadeBlob
+from envspec.image.records import LayerRecord, MadeBlob, RegistryEntry
 from envspec.image.tarball import PipeTee
 from envspec.plan import Layer
 from envspec.registry.client import (
@@ -63,6 +63,7 @@ ARTIFACT_TYPE = "application/vnd.envspec.layer-cache.v1"
 VERSION = "1"
 A = "dev.envspec.cache."
 CHUNK = 1 << 20
+Chunk = bytes | memoryview  # a piece of a blob as read: a view of the reader's buffer, or bytes
 _HEX64 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REF = re.compile(
@@ -93,26 +94,6 @@ def tag_for(key: str, comp: Compression) -> str:
 
 class BadEntry(Exception):
     """A cache entry that is there but must not be used; the message says what is wrong."""
-
-
-@dataclass(frozen=True)
-class RegistryEntry:
-    """A checked cache entry's manifest: what the blob must be and what it must decompress to."""
-
-    ref: str  # REPO:TAG
-    manifest_digest: str
-    key: str
-    diff_id: str
-    diff_size: int
-    compressor: str
-    media_type: str
-    digest: str  # the blob's
-    size: int
-    record: LayerRecord  # the layer's record, as the local cache keeps it (its group: the plan's)
-
-    def local_record(self, group: str) -> LayerRecord:
-        """The local cache's record of this entry's layer, of the plan's ``group``."""
-        return self.record.model_copy(update={"group": group})
 
 
 # --- the entry format -----------------------------------------------------------------------------
@@ -281,8 +262,8 @@ class StreamTimes:
 
 
 def check_stream(
-    chunks: Iterable[Any],
-    write: Callable[[Any], Any],
+    chunks: Iterable[Chunk],
+    write: Callable[[memoryview], object],
     entry: RegistryEntry,
     comp: Compression,
     times: StreamTimes | None = None,
@@ -356,13 +337,13 @@ class _Blob:
     """The blob's chunks as a file to read (the decompressor's source), each byte hashed as it
     is read; ``wait`` and ``sha256_blob`` of ``times`` counted here."""
 
-    def __init__(self, it: Iterator[Any], times: StreamTimes) -> None:
+    def __init__(self, it: Iterator[Chunk], times: StreamTimes) -> None:
         self.it, self.t = it, times
         self.h = hashlib.sha256()
         self.n = 0
         self.ended = False  # every chunk was read
 
-    def read(self, _size: int = -1) -> Any:
+    def read(self, _size: int = -1) -> Chunk:
         t0 = time.monotonic()
         chunk = next(self.it, None)
         t1 = time.monotonic()
@@ -424,14 +405,14 @@ except ImportError:  # pragma: no cover (zstandard is a dependency)
     _ZstdError = zlib.error
 
 
-def _decompressor(comp: Compression) -> Callable[[Any], bytes]:
+def _decompressor(comp: Compression) -> Callable[[Chunk], Chunk]:
     """chunk -> bytes; ``b""`` ends the stream (and raises where it is cut short)."""
     if comp.name == "none":
         return lambda b: b
     if comp.name == "gzip":
         z = zlib.decompressobj(wbits=31)
 
-        def gz(b: bytes) -> bytes:
+        def gz(b: Chunk) -> bytes:
             if b:
                 return z.decompress(b)
             if not z.eof:
@@ -443,7 +424,7 @@ def _decompressor(comp: Compression) -> Callable[[Any], bytes]:
 
     obj = zstandard.ZstdDecompressor().decompressobj()
 
-    def zs(b: bytes) -> bytes:
+    def zs(b: Chunk) -> bytes:
         if b:
             return bytes(obj.decompress(b))
         if not obj.eof:

@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envspec.errors import HostError, LockError, SourceError, UsageError
 from envspec.image.engine import RegistryAccess, skopeo_registry_args
@@ -48,14 +48,24 @@ from envspec.image.oci import MT_INDEX
 from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
 from envspec.registry import attest
+from envspec.registry.ocidocs import (
+    D,
+    Descriptor,
+    Envelope,
+    ImageConfig,
+    Manifest,
+    Platform,
+    Provenance,
+    Sbom,
+    SignaturePayload,
+    Statement,
+    read,
+    read_object,
+)
 from envspec.verify.model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
-
-# JSON as the registry gives it, read where it enters: a manifest, an index, a config, an in-toto
-# statement (provenance, SBOM)
-OciJson = dict[str, Any]
 
 _NOT_FOUND = ("manifest unknown", "not found", "name unknown", "404")
 _UNREACHABLE = (
@@ -208,15 +218,17 @@ def verify_bytes(public_key: PublicKeyTypes, signature: bytes, data: bytes) -> b
 
 def _layers(
     manifest: bytes, blobs: dict[str, bytes], media_type: str
-) -> list[tuple[OciJson, bytes]]:
-    """The manifest's layers of ``media_type`` with their bytes, each checked against its digest."""
+) -> list[tuple[Descriptor, bytes]]:
+    """The manifest's layers of ``media_type`` with their bytes, each checked against its digest
+    (none where the manifest does not read)."""
     out = []
-    for lay in json.loads(manifest).get("layers", []):
-        data = blobs.get(lay.get("digest", ""))
+    m = read(Manifest, manifest)
+    for lay in m.layers if m is not None else []:
+        data = blobs.get(lay.digest)
         if (
-            lay.get("mediaType") == media_type
+            lay.media_type == media_type
             and data is not None
-            and "sha256:" + hashlib.sha256(data).hexdigest() == lay["digest"]
+            and "sha256:" + hashlib.sha256(data).hexdigest() == lay.digest
         ):
             out.append((lay, data))
     return out
@@ -241,14 +253,18 @@ def check_signature(
         )
     seen = []
     for lay, payload in _layers(*artifact, attest.MT_SIMPLESIGNING):
-        sig = base64.b64decode(lay.get("annotations", {}).get(attest.SIG_ANNOTATION, "") or b"")
+        sig = base64.b64decode(lay.annotations.get(attest.SIG_ANNOTATION, "") or b"")
         if not verify_bytes(public_key, sig, payload):
             seen.append("a signature that does not verify with this key")
             continue
-        crit = json.loads(payload).get("critical", {})
-        signed = crit.get("image", {}).get("docker-manifest-digest", "")
-        signed_repo = attest.repository(crit.get("identity", {}).get("docker-reference", ""))
-        if crit.get("type") != attest.SIGNATURE_TYPE or signed != digest:
+        signed_payload = read(SignaturePayload, payload)
+        if signed_payload is None:
+            seen.append("a signed payload that is not a simple-signing document")
+            continue
+        crit = signed_payload.critical
+        signed = crit.image.docker_manifest_digest
+        signed_repo = attest.repository(crit.identity.docker_reference)
+        if crit.type != attest.SIGNATURE_TYPE or signed != digest:
             seen.append(f"a signature of another image ({signed[:19]}…)")
         elif signed_repo != repo:
             seen.append(f"a signature of this digest for another repository ({signed_repo})")
@@ -263,18 +279,19 @@ def check_signature(
     )
 
 
-def open_envelope(public_key: PublicKeyTypes, data: bytes) -> tuple[OciJson | None, bool]:
+def open_envelope(public_key: PublicKeyTypes, data: bytes) -> tuple[Statement | None, bool]:
     """(the statement, whether a signature in the envelope verifies with the key)."""
+    env = read(Envelope, data)
     try:
-        env = json.loads(data)
-        payload = base64.b64decode(env["payload"])
-        statement = json.loads(payload)
-    except (ValueError, KeyError, TypeError):
+        payload = base64.b64decode(env.payload) if env is not None else b""
+    except ValueError:
         return None, False
-    pae = attest.pae(env.get("payloadType", ""), payload)
-    ok = env.get("payloadType") == attest.IN_TOTO_PAYLOAD and any(
-        verify_bytes(public_key, base64.b64decode(s.get("sig", "")), pae)
-        for s in env.get("signatures", [])
+    statement = read(Statement, payload) if env is not None else None
+    if env is None or statement is None:
+        return None, False
+    pae = attest.pae(env.payload_type, payload)
+    ok = env.payload_type == attest.IN_TOTO_PAYLOAD and any(
+        verify_bytes(public_key, base64.b64decode(s.sig), pae) for s in env.signatures
     )
     return statement, ok
 
@@ -287,10 +304,10 @@ _LOCK_ARCH = {
 }  # OCI's names -> the lock's: arm64 -> aarch64
 
 
-def is_index(manifest: OciJson) -> bool:
+def is_index(manifest: Manifest) -> bool:
     """An image index (manifest list) rather than one image's manifest."""
-    return manifest.get("mediaType") in INDEX_TYPES or (
-        "manifests" in manifest and "config" not in manifest
+    return manifest.media_type in INDEX_TYPES or (
+        "manifests" in manifest.model_fields_set and "config" not in manifest.model_fields_set
     )
 
 
@@ -340,17 +357,14 @@ def verify_image(
         return report
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
     wanted = ref.split("@", 1)[1] if "@" in ref else ""
-    manifest = json.loads(raw)
+    manifest = _manifest_of(ref, raw)
     index = is_index(manifest)
     report.add(
         Finding(
             "image",
             PASS if not wanted or wanted == digest else FAIL,
             wanted or "a manifest",
-            digest
-            + (
-                f" (an image index of {len(manifest.get('manifests', []))} images)" if index else ""
-            ),
+            digest + (f" (an image index of {len(manifest.manifests)} images)" if index else ""),
             hint="" if not wanted or wanted == digest else "the registry served another manifest",
         )
     )
@@ -370,23 +384,33 @@ def verify_image(
     return report
 
 
-def _config_of(manifest: OciJson, config: bytes | None) -> OciJson:
-    """The image config, where it is the one the manifest names (so the signed digest covers it); else {}."""
-    if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != manifest.get(
-        "config", {}
-    ).get("digest"):
-        return {}
-    try:
-        got = json.loads(config)
-    except ValueError:
-        return {}
-    return got if isinstance(got, dict) else {}
+def _manifest_of(ref: str, raw: bytes) -> Manifest:
+    """The manifest the registry served for ``ref``, read; SourceError (3) where it is not one."""
+    manifest = read(Manifest, raw)
+    if manifest is None:
+        raise SourceError(
+            f"{ref}: the registry served a manifest that is not an OCI manifest or index "
+            f"({len(raw)} bytes)",
+            reference="registry-read-failed",
+            hint="check the reference; `skopeo inspect --raw docker://REF` shows what it serves",
+        )
+    return manifest
+
+
+def _config_of(manifest: Manifest, config: bytes | None) -> ImageConfig | None:
+    """The image config, where it is the one the manifest names (so the signed digest covers it)
+    and reads as one; else None."""
+    named = manifest.config.digest if manifest.config is not None else None
+    if config is None or "sha256:" + hashlib.sha256(config).hexdigest() != named:
+        return None
+    got = read(ImageConfig, config)
+    return got if got is not None and got.model_fields_set else None
 
 
 def _section_for_image(
     report: Report,
     ref: str,
-    manifest: OciJson,
+    manifest: Manifest,
     config: bytes | None,
     lock: Lockfile,
     lock_path: str,
@@ -394,7 +418,7 @@ def _section_for_image(
     """One image against a lock with a section per platform: the section whose platform is the image
     config's os/architecture (its view, ``Lockfile.for_platform``) and the findings' prefix."""
     cfg = _config_of(manifest, config)
-    os_name, arch = cfg.get("os", ""), cfg.get("architecture", "")
+    os_name, arch = (cfg.os, cfg.architecture) if cfg is not None else ("", "")
     if not arch:
         report.add(
             Finding(
@@ -430,7 +454,7 @@ def _verify_index(
     report: Report,
     repo: str,
     digest: str,
-    index: OciJson,
+    index: Manifest,
     public_key: PublicKeyTypes,
     reader: RegistryReader,
     lock: Lockfile | None,
@@ -449,15 +473,14 @@ def _verify_index(
     )
     entries = [
         (
-            platform_name(
-                (m.get("platform") or {}).get("os", ""),
-                (m.get("platform") or {}).get("architecture", ""),
-            ),
+            platform_name(m.platform.os, m.platform.architecture)
+            if m.platform is not None
+            else platform_name("", ""),
             m,
         )
-        for m in index.get("manifests", [])
+        for m in index.manifests
     ]
-    annotation = str((index.get("annotations") or {}).get("io.envspec.lock-hash", ""))
+    annotation = index.annotations.get("io.envspec.lock-hash", "")
     if lock is not None:
         _check_index_lock(report, annotation, [n for n, _ in entries], lock)
     for name, m in entries:
@@ -511,11 +534,11 @@ def _check_index_lock(report: Report, annotation: str, names: list[str], lock: L
 
 
 def _index_entry(
-    report: Report, repo: str, name: str, m: OciJson, reader: RegistryReader
+    report: Report, repo: str, name: str, m: Descriptor, reader: RegistryReader
 ) -> _Pulled | None:
     """The image an index entry names, fetched: its manifest the one the index names, its config
     of the platform the index lists it under. None where the registry does not hold it."""
-    mdigest = str(m.get("digest", ""))
+    mdigest = m.digest
     at = f"{repo}@{mdigest}"
     raw = reader.manifest(at) if mdigest else None
     if raw is None:
@@ -540,15 +563,11 @@ def _index_entry(
         )
     )
     report.fingerprint[f"{name}.digest"] = got
-    manifest, config = json.loads(raw), reader.config(at)
+    manifest, config = _manifest_of(at, raw), reader.config(at)
     cfg = _config_of(manifest, config)
-    listed = m.get("platform") or {}
-    want_p = f"{listed.get('os', '')}/{listed.get('architecture', '')}"
-    seen_p = (
-        f"{cfg.get('os', '')}/{cfg.get('architecture', '')}"
-        if cfg
-        else "(no config the manifest names)"
-    )
+    listed = m.platform or Platform()
+    want_p = f"{listed.os}/{listed.architecture}"
+    seen_p = f"{cfg.os}/{cfg.architecture}" if cfg is not None else "(no config the manifest names)"
     report.add(
         Finding(
             f"{name}.platform",
@@ -567,7 +586,7 @@ class _Pulled:
 
     repo: str
     digest: str
-    manifest: OciJson
+    manifest: Manifest
     config: bytes | None
 
 
@@ -592,20 +611,20 @@ def _check_image(
         )
     )
     statements = _statements(report, img, public_key, reader, prefix)
-    prov = statements.get("provenance", {}).get("predicate", {})
+    prov = _predicate(statements, "provenance", Provenance)
     prov_lock = _check_provenance(report, prov, lock, prefix)
     if lock is not None:
-        report.add(_sbom_packages(statements.get("sbom", {}).get("predicate", {}), lock, prefix))
+        report.add(_sbom_packages(_predicate(statements, "sbom", Sbom), lock, prefix))
     return _check_lock_hash(report, img, lock, prov_lock, prefix)
 
 
 def _statements(
     report: Report, img: _Pulled, public_key: PublicKeyTypes, reader: RegistryReader, prefix: str
-) -> dict[str, OciJson]:
+) -> dict[str, Statement]:
     """The image's attestations (provenance, SBOM) by kind, each checked: signed by the key,
     about this image, both there."""
     att = reader.artifact(f"{img.repo}:{attest.att_tag(img.digest)}")
-    statements: dict[str, OciJson] = {}
+    statements: dict[str, Statement] = {}
     if att is None:
         report.add(
             Finding(
@@ -620,11 +639,11 @@ def _statements(
     for _lay, data in _layers(*att, attest.MT_DSSE):
         st, signed = open_envelope(public_key, data)
         kind = {attest.SLSA_PROVENANCE: "provenance", attest.SPDX_PREDICATE: "sbom"}.get(
-            (st or {}).get("predicateType", ""), ""
+            st.predicate_type if st is not None else "", ""
         )
-        if not kind or kind in statements:
+        if st is None or not kind or kind in statements:
             continue
-        statements[kind] = st or {}
+        statements[kind] = st
         report.add(
             Finding(
                 f"{prefix}{kind}.signature",
@@ -634,7 +653,7 @@ def _statements(
                 hint="" if signed else "the attestation was altered or made without the key",
             )
         )
-        subjects = [s.get("digest", {}).get("sha256", "") for s in (st or {}).get("subject", [])]
+        subjects = [s.digest.get("sha256", "") for s in st.subject]
         ok = img.digest.split(":", 1)[1] in subjects
         report.add(
             Finding(
@@ -658,25 +677,29 @@ def _statements(
     return statements
 
 
-def _check_provenance(report: Report, prov: OciJson, lock: Lockfile | None, prefix: str) -> str:
+def _predicate(statements: dict[str, Statement], kind: str, model: type[D]) -> D | None:
+    """The predicate of the statement of ``kind``, read as ``model``; None where there is no
+    such statement or its predicate is not of that shape."""
+    st = statements.get(kind)
+    return read_object(model, st.predicate) if st is not None and st.predicate else None
+
+
+def _check_provenance(
+    report: Report, prov: Provenance | None, lock: Lockfile | None, prefix: str
+) -> str:
     """The provenance's builder, and with ``lock`` the lock and materials it names. Returns the
     lock hash it names ("": none)."""
-    if prov:
-        builder = prov.get("runDetails", {}).get("builder", {})
+    if prov is not None:
+        builder = prov.run_details.builder
         report.add(
             Finding(
                 prefix + "provenance.builder",
-                PASS if builder.get("id") == attest.BUILDER_ID else FAIL,
+                PASS if builder.id == attest.BUILDER_ID else FAIL,
                 attest.BUILDER_ID,
-                f"{builder.get('id', '')} {builder.get('version', {})}".strip(),
+                f"{builder.id} {builder.version}".strip(),
             )
         )
-    prov_lock = str(
-        prov.get("buildDefinition", {})
-        .get("externalParameters", {})
-        .get("lock", {})
-        .get("content_hash", "")
-    )
+    prov_lock = prov.build_definition.external_parameters.lock.content_hash if prov else ""
     if lock is not None:
         expected_lock = lock.meta.content_hash
         ok = bool(prov_lock) and prov_lock == expected_lock
@@ -698,13 +721,9 @@ def _check_lock_hash(
 ) -> str:
     """The lock hash in the image's config (label) and manifest (annotation): the same, and the
     one of the lock given and of the provenance. Returns it."""
-    label = (
-        _config_of(img.manifest, img.config)
-        .get("config", {})
-        .get("Labels", {})
-        .get("io.envspec.lock-hash", "")
-    )
-    annotation = img.manifest.get("annotations", {}).get("io.envspec.lock-hash", "")
+    cfg = _config_of(img.manifest, img.config)
+    label = cfg.config.labels.get("io.envspec.lock-hash", "") if cfg is not None else ""
+    annotation = img.manifest.annotations.get("io.envspec.lock-hash", "")
     expected_lock = lock.meta.content_hash if lock is not None else ""
     wants = {h for h in (expected_lock, prov_lock) if h}  # the lock given, the provenance's
     ok = bool(label) and label == annotation and wants <= {label}
@@ -722,17 +741,15 @@ def _check_lock_hash(
     return str(label or prov_lock)
 
 
-def _materials(prov: OciJson, lock: Lockfile, prefix: str = "") -> Finding:
+def _materials(prov: Provenance | None, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = (
         {d.sha256 for d in plan.debs}
         | {w.sha256 for w in plan.wheels}
         | {lock.meta.content_hash.split(":")[-1]}
     )
-    got = {
-        d.get("digest", {}).get("sha256", "")
-        for d in prov.get("buildDefinition", {}).get("resolvedDependencies", [])
-    }
+    deps = prov.build_definition.resolved_dependencies if prov is not None else []
+    got = {d.digest.get("sha256", "") for d in deps}
     missing, extra = want - got, got - want
     status: Status = PASS if not missing and not extra else FAIL
     return Finding(
@@ -746,13 +763,11 @@ def _materials(prov: OciJson, lock: Lockfile, prefix: str = "") -> Finding:
     )
 
 
-def _sbom_packages(sbom: OciJson, lock: Lockfile, prefix: str = "") -> Finding:
+def _sbom_packages(sbom: Sbom | None, lock: Lockfile, prefix: str = "") -> Finding:
     plan = make_plan(lock)
     want = {d.sha256 for d in plan.debs} | {w.sha256 for w in plan.wheels}
-    got = {
-        c.get("checksumValue", "") for p in sbom.get("packages", []) for c in p.get("checksums", [])
-    }
-    if not sbom:
+    got = {c.checksum_value for p in sbom.packages for c in p.checksums} if sbom else set()
+    if sbom is None:
         return Finding(prefix + "sbom.packages", FAIL, f"{len(want)} packages", "no SBOM")
     ok = want == got
     return Finding(
