@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jinja2
 
-from envspec.verify.lockfile import LockReadError, load_lock, table
+from envspec.verify.lockfile import LockReadError, load_lock
 from envspec.verify.render import write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
@@ -59,7 +59,7 @@ def lock_settings(path: str) -> tuple[dict[str, str], str]:
         raise RenderError(
             f"--lock {path}: {e.message}", hint=e.hint or "give the lockfile of the image"
         ) from e
-    runtime = table(lock, "runtime")
+    runtime = lock.get("runtime", {})
     env = runtime.get("env")
     if not isinstance(env, dict):
         env = {}

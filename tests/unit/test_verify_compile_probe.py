@@ -184,3 +184,6 @@ def test_compile_probe_result_parses_the_childs_json(tmp_path):
     ).result()
     assert not res["ok"] and "child exited 3: bad" in res["error"]
     assert json.dumps(res)
+    script = 'print(\'{"ok": "yes", "error": 5, "seconds": 2, "device": "cuda"}\')'
+    res = CompileProbe(120, argv=[sys.executable, "-c", script]).result()
+    assert res == {"ok": False, "device": "cuda", "seconds": 2.0}  # only what has its type

@@ -36,6 +36,14 @@ def test_load_good_lock_and_hash(tmp_path):
     assert lock_hash(lock) == content_hash(lock) != "sha256:" + "0" * 64
 
 
+def test_a_table_the_verifier_reads_that_is_not_a_table_is_absent(tmp_path):
+    p = tmp_path / "a.lock"
+    p.write_text(rehash_text(GOOD.replace("[meta]", 'torch = "2.14.1"\nruntime = 3\n[meta]')))
+    lock = load_lock(p)
+    assert "torch" not in lock and "runtime" not in lock
+    assert lock["platform"] == {"venv": "/opt/venv"} and lock["wheels"][0]["name"] == "torch"
+
+
 def test_a_lock_edited_by_hand_is_refused(tmp_path):
     """issue 43, 1: the verifier, as envspec's own reader, refuses a lock whose tables no longer give
     its content hash; the start-up hook, which reads a few tables only, does not hash."""

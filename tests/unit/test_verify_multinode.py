@@ -1,6 +1,15 @@
+import json
 from types import SimpleNamespace
 
-from envspec.verify.multinode import apply_fake, compare, forwarded_argv, torchrun_argv
+import pytest
+
+from envspec.verify.multinode import (
+    apply_fake,
+    compare,
+    forwarded_argv,
+    node_entry,
+    torchrun_argv,
+)
 
 
 def entry(rank, **fp):
@@ -93,3 +102,20 @@ def test_a_node_whose_exact_gemm_differs_is_named():
     assert {f.check: f for f in compare([entry(0), entry(1)])}[
         "cluster.gemm_result"
     ].status == "pass"  # quick level
+
+
+def test_a_ranks_gathered_entry_reads_as_it_was_sent():
+    sent = {
+        "rank": 3,
+        "node_rank": 1,
+        "local_rank": 1,
+        "fingerprint": {"hostname": "n1", "torch": "2.14.1"},
+        "test_hook": False,
+        "ok": False,
+        "failed": ["torch.version"],
+    }
+    got = node_entry(json.loads(json.dumps(sent, sort_keys=True)))
+    assert got == sent
+    assert json.dumps(got) == json.dumps(sent, sort_keys=True)  # the report's "nodes", as before
+    with pytest.raises(ValueError, match="not its entry"):
+        node_entry(["not", "an", "entry"])

@@ -8,7 +8,7 @@ that ``envspec explain`` does not pay for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envspec.compat.arch import arch_runs, best_arch, parse_arch, parse_cc, why_arch
 from envspec.compat.load import DATA_DIR, FORMAT, load_db
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in ("RefreshReport", "refresh"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from envspec.compat import pypi  # on first use: explain and lock do without the refresh's code

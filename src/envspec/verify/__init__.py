@@ -9,7 +9,7 @@ use, so that ``python -m envspec.verify --startup`` (the container start-up hook
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 _WHERE = {
     "TorchMachine": "checks",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .model import FAIL, PASS, SKIP, WARN, Finding, Report
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from . import integrity, probes, rates, settings, startup, torchprobe
+from .lockfile import Lock, TorchTable
 from .model import FAIL, PASS, SKIP, WARN, Report, Status
 
 LEVELS = ("startup", "quick", "full")
@@ -37,12 +37,12 @@ class TorchMachine(startup.Machine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._torch: tuple[Any, str] | None = None
+        self._torch: tuple[torchprobe.Torch | None, str] | None = None
 
     def hostname(self) -> str:
         return socket.gethostname()
 
-    def torch(self) -> tuple[Any, str]:
+    def torch(self) -> tuple[torchprobe.Torch | None, str]:
         if self._torch is None:
             self._torch = torchprobe.import_torch()
         return self._torch
@@ -87,7 +87,7 @@ class _Run(startup.MachineChecks):
 
     def __init__(
         self,
-        lock: dict[str, Any],
+        lock: Lock,
         level: str,
         mode: str,
         system: TorchMachine,
@@ -102,13 +102,20 @@ class _Run(startup.MachineChecks):
         self.compile_timeout = compile_timeout
         self.allreduce = allreduce
         self.wheels = {integrity.normalize(w["name"]): w for w in lock.get("wheels", [])}
-        self.torch: Any = None
-        self.tinfo: dict[str, Any] = {}
+        self.torch: torchprobe.Torch | None = None  # once check_torch imported it
+        self.tinfo = torchprobe.no_torch()  # until check_torch imports it
         self.hash_cache = integrity.HashCache()
         self.compile_probe: torchprobe.CompileProbe | None = None
         self.dists: dict[str, integrity.Dist] = {}
         self.libs: dict[str, list[str]] = {}
         self.gemm_digest = ""  # the full level's exact GEMM's digest(s)
+
+    @property
+    def imported_torch(self) -> torchprobe.Torch:
+        """torch, for the checks that run once ``check_torch`` imported it."""
+        if self.torch is None:
+            raise RuntimeError("a check that needs torch ran before torch was imported")
+        return self.torch
 
     def is_torch_stack(self, name: str) -> bool:
         """The binary core of torch's stack: what host mode still holds to the lock exactly."""
@@ -244,7 +251,7 @@ class _Run(startup.MachineChecks):
                 observed=err,
             )
 
-    def _check_torch_build(self, ti: dict[str, Any], tl: dict[str, Any]) -> None:
+    def _check_torch_build(self, ti: torchprobe.TorchInfo, tl: TorchTable) -> None:
         """The torch imported is the locked release and build (its CUDA)."""
         exp = tl.get("version", "") + (f"+{tl['local']}" if tl.get("local") else "")
         ok = ti["version"] == tl.get("version") and (
@@ -276,14 +283,13 @@ class _Run(startup.MachineChecks):
                 observed=ti["cuda"] or "none (CPU build)",
             )
 
-    def _check_torch_libs(self, ti: dict[str, Any], tl: dict[str, Any]) -> None:
+    def _check_torch_libs(self, ti: torchprobe.TorchInfo, tl: TorchTable) -> None:
         """cuDNN and NCCL as this process loaded them, against the lock's."""
-        for key, label in (
-            ("cudnn", "torch.backends.cudnn.version()"),
-            ("nccl", "torch.cuda.nccl.version()"),
+        for key, label, got in (
+            ("cudnn", "torch.backends.cudnn.version()", ti.get("cudnn", "")),
+            ("nccl", "torch.cuda.nccl.version()", ti.get("nccl", "")),
         ):
             want = str(tl.get(key, ""))
-            got = ti.get(key, "")
             if not want:
                 self.add(f"torch.{key}", SKIP, expected="not locked", observed=got)
                 continue
@@ -365,7 +371,9 @@ class _Run(startup.MachineChecks):
                 i, d["name"], cc, arch_list, declared=declared, names=names, torch_arch=torch_arch
             )
             # at start-up no CUDA context is made (one per GPU costs seconds on 8 GPUs)
-            free = torchprobe.memory_free(self.torch, i) if self.level != "startup" else None
+            free = (
+                torchprobe.memory_free(self.imported_torch, i) if self.level != "startup" else None
+            )
             total = d["memory_total"]
             mstat: Status = PASS
             mhint = ""
@@ -386,7 +394,7 @@ class _Run(startup.MachineChecks):
     def check_tf32(self) -> None:
         want_tf32 = self.runtime.get("tf32")
         want_prec = self.runtime.get("matmul_precision")
-        st = torchprobe.tf32_state(self.torch)
+        st = torchprobe.tf32_state(self.imported_torch)
         obs = (
             f"matmul.allow_tf32={st['matmul_allow_tf32']} cudnn.allow_tf32={st['cudnn_allow_tf32']} "
             f"float32_matmul_precision={st['matmul_precision']!r}"
@@ -455,7 +463,7 @@ class _Run(startup.MachineChecks):
         return "", f"{rp.name} ({dist.name} {dist.version})"
 
     def check_libs(self) -> None:
-        torchprobe.init_cuda_libraries(self.torch)
+        torchprobe.init_cuda_libraries(self.imported_torch)
         self.libs = libs = self.sys.loaded_libraries()
         paths = [Path(p) for ps in libs.values() for p in ps]
         owners = integrity.owner_index(
@@ -487,9 +495,8 @@ class _Run(startup.MachineChecks):
                     bad.append(problem)
                 else:
                     good.append(ok)
-            want = ""
-            if key in ("cudnn", "nccl") and self.torch_lock.get(key):
-                want = f" {self.torch_lock[key]}"
+            locked = {"cudnn": self.torch_lock.get("cudnn"), "nccl": self.torch_lock.get("nccl")}
+            want = f" {locked[key]}" if locked.get(key) else ""
             self.add(
                 f"libs.{key}",
                 FAIL if bad else PASS,
@@ -507,7 +514,7 @@ class _Run(startup.MachineChecks):
 
     def check_numerics(self) -> None:
         for d in self.tinfo["devices"]:
-            errs = torchprobe.matmul_errors(self.torch, f"cuda:{d['index']}")
+            errs = torchprobe.matmul_errors(self.imported_torch, f"cuda:{d['index']}")
             over = {k: v for k, v in errs.items() if v > torchprobe.TOLERANCE[k]}
             self.add(
                 f"numerics.{d['index']}",
@@ -530,7 +537,7 @@ class _Run(startup.MachineChecks):
             )
 
     def check_cpu_numerics(self) -> None:
-        err = torchprobe.cpu_matmul_error(self.torch)
+        err = torchprobe.cpu_matmul_error(self.imported_torch)
         tol = torchprobe.TOLERANCE["fp32"]
         self.add(
             "numerics.cpu",
@@ -711,7 +718,7 @@ class _Run(startup.MachineChecks):
             i = d["index"]
             results = {}
             for kind in ("bf16", "tf32", "fp32"):
-                results[kind] = torchprobe.gemm_tflops(self.torch, i, kind)
+                results[kind] = torchprobe.gemm_tflops(self.imported_torch, i, kind)
             bf16[i] = results["bf16"]
             for kind in ("bf16", "tf32"):
                 got = results[kind]
@@ -782,7 +789,7 @@ class _Run(startup.MachineChecks):
             fraction=frac,
         )
 
-    def _link_of(self, d: dict[str, Any]) -> dict[str, Any]:
+    def _link_of(self, d: torchprobe.TorchDevice) -> dict[str, int | None]:
         """The PCIe link NVML reported for torch's device ``d`` (matched by PCI address, else by index)."""
         from . import health  # noqa: PLC0415
 
@@ -801,7 +808,7 @@ class _Run(startup.MachineChecks):
 
         for d in self.tinfo["devices"]:
             i = d["index"]
-            got = torchprobe.copy_gbps(self.torch, i)
+            got = torchprobe.copy_gbps(self.imported_torch, i)
             link = self._link_of(d)
             gen, width = link.get("max_gen"), link.get("max_width")
             per_lane = health.PCIE_GBS_PER_LANE.get(gen or 0)
@@ -838,11 +845,13 @@ class _Run(startup.MachineChecks):
 
     def check_sdc(self) -> None:
         """Silent data corruption: a GEMM whose exact result every GPU must reproduce bit for bit."""
-        ref = torchprobe.exact_gemm_reference(self.torch)
+        ref = torchprobe.exact_gemm_reference(self.imported_torch)
         digests = set()
         for d in self.tinfo["devices"]:
             i = d["index"]
-            res = torchprobe.exact_gemm(self.torch, self.torch.device("cuda", i), ref)
+            res = torchprobe.exact_gemm(
+                self.imported_torch, self.imported_torch.device("cuda", i), ref
+            )
             digests.add(res["digest"])
             n = torchprobe.EXACT_GEMM_N
             self.add(
@@ -876,7 +885,7 @@ class _Run(startup.MachineChecks):
             res["note"] = "one process a GPU"
         else:
             try:
-                res = torchprobe.allreduce_local(self.torch, devices)
+                res = torchprobe.allreduce_local(self.imported_torch, devices)
                 res["note"] = "one process, torch.cuda.nccl"
             except Exception as e:  # torch.cuda.nccl missing or broken: one process a GPU instead
                 res = torchprobe.allreduce_spawn(len(devices))
@@ -905,7 +914,7 @@ class _Run(startup.MachineChecks):
             sizes=sizes,
         )
 
-    def allreduce_speed(self, sizes: list[dict[str, Any]], n: int) -> None:
+    def allreduce_speed(self, sizes: list[torchprobe.AllreduceSize], n: int) -> None:
         """The largest message's bus bandwidth against what a healthy node of n such GPUs reaches,
         where that figure is known (8 GPUs of one model: rates.ALLREDUCE_8)."""
         names = {d["name"] for d in self.tinfo["devices"]}
@@ -1064,7 +1073,7 @@ class _Background:
 
 
 def run_checks(
-    lock: dict[str, Any],
+    lock: Lock,
     *,
     level: str = "quick",
     mode: str = "auto",

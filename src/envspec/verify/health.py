@@ -20,8 +20,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from .model import FAIL, PASS, SKIP, WARN, Finding, Status
 
@@ -64,11 +64,15 @@ class _PciInfo(ctypes.Structure):  # nvmlPciInfo_t (v3)
     ]
 
 
+Handle = ctypes.c_void_p  # an nvmlDevice_t
+_Int = ctypes.c_uint | ctypes.c_ulonglong | ctypes.c_int  # what NVML writes a number into
+
+
 class Nvml:
     """The NVML calls the health checks make. ``lib`` is a ``ctypes.CDLL`` of libnvidia-ml.so.1, or
     a ``FakeNvml`` that answers the same calls."""
 
-    def __init__(self, lib: Any) -> None:
+    def __init__(self, lib: object) -> None:
         self.lib = lib
 
     @classmethod
@@ -86,7 +90,7 @@ class Nvml:
         if fn is not None:
             fn()
 
-    def _call(self, name: str, *args: Any) -> int | None:
+    def _call(self, name: str, *args: object) -> int | None:
         """The call's return code; None where the library has no such function."""
         try:
             fn = getattr(self.lib, name)
@@ -100,7 +104,7 @@ class Nvml:
             n.value if self._call("nvmlDeviceGetCount_v2", ctypes.byref(n)) == NVML_SUCCESS else 0
         )
 
-    def handle(self, index: int) -> Any:
+    def handle(self, index: int) -> Handle | None:
         h = ctypes.c_void_p()
         return (
             h
@@ -108,7 +112,7 @@ class Nvml:
             else None
         )
 
-    def name(self, h: Any) -> str:
+    def name(self, h: Handle) -> str:
         buf = ctypes.create_string_buffer(96)
         return (
             buf.value.decode()
@@ -116,13 +120,15 @@ class Nvml:
             else ""
         )
 
-    def _uint(self, name: str, h: Any, *extra: Any, ctype: Any = ctypes.c_uint) -> int | None:
+    def _uint(
+        self, name: str, h: Handle, *extra: object, ctype: type[_Int] = ctypes.c_uint
+    ) -> int | None:
         v = ctype()
         return (
             int(v.value) if self._call(name, h, *extra, ctypes.byref(v)) == NVML_SUCCESS else None
         )
 
-    def ecc_uncorrected(self, h: Any) -> int | None:
+    def ecc_uncorrected(self, h: Handle) -> int | None:
         """Uncorrected ECC errors since the driver loaded (volatile); None without ECC."""
         return self._uint(
             "nvmlDeviceGetTotalEccErrors",
@@ -132,7 +138,7 @@ class Nvml:
             ctype=ctypes.c_ulonglong,
         )
 
-    def ecc_enabled(self, h: Any) -> bool | None:
+    def ecc_enabled(self, h: Handle) -> bool | None:
         cur, pend = ctypes.c_int(), ctypes.c_int()
         if (
             self._call("nvmlDeviceGetEccMode", h, ctypes.byref(cur), ctypes.byref(pend))
@@ -141,7 +147,7 @@ class Nvml:
             return None
         return bool(cur.value)
 
-    def remapped_rows(self, h: Any) -> dict[str, int] | None:
+    def remapped_rows(self, h: Handle) -> dict[str, int] | None:
         """Row remapping (Ampere and newer): rows remapped for correctable and uncorrectable errors,
         whether a remap waits for a GPU reset, whether a remap failed."""
         c, u, p, f = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
@@ -164,7 +170,7 @@ class Nvml:
             "failed": f.value,
         }
 
-    def retired_pages(self, h: Any) -> dict[str, int] | None:
+    def retired_pages(self, h: Handle) -> dict[str, int] | None:
         """Page retirement (before Ampere): pages retired for double-bit and repeated single-bit
         errors, and whether a retirement waits for a reboot."""
         out: dict[str, int] = {}
@@ -181,7 +187,7 @@ class Nvml:
         out["pending"] = pending or 0
         return out
 
-    def event_reasons(self, h: Any) -> int | None:
+    def event_reasons(self, h: Handle) -> int | None:
         """The active clocks event (throttle) reasons, a bit mask."""
         for fn in (
             "nvmlDeviceGetCurrentClocksEventReasons",
@@ -192,10 +198,10 @@ class Nvml:
                 return v
         return None
 
-    def persistence(self, h: Any) -> int | None:
+    def persistence(self, h: Handle) -> int | None:
         return self._uint("nvmlDeviceGetPersistenceMode", h, ctype=ctypes.c_int)
 
-    def pcie(self, h: Any) -> dict[str, int | None]:
+    def pcie(self, h: Handle) -> dict[str, int | None]:
         return {
             "gen": self._uint("nvmlDeviceGetCurrPcieLinkGeneration", h),
             "max_gen": self._uint("nvmlDeviceGetMaxPcieLinkGeneration", h),
@@ -204,7 +210,7 @@ class Nvml:
             "max_width": self._uint("nvmlDeviceGetMaxPcieLinkWidth", h),
         }
 
-    def nvlinks(self, h: Any) -> list[int | None]:
+    def nvlinks(self, h: Handle) -> list[int | None]:
         """Each NVLink's state (1 up, 0 down), None where the GPU has no such link."""
         out: list[int | None] = []
         for link in range(NVML_NVLINK_MAX_LINKS):
@@ -213,7 +219,7 @@ class Nvml:
             out.append(int(v.value) if rc == NVML_SUCCESS else None)
         return out
 
-    def bus_id(self, h: Any) -> str:
+    def bus_id(self, h: Handle) -> str:
         pci = _PciInfo()
         if self._call("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(pci)) != NVML_SUCCESS:
             return ""
@@ -273,8 +279,8 @@ def _f(
     expected: str,
     observed: str,
     hint: str = "",
-    data: dict[str, Any] | None = None,
-    **more: Any,
+    data: Mapping[str, object] | None = None,
+    **more: object,
 ) -> Finding:
     return Finding(
         check,
@@ -642,7 +648,7 @@ def _uniq(items: list[tuple[str, int]]) -> list[tuple[str, int]]:
 # -- recorded answers ------------------------------------------------------------------------------
 
 
-def record(nvml: Nvml) -> dict[str, Any]:
+def record(nvml: Nvml) -> dict[str, object]:
     """Every answer the health checks read, as JSON-able data (the tests' ``FakeNvml`` plays it back)."""
     return {"format": 1, "gpus": [g.__dict__ for g in read_all(nvml)]}
 

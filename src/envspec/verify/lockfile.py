@@ -1,7 +1,8 @@
 """Reading the lock the verifier checks against (docs/lockfile.md, format versions 1 and 2).
 
-Only the standard library: this module is copied into images. The verifier reads the lock as a
-plain dict and looks up the few tables it needs; unknown keys are ignored (``revision`` grows
+Only the standard library: this module is copied into images. The verifier reads the lock's
+TOML into ``Lock``, a typed dict of the few tables it needs (each a table, else absent: where it
+enters, ``_tables``); unknown keys are ignored (``revision`` grows
 for additive changes), an unknown ``version`` is refused. A lock with a section per platform (version 2,
 ``[platforms.<name>.*]``) is read as the one-platform lock of this host's platform (or
 ``ENVSPEC_PLATFORM``'s): its shared tables and that section's, so a host-mode ``envspec verify
@@ -16,13 +17,75 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from . import settings
 
 DEFAULT_LOCK = "/opt/envspec/envspec.lock"  # where envspec's image builder bakes the lock
 KNOWN_VERSIONS = (1, 2)
 MULTI_VERSION = 2  # a section per platform
+
+
+class MetaTable(TypedDict, total=False):
+    name: str
+    content_hash: str
+
+
+class PlatformTable(TypedDict, total=False):
+    venv: str  # the image's venv: a verifier running in its python is in "image" mode
+
+
+class HardwareTable(TypedDict, total=False):
+    gpus: list[str]  # the spec's GPUs, as the compatibility database names them
+    compute_capabilities: list[str]
+    arch_list: list[str]  # what torch must be compiled for, "sm_90"
+    driver_floor: str
+    driver_policy: str
+    driver_assumed: bool  # the spec named no driver: the floor was assumed
+    expected: dict[str, float | dict[str, float]]  # GEMM rates, for all GPUs or by GPU name
+
+
+class TorchTable(TypedDict, total=False):
+    version: str
+    local: str
+    variant: str  # "cu130", "cpu"
+    cuda: str
+    cudnn: str
+    nccl: str
+
+
+class RuntimeTable(TypedDict, total=False):
+    tf32: bool
+    matmul_precision: str
+    shm_size: str | int  # "16g", or bytes
+    env: dict[str, str]
+
+
+class WheelRow(TypedDict):
+    name: str
+    version: str
+
+
+# A lock as the verifier reads it (one platform's view of a lock with sections): the tables it
+# checks against, and where the file is and its bytes' hash (``load_lock`` sets them)
+Lock = TypedDict(
+    "Lock",
+    {
+        "version": int,
+        "revision": int,
+        "meta": MetaTable,
+        "platform": PlatformTable,
+        "hardware": HardwareTable,
+        "torch": TorchTable,
+        "runtime": RuntimeTable,
+        "wheels": list[WheelRow],
+        "__path__": str,
+        "__file_sha256__": str,
+        "__platform__": str,
+    },
+    total=False,
+)
+TABLES = ("meta", "platform", "hardware", "torch", "runtime")  # each a table where it is there
 
 
 class LockReadError(Exception):
@@ -62,7 +125,7 @@ def _only_tables(text: str, tables: tuple[str, ...]) -> str:
     return "".join(keep)
 
 
-def _missing(data: dict[str, Any]) -> list[str]:
+def _missing(data: dict[str, object]) -> list[str]:
     """What the verifier needs and the lock (one platform's view) lacks."""
     problems = []
     for table in ("platform", "hardware"):
@@ -79,10 +142,8 @@ def _missing(data: dict[str, Any]) -> list[str]:
     return problems
 
 
-def load_lock(
-    path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None
-) -> dict[str, Any]:
-    """The lock as a dict. ``tables``: read only these top-level tables (and the top-level
+def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None) -> Lock:
+    """The lock's tables the verifier reads (``Lock``). ``tables``: read only these top-level tables (and the top-level
     keys), e.g. the start-up hook's ("meta", "platform", "hardware", "torch", "runtime"); the
     others are absent from the dict and not checked."""
     p = Path(path)
@@ -98,7 +159,7 @@ def load_lock(
         raise LockReadError(f"cannot read lockfile {p}: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
-        part: dict[str, Any] | None = None
+        part: dict[str, object] | None = None
         if tables is not None:
             try:
                 part = tomllib.loads(_only_tables(text, tables))
@@ -131,10 +192,19 @@ def load_lock(
     data.setdefault("meta", {})
     data["__path__"] = str(p)
     data["__file_sha256__"] = "sha256:" + hashlib.sha256(raw).hexdigest()
-    return data
+    return _tables(data)
 
 
-def _check_hash(data: dict[str, Any], p: Path) -> None:
+def _tables(data: dict[str, object]) -> Lock:
+    """The lock's TOML as a ``Lock``: a table of ``TABLES`` that is not a table is absent (the
+    checks then find nothing locked there); the rows of [[wheels]] were checked (``_missing``)."""
+    for name in TABLES:
+        if name in data and not isinstance(data[name], dict):
+            del data[name]
+    return cast(Lock, data)
+
+
+def _check_hash(data: dict[str, object], p: Path) -> None:
     """A lock changed after ``envspec lock`` wrote it (its tables but [meta] no longer hash to
     ``[meta].content_hash``) is refused, as envspec's own reader refuses it (``lock-tampered``)."""
     meta = data.get("meta")
@@ -164,10 +234,11 @@ def host_platform() -> str:
     return "linux-" + {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
-def _platform_view(data: dict[str, Any], p: Path) -> dict[str, Any]:
+def _platform_view(data: dict[str, object], p: Path) -> dict[str, object]:
     """A version-2 lock as the one-platform lock of this host (``ENVSPEC_PLATFORM`` overrides):
     the shared tables, then the section's; ``__platform__`` names it."""
     sections = data["platforms"]
+    assert isinstance(sections, dict)  # load_lock checked it
     name = settings.get(settings.PLATFORM) or host_platform()
     part = sections.get(name)
     if not isinstance(part, dict):
@@ -182,12 +253,7 @@ def _platform_view(data: dict[str, Any], p: Path) -> dict[str, Any]:
     return view
 
 
-def lock_hash(lock: dict[str, Any]) -> str:
+def lock_hash(lock: Lock) -> str:
     """The lock's content hash (``[meta].content_hash``), else the hash of the file's bytes."""
     h = lock.get("meta", {}).get("content_hash", "")
     return str(h or lock.get("__file_sha256__", ""))
-
-
-def table(lock: dict[str, Any], name: str) -> dict[str, Any]:
-    t = lock.get(name)
-    return t if isinstance(t, dict) else {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from typing import Final, Literal, TypedDict
 
 Status = Literal["pass", "warn", "fail", "skip"]
 PASS: Final = "pass"
@@ -30,17 +30,31 @@ class Finding:
     expected: str = ""
     observed: str = ""
     hint: str = ""
-    data: dict[str, Any] = field(default_factory=dict)  # numbers for JSON/Prometheus consumers
+    data: dict[str, object] = field(default_factory=dict)  # JSON-able numbers and lists, for
+    # JSON and Prometheus consumers (render.py reads them)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         if not d["data"]:
             del d["data"]
         return d
+
+
+class NodeEntry(TypedDict):
+    """One rank of a multi-node run (``multinode``): where it runs, its fingerprint, its verdict
+    and the checks it failed."""
+
+    failed: list[str]
+    fingerprint: dict[str, str]
+    local_rank: int
+    node_rank: int
+    ok: bool
+    rank: int
+    test_hook: bool
 
 
 @dataclass
@@ -54,7 +68,7 @@ class Report:
     fingerprint: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per check group
     strict: bool = False
-    nodes: list[dict[str, Any]] = field(default_factory=list)  # multi-node: one entry a rank
+    nodes: list[NodeEntry] = field(default_factory=list)  # multi-node: one entry a rank
 
     def add(self, finding: Finding) -> Finding:
         self.findings.append(finding)
@@ -78,7 +92,7 @@ class Report:
     def exit_code(self) -> int:
         return 0 if self.ok else 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "schema": SCHEMA_VERSION,
             "ok": self.ok,

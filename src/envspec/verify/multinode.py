@@ -8,6 +8,7 @@ CPUs). One process per node by default: that process verifies all of its node's 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -15,10 +16,11 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from . import settings
-from .model import FAIL, PASS, SKIP, WARN, Finding, Report
+from .model import FAIL, PASS, SKIP, WARN, Finding, NodeEntry, Report
+from .torchprobe import AllreduceSize, Device, Torch
 
 COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda", "gemm_result")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
@@ -59,7 +61,7 @@ def forwarded_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def torchrun_argv(args: Any, argv: list[str]) -> list[str]:
+def torchrun_argv(args: argparse.Namespace, argv: list[str]) -> list[str]:
     cmd = [
         sys.executable,
         "-m",
@@ -98,7 +100,7 @@ def torchrun_argv(args: Any, argv: list[str]) -> list[str]:
     return cmd + ["-m", "envspec.verify", *forwarded_argv(argv)]
 
 
-def launch(args: Any, argv: list[str]) -> int:
+def launch(args: argparse.Namespace, argv: list[str]) -> int:
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
@@ -144,11 +146,11 @@ def apply_fake(fp: dict[str, str], env: Mapping[str, str]) -> bool:
     return True
 
 
-def node_label(entry: dict[str, Any]) -> str:
+def node_label(entry: NodeEntry) -> str:
     return f"node {entry['node_rank']} ({entry['fingerprint'].get('hostname', '?')}, rank {entry['rank']})"
 
 
-def compare(entries: list[dict[str, Any]]) -> list[Finding]:
+def compare(entries: list[NodeEntry]) -> list[Finding]:
     """Findings naming the nodes whose fingerprint differs from the majority, key by key."""
     out: list[Finding] = []
     for key in COMPARED:
@@ -197,7 +199,7 @@ def compare(entries: list[dict[str, Any]]) -> list[Finding]:
     return out
 
 
-def _rank0_findings(entries: list[dict[str, Any]], world: int) -> list[Finding]:
+def _rank0_findings(entries: list[NodeEntry], world: int) -> list[Finding]:
     """Rank 0's view of every rank's entry: the fingerprints compared, each test hook set, and
     whether every rank passed its local checks."""
     findings = compare(entries)
@@ -230,7 +232,7 @@ def _rank0_findings(entries: list[dict[str, Any]], world: int) -> list[Finding]:
 
 
 def cluster_phase(
-    report: Report, torch: Any, env: Mapping[str, str] = os.environ, level: str = "quick"
+    report: Report, torch: Torch, env: Mapping[str, str] = os.environ, level: str = "quick"
 ) -> Report:
     """Run on every rank after the local checks; returns the report to print (rank 0's has the
     cluster findings; the others' are unchanged)."""
@@ -246,7 +248,7 @@ def cluster_phase(
     t0 = time.perf_counter()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    entry = {
+    entry: NodeEntry = {
         "rank": rank,
         "node_rank": node_rank,
         "local_rank": local_rank,
@@ -255,7 +257,7 @@ def cluster_phase(
         "ok": report.ok,
         "failed": [f.check for f in report.findings if f.status == FAIL],
     }
-    entries = gather_json(dist, torch, entry, world)
+    entries = [node_entry(e) for e in gather_json(dist, torch, entry, world)]
     report.timings["cluster.gather"] = time.perf_counter() - t0
     findings: list[Finding] = []
     if rank == 0:
@@ -272,7 +274,24 @@ def cluster_phase(
     return report
 
 
-def gather_json(dist: Any, torch: Any, obj: Any, world: int) -> list[Any]:
+def node_entry(raw: object) -> NodeEntry:
+    """A rank's entry as ``gather_json`` brought it (JSON that this code wrote on that rank),
+    read into a ``NodeEntry``; its keys in the order the JSON had them (sorted)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a rank sent {type(raw).__name__}, not its entry")
+    fp, failed = raw.get("fingerprint"), raw.get("failed")
+    return {
+        "failed": [str(c) for c in failed] if isinstance(failed, list) else [],
+        "fingerprint": {str(k): str(v) for k, v in fp.items()} if isinstance(fp, dict) else {},
+        "local_rank": int(raw["local_rank"]),
+        "node_rank": int(raw["node_rank"]),
+        "ok": raw.get("ok") is True,
+        "rank": int(raw["rank"]),
+        "test_hook": raw.get("test_hook") is True,
+    }
+
+
+def gather_json(dist: ModuleType, torch: Torch, obj: object, world: int) -> list[object]:
     """all_gather of a JSON-able object over the default (gloo) group. Not all_gather_object:
     that one pickles and needs numpy, which a minimal image may lack."""
     data = json.dumps(obj, sort_keys=True).encode()
@@ -288,8 +307,14 @@ def gather_json(dist: Any, torch: Any, obj: Any, world: int) -> list[Any]:
 
 
 def _time_allreduce(
-    dist: Any, torch: Any, size: int, dev: Any, group: Any, world: int, use_cuda: bool
-) -> dict[str, float]:
+    dist: ModuleType,
+    torch: Torch,
+    size: int,
+    dev: Device,
+    group: object,
+    world: int,
+    use_cuda: bool,
+) -> AllreduceSize:
     """One message size's all-reduce, warmed up once, then timed over 5: its time, algorithm
     and bus bandwidth (nccl-tests' busbw: 2(n-1)/n of the algorithm's)."""
     iters = 5
@@ -314,7 +339,9 @@ def _time_allreduce(
     }
 
 
-def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -> list[Finding]:
+def _allreduce(
+    dist: ModuleType, torch: Torch, world: int, local_rank: int, level: str
+) -> list[Finding]:
     if world < 2:
         return [
             Finding(
@@ -323,6 +350,8 @@ def _allreduce(dist: Any, torch: Any, world: int, local_rank: int, level: str) -
         ]
     use_cuda = bool(torch.cuda.is_available())
     sizes: tuple[int, ...]
+    dev: Device
+    group: object
     if use_cuda:
         dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)

@@ -14,10 +14,20 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 PROC_DRIVER = "/proc/driver/nvidia/version"
 NVML_LIB = "libnvidia-ml.so.1"
+
+
+class NvmlGpu(TypedDict):
+    """A GPU as NVML (or nvidia-smi) names it; what it did not answer is absent."""
+
+    index: int
+    name: NotRequired[str]
+    memory_total: NotRequired[int]
+    memory_free: NotRequired[int]
+    cc: NotRequired[str]
 
 
 @dataclass
@@ -25,7 +35,7 @@ class DriverInfo:
     version: str = ""  # "580.159.04"
     cuda: str = ""  # highest CUDA the driver supports, "13.0" (NVML/nvidia-smi only)
     source: str = ""  # where the version was read
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # NVML view: name, memory_total, cc
+    gpus: list[NvmlGpu] = field(default_factory=list)  # NVML's view of each GPU
 
 
 def parse_proc_version(text: str) -> str:
@@ -74,7 +84,7 @@ def probe_nvml(lib: str = NVML_LIB) -> DriverInfo | None:
                 h = ctypes.c_void_p()
                 if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) != 0:
                     continue
-                gpu: dict[str, Any] = {"index": i}
+                gpu: NvmlGpu = {"index": i}
                 if nvml.nvmlDeviceGetName(h, buf, 96) == 0:
                     gpu["name"] = buf.value.decode()
                 mem = _NvmlMemory()
@@ -121,7 +131,7 @@ def probe_nvidia_smi() -> DriverInfo | None:
         if len(parts) < 4:
             continue
         info.version = parts[0]
-        gpu = {"index": i, "name": parts[1], "cc": parts[2]}
+        gpu: NvmlGpu = {"index": i, "name": parts[1], "cc": parts[2]}
         if parts[3].isdigit():
             gpu["memory_total"] = int(parts[3]) * 2**20
         info.gpus.append(gpu)

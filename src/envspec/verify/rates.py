@@ -10,7 +10,7 @@ gpus.toml. A lock may override it with ``[hardware.expected]`` (see docs/verify.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
 
 # nvidia-smi name -> (bf16 dense TFLOP/s, tf32 dense TFLOP/s, source); None where not published
 RATES: dict[str, tuple[float | None, float | None, str]] = {
@@ -156,16 +156,17 @@ FAIL_FRACTION = 0.30
 
 
 def expected_rate(
-    name: str, kind: str, lock_expected: dict[str, Any] | None = None
+    name: str, kind: str, lock_expected: Mapping[str, float | Mapping[str, float]] | None = None
 ) -> tuple[float, str] | None:
     """(TFLOP/s, source) for ``kind`` in {"bf16", "tf32"} on the GPU called ``name``."""
     key = f"{kind}_tflops"
     if lock_expected:
         per_gpu = lock_expected.get(name)
-        if isinstance(per_gpu, dict) and key in per_gpu:
+        if isinstance(per_gpu, Mapping) and key in per_gpu:
             return float(per_gpu[key]), "lock [hardware.expected]"
-        if key in lock_expected and not isinstance(lock_expected[key], dict):
-            return float(lock_expected[key]), "lock [hardware.expected]"
+        flat = lock_expected.get(key)
+        if flat is not None and not isinstance(flat, Mapping):
+            return float(flat), "lock [hardware.expected]"
     row = _BY_KEY.get(_key(name))
     if row is None:
         return None

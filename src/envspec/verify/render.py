@@ -37,8 +37,9 @@ def table(report: Report, width: int = 120, verbose: bool = False) -> str:
         if f.hint and (f.status in (WARN, FAIL) or verbose):
             for h in textwrap.wrap("hint: " + f.hint, width - 10):
                 lines.append(" " * 8 + h)
-        if verbose and f.data.get("traceback"):
-            lines.extend(" " * 8 + t for t in f.data["traceback"].rstrip().splitlines())
+        tb = f.data.get("traceback")
+        if verbose and isinstance(tb, str) and tb:
+            lines.extend(" " * 8 + t for t in tb.rstrip().splitlines())
     c = report.counts()
     verdict = "OK" if report.ok else "FAILED"
     total = report.timings.get("total")
@@ -89,18 +90,24 @@ def prometheus(report: Report, now: float | None = None) -> str:
     xid = [f for f in report.findings if f.check == "health.xid" and "events" in f.data]
     if xid:
         fam("envspec_verify_xid_events", "XID events in the kernel log since boot")
-        out.append(f"envspec_verify_xid_events{{{base}}} {int(xid[0].data['events'])}")
+        out.append(f"envspec_verify_xid_events{{{base}}} {_int(xid[0].data['events'])}")
     ar = [f for f in report.findings if f.check.endswith("allreduce") and f.data.get("sizes")]
     if ar:
         fam("envspec_verify_allreduce_busbw_gbps", "NCCL all-reduce bus bandwidth by message size")
         for f in ar:
             scope = "cluster" if "cluster" in f.check else "node"
-            for s in f.data["sizes"]:
+            sizes = f.data["sizes"]
+            for s in sizes if isinstance(sizes, list) else []:
                 out.append(
                     f'envspec_verify_allreduce_busbw_gbps{{{base},scope="{scope}",bytes="{s["bytes"]}"}} '
                     f"{s['busbw_gbps']:.2f}"
                 )
     return "\n".join(out) + "\n"
+
+
+def _int(v: object) -> int:
+    """A finding's number (its data, as the check wrote it) as a gauge's integer."""
+    return int(v) if isinstance(v, int | float | str) else 0
 
 
 def _family(name: str, help_: str) -> list[str]:
@@ -171,7 +178,7 @@ def _health_gauges(report: Report, base: str) -> list[str]:
         if rows:
             out.extend(_family(name, help_))
             for f in rows:
-                out.append(f'{name}{{{base},gpu="{f.check.split(".")[2]}"}} {int(f.data[key])}')
+                out.append(f'{name}{{{base},gpu="{f.check.split(".")[2]}"}} {_int(f.data[key])}')
     return out
 
 

@@ -16,11 +16,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from . import archrule, driverrule, probes, settings
-from .lockfile import LockReadError, find_lock, load_lock, lock_hash, table
+from .lockfile import Lock, LockReadError, find_lock, load_lock, lock_hash
 from .model import FAIL, PASS, SKIP, WARN, Finding, Report, Status
+
+if TYPE_CHECKING:  # the start-up hook imports no health check
+    from .health import GpuHealth, Nvml
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 # what the start-up checks read of the lock (the hook parses only these tables: a lock's
@@ -134,7 +137,7 @@ class Machine:
     def infiniband(self) -> bool:
         return probes.infiniband_present(self.path("/sys/class/infiniband"))
 
-    def nvml(self) -> Any:
+    def nvml(self) -> Nvml | None:
         """NVML for the health checks (``health.Nvml``), or None where it is absent."""
         from . import health  # noqa: PLC0415 (the start-up hook runs no health check)
 
@@ -198,7 +201,7 @@ class MachineChecks:
 
     def __init__(
         self,
-        lock: dict[str, Any],
+        lock: Lock,
         level: str,
         mode: str,
         system: Machine,
@@ -208,10 +211,10 @@ class MachineChecks:
         self.level = level
         self.sys = system
         self.skip = skip
-        self.platform = table(lock, "platform")
-        self.hardware = table(lock, "hardware")
-        self.torch_lock = table(lock, "torch")
-        self.runtime = table(lock, "runtime")
+        self.platform = lock.get("platform", {})
+        self.hardware = lock.get("hardware", {})
+        self.torch_lock = lock.get("torch", {})
+        self.runtime = lock.get("runtime", {})
         venv = self.platform.get("venv", "")
         if mode == "auto":
             same = bool(venv) and os.path.realpath(venv) == os.path.realpath(str(system.prefix()))
@@ -221,11 +224,11 @@ class MachineChecks:
             level=level,
             lock_path=lock.get("__path__", ""),
             lock_hash=lock_hash(lock),
-            lock_name=table(lock, "meta").get("name", ""),
+            lock_name=lock.get("meta", {}).get("name", ""),
             mode=mode,
         )
         self.driver: probes.DriverInfo | None = None
-        self.health_gpus: list[Any] = []  # health.GpuHealth of each GPU, once check_health ran
+        self.health_gpus: list[GpuHealth] = []  # each GPU's, once check_health ran
 
     # helpers -----------------------------------------------------------------------------
     def add(
@@ -235,7 +238,7 @@ class MachineChecks:
         expected: str = "",
         observed: str = "",
         hint: str = "",
-        **data: Any,
+        **data: object,
     ) -> Finding:
         return self.report.add(Finding(check, status, str(expected), str(observed), hint, data))
 
@@ -701,7 +704,7 @@ class MachineChecks:
 
 
 def run_startup(
-    lock: dict[str, Any],
+    lock: Lock,
     *,
     mode: str = "auto",
     strict: bool = False,

@@ -12,7 +12,114 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any
+from types import ModuleType
+from typing import NotRequired, Protocol, TypedDict
+
+# The torch module as imported. mypy does not read torch (pyproject.toml), so what its attributes
+# give is untyped until a probe turns it into a str, int, float or bool: every probe here returns
+# plain values, in the shapes below.
+Torch = ModuleType
+
+
+class Device(Protocol):
+    """A ``torch.device``: the probes pass it on, and read its type."""
+
+    @property
+    def type(self) -> str: ...
+
+
+class Tensor(Protocol):
+    """A tensor as the exact GEMM uses it (its inputs are handed from one probe to another)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    def to(self, *args: object, **kwargs: object) -> Tensor: ...
+    def __matmul__(self, other: Tensor) -> Tensor: ...
+    def __mul__(self, other: Tensor) -> Tensor: ...
+    def sum(self, dim: int) -> Tensor: ...
+    def cpu(self) -> Tensor: ...
+    def tolist(self) -> list[int]: ...
+
+
+class TorchDevice(TypedDict):
+    """A GPU as torch sees it."""
+
+    index: int
+    name: str
+    cc: str
+    memory_total: int
+    sm_count: int
+    pci: str
+
+
+class TorchInfo(TypedDict):
+    """The torch this process imported: its release and build, and with a CUDA build its CUDA,
+    cuDNN and NCCL, arch list and GPUs."""
+
+    version: str
+    local: str
+    full: str
+    git: str
+    cuda: str
+    cuda_available: bool
+    devices: list[TorchDevice]
+    arch_list: list[str]
+    cuda_error: NotRequired[str]
+    cudnn: NotRequired[str]
+    nccl: NotRequired[str]
+
+
+class Tf32State(TypedDict):
+    matmul_allow_tf32: bool
+    cudnn_allow_tf32: bool
+    matmul_precision: str
+
+
+class ExactGemmInputs(TypedDict):
+    """The silent-data-corruption GEMM's int8 inputs and their exact row and column sums."""
+
+    a: Tensor
+    b: Tensor
+    rows: object
+    cols: object
+
+
+class ExactGemm(TypedDict):
+    """One GPU's exact GEMM: right or not (and which kinds were wrong), its result's digest."""
+
+    ok: bool
+    wrong: list[str]
+    digest: str
+    agree: bool
+
+
+class AllreduceSize(TypedDict):
+    bytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+class Allreduce(TypedDict):
+    """An all-reduce across this node's GPUs: correct or not, and its speed at each size."""
+
+    correct: bool
+    wrong_devices: list[int] | list[str]
+    expected_sum: float
+    sizes: list[AllreduceSize]
+    note: NotRequired[str]  # how it ran (``checks``): one process, or one a GPU and why
+
+
+class CompileResult(TypedDict, total=False):
+    """What the torch.compile child answered (its JSON line), or why there is no answer."""
+
+    ok: bool
+    timeout: bool
+    error: str
+    device: str
+    seconds: float
+    traceback: str
+
 
 # Shared libraries whose loaded bytes must be the locked ones: (key, file-name pattern).
 LIB_PATTERNS = (
@@ -23,7 +130,7 @@ LIB_PATTERNS = (
 )
 
 
-def import_torch() -> tuple[Any, str]:
+def import_torch() -> tuple[Torch | None, str]:
     """(torch module or None, error text)."""
     import warnings
 
@@ -43,7 +150,7 @@ def split_version(v: str) -> tuple[str, str]:
     return public, local
 
 
-def cudnn_version(torch: Any) -> str:
+def cudnn_version(torch: Torch) -> str:
     try:
         v = torch.backends.cudnn.version()
     except Exception:
@@ -56,7 +163,7 @@ def cudnn_version(torch: Any) -> str:
     return f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
 
 
-def nccl_version(torch: Any) -> str:
+def nccl_version(torch: Torch) -> str:
     try:
         v = torch.cuda.nccl.version()
     except Exception:
@@ -67,7 +174,7 @@ def nccl_version(torch: Any) -> str:
     return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else ""
 
 
-def compiled_arches(torch: Any) -> list[str]:
+def compiled_arches(torch: Torch) -> list[str]:
     """The CUDA arches this torch was compiled for (``torch.cuda.get_arch_list()``; where that
     answers [] without a usable GPU, as some releases do, the flags it reads: ``_cuda_getArchFlags``)."""
     try:
@@ -83,14 +190,29 @@ def compiled_arches(torch: Any) -> list[str]:
     return [f for f in str(flags or "").split() if f.startswith(("sm_", "compute_"))]
 
 
-def torch_info(torch: Any) -> dict[str, Any]:
-    public, local = split_version(torch.__version__)
-    info: dict[str, Any] = {
+def no_torch() -> TorchInfo:
+    """What ``torch_info`` says where no torch was imported: no release, no CUDA, no GPU."""
+    return {
+        "version": "",
+        "local": "",
+        "full": "",
+        "git": "",
+        "cuda": "",
+        "cuda_available": False,
+        "devices": [],
+        "arch_list": [],
+    }
+
+
+def torch_info(torch: Torch) -> TorchInfo:
+    full = str(torch.__version__)
+    public, local = split_version(full)
+    info: TorchInfo = {
         "version": public,
         "local": local,
-        "full": torch.__version__,
-        "git": getattr(torch.version, "git_version", "") or "",
-        "cuda": torch.version.cuda or "",
+        "full": full,
+        "git": str(getattr(torch.version, "git_version", "") or ""),
+        "cuda": str(torch.version.cuda or ""),
         "cuda_available": False,
         "devices": [],
         "arch_list": [],
@@ -110,7 +232,7 @@ def torch_info(torch: Any) -> dict[str, Any]:
             info["devices"].append(
                 {
                     "index": i,
-                    "name": p.name,
+                    "name": str(p.name),
                     "cc": f"{p.major}.{p.minor}",
                     "memory_total": int(p.total_memory),
                     "sm_count": int(getattr(p, "multi_processor_count", 0)),
@@ -120,15 +242,20 @@ def torch_info(torch: Any) -> dict[str, Any]:
     return info
 
 
-def _pci_of(props: Any) -> str:
+def _pci_of(props: object) -> str:
     """The device's PCI address as NVML writes it ("00000000:18:00.0"), "" where torch does not say."""
     try:
-        return f"{int(props.pci_domain_id):08x}:{int(props.pci_bus_id):02x}:{int(props.pci_device_id):02x}.0"
+        domain, bus, device = (
+            getattr(props, "pci_domain_id"),
+            getattr(props, "pci_bus_id"),
+            getattr(props, "pci_device_id"),
+        )
+        return f"{int(domain):08x}:{int(bus):02x}:{int(device):02x}.0"
     except (AttributeError, TypeError, ValueError):
         return ""
 
 
-def memory_free(torch: Any, index: int) -> int | None:
+def memory_free(torch: Torch, index: int) -> int | None:
     try:
         free, _ = torch.cuda.mem_get_info(index)
         return int(free)
@@ -136,13 +263,13 @@ def memory_free(torch: Any, index: int) -> int | None:
         return None
 
 
-def tf32_state(torch: Any) -> dict[str, Any]:
+def tf32_state(torch: Torch) -> Tf32State:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch >= 2.9 warns on the allow_tf32 spelling
         return {
             "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
-            "matmul_precision": torch.get_float32_matmul_precision(),
+            "matmul_precision": str(torch.get_float32_matmul_precision()),
         }
 
 
@@ -169,7 +296,7 @@ def loaded_libraries(maps: str = "/proc/self/maps") -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def init_cuda_libraries(torch: Any) -> None:
+def init_cuda_libraries(torch: Torch) -> None:
     """Make torch load the libraries it loads lazily: CUDA context, cuBLAS, cuDNN, NCCL."""
     x = torch.ones(64, 64, device="cuda")
     (x @ x).sum().item()
@@ -192,7 +319,7 @@ def init_cuda_libraries(torch: Any) -> None:
 TOLERANCE = {"bf16": 2e-2, "fp16": 3e-3, "tf32": 3e-3, "fp32": 1e-5}
 
 
-def matmul_errors(torch: Any, device: str, n: int = 1024) -> dict[str, float]:
+def matmul_errors(torch: Torch, device: str, n: int = 1024) -> dict[str, float]:
     g = torch.Generator(device=device).manual_seed(1234)
     a32 = torch.randn(n, n, device=device, generator=g)
     b32 = torch.randn(n, n, device=device, generator=g)
@@ -220,7 +347,7 @@ def matmul_errors(torch: Any, device: str, n: int = 1024) -> dict[str, float]:
     return out
 
 
-def cpu_matmul_error(torch: Any, n: int = 256) -> float:
+def cpu_matmul_error(torch: Torch, n: int = 256) -> float:
     g = torch.Generator().manual_seed(1234)
     a = torch.randn(n, n, generator=g)
     b = torch.randn(n, n, generator=g)
@@ -232,7 +359,7 @@ def cpu_matmul_error(torch: Any, n: int = 256) -> float:
 
 
 def gemm_tflops(
-    torch: Any, index: int, kind: str, n: int = 8192, warmup: int = 3, iters: int = 10
+    torch: Torch, index: int, kind: str, n: int = 8192, warmup: int = 3, iters: int = 10
 ) -> float:
     """Dense n^3 GEMM rate on one GPU, timed with CUDA events after warm-up."""
     dev = torch.device("cuda", index)
@@ -264,7 +391,9 @@ def gemm_tflops(
     return 2.0 * n**3 * iters / (float(ms) / 1e3) / 1e12
 
 
-def copy_gbps(torch: Any, index: int, nbytes: int = 256 << 20, iters: int = 5) -> dict[str, float]:
+def copy_gbps(
+    torch: Torch, index: int, nbytes: int = 256 << 20, iters: int = 5
+) -> dict[str, float]:
     """Host-to-device and device-to-host copy bandwidth in GB/s over pinned host memory, timed with
     CUDA events after a warm-up (what a data loader's transfers and a checkpoint's get)."""
     dev = torch.device("cuda", index)
@@ -292,8 +421,8 @@ EXACT_GEMM_SEED = 20261205
 
 
 def exact_gemm_reference(
-    torch: Any, n: int = EXACT_GEMM_N, seed: int = EXACT_GEMM_SEED
-) -> dict[str, Any]:
+    torch: Torch, n: int = EXACT_GEMM_N, seed: int = EXACT_GEMM_SEED
+) -> ExactGemmInputs:
     """The inputs of the silent-data-corruption GEMM and its exact row and column sums, made on the
     CPU from a fixed seed: every node and every GPU computes the same product of the same inputs."""
     g = torch.Generator().manual_seed(seed)
@@ -305,7 +434,7 @@ def exact_gemm_reference(
     return {"a": a, "b": b, "rows": rows, "cols": cols}
 
 
-def exact_gemm(torch: Any, dev: Any, ref: dict[str, Any]) -> dict[str, Any]:
+def exact_gemm(torch: Torch, dev: Device, ref: ExactGemmInputs) -> ExactGemm:
     """The product of ``ref``'s inputs on one GPU, in TF32 on the tensor cores and in FP32 on the
     CUDA cores. The inputs are -1, 0 or 1, so every product and partial sum is an integer far below
     2^24: exact in TF32 and FP32 in any order of summation, on any GPU and any cuBLAS kernel. So the
@@ -315,7 +444,7 @@ def exact_gemm(torch: Any, dev: Any, ref: dict[str, Any]) -> dict[str, Any]:
     import hashlib  # noqa: PLC0415
 
     saved = torch.backends.cuda.matmul.allow_tf32
-    out: dict[str, Any] = {"ok": True, "wrong": []}
+    out: ExactGemm = {"ok": True, "wrong": [], "digest": "", "agree": True}
     digests = []
     try:
         with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
@@ -356,8 +485,8 @@ ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
 
 
 def allreduce_local(
-    torch: Any, devices: list[int], sizes: tuple[int, ...] = ALLREDUCE_SIZES, iters: int = 10
-) -> dict[str, Any]:
+    torch: Torch, devices: list[int], sizes: tuple[int, ...] = ALLREDUCE_SIZES, iters: int = 10
+) -> Allreduce:
     """All-reduce across this process's GPUs with torch.cuda.nccl (one communicator clique, as
     nccl-tests does with -g N). Returns correctness and per-size algbw/busbw in GB/s."""
     n = len(devices)
@@ -368,7 +497,7 @@ def allreduce_local(
         torch.cuda.synchronize(d)
     want = n * (n + 1) / 2
     wrong = [d for d, x in zip(devices, xs) if not bool((x == want).all())]
-    results = []
+    results: list[AllreduceSize] = []
     for size in sizes:
         numel = size // 4
         bufs = [torch.zeros(numel, device=f"cuda:{d}") for d in devices]
@@ -427,7 +556,7 @@ dist.destroy_process_group()
 
 def allreduce_spawn(
     ngpus: int, sizes: tuple[int, ...] = ALLREDUCE_SIZES, timeout: float = 120.0
-) -> dict[str, Any]:
+) -> Allreduce:
     """All-reduce with one process a GPU (torch.distributed, NCCL), launched by torchrun."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(_SPAWN_SCRIPT)
@@ -450,14 +579,25 @@ def allreduce_spawn(
         os.unlink(f.name)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            r = json.loads(line[7:])
+            r = json.loads(line[7:])  # the child's answer, of the script above
+            correct = bool(r["correct"])
             return {
-                "correct": r["correct"],
-                "wrong_devices": [] if r["correct"] else ["?"],
+                "correct": correct,
+                "wrong_devices": [] if correct else ["?"],
                 "expected_sum": ngpus * (ngpus + 1) / 2,
-                "sizes": r["sizes"],
+                "sizes": [_size_of(x) for x in r["sizes"]],
             }
     raise RuntimeError(f"the one-process-a-GPU all-reduce failed: {(p.stderr or p.stdout)[-600:]}")
+
+
+def _size_of(x: dict[str, float]) -> AllreduceSize:
+    """One size's timing as the all-reduce child wrote it (JSON numbers)."""
+    return {
+        "bytes": int(x["bytes"]),
+        "time_us": float(x["time_us"]),
+        "algbw_gbps": float(x["algbw_gbps"]),
+        "busbw_gbps": float(x["busbw_gbps"]),
+    }
 
 
 # -- torch.compile, in a child process (isolated, time-bounded, overlaps the other checks) ----
@@ -523,7 +663,7 @@ class CompileProbe:
             self.proc.wait()  # the child itself is dead (SIGKILL above)
             return "", ""
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> CompileResult:
         left = max(1.0, self.timeout - (time.monotonic() - self.t0))
         try:
             out, err = self.proc.communicate(timeout=left)
@@ -538,10 +678,12 @@ class CompileProbe:
         for line in reversed(out.splitlines()):
             if line.startswith("{"):
                 try:
-                    answer: dict[str, Any] = json.loads(line)
-                    return answer
+                    answer = json.loads(line)  # the child's, of _COMPILE_SCRIPT
                 except ValueError:
                     break
+                if isinstance(answer, dict):
+                    return _compile_result(answer)
+                break
         return {"ok": False, "error": f"child exited {self.proc.returncode}: {err.strip()[-800:]}"}
 
     def close(self) -> None:
@@ -550,3 +692,16 @@ class CompileProbe:
             self.kill_group()
             self.proc.kill()  # the child itself, should it have left its group
             self._reap()
+
+
+def _compile_result(answer: dict[str, object]) -> CompileResult:
+    """The compile child's JSON line as a ``CompileResult``: the keys it writes, of their types."""
+    out: CompileResult = {"ok": answer.get("ok") is True}
+    for key in ("error", "device", "traceback"):
+        v = answer.get(key)
+        if isinstance(v, str):
+            out[key] = v
+    seconds = answer.get("seconds")
+    if isinstance(seconds, int | float):
+        out["seconds"] = float(seconds)
+    return out
