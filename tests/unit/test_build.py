@@ -573,22 +573,23 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
             push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",), registry=Registry()
         ),
     )
-    assert [(r["group"], r["key"], r["cached"]) for r in before["layers"]] == [
+    assert [(r.layer.group, r.layer.key, r.cached) for r in before.layers] == [
         (lay.group, lay.key, False) for lay in plan.layers
     ]
-    assert before["image"] == plan.tag and before["fetch"]["wheels"] == len(lock.wheels)
-    assert [c[0] for c in before["engine"]] == ["copy", "push", "push", "import_image"]
-    assert before["engine"][2][2] == "127.0.0.1:1/a/b:sha256-(digest).att"
+    assert before.image == plan.tag and before.fetch.wheels == len(lock.wheels)
+    assert [c[0] for c in before.engine] == ["copy", "push", "push", "import_image"]
+    assert before.engine[2][2] == "127.0.0.1:1/a/b:sha256-(digest).att"
+    assert before.to_json()["engine"][2] == list(before.engine[2])  # --json: the same, as lists
     assert not list((tmp / "cache" / "layers").iterdir()) and not cache.has_blob(
         lock.wheels[0].sha256
     )
     _build(lock, mirrors, tmp / "cache")
     after = preview(plan, cache)
-    assert [r["cached"] for r in after["layers"]] == [True] * 5 + [
+    assert [r.cached for r in after.layers] == [True] * 5 + [
         False
     ]  # the envspec layer is always made
-    assert after["fetch"] == {"wheels": 0, "wheel_bytes": 0, "debs": 0, "deb_bytes": 0}
-    assert after["engine"] == [["import_image", "(oci layout)", plan.tag]]
+    assert after.to_json()["fetch"] == {"wheels": 0, "wheel_bytes": 0, "debs": 0, "deb_bytes": 0}
+    assert after.engine == (("import_image", "(oci layout)", plan.tag),)
 
 
 def test_progress_events_come_as_the_work_happens(env):

@@ -182,9 +182,9 @@ def test_dry_run_says_the_compression(env):
         Cache(tmp / "cache"),
         options=BuildOptions(compression="gzip", compress=True),
     )
-    assert summary["compression"] == "gzip"
+    assert summary.compression == "gzip"
     local = preview(make_plan(lock), Cache(tmp / "cache"), options=BuildOptions(compression="gzip"))
-    assert (local["compression"], local["carried_compression"]) == (
+    assert (local.compression, local.carried_compression) == (
         "none",
         "gzip",
     )  # nothing carries it
@@ -193,7 +193,7 @@ def test_dry_run_says_the_compression(env):
         Cache(tmp / "cache"),
         options=BuildOptions(compression="gzip", push="r.example/x:1", registry=Registry()),
     )
-    assert pushed["compression"] == "gzip"
+    assert pushed.compression == "gzip"
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,10 @@ command line starts, and `envspec explain` must not pay for the others' librarie
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envspec.cli.common import JSON_HELP, Subparsers, bool_flag, command, console, print_json, rel
 from envspec.cli.lock import lock_for
@@ -20,9 +19,9 @@ from envspec.errors import EXIT_CHECK_FAILED, EXIT_OK, EnvspecError, UsageError
 
 if TYPE_CHECKING:
     from envspec.host import Host
-    from envspec.image import BuildOptions, BuiltImage
+    from envspec.image import BuildOptions, BuiltImage, Preview
     from envspec.image.engine import RegistryAccess
-    from envspec.image.index import BuiltIndex
+    from envspec.image.index import BuiltIndex, IndexPreview
     from envspec.lock import Lockfile
     from envspec.plan import BuildPlan
     from envspec.registry.attest import SigningKey
@@ -131,34 +130,16 @@ def _dry_run(
     from envspec.cache.store import Cache
     from envspec.host import ASK_NONE, detect_host
     from envspec.image import preview
-    from envspec.plan import make_plan
+    from envspec.image.index import preview_all
 
     dry_cache = Cache(detect_host(ask=ASK_NONE).cache_dir)
-    if plan is None:
-        from envspec.image.index import platform_tag, preview_index
-
-        # each platform's image as it is built (tagged, no push or output of its own), then the index
-        shown = {
-            "index": True,
-            "push": options.push,
-            "outputs": list(options.outputs),
-            "engine": preview_index(lock, options),
-            "platforms": [
-                {"platform": v.platform_names[0]}
-                | preview(
-                    make_plan(v),
-                    dry_cache,
-                    options=dataclasses.replace(
-                        options, tag=platform_tag(options.tag, v), push=None, outputs=()
-                    ),
-                )
-                for v in lock.views()
-            ],
-        }
-    else:
-        shown = preview(plan, dry_cache, options=options)
+    shown: Preview | IndexPreview = (
+        preview_all(lock, dry_cache, options)
+        if plan is None
+        else preview(plan, dry_cache, options=options)
+    )
     if args.json:
-        print_json(shown)
+        print_json(shown.to_json())
     else:
         con = console()
         for line in _dry_run_lines(shown, lock, lock_path):
@@ -391,56 +372,59 @@ def _check_digest(args: argparse.Namespace, built: BuiltImage | BuiltIndex) -> i
     return EXIT_OK if same else EXIT_CHECK_FAILED
 
 
-def _dry_run_lines(shown: dict[str, Any], lock: Lockfile, lock_path: Path) -> list[str]:
+def _dry_run_lines(shown: Preview | IndexPreview, lock: Lockfile, lock_path: Path) -> list[str]:
     """What `build --dry-run` says to a person (``--json``: the whole plan, each layer's pins): the
     image, its layers and whether each is cached, what would be fetched and built, the steps."""
-    from envspec.cache.gc import human
+    from envspec.explain import driver_assumed_lines
+    from envspec.image.index import IndexPreview
 
     lines = [f"dry run of {lock_path}: nothing is built, fetched or written"]
-    from envspec.explain import driver_assumed_lines
-
     lines += driver_assumed_lines(lock)
-    for one in shown["platforms"] if shown.get("index") else [shown]:
-        where = f"{one['platform']}: " if "platform" in one else ""
-        lines.append(f"{where}image {one['image']}")
-        lines.append(f"  {'layer':<8} {'pins':>5}  {'key':<12}  state")
-        for lay in one["layers"]:
-            state = (
-                "made at build (never cached)"
-                if not lay["cacheable"]
-                else "cached"
-                if lay["cached"]
-                else "to make"
-            )
-            lines.append(
-                f"  {lay['group']:<8} {len(lay['pins']):>5}  {lay['key'].split(':')[-1][:12]}  {state}"
-            )
-        f = one["fetch"]
-        lines.append(
-            f"  to fetch: {f['wheels']} wheels ({human(f['wheel_bytes'])}), {f['debs']} Debian packages "
-            f"({human(f['deb_bytes'])})"
-        )
-        if one["source_builds"]:
-            lines.append(
-                "  built from sdists: "
-                + ", ".join(
-                    f"{b.get('name')} {b.get('version')} ({'cached' if b.get('cached') else 'to build'})"
-                    for b in one["source_builds"]
-                )
-            )
-        cache = one.get("cache") or {}
-        if cache.get("from") or cache.get("to"):
-            lines.append(
-                f"  registry layer cache: from {cache.get('from') or '-'}, to {cache.get('to') or '-'}"
-            )
-        steps = one.get("engine") or []
-        if steps and not shown.get("index"):
-            lines.append("  then: " + "; ".join(" ".join(str(x) for x in step) for step in steps))
-    if shown.get("index"):
-        lines.append(
-            "then: " + "; ".join(" ".join(str(x) for x in step) for step in shown["engine"])
-        )
+    index = isinstance(shown, IndexPreview)
+    images = shown.platforms if isinstance(shown, IndexPreview) else (("", shown),)
+    for name, one in images:
+        lines += _image_preview_lines(one, f"{name}: " if name else "")
+        if one.engine and not index:
+            lines.append("  then: " + "; ".join(" ".join(step) for step in one.engine))
+    if isinstance(shown, IndexPreview):
+        lines.append("then: " + "; ".join(" ".join(step) for step in shown.engine))
     lines.append("(--json: the whole plan, with each layer's pins)")
+    return lines
+
+
+def _image_preview_lines(one: Preview, where: str) -> list[str]:
+    """One image of a dry run: its layers and whether each is cached, what would be fetched and
+    built from sdists, the registry layer cache."""
+    from envspec.cache.gc import human
+
+    lines = [f"{where}image {one.image}", f"  {'layer':<8} {'pins':>5}  {'key':<12}  state"]
+    for row in one.layers:
+        lay = row.layer
+        state = (
+            "made at build (never cached)"
+            if not lay.cacheable
+            else "cached"
+            if row.cached
+            else "to make"
+        )
+        lines.append(f"  {lay.group:<8} {len(lay.pins):>5}  {lay.key.split(':')[-1][:12]}  {state}")
+    f = one.fetch
+    lines.append(
+        f"  to fetch: {f.wheels} wheels ({human(f.wheel_bytes)}), {f.debs} Debian packages "
+        f"({human(f.deb_bytes)})"
+    )
+    if one.source_builds:
+        lines.append(
+            "  built from sdists: "
+            + ", ".join(
+                f"{b.name} {b.version} ({'cached' if b.cached else 'to build'})"
+                for b in one.source_builds
+            )
+        )
+    if one.cache_from or one.cache_to:
+        lines.append(
+            f"  registry layer cache: from {one.cache_from or '-'}, to {one.cache_to or '-'}"
+        )
     return lines
 
 

@@ -33,7 +33,15 @@ from typing import Any
 
 from envspec.cache.store import Cache
 from envspec.errors import BuildError, UsageError
-from envspec.image import BuildOptions, BuiltImage, Reporter, build, registry_stage
+from envspec.image import (
+    BuildOptions,
+    BuiltImage,
+    Preview,
+    Reporter,
+    build,
+    preview,
+    registry_stage,
+)
 from envspec.image.engine import Engine, RecordingEngine
 from envspec.image.oci import MT_INDEX, created_at, export_layout, write_index
 from envspec.lock import OCI_ARCH, Lockfile
@@ -266,6 +274,49 @@ def _tag_all(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class IndexPreview:
+    """``build --dry-run`` of a multi-platform lock (``preview_all``): each platform's image as it
+    is built, then the engine verbs of the index; ``to_json`` is what ``--json`` prints."""
+
+    push: str | None
+    outputs: tuple[str, ...]
+    engine: list[list[str]]
+    platforms: tuple[tuple[str, Preview], ...]  # (platform name, its image's preview)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "index": True,
+            "push": self.push,
+            "outputs": list(self.outputs),
+            "engine": self.engine,
+            "platforms": [{"platform": name} | one.to_json() for name, one in self.platforms],
+        }
+
+
+def preview_all(lock: Lockfile, cache: Cache, options: BuildOptions) -> IndexPreview:
+    """``build --dry-run`` of a multi-platform lock: each platform's image as it is built (tagged,
+    no push or output of its own: ``preview``), then the index (``preview_index``)."""
+    return IndexPreview(
+        push=options.push,
+        outputs=tuple(options.outputs),
+        engine=preview_index(lock, options),
+        platforms=tuple(
+            (
+                view.platform_names[0],
+                preview(
+                    make_plan(view),
+                    cache,
+                    options=dataclasses.replace(
+                        options, tag=platform_tag(options.tag, view), push=None, outputs=()
+                    ),
+                ),
+            )
+            for view in lock.views()
+        ),
+    )
 
 
 def preview_index(lock: Lockfile, options: BuildOptions) -> list[list[str]]:
