@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from debian.debian_support import version_compare
 from packaging.version import InvalidVersion, Version
@@ -109,7 +109,7 @@ class LockDiff:
     def field(self, path: str) -> FieldChange | None:
         return next((f for f in self.fields if f.path == path), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         def counts(changes: tuple[PackageChange, ...]) -> dict[str, int]:
             return {
                 k: sum(1 for c in changes if c.change == k)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envspec.causes import (
     ArchFits,
@@ -373,7 +373,7 @@ def impossible_lines(err: ResolutionImpossible) -> list[str]:
 # the DB as one page (`envspec db show --html FILE`)
 
 
-def db_matrix(db: CompatDB) -> dict[str, Any]:
+def db_matrix(db: CompatDB) -> dict[str, object]:
     """The GPU x torch x CUDA-variant matrix, as plain data for templates/db_matrix.html.j2: for each
     CUDA build of each release (newest first) and each GPU (with its product line, architecture and
     last driver branch), whether a kernel of the build runs on it

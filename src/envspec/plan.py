@@ -105,7 +105,7 @@ class BuildPlan:
     def debs(self) -> tuple[DebPin, ...]:
         return tuple(d for lay in self.layers for d in lay.debs)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """A stable summary (golden-file friendly)."""
         return {
             "image": self.tag,

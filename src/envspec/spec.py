@@ -701,7 +701,7 @@ def load_spec(path: str | Path) -> EnvSpec:
 
 
 def _model_at(loc: TomlPath) -> type[BaseModel] | None:
-    model: Any = EnvSpec
+    model: object = EnvSpec
     for part in loc:
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None

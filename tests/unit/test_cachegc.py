@@ -76,12 +76,10 @@ def test_scan_finds_wheels_debs_layers_and_nothing_else(tmp_path):
         and layer.size == 1000 + c.layer_meta(names["layer-a"]).stat().st_size
     )
     info = cachegc.summary(c, entries)
-    assert info["kinds"]["wheel"] == {"count": 2, "bytes": 300}
-    assert info["kinds"]["deb"] == {"count": 2, "bytes": 700}
-    assert info["other"]["uv/"] == 80 and info["other"]["tmp/"] == 70
-    assert (
-        info["other"]["debs/ (not entries)"] == 50 and info["other"]["layers/ (not entries)"] == 10
-    )
+    assert info.kinds["wheel"] == {"count": 2, "bytes": 300}
+    assert info.kinds["deb"] == {"count": 2, "bytes": 700}
+    assert info.other["uv/"] == 80 and info.other["tmp/"] == 70
+    assert info.other["debs/ (not entries)"] == 50 and info.other["layers/ (not entries)"] == 10
 
 
 def test_gc_keeps_what_locks_need_and_removes_the_rest(tmp_path):
@@ -280,7 +278,7 @@ def test_wheels_built_from_sdists_are_entries_kept_by_the_locks_that_build_them(
     assert (
         set(built) == {hexof("built-a"), hexof("built-b")} and built[hexof("built-a")].size == 530
     )
-    assert cachegc.summary(c, entries)["kinds"]["built"] == {"count": 2, "bytes": 1060}
+    assert cachegc.summary(c, entries).kinds["built"] == {"count": 2, "bytes": 1060}
     needed = needed_of(names, "wheel-a", "wheel-b", "deb-a", "deb-b", "layer-a", "layer-b")
     needed.add("x.lock", [("built", hexof("built-a"))])
     plan = cachegc.collect(c, needed)
@@ -352,14 +350,12 @@ def test_a_layers_compressed_blobs_are_part_of_it_and_go_with_it(tmp_path):
         "zstd-1.5.7-3.tar.zst",
     }
     info = cachegc.summary(c)
-    assert info["other"]["layers/ (not entries)"] == 10  # junk.tmp only
+    assert info.other["layers/ (not entries)"] == 10  # junk.tmp only
     assert (
-        "interrupted" in info["other_what"]["layers/ (not entries)"]
-        or "killed" in info["other_what"]["layers/ (not entries)"]
+        "interrupted" in info.other_what["layers/ (not entries)"]
+        or "killed" in info.other_what["layers/ (not entries)"]
     )
-    assert (
-        "resolver" in info["other_what"]["uv/"] and "running builds" in info["other_what"]["tmp/"]
-    )
+    assert "resolver" in info.other_what["uv/"] and "running builds" in info.other_what["tmp/"]
     plan = cachegc.collect(c, needed_of(names, "layer-b"), grace=0)
     assert {e.name for e in plan.remove if e.kind == "layer"} == {
         names["layer-a"],

@@ -54,7 +54,7 @@ class CacheEntry:
     used: float  # the newest atime/mtime of its files (seconds since the epoch)
     group: str = ""  # a layer's group, from its .json
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "kind": self.kind,
             "name": self.name,
@@ -163,7 +163,28 @@ def _tree_size(d: Path) -> int:
     return total
 
 
-def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CacheSummary:
+    """``envspec cache``: counts and bytes per kind, the other directories' sizes and what each is;
+    ``to_json`` is what ``--json`` prints (beside the entries)."""
+
+    cache: str
+    kinds: dict[str, dict[str, int]]  # kind -> {"count", "bytes"}
+    other: dict[str, int]  # a directory or file that is not an entry -> its bytes
+    other_what: dict[str, str]  # ... -> what it is
+    total_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cache": self.cache,
+            "kinds": self.kinds,
+            "other": self.other,
+            "other_what": self.other_what,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> CacheSummary:
     """``envspec cache``: counts and bytes per kind, and the other directories' sizes."""
     entries = scan(cache) if entries is None else entries
     kinds = {k: {"count": 0, "bytes": 0} for k in KINDS}
@@ -189,13 +210,13 @@ def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> dict[s
         elif p.is_file():
             other[p.name] = p.stat().st_size
             what[p.name] = OTHER.get(p.name, "not envspec's: not collected")
-    return {
-        "cache": str(cache.root),
-        "kinds": kinds,
-        "other": other,
-        "other_what": what,
-        "total_bytes": sum(v["bytes"] for v in kinds.values()) + sum(other.values()),
-    }
+    return CacheSummary(
+        cache=str(cache.root),
+        kinds=kinds,
+        other=other,
+        other_what=what,
+        total_bytes=sum(v["bytes"] for v in kinds.values()) + sum(other.values()),
+    )
 
 
 # what the cache's other directories and files are, for `envspec cache` (none is collected by gc)
@@ -298,16 +319,21 @@ class GcPlan:
     def freed(self) -> int:
         return sum(e.size for e in self.remove)
 
-    def to_json(self) -> dict[str, Any]:
+    @property
+    def kept(self) -> dict[str, int]:
+        """How many entries are kept, their bytes, and how many for each reason."""
+        return {
+            "count": len(self.keep),
+            "bytes": sum(e.size for e, _ in self.keep),
+            "needed": sum(1 for _, why in self.keep if why == "needed"),
+            "recent": sum(1 for _, why in self.keep if why == "recent"),
+            "budget": sum(1 for _, why in self.keep if why == "budget"),
+        }
+
+    def to_json(self) -> dict[str, object]:
         return {
             "keep_size": self.keep_size,
-            "kept": {
-                "count": len(self.keep),
-                "bytes": sum(e.size for e, _ in self.keep),
-                "needed": sum(1 for _, why in self.keep if why == "needed"),
-                "recent": sum(1 for _, why in self.keep if why == "recent"),
-                "budget": sum(1 for _, why in self.keep if why == "budget"),
-            },
+            "kept": self.kept,
             "removed": [e.to_json() for e in self.remove],
             "freed_bytes": self.freed,
             "over_budget_bytes": self.over_budget,

@@ -89,19 +89,17 @@ def _cache_show(args: argparse.Namespace, cache: Cache) -> int:
     entries = cachegc.scan(cache)
     info = cachegc.summary(cache, entries)
     if args.json:
-        print_json(info | {"entries": [e.to_json() for e in entries]})
+        print_json(info.to_json() | {"entries": [e.to_json() for e in entries]})
         return EXIT_OK
     con = console()
-    con.print(f"cache {info['cache']}: {cachegc.human(info['total_bytes'])}", markup=False)
-    for kind, row in info["kinds"].items():
+    con.print(f"cache {info.cache}: {cachegc.human(info.total_bytes)}", markup=False)
+    for kind, row in info.kinds.items():
         con.print(
             f"  {kind + 's':<8} {row['count']:>6}  {cachegc.human(row['bytes']):>11}",
             markup=False,
         )
-    for name, size in info["other"].items():
-        con.print(
-            f"  {name:<24} {cachegc.human(size):>11}  {info['other_what'][name]}", markup=False
-        )
+    for name, size in info.other.items():
+        con.print(f"  {name:<24} {cachegc.human(size):>11}  {info.other_what[name]}", markup=False)
     for e in (e for e in entries if e.kind == "layer"):
         tar = any(q.name == f"{e.name}.tar" for q in e.paths)
         con.print(
@@ -178,7 +176,7 @@ def _say_collected(
     counts = ", ".join(
         f"{sum(1 for e in plan.remove if e.kind == k)} {plural[k]}" for k in cachegc.KINDS
     )
-    kept = plan.to_json()["kept"]
+    kept = plan.kept
     con.print(
         f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
         f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {locks} locks, "

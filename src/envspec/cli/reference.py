@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -136,7 +136,7 @@ def _type(info: FieldInfo) -> str:
 
     from envspec import spec as specmod
 
-    def words(t: Any) -> str:
+    def words(t: object) -> str:
         origin, args = typing.get_origin(t), typing.get_args(t)
         if t is specmod.Req:
             return "PEP 508 requirement"
@@ -150,9 +150,8 @@ def _type(info: FieldInfo) -> str:
             return f"array of {words(args[0])}s"
         if origin is dict:
             return f"table of {words(args[1])}s"
-        return {str: "string", bool: "boolean", int: "integer"}.get(
-            t, getattr(t, "__name__", str(t))
-        )
+        named: dict[object, str] = {str: "string", bool: "boolean", int: "integer"}
+        return named.get(t) or str(getattr(t, "__name__", t))
 
     text = words(info.annotation)
     bounds = [m for m in info.metadata if hasattr(m, "ge") or hasattr(m, "le")]
@@ -187,7 +186,7 @@ def _tables() -> Iterator[tuple[str, type[BaseModel]]]:
         yield name, model
 
 
-def _model_of(t: Any) -> type[BaseModel] | None:
+def _model_of(t: object) -> type[BaseModel] | None:
     """The model a field's annotation names (``X`` or ``X | None``), None where it is no model."""
     import typing
 

@@ -65,7 +65,7 @@ def cache_key(root: Path, names: Iterable[str]) -> str | None:
     return h.hexdigest()
 
 
-def _add(h: Any, name: str, data: bytes) -> None:
+def _add(h: hashlib._Hash, name: str, data: bytes) -> None:
     h.update(f"{name}\0{len(data)}\0".encode())
     h.update(data)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .models import DebPin
 
@@ -51,14 +50,14 @@ class RecordingReporter(DebianReporter):
     """Keeps every event as (hook name, args) for tests."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, tuple[Any, ...]]] = []
+        self.events: list[tuple[str, tuple[object, ...]]] = []
 
     def names(self) -> list[str]:
         return [e[0] for e in self.events]
 
 
 def _recorder(hook: str) -> Callable[..., None]:
-    def record(self: RecordingReporter, *args: Any) -> None:
+    def record(self: RecordingReporter, *args: object) -> None:
         self.events.append((hook, args))
 
     return record

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -203,8 +203,8 @@ class Phase:
         tuple[str, float], ...
     ] = ()  # where its seconds went (a layer's stream: ``regcache.StreamTimes``)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "name": self.name,
             "start_s": round(self.start, 3),
             "end_s": round(self.end, 3),
@@ -265,7 +265,7 @@ class BuiltImage:
     cache_to: str = ""
     cached_to: tuple[str, ...] = ()  # the cache entries this build pushed to ``cache_to``
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "image": self.image,
             "digest": self.digest,

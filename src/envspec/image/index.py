@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from envspec.cache.store import Cache
 from envspec.errors import BuildError, UsageError
@@ -67,7 +66,7 @@ class BuiltIndex:
         """The host-independent name: none (each platform's image has its own tag)."""
         return ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "digest": self.digest,
             "media_type": MT_INDEX,

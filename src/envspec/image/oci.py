@@ -28,7 +28,7 @@ MT_CONFIG = "application/vnd.oci.image.config.v1+json"
 MT_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
-def canonical_json(obj: Any) -> bytes:
+def canonical_json(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
         "utf-8"
     )
@@ -122,8 +122,8 @@ def image_labels(plan: BuildPlan) -> dict[str, str]:
 
 def image_config(
     plan: BuildPlan, layers: list[LayerBlob], *, entrypoint: list[str], cmd: list[str], user: str
-) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
+) -> dict[str, object]:
+    cfg: dict[str, object] = {
         "Env": image_env(plan),
         "User": user,
         "WorkingDir": "/" + plan.lock.runtime.workdir.strip("/"),
@@ -175,7 +175,7 @@ def _place_blob(
 
 def image_manifest(
     plan: BuildPlan, layers: list[LayerBlob], config_digest: str, config_size: int
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The image manifest: its config, its layers with their group and key, the lock's hash."""
     meta = plan.lock.meta
     return {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Any
 
 from envspec.debian.models import DebPin
 from envspec.image.oci import canonical_json, created_at
@@ -21,7 +20,7 @@ def _spdx_id(kind: str, name: str, version: str) -> str:
 def make_sbom(plan: BuildPlan, *, tool_version: str = "") -> bytes:
     meta = plan.lock.meta
     root_id = "SPDXRef-image"
-    packages: list[dict[str, Any]] = [
+    packages: list[dict[str, object]] = [
         {
             "SPDXID": root_id,
             "name": meta.name,

@@ -38,7 +38,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envspec import __version__
 from envspec.errors import UsageError
@@ -84,7 +84,7 @@ def repository(ref: str) -> str:
 # --- the statements ---------------------------------------------------------------------------------
 
 # an in-toto statement, as JSON (the SLSA provenance and SPDX SBOM predicates are theirs to define)
-Statement = dict[str, Any]
+Statement = dict[str, object]
 
 
 def provenance(
@@ -95,7 +95,7 @@ def provenance(
     lock = plan.lock
     meta = lock.meta
     lock_digest = meta.content_hash.split(":", 1)[-1]
-    deps: list[dict[str, Any]] = [
+    deps: list[dict[str, object]] = [
         {
             "name": lock_path or f"{meta.name}.lock",
             "uri": f"envspec-lock:{meta.name}",
@@ -367,7 +367,7 @@ def write_artifact(dest: Path, blobs: list[Blob], *, ref_name: str) -> str:
 
     layers = []
     for b in blobs:
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "mediaType": b.media_type,
             "digest": put(b.data),
             "size": len(b.data),
@@ -420,7 +420,7 @@ def attestation_blobs(
         sbom_statement(plan, image_digest, sbom),
     ]
     return [
-        Blob(MT_DSSE, envelope(s, key), ((PREDICATE_ANNOTATION, s["predicateType"]),))
+        Blob(MT_DSSE, envelope(s, key), ((PREDICATE_ANNOTATION, str(s["predicateType"])),))
         for s in statements
     ]
 
