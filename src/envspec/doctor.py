@@ -13,10 +13,10 @@ not look at the machine itself, so tests give it a ``Host`` they build. Nothing 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from envspec.compat import best_arch, driver_branch, load_db
 from envspec.errors import HostError
@@ -46,7 +46,9 @@ class Diagnosis:
     status: Status
     what: str
     fix: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: Mapping[str, object] = field(
+        default_factory=dict
+    )  # what --json says beside the message
 
 
 # ---------------------------------------------------------------------------------------
@@ -418,7 +420,7 @@ def _docker_daemon(host: Host, lock: Lockfile | None, primary: bool) -> list[Dia
 
 
 def _docker_gpu(
-    host: Host, lock: Lockfile | None, d: DockerDaemon, detail: dict[str, Any]
+    host: Host, lock: Lockfile | None, d: DockerDaemon, detail: dict[str, object]
 ) -> Diagnosis:
     """Whether ``docker run --gpus all`` works: through the daemon's nvidia runtime or the
     NVIDIA container toolkit; without either it blocks only where docker is the one engine

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from envspec.causes import Candidate, Cause
@@ -228,6 +228,20 @@ class PlanError(EnvspecError):
     exit_code = EXIT_BAD_INPUT
 
 
+class Failure(TypedDict, total=False):
+    """What a ``BuildError`` says of the failed step beside its message (its keyword arguments)."""
+
+    step: str
+    argv: list[str] | None
+    returncode: int | None
+    stderr_tail: str
+    reference: str | None
+
+
+class HintedFailure(Failure, total=False):
+    hint: str
+
+
 class BuildError(EnvspecError):
     """A build step failed. Carries the step, the command, its return code and stderr's tail."""
 
@@ -267,7 +281,9 @@ class SourceBuildError(BuildError):
 
     reference = "source-build-failed"
 
-    def __init__(self, message: str, *, log: Path | None = None, hint: str = "", **kw: Any) -> None:
+    def __init__(
+        self, message: str, *, log: Path | None = None, hint: str = "", **kw: Unpack[Failure]
+    ) -> None:
         if log is not None:
             hint = hint or f"the whole build log: {log}"
         super().__init__(message, hint=hint, **kw)
@@ -283,7 +299,9 @@ class DamagedEntry(HashMismatch):
     entered the cache: the build drops it and makes it again (``image.build``); raised to the user
     only when the entry made again is damaged too."""
 
-    def __init__(self, message: str, *, paths: tuple[Path, ...] = (), **kw: Any) -> None:
+    def __init__(
+        self, message: str, *, paths: tuple[Path, ...] = (), **kw: Unpack[HintedFailure]
+    ) -> None:
         super().__init__(message, **kw)
         self.paths = tuple(paths)
 

@@ -349,7 +349,7 @@ class Lockfile(_M):
             }
         return super().model_copy(update=update, deep=deep)
 
-    def replace_part(self, **changes: Any) -> Lockfile:
+    def replace_part(self, **changes: object) -> Lockfile:
         """This one-platform lock with fields of its part changed (``wheels=...``), hash not redone."""
         return self.model_copy(update={"parts": [self.part.model_copy(update=changes)]})
 
@@ -391,7 +391,7 @@ class Lockfile(_M):
         return [self.for_platform(n) for n in self.platform_names] if self.multi else [self]
 
     # -- identity ------------------------------------------------------------------------
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         """Everything the lock hash covers: all tables but [meta] (for one platform exactly the
         version-1 tables, so the hash of a lock written before sections existed is unchanged)."""
         d = self.model_dump(
@@ -626,7 +626,7 @@ def dumps(lock: Lockfile) -> str:
     return HEADER + tomli_w.dumps(text_data(lock), multiline_strings=False, indent=4)
 
 
-def text_data(lock: Lockfile) -> dict[str, Any]:
+def text_data(lock: Lockfile) -> dict[str, object]:
     """The lock as its text's tables, in the text's order: one platform's tables flat (version 1,
     as before sections existed), or the shared tables then ``[platforms.<name>]`` per platform
     (version 2). ``Lockfile.model_validate`` reads it back."""
@@ -791,7 +791,7 @@ def _first_difference(written: dict[str, Any], now: dict[str, Any]) -> tuple[str
     return None
 
 
-def _hash_body(body: dict[str, Any]) -> str:
+def _hash_body(body: Mapping[str, object]) -> str:
     """The content hash: the sha256 of the tables' canonical JSON (sorted keys, no spaces)."""
     return (
         "sha256:"
@@ -801,7 +801,7 @@ def _hash_body(body: dict[str, Any]) -> str:
     )
 
 
-def _text_hash(data: dict[str, Any]) -> str:
+def _text_hash(data: Mapping[str, object]) -> str:
     """The content hash of a lock's parsed text: its tables but [meta], as ``Lockfile.compute_hash``."""
     return _hash_body({k: v for k, v in data.items() if k != "meta"})
 

@@ -33,7 +33,6 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from envspec.debian.models import DebPin
 from envspec.errors import PlanError
@@ -121,7 +120,7 @@ class BuildPlan:
         }
 
 
-def _key(kind: str, payload: dict[str, Any]) -> str:
+def _key(kind: str, payload: dict[str, object]) -> str:
     body = json.dumps(
         {"kind": kind, "maker": MAKER_VERSIONS[kind], **payload},
         sort_keys=True,
