@@ -45,8 +45,9 @@ from envspec.errors import SourceError
 if TYPE_CHECKING:
     import urllib.request
 
-# a row of torch_pypi.toml as `render` writes it (TOML, read and written as it is)
-ReleaseRow = dict[str, Any]
+# a row of torch_pypi.toml as `render` writes it (TOML, read and written as it is): each value a
+# string or a list of strings
+ReleaseRow = dict[str, str | list[str]]
 
 
 class PypiFile(BaseModel):
@@ -573,7 +574,7 @@ def render(rows: list[ReleaseRow], db_version: str, date: str) -> str:
         f"source = {_q(SIMPLE_API)}",
         "",
     ]
-    for r in sorted(rows, key=lambda r: Version(r["version"])):
+    for r in sorted(rows, key=lambda r: Version(str(r["version"]))):
         out.append("[[release]]")
         for k in (
             "version",
@@ -625,7 +626,7 @@ def review_items(rows: dict[str, ReleaseRow], curated: Path) -> dict[str, list[s
     seen_variants: set[str] = set()
     for v in sorted(rows, key=Version):
         r = rows[v]
-        variant, cu = r.get("pypi_variant") or "", r.get("cuda") or ""
+        variant, cu = str(r.get("pypi_variant") or ""), str(r.get("cuda") or "")
         items: list[str] = []
         if cu and cu not in toolkits:
             items.append(
@@ -707,7 +708,7 @@ def refresh(
     report = RefreshReport(out_path=out_path, problems=problems, source_errors=source_errors)
     if not rows:
         return report
-    new = {r["version"]: r for r in rows}
+    new = {str(r["version"]): r for r in rows}
     merged = _merge_rows(new, old_rows, since, problems, report)
     found, platform_problems = platform_builds(fetch, fetch_range, list(new))
     report.problems += platform_problems
