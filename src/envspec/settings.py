@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from envspec.errors import UsageError
 
@@ -28,7 +29,7 @@ class Var:
     none), and what it does."""
 
     name: str
-    kind: str  # "path", "on/off", "number", "text", "list", "reference"
+    kind: Literal["path", "on/off", "number", "text", "list", "reference"]
     default: str
     meaning: str
     group: str  # "storage", "build", "sources", "lock", "image"

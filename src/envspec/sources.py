@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from envspec import settings
 
@@ -31,13 +31,16 @@ if TYPE_CHECKING:
 PYPI = "https://pypi.org/simple"
 
 
+Origin = Literal["spec", "env", "pip"]  # where a mirror was named
+
+
 @dataclass(frozen=True)
 class Mirror:
     """A place serving copies of index files: a simple index ('index') or a flat folder/page ('links')."""
 
     url: str
-    kind: str  # "index" | "links"
-    origin: str  # "spec" | "env" | "pip"
+    kind: Literal["index", "links"]
+    origin: Origin
 
     @property
     def path(self) -> Path | None:
@@ -109,7 +112,7 @@ def pip_mirrors(env: dict[str, str] | None = None) -> list[Mirror]:
     return out
 
 
-def _as_mirror(url: str, origin: str) -> Mirror:
+def _as_mirror(url: str, origin: Origin) -> Mirror:
     m = Mirror(url, "index", origin)
     p = m.path
     if (

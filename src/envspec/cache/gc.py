@@ -35,19 +35,20 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from envspec.cache.store import Cache
 from envspec.errors import UsageError
 
 GRACE_S = 15 * 60  # entries used this recently are kept whatever the plan says
 _HEX = re.compile(r"^[0-9a-f]{64}$")
-KINDS = ("wheel", "deb", "layer", "built")
+CacheKind = Literal["wheel", "deb", "layer", "built"]
+KINDS: tuple[CacheKind, ...] = ("wheel", "deb", "layer", "built")
 
 
 @dataclass(frozen=True)
 class CacheEntry:
-    kind: str  # "wheel" | "deb" | "layer" | "built"
+    kind: CacheKind
     name: str  # the sha256 hex (wheel, deb), the layer key's hex, a built wheel's derivation key's hex
     paths: tuple[Path, ...]
     size: int
@@ -99,10 +100,11 @@ def scan(cache: Cache) -> list[CacheEntry]:
     name). Entries are regular files in the cache's own directories: a link in the cache (to a file
     or a directory) is no entry, so neither ``cache gc`` nor eviction follows it out of the cache."""
     out: list[CacheEntry] = []
-    for kind, d in (
+    kinds_at: tuple[tuple[CacheKind, Path], ...] = (
         ("wheel", cache.root / "blobs" / "sha256"),
         ("deb", cache.root / "debs" / "sha256"),
-    ):
+    )
+    for kind, d in kinds_at:
         for p in sorted(d.iterdir()) if _own_dir(d, cache.root) else ():
             if _HEX.match(p.name):
                 st = _stat([p])
@@ -187,7 +189,7 @@ class CacheSummary:
 def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> CacheSummary:
     """``envspec cache``: counts and bytes per kind, and the other directories' sizes."""
     entries = scan(cache) if entries is None else entries
-    kinds = {k: {"count": 0, "bytes": 0} for k in KINDS}
+    kinds: dict[str, dict[str, int]] = {k: {"count": 0, "bytes": 0} for k in KINDS}
     for e in entries:
         kinds[e.kind]["count"] += 1
         kinds[e.kind]["bytes"] += e.size

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 _ARCH = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
 _CC = re.compile(r"^(\d{1,2})\.(\d)$")
@@ -32,7 +33,7 @@ _CC = re.compile(r"^(\d{1,2})\.(\d)$")
 
 @dataclass(frozen=True)
 class Arch:
-    kind: str  # "sass" | "ptx"
+    kind: Literal["sass", "ptx"]
     major: int
     minor: int
     suffix: str  # "" | "a" | "f"

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 _ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
 
 
 @dataclass(frozen=True)
 class Arch:
-    kind: str  # "sm" (SASS) or "compute" (PTX)
+    kind: Literal["sm", "compute"]  # SASS or PTX
     major: int
     minor: int
     variant: str  # "", "a" or "f"
@@ -33,7 +34,8 @@ def parse_arch(s: str) -> Arch:
     m = _ARCH.match(s.strip())
     if not m:
         raise ValueError(f"not an architecture name: {s!r} (expected sm_XY or compute_XY)")
-    return Arch(m.group(1), int(m.group(2)), int(m.group(3)), m.group(4))
+    kind: Literal["sm", "compute"] = "sm" if m.group(1) == "sm" else "compute"
+    return Arch(kind, int(m.group(2)), int(m.group(3)), m.group(4))
 
 
 def parse_cc(cc: str | tuple[int, int]) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
+from typing import Literal
 
 
 def normalize(name: str) -> str:
@@ -202,7 +203,7 @@ def b64_to_hex(b64: str) -> str:
 class FileProblem:
     dist: str
     path: str  # absolute path of the file
-    problem: str  # "changed" | "missing" | "unreadable"
+    problem: Literal["changed", "missing", "unreadable"]
     detail: str = ""  # e.g. "size 1204 B, RECORD says 1203 B"
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -78,7 +78,7 @@ class Extension:
     symbols: tuple[str, ...]  # torch symbols it leaves undefined (mangled, sorted)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["c++", "stable"]:
         """``c++`` (torch's C++ ABI: one torch release) or ``stable`` (C functions only)."""
         return "c++" if any(s.startswith("_Z") for s in self.symbols) else "stable"
 
@@ -118,7 +118,7 @@ class Mismatch:
     package: str
     version: str
     module: str  # path inside the wheel
-    kind: str  # "c++" or "stable"
+    kind: Literal["c++", "stable"]
     torch: str  # the locked torch's version
     missing_libs: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # mangled
