@@ -85,7 +85,8 @@ _LOCKFILE: dict[str, Path] = {}  # the lockfile the image fixture wrote
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    """(lock, image ref): the spec locked into a temporary lockfile and built."""
+    """(lock, image ref): the spec locked into a temporary lockfile and built; the image is
+    removed from the store once the module's tests ran."""
     from envspec import lock as lockmod
     from envspec import sources
     from envspec.cache.store import Cache
@@ -124,7 +125,9 @@ def image(tmp_path_factory):
             f"{built.image} has no /opt/envspec/services/{{jupyter,ssh}}.sh: the build's envspec layer must "
             f"include envspec.services.render_service_files(lock, spec_dir=...) ({ls.stdout}{ls.stderr})"
         )
-    return lock, built.image
+    yield lock, built.image
+    # the image is this module's: it leaves the store as it found it (the layers stay in the cache)
+    subprocess.run(["podman", "rmi", "--ignore", built.image], capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
