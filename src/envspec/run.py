@@ -243,12 +243,27 @@ def _ulimits(lock: Lockfile | None, engine: str, host: Host, warnings: list[str]
             if h != UNLIMITED and (v == UNLIMITED or v > h):
                 if name in asked:
                     warnings.append(
-                        f"the lock asks for {name}={'unlimited' if v == UNLIMITED else v}; {engine} "
-                        f"cannot give more than {h} here: using {h}"
+                        f"the lock asks for {name}={_limit_text(name, v)}; {engine} "
+                        f"cannot give more than {_limit_text(name, h)} here: using {h}"
                     )
                 v = h
         flags += ["--ulimit", f"{name}={v}:{v}"]
     return flags
+
+
+# the rlimits counted in bytes (setrlimit(2)); the others count files, processes, signals, ...
+BYTE_LIMITS = frozenset({"as", "core", "data", "fsize", "memlock", "msgqueue", "rss", "stack"})
+
+
+def _limit_text(name: str, v: int) -> str:
+    """A limit's value as a person reads it: "unlimited", a count, or bytes with their size."""
+    if v == UNLIMITED:
+        return "unlimited"
+    if name in BYTE_LIMITS and v >= 1024:
+        from envspec.cache.gc import human
+
+        return f"{v} ({human(v)})"
+    return str(v)
 
 
 def podman_args(host: Host) -> tuple[list[str], list[str]]:

@@ -576,3 +576,13 @@ def test_an_envspec_image_the_store_does_not_have_is_an_error_before_podman_run(
     )
     check_podman_image(other, run=answer(1))  # not envspec's image: podman pulls it as usual
     assert len(asked) == 3
+
+
+def test_a_capped_limit_is_said_in_bytes_and_size_where_it_counts_bytes():
+    from envspec.host import UNLIMITED
+    from envspec.run import _limit_text
+
+    assert _limit_text("memlock", 8388608) == "8388608 (8.0 MiB)"
+    assert _limit_text("stack", 67108864) == "67108864 (64.0 MiB)"
+    assert _limit_text("nofile", 1048576) == "1048576"  # files, not bytes
+    assert _limit_text("memlock", UNLIMITED) == "unlimited"
