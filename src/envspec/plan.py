@@ -73,6 +73,14 @@ class Layer:
     def pins(self) -> tuple[Wheel | DebPin, ...]:
         return self.debs + self.wheels
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "group": self.group,
+            "key": self.key,
+            "cacheable": self.cacheable,
+            "pins": [f"{p.name}=={p.version}" for p in self.pins],
+        }
+
 
 @dataclass(frozen=True)
 class BuildPlan:
@@ -106,18 +114,7 @@ class BuildPlan:
 
     def to_json(self) -> dict[str, object]:
         """A stable summary (golden-file friendly)."""
-        return {
-            "image": self.tag,
-            "layers": [
-                {
-                    "group": lay.group,
-                    "key": lay.key,
-                    "cacheable": lay.cacheable,
-                    "pins": [f"{p.name}=={p.version}" for p in lay.pins],
-                }
-                for lay in self.layers
-            ],
-        }
+        return {"image": self.tag, "layers": [lay.to_json() for lay in self.layers]}
 
 
 def _key(kind: str, payload: dict[str, object]) -> str:

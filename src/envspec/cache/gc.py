@@ -33,7 +33,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,13 +177,7 @@ class CacheSummary:
     total_bytes: int
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "cache": self.cache,
-            "kinds": self.kinds,
-            "other": self.other,
-            "other_what": self.other_what,
-            "total_bytes": self.total_bytes,
-        }
+        return asdict(self)
 
 
 def summary(cache: Cache, entries: Sequence[CacheEntry] | None = None) -> CacheSummary:

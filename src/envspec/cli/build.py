@@ -380,14 +380,14 @@ def _dry_run_lines(shown: Preview | IndexPreview, lock: Lockfile, lock_path: Pat
 
     lines = [f"dry run of {lock_path}: nothing is built, fetched or written"]
     lines += driver_assumed_lines(lock)
-    index = isinstance(shown, IndexPreview)
-    images = shown.platforms if isinstance(shown, IndexPreview) else (("", shown),)
-    for name, one in images:
-        lines += _image_preview_lines(one, f"{name}: " if name else "")
-        if one.engine and not index:
-            lines.append("  then: " + "; ".join(" ".join(step) for step in one.engine))
-    if isinstance(shown, IndexPreview):
+    if isinstance(shown, IndexPreview):  # each platform's image, then the index's steps
+        for name, one in shown.platforms:
+            lines += _image_preview_lines(one, f"{name}: ")
         lines.append("then: " + "; ".join(" ".join(step) for step in shown.engine))
+    else:
+        lines += _image_preview_lines(shown, "")
+        if shown.engine:
+            lines.append("  then: " + "; ".join(" ".join(step) for step in shown.engine))
     lines.append("(--json: the whole plan, with each layer's pins)")
     return lines
 

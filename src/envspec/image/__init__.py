@@ -667,15 +667,7 @@ class LayerPreview:
     compressed: bool
 
     def to_json(self) -> dict[str, object]:
-        lay = self.layer
-        return {
-            "group": lay.group,
-            "key": lay.key,
-            "cacheable": lay.cacheable,
-            "pins": [f"{p.name}=={p.version}" for p in lay.pins],
-            "cached": self.cached,
-            "compressed": self.compressed,
-        }
+        return self.layer.to_json() | {"cached": self.cached, "compressed": self.compressed}
 
 
 @dataclass(frozen=True)

@@ -282,12 +282,14 @@ def check_signature(
 def open_envelope(public_key: PublicKeyTypes, data: bytes) -> tuple[Statement | None, bool]:
     """(the statement, whether a signature in the envelope verifies with the key)."""
     env = read(Envelope, data)
+    if env is None:
+        return None, False
     try:
-        payload = base64.b64decode(env.payload) if env is not None else b""
+        payload = base64.b64decode(env.payload)
     except ValueError:
         return None, False
-    statement = read(Statement, payload) if env is not None else None
-    if env is None or statement is None:
+    statement = read(Statement, payload)
+    if statement is None:
         return None, False
     pae = attest.pae(env.payload_type, payload)
     ok = env.payload_type == attest.IN_TOTO_PAYLOAD and any(
@@ -471,15 +473,8 @@ def _verify_index(
             check="index.signature",
         )
     )
-    entries = [
-        (
-            platform_name(m.platform.os, m.platform.architecture)
-            if m.platform is not None
-            else platform_name("", ""),
-            m,
-        )
-        for m in index.manifests
-    ]
+    platforms = [m.platform or Platform() for m in index.manifests]
+    entries = [(platform_name(p.os, p.architecture), m) for p, m in zip(platforms, index.manifests)]
     annotation = index.annotations.get("io.envspec.lock-hash", "")
     if lock is not None:
         _check_index_lock(report, annotation, [n for n, _ in entries], lock)

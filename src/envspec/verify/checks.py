@@ -470,6 +470,7 @@ class _Run(startup.MachineChecks):
             self.dists or integrity.find_dists(self.sys.site_dirs()), paths
         )
         integrity.hash_many([Path(os.path.realpath(p)) for p in paths], self.hash_cache)
+        locked = {"cudnn": self.torch_lock.get("cudnn"), "nccl": self.torch_lock.get("nccl")}
         for key, label in (
             ("cudart", "CUDA runtime"),
             ("cublas", "cuBLAS"),
@@ -495,7 +496,6 @@ class _Run(startup.MachineChecks):
                     bad.append(problem)
                 else:
                     good.append(ok)
-            locked = {"cudnn": self.torch_lock.get("cudnn"), "nccl": self.torch_lock.get("nccl")}
             want = f" {locked[key]}" if locked.get(key) else ""
             self.add(
                 f"libs.{key}",

@@ -143,9 +143,9 @@ def _missing(data: dict[str, object]) -> list[str]:
 
 
 def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = None) -> Lock:
-    """The lock's tables the verifier reads (``Lock``). ``tables``: read only these top-level tables (and the top-level
-    keys), e.g. the start-up hook's ("meta", "platform", "hardware", "torch", "runtime"); the
-    others are absent from the dict and not checked."""
+    """The lock's tables the verifier reads (``Lock``). ``tables``: read only these top-level
+    tables (and the top-level keys), e.g. the start-up hook's ("meta", "platform", "hardware",
+    "torch", "runtime"); the others are absent from the dict and not checked."""
     p = Path(path)
     try:
         raw = p.read_bytes()

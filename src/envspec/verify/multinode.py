@@ -20,7 +20,7 @@ from types import ModuleType
 
 from . import settings
 from .model import FAIL, PASS, SKIP, WARN, Finding, NodeEntry, Report
-from .torchprobe import AllreduceSize, Device, Torch
+from .torchprobe import AllreduceSize, Device, Torch, allreduce_size
 
 COMPARED = ("image", "lock", "driver", "gpu", "nccl_lib", "torch", "cuda", "gemm_result")
 # Test hook, never for production: JSON or "key=value,key=value" that overrides fields of this
@@ -329,14 +329,8 @@ def _time_allreduce(
     if use_cuda:
         torch.cuda.synchronize(dev)
     dt = (time.perf_counter() - t0) / iters
-    algbw = size / dt / 1e9
     del buf
-    return {
-        "bytes": size,
-        "time_us": dt * 1e6,
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (world - 1) / world,
-    }
+    return allreduce_size(size, dt, world)
 
 
 def _allreduce(

@@ -484,6 +484,18 @@ def exact_gemm(torch: Torch, dev: Device, ref: ExactGemmInputs) -> ExactGemm:
 ALLREDUCE_SIZES = (8 << 20, 64 << 20, 256 << 20, 1 << 30)
 
 
+def allreduce_size(size: int, seconds: float, ranks: int) -> AllreduceSize:
+    """One message size's all-reduce, as nccl-tests reports it: its time, the algorithm bandwidth
+    and the bus bandwidth (2(n-1)/n of the algorithm's)."""
+    algbw = size / seconds / 1e9
+    return {
+        "bytes": size,
+        "time_us": seconds * 1e6,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
+    }
+
+
 def allreduce_local(
     torch: Torch, devices: list[int], sizes: tuple[int, ...] = ALLREDUCE_SIZES, iters: int = 10
 ) -> Allreduce:
@@ -510,16 +522,7 @@ def allreduce_local(
             torch.cuda.nccl.all_reduce(bufs)
         for d in devices:
             torch.cuda.synchronize(d)
-        dt = (time.perf_counter() - t0) / iters
-        algbw = size / dt / 1e9
-        results.append(
-            {
-                "bytes": size,
-                "time_us": dt * 1e6,
-                "algbw_gbps": algbw,
-                "busbw_gbps": algbw * 2 * (n - 1) / n,
-            }
-        )
+        results.append(allreduce_size(size, (time.perf_counter() - t0) / iters, n))
         del bufs
     return {"correct": not wrong, "wrong_devices": wrong, "expected_sum": want, "sizes": results}
 
