@@ -359,3 +359,51 @@ def test_of_modules_built_for_several_torch_releases_only_the_one_for_the_locked
     assert (
         abi.loaded_beside(one, "2.14.1") == one
     )  # a single module is judged, whatever its name says
+
+
+def test_a_library_the_extensions_wheel_or_another_locked_wheel_ships_is_not_judged_against_torch(
+    built, tmp_path
+):
+    """torchaudio's _torchaudio.so links libtorchaudio.so, which torchaudio's own wheel ships
+    (torchaudio/lib/): named like torch's libraries, it is not torch's to have (issue 57)."""
+    old = built["torch-old"].parent / "old"
+    helper = shutil.copy(built["cxx"].parent / "libhelper.so", tmp_path / "libhelper.so")
+    own = _cc(tmp_path, "libtorchaudio", EXT_HELPER)
+    ext = _cc(tmp_path, "_audio", EXT_CPP, links=("c10", "torchaudio", "helper"), libdir=old)
+    audio = _wheel(
+        tmp_path / "audiopkg-2.1.0-cp311-cp311-linux_x86_64.whl",
+        "audiopkg",
+        "2.1.0",
+        {
+            "audiopkg/_audio.so": ext,
+            "audiopkg/lib/libtorchaudio.so": own,
+            "a.libs/libhelper.so": helper,
+        },
+        "torch==2.1.0",
+    )
+    needs = abi.wheel_needs(audio)
+    assert needs.ships == ("libtorchaudio.so",)
+    assert [x.libs for x in needs.extensions] == [("libc10.so",)]
+    torch = _pin(built["torch-old"], "torch", "2.1.0", group="torch")
+    pin = _pin(audio, "audiopkg", "2.1.0")
+    paths = {torch.sha256: built["torch-old"], pin.sha256: audio}
+    assert abi.AbiCheck(tmp_path / "abi", rows=[]).check(_lockfile([torch, pin]), paths) == []
+    # a module linking a library that another locked wheel ships finds it there
+    user = _cc(tmp_path, "_user", EXT_CPP, links=("c10", "torchaudio", "helper"), libdir=old)
+    other = _wheel(
+        tmp_path / "userpkg-1.0-cp311-cp311-linux_x86_64.whl",
+        "userpkg",
+        "1.0",
+        {"userpkg/_user.so": user, "u.libs/libhelper.so": helper},
+        "torch==2.1.0",
+    )
+    [x] = abi.wheel_needs(other).extensions
+    assert x.libs == ("libc10.so", "libtorchaudio.so")
+    upin = _pin(other, "userpkg", "1.0")
+    paths[upin.sha256] = other
+    check = abi.AbiCheck(tmp_path / "abi2", rows=[])
+    assert check.check(_lockfile([torch, pin, upin]), paths) == []
+    # alone, it cannot load: the library is named, and the hint never proposes the locked torch
+    [m] = abi.AbiCheck(tmp_path / "abi3", rows=[]).check(_lockfile([torch, upin]), paths)
+    assert m.missing_libs == ("libtorchaudio.so",)
+    assert m.hint and 'version = "==2.1.0"' not in m.hint

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from envspec.sources import Mirror
 
 # bump when what a record holds changes: records of another format are read again
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3  # 3: a wheel's needs say the torch-named libraries it ships
 
 TORCH_LIB = re.compile(r"^lib(?:torch|c10)[A-Za-z0-9_]*\.so")
 # torch's symbols among an extension's undefined ones: names in torch's C++ namespaces (also their
@@ -89,6 +89,9 @@ class WheelNeeds:
 
     extensions: tuple[Extension, ...] = ()
     torch_requirement: str = ""  # its Requires-Dist on torch, as written ("" where it has none)
+    # the libraries named like torch's that the wheel ships itself (torchaudio's libtorchaudio.so):
+    # a module linking one of these finds it in the wheel, not in torch
+    ships: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> WheelNeeds:
@@ -97,6 +100,7 @@ class WheelNeeds:
                 Extension(e["path"], tuple(e["libs"]), tuple(e["symbols"])) for e in d["extensions"]
             ),
             d.get("torch_requirement", ""),
+            tuple(d.get("ships", ())),
         )
 
 
@@ -264,14 +268,16 @@ def wheel_needs(path: Path, *, tmpdir: Path | None = None) -> WheelNeeds:
                     if syms is not None:
                         read[info.filename] = syms
     own = set().union(*(s.defined for s in read.values())) if read else set()
+    base = (n.rsplit("/", 1)[-1] for n in read)
+    ships = sorted({b for b in base if TORCH_LIB.match(b)})
     exts = []
     for name, syms in sorted(read.items()):
-        libs = tuple(n for n in syms.needed if TORCH_LIB.match(n))
+        libs = tuple(n for n in syms.needed if TORCH_LIB.match(n) and n not in ships)
         if not libs:
             continue
         need = sorted(s for s in syms.undefined - own if TORCH_SYMBOL.match(s))
         exts.append(Extension(name, libs, tuple(need)))
-    return WheelNeeds(tuple(exts), req)
+    return WheelNeeds(tuple(exts), req, tuple(ships))
 
 
 def torch_exports(path: Path, version: str, *, tmpdir: Path | None = None) -> TorchExports:
@@ -327,9 +333,16 @@ def loaded_beside(extensions: Sequence[Extension], torch_version: str) -> list[E
     return [x for x in extensions if _release_tag(x.path) in (None, mine)]
 
 
-def mismatch(pin: Wheel, ext: Extension, exports: TorchExports) -> Mismatch | None:
-    """What ``ext`` needs that ``exports`` lacks; None where the locked torch meets every need."""
-    missing_libs = tuple(lib for lib in ext.libs if lib not in exports.libs)
+def mismatch(
+    pin: Wheel, ext: Extension, exports: TorchExports, shipped: Iterable[str] = ()
+) -> Mismatch | None:
+    """What ``ext`` needs that ``exports`` lacks; None where the locked torch meets every need.
+    ``shipped``: the torch-named libraries other locked wheels ship (a library one of them has is
+    found there, not judged against torch's)."""
+    elsewhere = set(shipped)
+    missing_libs = tuple(
+        lib for lib in ext.libs if lib not in exports.libs and lib not in elsewhere
+    )
     missing = tuple(s for s in ext.symbols if s not in exports.symbols)
     if not missing_libs and not missing:
         return None
@@ -461,8 +474,11 @@ def _vkey(v: str) -> Version:
 
 
 def _hint(pin: Wheel, torch_version: str, release: str, rows: Sequence[BuildRow]) -> str:
+    """What to lock instead; never the torch the lock already has."""
     fixes = []
-    if release and not release.endswith("or later"):
+    if release and _vkey(release).public == _vkey(torch_version).public:
+        pass  # built for this very torch: a library or symbol is missing for another reason
+    elif release and not release.endswith("or later"):
         fixes.append(
             f'the torch it was built for: set [torch] version = "=={release}" in the spec and re-lock'
         )
@@ -576,6 +592,7 @@ class AbiCheck:
             {
                 "extensions": [asdict(e) for e in needs.extensions],
                 "torch_requirement": needs.torch_requirement,
+                "ships": list(needs.ships),
             },
         )
         return needs
@@ -598,6 +615,15 @@ class AbiCheck:
             {"version": ex.version, "libs": sorted(ex.libs), "symbols": sorted(ex.symbols)},
         )
         return ex
+
+    def _shipped(self, lock: Lockfile, paths: Mapping[str, Path]) -> set[str]:
+        """The torch-named libraries the lock's candidate wheels ship themselves, of those read
+        (kept records, or files in ``paths``)."""
+        out: set[str] = set()
+        for pin in self.candidates(lock):
+            if pin.sha256 in paths or self._load("needs", pin.sha256) is not None:
+                out |= set(self.needs(pin, paths.get(pin.sha256)).ships)
+        return out
 
     def _other_exports(self, torch: Wheel) -> list[TorchExports]:
         out = []
@@ -631,6 +657,7 @@ class AbiCheck:
             return []
         found = table_mismatches(lock, self.rows)
         flagged = {(m.package, m.version) for m in found}
+        shipped = self._shipped(lock, paths)
         exports: TorchExports | None = None
         for pin in self.candidates(lock):
             if (pin.name, pin.version) in flagged:
@@ -668,7 +695,7 @@ class AbiCheck:
                 continue
             if exports is None:
                 exports = self.exports(torch, paths.get(torch.sha256))
-            bad = [m for x in extensions if (m := mismatch(pin, x, exports)) is not None]
+            bad = [m for x in extensions if (m := mismatch(pin, x, exports, shipped)) is not None]
             if bad:
                 bad = self._explained(pin, torch, needs, bad)
             self._save("verdicts", key, {"mismatches": [asdict(m) for m in bad]})
