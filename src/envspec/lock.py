@@ -522,6 +522,7 @@ def from_resolutions(results: Sequence[Resolution], *, spec_path: str, db_versio
         services=Services(jupyter=jupyter, ssh=ssh),
         parts=parts,
     )
+    check_variants(lock, "the resolution")
     return lock.with_hash()
 
 
@@ -722,7 +723,79 @@ def loads(text: str, source: str = "<lock>", *, check_hash: bool = True) -> Lock
         raise _invalid_lock(e, data, source) from None
     if check_hash and lock.meta.content_hash and lock.compute_hash() != lock.meta.content_hash:
         raise LockTampered(source, data, _as_written(Path(source), lock.meta.content_hash))
+    check_variants(lock, source)
     return lock
+
+
+# torch's binary family: each build carries its variant as its local label (PyTorch's index: +cu126,
+# +cpu; PyPI's own build: none)
+VARIANT_FAMILY = ("torch", "torchvision", "torchaudio")
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def _label(version: str, filename: str = "") -> str:
+    """A pin's local version label, from its wheel's file name (which the index serves) or else its
+    version ("" where it has none)."""
+    if filename.endswith(".whl") and filename.count("-") >= 4:
+        version = filename.split("-")[1]
+    return version.split("+", 1)[1].lower() if "+" in version else ""
+
+
+def variant_problems(lock: Lockfile) -> list[tuple[str, str]]:
+    """(reference, sentence) for each pin that says another build than the lock's ``[torch]``: a
+    torch, torchvision or torchaudio whose local label is not the variant's, a torch wheel credited
+    to another index than ``[torch].index``, and any version with a local label credited to PyPI,
+    which serves none (issue 57). The verifier's reader in images says the same
+    (``verify.lockfile.variant_problems``)."""
+    out = []
+    for part in lock.parts:
+        where = f"[platforms.{part.name}] " if lock.multi else ""
+        t = part.torch
+        for w in part.wheels:
+            file = f"{w.filename}, index {w.index}"
+            if (
+                t is not None
+                and w.name in VARIANT_FAMILY
+                and _label(w.version, w.filename) != t.local
+            ):
+                want = f"+{t.local}" if t.local else "no local label: PyPI's build"
+                out.append(
+                    (
+                        "lock-torch-variant",
+                        f"{where}[torch] variant = {t.variant!r} ({want}), and its {w.name} wheel is "
+                        f"{w.version} ({file})",
+                    )
+                )
+            elif t is not None and w.name == "torch" and w.index != t.index:
+                out.append(
+                    (
+                        "lock-torch-variant",
+                        f"{where}[torch] index = {t.index!r}, and its torch wheel names {w.index!r} "
+                        f"({w.filename})",
+                    )
+                )
+            elif _label(w.version, w.filename) and w.index.rstrip("/") == PYPI_SIMPLE:
+                out.append(
+                    (
+                        "lock-index-mismatch",
+                        f"{where}{w.name} {w.version} ({w.filename}) is credited to {w.index}, "
+                        "which serves no version with a local label",
+                    )
+                )
+    return out
+
+
+def check_variants(lock: Lockfile, source: str) -> None:
+    """``LockError`` (exit 2) naming every pin ``variant_problems`` finds."""
+    found = variant_problems(lock)
+    if found:
+        raise LockError(
+            f"{source}: " + "; ".join(text for _, text in found),
+            hint="this lock would build another torch than it says: re-lock from the spec "
+            "(`envspec lock SPEC`), where its canonical indexes answer; a mirror's file is locked only "
+            'as its index serves it (README, "Where packages come from")',
+            reference=found[0][0],
+        )
 
 
 class LockTampered(LockError):

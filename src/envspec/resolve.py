@@ -1020,30 +1020,31 @@ def _uv() -> str:
 def _index_args(
     sources: ResolvedSources, choice: Choice, *, torch_index: bool = True
 ) -> tuple[list[str], list[str]]:
-    """uv arguments: mirrors first (they serve the same files), then canonical indexes that answer.
+    """uv arguments: the canonical indexes, and the mirrors only where one of those cannot be read
+    (a mirror stands in for it: each file it serves is then credited only where its canonical index
+    lists it, ``_candidate``). A mirror never joins a resolution whose indexes answer: pip's
+    find-links folder with torch 2.13.0+cpu would win over PyPI's 2.13.0 (issue 57).
     ``torch_index``: also the PyTorch index of the chosen build (not where only torch's version is
     wanted, ``with_packages``: every release is on PyPI)."""
     from envspec.sources import (
+        flat_folder,
         reachable,
     )  # here: explain does without urllib.request, configparser and html.parser
 
     args: list[str] = []
     notes: list[str] = []
-    for m in sources.mirrors:
-        if m.kind == "links":
-            args += ["--find-links", m.url]
-        else:
-            args += ["--extra-index-url", m.url]
     canon: list[str] = []
     if torch_index and choice.torch is not None and choice.torch.variant.local:
         canon.append(choice.torch.variant.index)
     canon += list(sources.extra_indexes)
     for url in canon:
         if reachable(url):
-            args += ["--extra-index-url", url]
+            args += ["--find-links" if flat_folder(url) else "--extra-index-url", url]
         else:
             notes.append(f"{url} is unreachable; its files must come from a mirror")
-    if reachable(sources.index):
+    if flat_folder(sources.index):  # a wheelhouse as the index: its files and no registry's
+        args += ["--no-index", "--find-links", sources.index]
+    elif reachable(sources.index):
         args += ["--default-index", sources.index]
     else:
         notes.append(f"{sources.index} is unreachable; using mirrors only")
@@ -1052,6 +1053,14 @@ def _index_args(
             if not any(m.kind == "index" for m in sources.mirrors)
             else ["--default-index", next(m.url for m in sources.mirrors if m.kind == "index")]
         )
+    if notes:
+        stand_in: list[str] = []
+        for m in sources.mirrors:
+            if m.kind == "links":
+                stand_in += ["--find-links", m.url]
+            elif m.url not in args:
+                stand_in += ["--extra-index-url", m.url]
+        args = stand_in + args
     return args, notes
 
 
@@ -1097,9 +1106,7 @@ def _run_uv(
     env = dict(os.environ)
     env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"
-    proc = _uv_run(
-        argv, env, choice, workdir, idx, offline_first=flags.only_binary and not flags.no_binary
-    )
+    proc = _uv_run(argv, env)
     if proc.returncode != 0:
         raise (
             _torch_index_error(proc.stderr, choice, idx_notes)
@@ -1160,71 +1167,15 @@ def _uv_argv(req: Path, out: Path, choice: Choice, idx: list[str], flags: UvFlag
     ]
 
 
-def _uv_run(
-    argv: list[str],
-    env: dict[str, str],
-    choice: Choice,
-    workdir: Path,
-    idx: list[str],
-    *,
-    offline_first: bool,
-) -> subprocess.CompletedProcess[str]:
-    """Run uv: from its cache first (``--offline``) where the indexes were read online recently,
-    else (or where that fails) online.
-
-    An index is read online once per resolution, and once per ENVSPEC_INDEX_MAX_AGE seconds (600,
-    PyPI's own max-age): after a successful online run with the same indexes, in this work
-    directory or that recently, uv reads its cache (--offline) and goes online only where that
-    fails (a page it has not read). uv revalidates every page it reads online where the index
-    sends no max-age (a proxy that strips it): 470 requests, 4-5 s for the vllm stack
-    (docs/benchmarks.md). ENVSPEC_INDEX_MAX_AGE=0: online at every lock, as before. Not
-    ``offline_first`` where sdists may be taken: offline, uv passes over a release whose metadata
-    it must build from the sdist (deepspeed 0.19.8) and takes an ancient one it has (0.3.1.dev5)
-    without failing."""
+def _uv_run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run uv, online: it reads each index page it needs, from its HTTP cache where the index let
+    it keep the page (PyPI: max-age 600), else from the index. Never ``--offline`` first: offline,
+    uv passes over a release whose metadata its cache lacks and takes an older one without failing
+    (deepspeed 0.19.8 -> 0.3.1.dev5; vllm 0.19.1 -> 0.16.0, torch 2.10.0 -> 2.9.1 after a lock of
+    a spec of torch 2.9), so the answer depended on what other locks had read (issue 57)."""
     import subprocess
 
-    key = "\n".join(idx)
-    read = workdir / "uv-indexes-read"
-    # across locks: per set of indexes and of the spec's requirements, so that a lock of other
-    # packages never reads pages of uv's cache that no recent lock read online
-    spec = choice.spec
-    asked = [
-        *spec.python.packages,
-        *spec.python.constraints,
-        *(spec.torch.packages if spec.torch else []),
-    ]
-    recent = _index_read_marker(key + "\n--\n" + "\n".join(sorted(set(asked))), env)
-    proc = None
-    if offline_first and ((read.is_file() and read.read_text() == key) or _is_fresh(recent, env)):
-        proc = subprocess.run([*argv, "--offline"], capture_output=True, text=True, env=env)
-    if proc is None or proc.returncode != 0:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if proc.returncode == 0:
-            if not read.exists():
-                read.write_text(key)
-            recent.parent.mkdir(parents=True, exist_ok=True)
-            recent.touch()
-    return proc
-
-
-def _index_read_marker(key: str, env: Mapping[str, str]) -> Path:
-    """The file whose time says when uv last read these indexes online for these requirements (in
-    envspec's cache)."""
-    import hashlib
-
-    return cache_dir_for(env) / "index-reads" / hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _is_fresh(marker: Path, env: Mapping[str, str]) -> bool:
-    from envspec.settings import index_max_age
-
-    max_age = index_max_age(env)
-    import time
-
-    try:
-        return max_age > 0 and time.time() - marker.stat().st_mtime < max_age
-    except OSError:
-        return False
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
 
 
 # uv's messages that name a package without a wheel for the platform (compiled by re when a
@@ -1553,14 +1504,13 @@ def _conflict_hint(text: str, choice: Choice | None) -> str:
     )
 
 
-def _attribute_index(url: str, name: str, choice: Choice, sources: ResolvedSources) -> str:
-    """The canonical index for a file, whichever mirror served it."""
-    if choice.torch is not None and choice.torch.variant.local and name in TORCH_FAMILY:
-        return choice.torch.variant.index
-    parsed = urlparse(url)
+def _canonical_url(url: str, choice: Choice, sources: ResolvedSources) -> str | None:
+    """The canonical index a file's URL is on (uv read it there, with its sha256); None for a
+    mirror's."""
     for idx in [sources.index, *sources.extra_indexes]:
         if url.startswith(idx.rsplit("/simple", 1)[0]):
             return idx
+    parsed = urlparse(url)
     if parsed.hostname == "files.pythonhosted.org":
         return sources.index
     on_torch_index = url.startswith(sources.torch_index.rstrip("/") + "/")
@@ -1568,7 +1518,33 @@ def _attribute_index(url: str, name: str, choice: Choice, sources: ResolvedSourc
         on_torch_index or (parsed.hostname and "pytorch.org" in parsed.hostname)
     ):
         return choice.torch.variant.index
-    return sources.index  # a mirror's copy of the canonical index's file
+    return None
+
+
+def _serving(name: str, choice: Choice, sources: ResolvedSources) -> list[str]:
+    """The canonical indexes that may serve a package's files, in the order they are asked: the
+    PyTorch index of the chosen build for torch's family where that build is not PyPI's, else the
+    spec's indexes (and that PyTorch index last, which serves some common packages too)."""
+    variant = choice.torch.variant if choice.torch is not None else None
+    if variant is not None and variant.local and name in TORCH_FAMILY:
+        return [variant.index]
+    out = [sources.index, *sources.extra_indexes]
+    if variant is not None and variant.local:
+        out.append(variant.index)
+    return out
+
+
+def _attribute_index(
+    url: str, name: str, choice: Choice, sources: ResolvedSources, filename: str, sha256: str
+) -> str:
+    """The canonical index a locked file is credited to: the one uv read it from, or, for a file a
+    mirror served, the one that lists it with the same sha256 (``sources.credit``)."""
+    on = _canonical_url(url, choice, sources)
+    if on is not None:
+        return on
+    from envspec.sources import credit  # here: the lock stage only
+
+    return credit(url, filename, sha256, name, _serving(name, choice, sources), sources)
 
 
 def with_packages(
@@ -1903,7 +1879,7 @@ def _candidate(
         name=name,
         version=p.version,
         filename=filename,
-        index=_attribute_index(url, name, choice, sources),
+        index=_attribute_index(url, name, choice, sources, filename, f.hashes["sha256"]),
         sha256=f.hashes["sha256"],
         size=size,
         group=group,

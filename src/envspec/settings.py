@@ -205,13 +205,6 @@ VARIABLES: tuple[Var, ...] = (
         "set (any value): envspec reaches no network address; file:// mirrors still work",
         "sources",
     ),
-    Var(
-        "ENVSPEC_INDEX_MAX_AGE",
-        "number",
-        "600",
-        "seconds a package index read online stays fresh for the next lock; 0: online at every lock",
-        "lock",
-    ),
     # read inside images (passed by `envspec run`; set in the image's config)
     Var(
         "ENVSPEC_SERVICES",
@@ -261,7 +254,6 @@ class Settings:
     debian_mirror: str
     debian_snapshot: str
     offline: bool
-    index_max_age: float
 
 
 def _on(env: Mapping[str, str], name: str, default: bool = True) -> bool:
@@ -293,17 +285,6 @@ def cache_dir_for(env: Mapping[str, str]) -> Path:
     return (Path(home) if home else Path.home()) / ".cache" / "envspec"
 
 
-def index_max_age(env: Mapping[str, str]) -> float:
-    try:
-        return float(env.get("ENVSPEC_INDEX_MAX_AGE", "600"))
-    except ValueError:
-        raise UsageError(
-            f"ENVSPEC_INDEX_MAX_AGE={env['ENVSPEC_INDEX_MAX_AGE']!r} is not a number of seconds",
-            hint="e.g. ENVSPEC_INDEX_MAX_AGE=600, or 0 to read the indexes online at every lock",
-            reference="bad-setting",
-        ) from None
-
-
 def read(env: Mapping[str, str] | None = None) -> Settings:
     """Every host-side variable of ``env`` (default: this process's environment), parsed."""
     env = os.environ if env is None else env
@@ -332,7 +313,6 @@ def read(env: Mapping[str, str] | None = None) -> Settings:
         debian_mirror=env.get("ENVSPEC_DEBIAN_MIRROR", ""),
         debian_snapshot=env.get("ENVSPEC_DEBIAN_SNAPSHOT", ""),
         offline=bool(env.get("ENVSPEC_OFFLINE")),
-        index_max_age=index_max_age(env),
     )
 
 

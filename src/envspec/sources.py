@@ -15,8 +15,10 @@ import json
 import os
 import re
 import socket
+import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from html.parser import HTMLParser
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from envspec import settings
+from envspec.errors import SourceError
 
 if TYPE_CHECKING:
     from envspec.spec import Sources as SpecSources
@@ -62,6 +65,9 @@ class ResolvedSources:
     debian_security_mirror: str = "http://deb.debian.org/debian-security"
     debian_snapshot: str = ""
     notes: tuple[str, ...] = field(default=())
+    # the files the lock being re-locked names, (filename, sha256) -> index: confirmed on that index
+    # when it was locked, and taken as its own where the index cannot be read now (``credit``)
+    confirmed: tuple[tuple[str, str, str], ...] = ()
 
 
 def _split(value: str) -> list[str]:
@@ -112,17 +118,22 @@ def pip_mirrors(env: dict[str, str] | None = None) -> list[Mirror]:
     return out
 
 
-def _as_mirror(url: str, origin: Origin) -> Mirror:
-    m = Mirror(url, "index", origin)
-    p = m.path
-    if (
+def flat_folder(url: str) -> bool:
+    """Whether ``url`` is a local folder of files (find-links' layout), not a simple index: a team's
+    wheelhouse can be its canonical index (``[sources].index = "file:///srv/wheels"``)."""
+    p = Mirror(url, "index", "spec").path
+    return (
         p is not None
         and p.is_dir()
         and not (p / "index.html").exists()
         and not any(p.glob("*/index.html"))
-    ):
+    )
+
+
+def _as_mirror(url: str, origin: Origin) -> Mirror:
+    if flat_folder(url):
         return Mirror(url, "links", origin)  # a flat folder of files
-    return m
+    return Mirror(url, "index", origin)
 
 
 def discover(
@@ -229,13 +240,47 @@ def _links_to_files(body: bytes, base: str) -> dict[str, str]:
 
 def project_files(index_url: str, project: str, *, timeout: float = 60) -> dict[str, str]:
     """{filename: absolute URL} of one project's files on a simple index: PEP 691 JSON when the
-    server offers it, PEP 503 HTML otherwise. Raises OSError (URLError) when unreachable."""
+    server offers it, PEP 503 HTML otherwise (a folder of files: its files). Raises OSError (URLError)
+    when unreachable."""
+    if flat_folder(index_url):
+        return links_files(index_url, timeout=timeout)
     page = index_url.rstrip("/") + "/" + normalize_name(project) + "/"
     body, ctype, final = _read_url(page, timeout=timeout)
     if "json" in ctype:
         data = json.loads(body)
         return {f["filename"]: urllib.parse.urljoin(final, f["url"]) for f in data.get("files", [])}
     return _links_to_files(body, final)
+
+
+def listed_hashes(index_url: str, project: str, *, timeout: float = 60) -> dict[str, str]:
+    """{filename: sha256} of one project's files on a simple index (PEP 691 JSON's ``hashes``, or a
+    PEP 503 link's ``#sha256=`` fragment; "" where the index gives no hash). Raises OSError
+    (URLError) when unreachable; an index with no page for the project lists nothing."""
+    page = index_url.rstrip("/") + "/" + normalize_name(project) + "/"
+    try:
+        body, ctype, final = _read_url(page, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return {}
+        raise
+    except FileNotFoundError:
+        return {}
+    if "json" in ctype:
+        data = json.loads(body)
+        return {
+            f["filename"]: str((f.get("hashes") or {}).get("sha256", ""))
+            for f in data.get("files", [])
+        }
+    parser = _Links()
+    parser.feed(body.decode("utf-8", "replace"))
+    out: dict[str, str] = {}
+    for href in parser.links:
+        absolute, _, fragment = urllib.parse.urljoin(final, href).partition("#")
+        name = urllib.parse.unquote(urllib.parse.urlparse(absolute).path.rsplit("/", 1)[-1])
+        if name:
+            digest = fragment[len("sha256=") :] if fragment.startswith("sha256=") else ""
+            out.setdefault(name, digest)
+    return out
 
 
 def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
@@ -247,6 +292,84 @@ def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
             return {c.name: c.absolute().as_uri() for c in sorted(p.iterdir()) if c.is_file()}
     body, _ctype, final = _read_url(mirror_url, timeout=timeout)
     return _links_to_files(body, final)
+
+
+# --- a file a mirror served, credited to the canonical index that serves it -------------------------
+
+
+def mirror_of(url: str, sources: ResolvedSources) -> str:
+    """The mirror (and where it was named) that serves ``url``; the URL's folder where none does."""
+    for m in sources.mirrors:
+        base = m.url if "://" in m.url else Path(m.url).absolute().as_uri()
+        if url.startswith(base.rstrip("/") + "/") or url.startswith(m.url.rstrip("/") + "/"):
+            named = {
+                "spec": "[sources].mirrors",
+                "env": "ENVSPEC_MIRRORS",
+                "pip": "pip's configuration",
+            }
+            return f"{m.url} ({named.get(m.origin, m.origin)})"
+    return url.rsplit("/", 1)[0]
+
+
+def credit(
+    url: str,
+    filename: str,
+    sha256: str,
+    project: str,
+    where: list[str],
+    sources: ResolvedSources,
+    listed: Callable[[str, str], dict[str, str]] | None = None,
+) -> str:
+    """The canonical index of ``where`` (in order) that lists ``filename`` with this ``sha256``: the
+    index a file a mirror served (``url``) is credited to. A file a mirror alone has is never
+    credited to a canonical index (issue 57): ``mirror-only-file`` where every index of ``where``
+    answered without it, ``mirror-file-differs`` where one lists the name with another sha256. Where
+    an index cannot be read, the lock being re-locked is the record (``sources.confirmed``); a file
+    it does not name is ``unconfirmed-file``. ``listed``: index, project -> {filename: sha256}."""
+    read = listed or (lambda index, name: listed_hashes(index, name, timeout=30))
+    unread: list[str] = []
+    for index in where:
+        try:
+            files = read(index, project) if reachable(index) else None
+        except (OSError, ValueError):
+            files = None
+        if files is None:
+            unread.append(index)
+            continue
+        if filename in files:
+            if files[filename] in ("", sha256):
+                return index
+            raise SourceError(
+                f"{filename} from {mirror_of(url, sources)} has sha256 {sha256}, and {index} serves "
+                f"that file with sha256 {files[filename]}: the mirror's copy is not the index's file",
+                hint="refresh or remove the mirror's copy; a lock names only the files its canonical "
+                "index serves",
+                reference="mirror-file-differs",
+            )
+    kept = next(
+        (i for f, h, i in sources.confirmed if f == filename and h == sha256 and i in where), None
+    )
+    if kept is not None:
+        return kept
+    if not unread:
+        raise SourceError(
+            f"{project}: {filename} came from {mirror_of(url, sources)}, and "
+            f"{' nor '.join(where)} does not serve it: a lock names only files its canonical index "
+            "serves, and a mirror serves copies of those",
+            hint="take the file off the mirror, or leave the mirror out of this lock "
+            "([sources].use_pip_config = false for pip's own find-links and indexes; "
+            "ENVSPEC_MIRRORS); a build of your own belongs on an index named in [sources]",
+            reference="mirror-only-file",
+        )
+    raise SourceError(
+        f"{project}: {filename} came from {mirror_of(url, sources)}, and {', '.join(unread)} "
+        "cannot be read here to confirm that it serves that file with sha256 "
+        f"{sha256[:12]}...: a lock names only files its canonical index serves",
+        hint="lock where the index answers (a build then fetches the file from the mirror by its "
+        "sha256), or name an index you reach in [sources] (index, extra_indexes, torch_index): "
+        "the lock then credits the file to it",
+        reference="unconfirmed-file",
+    )
 
 
 # --- what the indexes serve, for a did-you-mean -----------------------------------------------------
@@ -278,7 +401,11 @@ def project_names(sources: ResolvedSources, *, cache_dir: Path, timeout: float =
         except (OSError, ValueError):
             continue
     for url in (sources.index, *sources.extra_indexes):
-        if reachable(url):
+        if flat_folder(url):
+            names |= {
+                normalize_name(d.group(1)) for f in links_files(url) if (d := _DIST_NAME.match(f))
+            }
+        elif reachable(url):
             try:
                 names |= _remote_names(url, cache_dir, timeout)
             except (OSError, ValueError):

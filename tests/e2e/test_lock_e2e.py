@@ -313,8 +313,26 @@ def test_an_ancient_vllm_the_index_leaves_is_refused_not_locked(tmp_path):
 
 
 def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
-    """issue 42, 2: `envspec init` with every value given writes a spec that `envspec lock` takes."""
+    """issue 42, 2: `envspec init` with every value given writes a spec that `envspec lock` takes.
+    Issue 57: with pip configured (as many CI machines are) with a find-links folder holding
+    torch 2.13.0+cpu, which PEP 440's torch==2.13.0 matches, the H100 spec locks PyPI's CUDA build:
+    the folder is one this test makes, so what this machine's pip configuration holds plays no part."""
+    import zipfile
+
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
+    links = tmp_path / "links"
+    links.mkdir()
+    with zipfile.ZipFile(
+        links / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "w"
+    ) as z:
+        z.writestr(
+            "torch-2.13.0+cpu.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
+        )
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     monkeypatch.chdir(tmp_path)
     assert (
         main(
@@ -322,9 +340,12 @@ def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
                 "init",
                 "--name",
                 "fresh",
-                "--cpu",
+                "--gpu",
+                "H100",
+                "--driver",
+                "580.65.06",
                 "--torch",
-                "==2.13.0",
+                "2.13",
                 "--python",
                 "3.11",
                 "--packages",
@@ -335,5 +356,8 @@ def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
     )
     assert main(["lock", "specs/fresh.toml", "-q"]) == 0
     lk = lockmod.load(tmp_path / "lockfiles" / "fresh.lock")
-    assert lk.torch is not None and (lk.torch.version, lk.torch.variant) == ("2.13.0", "cpu")
+    assert lk.torch is not None and (lk.torch.version, lk.torch.variant) == ("2.13.0", "cu130")
+    torch = next(w for w in lk.wheels if w.name == "torch")
+    assert (torch.version, torch.index) == ("2.13.0", "https://pypi.org/simple"), torch
+    assert any(w.group == "cuda" for w in lk.wheels)  # NVIDIA's libraries, as PyPI's build needs
     assert "numpy" in {w.name for w in lk.wheels} and lk.meta.spec == "specs/fresh.toml"

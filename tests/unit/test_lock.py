@@ -570,3 +570,81 @@ version = "2.14.*"
             assert not notes and lk.hardware.driver_assumed is None and lk.revision == 0
             assert "driver_assumed" not in lockmod.dumps(lk) and _driver_lines(lk) == []
         assert lockmod.loads(lockmod.dumps(lk)) == lk
+
+
+def _cpu_torch_under_cu130(tmp_path: Path) -> Path:
+    """lockfiles/h100-train.lock with its torch wheel swapped for 2.13.0+cpu, credited to PyPI, its
+    content hash made anew: what a lock looked like where pip's find-links offered the CPU build."""
+    lk = lockmod.load(_repo() / "lockfiles" / "h100-train.lock")
+    assert lk.torch is not None and lk.torch.variant == "cu130" and lk.torch.local == ""
+    wheels = [
+        w
+        if w.name != "torch"
+        else w.model_copy(
+            update={
+                "version": "2.13.0+cpu",
+                "filename": "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                "sha256": "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b",
+            }
+        )
+        for w in lk.wheels
+    ]
+    bad = lk.replace_part(wheels=wheels).with_hash()
+    path = tmp_path / "bad.lock"
+    path.write_text(lockmod.dumps(bad))
+    return path
+
+
+def test_a_lock_whose_torch_wheel_is_not_its_variant_is_refused_naming_both(tmp_path):
+    """issue 57, 2: `[torch] variant = "cu130"` (PyPI's build) with a +cpu torch wheel, its content
+    hash consistent: refused by the reader every command uses, and by the verifier's own."""
+    from envspec.verify.lockfile import LockReadError, load_lock
+
+    path = _cpu_torch_under_cu130(tmp_path)
+    with pytest.raises(LockError) as e:
+        lockmod.load(path)
+    assert e.value.reference == "lock-torch-variant" and e.value.exit_code == 2
+    assert "[torch] variant = 'cu130' (no local label: PyPI's build)" in e.value.message
+    assert "torch wheel is 2.13.0+cpu (torch-2.13.0+cpu-cp311" in e.value.message
+    assert "lock-index-mismatch" not in e.value.message
+    with pytest.raises(LockReadError, match=r"torch wheel is 2\.13\.0\+cpu .*lock-torch-variant"):
+        load_lock(path)
+    # the same label credited to PyPI on a package outside torch's family
+    lk = lockmod.load(_repo() / "lockfiles" / "h100-train.lock")
+    w = next(w for w in lk.wheels if w.name not in lockmod.VARIANT_FAMILY and w.group != "cuda")
+    odd = w.model_copy(
+        update={
+            "version": w.version + "+local",
+            "filename": w.filename.replace(f"-{w.version}-", f"-{w.version}+local-"),
+        }
+    )
+    bad = lk.replace_part(wheels=[odd if x is w else x for x in lk.wheels]).with_hash()
+    (tmp_path / "odd.lock").write_text(lockmod.dumps(bad))
+    with pytest.raises(LockError) as e:
+        lockmod.load(tmp_path / "odd.lock")
+    assert e.value.reference == "lock-index-mismatch"
+    assert "which serves no version with a local label" in e.value.message
+    for committed in sorted((_repo() / "lockfiles").glob("*.lock")):
+        assert lockmod.variant_problems(lockmod.load(committed)) == [], committed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["build", "--dry-run", "{lock}"],
+        ["verify", "--lock", "{lock}", "--mode", "host"],
+        ["doctor", "{lock}"],
+        ["diff", "{lock}", "{good}"],
+        ["lock", "--check", "{spec}", "-o", "{lock}"],
+    ],
+)
+def test_every_reader_refuses_it_with_exit_2(argv, tmp_path, capsys):
+    from envspec.cli import main
+
+    path = _cpu_torch_under_cu130(tmp_path)
+    good = _repo() / "lockfiles" / "h100-train.lock"
+    spec = _repo() / "specs" / "h100.toml"
+    args = [a.format(lock=path, good=good, spec=spec) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "lock-torch-variant" in err and "2.13.0+cpu" in err and "'cu130'" in err, err

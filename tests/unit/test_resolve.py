@@ -158,12 +158,14 @@ def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
     assert lk.torch is not None and lk.torch.index == f"{MIRROR}/cpu"
     src = ResolvedSources(torch_index=MIRROR)
     fn = "filelock-3.20.0-py3-none-any.whl"
+    h = "0" * 64
     assert (
-        _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src) == f"{MIRROR}/cpu"
-    )  # served by the mirror
-    assert _attribute_index(f"{MIRROR}/cpu/torch-2.14.1.whl", "torch", ch, src) == f"{MIRROR}/cpu"
+        _attribute_index(f"{MIRROR}/cpu/{fn}", "filelock", ch, src, fn, h) == f"{MIRROR}/cpu"
+    )  # served by the torch index
+    t = "torch-2.14.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert _attribute_index(f"{MIRROR}/cpu/{t}", "torch", ch, src, t, h) == f"{MIRROR}/cpu"
     assert (
-        _attribute_index(f"https://files.pythonhosted.org/x/{fn}", "filelock", ch, src)
+        _attribute_index(f"https://files.pythonhosted.org/x/{fn}", "filelock", ch, src, fn, h)
         == "https://pypi.org/simple"
     )
 
@@ -177,6 +179,7 @@ def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
     )  # no socket: file:// indexes answer when their folder exists
     base = (tmp_path / "whl").as_uri()
     (tmp_path / "whl" / "cu126").mkdir(parents=True)
+    (tmp_path / "whl" / "cu126" / "index.html").write_text("<html></html>\n")  # a simple index
     ch = choose(
         spec(f'[torch]\nversion = "2.14.*"\ncuda = "12.6"\n[sources]\ntorch_index = "{base}"\n'), db
     )

@@ -16,7 +16,7 @@ import pytest
 from envspec.causes import PythonMissing, Said
 from envspec.compat import load_db
 from envspec.resolve import choose, held_back, resolve_python, with_packages
-from envspec.sources import Mirror, ResolvedSources
+from envspec.sources import ResolvedSources
 from envspec.spec import load_spec
 
 CASES = Path(__file__).resolve().parents[1] / "data" / "resolve_packages"
@@ -74,20 +74,18 @@ def offline_sources(case: Path, tmp: Path) -> ResolvedSources:
         make_wheel(index, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
     for s in listed.get("sdist", []):
         make_sdist(index, s["name"], s["version"], s.get("requires", []))
-    return ResolvedSources(
-        index="https://pypi.invalid/simple", mirrors=(Mirror(index.as_uri(), "links", "test"),)
-    )
+    return ResolvedSources(index=index.as_uri())  # a wheelhouse as the canonical index
 
 
 def cli_spec(case: str, tmp: Path, monkeypatch, *, edit: tuple[str, str] = ("", "")) -> Path:
     """The case's spec for the command line: offline, its index as the only mirror, a cache of its own."""
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp / "cache"))
-    index = offline_sources(CASES / case, tmp).mirrors[0].url
+    index = offline_sources(CASES / case, tmp).index
     spec = tmp / f"{case}.toml"
     spec.write_text(
         (CASES / case / "spec.toml").read_text().replace(*edit)
-        + f'\n[sources]\nindex = "https://pypi.invalid/simple"\nmirrors = ["{index}"]\nuse_pip_config = false\n'
+        + f'\n[sources]\nindex = "{index}"\nuse_pip_config = false\n'
     )
     return spec
 
@@ -438,40 +436,6 @@ def test_a_package_with_no_wheel_is_taken_as_its_sdist(tmp_path, monkeypatch):
         "deps",
     )  # found by uv's no-wheel error, then taken as its sdist
     assert not wheels["accelerate"].is_sdist
-
-
-def test_an_index_read_online_is_trusted_for_index_max_age_seconds(tmp_path, monkeypatch):
-    import os
-    import time
-
-    from envspec.errors import UsageError
-    from envspec.resolve import _index_read_marker, _is_fresh
-
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    env = {"ENVSPEC_CACHE": str(tmp_path / "cache")}
-    monkeypatch.setenv("ENVSPEC_CACHE", env["ENVSPEC_CACHE"])
-    case = "no-pin-keeps-newest-torch"
-    sources = offline_sources(CASES / case, tmp_path)
-    resolve_python(
-        choose(load_spec(CASES / case / "spec.toml"), load_db()), sources, workdir=tmp_path / "w"
-    )
-    markers = list((tmp_path / "cache" / "index-reads").iterdir())
-    assert (
-        len(markers) == 1
-    )  # one set of indexes and requirements, read online once in that resolution
-    idx = (tmp_path / "w" / "uv-indexes-read").read_text()
-    assert markers[0] == _index_read_marker(
-        idx + "\n--\naccelerate", env
-    )  # another spec's packages: another marker
-    assert _is_fresh(markers[0], env) and _is_fresh(
-        markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "60"}
-    )
-    assert not _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "0"})  # online at every lock
-    old = time.time() - 601
-    os.utime(markers[0], (old, old))
-    assert not _is_fresh(markers[0], env)  # PyPI's own max-age: 600 s
-    with pytest.raises(UsageError, match="ENVSPEC_INDEX_MAX_AGE='soon' is not a number of seconds"):
-        _is_fresh(markers[0], env | {"ENVSPEC_INDEX_MAX_AGE": "soon"})
 
 
 def test_lock_and_explain_say_which_packages_are_built_from_source(tmp_path, monkeypatch, capsys):

@@ -123,7 +123,11 @@ def test_a_locked_sdist_gets_its_build_inputs_pinned_and_its_key(tmp_path, monke
     make_wheel(index, "setuptools", "80.9.0", [])
     make_wheel(index, "setuptools", "81.0.0", [])
     make_sdist(index, "helper", "1.0", [])  # wheels only for the build: an sdist is no build input
-    spec = load_spec(case / "spec.toml")
+    spec_path = tmp_path / "spec.toml"  # its index is the case's wheelhouse, as the sources say
+    spec_path.write_text(
+        (case / "spec.toml").read_text() + f'\n[sources]\nindex = "{sources.index}"\n'
+    )
+    spec = load_spec(spec_path)
     choice = choose(spec, load_db())
     wheels = resolve_python(choice, sources, workdir=tmp_path / "w")
     res = Resolution(choice=choice, wheels=wheels, debs=[], deb_requested=[])
@@ -219,7 +223,10 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
         },
     )
     spec_path = tmp_path / "spec.toml"
-    spec_path.write_text((case / "spec.toml").read_text().replace('["deepspeed"]', '["cuext"]'))
+    spec_path.write_text(
+        (case / "spec.toml").read_text().replace('["deepspeed"]', '["cuext"]')
+        + f'\n[sources]\nindex = "{sources.index}"\n'
+    )
     choice = choose(load_spec(spec_path), load_db())
     cuda = choice.torch.variant.cuda
     major, minor = cuda.split(".")

@@ -58,7 +58,7 @@ def test_every_variable_named_in_the_code_is_documented():
 def test_defaults_and_parsing():
     s = settings.read({"HOME": "/home/u"})
     assert s.cache == Path("/home/u/.cache/envspec") and s.scratch == Path("/dev/shm")
-    assert (s.stage_nice, s.maker_nice, s.maker_nice_others, s.index_max_age) == (10, 0, 10, 600.0)
+    assert (s.stage_nice, s.maker_nice, s.maker_nice_others) == (10, 0, 10)
     assert (
         s.stage_pipe
         and s.direct_write
@@ -77,12 +77,9 @@ def test_defaults_and_parsing():
             "ENVSPEC_CACHE_FROM": "",
             "ENVSPEC_OFFLINE": "1",
             "ENVSPEC_STAGED_IMPORT": "off",
-            "ENVSPEC_INDEX_MAX_AGE": "0",
         }
     )
     assert s.cache == Path("/c") and not s.stage_pipe and not s.direct_write and not s.staged_import
-    assert s.put_layer == "" and s.cache_from == "" and s.offline and s.index_max_age == 0.0
-    with pytest.raises(UsageError, match="ENVSPEC_INDEX_MAX_AGE='soon' is not a number"):
-        settings.read({"ENVSPEC_INDEX_MAX_AGE": "soon"})
+    assert s.put_layer == "" and s.cache_from == "" and s.offline
     with pytest.raises(UsageError, match="ENVSPEC_STAGE_NICE='high' is not a whole number"):
         settings.read({"ENVSPEC_STAGE_NICE": "high"})

@@ -148,7 +148,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     db = load_db()
     choices = choose_all(spec, db)
     sources = discover(spec.sources)
-    keep = _kept_versions(out, quiet=args.json)
+    old = _old_lock(out, quiet=args.json)
+    keep = {p.name: {w.name: w.version for w in p.wheels} for p in old.parts} if old else {}
+    if old is not None:
+        sources = dataclasses.replace(sources, confirmed=_confirmed(old))
     results = _resolve_all(args, spec, db, choices, sources, keep=keep)
     lock = lockmod.from_resolutions(
         results, spec_path=lockmod.spec_relative_to_lock(args.spec, out), db_version=db.version
@@ -206,15 +209,16 @@ def _check(args: argparse.Namespace, spec: EnvSpec, out: Path) -> int:
     return EXIT_CHECK_FAILED if reasons else EXIT_OK
 
 
-def _kept_versions(out: Path, *, quiet: bool) -> dict[str, dict[str, str]]:
-    """The old lock's versions, platform by platform: re-locking keeps them where the spec allows
-    them. None from a lock that was edited by hand (it is rewritten from the spec)."""
+def _old_lock(out: Path, *, quiet: bool) -> Lockfile | None:
+    """The lock being re-locked: re-locking keeps its versions where the spec allows them, and its
+    files are the record of what their indexes served when it was made. None for a lock that was
+    edited by hand (it is rewritten from the spec) or cannot be read."""
     from envspec import lock as lockmod
 
     if not out.exists():
-        return {}
+        return None
     try:
-        return {p.name: {w.name: w.version for w in p.wheels} for p in lockmod.load(out).parts}
+        return lockmod.load(out)
     except lockmod.LockTampered as e:
         if not quiet:
             console(stderr=True).print(
@@ -223,7 +227,19 @@ def _kept_versions(out: Path, *, quiet: bool) -> dict[str, dict[str, str]]:
             )
     except EnvspecError:
         pass
-    return {}
+    return None
+
+
+def _confirmed(lock: Lockfile) -> tuple[tuple[str, str, str], ...]:
+    """(filename, sha256, index) of every file the lock names: its wheels and sdists, and their
+    build inputs."""
+    files = {
+        (f.filename, f.sha256, f.index)
+        for p in lock.parts
+        for w in p.wheels
+        for f in [w, *(w.source.build + w.source.toolkit if w.source else [])]
+    }
+    return tuple(sorted(files))
 
 
 def _resolve_all(

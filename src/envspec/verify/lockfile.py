@@ -189,10 +189,72 @@ def load_lock(path: str | os.PathLike[str], *, tables: tuple[str, ...] | None = 
     problems = _missing(data)
     if problems:
         raise LockReadError(f"{p}: " + "; ".join(problems))
+    wrong = variant_problems(data)
+    if wrong:
+        raise LockReadError(
+            f"{p}: " + "; ".join(f"{text} ({ref})" for ref, text in wrong),
+            "this lock would build another torch than it says: re-lock from the spec "
+            "(`envspec lock SPEC`) where its canonical indexes answer",
+        )
     data.setdefault("meta", {})
     data["__path__"] = str(p)
     data["__file_sha256__"] = "sha256:" + hashlib.sha256(raw).hexdigest()
     return _tables(data)
+
+
+_FAMILY = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+)  # each build carries its variant as its local label
+
+
+def _label(version: str, filename: str) -> str:
+    if filename.endswith(".whl") and filename.count("-") >= 4:
+        version = filename.split("-")[1]
+    return version.split("+", 1)[1].lower() if "+" in version else ""
+
+
+def variant_problems(data: dict[str, object]) -> list[tuple[str, str]]:
+    """(reference, sentence) for each pin of one platform's view that says another build than its
+    [torch] table, as envspec's own reader says (``envspec.lock.variant_problems``, issue 57)."""
+    torch = data.get("torch")
+    t = torch if isinstance(torch, dict) else None
+    wheels = data.get("wheels")
+    out = []
+    for w in wheels if isinstance(wheels, list) else []:
+        if not isinstance(w, dict):
+            continue
+        name, version = str(w.get("name", "")), str(w.get("version", ""))
+        filename, index = str(w.get("filename", "")), str(w.get("index", ""))
+        label = _label(version, filename)
+        if t is not None and name in _FAMILY and label != str(t.get("local", "")):
+            local = str(t.get("local", ""))
+            want = f"+{local}" if local else "no local label: PyPI's build"
+            out.append(
+                (
+                    "lock-torch-variant",
+                    f"[torch] variant = {t.get('variant')!r} ({want}), and its {name} wheel is "
+                    f"{version} ({filename}, index {index})",
+                )
+            )
+        elif t is not None and name == "torch" and index and t.get("index") not in (None, index):
+            out.append(
+                (
+                    "lock-torch-variant",
+                    f"[torch] index = {t.get('index')!r}, and its torch wheel names {index!r} "
+                    f"({filename})",
+                )
+            )
+        elif label and index.rstrip("/") == "https://pypi.org/simple":
+            out.append(
+                (
+                    "lock-index-mismatch",
+                    f"{name} {version} ({filename}) is credited to {index}, which serves no "
+                    "version with a local label",
+                )
+            )
+    return out
 
 
 def _tables(data: dict[str, object]) -> Lock:
