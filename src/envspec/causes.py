@@ -28,6 +28,8 @@ CauseKind = Literal[
     "no-wheel-for-platform",
     "no-wheel",
     "python-conflict",
+    "sdist-metadata-failed",
+    "torch-side",
     "python-missing",
     "package-held-back",
     "no-cuda-compiler",
@@ -169,6 +171,30 @@ class NoWheel(Said):
 @dataclass(frozen=True, kw_only=True)
 class PythonConflict(Said):
     kind: ClassVar[CauseKind] = "python-conflict"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetadataBuildFailed(Said):
+    """A package published as an sdist whose build failed when asked its metadata (a line of its
+    log each)."""
+
+    kind: ClassVar[CauseKind] = "sdist-metadata-failed"
+    package: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchSide(Cause):
+    """One side of a conflict over torch: a package the spec names (``requirement``, as written)
+    and the fitting torch releases it installs beside, newest first (``more``: and older ones not
+    asked). Where it installs beside none with the spec's Python (``python``), the Pythons it does
+    install on (``pythons``), when that is what rules it out."""
+
+    kind: ClassVar[CauseKind] = "torch-side"
+    requirement: str
+    releases: tuple[str, ...]
+    more: bool = False
+    python: str = ""
+    pythons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from envspec.causes import (
     ReleaseNeedsReview,
     Said,
     Suggestion,
+    TorchSide,
     UnknownCuda,
     UnknownDebianPackage,
     VariantNotRequested,
@@ -91,9 +92,26 @@ def _sentence(c: Cause) -> str:
                 f"apt cannot install {', '.join(c.requested)} from Debian {c.suite}: "
                 + "; ".join(c.apt)
             )
+        case TorchSide():
+            return _torch_side(c)
         case Said() | Suggestion():
             return c.text
     return c.kind
+
+
+def _torch_side(c: TorchSide) -> str:
+    if c.releases:
+        shown = ", ".join(c.releases)
+        if c.more:
+            return f"{c.requirement} installs beside torch {shown} (older releases not asked)"
+        only = " only" if len(c.releases) == 1 else ""
+        return f"{c.requirement} installs beside torch {shown}{only} of the releases that fit"
+    if c.pythons:
+        return (
+            f"{c.requirement} installs beside no torch release that fits, with Python {c.python}; it "
+            f"does with Python {', '.join(c.pythons)}"
+        )
+    return f"{c.requirement} installs beside no torch release that fits"
 
 
 def _last_branch(gpus: Iterable[Gpu]) -> str | None:

@@ -33,6 +33,7 @@ from envspec.causes import (
     DriverFloor,
     DriverPastGpu,
     DriverTooOld,
+    MetadataBuildFailed,
     NoWheel,
     NoWheelForPlatform,
     PythonConflict,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the n
     import subprocess
 
     from envspec.debian.models import DebPin
+    from envspec.sides import Ask
     from envspec.sources import ResolvedSources
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -1116,6 +1118,7 @@ def _run_uv(
                 if flags.only_binary
                 else None
             )
+            or _metadata_build_error(proc.stderr, choice)
             or _uv_error(proc.stderr, reqs, choice, sources)
         )
     return _pylock_packages(out)
@@ -1373,6 +1376,44 @@ _DEPENDS_ON_TORCH = r"([A-Za-z0-9._-]+)((?:[<>=!~]=?|===)[^ ,]+)? depends on tor
 _NOT_FOUND = r"(?:Because |`)([A-Za-z0-9._-]+)`? was not found in the"
 
 
+_FAILED_BUILD = r"Failed to build `([A-Za-z0-9._-]+)(?:==|@)([^`]+)`"
+
+
+def _metadata_build_error(stderr: str, choice: Choice) -> Exception | None:
+    """uv asked an sdist's build for its metadata, and the build failed: say which package, that its
+    build imports torch where its log says so, and the log's tail (``sdist-metadata-failed``, exit
+    2), never an unreachable index."""
+    m = re.search(_FAILED_BUILD, stderr)
+    if m is None or "build backend returned an error" not in stderr:
+        return None
+    name, version = m.group(1), m.group(2)
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    said = next((i for i, ln in enumerate(lines) if ln.startswith("hint:")), len(lines))
+    tail = lines[:said][-8:]  # the log's tail, without uv's hint (its own project's settings)
+    imports_torch = "No module named 'torch'" in stderr
+    why = (
+        ": its setup imports torch, which its build environment lacks (it does not declare torch "
+        "as a build requirement)"
+        if imports_torch
+        else ""
+    )
+    return ResolutionImpossible(
+        f"{name} {version} is taken from its sdist, and the sdist's build failed when asked for its "
+        f"metadata{why}",
+        causes=[MetadataBuildFailed(text=ln, package=name) for ln in tail],
+        hint=(
+            f"a release of {name} with a wheel for {choice.platform} and Python {choice.python} "
+            f"(pin it in [python].packages), or drop {name}"
+            + (
+                "; a build that needs torch is not locked from its sdist yet"
+                if imports_torch
+                else ""
+            )
+        ),
+        reference="sdist-metadata-failed",
+    )
+
+
 def _uv_error(
     stderr: str,
     reqs: list[str],
@@ -1576,6 +1617,7 @@ def with_packages(
             UvFlags(constraints=list(spec.python.constraints), torch_index=False),
         )
     except (ResolutionImpossible, SourceError):
+        _raise_sides(choice, db, sources, workdir, named, fitting)
         return choice
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
 
@@ -1594,6 +1636,91 @@ def with_packages(
         torch_version=version,
     )
     return dataclasses.replace(again, passed_over=tuple(held))
+
+
+def _asker(choice: Choice, db: CompatDB, sources: ResolvedSources, workdir: Path) -> Ask:
+    """``sides.Ask`` through uv: a requirement with torch among the given releases (on another
+    Python where one is named), answered by the torch release uv takes, None where it fails."""
+    import itertools
+
+    from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
+
+    in_range = [r.version for r in _releases(choice.spec, db)]
+    n = itertools.count()
+
+    def ask(requirement: str, releases: Sequence[str], python: str) -> str | None:
+        ch = dataclasses.replace(choice, python=python) if python else choice
+        try:
+            found = _run_uv(
+                [requirement, _torch_among(list(releases), in_range)],
+                ch,
+                sources,
+                workdir,
+                f"side-{next(n)}",
+                UvFlags(constraints=list(choice.spec.python.constraints), torch_index=False),
+            )
+        except (ResolutionImpossible, SourceError):
+            return None
+        got = next((p for p in found if canonicalize_name(p.name) == "torch"), None)
+        return str(Version(got.version).public) if got is not None else None
+
+    return ask
+
+
+def _raise_sides(
+    choice: Choice,
+    db: CompatDB,
+    sources: ResolvedSources,
+    workdir: Path,
+    named: list[str],
+    fitting: list[str],
+) -> None:
+    """Where the named packages and torch cannot be resolved together, say every side (issue 57,
+    point 4): ``torch-conflict`` naming each package with the fitting releases it installs beside
+    where no release is common to them all, or the Python where it is what rules a package out.
+    Returns where it cannot tell (the chosen release's resolution then says why)."""
+    from envspec import sides as sidesmod  # here: the lock stage only
+
+    ask = _asker(choice, db, sources, workdir)
+    found = sidesmod.find(named, fitting, ask)
+    spec = choice.spec
+    where = {r: _requirement_where(choice, requirement_name(r)) for r in named}
+    causes = [dataclasses.replace(c, where=where[c.requirement]) for c in found.sides]
+    empty = [c for c in causes if not c.releases]
+    if empty:
+        in_range = [r.version for r in _releases(spec, db)]
+        mine = int(choice.python.split(".")[1])
+        others = sorted(  # nearest the spec's Python first, the older of two as near
+            {p for r in _releases(spec, db) for p in r.python} - {choice.python},
+            key=lambda p: (abs(int(p.split(".")[1]) - mine), int(p.split(".")[1])),
+        )
+        ruled = []
+        for c in empty:
+            ok = sidesmod.python_for(c.requirement, in_range, others, ask)
+            if ok:
+                ruled.append(dataclasses.replace(c, python=choice.python, pythons=(ok,)))
+        if ruled:
+            first = ruled[0]
+            raise ResolutionImpossible(
+                f"{', '.join(c.requirement for c in ruled)}: no release installs on Python "
+                f"{choice.python} beside a torch that fits",
+                causes=ruled,
+                hint=f'set [python].version = "{first.pythons[0]}" (where {first.requirement} '
+                f"installs), or drop {first.requirement}",
+                reference="python-rules-out-package",
+            )
+        return
+    if not found.decided or found.common or len(causes) < 2:
+        return
+    shown = "; ".join(f"{c.requirement}: torch {', '.join(c.releases)}" for c in causes)
+    raise ResolutionImpossible(
+        f"the packages the spec names install beside no common torch release ({shown})",
+        causes=causes,
+        hint="no [torch].version installs them all: change or drop one of "
+        + ", ".join(c.requirement for c in causes)
+        + " (a release of one that installs beside a torch the other accepts)",
+        reference="torch-conflict",
+    )
 
 
 def _held_for(
@@ -2049,9 +2176,19 @@ def held_back(
             )
         if have.is_prerelease and not _asks_prerelease(req):
             why.append(f"{have} is a pre-release the spec does not ask for")
+        if not any(have.release):  # 0.0.0: a name held on the index, no code (issue 57, 6)
+            why.insert(0, _placeholder(name, have, top))
         if why:
             out[name] = "; ".join(why)
     return out
+
+
+def _placeholder(name: str, have: Version, top: PylockPackage | None) -> str:
+    """Why a 0.0.0 release is held back: a placeholder, and the newest real release."""
+    real = top.version if top is not None and Version(top.version) > have else None
+    return f"{name} {have} is a placeholder release (version 0.0.0: a name kept on the index, " + (
+        f"no code); the newest real release is {real}" if real else "no code)"
+    )
 
 
 def _holds_back(

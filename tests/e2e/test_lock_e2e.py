@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -361,3 +362,73 @@ def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
     assert (torch.version, torch.index) == ("2.13.0", "https://pypi.org/simple"), torch
     assert any(w.group == "cuda" for w in lk.wheels)  # NVIDIA's libraries, as PyPI's build needs
     assert "numpy" in {w.name for w in lk.wheels} and lk.meta.spec == "specs/fresh.toml"
+
+
+TEAM = """name = "{name}"
+[target]
+gpus = ["H100"]
+driver = "580.65.06"
+[python]
+version = "{python}"
+packages = {packages}
+held_back = "{held}"
+[torch]
+version = "2.*"
+"""
+
+
+def _team_lock(tmp_path, name, packages, *, python="3.11", held="warn"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(TEAM.format(name=name, python=python, packages=packages, held=held))
+    out = tmp_path / f"{name}.lock"
+    cp = run_cli("lock", str(spec), "-o", str(out), "--json")
+    return cp, out
+
+
+def test_a_conflict_over_torch_names_every_side_and_no_impossible_hint(tmp_path):
+    """issue 57, 4: every vllm >= 0.17 pins torch 2.10.0, 2.11.0, 2.13.0 or 2.14.0, xformers
+    0.0.33.post2 pins 2.9.1: both are named with the releases each installs beside, and the hint
+    proposes no [torch].version (none installs both), where it said "2.9.*" naming xformers alone."""
+    cp, out = _team_lock(tmp_path, "xf", '["vllm>=0.17", "xformers==0.0.33.post2"]')
+    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
+    err = json.loads(cp.stdout)["error"]
+    assert err["reference"] == "torch-conflict"
+    assert "vllm>=0.17: torch 2.14.0, 2.13.0, 2.11.0, 2.10.0" in err["message"]
+    assert "xformers==0.0.33.post2: torch 2.9.1" in err["message"]
+    assert "[torch].version =" not in err["hint"] and "vllm>=0.17" in err["hint"]
+
+
+def test_the_python_that_rules_a_package_out_is_named(tmp_path):
+    """issue 57, 4: isaaclab on Python 3.13 (its releases have no cp313 wheels, or need
+    omniverseclient, which has none): the Python is named, with one it installs on."""
+    cp, out = _team_lock(tmp_path, "isaac", '["isaaclab"]', python="3.13")
+    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
+    err = json.loads(cp.stdout)["error"]
+    assert err["reference"] == "python-rules-out-package"
+    assert "Python 3.13" in err["message"] and '[python].version = "3.12"' in err["hint"]
+
+
+def test_a_metadata_build_that_imports_torch_is_said_as_such(tmp_path):
+    """issue 57, 5: torch-scatter's sdist imports torch in setup.py to say its metadata: exit 2,
+    sdist-metadata-failed, the package and the log's tail, not index-unavailable."""
+    cp, out = _team_lock(tmp_path, "tg", '["torch-geometric", "torch-scatter"]')
+    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
+    err = json.loads(cp.stdout)["error"]
+    assert err["reference"] == "sdist-metadata-failed"
+    assert err["message"].startswith("torch-scatter ") and "imports torch" in err["message"]
+    assert "No module named 'torch'" in cp.stderr
+
+
+def test_a_placeholder_release_is_held_back_naming_the_real_one(tmp_path):
+    """issue 57, 6: transformer-engine[pytorch] resolves to transformer-engine 0.0.0, a name kept
+    on PyPI: warned, naming the newest real release; refused where held_back = "error"."""
+    cp, out = _team_lock(tmp_path, "te", '["transformer-engine[pytorch]"]')
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    said = json.loads(cp.stdout)
+    held = [h["why"] for h in said["held_back"]]
+    assert any("transformer-engine 0.0.0 is a placeholder release" in h for h in held), held
+    assert any("the newest real release is " in h for h in held), held
+    cp, out = _team_lock(tmp_path / "e", "te", '["transformer-engine[pytorch]"]', held="error")
+    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
+    assert json.loads(cp.stdout)["error"]["reference"] == "package-held-back"

@@ -503,3 +503,23 @@ def test_uvs_pylock_is_read_into_models_and_a_package_without_a_version_is_refus
     ) as e:
         _pylock_packages(bad)
     assert e.value.reference == "uv-output"
+
+
+def test_a_metadata_build_that_fails_is_said_as_such_never_as_an_unreachable_index():
+    """issue 57, 5: torch-scatter's sdist imports torch in setup.py to say its metadata; uv's
+    failure (recorded, tests/data/uv_errors/) is `sdist-metadata-failed` naming the package, that
+    its build imports torch, and the log's tail, not `index-unavailable`."""
+    from envspec.errors import ResolutionImpossible
+    from envspec.resolve import _metadata_build_error
+
+    stderr = (CASES.parent / "uv_errors" / "torch-scatter-metadata.txt").read_text()
+    choice = choose(load_spec(CASES / "no-pin-keeps-newest-torch" / "spec.toml"), load_db())
+    err = _metadata_build_error(stderr, choice)
+    assert isinstance(err, ResolutionImpossible) and err.reference == "sdist-metadata-failed"
+    assert err.exit_code == 2
+    assert err.message.startswith("torch-scatter 2.1.2 is taken from its sdist")
+    assert "its setup imports torch" in err.message
+    assert err.causes[-1].text == "ModuleNotFoundError: No module named 'torch'"
+    assert not any(c.text.startswith("hint:") for c in err.causes)
+    assert "a release of torch-scatter with a wheel for linux-x86_64" in err.hint
+    assert _metadata_build_error("error: No solution found when resolving", choice) is None
