@@ -389,3 +389,19 @@ def lying_entry_facts(entry: dict, diff_id: str):
         diff_size=entry["diff_size"],
         record=None,
     )
+
+
+def cpu_torch_links(folder: Path) -> Path:
+    """A find-links folder as a CI machine's pip configuration names one: a torch 2.13.0+cpu wheel
+    (its metadata only), which PEP 440's torch==2.13.0 matches (issue 57). The tests that set pip
+    up with it make their own, so what this machine's configuration holds plays no part."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(
+            "torch-2.13.0+cpu.dist-info/METADATA",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
+        )
+    return folder

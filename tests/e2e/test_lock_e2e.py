@@ -318,18 +318,10 @@ def test_a_spec_written_by_init_locks_as_written(tmp_path, monkeypatch):
     Issue 57: with pip configured (as many CI machines are) with a find-links folder holding
     torch 2.13.0+cpu, which PEP 440's torch==2.13.0 matches, the H100 spec locks PyPI's CUDA build:
     the folder is one this test makes, so what this machine's pip configuration holds plays no part."""
-    import zipfile
+    from conftest import cpu_torch_links
 
     monkeypatch.setenv("ENVSPEC_CACHE", str(tmp_path / "cache"))
-    links = tmp_path / "links"
-    links.mkdir()
-    with zipfile.ZipFile(
-        links / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "w"
-    ) as z:
-        z.writestr(
-            "torch-2.13.0+cpu.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
-        )
+    links = cpu_torch_links(tmp_path / "links")
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)

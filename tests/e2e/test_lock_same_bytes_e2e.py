@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from envspec import sources
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import cpu_torch_links  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -92,15 +94,7 @@ def specs(tmp_path_factory):
     (d / "h100.toml").write_text(H100)
     # pip's configuration as a CI machine has it: a find-links folder with a CPU torch that
     # torch==2.13.0 matches, and an extra index (a local simple index of one project)
-    links = base / "links"
-    links.mkdir()
-    with zipfile.ZipFile(
-        links / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "w"
-    ) as z:
-        z.writestr(
-            "torch-2.13.0+cpu.dist-info/METADATA",
-            "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
-        )
+    links = cpu_torch_links(base / "links")
     extra = base / "simple" / "torch"
     extra.mkdir(parents=True)
     (extra / "index.html").write_text("<html><body></body></html>\n")
