@@ -1688,10 +1688,11 @@ def _raise_sides(
     causes = [dataclasses.replace(c, where=where[c.requirement]) for c in found.sides]
     empty = [c for c in causes if not c.releases]
     if empty:
-        in_range = [r.version for r in _releases(spec, db)]
+        releases = _releases(spec, db)
+        in_range = [r.version for r in releases]
         mine = int(choice.python.split(".")[1])
         others = sorted(  # nearest the spec's Python first, the older of two as near
-            {p for r in _releases(spec, db) for p in r.python} - {choice.python},
+            {p for r in releases for p in r.python} - {choice.python},
             key=lambda p: (abs(int(p.split(".")[1]) - mine), int(p.split(".")[1])),
         )
         ruled = []

@@ -18,7 +18,6 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from html.parser import HTMLParser
@@ -299,14 +298,10 @@ def links_files(mirror_url: str, *, timeout: float = 60) -> dict[str, str]:
 
 def mirror_of(url: str, sources: ResolvedSources) -> str:
     """The mirror (and where it was named) that serves ``url``; the URL's folder where none does."""
+    named = {"spec": "[sources].mirrors", "env": "ENVSPEC_MIRRORS", "pip": "pip's configuration"}
     for m in sources.mirrors:
         base = m.url if "://" in m.url else Path(m.url).absolute().as_uri()
-        if url.startswith(base.rstrip("/") + "/") or url.startswith(m.url.rstrip("/") + "/"):
-            named = {
-                "spec": "[sources].mirrors",
-                "env": "ENVSPEC_MIRRORS",
-                "pip": "pip's configuration",
-            }
+        if url.startswith((base.rstrip("/") + "/", m.url.rstrip("/") + "/")):
             return f"{m.url} ({named.get(m.origin, m.origin)})"
     return url.rsplit("/", 1)[0]
 
@@ -318,19 +313,17 @@ def credit(
     project: str,
     where: list[str],
     sources: ResolvedSources,
-    listed: Callable[[str, str], dict[str, str]] | None = None,
 ) -> str:
     """The canonical index of ``where`` (in order) that lists ``filename`` with this ``sha256``: the
     index a file a mirror served (``url``) is credited to. A file a mirror alone has is never
     credited to a canonical index (issue 57): ``mirror-only-file`` where every index of ``where``
     answered without it, ``mirror-file-differs`` where one lists the name with another sha256. Where
     an index cannot be read, the lock being re-locked is the record (``sources.confirmed``); a file
-    it does not name is ``unconfirmed-file``. ``listed``: index, project -> {filename: sha256}."""
-    read = listed or (lambda index, name: listed_hashes(index, name, timeout=30))
+    it does not name is ``unconfirmed-file``."""
     unread: list[str] = []
     for index in where:
         try:
-            files = read(index, project) if reachable(index) else None
+            files = listed_hashes(index, project, timeout=30) if reachable(index) else None
         except (OSError, ValueError):
             files = None
         if files is None:

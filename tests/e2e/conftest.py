@@ -405,3 +405,21 @@ def cpu_torch_links(folder: Path) -> Path:
             "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n",
         )
     return folder
+
+
+def in_image(ref: str, entrypoint: str, args: list[str], *, timeout: int = 300):
+    """``entrypoint args`` in a fresh container of ``ref``, past the image's entrypoint (no
+    services, no start-up check), with the host quirks ``envspec run`` handles (runtime, ulimits)."""
+    from dataclasses import replace
+
+    from envspec.host import ASK_NONE, detect_host
+    from envspec.run import Runnable, RunOptions, plan_run
+
+    command = plan_run(
+        Runnable(ref, None),
+        host=replace(detect_host(ask=ASK_NONE), tty=False),
+        options=RunOptions(mount_cwd=False, gpus=False),
+    )
+    i = command.argv.index(ref)
+    argv = command.argv[:i] + ["--entrypoint", entrypoint] + command.argv[i:] + args
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)

@@ -67,17 +67,9 @@ def _podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
 def _sh_in_image(ref: str, script: str) -> subprocess.CompletedProcess:
     """``sh -c script`` in a fresh container of ``ref``, bypassing the entrypoint (no services),
     with the host quirks plan_run handles (runtime, ulimits)."""
-    from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, RunOptions, plan_run
+    from conftest import in_image
 
-    command = plan_run(
-        Runnable(ref, None),
-        host=replace(detect_host(ask=ASK_NONE), tty=False),
-        options=RunOptions(mount_cwd=False, gpus=False),
-    )
-    i = command.argv.index(ref)
-    argv = command.argv[:i] + ["--entrypoint", "/bin/sh"] + command.argv[i:] + ["-c", script]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    return in_image(ref, "/bin/sh", ["-c", script])
 
 
 _LOCKFILE: dict[str, Path] = {}  # the lockfile the image fixture wrote

@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,18 +69,10 @@ def envspec(*args: str) -> subprocess.CompletedProcess:
 
 def _in_image(ref: str, code: str) -> subprocess.CompletedProcess:
     """``python -c code`` in a fresh container of ``ref``, past the entrypoint's start-up check
-    (no GPU here), with the host quirks ``envspec run`` handles."""
-    from envspec.host import ASK_NONE, detect_host
-    from envspec.run import Runnable, RunOptions, plan_run
+    (no GPU here)."""
+    from conftest import in_image
 
-    command = plan_run(
-        Runnable(ref, None),
-        host=replace(detect_host(ask=ASK_NONE), tty=False),
-        options=RunOptions(mount_cwd=False, gpus=False),
-    )
-    i = command.argv.index(ref)
-    argv = command.argv[:i] + ["--entrypoint", "python"] + command.argv[i:] + ["-c", code]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    return in_image(ref, "python", ["-c", code], timeout=600)
 
 
 def test_the_rtx4090_vllm_stack_builds_and_imports_vllm_and_torchaudio(tmp_path):
