@@ -107,6 +107,7 @@ class PylockPackage(BaseModel):
     version: str
     wheels: tuple[PylockFile, ...] = ()
     sdist: PylockFile | None = None
+    yanked: str | None = None  # not in pylock.toml: uv's warning that the release is yanked (why)
 
 
 # Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
@@ -216,6 +217,10 @@ class WheelCandidate:
     group: str
     direct: bool
     held_back: str | None = None  # a named package below its newest release: why (``held_back``)
+    # not in the lock: a release its index marks yanked (why), and a named package's release whose
+    # wheel installs nothing (``held_back`` says both)
+    yanked: str | None = None
+    installs_nothing: bool = False
     # a package with no wheel for the platform, locked by its sdist (``filename``, ``sha256``): the
     # inputs its wheel is built from (``wheels.sdist.pin_inputs`` fills them in after resolution)
     source: SourceInputs | None = None
@@ -1121,7 +1126,28 @@ def _run_uv(
             or _metadata_build_error(proc.stderr, choice)
             or _uv_error(proc.stderr, reqs, choice, sources)
         )
-    return _pylock_packages(out)
+    from packaging.utils import canonicalize_name
+
+    yanked = _yanked(proc.stderr)
+    return [
+        p.model_copy(update={"yanked": yanked.get(canonicalize_name(p.name))})
+        for p in _pylock_packages(out)
+    ]
+
+
+# uv's warning for a release it takes although its index marks it yanked (PEP 592: only an exact
+# pin takes one): `requests==2.32.0` is yanked (reason: "...")
+_YANKED = re.compile(r'`([A-Za-z0-9._-]+)==([^`]+)` is yanked(?: \(reason: "(.*)"\))?')
+
+
+def _yanked(stderr: str) -> dict[str, str]:
+    """Normalized name -> why, of each release uv says is yanked (the index's reason, if given)."""
+    from packaging.utils import canonicalize_name
+
+    return {
+        canonicalize_name(m.group(1)): m.group(3) or "no reason given"
+        for m in _YANKED.finditer(stderr)
+    }
 
 
 def _pylock_packages(out: Path) -> list[PylockPackage]:
@@ -1155,7 +1181,6 @@ def _uv_argv(req: Path, out: Path, choice: Choice, idx: list[str], flags: UvFlag
         "pylock.toml",
         "-o",
         str(out),
-        "--quiet",
         "--python-version",
         choice.python,
         "--python-platform",
@@ -2012,7 +2037,41 @@ def _candidate(
         size=size,
         group=group,
         direct=direct,
+        yanked=p.yanked,
+        installs_nothing=direct and bool(wheels) and _installs_nothing(url, size),
     )
+
+
+EMPTY_WHEEL_MAX = 64 * 1024  # a wheel larger than this ships something: not read to find out
+
+
+def _installs_nothing(url: str, size: int) -> bool:
+    """Whether a (small) wheel installs nothing: it holds only its ``.dist-info`` and requires
+    nothing (transformer-engine 0.0.0: "Coming soon", 1,097 bytes), a name kept on an index. A
+    wheel that cannot be read here is not judged (False)."""
+    import io
+    import urllib.request
+    import zipfile
+
+    from envspec import settings
+
+    if not 0 < size <= EMPTY_WHEEL_MAX:
+        return False
+    try:
+        if url.startswith("file://") or "://" not in url:
+            data = Path(unquote(urlparse(url).path)).read_bytes()
+        elif settings.read().offline:
+            return False
+        else:
+            with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 (an index's file)
+                data = resp.read(EMPTY_WHEEL_MAX + 1)
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names = z.namelist()
+            meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+            requires = meta is not None and b"\nRequires-Dist:" in z.read(meta)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+    return not requires and all(n.split("/", 1)[0].endswith(".dist-info") for n in names)
 
 
 def build_inputs(
@@ -2132,17 +2191,17 @@ def held_back(
     asked for: the newest release's requirement on torch that the lock's torch does not meet, a
     newer release with no wheel (where source builds are off), a newer Python where the index does
     not say a release's Requires-Python (uv takes it for this Python, and it then cannot be
-    installed), else the other packages' requirements. A release for a newer Python only, on an index
-    that says so, is no release for this Python: not held back (numpy 2.5 on Python 3.11). Found
-    with two uv runs without dependencies (the newest release with a wheel, the newest of any kind);
-    a package they cannot resolve alone is left out."""
+    installed), else the other packages' requirements; any yanked or empty release
+    (``_placeholders``). A release for a newer Python only, on an index that says so, is no release
+    for this Python (numpy 2.5 on Python 3.11). Found with two uv runs without dependencies."""
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
 
     spec = choice.spec
     pins = {w.name: w for w in wheels}
     named = [r for r in _named(spec) if canonicalize_name(requirement_name(r)) in pins]
+    placeholders = _placeholders(wheels, choice, sources, workdir)
     if not named:
-        return {}
+        return placeholders
     try:
         newest = {
             canonicalize_name(p.name): p
@@ -2151,10 +2210,10 @@ def held_back(
             )
         }
     except (ResolutionImpossible, SourceError):
-        return {}
+        return placeholders
     found = _newest_any(choice, sources, workdir)
     if found is None:
-        return {}
+        return placeholders
     any_kind = {name: version for name, (version, _) in found.items()}
     torch_version = next((w.version for w in wheels if w.name == "torch"), None)
     out: dict[str, str] = {}
@@ -2179,9 +2238,69 @@ def held_back(
             why.append(f"{have} is a pre-release the spec does not ask for")
         if not any(have.release):  # 0.0.0: a name held on the index, no code (issue 57, 6)
             why.insert(0, _placeholder(name, have, top))
+        if name in placeholders:
+            why.insert(0, placeholders.pop(name))
         if why:
             out[name] = "; ".join(why)
-    return out
+    return {**out, **placeholders}
+
+
+def _placeholders(
+    wheels: list[WheelCandidate], choice: Choice, sources: ResolvedSources, workdir: Path
+) -> dict[str, str]:
+    """name -> why, for each locked release its index marks yanked (any package: an exact pin took
+    it) and each named package's release that installs nothing, with the newest release that is
+    neither: uv without the pins (it takes no yanked release) and without the empty release,
+    dependencies left out."""
+    from packaging.utils import canonicalize_name
+
+    odd = [
+        w
+        for w in wheels  # a 0.0.0 is said as such (``_placeholder``)
+        if w.yanked is not None or (w.installs_nothing and any(Version(w.version).release))
+    ]
+    if not odd:
+        return {}
+    real: dict[str, str]
+    try:
+        real = {
+            canonicalize_name(p.name): p.version
+            for p in _run_uv(
+                [w.name if w.yanked is not None else f"{w.name}!={w.version}" for w in odd],
+                choice,
+                sources,
+                workdir,
+                "not-yanked",
+                UvFlags(torch_index=False, no_deps=True),
+            )
+            if not (
+                p.wheels
+                and _installs_nothing(p.wheels[0].url or p.wheels[0].path, p.wheels[0].size)
+            )
+        }
+    except (ResolutionImpossible, SourceError):
+        real = {}
+    return {w.name: _placeholder_said(w, real.get(w.name), choice) for w in odd}
+
+
+def _placeholder_said(w: WheelCandidate, newest: str | None, choice: Choice) -> str:
+    """Why a yanked or empty release is held back, and the newest release that is neither."""
+    where = f"for {choice.platform} and Python {choice.python}"
+    if w.yanked is not None:
+        return f"{w.name} {w.version} is yanked on its index (reason: {w.yanked}); " + (
+            f"the newest release that is not is {newest}"
+            if newest
+            else f"no release of it that is not yanked has a wheel {where}"
+        )
+    return (
+        f"{w.name} {w.version} installs nothing (its wheel holds only its metadata and requires "
+        "nothing): a placeholder release; "
+        + (
+            f"the newest release before it with a wheel {where} is {newest}"
+            if newest
+            else f"no other release of it with a wheel {where} installs something"
+        )
+    )
 
 
 def _placeholder(name: str, have: Version, top: PylockPackage | None) -> str:

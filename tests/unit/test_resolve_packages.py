@@ -22,8 +22,11 @@ from envspec.spec import load_spec
 CASES = Path(__file__).resolve().parents[1] / "data" / "resolve_packages"
 
 
-def make_wheel(dest: Path, name: str, version: str, requires: list[str], python: str = "") -> None:
-    """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines (and ``Requires-Python``), fixed bytes."""
+def make_wheel(
+    dest: Path, name: str, version: str, requires: list[str], python: str = "", empty: bool = False
+) -> Path:
+    """``{name}-{version}-py3-none-any.whl`` with ``Requires-Dist`` lines (and ``Requires-Python``),
+    fixed bytes; ``empty``: its metadata alone (a placeholder release)."""
     mod = name.replace("-", "_")
     di = f"{mod}-{version}.dist-info"
     meta = (
@@ -32,7 +35,7 @@ def make_wheel(dest: Path, name: str, version: str, requires: list[str], python:
         + "".join(f"Requires-Dist: {r}\n" for r in requires)
     )
     files = {
-        f"{mod}/__init__.py": b"",
+        **({} if empty else {f"{mod}/__init__.py": b""}),
         f"{di}/METADATA": meta.encode(),
         f"{di}/WHEEL": b"Wheel-Version: 1.0\nGenerator: envspec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -45,7 +48,9 @@ def make_wheel(dest: Path, name: str, version: str, requires: list[str], python:
     with zipfile.ZipFile(buf, "w") as z:
         for p in sorted(files):
             z.writestr(zipfile.ZipInfo(p, date_time=(1980, 1, 1, 0, 0, 0)), files[p])
-    (dest / f"{mod}-{version}-py3-none-any.whl").write_bytes(buf.getvalue())
+    out = dest / f"{mod}-{version}-py3-none-any.whl"
+    out.write_bytes(buf.getvalue())
+    return out
 
 
 def make_sdist(dest: Path, name: str, version: str, requires: list[str]) -> None:
@@ -70,11 +75,43 @@ def offline_sources(case: Path, tmp: Path) -> ResolvedSources:
     index = tmp / "index"
     index.mkdir()
     listed = tomllib.loads((case / "index.toml").read_text())
+    if any("yanked" in w for w in listed["wheel"]):
+        return ResolvedSources(index=simple_index(index, listed["wheel"]))
     for w in listed["wheel"]:
-        make_wheel(index, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
+        make_wheel(
+            index,
+            w["name"],
+            w["version"],
+            w.get("requires", []),
+            w.get("python", ""),
+            w.get("empty", False),
+        )
     for s in listed.get("sdist", []):
         make_sdist(index, s["name"], s["version"], s.get("requires", []))
     return ResolvedSources(index=index.as_uri())  # a wheelhouse as the canonical index
+
+
+def simple_index(root: Path, wheels: list[dict]) -> str:
+    """A PEP 503 simple index of the wheels in ``root`` (a folder per project), where a release can
+    be yanked (PEP 592's ``data-yanked``): a find-links folder cannot say that."""
+    import html
+
+    pages: dict[str, list[str]] = {}
+    for w in wheels:
+        project = root / w["name"]
+        project.mkdir(exist_ok=True)
+        f = make_wheel(project, w["name"], w["version"], w.get("requires", []), w.get("python", ""))
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        yanked = f' data-yanked="{html.escape(w["yanked"])}"' if "yanked" in w else ""
+        pages.setdefault(w["name"], []).append(
+            f'<a href="{f.name}#sha256={digest}"{yanked}>{f.name}</a>'
+        )
+    for name, links in pages.items():
+        (root / name / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
+    (root / "index.html").write_text(
+        "<html><body>" + "".join(f'<a href="{n}/">{n}</a>' for n in pages) + "</body></html>"
+    )
+    return root.as_uri()
 
 
 def cli_spec(case: str, tmp: Path, monkeypatch, *, edit: tuple[str, str] = ("", "")) -> Path:
@@ -317,6 +354,35 @@ def test_a_held_back_package_is_a_warning_in_the_lock_and_an_error_where_the_spe
     err = capsys.readouterr().err
     assert "error[package-held-back]" in err and why in err and not out.exists()
     out.write_bytes(before)
+
+
+def test_a_yanked_release_is_warned_in_the_lock_and_refused_where_the_spec_says(
+    tmp_path, monkeypatch, capsys
+):
+    """Issue 57, 6: an exact pin on a yanked release locks it with the index's reason and the
+    newest release that is not yanked, as a warning; refused under ``held_back = "error"``."""
+    from envspec import lock as lockmod
+    from envspec.cli import main
+    from envspec.errors import EXIT_BAD_INPUT
+
+    case = "yanked-release-is-held-back"
+    why = tomllib.loads((CASES / case / "expected.toml").read_text())["packages_held_back"]
+    spec = cli_spec(case, tmp_path, monkeypatch)
+    out = tmp_path / "yanked.lock"
+    assert main(["lock", str(spec), "-o", str(out)]) == 0
+    assert f"warning: {why['widget']}" in capsys.readouterr().err
+    assert {w.name: w.held_back for w in lockmod.load(out).wheels if w.held_back} == why
+    (tmp_path / "index").rename(tmp_path / "index-first")
+    out.unlink()
+    spec = cli_spec(
+        case,
+        tmp_path,
+        monkeypatch,
+        edit=('packages = ["widget==1.2.0"]', 'packages = ["widget==1.2.0"]\nheld_back = "error"'),
+    )
+    assert main(["lock", str(spec), "-o", str(out)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "error[package-held-back]" in err and "yanked on its index" in err and not out.exists()
 
 
 def test_a_newest_release_that_cannot_be_installed_alone_says_so(tmp_path, monkeypatch):
