@@ -73,6 +73,10 @@ def ok(cp: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
+    from conftest import out_of_reach
+
+    if (why := out_of_reach(ROOT / "lockfiles" / "cpu.lock")) is not None:
+        pytest.skip(why)
     base = tmp_path_factory.mktemp("source-build-e2e")
     (base / "debs").mkdir()
     spec = base / "ds.toml"
