@@ -1642,8 +1642,17 @@ def with_packages(
             UvFlags(constraints=list(spec.python.constraints), torch_index=False),
         )
     except (ResolutionImpossible, SourceError):
-        _raise_sides(choice, db, sources, workdir, named, fitting)
-        return choice
+        common = _raise_sides(choice, db, sources, workdir, named, fitting)
+        if common is None or common == choice.torch.release.version:
+            return choice
+        # each installs beside torch ``common``: what conflicts is another pin, which the
+        # resolution of that release names (not a torch none of them takes)
+        return choose(
+            spec,
+            db,
+            platform=choice.platform if len(spec.target.platforms) > 1 else None,
+            torch_version=common,
+        )
     from packaging.utils import canonicalize_name  # here: explain does without packaging.utils
 
     got = next((p for p in found if canonicalize_name(p.name) == "torch"), None)
@@ -1699,11 +1708,12 @@ def _raise_sides(
     workdir: Path,
     named: list[str],
     fitting: list[str],
-) -> None:
+) -> str | None:
     """Where the named packages and torch cannot be resolved together, say every side (issue 57,
     point 4): ``torch-conflict`` naming each package with the fitting releases it installs beside
     where no release is common to them all, or the Python where it is what rules a package out.
-    Returns where it cannot tell (the chosen release's resolution then says why)."""
+    Returns the newest release they each install beside, where there is one (the conflict is over
+    another pin), else None where it cannot tell (the chosen release's resolution says why)."""
     from envspec import sides as sidesmod  # here: the lock stage only
 
     ask = _asker(choice, db, sources, workdir)
@@ -1735,9 +1745,11 @@ def _raise_sides(
                 f"installs), or drop {first.requirement}",
                 reference="python-rules-out-package",
             )
-        return
-    if not found.decided or found.common or len(causes) < 2:
-        return
+        return None
+    if found.decided and found.common:
+        return found.common[0]
+    if not found.decided or len(causes) < 2:
+        return None
     shown = "; ".join(f"{c.requirement}: torch {', '.join(c.releases)}" for c in causes)
     raise ResolutionImpossible(
         f"the packages the spec names install beside no common torch release ({shown})",

@@ -238,6 +238,46 @@ def test_a_conflict_names_the_package_whose_pin_binds_torch(tmp_path, monkeypatc
     assert "envspec chose torch==2.15.0" in said and "you require torch==2.15.0" not in said
 
 
+def test_a_conflict_over_another_pin_is_named_not_blamed_on_torch(tmp_path, monkeypatch):
+    """Issue 57, 4: vllm==0.33.0 pins torch==2.14.0 and xgrammar==0.2.8, the spec asks for
+    xgrammar==0.1.10. Each installs beside torch 2.14.0, so torch is no side: the lock resolves at
+    that release and says the xgrammar conflict, where it used to keep the newest torch and hint at
+    [torch].version (which would then fail over xgrammar)."""
+    from envspec.errors import ResolutionImpossible
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = tmp_path / "case"
+    case.mkdir()
+    (case / "index.toml").write_text(
+        "".join(
+            f'[[wheel]]\nname = "{n}"\nversion = "{v}"\nrequires = {r!r}\n'.replace("'", '"')
+            for n, v, r in (
+                ("torch", "2.14.0", []),
+                ("torch", "2.14.1", []),
+                ("torch", "2.15.0", []),
+                ("vlm", "0.33.0", ["torch==2.14.0", "gram==0.2.8"]),
+                ("gram", "0.1.10", ["torch"]),
+                ("gram", "0.2.8", ["torch"]),
+            )
+        )
+    )
+    spec = load_spec(
+        _spec_with(
+            tmp_path,
+            "newest-package-decides-torch",
+            **{'["vllm"]': '["vlm==0.33.0", "gram==0.1.10"]'},
+        )
+    )
+    sources = offline_sources(case, tmp_path)
+    choice = with_packages(choose(spec, load_db()), load_db(), sources, workdir=tmp_path / "w")
+    assert choice.torch is not None and choice.torch.release.version == "2.14.0"
+    with pytest.raises(ResolutionImpossible) as e:
+        resolve_python(choice, sources, workdir=tmp_path / "w")
+    said = " ".join(c.text for c in e.value.causes if isinstance(c, Said))
+    assert e.value.reference == "python-conflict"
+    assert "gram==0.2.8" in said and "gram==0.1.10" in said and "torch" not in e.value.hint
+
+
 def test_the_torch_builds_index_not_answering_is_exit_3_with_what_pypi_offers(
     tmp_path, monkeypatch
 ):
