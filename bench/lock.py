@@ -86,7 +86,8 @@ def main() -> None:
 
     from envspec.compat import load_db
     from envspec.host import cache_dir_for
-    from envspec.resolve import _index_args, _uv, choose, requirements
+    from envspec.resolve import choose
+    from envspec.resolve.uv import _index_args, _uv, requirements
     from envspec.sources import discover
     from envspec.spec import load_spec
 

@@ -180,7 +180,7 @@ def main() -> int:
 def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
     """Each pin of a host-mode lock built once on this host with ``--host-python``, timed, and its
     wheel copied to ``--out``; prints what was built with what."""
-    from envspec.resolve import _uv
+    from envspec.resolve.uv import _uv
     from envspec.wheels import sdist
 
     out = Path(a.out or ".")

@@ -224,7 +224,8 @@ def test_the_vllm_stack_locks_vllm_newest_first_on_the_real_index(tmp_path):
     from packaging.version import Version
 
     from envspec.compat import load_db
-    from envspec.resolve import _uv, choose, fitting_releases
+    from envspec.resolve import choose, fitting_releases
+    from envspec.resolve.uv import _uv
     from envspec.spec import load_spec
 
     spec_path = tmp_path / "vllm.toml"

@@ -23,7 +23,7 @@ import pytest
 
 from envspec import sources
 from envspec.errors import EXIT_BUILD, SourceBuildError
-from envspec.resolve import _uv
+from envspec.resolve.uv import _uv
 from envspec.wheels import sdist as sd
 
 pytestmark = [

@@ -267,7 +267,7 @@ def test_the_sandbox_is_the_locks_debian_base_without_network_and_a_failure_keep
 
     from envspec import debian
     from envspec.errors import SourceBuildError
-    from envspec.resolve import _uv
+    from envspec.resolve.uv import _uv
     from envspec.wheels import sdist as sd
 
     base, _spec, lock_path, _said, _reg = world

@@ -13,7 +13,8 @@ import pytest
 
 from envspec.compat import load_db
 from envspec.errors import SourceError
-from envspec.resolve import _index_args, choose, resolve_python
+from envspec.resolve import choose, resolve_python
+from envspec.resolve.uv import _index_args
 from envspec.sources import Mirror, ResolvedSources, credit, listed_hashes
 from envspec.spec import load_spec
 from tests.unit.test_resolve_packages import make_wheel

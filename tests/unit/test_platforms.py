@@ -9,7 +9,8 @@ from envspec.causes import NoWheelForPlatform
 from envspec.compat import load_db
 from envspec.compat.platforms import pypi_build
 from envspec.errors import SpecError
-from envspec.resolve import choose, choose_all, requirements
+from envspec.resolve import choose, choose_all
+from envspec.resolve.uv import requirements
 from envspec.spec import parse_spec
 
 
@@ -226,7 +227,7 @@ UV_NO_TORCH = (
 
 
 def test_a_torch_build_with_no_aarch64_wheel_is_named_with_what_pypi_has(db):
-    from envspec.resolve import _platform_wheel_error
+    from envspec.resolve.failures import _platform_wheel_error
 
     arm = choose(
         spec('[target]\ngpus = ["GH200"]\ndriver = "580"\n[torch]\nversion = ">=2.9"\n'), db
@@ -262,7 +263,7 @@ UV_NO_AARCH64 = (
 
 
 def test_a_package_with_no_aarch64_wheel_is_named_at_its_line_with_what_it_has(db):
-    from envspec.resolve import _platform_wheel_error
+    from envspec.resolve.failures import _platform_wheel_error
 
     arm = choose(
         spec(

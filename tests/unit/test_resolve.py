@@ -145,7 +145,8 @@ def test_torch_index_leaves_pypis_build_on_pypi(db):
 
 def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
     from envspec import lock as lockmod
-    from envspec.resolve import Resolution, _attribute_index
+    from envspec.resolve import Resolution
+    from envspec.resolve.candidates import _attribute_index
     from envspec.sources import ResolvedSources
 
     s = spec(f'[torch]\nversion = "2.14.*"\ncuda = "cpu"\n[sources]\ntorch_index = "{MIRROR}"\n')
@@ -171,7 +172,7 @@ def test_torch_index_reaches_the_lock_pin_and_the_wheels_index(db):
 
 
 def test_torch_index_is_what_uv_is_given(db, tmp_path, monkeypatch):
-    from envspec.resolve import _index_args
+    from envspec.resolve.uv import _index_args
     from envspec.sources import ResolvedSources
 
     monkeypatch.setenv(
@@ -229,7 +230,7 @@ def test_default_torch_index_relocks_every_committed_lock_byte_for_byte(db, monk
 
 def test_suites_come_from_debian_models():
     from envspec.debian.models import SUITES as DEBIAN
-    from envspec.resolve import SUITES
+    from envspec.resolve.model import SUITES
 
     assert {py: suite for py, (suite, _) in SUITES.items()} == {
         f["python"]: s for s, f in DEBIAN.items()
@@ -242,7 +243,7 @@ def test_suites_come_from_debian_models():
     [("2.28", "2_28"), ("2.36", "2_36"), ("2.40", "2_40"), ("2.41", "2_40"), ("3.0", "2_40")],
 )
 def test_manylinux_glibc_is_capped_at_uvs_newest_target(glibc, tag):
-    from envspec.resolve import manylinux_glibc
+    from envspec.resolve.model import manylinux_glibc
 
     assert manylinux_glibc(glibc) == tag
 
@@ -268,7 +269,8 @@ def test_uv_knows_the_newest_manylinux_target():
     import subprocess
 
     from envspec.errors import SourceError
-    from envspec.resolve import UV_MAX_MANYLINUX, _uv
+    from envspec.resolve.model import UV_MAX_MANYLINUX
+    from envspec.resolve.uv import _uv
 
     try:
         uv = _uv()
@@ -311,7 +313,7 @@ def test_a_build_whose_driver_floor_passes_a_gpus_last_branch_is_not_chosen(db):
 
 
 def test_no_name_or_alias_of_an_nvidia_gpu_is_taken_for_another_vendors(db):
-    from envspec.resolve import not_nvidia
+    from envspec.resolve.torch import not_nvidia
 
     for g in db.gpus:
         for label in (g.name, *g.aliases, g.sm):

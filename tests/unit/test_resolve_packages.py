@@ -584,7 +584,8 @@ def test_uvs_pylock_is_read_into_models_and_a_package_without_a_version_is_refus
     """uv's pylock.toml becomes PylockPackage models where it is read; one envspec cannot read
     names the file, the package and the field."""
     from envspec.errors import SourceError
-    from envspec.resolve import PylockFile, _pylock_packages
+    from envspec.resolve.model import PylockFile
+    from envspec.resolve.uv import _pylock_packages
 
     good = tmp_path / "pylock.ok.toml"
     good.write_text(
@@ -616,7 +617,7 @@ def test_a_metadata_build_that_fails_is_said_as_such_never_as_an_unreachable_ind
     failure (recorded, tests/data/uv_errors/) is `sdist-metadata-failed` naming the package, that
     its build imports torch, and the log's tail, not `index-unavailable`."""
     from envspec.errors import ResolutionImpossible
-    from envspec.resolve import _metadata_build_error
+    from envspec.resolve.failures import _metadata_build_error
 
     stderr = (CASES.parent / "uv_errors" / "torch-scatter-metadata.txt").read_text()
     choice = choose(load_spec(CASES / "no-pin-keeps-newest-torch" / "spec.toml"), load_db())

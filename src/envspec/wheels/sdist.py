@@ -1006,7 +1006,7 @@ def build_all(
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from envspec.resolve import _uv
+    from envspec.resolve.uv import _uv
 
     events = events or SourceEvents()
     derivations = {w.sha256: derivation_of(w, lock.platform) for w in pins}
