@@ -186,3 +186,42 @@ def test_the_finder_finds_a_cycle_through_a_deferred_import(tmp_path):
     assert graph["toy.b"] == {"toy.a.one"}
     assert cycles(graph) == [["toy.a.one", "toy.b"]]
     assert cycles(package_graph(graph)) == [["a", "b"]]
+
+
+# resolve/'s steps, each importing only those below it (issue 56): the data the stage hands on at
+# the bottom, the pure torch choice on it alone, uv's runs above their failures' words, the steps
+# in order at the top; __init__ only re-exports.
+RESOLVE_STEPS = {
+    "model": set(),
+    "torch": {"model"},
+    "failures": {"model", "torch"},
+    "uv": {"model", "failures"},
+    "candidates": {"model"},
+    "sdists": {"model", "uv", "candidates"},
+    "held": {"model", "uv", "sdists", "candidates"},
+    "packages": {"model", "torch", "uv", "failures", "candidates", "sdists", "held"},
+    "debian": {"model", "failures"},
+    "stage": {"model", "packages", "held", "debian"},
+}
+
+
+def test_resolves_steps_import_only_the_ones_below_them():
+    steps = {m for m in GRAPH if m.startswith("envspec.resolve.")}
+    assert steps == {f"envspec.resolve.{s}" for s in RESOLVE_STEPS}, "a new step: place it here"
+    wrong = {
+        step: sorted(extra)
+        for step, below in RESOLVE_STEPS.items()
+        if (
+            extra := {t.rsplit(".", 1)[1] for t in GRAPH[f"envspec.resolve.{step}"] if t in steps}
+            - below
+        )
+    }
+    assert wrong == {}
+
+
+def test_the_torch_choice_reads_no_index():  # explain runs it offline, without the host's tools
+    assert (
+        not {"envspec.sources", "envspec.sides", "envspec.cache.dirs"}
+        & GRAPH["envspec.resolve.torch"]
+    )
+    assert not {t for t in GRAPH["envspec.resolve.model"] if t.startswith("envspec.resolve")}
