@@ -628,7 +628,7 @@ def test_progress_events_come_as_the_work_happens(env):
 
 def test_each_deb_is_one_fetching_event_however_many_mirrors_are_tried(tmp_path):
     from envspec.debian.models import DebPin
-    from envspec.image import _DebEvents
+    from envspec.image.making import _DebEvents
 
     class Rec(Reporter):
         def __init__(self):
@@ -707,7 +707,7 @@ def test_phases_say_what_the_build_spent_its_time_on_as_each_ends(env):
 
 
 def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_path, monkeypatch):
-    import envspec.image as image_mod
+    import envspec.image.builder as image_mod
     from envspec.errors import DamagedEntry
 
     cache = Cache(tmp_path / "cache")

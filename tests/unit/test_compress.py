@@ -154,7 +154,7 @@ def test_two_caches_same_compressed_digest_and_a_rebuild_does_not_recompress(env
     assert len(blobs) == 4  # every cached layer (not the envspec one, always made)
     before = {p: p.stat().st_ino for p in blobs}
     calls = []
-    monkeypatch.setattr("envspec.image.compress_file", lambda *a: calls.append(a))
+    monkeypatch.setattr("envspec.image.making.compress_file", lambda *a: calls.append(a))
     again = _build(lock, mirrors, tmp / "c1", compress=True)
     assert again.digest == a.digest and not calls
     assert {p: p.stat().st_ino for p in blobs} == before
@@ -267,7 +267,9 @@ def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(
     )  # nothing left
     calls = []
     real = compress.compress_file
-    monkeypatch.setattr("envspec.image.compress_file", lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setattr(
+        "envspec.image.making.compress_file", lambda *a: calls.append(a[0]) or real(*a)
+    )
     out = tmp / "out"
     carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
     assert (

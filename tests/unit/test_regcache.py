@@ -488,7 +488,7 @@ def test_the_summary_says_where_the_layers_came_from():
 def test_a_build_from_the_registry_reads_no_wheel_for_the_abi_check(env, monkeypatch):
     """The ABI check runs first with the wheels at hand; the wheels it could not read are read
     (fetched) only where a layer is made here: not where every layer comes from the registry."""
-    import envspec.image as image
+    import envspec.image.builder as image
 
     calls: list[str] = []
     monkeypatch.setattr(

@@ -32,17 +32,12 @@ from pathlib import Path
 
 from envspec.cache.store import Cache
 from envspec.errors import BuildError, UsageError
-from envspec.image import (
-    BuildOptions,
-    BuiltImage,
-    Preview,
-    Reporter,
-    build,
-    preview,
-    registry_stage,
-)
+from envspec.image.builder import build
 from envspec.image.engine import Engine, RecordingEngine
+from envspec.image.making import BuildOptions, registry_stage
 from envspec.image.oci import MT_INDEX, created_at, export_layout, write_index
+from envspec.image.preview import Preview, preview
+from envspec.image.report import BuiltImage, Reporter
 from envspec.lock import OCI_ARCH, Lockfile
 from envspec.plan import make_plan
 from envspec.sources import Mirror
