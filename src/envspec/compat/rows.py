@@ -32,7 +32,10 @@ class PypiRow(Row):
     source: str
 
 
-class BuildRow(Row):
+class TorchBuildRow(Row):
+    """A ``[[build]]`` row of torch_variants.toml: one build of a torch release (its variant) and
+    the CUDA, cuDNN, NCCL and arch list it ships."""
+
     torch: str
     variant: str
     cuda: str

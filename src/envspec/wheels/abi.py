@@ -359,9 +359,9 @@ def mismatch(
 
 
 @dataclass(frozen=True)
-class BuildRow:
-    """A row of the companion table: releases of a package whose binaries need a torch its
-    metadata does not say."""
+class CompanionRow:
+    """A row of the companion table (what a package's binaries were built against): releases of a
+    package whose binaries need a torch its metadata does not say."""
 
     package: str
     versions: SpecifierSet
@@ -370,7 +370,7 @@ class BuildRow:
     source: str
 
 
-def companion_table(text: str | None = None) -> list[BuildRow]:
+def companion_table(text: str | None = None) -> list[CompanionRow]:
     """``compat/data/torch_builds.toml`` (or ``text``): rows with their sources."""
     if text is None:
         text = resources.files("envspec.compat").joinpath("data/torch_builds.toml").read_text()
@@ -378,7 +378,7 @@ def companion_table(text: str | None = None) -> list[BuildRow]:
     for i, row in enumerate(tomllib.loads(text).get("build", [])):
         try:
             rows.append(
-                BuildRow(
+                CompanionRow(
                     canonicalize_name(row["package"]),
                     SpecifierSet(row["versions"]),
                     SpecifierSet(row["torch"]),
@@ -393,7 +393,7 @@ def companion_table(text: str | None = None) -> list[BuildRow]:
     return rows
 
 
-def table_row(rows: Sequence[BuildRow], name: str, version: str) -> BuildRow | None:
+def table_row(rows: Sequence[CompanionRow], name: str, version: str) -> CompanionRow | None:
     try:
         v = Version(version)
     except InvalidVersion:
@@ -404,7 +404,7 @@ def table_row(rows: Sequence[BuildRow], name: str, version: str) -> BuildRow | N
     )
 
 
-def table_mismatches(lock: Lockfile, rows: Sequence[BuildRow]) -> list[Mismatch]:
+def table_mismatches(lock: Lockfile, rows: Sequence[CompanionRow]) -> list[Mismatch]:
     """What the companion table alone says against the lock (no wheel file needed)."""
     torch = next((w for w in lock.wheels if canonicalize_name(w.name) == "torch"), None)
     if torch is None:
@@ -429,7 +429,7 @@ def table_mismatches(lock: Lockfile, rows: Sequence[BuildRow]) -> list[Mismatch]
 
 
 def built_for(
-    pin: Wheel, needs: WheelNeeds, rows: Sequence[BuildRow], others: Iterable[TorchExports] = ()
+    pin: Wheel, needs: WheelNeeds, rows: Sequence[CompanionRow], others: Iterable[TorchExports] = ()
 ) -> tuple[str, str]:
     """The torch release ``pin`` was most likely built for, and how that is known."""
     req = needs.torch_requirement
@@ -473,7 +473,7 @@ def _vkey(v: str) -> Version:
         return Version("0")
 
 
-def _hint(pin: Wheel, torch_version: str, release: str, rows: Sequence[BuildRow]) -> str:
+def _hint(pin: Wheel, torch_version: str, release: str, rows: Sequence[CompanionRow]) -> str:
     """What to lock instead; never the torch the lock already has."""
     fixes = []
     if release and _vkey(release).public == _vkey(torch_version).public:
@@ -513,7 +513,7 @@ class AbiCheck:
     """The check of a lock's compiled packages against its torch, its reads and verdicts kept
     under ``<cache>/abi/`` by the wheels' sha256 (a warm check reads a few small files)."""
 
-    def __init__(self, root: Path, rows: Sequence[BuildRow] | None = None) -> None:
+    def __init__(self, root: Path, rows: Sequence[CompanionRow] | None = None) -> None:
         self.root = root
         self.rows = list(companion_table() if rows is None else rows)
         self.read_cold: list[
