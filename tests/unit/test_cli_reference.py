@@ -65,3 +65,27 @@ def test_docs_spec_md_is_the_models_text_and_every_key_is_on_it():
                 given | {key: info.examples[0]}
             )  # the example is a value the spec takes
     assert keys >= 40
+
+
+def test_every_commands_usage_line_names_the_command():
+    """Issue 56, point 4: `envspec cache gc --help` says `usage: envspec cache gc [-h] ...`, not
+    the top parser's usage followed by the command; the same for every command, nested or not."""
+    import argparse
+
+    from envspec.cli import build_parser
+
+    def commands(p: argparse.ArgumentParser, path: tuple[str, ...]):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    yield (*path, name), sub
+                    yield from commands(sub, (*path, name))
+
+    found = list(commands(build_parser(), ("envspec",)))
+    assert len(found) > 15 and ("envspec", "cache", "gc") in [p for p, _ in found]
+    wrong = {
+        " ".join(path): sub.format_usage().splitlines()[0]
+        for path, sub in found
+        if not sub.format_usage().startswith(f"usage: {' '.join(path)} [-h]")
+    }
+    assert wrong == {}

@@ -88,7 +88,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"envspec {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and commands")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", help=argparse.SUPPRESS)
+    # prog: a command's usage line names the command (`usage: envspec cache gc [-h] ...`), not the
+    # top parser's usage and then the command
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", help=argparse.SUPPRESS, prog="envspec")
     for name, add in _COMMANDS.items():
         if command is None or name == command:
             add(sub)
