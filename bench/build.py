@@ -124,6 +124,7 @@ class Phases(Reporter):
 
     def split(self):
         end = time.monotonic()
+        assert self.commit_at is not None and self.t0 is not None, "split() after the commit"
         out = {
             "until_layout_s": round(self.commit_at - self.t0, 1),
             "import_after_layout_s": round(end - self.commit_at, 1),

@@ -146,12 +146,12 @@ def main() -> int:
                         plan,
                         BuildahEngine(),
                         Cache(cache),
-                        [sources.Mirror(m.as_uri(), "links", "bench")],
+                        [sources.Mirror(m.as_uri(), "links", "env")],
                         options=BuildOptions(registry=Registry()),
                     )
                     dt = time.monotonic() - t
                 finally:
-                    fetchmod.copy_local = store.copy_local  # type: ignore[assignment]
+                    fetchmod.copy_local = store.copy_local
                     fetchmod.WheelFetcher.read_in_place = True
                 fetch = sum(p.end - p.start for p in img.phases if p.name in ("fetch", "abi check"))
                 return {

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from envspec import sources
-from envspec.cache.store import Cache
+from envspec.cache.store import Cache, Identity
 from envspec.image import layers
 from envspec.image.bytecode import find_compiler
 from envspec.lock import load
@@ -62,19 +62,21 @@ def main() -> int:
         for lay in plan.layers:
             if not lay.wheels:
                 continue
-            files = [(w.filename, str(paths[w.sha256]), None) for w in lay.wheels]
+            files: list[tuple[str, str, Identity | None]] = [
+                (w.filename, str(paths[w.sha256]), None) for w in lay.wheels
+            ]
             row: dict = {"group": lay.group, "wheels": len(files)}
             for mode, comp in (("plain", None), ("pyc", (choice.python, choice.cache_tag))):
                 out = Path(tmp) / f"{lay.group}-{mode}.tar"
                 (s0, c0), t0 = _cpu(), time.perf_counter()
-                res = layers.make_wheel_layer(files, plan.platform, out, comp)
+                res = layers.make_wheel_layer(files, plan.platform, out, None, comp)
                 (s1, c1), t1 = _cpu(), time.perf_counter()
                 row[mode] = {
                     "cpu_s": round(s1 - s0, 2),
                     "compiler_cpu_s": round(c1 - c0, 2),
                     "wall_s": round(t1 - t0, 2),
-                    "bytes": res["size"],
-                    "pyc": res.get("pyc"),
+                    "bytes": res.size,
+                    "pyc": res.pyc.model_dump(),
                 }
                 out.unlink()
             row["extra_cpu_s"] = round(
@@ -130,8 +132,8 @@ def _base(plan, cache: Cache, compiler: tuple[str, str], json_out: str | None) -
                 "cpu_s": round(s1 - s0, 2),
                 "compiler_cpu_s": round(c1 - c0, 2),
                 "wall_s": round(t1 - t0, 2),
-                "bytes": res["size"],
-                "pyc": res.get("pyc"),
+                "bytes": res.size,
+                "pyc": res.pyc.model_dump(),
             }
             out.unlink()
     row["extra_cpu_s"] = round(

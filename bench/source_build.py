@@ -29,9 +29,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from envspec.wheels.sdist import SourceEvents  # noqa: E402  (src/ is on sys.path now)
+
+if TYPE_CHECKING:
+    from envspec.lock import Wheel
 
 
 def main() -> int:
@@ -76,7 +82,7 @@ def main() -> int:
     try:
         t = time.monotonic()
         files = WheelFetcher(cache, mirrors).fetch_all(
-            pins + [b for w in pins for b in (*w.source.build, *w.source.toolkit)]
+            pins + [b for w in pins if w.source for b in (*w.source.build, *w.source.toolkit)]
         )
         fetch_s = time.monotonic() - t
 
@@ -88,12 +94,15 @@ def main() -> int:
         sandbox_s: list[float] = []
         boxes: list[Path] = []
 
+        assert lock.debian is not None  # a lock with a Debian base (else --host-python)
+        base = lock.debian
+
         def sandbox() -> sdist.Sandbox:
-            debs = list(lock.debian.packages)
+            debs = list(base.packages)
             start = time.monotonic()
             paths = debian.fetch_debs(
                 debs,
-                mirrors=debian.mirror_list(lock.debian.mirror),
+                mirrors=debian.mirror_list(base.mirror),
                 cache_dir=cache_dir_for(os.environ) / "debs",
             )
             dest = root / f"rootfs-{len(boxes)}"
@@ -119,14 +128,7 @@ def main() -> int:
                 sandbox=sandbox,
                 parallel=a.parallel,
                 jobs=a.jobs,
-                on_done=lambda w, p, s, c: per[w.name].append(s),
-                on_progress=(
-                    lambda w, step: print(
-                        f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True
-                    )
-                )
-                if a.progress
-                else None,
+                events=_Timed(per, began, a.progress),
             )
             whole.append(time.monotonic() - t)
             for w in pins:
@@ -177,6 +179,24 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
+class _Timed(SourceEvents):
+    """``build_all``'s events as this script keeps them: each wheel's seconds, and with
+    ``--progress`` each compile step with the seconds since the build began."""
+
+    def __init__(self, per: dict[str, list[float]], began: float, progress: bool) -> None:
+        self.per, self.began, self.show = per, began, progress
+
+    def start(self, w: Wheel) -> None:
+        pass
+
+    def progress(self, w: Wheel, step: str) -> None:
+        if self.show:
+            print(f"{time.monotonic() - self.began:8.1f} s  {w.name}: {step}", flush=True)
+
+    def done(self, w: Wheel, wheel: Path, seconds: float, cached: bool) -> None:
+        self.per[w.name].append(seconds)
+
+
 def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
     """Each pin of a host-mode lock built once on this host with ``--host-python``, timed, and its
     wheel copied to ``--out``; prints what was built with what."""
@@ -195,9 +215,7 @@ def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
             files[w.sha256],
             files,
             cache.root,
-            uv=_uv(),
-            python=a.host_python,
-            jobs=jobs,
+            builder=sdist.Builder(uv=_uv(), python=a.host_python, jobs=jobs),
             on_progress=(
                 lambda step: print(
                     f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True

@@ -99,6 +99,7 @@ def build_peer(lock: lockmod.Lockfile, engine: BuildahEngine, work: Path) -> tup
     spec = importlib.util.spec_from_file_location(
         "bench_build", Path(__file__).with_name("build.py")
     )
+    assert spec is not None and spec.loader is not None
     bench_build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_build)
     plan = make_plan(lock)

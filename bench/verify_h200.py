@@ -283,11 +283,11 @@ def main() -> int:
             )
         )
     outs = []
-    for p in procs:
+    for proc in procs:
         try:
-            outs.append(p.communicate(timeout=a.timeout)[0])
+            outs.append(proc.communicate(timeout=a.timeout)[0])
         except subprocess.TimeoutExpired:
-            p.kill()
+            proc.kill()
             outs.append("TIMEOUT")
     wall = time.perf_counter() - t0
     reps = [json.loads(f.read_text()) for f in sorted(work.glob("cluster-node*.json"))]

@@ -25,3 +25,22 @@ def test_mypy_is_clean():
     )
     if proc.returncode != 0:
         pytest.fail(f"mypy is not clean:\n{proc.stdout}{proc.stderr}", pytrace=False)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None,
+    reason="mypy is not installed (it is in the test extra: pip install -e '.[test]')",
+)
+def test_bench_scripts_type_check_against_src():
+    """bench/ checked against src/envspec as it is (bench/mypy.ini): a change of an envspec
+    function that a bench script calls fails here, not the day someone runs the script (issue 56,
+    point 6: bench/source_build.py still passed ``uv=`` to ``cached_build``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", "bench/mypy.ini", "bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"mypy over bench/ is not clean:\n{proc.stdout}{proc.stderr}", pytrace=False)
