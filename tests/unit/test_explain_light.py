@@ -159,7 +159,7 @@ with contextlib.redirect_stdout(out):
 models = [m.Variant, m.TorchRelease, m.CudaToolkit, m.Gpu]
 if "envspec.compat.rows" in sys.modules:  # the row models, imported on a cache miss only
     r = sys.modules["envspec.compat.rows"]
-    models += [r.PypiRow, r.TorchBuildRow, r.ToolkitRow, r.GpuRow]
+    models += [r.PypiRow, r.BuildRow, r.ToolkitRow, r.GpuRow]
 built = [c.__name__ for c in models if c.__pydantic_complete__]
 with open(sys.argv[1], "w") as f:
     json.dump({"rc": rc, "built": built, "rows": "envspec.compat.rows" in sys.modules, "stdout": out.getvalue()}, f)

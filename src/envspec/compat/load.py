@@ -28,7 +28,7 @@ from envspec.compat.model import (
 from envspec.errors import CompatDBError
 
 if TYPE_CHECKING:
-    from envspec.compat.rows import FamilyRow, GpuRow, PypiRow, Row, ToolkitRow, TorchBuildRow
+    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PypiRow, Row, ToolkitRow
 
 FORMAT = (
     1  # the manifest's (db.toml's) format this code reads; each data file's own is in FILE_FORMATS
@@ -268,7 +268,7 @@ def _build(root: Path) -> CompatDB:
     """The DB from its data files, every row checked; ``CompatDBError`` lists every problem."""
     # the row models are imported here, on a cache miss: a process that reads a checked DB from the
     # cache (cache.py) does not make them
-    from envspec.compat.rows import FamilyRow, GpuRow, PcieRow, PypiRow, ToolkitRow, TorchBuildRow
+    from envspec.compat.rows import BuildRow, FamilyRow, GpuRow, PcieRow, PypiRow, ToolkitRow
 
     problems = _Problems()
     manifest = _read(root, MANIFEST, problems)
@@ -280,7 +280,7 @@ def _build(root: Path) -> CompatDB:
     build_rows = _rows(
         files["torch_variants.toml"],
         "build",
-        TorchBuildRow,
+        BuildRow,
         "torch_variants.toml",
         problems,
         "variant",
@@ -348,13 +348,11 @@ def _toolkits(rows: list[tuple[str, ToolkitRow]], problems: _Problems) -> dict[s
     return toolkits
 
 
-_Build = tuple[
-    str, "TorchBuildRow", SpecifierSet
-]  # a curated build row, where it is, its torch range
+_Build = tuple[str, "BuildRow", SpecifierSet]  # a curated build row, where it is, its torch range
 
 
 def _builds(
-    rows: list[tuple[str, TorchBuildRow]], toolkits: dict[str, CudaToolkit], problems: _Problems
+    rows: list[tuple[str, BuildRow]], toolkits: dict[str, CudaToolkit], problems: _Problems
 ) -> list[_Build]:
     """The curated builds of torch_variants.toml, each checked (a CUDA build names a toolkit of
     cuda.toml and its arch list); a row whose torch range is no specifier is left out."""
@@ -375,9 +373,7 @@ def _builds(
     return builds
 
 
-def _cuda_build_problems(
-    b: TorchBuildRow, toolkits: dict[str, CudaToolkit]
-) -> list[tuple[str, str]]:
+def _cuda_build_problems(b: BuildRow, toolkits: dict[str, CudaToolkit]) -> list[tuple[str, str]]:
     """(key, problem) of a CUDA build row: its CUDA version named, matching its variant, known."""
     out = []
     if not b.cuda:

@@ -32,7 +32,7 @@ class PypiRow(Row):
     source: str
 
 
-class TorchBuildRow(Row):
+class BuildRow(Row):
     """A ``[[build]]`` row of torch_variants.toml: one build of a torch release (its variant) and
     the CUDA, cuDNN, NCCL and arch list it ships."""
 
