@@ -197,11 +197,11 @@ RESOLVE_STEPS = {
     "failures": {"model", "torch"},
     "uv": {"model", "failures"},
     "candidates": {"model"},
-    "sdists": {"model", "uv", "candidates"},
+    "sdists": {"model", "torch", "uv", "candidates"},
     "held": {"model", "uv", "sdists", "candidates"},
     "packages": {"model", "torch", "uv", "failures", "candidates", "sdists", "held"},
     "debian": {"model", "failures"},
-    "stage": {"model", "packages", "held", "debian"},
+    "stage": {"model", "packages", "sdists", "held", "debian"},
 }
 
 

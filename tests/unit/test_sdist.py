@@ -320,6 +320,20 @@ def test_the_toolkit_wheels_make_one_cuda_home_and_the_arch_list_reads_as_torch_
     )
     assert sd.torch_arch_list(["sm_90a", "sm_100a"]) == "9.0a;10.0a"
     assert sd.toolkit_requirements("13.0") == [f"{n}==13.0.*" for n in sd.TOOLKIT_WHEELS["13"]]
+    # issue 58, point 2: the torch build's own pins hold (torch 2.15.0 cu132 brings cccl 13.3.5.0.6
+    # and the runtime 13.2), where `==13.2.*` for each conflicted with them
+    assert sd.toolkit_requirements(
+        "13.2", {"nvidia-cuda-cccl": "13.3.5.0.6", "nvidia-cuda-runtime": "13.2.51"}
+    ) == [
+        "nvidia-cuda-nvcc==13.2.*",
+        "nvidia-cuda-crt==13.2.*",
+        "nvidia-nvvm==13.2.*",
+        "nvidia-cuda-cccl",
+        "nvidia-cuda-runtime",
+    ]
+    assert sd.toolkit_requirements("13.0", {"nvidia-cuda-runtime": "13.1.80"})[0] == (
+        "nvidia-cuda-nvcc==13.1.*"
+    )
     assert (
         sd.toolkit_requirements("12.8") == [] and sd.toolkit_requirements("11.8") == []
     )  # no nvcc wheel

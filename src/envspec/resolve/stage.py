@@ -17,6 +17,7 @@ from envspec.resolve.debian import resolve_debian
 from envspec.resolve.held import held_back
 from envspec.resolve.model import Choice, Resolution
 from envspec.resolve.packages import resolve_python, with_packages
+from envspec.resolve.sdists import torch_for_sources
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
     from envspec.sources import ResolvedSources
@@ -46,6 +47,10 @@ def resolve(
             ):
                 keep = {}  # another torch release: the old lock's versions are no guide (they fit the old one)
         wheels = resolve_python(choice, sources, workdir=Path(tmp), keep=keep, upgrade=upgrade)
+        moved = torch_for_sources(choice, db, wheels) if db is not None else None
+        if moved is not None:  # a package built from its sdist does not compile against that torch
+            choice = moved
+            wheels = resolve_python(choice, sources, workdir=Path(tmp), upgrade=upgrade)
         if db is not None:  # the lock stage: say which named package is held back, and why
             why = held_back(choice, wheels, sources, workdir=Path(tmp))
             wheels = [dataclasses.replace(w, held_back=why.get(w.name)) for w in wheels]

@@ -686,11 +686,21 @@ def package_env(name: str, arch_list: Sequence[str]) -> dict[str, str]:
     return {k: v.replace("{archs}", archs) for k, v in PACKAGE_ENV.get(name, {}).items()}
 
 
-def toolkit_requirements(cuda: str) -> list[str]:
+def toolkit_requirements(cuda: str, locked: Mapping[str, str] | None = None) -> list[str]:
     """The toolkit wheels for CUDA ``cuda`` ("13.0"): ``nvidia-cuda-nvcc==13.0.*``, ...; [] where
-    envspec knows no toolkit wheels for that major version."""
+    envspec knows no toolkit wheels for that major version. They follow the torch build the lock
+    has (issue 58, point 2): ``locked`` (name -> version of the lock's wheels) gives the CUDA
+    runtime's major.minor where it pins one, and a toolkit wheel the lock already pins (torch
+    2.15.0 cu132 brings nvidia-cuda-cccl 13.3.5.0.6) is required by its name alone, so the lock's
+    pin holds it."""
+    locked = locked or {}
     major, _, minor = cuda.partition(".")
-    return [f"{n}=={major}.{minor or 0}.*" for n in TOOLKIT_WHEELS.get(major, ())]
+    runtime = locked.get("nvidia-cuda-runtime", "").split(".")
+    if len(runtime) >= 2 and runtime[0] == major:
+        minor = runtime[1]
+    return [
+        n if n in locked else f"{n}=={major}.{minor or 0}.*" for n in TOOLKIT_WHEELS.get(major, ())
+    ]
 
 
 def torch_arch_list(arch_list: Sequence[str]) -> str:
@@ -806,8 +816,9 @@ def _cuda_inputs(
     cuda = ch.torch.variant.cuda or ""
     if not toolkit_requirements(cuda):
         raise _no_cuda_compiler(w, res, cuda)
+    pins = {p.name: p.version for p in res.wheels if not p.is_sdist}
     toolkit = build_inputs(
-        toolkit_requirements(cuda),
+        toolkit_requirements(cuda, pins),
         ch,
         sources,
         workdir=workdir,
