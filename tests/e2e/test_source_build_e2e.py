@@ -135,6 +135,9 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
     )
     assert ds.source.compiler.startswith("gcc-12 ")  # the compiler of the lock's Debian base
     assert [f["name"] for f in said["from_source"]] == ["deepspeed"] and said["held_back"] == []
+    # issue 58, point 6: its cost said before it is paid, from its sdist's sources
+    assert said["from_source"][0]["estimate_s"] > 0
+    assert "from its sdist's" in said["from_source"][0]["estimate"]
     torch = next(w for w in lock.wheels if w.name == "torch")
     assert torch.version == "2.13.0+cpu"
 
@@ -143,6 +146,8 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
     built_a = Path(machine(base, "a")["ENVSPEC_CACHE"]) / "built" / ds.source.key.split(":", 1)[1]
     with private_storage(tmp_path / "storage-a") as host:
         env_a = machine(base, "a")  # in the block: with its ENVSPEC_STORAGE_ROOT
+        dry = " ".join(ok(envspec(env_a, "build", str(lock_path), "--dry-run")).stdout.split())
+        assert "deepspeed 0.19.8 (to build, about" in dry and "--cache-to REPO" in dry, dry
         cp = ok(
             envspec(
                 env_a,

@@ -562,14 +562,18 @@ def test_lock_and_explain_say_which_packages_are_built_from_source(tmp_path, mon
         ["setuptools 80.9.0"],
     )
     assert said["held_back"] == []  # taken at its newest release: nothing held back
+    # issue 58, point 6: the cost before it is paid (this sdist has no source to compile)
+    assert f["estimate_s"] == 30 and f["estimate"].startswith("about 30 s here (from its sdist")
     pin = next(w for w in lockmod.load(out).wheels if w.name == "deepspeed")
     assert pin.source is not None and pin.source.key == f["key"] and lockmod.load(out).revision == 4
     out.unlink()
     assert main(["lock", str(spec), "-o", str(out)]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # as printed, wrapped to the terminal
     assert (
         "from source: deepspeed 0.19.8 (deepspeed-0.19.8.tar.gz; setuptools.build_meta:__legacy__ with setuptools 80.9.0)"
-        in " ".join(capsys.readouterr().err.split())
-    )  # as printed, wrapped to the terminal
+        in err
+    )
+    assert "built by `envspec build`: about 30 s here" in err and "--cache-to REPO" in err
     assert main(["lock", str(spec), "-o", str(out), "--check"]) == 0
     capsys.readouterr()
     assert main(["explain", str(spec), "--packages", "--json"]) == 0

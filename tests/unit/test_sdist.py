@@ -426,3 +426,58 @@ def test_a_failed_compile_shows_its_first_errors_and_its_end():
         and "ninja line 10" not in out
     )
     assert sd.failure_excerpt("a\nb\nc", tail=5) == "a\nb\nc"  # nothing more to show than the end
+
+
+def test_a_source_builds_time_is_estimated_from_the_caches_history_else_its_sources(tmp_path):
+    """Issue 58, point 6: the cost shown before it is paid."""
+    import io
+    import json
+    import tarfile
+
+    from envspec.lock import SourceBuild, Wheel
+    from envspec.wheels import sdist as sd
+
+    def pin(name: str, archs: list[str]) -> Wheel:
+        src = SourceBuild(backend="b", requires=[], python="3.11", compiler="", key="k", build=[])
+        src = src.model_copy(update={"arch_list": archs})
+        return Wheel(
+            name=name,
+            version="1.0",
+            filename=f"{name}-1.0.tar.gz",
+            index="i",
+            sha256="0" * 64,
+            size=1,
+            group="team",
+            direct=True,
+            source=src,
+        )
+
+    tgz = tmp_path / "ext-1.0.tar.gz"
+    with tarfile.open(tgz, "w:gz") as t:
+        for n in ("ext-1.0/a.cu", "ext-1.0/b.cu", "ext-1.0/c.cpp", "ext-1.0/setup.py"):
+            info = tarfile.TarInfo(n)
+            t.addfile(info, io.BytesIO(b""))
+    cache = tmp_path / "cache"
+    e = sd.estimate(pin("ext", ["sm_90", "sm_100"]), cache, tgz, jobs=2)
+    assert e is not None and e.seconds == (2 * sd.CUDA_SOURCE_S * 2 + sd.CXX_SOURCE_S) / 2
+    assert "2 CUDA and 1 C/C++ sources for 2 GPU architecture(s)" in e.basis
+    assert sd.estimate(pin("ext", []), cache, None, jobs=2) is None  # no sdist, no history
+    assert sd.say_estimate(None).startswith("build time not known")
+    # a build this cache recorded wins: 600 s with 1 job -> 300 s with 2
+    entry = cache / "built" / "abc"
+    entry.mkdir(parents=True)
+    (entry / "wheel.json").write_text(
+        json.dumps(
+            {
+                "filename": "x.whl",
+                "sha256": "1",
+                "key": "k",
+                "sdist": ["ext", "0.9", "2"],
+                "seconds": 600.0,
+                "jobs": 1,
+            }
+        )
+    )
+    e = sd.estimate(pin("ext", ["sm_90"]), cache, tgz, jobs=2)
+    assert e is not None and e.seconds == 300 and "ext 0.9, 600 s with 1 jobs" in e.basis
+    assert sd.say_estimate(e) == f"about 5 min here (from {e.basis})"

@@ -417,10 +417,15 @@ def _image_preview_lines(one: Preview, where: str) -> list[str]:
         lines.append(
             "  built from sdists: "
             + ", ".join(
-                f"{b.name} {b.version} ({'cached' if b.cached else 'to build'})"
+                f"{b.name} {b.version} ({'cached' if b.cached else 'to build, ' + b.estimate})"
                 for b in one.source_builds
             )
         )
+        if any(not b.cached for b in one.source_builds) and not one.cache_to:
+            lines.append(
+                "  once: `--cache-to REPO` shares the built wheels with every machine that "
+                "builds this lock (--cache-from there)"
+            )
     if one.cache_from or one.cache_to:
         lines.append(
             f"  registry layer cache: from {one.cache_from or '-'}, to {one.cache_to or '-'}"

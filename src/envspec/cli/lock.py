@@ -26,11 +26,12 @@ from envspec.errors import (
 
 if TYPE_CHECKING:
     from envspec.compat.model import CompatDB
-    from envspec.lock import Lockfile
+    from envspec.lock import Lockfile, Wheel
     from envspec.resolve import Choice, Resolution
     from envspec.sources import ResolvedSources
     from envspec.spec import EnvSpec
     from envspec.wheels.abi import AtHand
+    from envspec.wheels.sdist import Estimate
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -409,7 +410,9 @@ def _details(done: _Locked) -> list[str]:
                 if f["toolkit"]
                 else ""
             )
-            + "), built by `envspec build`"
+            + f"), built by `envspec build`: {f['estimate']}; once: "
+            "`envspec build --cache-to REPO` shares the wheel with every machine that builds "
+            "this lock"
         )
     return lines
 
@@ -459,29 +462,45 @@ class _FromSource(TypedDict):
     key: str
     toolkit: list[str]
     arch_list: list[str]
+    estimate_s: float | None  # its build time here (``sdist.estimate``), None where not known
+    estimate: str  # that in words, with what it is from
 
 
 def _from_source(lock: Lockfile) -> list[_FromSource]:
-    """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform."""
-    return [
-        _FromSource(
-            platform=part.name,
-            name=w.name,
-            version=w.version,
-            sdist=w.filename,
-            sha256=w.sha256,
-            backend=w.source.backend,
-            build=[f"{b.name} {b.version}" for b in w.source.build],
-            python=w.source.python,
-            compiler=w.source.compiler,
-            key=w.source.key,
-            toolkit=[f"{b.name} {b.version}" for b in w.source.toolkit],
-            arch_list=list(w.source.arch_list),
-        )
-        for part in lock.parts
-        for w in part.wheels
-        if w.source is not None
-    ]
+    """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform,
+    with the time each build is expected to take here (issue 58, point 6)."""
+    from envspec.cache.store import Cache
+    from envspec.wheels import sdist
+
+    cache, jobs = Cache(), sdist.default_jobs()
+    out = []
+    for part in lock.parts:
+        for w in part.wheels:
+            if w.source is None:
+                continue
+            e = sdist.estimate(w, cache.root, sdist.sdist_at_hand(w, cache.root), jobs)
+            out.append(_one_from_source(part.name, w, e, sdist.say_estimate(e)))
+    return out
+
+
+def _one_from_source(platform: str, w: Wheel, e: Estimate | None, said: str) -> _FromSource:
+    assert w.source is not None
+    return _FromSource(
+        platform=platform,
+        name=w.name,
+        version=w.version,
+        sdist=w.filename,
+        sha256=w.sha256,
+        backend=w.source.backend,
+        build=[f"{b.name} {b.version}" for b in w.source.build],
+        python=w.source.python,
+        compiler=w.source.compiler,
+        key=w.source.key,
+        toolkit=[f"{b.name} {b.version}" for b in w.source.toolkit],
+        arch_list=list(w.source.arch_list),
+        estimate_s=round(e.seconds) if e is not None else None,
+        estimate=said,
+    )
 
 
 def _held_back(lock: Lockfile) -> list[dict[str, str]]:

@@ -52,6 +52,7 @@ class SourceBuildPreview:
     sdist: str
     key: str
     cached: bool
+    estimate: str = ""  # where not cached: its build time here, in words (``sdist.estimate``)
 
 
 @dataclass(frozen=True)
@@ -124,19 +125,28 @@ def _preview_fetch(layers: Layers) -> FetchPreview:
 
 def _preview_source_builds(layers: Layers) -> tuple[SourceBuildPreview, ...]:
     """The wheels a build would make from their sdists, and whether each is in the cache."""
-    platform, root = layers.plan.platform, layers.cache.root
-    return tuple(
-        SourceBuildPreview(
-            name=w.name,
-            version=w.version,
-            sdist=w.filename,
-            key=w.source.key,
-            cached=sdist.cached_wheel(sdist.derivation_of(w, platform), root) is not None,
+    platform, root, jobs = layers.plan.platform, layers.cache.root, sdist.default_jobs()
+    out = []
+    for w in (w for lay in layers.todo for w in lay.wheels):
+        if w.source is None:
+            continue
+        cached = sdist.cached_wheel(sdist.derivation_of(w, platform), root) is not None
+        said = (
+            ""
+            if cached
+            else sdist.say_estimate(sdist.estimate(w, root, sdist.sdist_at_hand(w, root), jobs))
         )
-        for lay in layers.todo
-        for w in lay.wheels
-        if w.source is not None
-    )
+        out.append(
+            SourceBuildPreview(
+                name=w.name,
+                version=w.version,
+                sdist=w.filename,
+                key=w.source.key,
+                cached=cached,
+                estimate=said,
+            )
+        )
+    return tuple(out)
 
 
 def _preview_engine(

@@ -611,6 +611,7 @@ def cached_build(
     when it was built), or built now and kept there with its log (``<cache>/built/<key>/build.log``,
     also kept when the build fails). Returns (the wheel, whether it was built now)."""
     import tempfile
+    import time
 
     entry = _entry(d, cache_root)
     found = cached_wheel(d, cache_root)
@@ -623,6 +624,7 @@ def cached_build(
             return found, False
         out = Path(tempfile.mkdtemp(prefix=".out-", dir=entry))
         try:
+            began = time.monotonic()
             made = build_wheel(
                 d,
                 sdist,
@@ -632,6 +634,7 @@ def cached_build(
                 log=entry / "build.log",
                 on_progress=on_progress,
             )
+            seconds = round(time.monotonic() - began, 1)
             with open(made, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
             admit(made, entry / made.name)  # read-only, as every entry
@@ -644,6 +647,9 @@ def cached_build(
                         "sha256": digest,
                         "key": d.key,
                         "sdist": [d.sdist.name, d.sdist.version, d.sdist.sha256],
+                        # how long it took, with how many compile jobs: ``estimate``'s history
+                        "seconds": seconds,
+                        "jobs": builder.jobs,
                     },
                     indent=1,
                 )
@@ -1058,3 +1064,115 @@ def build_all(
         for sha, wheel in ex.map(one, todo):
             out[sha] = wheel
     return out
+
+
+# What one source file costs to compile on the project's 2-core VM with 2 jobs (docs/benchmarks.md,
+# 2026-12-05): a CUDA source about 160 s per GPU architecture (flash-attn 2.8.3.post2, sm_90: 79 s
+# an object, two at a time), a C/C++ source about 10 s. An estimate, said as one.
+CUDA_SOURCE_S = 160.0
+CXX_SOURCE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long a wheel's build from its sdist is expected to take here, and from what."""
+
+    seconds: float
+    basis: str
+
+
+def default_jobs() -> int:
+    """The compile jobs of a build on this machine: its cores, as many as its memory holds."""
+    return max(1, min(os.cpu_count() or 1, memory_jobs()))
+
+
+def estimate(w: Wheel, cache_root: Path, sdist: Path | None, jobs: int) -> Estimate | None:
+    """The build time of ``w`` (a pin built from its sdist) with ``jobs`` compile jobs: this
+    cache's last build of the same package (``wheel.json``'s seconds, scaled by its jobs), else
+    its sdist's sources (``sdist``, where it is at hand) at ``CUDA_SOURCE_S`` per CUDA source and
+    GPU architecture and ``CXX_SOURCE_S`` per C/C++ source; None where neither is known."""
+    jobs = max(1, jobs)
+    past = _past_builds(cache_root, w.name)
+    if past:
+        secs, then_jobs, version = past[-1]
+        return Estimate(
+            secs * max(1, then_jobs or jobs) / jobs,
+            f"its build here of {w.name} {version}, {secs:.0f} s with {then_jobs or jobs} jobs",
+        )
+    if sdist is None or not sdist.is_file():
+        return None
+    cu, cxx = _sources(sdist)
+    archs = max(1, len(w.source.arch_list)) if w.source is not None else 1
+    if not cu and not cxx:
+        return Estimate(30.0, "its sdist has no C, C++ or CUDA source: packaging alone")
+    return Estimate(
+        (cu * CUDA_SOURCE_S * archs + cxx * CXX_SOURCE_S) / jobs,
+        f"its sdist's {cu} CUDA and {cxx} C/C++ sources for {archs} GPU architecture(s)",
+    )
+
+
+def sdist_at_hand(w: Wheel, cache_root: Path) -> Path | None:
+    """The sdist of ``w`` where it is at hand without a download: in the cache by its sha256, or
+    in the local folder its index is (a wheelhouse as the index, read in place)."""
+    from urllib.parse import unquote, urlparse
+
+    blob = cache_root / "blobs" / "sha256" / w.sha256
+    if blob.is_file():
+        return blob
+    url = urlparse(w.index)
+    if url.scheme in ("", "file"):
+        local = Path(unquote(url.path)) / w.filename
+        if local.is_file():
+            return local
+    return None
+
+
+def _past_builds(cache_root: Path, name: str) -> list[tuple[float, int, str]]:
+    """(seconds, jobs, version) of each build of ``name`` this cache records, oldest first."""
+    out = []
+    for record in (cache_root / "built").glob("*/wheel.json"):
+        try:
+            m = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if m.get("sdist", [""])[0] == name and "seconds" in m:
+            out.append(
+                (
+                    record.stat().st_mtime,
+                    float(m["seconds"]),
+                    int(m.get("jobs", 0)),
+                    str(m["sdist"][1]),
+                )
+            )
+    return [(s, j, v) for _, s, j, v in sorted(out)]
+
+
+def _sources(sdist: Path) -> tuple[int, int]:
+    """(CUDA sources, C/C++ sources) in an sdist (.tar.gz or .zip)."""
+    try:
+        if zipfile.is_zipfile(sdist):
+            with zipfile.ZipFile(sdist) as z:
+                names = z.namelist()
+        else:
+            with tarfile.open(sdist) as t:
+                names = t.getnames()
+    except (OSError, tarfile.TarError, zipfile.BadZipFile):
+        return 0, 0
+    cu = sum(n.endswith(".cu") for n in names)
+    cxx = sum(n.endswith((".cpp", ".cc", ".cxx", ".c")) for n in names)
+    return cu, cxx
+
+
+def say_estimate(e: Estimate | None) -> str:
+    """An estimate in words: "about 97 min (from ...)"; where none: that it is not known yet."""
+    if e is None:
+        return "build time not known until its sdist is fetched"
+    secs = e.seconds
+    said = (
+        f"{secs:.0f} s"
+        if secs < 120
+        else f"{secs / 60:.0f} min"
+        if secs < 7200
+        else f"{secs / 3600:.1f} h"
+    )
+    return f"about {said} here (from {e.basis})"
