@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,10 +87,17 @@ def test_lock(cache, tmp_path):
     assert run(["bench/lock.py", "specs/smoke.toml", "--runs", "1"], cache, tmp_path).strip()
 
 
-def test_pyc(cache, tmp_path):
-    out = tmp_path / "pyc.json"
-    run(["bench/pyc.py", SMOKE, "--json", str(out)], cache, tmp_path)
+def run_json(script: str, args: list[str], cache: Path, tmp: Path) -> dict:
+    """``python bench/SCRIPT.py ARGS --json TMP/SCRIPT.json``: the results it wrote, read back."""
+    out = tmp / f"{script}.json"
+    run([f"bench/{script}.py", *args, "--json", str(out)], cache, tmp)
     said = json.loads(out.read_text())
+    assert said, f"bench/{script}.py wrote no results"
+    return said
+
+
+def test_pyc(cache, tmp_path):
+    said = run_json("pyc", [SMOKE], cache, tmp_path)
     assert said["layers"] and said["total"]["pyc_files"] > 0
 
 
@@ -126,144 +134,43 @@ def test_source_build(cache, tmp_path):
 
 def test_push(cache, tmp_path):
     needs_containers()
-    out = tmp_path / "push.json"
-    run(
-        [
-            "bench/push.py",
-            "--lock",
-            SMOKE,
-            "--compression",
-            "none",
-            "--tmp",
-            str(tmp_path),
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
+    run_json(
+        "push", ["--lock", SMOKE, "--compression", "none", "--tmp", str(tmp_path)], cache, tmp_path
     )
-    assert json.loads(out.read_text())
 
 
 def test_cache_pull(cache, tmp_path):
     needs_containers()
-    out = tmp_path / "cache.json"
-    run(
-        [
-            "bench/cache.py",
-            "--lock",
-            SMOKE,
-            "--rounds",
-            "1",
-            "--no-fresh-fs",
-            "--tmp",
-            str(tmp_path),
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    args = ["--lock", SMOKE, "--rounds", "1", "--no-fresh-fs", "--tmp", str(tmp_path)]
+    run_json("cache", args, cache, tmp_path)
 
 
 def test_startup(cache, tmp_path, storage):
-    out = tmp_path / "startup.json"
-    run(
-        [
-            "bench/startup.py",
-            "--lock",
-            SMOKE,
-            "--runs",
-            "1",
-            "--verify-runs",
-            "1",
-            "--no-peer",
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    args = ["--lock", SMOKE, "--runs", "1", "--verify-runs", "1", "--no-peer"]
+    run_json("startup", args, cache, tmp_path)
 
 
 def test_build_cli(cache, tmp_path, storage):
-    out = tmp_path / "build.json"
-    run(
-        [
-            "bench/build.py",
-            "--cli",
-            "--lock",
-            SMOKE,
-            "--settle",
-            "0",
-            "--skip-empty-cache",
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    args = ["--cli", "--lock", SMOKE, "--settle", "0", "--skip-empty-cache"]
+    run_json("build", args, cache, tmp_path)
 
 
 def test_arm64(cache, tmp_path, storage):
-    out = tmp_path / "arm64.json"
-    run(
-        [
-            "bench/arm64.py",
-            "--amd64-lock",
-            SMOKE,
-            "--arm64-lock",
-            "lockfiles/smoke-arm64.lock",
-            "--rounds",
-            "1",
-            "--settle",
-            "0",
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    args = ["--amd64-lock", SMOKE, "--arm64-lock", "lockfiles/smoke-arm64.lock"]
+    run_json("arm64", [*args, "--rounds", "1", "--settle", "0"], cache, tmp_path)
 
 
 def test_local_source(cache, tmp_path):
     needs_containers()
     if os.geteuid() != 0:
         pytest.skip("it mounts a loop file system of its own: root")
-    out = tmp_path / "local.json"
-    run(
-        [
-            "bench/local_source.py",
-            "--lock",
-            SMOKE,
-            "--rounds",
-            "1",
-            "--ways",
-            "inplace",
-            "--tmp",
-            str(tmp_path),
-            "--json",
-            str(out),
-        ],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    args = ["--lock", SMOKE, "--rounds", "1", "--ways", "inplace", "--tmp", str(tmp_path)]
+    run_json("local_source", args, cache, tmp_path)
 
 
 def test_verify_quick_in_a_built_image(cache, tmp_path, storage):
     built = json.loads(run(["-m", "envspec", "build", SMOKE, "--json", "--quiet"], cache, tmp_path))
-    out = tmp_path / "quick.json"
-    run(
-        ["bench/verify_quick.py", "--image", built["image"], "--runs", "1", "--json", str(out)],
-        cache,
-        tmp_path,
-    )
-    assert json.loads(out.read_text())
+    run_json("verify_quick", ["--image", built["image"], "--runs", "1"], cache, tmp_path)
 
 
 # --- the verifier's benches: on a GPU machine for their figures, on this one to run at all ------
@@ -323,6 +230,9 @@ def test_every_bench_script_has_a_smoke_run():
     text = Path(__file__).read_text()
     scripts = [p for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
     assert len(scripts) > 15
-    assert [
-        p.name for p in scripts if p.name != "_common.py" and f"bench/{p.name}" not in text
-    ] == []
+    ran = [
+        p.name
+        for p in scripts
+        if f"bench/{p.name}" in text or re.search(rf'run_json\(\s*"{p.stem}"', text)
+    ]
+    assert sorted({p.name for p in scripts} - {"_common.py", *ran}) == []

@@ -428,25 +428,25 @@ def in_image(ref: str, entrypoint: str, args: list[str], *, timeout: int = 300):
 def out_of_reach(lock_path: Path) -> str | None:
     """Why a build of ``lock_path`` cannot fetch each of its wheels here, or None: a wheel whose
     index this machine does not reach, and which no mirror envspec is set up with (ENVSPEC_MIRRORS,
-    pip's configuration) serves by its filename. lockfiles/cpu.lock's torch is PyTorch's CPU build
-    from download.pytorch.org; where that host is out of reach, a mirror must hold the very file
-    (its sha256 is checked as it is fetched). A test that builds such a lock skips with this
-    reason, rather than pass or fail by what the machine's mirrors happen to hold (issue 57, 8)."""
+    pip's configuration) serves by its filename (``WheelFetcher.candidates``, mirrors only).
+    lockfiles/cpu.lock's torch is PyTorch's CPU build from download.pytorch.org; where that host is
+    out of reach, a mirror must hold the very file (its sha256 is checked as it is fetched). A test
+    that builds such a lock skips with this reason, rather than pass or fail by what the machine's
+    mirrors happen to hold (issue 57, 8)."""
+    import tempfile
+
     from envspec import lock as lockmod
     from envspec import sources
+    from envspec.cache.store import Cache
+    from envspec.wheels.fetch import WheelFetcher
 
-    mirrors = sources.discover().mirrors
-    offered: set[str] = set()
-    for m in mirrors:
-        with contextlib.suppress(OSError, ValueError):
-            offered |= set(sources.links_files(m.url) if m.kind == "links" else ())
     wheels = lockmod.load(lock_path).wheels
     reached = {i: sources.reachable(i) for i in {w.index for w in wheels}}
-    missing = [
-        w
-        for w in wheels
-        if not reached[w.index] and w.filename not in offered and not _on_index(w, mirrors)
-    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        mirrors = WheelFetcher(Cache(tmp), sources.discover().mirrors, allow_canonical=False)
+        missing = [
+            w for w in wheels if not reached[w.index] and next(mirrors.candidates(w), None) is None
+        ]
     if not missing:
         return None
     return (
@@ -454,15 +454,3 @@ def out_of_reach(lock_path: Path) -> str | None:
         f"from {missing[0].index} (unreachable here) nor from a mirror envspec is set up with; "
         "name a folder that holds them in ENVSPEC_MIRRORS to run this test"
     )
-
-
-def _on_index(pin, mirrors) -> bool:
-    """Whether a mirror that is a simple index lists ``pin``'s file."""
-    from envspec import sources
-
-    for m in mirrors:
-        if m.kind == "index":
-            with contextlib.suppress(OSError, ValueError):
-                if pin.filename in sources.project_files(m.url, pin.name, timeout=30):
-                    return True
-    return False

@@ -478,7 +478,7 @@ def _from_source(lock: Lockfile) -> list[_FromSource]:
         for w in part.wheels:
             if w.source is None:
                 continue
-            e = sdist.estimate(w, cache.root, sdist.sdist_at_hand(w, cache.root), jobs)
+            e = sdist.estimate(w, cache.root, sdist.sdist_at_hand(w, cache), jobs)
             out.append(_one_from_source(part.name, w, e, sdist.say_estimate(e)))
     return out
 

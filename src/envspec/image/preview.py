@@ -134,7 +134,9 @@ def _preview_source_builds(layers: Layers) -> tuple[SourceBuildPreview, ...]:
         said = (
             ""
             if cached
-            else sdist.say_estimate(sdist.estimate(w, root, sdist.sdist_at_hand(w, root), jobs))
+            else sdist.say_estimate(
+                sdist.estimate(w, root, sdist.sdist_at_hand(w, layers.cache), jobs)
+            )
         )
         out.append(
             SourceBuildPreview(

@@ -173,9 +173,14 @@ def _run_uv(
     from packaging.utils import canonicalize_name
 
     yanked = _yanked(proc.stderr)
+    packages = _pylock_packages(out)
+    if not yanked:  # almost always: no copy
+        return packages
     return [
-        p.model_copy(update={"yanked": yanked.get(canonicalize_name(p.name))})
-        for p in _pylock_packages(out)
+        p.model_copy(update={"yanked": yanked[canonicalize_name(p.name)]})
+        if canonicalize_name(p.name) in yanked
+        else p
+        for p in packages
     ]
 
 

@@ -1111,20 +1111,16 @@ def estimate(w: Wheel, cache_root: Path, sdist: Path | None, jobs: int) -> Estim
     )
 
 
-def sdist_at_hand(w: Wheel, cache_root: Path) -> Path | None:
+def sdist_at_hand(w: Wheel, cache: Cache) -> Path | None:
     """The sdist of ``w`` where it is at hand without a download: in the cache by its sha256, or
     in the local folder its index is (a wheelhouse as the index, read in place)."""
     from urllib.parse import unquote, urlparse
 
-    blob = cache_root / "blobs" / "sha256" / w.sha256
-    if blob.is_file():
-        return blob
+    if cache.has_blob(w.sha256):
+        return cache.blob(w.sha256)
     url = urlparse(w.index)
-    if url.scheme in ("", "file"):
-        local = Path(unquote(url.path)) / w.filename
-        if local.is_file():
-            return local
-    return None
+    local = Path(unquote(url.path)) / w.filename if url.scheme in ("", "file") else None
+    return local if local is not None and local.is_file() else None
 
 
 def _past_builds(cache_root: Path, name: str) -> list[tuple[float, int, str]]:
