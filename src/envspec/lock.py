@@ -164,6 +164,10 @@ class SourceBuild(_M):
     arch_list: list[str] = Field(default_factory=list)
     # the package's own build settings, read by its setup.py (flash-attn's FLASH_ATTN_CUDA_ARCHS)
     env: dict[str, str] = Field(default_factory=dict)
+    # of ``requires``, what its setup.py imports and its [build-system] does not declare (torch for
+    # mamba-ssm, causal-conv1d 1.5): given at the lock's own pins, as uv's match-runtime does
+    # (issue 58); absent where it declares all it imports
+    undeclared: list[str] | None = None
 
 
 class Wheel(PinnedFile):
@@ -602,6 +606,7 @@ def _wheel(w: WheelCandidate) -> Wheel:
             toolkit=inputs(src.toolkit),
             arch_list=list(src.arch_list),
             env=dict(src.env),
+            undeclared=list(src.undeclared) or None,
         )
     return Wheel(**d)
 

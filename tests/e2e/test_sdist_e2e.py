@@ -60,7 +60,7 @@ def inputs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sdist")
     _download(tmp, "--no-deps", "--no-binary", ":all:", "markupsafe==3.0.2")
     sdist = tmp / "markupsafe-3.0.2.tar.gz"
-    requires, backend = sd.build_system(sdist)
+    requires, backend, _ = sd.build_system(sdist)
     assert (requires, backend) == (["setuptools>=70.1"], "setuptools.build_meta")
     wheels = tmp / "build-wheels"
     _download(wheels, "--only-binary", ":all:", *requires)
@@ -160,6 +160,7 @@ def test_a_legacy_sdist_is_built_with_setuptools_legacy_backend(tmp_path):
     assert sd.build_system(tmp_path / "deepspeed-0.19.8.tar.gz") == (
         ["setuptools>=40.8.0"],
         "setuptools.build_meta:__legacy__",
+        (),
     )
 
 
@@ -176,7 +177,7 @@ def test_the_build_inputs_are_resolved_pinned_fetched_and_built_from(inputs, tmp
     _, sdist, _, _ = inputs
     spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "cpu.toml")
     choice = choose(spec, load_db())
-    requires, _ = sd.build_system(sdist)
+    requires = sd.build_system(sdist).requires
     found = build_inputs(
         requires, choice, sources.discover(spec.sources), workdir=tmp_path / "uv", name="markupsafe"
     )

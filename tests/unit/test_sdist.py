@@ -62,9 +62,13 @@ def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path)
             "a-1/PKG-INFO": "",
         },
     )
-    assert sd.build_system(modern) == (["hatchling>=1.2"], "hatchling.build")
+    assert sd.build_system(modern) == (["hatchling>=1.2"], "hatchling.build", ())
     legacy = _tar(tmp_path / "b-1.tar.gz", {"b-1/setup.py": "", "b-1/PKG-INFO": ""})
-    assert sd.build_system(legacy) == (["setuptools>=40.8.0"], "setuptools.build_meta:__legacy__")
+    assert sd.build_system(legacy) == (
+        ["setuptools>=40.8.0"],
+        "setuptools.build_meta:__legacy__",
+        (),
+    )
     no_table = _tar(
         tmp_path / "c-1.tar.gz", {"c-1/pyproject.toml": "[tool.black]\n", "c-1/setup.py": ""}
     )
@@ -85,6 +89,7 @@ def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path)
     assert sd.build_system(imports) == (
         ["setuptools>=40.8.0", "packaging", "torch", "wheel"],
         "setuptools.build_meta:__legacy__",
+        ("packaging", "torch", "wheel"),
     )
     broken = _tar(
         tmp_path / "g-1.tar.gz",
@@ -98,7 +103,35 @@ def test_the_build_system_comes_from_pyproject_or_is_setuptools_legacy(tmp_path)
             "h-1/setup.py": "import torch\n",
         },
     )
-    assert sd.build_system(declared)[0] == ["setuptools"]  # declared: taken as declared
+    # mamba-ssm's way: a [build-system] that leaves torch out on purpose ("install torch first, then
+    # --no-build-isolation"); its setup.py imports it: given, and said to be undeclared
+    assert sd.build_system(declared) == (
+        ["setuptools", "torch"],
+        sd.LEGACY_BACKEND,
+        ("torch",),
+    )
+    spelled = _tar(
+        tmp_path / "i-1.tar.gz",
+        {
+            "i-1/pyproject.toml": '[build-system]\nrequires = ["setuptools", "Torch>=2", "wheel"]\n'
+            'build-backend = "setuptools.build_meta"\n',
+            "i-1/setup.py": "import torch\nimport wheel\nimport numpy\n",
+        },
+    )
+    assert sd.build_system(spelled) == (
+        ["setuptools", "Torch>=2", "wheel", "numpy"],
+        "setuptools.build_meta",
+        ("numpy",),
+    )
+    other = _tar(
+        tmp_path / "j-1.tar.gz",
+        {
+            "j-1/pyproject.toml": '[build-system]\nrequires = ["scikit-build-core"]\n'
+            'build-backend = "scikit_build_core.build"\n',
+            "j-1/setup.py": "import torch\n",
+        },
+    )
+    assert sd.build_system(other).undeclared == ()  # not setuptools: its setup.py is not run
     two = _tar(tmp_path / "d-1.tar.gz", {"d-1/setup.py": "", "e-1/setup.py": ""})
     with pytest.raises(SourceBuildError, match="one top folder"):
         sd.build_system(two)
@@ -199,7 +232,18 @@ def test_compiler_of_a_lock_is_its_debian_gcc():
     assert sd.compiler_of([NS(name="bash", version="5.2")]) == ""
 
 
-def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("requires", "setup", "undeclared"),
+    [
+        ('["setuptools", "torch"]', "", ()),
+        # mamba-ssm's way: torch left out of [build-system] on purpose, imported by setup.py: the
+        # lock's torch is given all the same (match-runtime), and the lock says so (issue 58)
+        ('["setuptools"]', "import torch\nfrom torch.utils import cpp_extension\n", ("torch",)),
+    ],
+)
+def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(
+    tmp_path, monkeypatch, requires, setup, undeclared
+):
     """An sdist that builds against a CUDA torch (issue 38): NVIDIA's toolkit wheels for the lock's
     CUDA (never the system's nvcc) pinned beside its build requirements, and the lock's arch list,
     both inputs of its key; recorded in the lock and read back."""
@@ -218,8 +262,9 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
         index / "cuext-1.0.tar.gz",
         {
             "cuext-1.0/PKG-INFO": "Metadata-Version: 2.2\nName: cuext\nVersion: 1.0\nRequires-Dist: torch\n",
-            "cuext-1.0/pyproject.toml": '[build-system]\nrequires = ["setuptools", "torch"]\n'
+            "cuext-1.0/pyproject.toml": f"[build-system]\nrequires = {requires}\n"
             'build-backend = "setuptools.build_meta"\n',
+            "cuext-1.0/setup.py": setup,
         },
     )
     spec_path = tmp_path / "spec.toml"
@@ -266,6 +311,7 @@ def test_a_cuda_extension_gets_the_locks_cuda_toolkit_and_arch_list(tmp_path, mo
     assert [b.name for b in pin.source.toolkit] == [
         b.name for b in src.toolkit
     ] and pin.source.arch_list == list(src.arch_list)
+    assert src.undeclared == undeclared and pin.source.undeclared == (list(undeclared) or None)
     assert (
         sd.derivation_of(pin, lock.platform).key == src.key
     )  # the build computes the key the lock recorded

@@ -410,7 +410,14 @@ def _details(done: _Locked) -> list[str]:
                 if f["toolkit"]
                 else ""
             )
-            + f"), built by `envspec build`: {f['estimate']}; once: "
+            + ")"
+            + (
+                f"; {', '.join(f['undeclared'])} given to its build at the lock's pins: its "
+                "setup.py imports them and does not declare them"
+                if f["undeclared"]
+                else ""
+            )
+            + f", built by `envspec build`: {f['estimate']}; once: "
             "`envspec build --cache-to REPO` shares the wheel with every machine that builds "
             "this lock"
         )
@@ -462,6 +469,8 @@ class _FromSource(TypedDict):
     key: str
     toolkit: list[str]
     arch_list: list[str]
+    # what its setup.py imports and does not declare, given at the lock's pins (match-runtime)
+    undeclared: list[str]
     estimate_s: float | None  # its build time here (``sdist.estimate``), None where not known
     estimate: str  # that in words, with what it is from
 
@@ -498,6 +507,7 @@ def _one_from_source(platform: str, w: Wheel, e: Estimate | None, said: str) -> 
         key=w.source.key,
         toolkit=[f"{b.name} {b.version}" for b in w.source.toolkit],
         arch_list=list(w.source.arch_list),
+        undeclared=list(w.source.undeclared or []),
         estimate_s=round(e.seconds) if e is not None else None,
         estimate=said,
     )

@@ -210,6 +210,9 @@ class SourceInputs:
     env: tuple[
         tuple[str, str], ...
     ] = ()  # the package's own build settings (``wheels.sdist.PACKAGE_ENV``)
+    # of ``requires``, what its setup.py imports and does not declare (torch for mamba-ssm): given
+    # at the lock's own pins, as uv's match-runtime does (``wheels.sdist.BuildSystem``)
+    undeclared: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

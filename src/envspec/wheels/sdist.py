@@ -40,7 +40,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from envspec.cache.store import admit
 from envspec.errors import HashMismatch, SourceBuildError
@@ -202,24 +202,47 @@ def setup_imports(sdist: Path) -> list[str]:
     return found
 
 
-def build_system(sdist: Path) -> tuple[list[str], str]:
+class BuildSystem(NamedTuple):
+    """An sdist's build system as envspec builds it: ``requires``, what its [build-system] declares
+    (PEP 517's default for a legacy sdist) and ``undeclared``; ``backend``; ``undeclared``, what its
+    setup.py imports unconditionally and does not declare (``setup_imports``: torch for mamba-ssm,
+    whose pyproject.toml leaves torch out on purpose and says to build with
+    ``--no-build-isolation``). Those are given at the lock's own pins, as uv's ``match-runtime``
+    does, and the lock records them (issue 58, point 1)."""
+
+    requires: list[str]
+    backend: str
+    undeclared: tuple[str, ...] = ()
+
+
+def build_system(sdist: Path) -> BuildSystem:
     """``[build-system]``'s ``requires`` and ``build-backend`` from the sdist's pyproject.toml; a
-    legacy sdist (no pyproject.toml, or no [build-system]) gets setuptools' legacy backend, and what
-    its setup.py imports unconditionally (``setup_imports``: torch for a CUDA extension)."""
+    legacy sdist (no pyproject.toml, or no [build-system]) gets setuptools' legacy backend. A
+    setuptools build also gets what its setup.py imports unconditionally and does not declare
+    (``BuildSystem.undeclared``)."""
     raw = _read_member(sdist, f"{_top(sdist)}/pyproject.toml")
-    if raw is None:
-        return list(LEGACY_REQUIRES) + setup_imports(sdist), LEGACY_BACKEND
-    try:
-        table = tomllib.loads(raw.decode()).get("build-system")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SourceBuildError(
-            f"{sdist.name}: its pyproject.toml cannot be read: {e}",
-            step=f"read {sdist.name}",
-            hint="pin a release with a wheel",
-        ) from e
+    table = None
+    if raw is not None:
+        try:
+            table = tomllib.loads(raw.decode()).get("build-system")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise SourceBuildError(
+                f"{sdist.name}: its pyproject.toml cannot be read: {e}",
+                step=f"read {sdist.name}",
+                hint="pin a release with a wheel",
+            ) from e
     if not isinstance(table, dict) or "requires" not in table:
-        return list(LEGACY_REQUIRES) + setup_imports(sdist), LEGACY_BACKEND
-    return [str(r) for r in table["requires"]], str(table.get("build-backend") or LEGACY_BACKEND)
+        declared, backend = list(LEGACY_REQUIRES), LEGACY_BACKEND
+    else:
+        declared = [str(r) for r in table["requires"]]
+        backend = str(table.get("build-backend") or LEGACY_BACKEND)
+    if backend.split(":")[0] != "setuptools.build_meta":
+        return BuildSystem(declared, backend)
+    from packaging.utils import canonicalize_name
+
+    names = {canonicalize_name(n) for n in _requirement_names(declared)}
+    undeclared = [d for d in setup_imports(sdist) if canonicalize_name(d) not in names]
+    return BuildSystem(declared + undeclared, backend, tuple(undeclared))
 
 
 @contextlib.contextmanager
@@ -865,7 +888,7 @@ def _no_cuda_compiler(w: WheelCandidate, res: Resolution, cuda: str) -> Exceptio
 
 def _with_inputs(
     w: WheelCandidate,
-    system: tuple[str, list[str]],
+    system: BuildSystem,
     build: list[WheelCandidate],
     base: tuple[str, str, str],
     toolkit: list[WheelCandidate],
@@ -877,7 +900,6 @@ def _with_inputs(
 
     from envspec.resolve import SourceInputs
 
-    backend, requires = system
     python, compiler, platform = base
     env = package_env(w.name, arch_list) if toolkit else {}
     d = derivation(
@@ -893,8 +915,9 @@ def _with_inputs(
     return dataclasses.replace(
         w,
         source=SourceInputs(
-            backend=backend,
-            requires=tuple(requires),
+            backend=system.backend,
+            requires=tuple(system.requires),
+            undeclared=system.undeclared,
             build=tuple(build),
             python=python,
             compiler=compiler,
@@ -933,7 +956,8 @@ def pin_inputs(
     cuda = ch.torch.variant.cuda if ch.torch is not None else ""
 
     for w in todo:
-        requires, backend = build_system(files[w.sha256])
+        system = build_system(files[w.sha256])
+        requires = system.requires
         toolkit: list[WheelCandidate] = []
         arch_list: tuple[str, ...] = ()
         # a build against a CUDA torch compiles CUDA code: the lock's CUDA toolkit, from NVIDIA's wheels
@@ -943,7 +967,9 @@ def pin_inputs(
             requires, ch, sources, workdir=workdir, name=w.name, constraints=locked
         )
         base = (python, compiler, ch.platform_tag)
-        done[w.sha256] = _with_inputs(w, (backend, requires), build, base, toolkit, arch_list)
+        done[w.sha256] = _with_inputs(
+            w, system._replace(requires=requires), build, base, toolkit, arch_list
+        )
     return dataclasses.replace(
         res, wheels=[done.get(w.sha256, w) if w.is_sdist else w for w in res.wheels]
     )
