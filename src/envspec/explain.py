@@ -167,6 +167,7 @@ def choice_json(choice: Choice, *, packages: bool = False) -> dict[str, object]:
     if packages:
         out["passed_over"] = passed_over_json(choice)
         out["from_source"] = list(choice.from_source)
+        out["from_source_deps"] = list(choice.from_source_deps)
     return out
 
 
@@ -204,13 +205,21 @@ def passed_over_lines(choice: Choice) -> list[str]:
 
 
 def from_source_lines(choice: Choice) -> list[str]:
-    """The named packages `lock` takes as sdists and `build` builds (``Choice.from_source``)."""
-    if not choice.from_source:
-        return []
-    return [
-        f"built from source (their newest release has no wheel for {choice.platform} and Python "
-        f"{choice.python}; `envspec build` builds each from its sdist): {', '.join(choice.from_source)}"
-    ]
+    """The packages `lock` takes as sdists and `build` builds: the named ones
+    (``Choice.from_source``), then their dependencies (``Choice.from_source_deps``)."""
+    where = f"for {choice.platform} and Python {choice.python}"
+    lines = []
+    if choice.from_source:
+        lines.append(
+            f"built from source (their newest release has no wheel {where}; `envspec build` "
+            f"builds each from its sdist): {', '.join(choice.from_source)}"
+        )
+    if choice.from_source_deps:
+        lines.append(
+            f"built from source as dependencies of the named packages (no release they accept has "
+            f"a wheel {where}): {', '.join(choice.from_source_deps)}"
+        )
+    return lines
 
 
 def passed_over_json(choice: Choice) -> list[dict[str, str]]:

@@ -576,6 +576,7 @@ def _wheel(w: WheelCandidate) -> Wheel:
     """A resolution's ``WheelCandidate`` as the lock's pin; an sdist's build inputs as its ``source``."""
     d = {f.name: getattr(w, f.name) for f in dataclasses.fields(w)}
     del d["yanked"], d["installs_nothing"]  # said by held_back; not pins
+    del d["build_needs"]  # in ``source.undeclared`` (``wheels.sdist.pin_inputs``)
     src = d.pop("source")
     if w.is_sdist and src is None:
         raise ValueError(

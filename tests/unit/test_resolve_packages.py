@@ -634,3 +634,149 @@ def test_a_metadata_build_that_fails_is_said_as_such_never_as_an_unreachable_ind
     assert not any(c.text.startswith("hint:") for c in err.causes)
     assert "a release of torch-scatter with a wheel for linux-x86_64" in err.hint
     assert _metadata_build_error("error: No solution found when resolving", choice) is None
+
+
+def _torch_importing_sdist(
+    dest: Path, name: str, version: str, requires: list[str], build: str = "[]"
+) -> None:
+    """torch-scatter 2.1.2's way, with an in-tree backend: its metadata build imports torch, which
+    its [build-system] does not declare, and its PKG-INFO (metadata 2.1) cannot be trusted.
+    ``requires``: its Requires-Dist, where "{torch}" is the version of the torch its build has (as
+    transformer-engine-torch names its core after its build's torch); ``build``: its
+    [build-system].requires."""
+    backend = (
+        "import os\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+        "def prepare_metadata_for_build_wheel(directory, config_settings=None):\n"
+        "    import torch  # undeclared, as a setup.py that imports it\n"
+        "    from importlib.metadata import version\n"
+        f"    d = os.path.join(directory, '{name}-{version}.dist-info')\n"
+        "    os.makedirs(d)\n"
+        "    with open(os.path.join(d, 'METADATA'), 'w') as f:\n"
+        f"        f.write('Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n"
+        + "".join(f"Requires-Dist: {r}\\n" for r in requires)
+        + "'.replace('{torch}', version('torch')))\n"
+        f"    return '{name}-{version}.dist-info'\n"
+    )
+    files = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        "pyproject.toml": f'[build-system]\nrequires = {build}\nbuild-backend = "backend"\n'
+        'backend-path = ["."]\n'.encode(),
+        "backend.py": backend.encode(),
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(f"{name}-{version}/{path}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (dest / f"{name}-{version}.tar.gz").write_bytes(buf.getvalue())
+
+
+def test_a_metadata_build_that_imports_torch_is_given_the_locks_torch(tmp_path, monkeypatch):
+    """Issue 58, point 1: an sdist whose metadata build fails on `import torch` (undeclared) is
+    asked again with the choice's torch in its build (uv's extra-build-dependencies, as
+    match-runtime gives it); its dependencies are then known, and the lock says what it needed."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose, resolve_python
+    from envspec.spec import load_spec
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = CASES / "newest-release-sdist-only-is-built"
+    sources = offline_sources(case, tmp_path)
+    index = tmp_path / "index"
+    _torch_importing_sdist(index, "scatterish", "2.1.2", ["helper>=1"])
+    make_wheel(index, "helper", "1.0", [])
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        (case / "spec.toml").read_text().replace('["deepspeed"]', '["scatterish"]')
+        + f'\n[sources]\nindex = "{sources.index}"\n'
+    )
+    choice = choose(load_spec(spec_path), load_db())
+    wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    assert wheels["scatterish"].is_sdist and wheels["scatterish"].build_needs == ("torch",)
+    assert "helper" in wheels  # its metadata was built: its dependency is in the lock
+    assert not wheels["helper"].build_needs and wheels["torch"].version == "2.15.0"
+    given = [tomllib.loads(p.read_text()) for p in (tmp_path / "w").glob("*.uv.toml")]
+    assert given and all(
+        g == {"extra-build-dependencies": {"scatterish": ["torch==2.15.0"]}} for g in given
+    )
+
+
+def test_an_undeclared_import_is_read_from_uvs_words():
+    from envspec.resolve.uv import _undeclared_import
+
+    said = (
+        "  × Failed to build `torch-scatter==2.1.2`\n  ├─▶ The build backend returned an error\n"
+        "  File \"<string>\", line 8, in <module>\nModuleNotFoundError: No module named 'torch'\n"
+    )
+    assert _undeclared_import(said) == ("torch-scatter", "torch")
+    assert _undeclared_import(said.replace("'torch'", "'numpy.core'")) == ("torch-scatter", "numpy")
+    assert _undeclared_import(said.replace("'torch'", "'op_builder'")) is None  # its own module
+    assert _undeclared_import("No module named 'torch'") is None  # not a failed build
+
+
+def test_a_named_package_held_by_a_dependency_without_a_wheel_takes_its_sdist(
+    tmp_path, monkeypatch, capsys
+):
+    """transformer-engine[pytorch] (issue 58): its newest release has a wheel, and its extra needs
+    transformer-engine-torch, an sdist only; wheels only, uv took the placeholder 0.0.0 (no such
+    extra) without failing. The lock finds the dependency with no wheel and builds it instead."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose, resolve_python
+    from envspec.spec import load_spec
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = CASES / "newest-release-sdist-only-is-built"
+    sources = offline_sources(case, tmp_path)
+    index = tmp_path / "index"
+    make_wheel(index, "meta", "0.0.0", [])
+    make_wheel(index, "meta", "2.20.2", ['meta-torch==2.20.2; extra == "pytorch"'])
+    make_sdist(index, "meta-torch", "2.20.2", ["torch"])
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        (case / "spec.toml").read_text().replace('["deepspeed"]', '["meta[pytorch]"]')
+        + f'\n[sources]\nindex = "{sources.index}"\n'
+    )
+    choice = choose(load_spec(spec_path), load_db())
+    wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    assert wheels["meta"].version == "2.20.2" and not wheels["meta"].is_sdist
+    assert wheels["meta-torch"].is_sdist and wheels["meta-torch"].version == "2.20.2"
+    assert wheels["meta-torch"].group == "deps"
+    # `explain --packages` says so, as the lock will take it
+    import json
+
+    from envspec.cli import main
+
+    assert main(["explain", str(spec_path), "--packages", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert (said["from_source"], said["from_source_deps"]) == ([], ["meta-torch 2.20.2"])
+    assert main(["explain", str(spec_path), "--packages"]) == 0
+    assert "built from source as dependencies of the named packages" in capsys.readouterr().out
+
+
+def test_a_metadata_build_that_declares_torch_gets_the_locks_torch(tmp_path, monkeypatch):
+    """transformer-engine-torch's way (issue 58): it declares `torch>=2.1` and names its core after
+    its build's torch. Isolated, its metadata build took the newest torch on the index; it gets
+    the choice's (uv's build constraints), so its metadata is what the locked torch gives."""
+    from envspec.compat import load_db
+    from envspec.resolve import choose, resolve_python
+    from envspec.spec import load_spec
+
+    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
+    case = CASES / "newest-release-sdist-only-is-built"
+    sources = offline_sources(case, tmp_path)
+    index = tmp_path / "index"
+    make_wheel(index, "torch", "2.16.0", [])  # newer than the spec's 2.15.*
+    for v in ("2.15.0", "2.16.0"):
+        make_wheel(index, "core", v, [])
+    _torch_importing_sdist(index, "ext", "1.0", ["core=={torch}"], build='["torch>=2.1"]')
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        (case / "spec.toml").read_text().replace('["deepspeed"]', '["ext"]')
+        + f'\n[sources]\nindex = "{sources.index}"\n'
+    )
+    choice = choose(load_spec(spec_path), load_db())
+    wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    assert (wheels["torch"].version, wheels["core"].version) == ("2.15.0", "2.15.0")
+    assert wheels["ext"].is_sdist and not wheels["ext"].build_needs  # declared: nothing added

@@ -74,7 +74,7 @@ def _with_packages(choice: Choice, db: CompatDB) -> Choice:
     packages the spec names (``resolve.with_packages``: reads the indexes)."""
     import tempfile
 
-    from envspec.resolve import source_only, with_packages
+    from envspec.resolve import resolve_python, source_only, with_packages
     from envspec.sources import discover
 
     sources = discover(choice.spec.sources)
@@ -82,8 +82,15 @@ def _with_packages(choice: Choice, db: CompatDB) -> Choice:
         moved = with_packages(choice, db, sources, workdir=Path(tmp))
         if choice.spec.python.from_source != "auto":
             return moved
+        named = source_only(moved, sources, Path(tmp))
+        # the whole closure, as `lock` resolves it: the dependencies it takes from their sdists
+        deps = [
+            f"{w.name} {w.version}"
+            for w in resolve_python(moved, sources, workdir=Path(tmp))
+            if w.is_sdist and not w.direct
+        ]
         return dataclasses.replace(
-            moved, from_source=tuple(sorted(source_only(moved, sources, Path(tmp))))
+            moved, from_source=tuple(sorted(named)), from_source_deps=tuple(sorted(deps))
         )
 
 
@@ -412,8 +419,8 @@ def _details(done: _Locked) -> list[str]:
             )
             + ")"
             + (
-                f"; {', '.join(f['undeclared'])} given to its build at the lock's pins: its "
-                "setup.py imports them and does not declare them"
+                f"; {', '.join(f['undeclared'])} given to its build at the lock's pins (its "
+                f"setup.py imports {'it' if len(f['undeclared']) == 1 else 'them'} undeclared)"
                 if f["undeclared"]
                 else ""
             )

@@ -105,6 +105,7 @@ def _candidate(
         group=group,
         direct=direct,
         yanked=p.yanked,
+        build_needs=p.build_needs,
         installs_nothing=direct and bool(wheels) and _installs_nothing(url, size),
     )
 

@@ -241,8 +241,8 @@ def _metadata_build_error(stderr: str, choice: Choice) -> Exception | None:
             f"a release of {name} with a wheel for {choice.platform} and Python {choice.python} "
             f"(pin it in [python].packages), or drop {name}"
             + (
-                "; a build that needs torch is not locked from its sdist yet"
-                if imports_torch
+                "; or add a [torch] table: its build is then given the lock's torch"
+                if imports_torch and choice.torch is None
                 else ""
             )
         ),

@@ -57,6 +57,25 @@ class PylockFile(BaseModel):
     hashes: dict[str, str] = {}
 
 
+# What a setup.py imports at its top level that is a distribution of its own, built against:
+# module -> the distribution that provides it (flash-attn's setup.py imports torch, packaging and
+# wheel, and declares none of them: `pip install --no-build-isolation` is its documented way)
+SETUP_IMPORTS: dict[str, str] = {
+    "torch": "torch",
+    "packaging": "packaging",
+    "wheel": "wheel",
+    "ninja": "ninja",
+    "psutil": "psutil",
+    "numpy": "numpy",
+    "Cython": "cython",
+    "pybind11": "pybind11",
+    "setuptools_scm": "setuptools-scm",
+    "cpuinfo": "py-cpuinfo",
+    "einops": "einops",
+    "triton": "triton",
+}
+
+
 class PylockPackage(BaseModel):
     """A package of uv's pylock.toml (PEP 751), as uv writes it: read into this at once
     (``_run_uv``); what else uv writes (its index, markers) is not used."""
@@ -67,6 +86,9 @@ class PylockPackage(BaseModel):
     wheels: tuple[PylockFile, ...] = ()
     sdist: PylockFile | None = None
     yanked: str | None = None  # not in pylock.toml: uv's warning that the release is yanked (why)
+    # not in pylock.toml: what its metadata build was given beyond its [build-system], the lock's
+    # torch for torch-scatter 2.1.2, whose setup.py imports torch and declares nothing (``_run_uv``)
+    build_needs: tuple[str, ...] = ()
 
 
 # Debian's python3 -> (suite, manylinux glibc), derived from debian.models.SUITES (the one source).
@@ -133,6 +155,9 @@ class Choice:
     # the named packages whose newest release has no wheel, built from their sdists (``source_only``;
     # set where the indexes were read: ``explain --packages``)
     from_source: tuple[str, ...] = ()
+    # `explain --packages`: the dependencies the resolution takes from their sdists ("name version"),
+    # transformer-engine-torch for transformer-engine[pytorch]
+    from_source_deps: tuple[str, ...] = ()
 
     @property
     def driver_assumed(self) -> bool:
@@ -180,6 +205,9 @@ class WheelCandidate:
     # wheel installs nothing (``held_back`` says both)
     yanked: str | None = None
     installs_nothing: bool = False
+    # not in the lock as such: what its sdist's metadata build needed beyond its [build-system]
+    # (``PylockPackage.build_needs``); ``wheels.sdist.pin_inputs`` gives it to the wheel's build too
+    build_needs: tuple[str, ...] = ()
     # a package with no wheel for the platform, locked by its sdist (``filename``, ``sha256``): the
     # inputs its wheel is built from (``wheels.sdist.pin_inputs`` fills them in after resolution)
     source: SourceInputs | None = None

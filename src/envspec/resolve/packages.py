@@ -19,7 +19,7 @@ from envspec.resolve.candidates import _candidate
 from envspec.resolve.failures import _no_wheel_package, _requirement_where
 from envspec.resolve.held import _excludes
 from envspec.resolve.model import TORCH_FAMILY, Choice, PassedOver, PylockPackage, WheelCandidate
-from envspec.resolve.sdists import source_only
+from envspec.resolve.sdists import _newest_any, source_only
 from envspec.resolve.torch import _releases, choose, fitting_releases
 from envspec.resolve.uv import UvFlags, _named, _run_uv, requirements
 from envspec.spec import requirement_name
@@ -231,6 +231,38 @@ def _kept_pins(keep: Mapping[str, str], upgrade: list[str]) -> list[str]:
     ]
 
 
+def _wheel_less_dependency(
+    full: list[PylockPackage],
+    reqs: list[str],
+    no_binary: set[str],
+    choice: Choice,
+    sources: ResolvedSources,
+    workdir: Path,
+) -> str | None:
+    """A dependency with no wheel that holds a named package below its newest release, which has a
+    wheel: uv, wheels only, backtracks past it without failing (``transformer-engine[pytorch]``
+    2.20.2 needs transformer-engine-torch, an sdist only: it took the placeholder 0.0.0, which has
+    no such extra). Asked by resolving with the newest release pinned: the package uv then says has
+    no wheel, else None."""
+    from packaging.utils import canonicalize_name
+
+    have: dict[str, str] = {canonicalize_name(p.name): p.version for p in full}
+    newest = _newest_any(choice, sources, workdir) or {}
+    for name, (version, has_wheel) in sorted(newest.items()):
+        if not has_wheel or name not in have or Version(have[name]) >= Version(version):
+            continue
+        flags = UvFlags(no_binary=no_binary)
+        try:
+            _run_uv([*reqs, f"{name}=={version}"], choice, sources, workdir, f"why-{name}", flags)
+        except ResolutionImpossible as e:
+            found = _no_wheel_package(e)
+            if found is not None and canonicalize_name(found) not in no_binary:
+                return canonicalize_name(found)
+        except SourceError:
+            continue
+    return None
+
+
 def resolve_python(
     choice: Choice,
     sources: ResolvedSources,
@@ -276,12 +308,30 @@ def resolve_python(
             full = None
     if full is None:
         full = closure(upgrade or [], spec_constraints)
+    while auto and (
+        more := _wheel_less_dependency(full, all_reqs, no_binary, choice, sources, workdir)
+    ):
+        no_binary.add(more)  # transformer-engine[pytorch]: its torch extension is an sdist only
+        full = closure(upgrade or [], spec_constraints)
     pins = {canonicalize_name(p.name): p.version for p in full}
     torch_names: set[str] = set()
     if torch_reqs:
         flags = UvFlags(constraints=[f"{n}=={v}" for n, v in pins.items()], no_binary=no_binary)
         sub = _run_uv(torch_reqs, choice, sources, workdir, "torch", flags)
         torch_names = {canonicalize_name(p.name) for p in sub}
+    return _grouped(full, torch_names, direct, choice, sources)
+
+
+def _grouped(
+    full: list[PylockPackage],
+    torch_names: set[str],
+    direct: set[str],
+    choice: Choice,
+    sources: ResolvedSources,
+) -> list[WheelCandidate]:
+    """The closure as the lock's wheels, each in its group: torch's, CUDA's, the team's, deps."""
+    from packaging.utils import canonicalize_name
+
     out: list[WheelCandidate] = []
     for p in full:
         name = canonicalize_name(p.name)

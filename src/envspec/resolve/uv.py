@@ -17,13 +17,14 @@ from pydantic import ValidationError
 from envspec.cache.dirs import cache_dir_for
 from envspec.errors import ResolutionImpossible, SourceError
 from envspec.resolve.failures import (
+    _FAILED_BUILD,
     _metadata_build_error,
     _no_wheel_error,
     _platform_wheel_error,
     _torch_index_error,
     _uv_error,
 )
-from envspec.resolve.model import Choice, PylockPackage
+from envspec.resolve.model import SETUP_IMPORTS, Choice, PylockPackage
 from envspec.spec import EnvSpec, requirement_name
 
 if TYPE_CHECKING:  # imported where used: `choose` (explain) needs neither the network nor the host
@@ -146,16 +147,11 @@ def _run_uv(
         out.unlink()
     idx, idx_notes = _index_args(sources, choice, torch_index=flags.torch_index)
     argv = _uv_argv(req, out, choice, idx, flags)
-    if flags.constraints:
-        c = workdir / f"{name}.constraints.txt"
-        c.write_text("\n".join(flags.constraints) + "\n")
-        argv += ["--constraint", str(c)]
-    for u in flags.upgrade:
-        argv += ["--upgrade-package", u]
+    argv += _constraint_args(workdir, name, choice, flags)
     env = dict(os.environ)
     env.setdefault("UV_CACHE_DIR", str(cache_dir_for(env) / "uv"))
     env["UV_NO_CONFIG"] = "1"
-    proc = _uv_run(argv, env)
+    proc, needs = _uv_built(argv, env, workdir / f"{name}.uv.toml", choice, flags)
     if proc.returncode != 0:
         raise (
             _torch_index_error(proc.stderr, choice, idx_notes)
@@ -174,14 +170,76 @@ def _run_uv(
 
     yanked = _yanked(proc.stderr)
     packages = _pylock_packages(out)
-    if not yanked:  # almost always: no copy
+    if not yanked and not needs:  # almost always: no copy
         return packages
     return [
-        p.model_copy(update={"yanked": yanked[canonicalize_name(p.name)]})
-        if canonicalize_name(p.name) in yanked
-        else p
+        p.model_copy(
+            update={
+                "yanked": yanked.get(canonicalize_name(p.name)),
+                "build_needs": tuple(needs.get(canonicalize_name(p.name), ())),
+            }
+        )
         for p in packages
     ]
+
+
+# uv's words for an sdist whose metadata build failed on an import: the package, then the module
+_MISSING_MODULE = re.compile(r"No module named '([A-Za-z0-9_]+)")
+
+
+def _uv_built(
+    argv: list[str], env: dict[str, str], config: Path, choice: Choice, flags: UvFlags
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[str]]]:
+    """uv run until no sdist's metadata build fails for want of a distribution its setup.py imports
+    and its [build-system] does not declare (torch-scatter 2.1.2: torch): each such one is given to
+    that package's build, the lock's own torch for torch, as uv's ``extra-build-dependencies`` with
+    ``match-runtime`` would (issue 58, point 1), and uv runs again. Returns uv's last run and, by
+    normalized package name, what was given."""
+    import tomli_w
+
+    needs: dict[str, list[str]] = {}
+    while True:
+        run = argv
+        if needs:
+            given = {k: [_runtime_pin(d, choice, flags) for d in v] for k, v in needs.items()}
+            config.write_text(tomli_w.dumps({"extra-build-dependencies": given}))
+            run = [*argv, "--config-file", str(config)]
+        proc = _uv_run(run, env)
+        found = _undeclared_import(proc.stderr) if proc.returncode != 0 else None
+        if (
+            found is None
+            or found[1] in needs.get(found[0], [])
+            or (found[1] == "torch" and choice.torch is None)
+        ):
+            return proc, needs
+        needs.setdefault(found[0], []).append(found[1])
+
+
+def _undeclared_import(stderr: str) -> tuple[str, str] | None:
+    """(package, distribution) where uv says an sdist's metadata build failed on importing a module
+    of a distribution a setup.py builds against (``SETUP_IMPORTS``); None for any other failure."""
+    from packaging.utils import canonicalize_name
+
+    failed = re.search(_FAILED_BUILD, stderr)
+    missing = _MISSING_MODULE.search(stderr)
+    if failed is None or missing is None:
+        return None
+    dist = SETUP_IMPORTS.get(missing.group(1))
+    return (canonicalize_name(failed.group(1)), dist) if dist else None
+
+
+def _runtime_pin(dist: str, choice: Choice, flags: UvFlags) -> str:
+    """The requirement a metadata build is given for ``dist``: the choice's torch, with its local
+    version where its index is asked (``torch==2.14.1+cu126``); the lock's constraint where one
+    names ``dist``; else the distribution's name."""
+    from packaging.utils import canonicalize_name
+
+    if dist == "torch" and choice.torch is not None:
+        local = choice.torch.variant.local if flags.torch_index else ""
+        return f"torch=={choice.torch.release.version}{'+' + local if local else ''}"
+    return next(
+        (c for c in flags.constraints if canonicalize_name(requirement_name(c)) == dist), dist
+    )
 
 
 # uv's warning for a release it takes although its index marks it yanked (PEP 592: only an exact
@@ -216,6 +274,24 @@ def _pylock_packages(out: Path) -> list[PylockPackage]:
                 reference="uv-output",
             ) from None
     return packages
+
+
+def _constraint_args(workdir: Path, name: str, choice: Choice, flags: UvFlags) -> list[str]:
+    """uv's arguments for the constraints, the packages to upgrade and the builds' torch."""
+    argv: list[str] = []
+    if flags.constraints:
+        c = workdir / f"{name}.constraints.txt"
+        c.write_text("\n".join(flags.constraints) + "\n")
+        argv += ["--constraint", str(c)]
+    for u in flags.upgrade:
+        argv += ["--upgrade-package", u]
+    if choice.torch is not None and not flags.no_deps:
+        # every sdist's metadata build that installs torch gets the choice's, as match-runtime
+        # would: transformer-engine-torch says which core it needs from its build's torch.version.cuda
+        b = workdir / f"{name}.build-constraints.txt"
+        b.write_text(_runtime_pin("torch", choice, flags) + "\n")
+        argv += ["--build-constraints", str(b)]
+    return argv
 
 
 def _uv_argv(req: Path, out: Path, choice: Choice, idx: list[str], flags: UvFlags) -> list[str]:

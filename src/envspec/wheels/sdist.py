@@ -154,30 +154,13 @@ def _top(sdist: Path) -> str:
     return tops.pop()
 
 
-# What a legacy setup.py imports at its top level that is a distribution of its own, built against:
-# module -> the distribution that provides it (flash-attn's setup.py imports torch, packaging and
-# wheel, and declares none of them: `pip install --no-build-isolation` is its documented way)
-SETUP_IMPORTS: dict[str, str] = {
-    "torch": "torch",
-    "packaging": "packaging",
-    "wheel": "wheel",
-    "ninja": "ninja",
-    "psutil": "psutil",
-    "numpy": "numpy",
-    "Cython": "cython",
-    "pybind11": "pybind11",
-    "setuptools_scm": "setuptools-scm",
-    "cpuinfo": "py-cpuinfo",
-    "einops": "einops",
-    "triton": "triton",
-}
-
-
 def setup_imports(sdist: Path) -> list[str]:
     """The distributions a legacy sdist's setup.py imports unconditionally (its module body's
     imports, not those in a ``try``), as ``SETUP_IMPORTS`` names them: what it builds against
     without declaring it. [] where there is no setup.py or it does not parse."""
     import ast
+
+    from envspec.resolve.model import SETUP_IMPORTS
 
     raw = _read_member(sdist, f"{_top(sdist)}/setup.py")
     if raw is None:
@@ -243,6 +226,21 @@ def build_system(sdist: Path) -> BuildSystem:
     names = {canonicalize_name(n) for n in _requirement_names(declared)}
     undeclared = [d for d in setup_imports(sdist) if canonicalize_name(d) not in names]
     return BuildSystem(declared + undeclared, backend, tuple(undeclared))
+
+
+def _needed(system: BuildSystem, needs: Sequence[str]) -> BuildSystem:
+    """``system`` with what the sdist's metadata build at lock time was found to need
+    (``WheelCandidate.build_needs``: an import in its setup.py that ``setup_imports`` cannot see,
+    inside a function) among its requirements and its undeclared ones."""
+    from packaging.utils import canonicalize_name
+
+    have = {canonicalize_name(n) for n in _requirement_names(system.requires)}
+    more = [n for n in needs if canonicalize_name(n) not in have]
+    if not more:
+        return system
+    return system._replace(
+        requires=[*system.requires, *more], undeclared=(*system.undeclared, *more)
+    )
 
 
 @contextlib.contextmanager
@@ -956,7 +954,7 @@ def pin_inputs(
     cuda = ch.torch.variant.cuda if ch.torch is not None else ""
 
     for w in todo:
-        system = build_system(files[w.sha256])
+        system = _needed(build_system(files[w.sha256]), w.build_needs)
         requires = system.requires
         toolkit: list[WheelCandidate] = []
         arch_list: tuple[str, ...] = ()
