@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Run a CUDA extension built from its sdist by envspec on a real GPU (issue 38, point 3):
-torchsort's ``isotonic_cuda`` (PAV isotonic regression, the heart of its soft rank) against the
-same computation in plain torch, and ``soft_rank`` on the GPU against its CPU extension and
-against torch's own ranks.
+"""Run a CUDA extension built from its sdist by envspec on a real GPU, against the same computation
+in plain torch (issue 38, point 3; issue 58, point 5). The wheel's name says which:
+
+- torchsort: ``isotonic_cuda`` (PAV isotonic regression, the heart of its soft rank) against PAV in
+  plain Python, and ``soft_rank`` on the GPU against its CPU extension and torch's own ranks;
+- causal-conv1d: ``causal_conv1d_fn`` (a depthwise causal convolution, with and without SiLU)
+  against torch's ``conv1d`` with the same weights, in float32, float16 and bfloat16, and its
+  gradients against torch's.
 
     python bench/cuda_extension_check.py WHEEL [--json OUT]
 
@@ -19,7 +23,11 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+Check = Callable[..., None]
 
 
 def pav_nonincreasing(y: list[float]) -> list[float]:
@@ -37,47 +45,12 @@ def pav_nonincreasing(y: list[float]) -> list[float]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("wheel")
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    site = Path(tempfile.mkdtemp(prefix="cuda-ext-"))
-    with zipfile.ZipFile(a.wheel) as z:
-        z.extractall(site)
-    sys.path.insert(0, str(site))
-
-    import torch
+def torchsort_checks(torch: Any, dev: Any, check: Check, res: dict) -> None:
+    """torchsort's extension against plain torch (issue 38, point 3)."""
     import torchsort
     from torchsort import isotonic_cuda  # the extension: an ImportError here is the failure
 
-    dev = torch.device("cuda")
-    res: dict = {
-        "wheel": Path(a.wheel).name,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(0),
-        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-        "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "",
-        "python": sys.version.split()[0],
-        "extension": Path(isotonic_cuda.__file__).name,
-        "torch_arch_list": torch.cuda.get_arch_list(),
-        "checks": [],
-    }
-    ok = True
-
-    def check(name: str, err: float, tol: float, **extra: object) -> None:
-        nonlocal ok
-        good = err <= tol
-        ok &= good
-        res["checks"].append(
-            {"check": name, "max_abs_err": err, "tolerance": tol, "ok": good, **extra}
-        )
-        print(
-            f"{'PASS' if good else 'FAIL'}  {name}: max |diff| {err:.3g} (tolerance {tol:g})",
-            flush=True,
-        )
-
+    res["extension"] = Path(isotonic_cuda.__file__).name
     g = torch.Generator().manual_seed(38)
     for dtype, tol in ((torch.float64, 1e-8), (torch.float32, 1e-4)):
         y = torch.randn(256, 300, generator=g, dtype=torch.float64)
@@ -141,6 +114,113 @@ def main() -> int:
     print(
         f"soft_rank of 4096x1000 float32 on the GPU: {res['soft_rank_4096x1000_ms']} ms", flush=True
     )
+
+
+def causal_conv1d_checks(torch: Any, dev: Any, check: Check, res: dict) -> None:
+    """causal-conv1d's extension against torch's conv1d (issue 58, point 5): x (batch, dim, seqlen),
+    a weight (dim, width) and a bias, each output t from inputs t-width+1 .. t."""
+    import causal_conv1d_cuda  # the extension: an ImportError here is the failure
+    import torch.nn.functional as F
+    from causal_conv1d import causal_conv1d_fn
+
+    res["extension"] = Path(causal_conv1d_cuda.__file__).name
+    g = torch.Generator().manual_seed(58)
+    batch, dim, seqlen, width = 4, 256, 2048, 4
+
+    def reference(x: Any, w: Any, b: Any, act: str | None) -> Any:
+        y = F.conv1d(x, w.unsqueeze(1), b, padding=width - 1, groups=dim)[..., :seqlen]
+        return F.silu(y) if act == "silu" else y
+
+    # float32 exact to rounding; half precisions: the kernel accumulates in float32, torch in its own
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float16, 1e-2), (torch.bfloat16, 5e-2)):
+        x = torch.randn(batch, dim, seqlen, generator=g)
+        w = torch.randn(dim, width, generator=g) / width
+        b = torch.randn(dim, generator=g)
+        for act in (None, "silu"):
+            got = causal_conv1d_fn(
+                x.to(dev, dtype), w.to(dev, dtype), b.to(dev, dtype), activation=act
+            )
+            want = reference(x.double(), w.double(), b.double(), act)
+            check(
+                f"causal_conv1d_fn on the GPU ({dtype}, activation={act}) against torch's conv1d "
+                f"(float64), {batch}x{dim}x{seqlen}, width {width}",
+                (got.double().cpu() - want).abs().max().item(),
+                tol,
+            )
+    x = torch.randn(batch, dim, seqlen, generator=g, device="cpu").to(dev).requires_grad_()
+    w = (torch.randn(dim, width, generator=g) / width).to(dev).requires_grad_()
+    b = torch.randn(dim, generator=g).to(dev).requires_grad_()
+    (causal_conv1d_fn(x, w, b, activation="silu") ** 2).sum().backward()
+    mine = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    (reference(x, w, b, "silu") ** 2).sum().backward()
+    for name, got, t in zip(("x", "weight", "bias"), mine, (x, w, b)):
+        scale = t.grad.abs().max().item()
+        check(
+            f"causal_conv1d_fn's gradient of {name} (float32) against torch's, relative to its "
+            f"largest ({scale:.3g})",
+            (got - t.grad).abs().max().item() / scale,
+            1e-4,
+        )
+    big = torch.randn(8, 2048, 4096, device=dev, dtype=torch.bfloat16)
+    wb = torch.randn(2048, width, device=dev, dtype=torch.bfloat16)
+    causal_conv1d_fn(big, wb, activation="silu")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        causal_conv1d_fn(big, wb, activation="silu")
+    torch.cuda.synchronize()
+    res["causal_conv1d_8x2048x4096_bf16_ms"] = round((time.perf_counter() - t0) / 20 * 1000, 3)
+    print(
+        f"causal_conv1d_fn of 8x2048x4096 bfloat16 on the GPU: "
+        f"{res['causal_conv1d_8x2048x4096_bf16_ms']} ms",
+        flush=True,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("wheel")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    site = Path(tempfile.mkdtemp(prefix="cuda-ext-"))
+    with zipfile.ZipFile(a.wheel) as z:
+        z.extractall(site)
+    sys.path.insert(0, str(site))
+
+    import torch
+
+    dev = torch.device("cuda")
+    res: dict = {
+        "wheel": Path(a.wheel).name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+        "driver": torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "",
+        "python": sys.version.split()[0],
+        "torch_arch_list": torch.cuda.get_arch_list(),
+        "checks": [],
+    }
+    ok = True
+
+    def check(name: str, err: float, tol: float, **extra: object) -> None:
+        nonlocal ok
+        good = err <= tol
+        ok &= good
+        res["checks"].append(
+            {"check": name, "max_abs_err": err, "tolerance": tol, "ok": good, **extra}
+        )
+        print(
+            f"{'PASS' if good else 'FAIL'}  {name}: max |diff| {err:.3g} (tolerance {tol:g})",
+            flush=True,
+        )
+
+    if Path(a.wheel).name.startswith("causal_conv1d-"):
+        causal_conv1d_checks(torch, dev, check, res)
+    else:
+        torchsort_checks(torch, dev, check, res)
     res["ok"] = ok
     print(json.dumps({k: v for k, v in res.items() if k != "checks"}))
     if a.json:

@@ -13,7 +13,9 @@ In a new temp cache (``--keep``: not removed), for the lock's pins built from so
 - cold: every source pin built (``build_all``: in the sandbox, ``--parallel`` at once with
   ``--jobs`` compile jobs each), its cache entries removed before each of ``--runs`` runs; the
   median per package and of the whole, and whether every run gave the same wheel bytes;
-- cached: the same call with the wheels in the cache (what every later build does), median.
+- cached: the same call with the wheels in the cache (what every later build does), median;
+- peak memory: the largest sum of resident memory of the builds' processes (uv, Python, the
+  compilers; sampled every 0.5 s from /proc), over the cold runs.
 
 Prints a Markdown table for docs/benchmarks.md.
 """
@@ -114,23 +116,26 @@ def main() -> int:
         per: dict[str, list[float]] = {w.name: [] for w in pins}
         shas: dict[str, set[str]] = {w.name: set() for w in pins}
         whole: list[float] = []
+        peaks: list[int] = []
         for _ in range(a.runs):
             shutil.rmtree(root / "cache" / "built", ignore_errors=True)
             for box in boxes:
                 shutil.rmtree(box, ignore_errors=True)
             t = time.monotonic()
             began = time.monotonic()
-            built = sdist.build_all(
-                lock,
-                pins,
-                files,
-                cache.root,
-                sandbox=sandbox,
-                parallel=a.parallel,
-                jobs=a.jobs,
-                events=_Timed(per, began, a.progress),
-            )
+            with PeakMemory() as memory:
+                built = sdist.build_all(
+                    lock,
+                    pins,
+                    files,
+                    cache.root,
+                    sandbox=sandbox,
+                    parallel=a.parallel,
+                    jobs=a.jobs,
+                    events=_Timed(per, began, a.progress),
+                )
             whole.append(time.monotonic() - t)
+            peaks.append(memory.peak)
             for w in pins:
                 shas[w.name].add(
                     json.loads((built[w.sha256].parent / "wheel.json").read_text())["sha256"]
@@ -169,6 +174,10 @@ def main() -> int:
             )
         print(f"| all of them, cold (sandbox included) | {med(whole):.2f} s | {len(whole)} |")
         print(
+            f"| peak memory of the builds' processes, cold (largest of the runs) | "
+            f"{max(peaks) / 2**20:.0f} MiB | {len(peaks)} |"
+        )
+        print(
             f"| all of them, cached (every later build) | {med(cached) * 1000:.1f} ms | {len(cached)} |"
         )
         return 0 if all(len(s) == 1 for s in shas.values()) else 1
@@ -177,6 +186,53 @@ def main() -> int:
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+class PeakMemory:
+    """The largest sum of resident memory of this process's descendants (a build's uv, Python and
+    compilers, in its sandbox or not), sampled every ``every`` seconds in a ``with`` block."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        import threading
+
+        self.every, self.peak = every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, descendants_rss(os.getpid()))
+
+
+def descendants_rss(root: int) -> int:
+    """Bytes resident in the processes below ``root`` (from /proc/<pid>/stat: ppid and rss)."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)], rss[int(d)] = int(fields[1]), int(fields[21]) * page
+    total = 0
+    for pid, size in rss.items():
+        p = parent.get(pid, 0)
+        while p not in (0, 1, root):
+            p = parent.get(p, 0)
+        total += size if p == root and pid != root else 0
+    return total
 
 
 class _Timed(SourceEvents):
@@ -210,20 +266,21 @@ def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
         d = sdist.derivation_of(w, lock.platform)
         jobs = a.jobs or max(1, min(os.cpu_count() or 1, sdist.memory_jobs()))
         t = time.monotonic()
-        wheel, _ = sdist.cached_build(
-            d,
-            files[w.sha256],
-            files,
-            cache.root,
-            builder=sdist.Builder(uv=_uv(), python=a.host_python, jobs=jobs),
-            on_progress=(
-                lambda step: print(
-                    f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True
+        with PeakMemory() as memory:
+            wheel, _ = sdist.cached_build(
+                d,
+                files[w.sha256],
+                files,
+                cache.root,
+                builder=sdist.Builder(uv=_uv(), python=a.host_python, jobs=jobs),
+                on_progress=(
+                    lambda step: print(
+                        f"{time.monotonic() - began:8.1f} s  {w.name}: {step}", flush=True
+                    )
                 )
+                if a.progress
+                else None,
             )
-            if a.progress
-            else None,
-        )
         secs = time.monotonic() - t
         shutil.copy2(wheel, out / wheel.name)
         import hashlib
@@ -237,7 +294,7 @@ def host_build(a, lock, pins, files, cache, fetch_s: float) -> int:
             f"built {wheel.name} ({wheel.stat().st_size} bytes, sha256 {digest}) in {secs:.1f} s: "
             f"{jobs} jobs, arch list {' '.join(d.arch_list)}, toolkit "
             f"{', '.join(f'{t.name} {t.version}' for t in d.toolkit)}, Python {version} ({a.host_python}); "
-            f"fetch {fetch_s:.1f} s"
+            f"fetch {fetch_s:.1f} s; peak memory of its processes {memory.peak / 2**20:.0f} MiB"
         )
     return 0
 

@@ -1,4 +1,6 @@
-"""A package with no wheel, end to end (issue 37): deepspeed 0.19.8 is published as an sdist only.
+"""Packages with no wheel, end to end (issue 37): deepspeed 0.19.8 is published as an sdist only;
+torch-scatter 2.1.2 too, and it is a torch extension whose setup.py imports torch undeclared
+(issue 58, point 5: its build gets the lock's torch, and compiles its C++ against it).
 
 - `envspec lock` of specs/cpu.toml plus `deepspeed` (PyPI, real) locks deepspeed 0.19.8 by its
   sdist with its build inputs, not 0.3.1.dev5 (its one release with a wheel, of 2020);
@@ -84,7 +86,7 @@ def world(tmp_path_factory):
         (ROOT / "specs" / "cpu.toml")
         .read_text()
         .replace('name = "cpu"', 'name = "cpu-deepspeed"')
-        .replace('packages = ["numpy>=2"]', 'packages = ["numpy>=2", "deepspeed"]')
+        .replace('packages = ["numpy>=2"]', 'packages = ["numpy>=2", "deepspeed", "torch-scatter"]')
     )
     lock = base / "ds.lock"
     # re-locked from the committed CPU lock: its torch 2.13.0+cpu is PyTorch's (download.pytorch.org/
@@ -122,7 +124,7 @@ def _run(host, image: str, code: str) -> str:
     return cp.stdout
 
 
-def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(world, tmp_path):
+def test_sdists_are_locked_built_imported_reproduced_and_shared(world, tmp_path):
     from conftest import private_storage
 
     base, spec, lock_path, said, reg = world
@@ -134,16 +136,26 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
         "3.11."
     )
     assert ds.source.compiler.startswith("gcc-12 ")  # the compiler of the lock's Debian base
-    assert [f["name"] for f in said["from_source"]] == ["deepspeed"] and said["held_back"] == []
+    assert [f["name"] for f in said["from_source"]] == ["deepspeed", "torch-scatter"]
+    assert said["held_back"] == []
     # issue 58, point 6: its cost said before it is paid, from its sdist's sources
     assert said["from_source"][0]["estimate_s"] > 0
     assert "from its sdist's" in said["from_source"][0]["estimate"]
     torch = next(w for w in lock.wheels if w.name == "torch")
     assert torch.version == "2.13.0+cpu"
+    # issue 58, point 1: its metadata and its wheel are built with the lock's own torch, which its
+    # setup.py imports and does not declare; a CPU torch: its C++ alone, no CUDA toolkit
+    ts = next(w for w in lock.wheels if w.name == "torch-scatter")
+    assert (ts.version, ts.filename) == ("2.1.2", "torch_scatter-2.1.2.tar.gz")
+    assert ts.source is not None and ts.source.undeclared == ["torch"] and ts.source.toolkit == []
+    assert {(b.name, b.version, b.sha256) for b in ts.source.build} >= {
+        (torch.name, torch.version, torch.sha256)
+    }
 
     cache_ref = f"{reg.address}/team/envspec-source"
     regargs = ("--authfile", str(reg.authfile), "--cert-dir", str(reg.cert_dir))
     built_a = Path(machine(base, "a")["ENVSPEC_CACHE"]) / "built" / ds.source.key.split(":", 1)[1]
+    built_ts = built_a.parent / ts.source.key.split(":", 1)[1]
     with private_storage(tmp_path / "storage-a") as host:
         env_a = machine(base, "a")  # in the block: with its ENVSPEC_STORAGE_ROOT
         dry = " ".join(ok(envspec(env_a, "build", str(lock_path), "--dry-run")).stdout.split())
@@ -164,7 +176,10 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
             "building deepspeed 0.19.8 from its sdist" in cp.stderr
             and "built deepspeed-0.19.8-py3-none-any.whl" in cp.stderr
         )
+        assert "building torch-scatter 2.1.2 from its sdist" in cp.stderr
         first = json.loads((built_a / "wheel.json").read_text())
+        first_ts = json.loads((built_ts / "wheel.json").read_text())
+        assert first_ts["filename"].startswith("torch_scatter-2.1.2-cp311-cp311-linux_x86_64")
         assert (
             first["filename"] == "deepspeed-0.19.8-py3-none-any.whl"
             and (built_a / "build.log").is_file()
@@ -175,6 +190,16 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
             "import deepspeed, torch; print(deepspeed.__version__, torch.__version__)",
         )
         assert out.split()[-2:] == ["0.19.8", "2.13.0+cpu"], out
+        # one op of the extension, against plain torch
+        out = _run(
+            host,
+            "localhost/envspec-ds:1",
+            "import torch, torch_scatter; src = torch.arange(1.0, 9.0); i = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2]);"
+            "got = torch_scatter.scatter(src, i, reduce='sum');"
+            "want = torch.zeros(3).index_add_(0, i, src);"
+            "print(torch.equal(got, want), got.tolist())",
+        )
+        assert out.split()[-4:] == ["True", "[10.0,", "7.0,", "19.0]"], out
         digest = subprocess.run(
             [
                 "podman",
@@ -194,6 +219,7 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
 
     source_layer = make_plan(lock).layer("source").key.split(":", 1)[1]
     shutil.rmtree(built_a)
+    shutil.rmtree(built_ts)
     for p in (built_a.parents[1] / "layers").glob(source_layer + "*"):
         p.unlink()
     with private_storage(tmp_path / "storage-a2") as host:
@@ -205,6 +231,8 @@ def test_deepspeed_is_locked_by_its_sdist_built_imported_reproduced_and_shared(w
         )
     second = json.loads((built_a / "wheel.json").read_text())
     assert second["sha256"] == first["sha256"], "the same inputs gave another wheel"
+    again_ts = json.loads((built_ts / "wheel.json").read_text())
+    assert again_ts["sha256"] == first_ts["sha256"], "torch-scatter: the same inputs, another wheel"
     layers = {lay["group"]: lay for lay in again["layers"]}
     assert layers["source"]["source"] == "made" and again["store_digest"] == digest
 

@@ -480,12 +480,17 @@ def test_a_source_builds_time_is_estimated_from_the_caches_history_else_its_sour
     import json
     import tarfile
 
-    from envspec.lock import SourceBuild, Wheel
-    from envspec.wheels import sdist as sd
+    from envspec.lock import BuildInput, SourceBuild, Wheel
+    from envspec.wheels import cost
 
     def pin(name: str, archs: list[str]) -> Wheel:
         src = SourceBuild(backend="b", requires=[], python="3.11", compiler="", key="k", build=[])
-        src = src.model_copy(update={"arch_list": archs})
+        toolkit = [
+            BuildInput(
+                name="nvidia-cuda-nvcc", version="13.0.88", filename="n.whl", index="i", sha256="1"
+            )
+        ]
+        src = src.model_copy(update={"arch_list": archs, "toolkit": toolkit if archs else []})
         return Wheel(
             name=name,
             version="1.0",
@@ -504,11 +509,26 @@ def test_a_source_builds_time_is_estimated_from_the_caches_history_else_its_sour
             info = tarfile.TarInfo(n)
             t.addfile(info, io.BytesIO(b""))
     cache = tmp_path / "cache"
-    e = sd.estimate(pin("ext", ["sm_90", "sm_100"]), cache, tgz, jobs=2)
-    assert e is not None and e.seconds == (2 * sd.CUDA_SOURCE_S * 2 + sd.CXX_SOURCE_S) / 2
+    e = cost.estimate(pin("ext", ["sm_90", "sm_100"]), cache, tgz, jobs=2)
+    assert e is not None and e.seconds == (2 * cost.CUDA_SOURCE_S * 2 + cost.CXX_SOURCE_S) / 2
     assert "2 CUDA and 1 C/C++ sources for 2 GPU architecture(s)" in e.basis
-    assert sd.estimate(pin("ext", []), cache, None, jobs=2) is None  # no sdist, no history
-    assert sd.say_estimate(None).startswith("build time not known")
+    assert cost.estimate(pin("ext", []), cache, None, jobs=2) is None  # no sdist, no history
+    # beside a CPU torch (no toolkit, torch-scatter's CPU build): its C/C++ sources alone
+    e = cost.estimate(pin("ext", []), cache, tgz, jobs=2)
+    assert (
+        e is not None
+        and e.seconds == cost.CXX_SOURCE_S / 2
+        and e.basis == "its sdist's 1 C/C++ sources"
+    )
+    # a build on torch's headers (torch among its inputs: torch-scatter): its C++ at that rate
+    on_torch = pin("ext", [])
+    on_torch.source.build.append(
+        BuildInput(name="torch", version="2.13.0+cpu", filename="t.whl", index="i", sha256="2")
+    )
+    e = cost.estimate(on_torch, cache, tgz, jobs=2)
+    assert e is not None and e.seconds == cost.TORCH_CXX_SOURCE_S / 2
+    assert e.basis == "its sdist's 1 C/C++ sources on torch's headers"
+    assert cost.say_estimate(None).startswith("build time not known")
     # a build this cache recorded wins: 600 s with 1 job -> 300 s with 2
     entry = cache / "built" / "abc"
     entry.mkdir(parents=True)
@@ -524,6 +544,6 @@ def test_a_source_builds_time_is_estimated_from_the_caches_history_else_its_sour
             }
         )
     )
-    e = sd.estimate(pin("ext", ["sm_90"]), cache, tgz, jobs=2)
+    e = cost.estimate(pin("ext", ["sm_90"]), cache, tgz, jobs=2)
     assert e is not None and e.seconds == 300 and "ext 0.9, 600 s with 1 jobs" in e.basis
-    assert sd.say_estimate(e) == f"about 5 min here (from {e.basis})"
+    assert cost.say_estimate(e) == f"about 5 min here (from {e.basis})"

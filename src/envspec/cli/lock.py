@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from envspec.sources import ResolvedSources
     from envspec.spec import EnvSpec
     from envspec.wheels.abi import AtHand
-    from envspec.wheels.sdist import Estimate
+    from envspec.wheels.cost import Estimate
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -478,7 +478,7 @@ class _FromSource(TypedDict):
     arch_list: list[str]
     # what its setup.py imports and does not declare, given at the lock's pins (match-runtime)
     undeclared: list[str]
-    estimate_s: float | None  # its build time here (``sdist.estimate``), None where not known
+    estimate_s: float | None  # its build time here (``cost.estimate``), None where not known
     estimate: str  # that in words, with what it is from
 
 
@@ -486,16 +486,16 @@ def _from_source(lock: Lockfile) -> list[_FromSource]:
     """The packages the lock builds from their sdists (``[wheels.source]``), platform by platform,
     with the time each build is expected to take here (issue 58, point 6)."""
     from envspec.cache.store import Cache
-    from envspec.wheels import sdist
+    from envspec.wheels import cost
 
-    cache, jobs = Cache(), sdist.default_jobs()
+    cache, jobs = Cache(), cost.default_jobs()
     out = []
     for part in lock.parts:
         for w in part.wheels:
             if w.source is None:
                 continue
-            e = sdist.estimate(w, cache.root, sdist.sdist_at_hand(w, cache), jobs)
-            out.append(_one_from_source(part.name, w, e, sdist.say_estimate(e)))
+            e = cost.estimate(w, cache.root, cost.sdist_at_hand(w, cache), jobs)
+            out.append(_one_from_source(part.name, w, e, cost.say_estimate(e)))
     return out
 
 

@@ -17,7 +17,7 @@ from envspec.image.making import BuildOptions, Layers, _bytecode_compiler, regis
 from envspec.image.output import Image, deliver
 from envspec.image.report import Reporter
 from envspec.plan import BuildPlan, Layer
-from envspec.wheels import sdist
+from envspec.wheels import cost, sdist
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class SourceBuildPreview:
     sdist: str
     key: str
     cached: bool
-    estimate: str = ""  # where not cached: its build time here, in words (``sdist.estimate``)
+    estimate: str = ""  # where not cached: its build time here, in words (``cost.estimate``)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _preview_fetch(layers: Layers) -> FetchPreview:
 
 def _preview_source_builds(layers: Layers) -> tuple[SourceBuildPreview, ...]:
     """The wheels a build would make from their sdists, and whether each is in the cache."""
-    platform, root, jobs = layers.plan.platform, layers.cache.root, sdist.default_jobs()
+    platform, root, jobs = layers.plan.platform, layers.cache.root, cost.default_jobs()
     out = []
     for w in (w for lay in layers.todo for w in lay.wheels):
         if w.source is None:
@@ -134,8 +134,8 @@ def _preview_source_builds(layers: Layers) -> tuple[SourceBuildPreview, ...]:
         said = (
             ""
             if cached
-            else sdist.say_estimate(
-                sdist.estimate(w, root, sdist.sdist_at_hand(w, layers.cache), jobs)
+            else cost.say_estimate(
+                cost.estimate(w, root, cost.sdist_at_hand(w, layers.cache), jobs)
             )
         )
         out.append(
