@@ -402,26 +402,42 @@ def test_the_python_that_rules_a_package_out_is_named(tmp_path):
     assert "Python 3.13" in err["message"] and '[python].version = "3.12"' in err["hint"]
 
 
-def test_a_metadata_build_that_imports_torch_is_said_as_such(tmp_path):
-    """issue 57, 5: torch-scatter's sdist imports torch in setup.py to say its metadata: exit 2,
-    sdist-metadata-failed, the package and the log's tail, not index-unavailable."""
+def test_a_metadata_build_that_imports_torch_gets_the_locks_torch(tmp_path):
+    """issue 58, point 1: torch-scatter's setup.py imports torch to say its metadata and declares
+    nothing (issue 57, 5 said so and stopped): its metadata build is retried with the lock's
+    torch, and its wheel's build gets it too, named as undeclared. Without a [torch] table there
+    is no torch to give: sdist-metadata-failed, with the hint to add one."""
     cp, out = _team_lock(tmp_path, "tg", '["torch-geometric", "torch-scatter"]')
-    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    lock = lockmod.load(out)
+    ts = next(w for w in lock.wheels if w.name == "torch-scatter")
+    assert ts.filename.endswith(".tar.gz") and ts.source is not None
+    assert ts.source.undeclared == ["torch"]
+    torch = next(w for w in lock.wheels if w.name == "torch")
+    assert (torch.name, torch.version) in {(b.name, b.version) for b in ts.source.build}
+    assert "torch-scatter" in [f["name"] for f in json.loads(cp.stdout)["from_source"]]
+    spec = tmp_path / "no-torch.toml"  # no GPUs either: a spec with GPUs needs a [torch] table
+    spec.write_text('name = "nt"\n[python]\nversion = "3.11"\npackages = ["torch-scatter"]\n')
+    cp = run_cli("lock", str(spec), "-o", str(tmp_path / "nt.lock"), "--json")
+    assert cp.returncode == 2 and not (tmp_path / "nt.lock").exists(), cp.stderr[-2000:]
     err = json.loads(cp.stdout)["error"]
     assert err["reference"] == "sdist-metadata-failed"
     assert err["message"].startswith("torch-scatter ") and "imports torch" in err["message"]
-    assert "No module named 'torch'" in cp.stderr
+    assert "[torch] table" in err["hint"] and "No module named 'torch'" in cp.stderr
 
 
-def test_a_placeholder_release_is_held_back_naming_the_real_one(tmp_path):
-    """issue 57, 6: transformer-engine[pytorch] resolves to transformer-engine 0.0.0, a name kept
-    on PyPI: warned, naming the newest real release; refused where held_back = "error"."""
-    cp, out = _team_lock(tmp_path, "te", '["transformer-engine[pytorch]"]')
+def test_an_extra_whose_package_has_no_wheel_takes_its_sdist_not_a_placeholder(tmp_path):
+    """issue 58, point 4: transformer-engine[pytorch] locked transformer-engine 0.0.0, a name kept
+    on PyPI with no such extra (issue 57, 6 warned of it): wheels only, uv backtracked past every
+    release whose transformer-engine-torch is an sdist only. Now the lock finds that dependency and
+    builds it: the newest release, its torch extension from its sdist, its CUDA 13 core as a wheel;
+    nothing held back, so held_back = "error" locks too."""
+    cp, out = _team_lock(tmp_path, "te", '["transformer-engine[pytorch]"]', held="error")
     assert cp.returncode == 0, cp.stderr[-2000:]
-    said = json.loads(cp.stdout)
-    held = [h["why"] for h in said["held_back"]]
-    assert any("transformer-engine 0.0.0 is a placeholder release" in h for h in held), held
-    assert any("the newest real release is " in h for h in held), held
-    cp, out = _team_lock(tmp_path / "e", "te", '["transformer-engine[pytorch]"]', held="error")
-    assert cp.returncode == 2 and not out.exists(), cp.stderr[-2000:]
-    assert json.loads(cp.stdout)["error"]["reference"] == "package-held-back"
+    assert json.loads(cp.stdout)["held_back"] == []
+    pins = {w.name: w for w in lockmod.load(out).wheels}
+    te = pins["transformer-engine"]
+    assert te.version != "0.0.0" and not te.built
+    assert pins["transformer-engine-torch"].built
+    assert pins["transformer-engine-torch"].version == te.version
+    assert pins["transformer-engine-cu13"].version == te.version  # the core its build's torch names
