@@ -673,10 +673,10 @@ def _torch_importing_sdist(
     (dest / f"{name}-{version}.tar.gz").write_bytes(buf.getvalue())
 
 
-def test_a_metadata_build_that_imports_torch_is_given_the_locks_torch(tmp_path, monkeypatch):
-    """Issue 58, point 1: an sdist whose metadata build fails on `import torch` (undeclared) is
-    asked again with the choice's torch in its build (uv's extra-build-dependencies, as
-    match-runtime gives it); its dependencies are then known, and the lock says what it needed."""
+def _locked_case(tmp_path: Path, monkeypatch, packages: str, fill) -> tuple[dict, Path]:
+    """The newest-release-sdist-only-is-built case, offline, with ``packages`` (a TOML list) named
+    and ``fill(index)`` adding its packages to the index: the resolved wheels by name, and the
+    spec's path."""
     from envspec.compat import load_db
     from envspec.resolve import choose, resolve_python
     from envspec.spec import load_spec
@@ -684,16 +684,27 @@ def test_a_metadata_build_that_imports_torch_is_given_the_locks_torch(tmp_path, 
     monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
     case = CASES / "newest-release-sdist-only-is-built"
     sources = offline_sources(case, tmp_path)
-    index = tmp_path / "index"
-    _torch_importing_sdist(index, "scatterish", "2.1.2", ["helper>=1"])
-    make_wheel(index, "helper", "1.0", [])
+    fill(tmp_path / "index")
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(
-        (case / "spec.toml").read_text().replace('["deepspeed"]', '["scatterish"]')
+        (case / "spec.toml").read_text().replace('["deepspeed"]', packages)
         + f'\n[sources]\nindex = "{sources.index}"\n'
     )
     choice = choose(load_spec(spec_path), load_db())
     wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    return wheels, spec_path
+
+
+def test_a_metadata_build_that_imports_torch_is_given_the_locks_torch(tmp_path, monkeypatch):
+    """Issue 58, point 1: an sdist whose metadata build fails on `import torch` (undeclared) is
+    asked again with the choice's torch in its build (uv's extra-build-dependencies, as
+    match-runtime gives it); its dependencies are then known, and the lock says what it needed."""
+
+    def fill(index: Path) -> None:
+        _torch_importing_sdist(index, "scatterish", "2.1.2", ["helper>=1"])
+        make_wheel(index, "helper", "1.0", [])
+
+    wheels, _ = _locked_case(tmp_path, monkeypatch, '["scatterish"]', fill)
     assert wheels["scatterish"].is_sdist and wheels["scatterish"].build_needs == ("torch",)
     assert "helper" in wheels  # its metadata was built: its dependency is in the lock
     assert not wheels["helper"].build_needs and wheels["torch"].version == "2.15.0"
@@ -722,24 +733,13 @@ def test_a_named_package_held_by_a_dependency_without_a_wheel_takes_its_sdist(
     """transformer-engine[pytorch] (issue 58): its newest release has a wheel, and its extra needs
     transformer-engine-torch, an sdist only; wheels only, uv took the placeholder 0.0.0 (no such
     extra) without failing. The lock finds the dependency with no wheel and builds it instead."""
-    from envspec.compat import load_db
-    from envspec.resolve import choose, resolve_python
-    from envspec.spec import load_spec
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    case = CASES / "newest-release-sdist-only-is-built"
-    sources = offline_sources(case, tmp_path)
-    index = tmp_path / "index"
-    make_wheel(index, "meta", "0.0.0", [])
-    make_wheel(index, "meta", "2.20.2", ['meta-torch==2.20.2; extra == "pytorch"'])
-    make_sdist(index, "meta-torch", "2.20.2", ["torch"])
-    spec_path = tmp_path / "spec.toml"
-    spec_path.write_text(
-        (case / "spec.toml").read_text().replace('["deepspeed"]', '["meta[pytorch]"]')
-        + f'\n[sources]\nindex = "{sources.index}"\n'
-    )
-    choice = choose(load_spec(spec_path), load_db())
-    wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    def fill(index: Path) -> None:
+        make_wheel(index, "meta", "0.0.0", [])
+        make_wheel(index, "meta", "2.20.2", ['meta-torch==2.20.2; extra == "pytorch"'])
+        make_sdist(index, "meta-torch", "2.20.2", ["torch"])
+
+    wheels, spec_path = _locked_case(tmp_path, monkeypatch, '["meta[pytorch]"]', fill)
     assert wheels["meta"].version == "2.20.2" and not wheels["meta"].is_sdist
     assert wheels["meta-torch"].is_sdist and wheels["meta-torch"].version == "2.20.2"
     assert wheels["meta-torch"].group == "deps"
@@ -759,24 +759,13 @@ def test_a_metadata_build_that_declares_torch_gets_the_locks_torch(tmp_path, mon
     """transformer-engine-torch's way (issue 58): it declares `torch>=2.1` and names its core after
     its build's torch. Isolated, its metadata build took the newest torch on the index; it gets
     the choice's (uv's build constraints), so its metadata is what the locked torch gives."""
-    from envspec.compat import load_db
-    from envspec.resolve import choose, resolve_python
-    from envspec.spec import load_spec
 
-    monkeypatch.setenv("ENVSPEC_OFFLINE", "1")
-    case = CASES / "newest-release-sdist-only-is-built"
-    sources = offline_sources(case, tmp_path)
-    index = tmp_path / "index"
-    make_wheel(index, "torch", "2.16.0", [])  # newer than the spec's 2.15.*
-    for v in ("2.15.0", "2.16.0"):
-        make_wheel(index, "core", v, [])
-    _torch_importing_sdist(index, "ext", "1.0", ["core=={torch}"], build='["torch>=2.1"]')
-    spec_path = tmp_path / "spec.toml"
-    spec_path.write_text(
-        (case / "spec.toml").read_text().replace('["deepspeed"]', '["ext"]')
-        + f'\n[sources]\nindex = "{sources.index}"\n'
-    )
-    choice = choose(load_spec(spec_path), load_db())
-    wheels = {w.name: w for w in resolve_python(choice, sources, workdir=tmp_path / "w")}
+    def fill(index: Path) -> None:
+        make_wheel(index, "torch", "2.16.0", [])  # newer than the spec's 2.15.*
+        for v in ("2.15.0", "2.16.0"):
+            make_wheel(index, "core", v, [])
+        _torch_importing_sdist(index, "ext", "1.0", ["core=={torch}"], build='["torch>=2.1"]')
+
+    wheels, _ = _locked_case(tmp_path, monkeypatch, '["ext"]', fill)
     assert (wheels["torch"].version, wheels["core"].version) == ("2.15.0", "2.15.0")
     assert wheels["ext"].is_sdist and not wheels["ext"].build_needs  # declared: nothing added
