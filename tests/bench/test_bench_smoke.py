@@ -141,7 +141,7 @@ def test_push(cache, tmp_path):
 
 def test_cache_pull(cache, tmp_path):
     needs_containers()
-    args = ["--lock", SMOKE, "--rounds", "1", "--no-fresh-fs", "--tmp", str(tmp_path)]
+    args = ["--lock", SMOKE, "--rounds", "1", "--fs", "tmp", "--tmp", str(tmp_path)]
     run_json("cache", args, cache, tmp_path)
 
 
