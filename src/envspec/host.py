@@ -505,9 +505,11 @@ def _rlimits(text: str) -> dict[str, tuple[int, int]]:
 
 
 def _docker(
-    exe: str, env: Mapping[str, str], root: Path
+    exe: str, env: Mapping[str, str], root: Path, ask: Collection[Ask] = ASK_ALL
 ) -> Literal["", "daemon", "client", "podman"]:
-    if not exe:
+    """Which docker this is (a daemon's client, podman's shim), read from its file; "" for a
+    build (``ASK_STORAGE``), which never runs it (a cold read on a node's pull, issue 59)."""
+    if not exe or ask == ASK_STORAGE:
         return ""
     try:
         head = Path(exe).read_bytes()[:4096]
@@ -787,7 +789,7 @@ def detect_host(
     smi = tools["nvidia-smi"].path if "nvidia-smi" in tools else ""
     driver, driver_source = _driver_version(root, run, smi, ask)
     gpus, gpu_error = _gpus(run) if smi and driver and "nvidia-smi" in ask else ((), "")
-    docker = _docker(tools["docker"].path if "docker" in tools else "", env, root)
+    docker = _docker(tools["docker"].path if "docker" in tools else "", env, root, ask)
     daemon = _docker_daemon(run, env) if docker == "daemon" and "docker info" in ask else None
     machine = platform.machine() or "x86_64"
     binfmt, binfmt_note = _binfmt(root, machine)

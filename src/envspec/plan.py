@@ -11,7 +11,8 @@ high up rebuilds little:
  team       wheels of group "team" (the spec's own packages)
  source     the wheels built from their sdists (``[wheels.source]``, any group), keyed by their
             derivations: a team change does not build them again, and a registry cache shares them
- envspec    the verifier, the lock, the SBOM, the entrypoint (always rebuilt: tiny)
+ envspec    the verifier, the lock, the SBOM, the entrypoint (tiny; cached once keyed by what
+            it is made of besides the lock: ``keyed_top``)
 ==========  ===========================================================================
 
 A layer's *content key* is the sha256 of the canonical JSON of (layer kind, maker version, the
@@ -189,6 +190,28 @@ def make_plan(lock: Lockfile, *, bytecode: bool = True) -> BuildPlan:
         )
     )
     return BuildPlan(lock=lock, layers=tuple(layers), lock_text=dumps(lock), bytecode=pyc != "none")
+
+
+def keyed_top(plan: BuildPlan, inputs: str) -> BuildPlan:
+    """The plan with its envspec layer cacheable like the others (issue 59, point 3): keyed also
+    by ``inputs``, the digest of what that layer is made of besides the lock (the verifier's and
+    envspec's own sources, the authorized-keys file: ``image.layers.envspec_layer_inputs``), so a
+    node that pulls every layer from a registry cache makes none; ``inputs`` "": as it is."""
+    if not inputs:
+        return plan
+    layers = tuple(
+        Layer(
+            group=lay.group,
+            key="sha256:" + hashlib.sha256(f"{lay.key}\n{inputs}".encode()).hexdigest(),
+            cacheable=True,
+        )
+        if lay.group == "envspec"
+        else lay
+        for lay in plan.layers
+    )
+    return BuildPlan(
+        lock=plan.lock, layers=layers, lock_text=plan.lock_text, bytecode=plan.bytecode
+    )
 
 
 def _base_layer(lock: Lockfile, pyc: str) -> Layer:

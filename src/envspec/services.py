@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envspec.errors import PlanError
-from envspec.lock import Lockfile, RuntimeLock, Ssh, keys_sha256
+from envspec.lock import Lockfile, RuntimeLock, keys_sha256
 
 if TYPE_CHECKING:
     import jinja2
@@ -64,14 +64,25 @@ def check_authorized_keys(text: str, source: str = "authorized_keys") -> str:
     return "\n".join(out).strip() + "\n" if any(out) else ""
 
 
-def _keys_text(ssh: Ssh, spec_file: str, spec_dir: str | Path | None) -> str:
-    rel = ssh.authorized_keys
-    if not rel:
-        return ""
-    p = Path(rel)
+def authorized_keys_file(lock: Lockfile, spec_dir: str | Path | None) -> Path | None:
+    """The authorized-keys file that the lock's enabled [services.ssh] names (relative to
+    ``spec_dir``, else to the lock's ``meta.spec``), read when the image is built; None: none."""
+    ssh = lock.services.ssh
+    if ssh is None or not ssh.enabled or not ssh.authorized_keys:
+        return None
+    p = Path(ssh.authorized_keys)
     if not p.is_absolute():
-        base = Path(spec_dir) if spec_dir is not None else Path(spec_file or ".").parent
+        base = Path(spec_dir) if spec_dir is not None else Path(lock.meta.spec or ".").parent
         p = base / p
+    return p
+
+
+def _keys_text(lock: Lockfile, spec_dir: str | Path | None) -> str:
+    p = authorized_keys_file(lock, spec_dir)
+    if p is None:
+        return ""
+    ssh = lock.services.ssh
+    assert ssh is not None
     try:
         text = p.read_text(encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError):
@@ -154,7 +165,7 @@ def render_service_files(
         keys = (
             check_authorized_keys(authorized_keys, "authorized_keys")
             if authorized_keys is not None
-            else _keys_text(s, lock.meta.spec, spec_dir)
+            else _keys_text(lock, spec_dir)
         )
         if keys:
             files[AUTHORIZED_KEYS_IN_IMAGE] = (keys, 0o644)

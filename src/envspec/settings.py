@@ -154,6 +154,15 @@ VARIABLES: tuple[Var, ...] = (
         "build",
     ),
     Var(
+        "ENVSPEC_KEEP_PULLED",
+        "on/off",
+        "off",
+        "on: the layers a build took from a registry cache into the local layer cache stay there "
+        "(for a later push or output from this machine); off: once the image is in the store "
+        "they are dropped, so a node keeps what `podman pull` keeps",
+        "build",
+    ),
+    Var(
         "ENVSPEC_BACKGROUND_COMPRESS",
         "on/off",
         "on",
@@ -247,6 +256,7 @@ class Settings:
     maker_nice_others: int
     direct_write: bool
     cache_stream: bool
+    keep_pulled: bool
     background_compress: bool
     cache_from: str | None
     cache_to: str | None
@@ -306,6 +316,7 @@ def read(env: Mapping[str, str] | None = None) -> Settings:
         maker_nice_others=_int(env, "ENVSPEC_MAKER_NICE_OTHERS"),
         direct_write=_on(env, "ENVSPEC_DIRECT_WRITE"),
         cache_stream=_on(env, "ENVSPEC_CACHE_STREAM"),
+        keep_pulled=_on(env, "ENVSPEC_KEEP_PULLED", default=False),
         background_compress=_on(env, "ENVSPEC_BACKGROUND_COMPRESS"),
         cache_from=env.get("ENVSPEC_CACHE_FROM"),
         cache_to=env.get("ENVSPEC_CACHE_TO"),

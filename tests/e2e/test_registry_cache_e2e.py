@@ -100,7 +100,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     with private_storage(tmp_path / "storage-a"):
         a = built(envspec(machine(base, "a"), reg, "--cache-to", cache_ref))
     assert set(sources(a).values()) == {"made"}
-    cacheable = [lay for lay in a["layers"] if lay["group"] != "envspec"]
+    cacheable = a["layers"]  # the envspec layer too: keyed by its inputs (issue 59)
     assert len(cacheable) >= 2
     tags = [tag_for(lay["key"], Compression("zstd")) for lay in cacheable]
     assert sorted(a["cache"]["pushed"]) == sorted(f"{cache_ref}:{t}" for t in tags)
@@ -110,7 +110,7 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
     with private_storage(tmp_path / "storage-b") as host:
         env_b = {**machine(base, "b"), "ENVSPEC_CACHE_FROM": cache_ref}
         b = built(envspec(env_b, reg))
-        assert sources(b) == {**{lay["group"]: "registry" for lay in cacheable}, "envspec": "made"}
+        assert sources(b) == {lay["group"]: "registry" for lay in cacheable}  # it makes none
         # a local build: the image as the store holds it (uncompressed); A pushed the cache, so compressed
         assert (b["compression"], a["compression"]) == ("none", "zstd")
         assert b["digest"] == b["store_digest"] == a["store_digest"] and b["config"] == a["config"]
@@ -138,6 +138,18 @@ def test_a_second_machine_builds_from_the_registry_cache(world, tmp_path):
             timeout=300,
         )
         assert run.returncode == 0 and run.stdout.strip().endswith("42"), run.stderr[-2000:]
+
+    # machine F: the layers fetched through files (no stream): once the image is in the store,
+    # its cache keeps none of them, as `podman pull` keeps only the store (issue 59, point 5)
+    with private_storage(tmp_path / "storage-f"):
+        env_f = {**machine(base, "f"), "ENVSPEC_CACHE_STREAM": "off"}
+        f = built(envspec(env_f, reg, "--cache-from", cache_ref))
+        assert set(sources(f).values()) == {"registry"} and f["config"] == a["config"]
+        assert not list((base / "cache-f" / "layers").glob("*.tar*"))
+        env_k = {**machine(base, "k"), "ENVSPEC_CACHE_STREAM": "off", "ENVSPEC_KEEP_PULLED": "on"}
+        k = built(envspec(env_k, reg, "--cache-from", cache_ref))
+        assert set(sources(k).values()) == {"registry"}
+        assert len(list((base / "cache-k" / "layers").glob("*.tar"))) == len(cacheable)
 
     # damage one entry's blob in the registry's storage; make another entry lie about its diff_id
     damaged, lying = cacheable[0], cacheable[1]

@@ -18,9 +18,10 @@ from envspec.cache.store import Cache  # noqa: E402
 from envspec.errors import BuildError, HashMismatch, SourceError, UsageError  # noqa: E402
 from envspec.host import ASK_NONE, Storage, detect_host  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, Reporter, build, preview  # noqa: E402
+from envspec.image.layers import envspec_layer_inputs  # noqa: E402
 from envspec.image.oci import nvidia_require_cuda  # noqa: E402
 from envspec.lock import Wheel  # noqa: E402
-from envspec.plan import make_plan  # noqa: E402
+from envspec.plan import keyed_top, make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
 from envspec.wheels.fetch import WheelFetcher  # noqa: E402
 
@@ -99,9 +100,8 @@ def test_unchanged_lock_rebuilds_nothing(env):
     first, eng, _ = _build(lock, mirrors, tmp / "cache")
     again, eng2, rep = _build(lock, mirrors, tmp / "cache", engine=eng)
     assert again.digest == first.digest
-    assert [lay.cached for lay in again.layers] == [True] * 5 + [
-        False
-    ]  # envspec layer: always made, tiny
+    # the envspec layer too: keyed by its inputs (the lock, envspec's sources; issue 59)
+    assert [lay.cached for lay in again.layers] == [True] * 6
     assert not [e for e in rep.events if e[0] == "fetching"]
     assert [
         c for c in eng.calls if c[0] == "import_image"
@@ -573,9 +573,11 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
             push="127.0.0.1:1/a/b:c", outputs=("oci-archive:/x.tar",), registry=Registry()
         ),
     )
+    keyed = keyed_top(plan, envspec_layer_inputs(plan, None, None))
     assert [(r.layer.group, r.layer.key, r.cached) for r in before.layers] == [
-        (lay.group, lay.key, False) for lay in plan.layers
+        (lay.group, lay.key, False) for lay in keyed.layers
     ]
+    assert keyed.layers[-1].cacheable and not plan.layers[-1].cacheable
     assert before.image == plan.tag and before.fetch.wheels == len(lock.wheels)
     assert [c[0] for c in before.engine] == ["copy", "push", "push", "import_image"]
     assert before.engine[2][2] == "127.0.0.1:1/a/b:sha256-(digest).att"
@@ -585,9 +587,7 @@ def test_dry_run_goes_through_the_recording_engine_and_does_nothing(env):
     )
     _build(lock, mirrors, tmp / "cache")
     after = preview(plan, cache)
-    assert [r.cached for r in after.layers] == [True] * 5 + [
-        False
-    ]  # the envspec layer is always made
+    assert [r.cached for r in after.layers] == [True] * 6  # the envspec layer too
     assert after.to_json()["fetch"] == {"wheels": 0, "wheel_bytes": 0, "debs": 0, "deb_bytes": 0}
     assert after.engine == (("import_image", "(oci layout)", plan.tag),)
 
@@ -701,9 +701,8 @@ def test_phases_say_what_the_build_spent_its_time_on_as_each_ends(env):
     assert all(set(p) == {"name", "start_s", "end_s", "s"} for p in j["phases"])
 
     again = build(make_plan(lock), RecordingEngine(), Cache(tmp / "cache"), mirrors)
-    assert [p.name for p in again.phases if p.name.startswith("layer ")] == [
-        "layer envspec"
-    ]  # the rest cached
+    # every layer cached, the envspec layer too
+    assert [p.name for p in again.phases if p.name.startswith("layer ")] == []
 
 
 def test_a_damaged_cached_layer_is_dropped_and_the_build_runs_again_once(tmp_path, monkeypatch):
@@ -792,3 +791,23 @@ def test_a_read_only_entry_refuses_a_write_by_its_owner(tmp_path):
     finally:
         os.close(fd)
     assert (ro.returncode, rw.returncode) == (13, 0)
+
+
+def test_the_envspec_layer_is_keyed_by_what_it_is_made_of(env):
+    """Issue 59, point 3: the envspec layer is cacheable (a node that pulls every layer from a
+    registry cache makes none), so its key follows each input besides the lock: the verifier's
+    sources, envspec's own, the authorized-keys file."""
+    lock, _mirrors, tmp = env
+    plan = make_plan(lock)
+    here = envspec_layer_inputs(plan, None, None)
+    assert here == envspec_layer_inputs(plan, None, None) and len(here) == 64
+    verify = tmp / "verify"
+    verify.mkdir()
+    (verify / "__main__.py").write_text("print('a')\n")
+    a = envspec_layer_inputs(plan, None, verify)
+    (verify / "__main__.py").write_text("print('b')\n")
+    assert len({here, a, envspec_layer_inputs(plan, None, verify)}) == 3
+    keyed = keyed_top(plan, a)
+    assert [lay.key for lay in keyed.layers[:-1]] == [lay.key for lay in plan.layers[:-1]]
+    assert keyed.layers[-1].cacheable and keyed.layers[-1].key != plan.layers[-1].key
+    assert keyed_top(plan, "") is plan  # no inputs: made every build, as before

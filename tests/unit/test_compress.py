@@ -20,8 +20,9 @@ from envspec.cache.store import Cache  # noqa: E402
 from envspec.errors import BuildError  # noqa: E402
 from envspec.image import BuildOptions, RecordingEngine, build, compress  # noqa: E402
 from envspec.image.compress import Compression, compress_file  # noqa: E402
+from envspec.image.layers import envspec_layer_inputs  # noqa: E402
 from envspec.image.tarball import TarWriter  # noqa: E402
-from envspec.plan import make_plan  # noqa: E402
+from envspec.plan import keyed_top, make_plan  # noqa: E402
 from envspec.registry.stage import Registry  # noqa: E402
 
 WHEELS = [("cudalib", "1.0", "cuda"), ("torchish", "2.0", "torch"), ("teampkg", "1.0", "team")]
@@ -151,7 +152,7 @@ def test_two_caches_same_compressed_digest_and_a_rebuild_does_not_recompress(env
         lay.digest for lay in b.layers
     ]
     blobs = sorted((tmp / "c1" / "layers").glob("*.tar.zst"))
-    assert len(blobs) == 4  # every cached layer (not the envspec one, always made)
+    assert len(blobs) == 5  # every layer, the envspec one too (keyed by its inputs)
     before = {p: p.stat().st_ino for p in blobs}
     calls = []
     monkeypatch.setattr("envspec.image.making.compress_file", lambda *a: calls.append(a))
@@ -166,7 +167,7 @@ def test_a_layer_cached_without_this_compressor_is_compressed_once(env):
     assert not list((tmp / "cache" / "layers").glob("*.tar.*"))
     gz = _build(lock, mirrors, tmp / "cache", compression="gzip", compress=True)
     assert all(lay.cached for lay in gz.layers[:-1]) and gz.store_digest == plain.store_digest
-    assert len(list((tmp / "cache" / "layers").glob("*.tar.gz"))) == 4
+    assert len(list((tmp / "cache" / "layers").glob("*.tar.gz"))) == 5
     fresh = _build(lock, mirrors, tmp / "other", compression="gzip", no_cache=True, compress=True)
     assert fresh.digest == gz.digest  # compressed after the fact or while made: the same bytes
     metas = [json.loads(p.read_text()) for p in (tmp / "cache" / "layers").glob("*.gzip-*.json")]
@@ -268,13 +269,15 @@ def test_compress_layers_makes_the_blobs_a_later_push_takes_and_each_layer_once(
     calls = []
     real = compress.compress_file
     monkeypatch.setattr(
-        "envspec.image.making.compress_file", lambda *a: calls.append(a[0]) or real(*a)
+        "envspec.image.making.compress_file",
+        lambda *a, **k: calls.append(Path(a[0]).name) or real(*a, **k),
     )
     out = tmp / "out"
     carried = _build(lock, mirrors, tmp / "cache", outputs=(f"oci:{out}",))
-    assert (
-        calls == []
-    )  # every cached layer's blob was there; only the envspec layer, made while written
+    # every cached layer's blob was there but the envspec layer's (``compress_layers`` is given
+    # no spec to key it by its inputs: it compresses what ``make_plan`` keys), 10 kB
+    top = keyed_top(make_plan(lock), envspec_layer_inputs(make_plan(lock), None, None))
+    assert calls == [Cache(tmp / "cache").layer_tar(top.layers[-1].key).name]
     fresh = _build(lock, mirrors, tmp / "other", no_cache=True, compress=True)
     assert carried.digest == fresh.digest
     assert {lay.group: lay.digest for lay in made} == {

@@ -266,28 +266,33 @@ def _sources(img):
     return {lay.group: lay.source for lay in img.layers}
 
 
-def test_a_second_machine_takes_every_layer_from_the_registry(env):
+def test_a_second_machine_takes_every_layer_from_the_registry(env, monkeypatch):
     reg = FakeRegistry()
     a, warns = _build(env, reg, "a", cache_to=REF)
     assert set(_sources(a).values()) == {"made"} and not warns
-    cacheable = [lay for lay in a.layers if lay.group != "envspec"]
+    cacheable = list(a.layers)  # the envspec layer too: keyed by its inputs (issue 59)
     assert sorted(a.cached_to) == sorted(
         f"{REF}:{tag_for(lay.key, Compression('zstd'))}" for lay in cacheable
     )
     again, _ = _build(env, reg, "a", cache_to=REF)  # the registry has them: nothing pushed twice
-    assert again.cached_to == () and set(_sources(again).values()) == {"local", "made"}
+    assert again.cached_to == () and set(_sources(again).values()) == {"local"}
 
     b, warns = _build(
         env, reg, "b", cache_from=REF
     )  # a local build: the image the store holds, uncompressed
     assert not warns
-    assert _sources(b) == {**{lay.group: "registry" for lay in cacheable}, "envspec": "made"}
+    assert _sources(b) == {lay.group: "registry" for lay in cacheable}  # it makes no layer
     assert b.compression == "none" and b.digest == b.store_digest == a.store_digest
     assert b.to_json()["layers"][0]["source"] == "registry"
+    # the image is in the store: b's cache keeps none of them, as `podman pull` would (issue 59)
+    assert not list((env[2] / "b" / "layers").iterdir())
+    monkeypatch.setenv("ENVSPEC_KEEP_PULLED", "on")  # unless asked to
+    kept, _ = _build(env, reg, "b", cache_from=REF)
+    assert set(_sources(kept).values()) == {"registry"}
     c, _ = _build(
         env, reg, "b", cache_from=REF, compress=True
     )  # now in b's own cache, with the fetched blobs
-    assert {lay.source for lay in c.layers if lay.group != "envspec"} == {"local"}
+    assert {lay.source for lay in c.layers} == {"local"}
     assert (c.compression, c.digest, c.store_digest) == ("zstd", a.digest, a.store_digest)
 
 
@@ -330,7 +335,7 @@ def test_damaged_and_lying_entries_are_warned_about_and_the_layers_made(env):
         "torch": "made",
         "deps": "made",
         "team": "made",
-        "envspec": "made",
+        "envspec": "registry",
     }
     assert len(warns) == 3
     assert any(

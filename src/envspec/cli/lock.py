@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from envspec.causes import PackageHeldBack
 from envspec.cli.common import JSON_HELP, QUIET_HELP, Subparsers, command, console, print_json, say
 from envspec.errors import (
     EXIT_CHECK_FAILED,
@@ -166,6 +165,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
     )
     held = _held_back(lock)
     if held and spec.python.held_back == "error":  # before anything is written: the old lock stays
+        from envspec.causes import PackageHeldBack  # not at the top: `build` imports this module
+
         raise ResolutionImpossible(
             f'{len(held)} package(s) the spec names are held back ([python].held_back = "error")',
             causes=[PackageHeldBack(text=h["why"]) for h in held],

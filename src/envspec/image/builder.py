@@ -36,8 +36,8 @@ from envspec.image.making import (
     BuildOptions,
     LayerCache,
     Layers,
-    _bytecode_compiler,
     _clean_stale_scratch,
+    image_plan,
     registry_stage,
 )
 from envspec.image.oci import sha256_bytes
@@ -118,6 +118,7 @@ def _build(
         outputs, pushed, attached = run.deliver(image)
         run.commit(image)
         cached_to = run.push_to_registry_cache()
+        run.drop_pulled()
     except BaseException as e:
         run.fail(e)
         raise
@@ -176,7 +177,7 @@ class _Run:
             "envspec-abi", clock, "abi check", check_abi_at_hand, plan.lock, cache, mirrors
         )
         try:
-            plan, compiler = _bytecode_compiler(plan, reporter)
+            plan, compiler = image_plan(plan, reporter, options)
         except Exception:
             abi_checked.exception()  # not left writing into the cache behind the error
             raise
@@ -241,8 +242,8 @@ class _Run:
             # processes that are not forked from this one, whose import thread is then running)
             self.early = (
                 self.store is not None
-                and bool(layers.todo)
-                and all(lay.key in entries for lay in layers.todo)
+                and bool(layers.to_make)
+                and all(lay.key in entries for lay in layers.to_make)
             )
             if (
                 self.early
@@ -250,11 +251,11 @@ class _Run:
                 and _streams(rc, self.store, self.options, self.layers.comp)
             ):
                 layers.stream(entries, self.store.stored_layers())
-        self.importer = self._new_importer() if self.store and layers.todo else None
+        self.importer = self._new_importer() if self.store and layers.to_make else None
         if entries and rc is not None:
             self._fetch_entries(rc, entries)
         if (
-            abi_unread and layers.todo
+            abi_unread and layers.to_make
         ):  # a layer is made here after all: every wheel it needs is read
             with self.clock.span("abi check"):
                 check_abi(self.plan.lock, self.cache, self.mirrors, self.reporter)
@@ -353,6 +354,18 @@ class _Run:
             return ()
         with self.clock.span("cache push"):
             return self.rc.push_layers(self.layers)
+
+    def drop_pulled(self) -> None:
+        """A node keeps what ``podman pull`` keeps (issue 59, point 5): the layers this build took
+        from the registry cache into the local cache (those not streamed into the store) are
+        dropped from it once the image is in the store, unless ``ENVSPEC_KEEP_PULLED`` is on. An
+        image that went to no store (``--tag ""``) keeps them: the cache is where they are."""
+        if not self.ref or settings.read().keep_pulled:
+            return
+        for lay in self.plan.layers:
+            meta = self.layers.metas.get(lay.key)
+            if meta is not None and meta.source == "registry":
+                self.cache.evict_layer(self.cache.layer_tar(lay.key))  # False where not there
 
     def fail(self, e: BaseException) -> None:
         if isinstance(e, Exception):  # an interrupt does not wait for the check's downloads

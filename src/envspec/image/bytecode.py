@@ -36,6 +36,7 @@ import struct
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from envspec.lock import Platform
@@ -166,13 +167,13 @@ def find_compiler(platform: Platform) -> CompilerChoice:
         f"/usr/bin/python{platform.python}",
         f"/usr/local/bin/python{platform.python}",
     ]
-    seen: set[str] = set()
+    usable = [c for c in dict.fromkeys(candidates) if c and os.access(c, os.X_OK)]
+    # asked all at once, the first in this order taken: a pyenv shim alone takes 50 ms or more,
+    # and on a node's pull every layer comes from the registry while this is asked (issue 59)
+    with ThreadPoolExecutor(max_workers=max(1, len(usable))) as pool:
+        answers = list(pool.map(_probe, usable))
     found: list[str] = []
-    for c in candidates:
-        if not c or c in seen or not os.access(c, os.X_OK):
-            continue
-        seen.add(c)
-        got = _probe(c)
+    for c, got in zip(usable, answers):
         if got is None:
             continue
         found.append(f"{c} ({got[1]})")

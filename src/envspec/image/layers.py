@@ -19,6 +19,7 @@ envspec layer's verifier get theirs the same way (``add_pyc``), after the layer'
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -46,7 +47,7 @@ from envspec.image.records import MadeBlob, MadeLayer, Pyc
 from envspec.image.tarball import TarResult, TarWriter
 from envspec.lock import Platform
 from envspec.plan import LOCK_PATH_IN_IMAGE, SBOM_PATH_IN_IMAGE, BuildPlan
-from envspec.services import ENVSPEC_LIB
+from envspec.services import ENVSPEC_LIB, authorized_keys_file
 
 if TYPE_CHECKING:
     from installer.scripts import ScriptSection
@@ -473,6 +474,44 @@ def verifier_files(verify_dir: Path) -> list[tuple[str, bytes]]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
                 out.append((p.relative_to(verify_dir).as_posix(), p.read_bytes()))
     return out
+
+
+def envspec_layer_inputs(plan: BuildPlan, spec_dir: Path | None, verify_dir: Path | None) -> str:
+    """The digest of what the envspec layer is made of besides the lock (``plan.keyed_top``):
+    the verifier's sources (``verify_dir``, default envspec's own), the sources of envspec itself
+    (its modules and templates: what renders the services, the SBOM and the tar), and the bytes of
+    the authorized-keys file the spec names. Equal digests, equal layers; so the layer can be
+    cached and taken from a registry cache like the others, by a node of the same envspec."""
+    h = hashlib.sha256(_own_sources(Path(__file__).resolve().parent.parent).encode())
+    if verify_dir is not None:  # another verifier than envspec's own: read as it is now
+        _hash_files(h, "verify", verifier_files(verify_dir))
+    keys = authorized_keys_file(plan.lock, spec_dir)
+    if keys is not None:
+        h.update(b"authorized_keys\n" + (keys.read_bytes() if keys.is_file() else b"(none)"))
+    return h.hexdigest()
+
+
+def _hash_files(h: hashlib._Hash, prefix: str, files: Iterable[tuple[str, bytes]]) -> None:
+    for rel, data in files:
+        h.update(f"{prefix}/{rel} {len(data)}\n".encode())
+        h.update(data)
+
+
+@functools.cache
+def _own_sources(package: Path) -> str:
+    """The digest of envspec's own verifier files, modules and templates: read once a process
+    (they do not change under it), however many images it builds."""
+    h = hashlib.sha256()
+    _hash_files(h, "verify", verifier_files(package / "verify"))
+    sources = [
+        p
+        for p in sorted(package.rglob("*"), key=lambda x: x.as_posix())
+        if p.suffix in (".py", ".j2") and p.is_file() and "__pycache__" not in p.parts
+    ]
+    _hash_files(
+        h, "envspec", ((p.relative_to(package).as_posix(), p.read_bytes()) for p in sources)
+    )
+    return h.hexdigest()
 
 
 def make_envspec_layer(

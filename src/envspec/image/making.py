@@ -55,7 +55,7 @@ from envspec.image.records import (
 from envspec.image.report import Clock, LayerInfo, Reporter
 from envspec.image.sbom import make_sbom
 from envspec.lock import Wheel
-from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, make_plan
+from envspec.plan import MAKER_VERSIONS, BuildPlan, Layer, keyed_top, make_plan
 from envspec.services import render_service_files
 from envspec.sources import Mirror
 from envspec.wheels import sdist
@@ -248,7 +248,9 @@ class Layers:
                 if blob is None and self.comp.name != "none":
                     self.to_compress.add(lay.key)
                 self._done(lay, LayerMeta(record.diff_id, record.size, "local", blob, record))
-            elif lay.group != "envspec":  # the envspec layer is always made, last (``make_top``)
+            elif lay.group != "envspec" or lay.cacheable:
+                # the envspec layer is made last (``make_top``); keyed by its inputs
+                # (``plan.keyed_top``), it is looked for in a registry cache like the others
                 self.todo.append(lay)
         self.paths: dict[
             str, Path
@@ -272,9 +274,15 @@ class Layers:
     def path(self, lay: Layer) -> Path:
         return (
             self.work / "envspec-layer.tar"
-            if lay.group == "envspec"
+            if lay.group == "envspec" and not lay.cacheable
             else self.cache.layer_tar(lay.key)
         )
+
+    @property
+    def to_make(self) -> list[Layer]:
+        """The layers to make but the envspec layer (made from the lock alone, last, by
+        ``make_top``: no wheel, no Debian package, no worker)."""
+        return [lay for lay in self.todo if lay.group != "envspec"]
 
     def layout_path(self, lay: Layer) -> Path | None:
         """The layer's tar for the image's OCI layout; None for one streamed into the store alone
@@ -312,7 +320,7 @@ class Layers:
         """The layer's blob as pushed: its compressed file, or its tar."""
         if self.comp.name == "none":
             return self.path(lay)
-        if lay.group == "envspec":
+        if lay.group == "envspec" and not lay.cacheable:
             return self.work / ("envspec-layer.tar" + self.comp.suffix)
         return self.cache.layer_blob(lay.key, self.comp.id, self.comp.suffix)
 
@@ -413,8 +421,10 @@ class Layers:
         """The FIFO through which the layer's maker hands its tar to the store's stager as it
         writes it (made here, before the maker starts; ``tarball.PipeTee``), so the stager does not
         read the file back: the tar goes to the cache past the page cache (``tarball.DirectFile``).
-        None where the import does not stage (``pipes``), or the layer is not made here."""
-        if not (self.pipes or lay.key in self.streams) or lay not in self.todo:
+        None where the import does not stage (``pipes``), or the layer is not made here, or made
+        with no tee (the envspec layer: ``make_top``)."""
+        made_with_tee = self.pipes and lay.group != "envspec"
+        if not (made_with_tee or lay.key in self.streams) or lay not in self.todo:
             return None
         if (
             lay.key in self.streams and self.streams[lay.key].done()
@@ -433,7 +443,9 @@ class Layers:
                 lay.group,
                 self.path(lay),
                 self.futures[lay.key],
-                writing=self.writing_path(lay) if lay.key in todo else None,
+                writing=self.writing_path(lay)
+                if lay.key in todo and lay.group != "envspec"
+                else None,
                 tree=self.tree_for(lay),
                 pipe=self.pipe_for(lay),
                 streamed=self.streams.get(lay.key),
@@ -626,8 +638,13 @@ class Layers:
         return self.futures[self.plan.layer("envspec").key].done()
 
     def make_top(self, verify_dir: Path | None) -> None:
-        """The envspec layer: lock, SBOM, verifier, entrypoint and services (always made; it is tiny)."""
+        """The envspec layer: lock, SBOM, verifier, entrypoint and services; into the cache where
+        it is keyed by its inputs (``plan.keyed_top``), unless it was found there or taken from a
+        registry cache (then nothing is made)."""
         top = self.plan.layer("envspec")
+        streamed = self.streams.get(top.key)
+        if self.futures[top.key].done() or (streamed is not None and not streamed.done()):
+            return  # found, taken, or still on its way from the registry cache
         self.reporter.layer_started("envspec", 0, False)
 
         def make() -> LayerMeta:
@@ -642,6 +659,8 @@ class Layers:
                     compression=self._comp(),
                     compiler=self.compiler,
                 )
+            if top.cacheable:
+                return _store_layer(self.cache, top, out, res, self.comp)
             os.replace(out, self.path(top))
             blob = None
             if res.blob is not None:
@@ -655,6 +674,8 @@ class Layers:
             return LayerMeta(res.diff_id, res.size, "made", blob)
 
         self._make(top, make)
+        if top in self.todo:
+            self.todo.remove(top)
 
 
 class WheelMakers:
@@ -721,6 +742,17 @@ class WheelMakers:
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+
+def image_plan(
+    plan: BuildPlan, reporter: Reporter, options: BuildOptions
+) -> tuple[BuildPlan, tuple[str, str] | None]:
+    """The plan as this host builds it, and its .pyc compiler (``_bytecode_compiler``), with its
+    envspec layer keyed by what it is made of (``plan.keyed_top``): what a build and its dry run
+    both make their ``Layers`` of."""
+    plan, compiler = _bytecode_compiler(plan, reporter)
+    inputs = layer_makers.envspec_layer_inputs(plan, options.spec_dir, options.verify_dir)
+    return keyed_top(plan, inputs), compiler
 
 
 def _bytecode_compiler(

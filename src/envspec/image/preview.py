@@ -13,7 +13,7 @@ from envspec.image.compress import (
 from envspec.image.engine import (
     RecordingEngine,
 )
-from envspec.image.making import BuildOptions, Layers, _bytecode_compiler, registry_stage
+from envspec.image.making import BuildOptions, Layers, image_plan, registry_stage
 from envspec.image.output import Image, deliver
 from envspec.image.report import Reporter
 from envspec.plan import BuildPlan, Layer
@@ -86,7 +86,7 @@ def preview(plan: BuildPlan, cache: Cache, *, options: BuildOptions = BuildOptio
     """``build --dry-run``: the plan, which layers are cached and which would be made, what would
     be fetched, and the engine verbs the build would end with, recorded by ``RecordingEngine``.
     Nothing is fetched, made, imported or pushed."""
-    plan, _ = _bytecode_compiler(plan, Reporter())
+    plan, _ = image_plan(plan, Reporter(), options)
     layers = Layers(plan, cache, Path("(work)"), Reporter(), options=options)
     todo = {lay.key for lay in layers.todo}
     return Preview(

@@ -695,7 +695,7 @@ class RegistryCache:
         pushed: list[str] = []
         for lay in layers.plan.layers:
             meta = layers.metas.get(lay.key)
-            if not lay.cacheable or lay.group == "envspec" or meta is None:
+            if not lay.cacheable or meta is None:
                 continue
             if meta.source == "registry" and self.cache_to == self.cache_from:
                 continue
