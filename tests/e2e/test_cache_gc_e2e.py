@@ -102,3 +102,34 @@ def test_gc_keeps_the_locks_layers_and_removes_junk(tmp_path):
     assert not [e for e in other["removed"] if e["kind"] == "layer"]
     assert other["kept"]["recent"] >= len(made)
     assert all((cache / "envspec" / "layers" / f"{k}.tar").is_file() for k in made)
+
+
+def test_a_node_may_drop_the_layers_its_store_holds(tmp_path):
+    """``envspec cache`` marks the layers containers-storage holds too and ``cache gc --stored``
+    drops them, needed by a lock or not (issue 59, point 5); the image stays in the store."""
+    from conftest import private_storage
+
+    env = {k: v for k, v in os.environ.items() if k != "ENVSPEC_CACHE"}
+    env |= {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(ROOT / "src")}
+    with private_storage(tmp_path / "storage") as host:
+        env["ENVSPEC_STORAGE_ROOT"] = os.environ["ENVSPEC_STORAGE_ROOT"]
+        tag = "localhost/envspec-test/cache-gc-stored:1"
+        built = envspec(env, "build", str(LOCK), "--tag", tag, "--json")
+        layers = cachegc_layers(tmp_path)
+        assert len(layers) == len(built["layers"])
+        listed = envspec(env, "cache", "--json")
+        assert listed["store"]["read"] and listed["store"]["layers_in_store"] == len(layers)
+        assert all(e["in_store"] for e in listed["entries"] if e["kind"] == "layer")
+        assert "a node may drop" in envspec(env, "cache")
+        done = envspec(env, "cache", "gc", str(LOCK), "--stored", "--json")
+        assert done["removed_in_store"] == len(layers)
+        assert {e["kind"] for e in done["removed"]} == {"layer"} and not cachegc_layers(tmp_path)
+        assert envspec(env, "cache", "--json")["kinds"]["deb"]["count"] > 0  # the lock needs them
+        cp = subprocess.run(
+            ["podman", *host.storage.args(), "image", "exists", tag], capture_output=True
+        )
+        assert cp.returncode == 0, cp.stderr
+
+
+def cachegc_layers(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "xdg" / "envspec" / "layers").glob("*.tar"))

@@ -40,7 +40,8 @@ def fake_cache(tmp_path: Path) -> tuple[Cache, dict[str, str]]:
     put(c.root / "debs" / "sha256" / names["deb-b"], 400)
     for k in ("layer-a", "layer-b"):
         put(c.layer_tar(names[k]), 1000)
-        c.layer_meta(names[k]).write_text(json.dumps({"group": k, "size": 1000}))
+        record = {"group": k, "size": 1000, "diff_id": "sha256:" + hexof("tar of " + k)}
+        c.layer_meta(names[k]).write_text(json.dumps(record))
         os.utime(c.layer_meta(names[k]), (OLD, OLD))
     # not entries: a .deb being downloaded, a build's work directory, the resolver's caches
     put(c.root / "debs" / "sha256" / f".{names['deb-a']}.123.456.abcd.part", 50, used=time.time())
@@ -246,11 +247,60 @@ def test_parse_size():
     assert e.value.reference == "bad-size"
 
 
-def test_cli_cache_and_gc(tmp_path, monkeypatch, capsys):
+def test_layers_the_store_holds_too_go_whatever_the_locks_need(tmp_path):
+    """``cache gc --stored`` (issue 59, point 5): a layer whose diff_id containers-storage holds
+    goes, needed by a lock and used a moment ago or not; the others are collected as before."""
+    c, names = fake_cache(tmp_path)
+    os.utime(c.layer_tar(names["layer-a"]))  # used just now
+    stored = {"sha256:" + hexof("tar of layer-a"), "sha256:" + hexof("another image's layer")}
+    entries = cachegc.scan(c)
+    assert [e.name for e in cachegc.in_store(entries, stored)] == [names["layer-a"]]
+    needed = needed_of(names, "wheel-a", "deb-a", "deb-b", "wheel-b", "layer-a", "layer-b")
+    plan = cachegc.collect(c, needed, stored=stored)
+    assert [e.name for e in plan.remove] == [names["layer-a"]] and plan.stored == 1
+    assert not c.layer_tar(names["layer-a"]).exists() and c.layer_tar(names["layer-b"]).exists()
+    assert plan.to_json()["removed_in_store"] == 1
+    # without the store's diff_ids, what a lock needs stays
+    assert cachegc.collect(c, needed).remove == []
+
+
+def test_cli_says_what_a_node_may_drop(tmp_path, monkeypatch, capsys):
+    from envspec.cli import cache as cli_cache
     from envspec.cli import main
 
     c, names = fake_cache(tmp_path)
     monkeypatch.setenv("ENVSPEC_CACHE", str(c.root))
+    stored = frozenset({"sha256:" + hexof("tar of layer-b")})
+    monkeypatch.setattr(cli_cache, "_stored_diff_ids", lambda: (stored, ""))
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "a node may drop 1 layers" in out and "cache gc --stored" in out
+    assert (
+        f"layer {names['layer-b'][:12]} layer-b" in out and out.count("in containers-storage") == 1
+    )
+    assert main(["cache", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["store"]["layers_in_store"] == 1 and got["store"]["read"]
+    assert {e["name"]: e["in_store"] for e in got["entries"] if e["kind"] == "layer"} == {
+        names["layer-a"]: False,
+        names["layer-b"]: True,
+    }
+    assert main(["cache", "gc", str(DATA / "small.lock"), "--stored", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed_in_store"] == 1
+    monkeypatch.setattr(cli_cache, "_stored_diff_ids", lambda: (None, "no store here"))
+    assert main(["cache"]) == 0
+    assert "could not be read (no store here)" in capsys.readouterr().out
+    assert main(["cache", "gc", "--stored"]) == 5
+    assert "no store here" in capsys.readouterr().err
+
+
+def test_cli_cache_and_gc(tmp_path, monkeypatch, capsys):
+    from envspec.cli import cache as cli_cache
+    from envspec.cli import main
+
+    c, names = fake_cache(tmp_path)
+    monkeypatch.setenv("ENVSPEC_CACHE", str(c.root))
+    monkeypatch.setattr(cli_cache, "_stored_diff_ids", lambda: (frozenset(), ""))
     assert main(["cache", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kinds"]["layer"]["count"] == 2 and len(out["entries"]) == 6

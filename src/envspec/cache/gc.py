@@ -32,7 +32,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +54,7 @@ class CacheEntry:
     size: int
     used: float  # the newest atime/mtime of its files (seconds since the epoch)
     group: str = ""  # a layer's group, from its .json
+    diff_id: str = ""  # a layer's diff_id (the sha256 of its tar), from its .json
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -62,6 +63,7 @@ class CacheEntry:
             "size": self.size,
             "used": round(self.used),
             **({"group": self.group} if self.group else {}),
+            **({"diff_id": self.diff_id} if self.diff_id else {}),
             "paths": [str(p) for p in self.paths],
         }
 
@@ -126,8 +128,9 @@ def scan(cache: Cache) -> list[CacheEntry]:
         st = _stat(paths)
         if st is None:
             continue
-        group = str(_read_json(meta).get("group", "")) if meta in files else ""
-        out.append(CacheEntry("layer", key, paths, *st, group=group))
+        record = _read_json(meta) if meta in files else {}
+        group, diff_id = str(record.get("group", "")), str(record.get("diff_id", ""))
+        out.append(CacheEntry("layer", key, paths, *st, group=group, diff_id=diff_id))
     built = (
         cache.root / "built"
     )  # <key>/: the wheel, its build.log and wheel.json (wheels/sdist.py)
@@ -304,12 +307,21 @@ def default_locks(start: Path) -> list[Path]:
 # --- the collection -------------------------------------------------------------------------------
 
 
+def in_store(entries: Iterable[CacheEntry], stored: Collection[str]) -> list[CacheEntry]:
+    """The layers whose diff_id containers-storage holds too (``stored``: the store's diff_ids):
+    what a node that takes its images from a registry (cache) may drop, as ``podman pull`` keeps
+    only the store. A build of the same lock with ``--cache-from`` finds them in the store and
+    reads nothing; one without a registry cache makes them again."""
+    return [e for e in entries if e.kind == "layer" and e.diff_id and e.diff_id in stored]
+
+
 @dataclass
 class GcPlan:
     keep: list[tuple[CacheEntry, str]]  # (entry, why: "needed" | "recent" | "budget")
     remove: list[CacheEntry]
     keep_size: int | None = None
     over_budget: int = 0  # bytes the needed (and recent) entries alone exceed the budget by
+    stored: int = 0  # of ``remove``: the layers removed because containers-storage holds them
 
     @property
     def freed(self) -> int:
@@ -333,6 +345,7 @@ class GcPlan:
             "removed": [e.to_json() for e in self.remove],
             "freed_bytes": self.freed,
             "over_budget_bytes": self.over_budget,
+            "removed_in_store": self.stored,
         }
 
 
@@ -343,12 +356,18 @@ def plan_gc(
     keep_size: int | None = None,
     now: float | None = None,
     grace: float = GRACE_S,
+    stored: Collection[str] = (),
 ) -> GcPlan:
-    """Which entries stay and which go (pure: nothing is touched)."""
+    """Which entries stay and which go (pure: nothing is touched). ``stored``: the diff_ids of
+    containers-storage (``cache gc --stored``); the layers it holds go whatever the locks need
+    and however recently used (``in_store``)."""
     now = time.time() if now is None else now
     keep: list[tuple[CacheEntry, str]] = []
     rest: list[CacheEntry] = []
+    dropped = {e.name for e in in_store(entries, stored)}
     for e in entries:
+        if e.kind == "layer" and e.name in dropped:
+            continue
         if needed.needs(e):
             keep.append((e, "needed"))
         elif e.used > now - grace:
@@ -368,11 +387,13 @@ def plan_gc(
                 total += e.size
             else:
                 remove.append(e)
+    remove += [e for e in entries if e.kind == "layer" and e.name in dropped]
     return GcPlan(
         keep=keep,
         remove=sorted(remove, key=lambda e: (e.kind, e.name)),
         keep_size=keep_size,
         over_budget=over,
+        stored=len(dropped),
     )
 
 
@@ -384,6 +405,7 @@ def collect(
     dry_run: bool = False,
     grace: float = GRACE_S,
     on_wait: Callable[[list[str]], None] = lambda users: None,
+    stored: Collection[str] = (),
 ) -> GcPlan:
     """Plan and (unless ``dry_run``) carry out a collection under the cache's exclusive lock.
     ``on_wait`` is called once, with the builds using the cache (``users``), when the collection
@@ -391,9 +413,13 @@ def collect(
     it is (what running builds use now is kept as recently used)."""
     started = time.time()
     if dry_run:
-        return plan_gc(scan(cache), needed, keep_size=keep_size, now=started, grace=grace)
+        return plan_gc(
+            scan(cache), needed, keep_size=keep_size, now=started, grace=grace, stored=stored
+        )
     with cache.exclusive(on_wait=lambda: on_wait(users(cache))):
-        plan = plan_gc(scan(cache), needed, keep_size=keep_size, now=started, grace=grace)
+        plan = plan_gc(
+            scan(cache), needed, keep_size=keep_size, now=started, grace=grace, stored=stored
+        )
         for e in plan.remove:
             _remove(cache, e)
     return plan

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envspec.cli.common import JSON_HELP, Subparsers, command, console, print_json
-from envspec.errors import EXIT_OK, EnvspecError
+from envspec.errors import EXIT_OK, EnvspecError, HostError
 
 if TYPE_CHECKING:
-    from envspec.cache.gc import GcPlan, Needed
+    from envspec.cache.gc import CacheEntry, GcPlan, Needed
     from envspec.cache.store import Cache
 
 
@@ -70,6 +70,20 @@ def _needed(paths: list[Path]) -> tuple[Needed, list[str]]:
     return needed, bad
 
 
+def _stored_diff_ids() -> tuple[frozenset[str] | None, str]:
+    """The diff_ids of the layers in containers-storage (the store a build imports into:
+    ENVSPEC_STORAGE_ROOT, else buildah's), or None and why they could not be read."""
+    from envspec.image.engine import BuildahEngine
+
+    try:
+        store = BuildahEngine().storage_cli()
+    except EnvspecError as e:
+        return None, e.message.splitlines()[0]
+    if store is None:
+        return None, "containers-storage's own tool is not here, or this is not root"
+    return frozenset(d for d in store.stored_layers().values() if d), ""
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from envspec.cache.dirs import cache_dir_for
     from envspec.cache.store import Cache
@@ -88,8 +102,16 @@ def _cache_show(args: argparse.Namespace, cache: Cache) -> int:
 
     entries = cachegc.scan(cache)
     info = cachegc.summary(cache, entries)
+    stored, why = _stored_diff_ids()
+    droppable = {e.name for e in cachegc.in_store(entries, stored or ())}
     if args.json:
-        print_json(info.to_json() | {"entries": [e.to_json() for e in entries]})
+        store = {"read": stored is not None, "why": why, "layers_in_store": len(droppable)}
+        store["bytes_in_store"] = sum(e.size for e in entries if e.name in droppable)
+        print_json(
+            info.to_json()
+            | {"store": store}
+            | {"entries": [e.to_json() | _in_store(e, droppable) for e in entries]}
+        )
         return EXIT_OK
     con = console()
     con.print(f"cache {info.cache}: {cachegc.human(info.total_bytes)}", markup=False)
@@ -104,10 +126,36 @@ def _cache_show(args: argparse.Namespace, cache: Cache) -> int:
         tar = any(q.name == f"{e.name}.tar" for q in e.paths)
         con.print(
             f"  layer {e.name[:12]} {e.group or '?':<10} {cachegc.human(e.size):>11}"
-            + ("" if tar else "  (its compressed blob only: the layer was removed)"),
+            + ("" if tar else "  (its compressed blob only: the layer was removed)")
+            + ("  in containers-storage" if e.name in droppable else ""),
             markup=False,
         )
+    _say_droppable(entries, droppable, why)
     return EXIT_OK
+
+
+def _in_store(e: CacheEntry, droppable: set[str]) -> dict[str, bool]:
+    return {"in_store": e.name in droppable} if e.kind == "layer" else {}
+
+
+def _say_droppable(entries: list[CacheEntry], droppable: set[str], why: str) -> None:
+    """What a node may drop (issue 59, point 5): the layers containers-storage holds too."""
+    from envspec.cache import gc as cachegc
+
+    con = console()
+    if why:
+        con.print(f"containers-storage's layers could not be read ({why})", markup=False)
+        return
+    size = sum(e.size for e in entries if e.kind == "layer" and e.name in droppable)
+    con.print(
+        f"a node may drop {len(droppable)} layers ({cachegc.human(size)}) that containers-storage "
+        "holds too: `envspec cache gc --stored` (a build with --cache-from finds them in the "
+        "store; the layers a build takes from a registry cache are not kept unless "
+        "ENVSPEC_KEEP_PULLED=on)"
+        if droppable
+        else "no layer here is in containers-storage too: nothing a node may drop",
+        markup=False,
+    )
 
 
 def _cache_gc(args: argparse.Namespace, cache: Cache) -> int:
@@ -124,6 +172,7 @@ def _cache_gc(args: argparse.Namespace, cache: Cache) -> int:
         paths = cachegc.default_locks(Path.cwd())
     needed, bad = _needed(paths)
     keep_size = cachegc.parse_size(args.keep_size) if args.keep_size is not None else None
+    stored = _stored_for_gc() if args.stored else frozenset()
     err = console(stderr=True)
     for b in bad:
         err.print(f"warning: skipped {b}: what it needs may be removed", markup=False)
@@ -142,6 +191,7 @@ def _cache_gc(args: argparse.Namespace, cache: Cache) -> int:
             + "".join(f"\n  {u}" for u in users),
             markup=False,
         ),
+        stored=stored,
     )
     if args.json:
         print_json(
@@ -157,6 +207,18 @@ def _cache_gc(args: argparse.Namespace, cache: Cache) -> int:
         return EXIT_OK
     _say_collected(args, plan, len(paths), keep_size)
     return EXIT_OK
+
+
+def _stored_for_gc() -> frozenset[str]:
+    """``cache gc --stored``: the store's diff_ids, or an error (exit 5) naming why not."""
+    got, why = _stored_diff_ids()
+    if got is None:
+        raise HostError(
+            f"cache gc --stored: containers-storage's layers could not be read ({why})",
+            hint="run it as root where buildah and containers-storage are installed "
+            "(scripts/dev.sh setup), or leave --stored out",
+        )
+    return got
 
 
 def _say_collected(
@@ -178,7 +240,9 @@ def _say_collected(
     )
     kept = plan.kept
     con.print(
-        f"{verb} {len(plan.remove)} entries ({counts}), {cachegc.human(plan.freed)}; kept {kept['count']} "
+        f"{verb} {len(plan.remove)} entries ({counts}"
+        + (f"; {plan.stored} layers in containers-storage" if plan.stored else "")
+        + f"), {cachegc.human(plan.freed)}; kept {kept['count']} "
         f"({cachegc.human(kept['bytes'])}): {kept['needed']} needed by {locks} locks, "
         f"{kept['recent']} used in the last {cachegc.GRACE_S // 60} minutes"
         + (
@@ -215,30 +279,7 @@ def add_cache(sub: Subparsers) -> None:
     csub = s.add_subparsers(
         dest="cache_cmd", metavar="ACTION", help="gc or compress (none: list the cache)"
     )
-    c = command(
-        csub,
-        "gc",
-        help="remove the wheels, .debs and layers that the locks do not need",
-        examples=[
-            "envspec cache gc                    # keep what this repository's locks need",
-            "envspec cache gc lockfiles/h100-train.lock --keep-size 50G",
-        ],
-    )
-    c.add_argument(
-        "locks",
-        nargs="*",
-        metavar="LOCK",
-        help="keep what these locks need (default: every envspec *.lock in this repository)",
-    )
-    c.add_argument(
-        "--keep-size",
-        metavar="SIZE",
-        help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)",
-    )
-    c.add_argument(
-        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
-    )
-    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    _add_gc(csub)
     c = command(
         csub,
         "compress",
@@ -255,3 +296,37 @@ def add_cache(sub: Subparsers) -> None:
     )
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_cache, cache_cmd=None)
+
+
+def _add_gc(csub: Subparsers) -> None:
+    c = command(
+        csub,
+        "gc",
+        help="remove the wheels, .debs and layers that the locks do not need",
+        examples=[
+            "envspec cache gc                    # keep what this repository's locks need",
+            "envspec cache gc lockfiles/h100-train.lock --keep-size 50G",
+            "envspec cache gc --stored           # a node: drop what the store holds too",
+        ],
+    )
+    c.add_argument(
+        "locks",
+        nargs="*",
+        metavar="LOCK",
+        help="keep what these locks need (default: every envspec *.lock in this repository)",
+    )
+    c.add_argument(
+        "--keep-size",
+        metavar="SIZE",
+        help="also keep the most recently used other entries while the cache stays within SIZE (e.g. 20G)",
+    )
+    c.add_argument(
+        "--stored",
+        action="store_true",
+        help="also remove the layers containers-storage holds too (the same diff_id), whatever "
+        "the locks need: what a node that pulls its images may drop",
+    )
+    c.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed; remove nothing"
+    )
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
