@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envspec.debian.models import DebPin
@@ -280,13 +281,16 @@ def _wheel_layers(lock: Lockfile, pyc: str) -> list[Layer]:
     return layers
 
 
-def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
+def cache_entries(
+    lock: Lockfile, top: Callable[[BuildPlan], BuildPlan] | None = None
+) -> list[tuple[str, str]]:
     """(kind, name) of every cache entry the lock's images are made from: its wheels' and .debs'
     sha256 and its plan's cacheable layer keys (hex); of a multi-platform lock, what each
     platform's image needs. What ``envspec cache gc`` keeps for the lock (``cache.gc.Needed``);
-    a host-mode lock (``[runtime] mode = "host"``) has no image, so no layers."""
+    a host-mode lock (``[runtime] mode = "host"``) has no image, so no layers. ``top``: the plan
+    with its envspec layer keyed as a build keys it (``keyed_top``), so that layer is kept too."""
     if lock.multi:
-        return [e for view in lock.views() for e in cache_entries(view)]
+        return [e for view in lock.views() for e in cache_entries(view, top)]
     out = [("wheel", w.sha256) for w in lock.wheels]
     out += [
         ("wheel", b.sha256)
@@ -300,4 +304,5 @@ def cache_entries(lock: Lockfile) -> list[tuple[str, str]]:
         plan = make_plan(lock)
     except PlanError:
         return out
+    plan = top(plan) if top is not None else plan
     return out + [("layer", lay.key.split(":", 1)[-1]) for lay in plan.layers if lay.cacheable]

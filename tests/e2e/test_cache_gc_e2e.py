@@ -91,7 +91,7 @@ def test_gc_keeps_the_locks_layers_and_removes_junk(tmp_path):
 
     again = envspec(env, "build", str(LOCK), "--tag", "", "--json")
     assert again["digest"] == first["digest"]
-    # every layer cached, the envspec layer too (not one a lock keeps: recent, so gc left it)
+    # every layer cached, the envspec layer too (kept for the lock: keyed as the build keys it)
     assert all(lay["cached"] for lay in again["layers"])
 
     # kept for another lock only, smoke's layers are unneeded, but used a moment ago: the grace

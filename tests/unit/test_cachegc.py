@@ -162,22 +162,26 @@ def test_size_budget_keeps_the_most_recently_used_and_never_what_a_lock_needs(tm
 
 
 def test_needed_from_a_real_lock_is_its_wheels_and_plan_layers():
+    """... its envspec layer included, keyed as a build keys it (``plan.keyed_top``)."""
     from envspec import lock as lockmod
-    from envspec.plan import make_plan
+    from envspec.image.layers import envspec_layer_inputs
+    from envspec.plan import keyed_top, make_plan
 
     lock = lockmod.load(DATA / "small.lock")
     needed, bad = _needed([DATA / "small.lock"])
     assert bad == []
     assert needed.wheels == {w.sha256 for w in lock.wheels}
-    assert needed.layers == {
-        lay.key.split(":", 1)[1] for lay in make_plan(lock).layers if lay.cacheable
-    }
-    assert needed.layers  # the test means something
+    plan = make_plan(lock)
+    keyed = keyed_top(plan, envspec_layer_inputs(plan, None, None))
+    assert needed.layers == {lay.key.split(":", 1)[1] for lay in keyed.layers if lay.cacheable}
+    top = keyed.layer("envspec").key.split(":", 1)[1]
+    assert top in needed.layers and top not in {lay.key for lay in plan.layers}
 
 
 def test_a_multi_platform_lock_needs_what_each_platforms_image_needs():
     from envspec import lock as lockmod
-    from envspec.plan import make_plan
+    from envspec.image.layers import envspec_layer_inputs
+    from envspec.plan import keyed_top, make_plan
 
     path = Path(__file__).parents[2] / "lockfiles" / "smoke-multi.lock"
     lock = lockmod.load(path)
@@ -185,10 +189,11 @@ def test_a_multi_platform_lock_needs_what_each_platforms_image_needs():
     assert bad == []
     debs = {d.sha256 for v in lock.views() for d in (v.debian.packages if v.debian else ())}
     assert needed.debs == debs and len(debs) > len(lock.parts[0].debian.packages)
+    plans = [make_plan(v) for v in lock.views()]
     assert needed.layers == {
         lay.key.split(":", 1)[1]
-        for v in lock.views()
-        for lay in make_plan(v).layers
+        for plan in plans
+        for lay in keyed_top(plan, envspec_layer_inputs(plan, None, None)).layers
         if lay.cacheable
     }
 

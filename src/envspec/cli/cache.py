@@ -59,12 +59,16 @@ def _needed(paths: list[Path]) -> tuple[Needed, list[str]]:
     refused before this."""
     from envspec import lock as lockmod
     from envspec.cache.gc import Needed
-    from envspec.plan import cache_entries
+    from envspec.image.layers import envspec_layer_inputs
+    from envspec.plan import BuildPlan, cache_entries, keyed_top
+
+    def top(plan: BuildPlan) -> BuildPlan:  # the envspec layer as a build of the lock keys it
+        return keyed_top(plan, envspec_layer_inputs(plan, None, None))
 
     needed, bad = Needed(), list[str]()
     for p in paths:
         try:
-            needed.add(str(p), cache_entries(lockmod.load(p)))
+            needed.add(str(p), cache_entries(lockmod.load(p), top))
         except EnvspecError as e:
             bad.append(f"{p}: {e.message.splitlines()[0].rstrip(':')}")
     return needed, bad
