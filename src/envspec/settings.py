@@ -118,6 +118,15 @@ VARIABLES: tuple[Var, ...] = (
         "build",
     ),
     Var(
+        "ENVSPEC_SPREAD_STAGING",
+        "on/off",
+        "on",
+        "off: the store's staging area (overlay/envspec-staging) is not given ext4's top-directory "
+        "flag, so staged layers are placed beside it, not spread over the block groups "
+        "(envspec-put-layer reads it too)",
+        "build",
+    ),
+    Var(
         "ENVSPEC_LAYER_TREES",
         "text",
         "on",
@@ -251,6 +260,7 @@ class Settings:
     staged_import: bool
     stage_nice: int
     stage_pipe: bool
+    spread_staging: bool
     layer_trees: str
     maker_nice: int
     maker_nice_others: int
@@ -311,6 +321,7 @@ def read(env: Mapping[str, str] | None = None) -> Settings:
         staged_import=env.get("ENVSPEC_STAGED_IMPORT") != "off",
         stage_nice=_int(env, "ENVSPEC_STAGE_NICE"),
         stage_pipe=_on(env, "ENVSPEC_STAGE_PIPE"),
+        spread_staging=_on(env, "ENVSPEC_SPREAD_STAGING"),
         layer_trees=env.get("ENVSPEC_LAYER_TREES", "on"),
         maker_nice=_int(env, "ENVSPEC_MAKER_NICE"),
         maker_nice_others=_int(env, "ENVSPEC_MAKER_NICE_OTHERS"),

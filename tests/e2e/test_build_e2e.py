@@ -189,6 +189,12 @@ def test_imports_by_put_layer_containers_storage_and_skopeo_agree_and_storage_gi
     assert store.can_stage and not any(
         (Path(store.root) / store.driver / "envspec-staging").iterdir()
     )
+    staging = Path(store.root) / store.driver / "envspec-staging"
+    if subprocess.run(
+        ["stat", "-f", "-c", "%T", str(staging)], capture_output=True, text=True
+    ).stdout.startswith("ext"):
+        got = subprocess.run(["lsattr", "-d", str(staging)], capture_output=True, text=True)
+        assert "T" in got.stdout.split()[0], got  # spread over block groups (issue 59)
     monkeypatch.setenv("ENVSPEC_STAGED_IMPORT", "off")
     with private_storage(tmp_path / "storage-put"):
         put = BuildahEngine()

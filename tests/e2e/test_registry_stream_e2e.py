@@ -135,6 +135,11 @@ def test_a_fresh_node_streams_every_layer_into_its_store(world, tmp_path):
         assert b["config"] == a["config"] and b["store_digest"] == a["store_digest"]
         # nothing went through a file: the envspec cache holds no layer of them
         assert not list((Path(env["ENVSPEC_CACHE"]) / "layers").glob("*.tar*"))
+        # the staging area spreads the staged layers over the block groups (issue 59)
+        staging = Path(host.storage.root) / "overlay" / "envspec-staging"
+        if stat_fs(staging).startswith("ext"):
+            got = subprocess.run(["lsattr", "-d", str(staging)], capture_output=True, text=True)
+            assert "T" in got.stdout.split()[0], got
         run = subprocess.run(
             [
                 "podman",
@@ -274,3 +279,7 @@ def test_a_damaged_or_lying_stream_is_a_warning_and_its_layer_is_made(world, tmp
     )
     assert "the blob's bytes are not the ones recorded" in cp.stderr, cp.stderr[-3000:]
     assert wrong in cp.stderr  # what was wrong: the diff_id it claimed
+
+
+def stat_fs(p: Path) -> str:
+    return subprocess.run(["stat", "-f", "-c", "%T", str(p)], capture_output=True, text=True).stdout

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
 import threading
 import time
 from concurrent.futures import Future
@@ -276,6 +277,10 @@ class StagingStore(FakeStore):
         self.calls.append(("prepare",))
 
     def staging_root(self):
+        return self.root
+
+    def make_staging_root(self):
+        self.root.mkdir(parents=True, exist_ok=True)
         return self.root
 
     def stored_layers(self):
@@ -866,3 +871,31 @@ def test_a_stream_that_holds_is_committed_without_a_file(tmp_path):
     assert store.stages == [("base", True)] and store.owns == [("base", False)]
     assert not (tmp_path / "nowhere.tar").exists()
     assert imp.stored == ["base"]
+
+
+def _fs_type(p: Path) -> str:
+    return subprocess.run(
+        ["stat", "-f", "-c", "%T", str(p)], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_staging_area_spreads_its_directories_over_block_groups(tmp_path):
+    """ext4's top-directory flag on the staging area (issue 59): set once, the other flags kept;
+    a file system without it (tmpfs) is left as it is."""
+    from envspec.image.engine import FS_TOPDIR_FL, spread_dirs
+
+    d = tmp_path / "overlay" / "envspec-staging"
+    d.mkdir(parents=True)
+    if not _fs_type(d).startswith("ext"):
+        pytest.skip(f"{tmp_path} is {_fs_type(d)}, not ext2/3/4")
+    before = subprocess.run(["lsattr", "-d", str(d)], capture_output=True, text=True).stdout
+    assert "T" not in before.split()[0]
+    assert spread_dirs(d) and spread_dirs(d)  # twice: the flag is there, nothing changes
+    after = subprocess.run(["lsattr", "-d", str(d)], capture_output=True, text=True).stdout
+    flags = after.split()[0]
+    assert "T" in flags and flags.replace("T", "-") == before.split()[0]
+    assert FS_TOPDIR_FL == 0x00020000
+    shm = Path("/dev/shm")
+    if shm.is_dir() and _fs_type(shm) == "tmpfs":
+        assert not spread_dirs(shm)
+    assert not spread_dirs(tmp_path / "missing")

@@ -212,7 +212,7 @@ class _Run:
         if self.store is None or not self.store.can_stage:
             return
         if settings.read().layer_trees != "off":
-            self.layers.tree_root = self.store.staging_root()
+            self.layers.tree_root = self.store.make_staging_root()
         self.layers.pipes = settings.read().stage_pipe and not self._from_registry_cache()
 
     def _from_registry_cache(self) -> bool:

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import urllib.parse
@@ -713,6 +714,41 @@ class Stage:
         self.err.close()
 
 
+FS_TOPDIR_FL = 0x00020000  # ext4's "top of directory hierarchy" inode flag (`chattr +T`)
+
+
+def _ioc(direction: int, nr: int) -> int:
+    """Linux's _IOR/_IOW('f', nr, long): FS_IOC_GETFLAGS (direction 2), FS_IOC_SETFLAGS (1)."""
+    return (direction << 30) | (ctypes.sizeof(ctypes.c_long) << 16) | (ord("f") << 8) | nr
+
+
+def spread_dirs(d: Path) -> bool:
+    """Mark ``d`` with ext4's top-directory flag where it has not got it, so that the
+    directories made in it (one per staged layer) are placed as top-level ones, each in a block
+    group with above-average free inodes, not in its parent's. On an ext4 without a journal,
+    making a file steps, one inode at a time, over its group's inodes deleted in the last minute
+    (``find_inode_bit``, ``recently_deleted``): after a node removed an image, a layer untarred
+    beside it paid that for each file (issue 59; docs/build.md, "Import"). False where the file
+    system has no such flag (XFS, tmpfs) or it cannot be set: nothing changes then."""
+    import fcntl
+
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        buf = bytearray(4)  # the kernel reads and writes an int, whatever the request's size says
+        fcntl.ioctl(fd, _ioc(2, 1), buf)
+        flags = int.from_bytes(buf, sys.byteorder)
+        if not flags & FS_TOPDIR_FL:
+            fcntl.ioctl(fd, _ioc(1, 2), (flags | FS_TOPDIR_FL).to_bytes(4, sys.byteorder))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class StorageCLI:
     """containers/storage on one store. Layers go in through ``envspec-put-layer`` where it is
@@ -872,6 +908,16 @@ class StorageCLI:
         """The staging area: under the driver's home (a rename from there into a layer stays on
         its mount); each entry is named ``PID-...`` after the process that made it."""
         return Path(self.root) / self.driver / STAGING_DIR
+
+    def make_staging_root(self) -> Path:
+        """The staging area, made where it is not, its entries spread over the file system's
+        block groups (``spread_dirs``; ``envspec-put-layer stage`` does the same), unless
+        ``ENVSPEC_SPREAD_STAGING=off``."""
+        root = self.staging_root()
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if settings.read().spread_staging:
+            spread_dirs(root)
+        return root
 
     def clean_staging(self) -> None:
         """Staging directories left by a killed build: those of processes no longer alive (the
