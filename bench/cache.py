@@ -29,7 +29,9 @@ Where every timed run writes (--fs; issue 59, point 2):
   fresh  a new ext4 (with its journal, as a node's) on a sparse file, loop-mounted with direct I/O:
          on a root ext4 with no journal, ext4 skips, one by one, the inodes deleted in the last
          minutes when it makes a file (``recently_deleted``, perf), so there each run pays for
-         the removal of the one before it; a fresh file system does not
+         the removal of the one before it, unless it makes its directories where the removed
+         ones were not (envspec's staging area does: ENVSPEC_SPREAD_STAGING, docs/build.md);
+         a fresh file system does not
   tmp    a plain directory under --tmp (the smoke test's)
 Each run also reports the disk its store and envspec cache take afterwards (``du``; issue 59,
 point 5: a pull leaves no second copy of the layers).

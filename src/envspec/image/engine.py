@@ -728,8 +728,9 @@ def spread_dirs(d: Path) -> bool:
     group with above-average free inodes, not in its parent's. On an ext4 without a journal,
     making a file steps, one inode at a time, over its group's inodes deleted in the last minute
     (``find_inode_bit``, ``recently_deleted``): after a node removed an image, a layer untarred
-    beside it paid that for each file (issue 59; docs/build.md, "Import"). False where the file
-    system has no such flag (XFS, tmpfs) or it cannot be set: nothing changes then."""
+    beside it paid that for each file (issue 59; docs/build.md, "Staged layers are spread").
+    False where the file system has no such flag (XFS, tmpfs) or it cannot be set: nothing
+    changes then."""
     import fcntl
 
     try:
