@@ -77,3 +77,31 @@ def test_no_torch_in_the_range_builds_it_before_any_build(tmp_path):
     assert e.value.reference == "source-build-torch"
     assert "std=c++17" in " ".join(c.text for c in e.value.causes)
     assert e.value.hint.startswith('set [torch].version = "<2.14"')
+
+
+def test_lock_and_explain_packages_end_with_the_same_torch(tmp_path, monkeypatch):
+    """``resolve.closure``: the closure, then the torch an sdist in it compiles against, resolved
+    again; `explain --packages` ends with it as `lock` does (it named torch 2.15.0 where the lock
+    took 2.13.0 for flash-attn 2.8.3.post2, 2026-12-07)."""
+    from envspec.cli import lock as cli_lock
+    from envspec.resolve import stage
+
+    first = _choice(tmp_path, "*")
+    seen: list[str] = []
+
+    def resolve_python(choice, sources, *, workdir, keep=None, upgrade=None):
+        seen.append(choice.torch.release.version)
+        return [_flash_attn("2.8.3.post2")]
+
+    monkeypatch.setattr(stage, "resolve_python", resolve_python)
+    moved, wheels = stage.closure(first, None, load_db(), workdir=tmp_path)
+    assert moved.torch.release.version == "2.13.0" and [w.name for w in wheels] == ["flash-attn"]
+    assert seen == [first.torch.release.version, "2.13.0"]  # resolved again on the torch moved to
+    assert stage.closure(first, None, None, workdir=tmp_path)[0] is first  # no DB: no move
+
+    monkeypatch.setattr("envspec.resolve.with_packages", lambda c, db, s, workdir: c)
+    monkeypatch.setattr("envspec.resolve.source_only", lambda c, s, w: {"flash-attn"})
+    monkeypatch.setattr("envspec.sources.discover", lambda settings: None)
+    said = cli_lock._with_packages(first, load_db())
+    assert said.torch.release.version == "2.13.0" and said.from_source == ("flash-attn",)
+    assert {h.torch for h in said.passed_over} >= {"2.14.0", first.torch.release.version}

@@ -73,7 +73,7 @@ def _with_packages(choice: Choice, db: CompatDB) -> Choice:
     packages the spec names (``resolve.with_packages``: reads the indexes)."""
     import tempfile
 
-    from envspec.resolve import resolve_python, source_only, with_packages
+    from envspec.resolve import closure, source_only, with_packages
     from envspec.sources import discover
 
     sources = discover(choice.spec.sources)
@@ -81,13 +81,11 @@ def _with_packages(choice: Choice, db: CompatDB) -> Choice:
         moved = with_packages(choice, db, sources, workdir=Path(tmp))
         if choice.spec.python.from_source != "auto":
             return moved
+        # the whole closure, as `lock` resolves it: the dependencies it takes from their sdists,
+        # and the torch those built from sdists compile against (``resolve.closure``)
+        moved, wheels = closure(moved, sources, db, workdir=Path(tmp))
         named = source_only(moved, sources, Path(tmp))
-        # the whole closure, as `lock` resolves it: the dependencies it takes from their sdists
-        deps = [
-            f"{w.name} {w.version}"
-            for w in resolve_python(moved, sources, workdir=Path(tmp))
-            if w.is_sdist and not w.direct
-        ]
+        deps = [f"{w.name} {w.version}" for w in wheels if w.is_sdist and not w.direct]
         return dataclasses.replace(
             moved, from_source=tuple(sorted(named)), from_source_deps=tuple(sorted(deps))
         )

@@ -24,7 +24,7 @@ from envspec.resolve.model import (
 )
 from envspec.resolve.packages import resolve_python, with_packages
 from envspec.resolve.sdists import build_inputs, source_only
-from envspec.resolve.stage import resolve
+from envspec.resolve.stage import closure, resolve
 from envspec.resolve.torch import choose, choose_all, driver_floor, fitting_releases
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "build_inputs",
     "choose",
     "choose_all",
+    "closure",
     "debian_request",
     "driver_floor",
     "fitting_releases",
